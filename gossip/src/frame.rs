@@ -1,0 +1,243 @@
+//! The data-plane frame: a fixed 24-byte header in front of every message between peers.
+//!
+//! ```text
+//! offset size field
+//!      0    2 magic        u16 LE, 0x4D55 ("MU")
+//!      2    1 version      u8, FRAME_VERSION
+//!      3    1 kind         u8, see FrameKind
+//!      4    4 sender       u32 LE, rank of the sending peer
+//!      8    8 round        u64 LE, gossip round (epoch for reports)
+//!     16    4 dim          u32 LE, d: parameters of the model the frame is about (0 if none)
+//!     20    4 payload_len  u32 LE, bytes that follow the header
+//! ```
+//!
+//! [`FrameHeader::parse`] never panics and checks the declared length against the caller's
+//! limit before anything is allocated for the payload.
+
+use murmur_topology::Rank;
+use thiserror::Error;
+
+/// `"MU"` in little-endian.
+pub const FRAME_MAGIC: u16 = 0x554D;
+/// Version of the frame layout written by this crate.
+pub const FRAME_VERSION: u8 = 1;
+/// Length of [`FrameHeader`] on the wire, in bytes.
+pub const FRAME_HEADER_LEN: usize = 24;
+
+/// What a frame carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+#[non_exhaustive]
+pub enum FrameKind {
+    /// A gossip message: a compressed parameter vector (payload: a `murmur_compress` message).
+    Gossip = 1,
+    /// A metrics report to the run's coordinator (payload defined by the node).
+    Report = 2,
+    /// The sender has finished; payload defined by the node.
+    Bye = 3,
+}
+
+impl FrameKind {
+    fn from_u8(b: u8) -> Option<Self> {
+        match b {
+            1 => Some(Self::Gossip),
+            2 => Some(Self::Report),
+            3 => Some(Self::Bye),
+            _ => None,
+        }
+    }
+}
+
+/// Why a frame was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// Fewer than [`FRAME_HEADER_LEN`] bytes, or fewer than the declared payload.
+    #[error("frame truncated: need {needed} bytes, got {got}")]
+    Truncated {
+        /// Bytes required.
+        needed: usize,
+        /// Bytes present.
+        got: usize,
+    },
+    /// The first two bytes are not [`FRAME_MAGIC`].
+    #[error("bad frame magic {0:#06x}")]
+    BadMagic(u16),
+    /// A version this build does not read.
+    #[error("unknown frame version {0} (this build reads version {FRAME_VERSION})")]
+    UnknownVersion(u8),
+    /// An unknown kind byte.
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u8),
+    /// Declared payload above the receiver's limit.
+    #[error("declared payload of {declared} bytes exceeds the limit of {limit} bytes")]
+    TooLarge {
+        /// Declared payload length.
+        declared: u64,
+        /// The receiver's limit.
+        limit: u64,
+    },
+    /// Bytes after the declared payload.
+    #[error("{extra} bytes after the declared payload")]
+    TrailingBytes {
+        /// Number of extra bytes.
+        extra: usize,
+    },
+}
+
+/// The header of every data-plane frame (layout in the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// What the payload is.
+    pub kind: FrameKind,
+    /// Rank of the sender.
+    pub sender: Rank,
+    /// Round (gossip) or epoch (report) the frame belongs to.
+    pub round: u64,
+    /// Model dimension d the payload refers to.
+    pub dim: u32,
+    /// Payload length in bytes.
+    pub payload_len: u32,
+}
+
+impl FrameHeader {
+    /// Appends the 24 header bytes to `out`.
+    pub fn emit(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&FRAME_MAGIC.to_le_bytes());
+        out.push(FRAME_VERSION);
+        out.push(self.kind as u8);
+        out.extend_from_slice(&(self.sender as u32).to_le_bytes());
+        out.extend_from_slice(&self.round.to_le_bytes());
+        out.extend_from_slice(&self.dim.to_le_bytes());
+        out.extend_from_slice(&self.payload_len.to_le_bytes());
+    }
+
+    /// Parses only the 24 header bytes (the payload may not have arrived yet) and checks
+    /// `payload_len ≤ max_payload_bytes`. Never panics.
+    pub fn parse_prefix(bytes: &[u8], max_payload_bytes: u32) -> Result<Self, FrameError> {
+        let h: &[u8; FRAME_HEADER_LEN] = bytes
+            .get(..FRAME_HEADER_LEN)
+            .and_then(|s| s.try_into().ok())
+            .ok_or(FrameError::Truncated {
+                needed: FRAME_HEADER_LEN,
+                got: bytes.len(),
+            })?;
+        let magic = u16::from_le_bytes([h[0], h[1]]);
+        if magic != FRAME_MAGIC {
+            return Err(FrameError::BadMagic(magic));
+        }
+        if h[2] != FRAME_VERSION {
+            return Err(FrameError::UnknownVersion(h[2]));
+        }
+        let kind = FrameKind::from_u8(h[3]).ok_or(FrameError::UnknownKind(h[3]))?;
+        let sender = u32::from_le_bytes([h[4], h[5], h[6], h[7]]) as Rank;
+        let mut round = [0u8; 8];
+        round.copy_from_slice(&h[8..16]);
+        let dim = u32::from_le_bytes([h[16], h[17], h[18], h[19]]);
+        let payload_len = u32::from_le_bytes([h[20], h[21], h[22], h[23]]);
+        if payload_len > max_payload_bytes {
+            return Err(FrameError::TooLarge {
+                declared: payload_len as u64,
+                limit: max_payload_bytes as u64,
+            });
+        }
+        Ok(FrameHeader {
+            kind,
+            sender,
+            round: u64::from_le_bytes(round),
+            dim,
+            payload_len,
+        })
+    }
+
+    /// Parses a whole frame and returns the header and exactly its payload.
+    /// Never panics; `Err` names the first defect found.
+    pub fn parse(bytes: &[u8], max_payload_bytes: u32) -> Result<(Self, &[u8]), FrameError> {
+        let header = Self::parse_prefix(bytes, max_payload_bytes)?;
+        let rest = &bytes[FRAME_HEADER_LEN..];
+        let len = header.payload_len as usize;
+        if rest.len() < len {
+            return Err(FrameError::Truncated {
+                needed: FRAME_HEADER_LEN + len,
+                got: bytes.len(),
+            });
+        }
+        if rest.len() > len {
+            return Err(FrameError::TrailingBytes {
+                extra: rest.len() - len,
+            });
+        }
+        Ok((header, rest))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<u8> {
+        let mut out = Vec::new();
+        FrameHeader {
+            kind: FrameKind::Gossip,
+            sender: 3,
+            round: 0x0102_0304_0506_0708,
+            dim: 5,
+            payload_len: 2,
+        }
+        .emit(&mut out);
+        out.extend_from_slice(&[0xAA, 0xBB]);
+        out
+    }
+
+    #[test]
+    fn layout_is_byte_exact_and_round_trips() {
+        let f = sample();
+        assert_eq!(f.len(), FRAME_HEADER_LEN + 2);
+        assert_eq!(
+            &f[..8],
+            &[0x4D, 0x55, FRAME_VERSION, 1, 3, 0, 0, 0],
+            "magic, version, kind, sender"
+        );
+        assert_eq!(&f[8..16], &[8, 7, 6, 5, 4, 3, 2, 1]);
+        let (h, payload) = FrameHeader::parse(&f, 16).unwrap();
+        assert_eq!(h.sender, 3);
+        assert_eq!(h.round, 0x0102_0304_0506_0708);
+        assert_eq!(h.dim, 5);
+        assert_eq!(payload, &[0xAA, 0xBB]);
+    }
+
+    #[test]
+    fn defects_are_named() {
+        let f = sample();
+        assert!(matches!(
+            FrameHeader::parse(&f[..10], 16),
+            Err(FrameError::Truncated { needed: 24, got: 10 })
+        ));
+        assert!(matches!(
+            FrameHeader::parse(&f[..25], 16),
+            Err(FrameError::Truncated { needed: 26, got: 25 })
+        ));
+        let mut bad = f.clone();
+        bad[0] = 0;
+        assert!(matches!(FrameHeader::parse(&bad, 16), Err(FrameError::BadMagic(_))));
+        let mut bad = f.clone();
+        bad[2] = 7;
+        assert_eq!(FrameHeader::parse(&bad, 16), Err(FrameError::UnknownVersion(7)));
+        let mut bad = f.clone();
+        bad[3] = 99;
+        assert_eq!(FrameHeader::parse(&bad, 16), Err(FrameError::UnknownKind(99)));
+        assert_eq!(
+            FrameHeader::parse(&f, 1),
+            Err(FrameError::TooLarge {
+                declared: 2,
+                limit: 1
+            })
+        );
+        let mut bad = f.clone();
+        bad.push(0);
+        assert_eq!(
+            FrameHeader::parse(&bad, 16),
+            Err(FrameError::TrailingBytes { extra: 1 })
+        );
+    }
+}

@@ -1,0 +1,205 @@
+//! Decentralized training algorithms as sans-I/O state machines over flat `f32` buffers.
+//!
+//! Each algorithm is one peer's side of the protocol. It performs no I/O and reads no
+//! clock: the local parameters, received frames and the current time come in through
+//! [`Gossip::begin_round`], [`Gossip::handle_message`] and [`Gossip::handle_timeout`]; frames
+//! to send, the next deadline and events go out through [`Gossip::poll_transmit`],
+//! [`Gossip::poll_timeout`] and [`Gossip::poll_event`]. The same state machine is driven by
+//! the real network in `murmur peer` and by the in-process [`sim::Sim`], so a result of the
+//! simulator is a result about the shipped code (the quinn-proto / quinn split).
+//!
+//! Algorithms: [`DPsgd`] (Lian et al. 2017).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod dpsgd;
+pub mod frame;
+pub mod sim;
+
+use std::time::Instant;
+
+pub use dpsgd::{DPsgd, DPsgdConfig};
+pub use frame::{FrameError, FrameHeader, FrameKind, FRAME_HEADER_LEN};
+pub use murmur_topology::Rank;
+use thiserror::Error;
+
+/// A frame the state machine wants sent. The bytes were written into the caller's buffer
+/// by [`Gossip::poll_transmit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// Destination peer.
+    pub to: Rank,
+}
+
+/// Something the driver must act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GossipEvent {
+    /// Round `round` is complete; [`Gossip::params`] holds the new local parameters `x: [d]`.
+    Mixed {
+        /// The round that completed (0-based).
+        round: u64,
+    },
+    /// The round's deadline passed before every expected message arrived.
+    RoundTimedOut {
+        /// The round that is stuck.
+        round: u64,
+        /// Peers whose message for that round is missing, ascending.
+        missing: Vec<Rank>,
+    },
+}
+
+/// Why an incoming frame was refused. The state machine is unchanged by a refused frame.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
+pub enum GossipError {
+    /// The frame's header is malformed.
+    #[error("malformed frame: {0}")]
+    Frame(#[from] FrameError),
+    /// The frame is not a gossip frame.
+    #[error("expected a gossip frame, got {0:?}")]
+    WrongKind(FrameKind),
+    /// The header names another sender than the connection it came on.
+    #[error("frame claims sender {claimed} but arrived from peer {from}")]
+    SenderMismatch {
+        /// Transport-level sender.
+        from: Rank,
+        /// Sender field of the header.
+        claimed: Rank,
+    },
+    /// The sender is not an in-neighbour of this peer.
+    #[error("peer {0} is not an in-neighbour of this peer")]
+    NotANeighbour(Rank),
+    /// The frame's round is outside the window this peer accepts.
+    #[error("frame from peer {from} is for round {round}, outside the accepted window {lo}..={hi}")]
+    RoundOutOfWindow {
+        /// Sender.
+        from: Rank,
+        /// The frame's round.
+        round: u64,
+        /// Lowest accepted round.
+        lo: u64,
+        /// Highest accepted round.
+        hi: u64,
+    },
+    /// A second message from the same peer for the same round.
+    #[error("duplicate message from peer {from} for round {round}")]
+    Duplicate {
+        /// Sender.
+        from: Rank,
+        /// Round.
+        round: u64,
+    },
+    /// The header's model dimension differs from this peer's.
+    #[error("frame from peer {from} is for d = {got}, this model has d = {expected}")]
+    DimensionMismatch {
+        /// Sender.
+        from: Rank,
+        /// This peer's d.
+        expected: usize,
+        /// The frame's d.
+        got: usize,
+    },
+    /// The compressed payload could not be decoded.
+    #[error("payload from peer {from}: {source}")]
+    Payload {
+        /// Sender.
+        from: Rank,
+        /// What was wrong.
+        source: murmur_compress::DecodeError,
+    },
+}
+
+/// Counters kept by every state machine. Units: bytes are whole frames (header included).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GossipStats {
+    /// Frames handed out by `poll_transmit`.
+    pub frames_sent: u64,
+    /// Bytes handed out by `poll_transmit`.
+    pub bytes_sent: u64,
+    /// Frames accepted by `handle_message`.
+    pub frames_received: u64,
+    /// Bytes of accepted frames.
+    pub bytes_received: u64,
+}
+
+/// One peer's side of a decentralized algorithm. Performs no I/O and reads no clock.
+///
+/// Calling contract: after [`Gossip::begin_round`] or any `handle_*`, drain
+/// [`Gossip::poll_transmit`] until `None`, then read [`Gossip::poll_timeout`] and drain
+/// [`Gossip::poll_event`]. A round begins only after the previous one produced
+/// [`GossipEvent::Mixed`].
+pub trait Gossip: Send {
+    /// Starts the next round from the local parameters `x: [d]` and, where the algorithm
+    /// uses it, the local stochastic gradient (or update direction) `grad: [d]` evaluated
+    /// at `x`.
+    ///
+    /// # Panics
+    /// If `x` or `grad` does not have length d, or the previous round is still mixing
+    /// (both are driver bugs, not input errors).
+    fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>);
+
+    /// Feeds one frame received from peer `from` (the transport's authenticated sender).
+    /// On `Err` the frame is dropped and the state is unchanged.
+    fn handle_message(&mut self, now: Instant, from: Rank, frame: &[u8]) -> Result<(), GossipError>;
+
+    /// Tells the state machine the time; a call before the deadline is a no-op.
+    fn handle_timeout(&mut self, now: Instant);
+
+    /// Writes the next frame to send into `buf` (cleared first) and returns its destination.
+    #[must_use]
+    fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit>;
+
+    /// When [`Gossip::handle_timeout`] should next be called.
+    #[must_use]
+    fn poll_timeout(&self) -> Option<Instant>;
+
+    /// The next event, if any.
+    #[must_use]
+    fn poll_event(&mut self) -> Option<GossipEvent>;
+
+    /// The current local parameters `x: [d]` (after [`GossipEvent::Mixed`], the new ones).
+    fn params(&self) -> &[f32];
+
+    /// The round that is mixing, or the next one to begin when idle.
+    fn round(&self) -> u64;
+
+    /// Traffic counters.
+    fn stats(&self) -> GossipStats;
+}
+
+/// Consensus distance Ξ² = (1/n) Σ_i ‖x_i − x̄‖² of the vectors `xs: n × [d]`, and x̄: [d].
+///
+/// Computed in `f64`. Returns `(0, [])` for no vectors.
+///
+/// # Panics
+/// If the vectors have different lengths.
+pub fn consensus_distance<'a>(xs: impl IntoIterator<Item = &'a [f32]> + Clone) -> (f64, Vec<f32>) {
+    let mut n = 0usize;
+    let mut mean: Vec<f64> = Vec::new();
+    for x in xs.clone() {
+        if n == 0 {
+            mean = vec![0.0; x.len()];
+        }
+        assert_eq!(x.len(), mean.len(), "all parameter vectors must have length d");
+        for (m, v) in mean.iter_mut().zip(x) {
+            *m += *v as f64;
+        }
+        n += 1;
+    }
+    if n == 0 {
+        return (0.0, Vec::new());
+    }
+    for m in &mut mean {
+        *m /= n as f64;
+    }
+    let mut total = 0.0;
+    for x in xs {
+        total += x
+            .iter()
+            .zip(&mean)
+            .map(|(v, m)| (*v as f64 - m).powi(2))
+            .sum::<f64>();
+    }
+    (total / n as f64, mean.into_iter().map(|m| m as f32).collect())
+}

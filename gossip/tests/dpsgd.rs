@@ -1,0 +1,218 @@
+//! D-PSGD state machine and simulator tests.
+
+use std::time::{Duration, Instant};
+
+use murmur_compress::Compressor;
+use murmur_gossip::frame::{FrameHeader, FrameKind};
+use murmur_gossip::sim::Sim;
+use murmur_gossip::{DPsgd, DPsgdConfig, Gossip, GossipError, GossipEvent};
+use murmur_topology::{Graph, MixingMatrix};
+
+fn ring_mh(n: usize) -> MixingMatrix {
+    MixingMatrix::metropolis_hastings(&Graph::ring(n).unwrap()).unwrap()
+}
+
+#[test]
+fn a_mixing_step_preserves_the_network_average() {
+    let w = ring_mh(8);
+    let mut sim = Sim::dpsgd_consensus(&w, 100, 3);
+    let before = sim.average();
+    let xi0 = sim.consensus_distance();
+    sim.run_rounds(1).unwrap();
+    let after = sim.average();
+    for (a, b) in before.iter().zip(&after) {
+        assert!((a - b).abs() < 1e-6, "average moved from {a} to {b}");
+    }
+    assert!(sim.consensus_distance() < xi0, "one mixing step must reduce Ξ²");
+}
+
+#[test]
+fn exact_gossip_on_ring16_contracts_at_lambda2() {
+    let w = ring_mh(16);
+    let lambda2 = w.second_eigenvalue_modulus();
+    // Closed form for the ring with 1/3 weights: λ₁ = (1 + 2cos(2π/16))/3.
+    let closed = (1.0 + 2.0 * (2.0 * std::f64::consts::PI / 16.0).cos()) / 3.0;
+    assert!((lambda2 - closed).abs() < 1e-9);
+
+    let mut sim = Sim::dpsgd_consensus(&w, 1_000, 7);
+    let xi0 = sim.consensus_distance();
+    sim.run_rounds(50).unwrap();
+    let xi50 = sim.consensus_distance();
+    let bound = lambda2.powi(2 * 50);
+    assert!(xi50 <= 2.0 * bound * xi0, "Ξ²(50)/Ξ²(0) = {} > 2·|λ₂|^100 = {}", xi50 / xi0, 2.0 * bound);
+
+    // The asymptotic per-round contraction equals |λ₂|² (the slowest mode dominates).
+    sim.run_rounds(50).unwrap();
+    let xi100 = sim.consensus_distance();
+    sim.run_rounds(50).unwrap();
+    let xi150 = sim.consensus_distance();
+    let rate = (xi150 / xi100).powf(1.0 / 50.0);
+    assert!(
+        (rate - lambda2 * lambda2).abs() < 0.01,
+        "per-round contraction {rate}, expected |λ₂|² = {}",
+        lambda2 * lambda2
+    );
+}
+
+fn two_peer(rank: usize, x0: Vec<f32>, lr: f32) -> DPsgd {
+    let w = MixingMatrix::from_dense(vec![vec![0.5, 0.5], vec![0.5, 0.5]]).unwrap();
+    DPsgd::new(DPsgdConfig::from_matrix(&w, rank, lr, x0.len()), x0)
+}
+
+fn drain(p: &mut DPsgd) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    while let Some(t) = p.poll_transmit(&mut buf) {
+        assert_eq!(t.to, 1 - p.config().rank);
+        out.push(buf.clone());
+    }
+    out
+}
+
+#[test]
+fn update_is_mix_minus_lr_times_gradient() {
+    let now = Instant::now();
+    let mut a = two_peer(0, vec![1.0, 3.0], 0.1);
+    let mut b = two_peer(1, vec![5.0, 7.0], 0.1);
+    a.begin_round(now, &[1.0, 3.0], Some(&[1.0, 2.0]));
+    b.begin_round(now, &[5.0, 7.0], Some(&[0.0, 0.0]));
+    let fa = drain(&mut a);
+    let fb = drain(&mut b);
+    assert_eq!(fa.len(), 1);
+    a.handle_message(now, 1, &fb[0]).unwrap();
+    b.handle_message(now, 0, &fa[0]).unwrap();
+    assert_eq!(a.poll_event(), Some(GossipEvent::Mixed { round: 0 }));
+    assert_eq!(b.poll_event(), Some(GossipEvent::Mixed { round: 0 }));
+    // x0' = ½(1,3) + ½(5,7) − 0.1·(1,2) = (2.9, 4.8); x1' = (3, 5).
+    assert!((a.params()[0] - 2.9).abs() < 1e-6 && (a.params()[1] - 4.8).abs() < 1e-6);
+    assert_eq!(b.params(), &[3.0, 5.0]);
+    assert_eq!(a.round(), 1);
+    assert_eq!(a.stats().frames_sent, 1);
+    assert_eq!(a.stats().bytes_sent, fa[0].len() as u64);
+}
+
+#[test]
+fn a_neighbour_one_round_ahead_is_buffered() {
+    let now = Instant::now();
+    let mut a = two_peer(0, vec![0.0], 0.0);
+    let mut b = two_peer(1, vec![4.0], 0.0);
+    a.begin_round(now, &[0.0], None);
+    b.begin_round(now, &[4.0], None);
+    let fa0 = drain(&mut a);
+    let fb0 = drain(&mut b);
+    b.handle_message(now, 0, &fa0[0]).unwrap();
+    // b finished round 0 and starts round 1 before a has heard from it.
+    assert!(matches!(b.poll_event(), Some(GossipEvent::Mixed { round: 0 })));
+    let xb = b.params().to_vec();
+    b.begin_round(now, &xb, None);
+    let fb1 = drain(&mut b);
+    a.handle_message(now, 1, &fb1[0]).unwrap(); // round 1 while a mixes round 0: buffered
+    assert_eq!(a.poll_event(), None);
+    a.handle_message(now, 1, &fb0[0]).unwrap();
+    assert_eq!(a.poll_event(), Some(GossipEvent::Mixed { round: 0 }));
+    assert_eq!(a.params(), &[2.0]);
+    let xa = a.params().to_vec();
+    a.begin_round(now, &xa, None); // absorbs the buffered frame at once
+    assert_eq!(a.poll_event(), Some(GossipEvent::Mixed { round: 1 }));
+    assert_eq!(a.params(), &[2.0]);
+}
+
+#[test]
+fn bad_frames_are_refused_and_change_nothing() {
+    let now = Instant::now();
+    let mut a = two_peer(0, vec![1.0, 1.0], 0.0);
+    let mut b = two_peer(1, vec![3.0, 3.0], 0.0);
+    a.begin_round(now, &[1.0, 1.0], None);
+    b.begin_round(now, &[3.0, 3.0], None);
+    let _ = drain(&mut a);
+    let good = drain(&mut b).remove(0);
+
+    let mut wrong_sender = good.clone();
+    wrong_sender[4] = 7;
+    assert!(matches!(
+        a.handle_message(now, 1, &wrong_sender),
+        Err(GossipError::SenderMismatch { from: 1, claimed: 7 })
+    ));
+    assert!(matches!(a.handle_message(now, 0, &good), Err(GossipError::SenderMismatch { .. })));
+
+    let frame = |round: u64, dim: u32, payload: &[u8]| {
+        let mut f = Vec::new();
+        FrameHeader {
+            kind: FrameKind::Gossip,
+            sender: 1,
+            round,
+            dim,
+            payload_len: payload.len() as u32,
+        }
+        .emit(&mut f);
+        f.extend_from_slice(payload);
+        f
+    };
+    let payload = |x: &[f32]| {
+        let mut out = Vec::new();
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(0);
+        murmur_compress::Identity.compress(x, &mut rng, &mut out);
+        out
+    };
+    assert!(matches!(
+        a.handle_message(now, 1, &frame(5, 2, &payload(&[1.0, 1.0]))),
+        Err(GossipError::RoundOutOfWindow { round: 5, lo: 0, hi: 1, .. })
+    ));
+    assert!(matches!(
+        a.handle_message(now, 1, &frame(0, 3, &payload(&[1.0, 1.0, 1.0]))),
+        Err(GossipError::DimensionMismatch { expected: 2, got: 3, .. })
+    ));
+    assert!(matches!(
+        a.handle_message(now, 1, &frame(0, 2, &payload(&[1.0, f32::NAN]))),
+        Err(GossipError::Payload { from: 1, .. })
+    ));
+    assert!(matches!(
+        a.handle_message(now, 1, &frame(1, 2, &payload(&[f32::INFINITY, 1.0]))),
+        Err(GossipError::Payload { from: 1, .. })
+    ));
+    assert!(matches!(a.handle_message(now, 1, &good[..30]), Err(GossipError::Frame(_))));
+    assert_eq!(a.poll_event(), None, "no refused frame may complete the round");
+
+    a.handle_message(now, 1, &good).unwrap();
+    assert_eq!(a.poll_event(), Some(GossipEvent::Mixed { round: 0 }));
+    assert_eq!(a.params(), &[2.0, 2.0], "refused frames must not have touched the model");
+    assert!(matches!(a.handle_message(now, 1, &good), Err(GossipError::RoundOutOfWindow { .. })));
+}
+
+#[test]
+fn frames_from_a_non_neighbour_are_refused() {
+    let w = ring_mh(6);
+    let now = Instant::now();
+    let mut p = DPsgd::new(DPsgdConfig::from_matrix(&w, 0, 0.0, 1), vec![0.0]);
+    p.begin_round(now, &[0.0], None);
+    let mut f = Vec::new();
+    FrameHeader {
+        kind: FrameKind::Gossip,
+        sender: 3,
+        round: 0,
+        dim: 1,
+        payload_len: 0,
+    }
+    .emit(&mut f);
+    assert_eq!(p.handle_message(now, 3, &f), Err(GossipError::NotANeighbour(3)));
+}
+
+#[test]
+fn a_missing_neighbour_times_the_round_out_once() {
+    let w = ring_mh(6);
+    let t0 = Instant::now();
+    let mut cfg = DPsgdConfig::from_matrix(&w, 0, 0.0, 1);
+    cfg.round_timeout = Duration::from_secs(5);
+    let mut p = DPsgd::new(cfg, vec![0.0]);
+    p.begin_round(t0, &[0.0], None);
+    assert_eq!(p.poll_timeout(), Some(t0 + Duration::from_secs(5)));
+    p.handle_timeout(t0 + Duration::from_secs(1));
+    assert_eq!(p.poll_event(), None, "a call before the deadline is a no-op");
+    p.handle_timeout(t0 + Duration::from_secs(5));
+    assert_eq!(
+        p.poll_event(),
+        Some(GossipEvent::RoundTimedOut { round: 0, missing: vec![1, 5] })
+    );
+    p.handle_timeout(t0 + Duration::from_secs(6));
+    assert_eq!(p.poll_event(), None);
+}

@@ -1,0 +1,180 @@
+//! Command-line configuration shared by `murmur launch` and `murmur peer`.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use murmur_topology::{Topology, TopologySpec};
+
+use crate::data::Partition;
+use crate::model::ModelKind;
+
+/// Which decentralized algorithm the peers run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Algorithm {
+    /// D-PSGD (Lian et al. 2017): x_i ← Σ_j W_ij x_j − η ∇F_i(x_i).
+    Dpsgd,
+}
+
+impl std::fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Algorithm::Dpsgd => "dpsgd",
+        })
+    }
+}
+
+/// Where a peer trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// The CPU (Burn `flex` backend).
+    Cpu,
+    /// CUDA device N (needs the `cuda` feature).
+    Cuda(usize),
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "cuda" => Ok(DeviceSpec::Cuda(0)),
+            other => match other.strip_prefix("cuda:").map(str::parse) {
+                Some(Ok(i)) => Ok(DeviceSpec::Cuda(i)),
+                _ => Err(format!("unknown device {other:?}: expected cpu, cuda or cuda:N")),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSpec::Cpu => f.write_str("cpu"),
+            DeviceSpec::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// The run: what every peer of it must agree on.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Number of peers n.
+    #[arg(long, default_value_t = 8)]
+    pub peers: usize,
+    /// Topology: a name (ring, torus, complete, star, hypercube, exponential, erdos-renyi)
+    /// or the path of a TOML topology file.
+    #[arg(long, default_value = "ring")]
+    pub topology: String,
+    /// Decentralized algorithm.
+    #[arg(long, value_enum, default_value_t = Algorithm::Dpsgd)]
+    pub algorithm: Algorithm,
+    /// Model to train.
+    #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
+    pub model: ModelKind,
+    /// Epochs: passes over the training set by the network as a whole.
+    #[arg(long, default_value_t = 10)]
+    pub epochs: usize,
+    /// Mini-batch size per peer per round.
+    #[arg(long, default_value_t = 32)]
+    pub batch_size: usize,
+    /// Learning rate η.
+    #[arg(long, default_value_t = 0.05)]
+    pub lr: f32,
+    /// Heavy-ball momentum μ of each peer's local update (0 for plain D-PSGD).
+    #[arg(long, default_value_t = 0.9)]
+    pub momentum: f32,
+    /// How the training set is split across peers: `iid` or `dirichlet:ALPHA`.
+    #[arg(long, default_value = "iid")]
+    pub partition: Partition,
+    /// Seed of the data split, the model initialisation and the mini-batch order.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Directory with standard IDX MNIST files (gzipped or not); default: the 8,000/2,000
+    /// real digits embedded in the binary.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Device: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceSpec,
+    /// Rounds per epoch; default: ⌈train samples / (peers · batch)⌉.
+    #[arg(long)]
+    pub rounds_per_epoch: Option<u64>,
+    /// Seconds a round may wait for its neighbours before the peer gives up.
+    #[arg(long, default_value_t = 60)]
+    pub round_timeout_secs: u64,
+    /// Seconds to wait for all peers to join.
+    #[arg(long, default_value_t = 60)]
+    pub join_timeout_secs: u64,
+}
+
+impl RunArgs {
+    /// The arguments as command-line flags, for spawning peers.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = vec![
+            format!("--peers={}", self.peers),
+            format!("--topology={}", self.topology),
+            format!("--algorithm={}", self.algorithm),
+            format!("--model={}", self.model),
+            format!("--epochs={}", self.epochs),
+            format!("--batch-size={}", self.batch_size),
+            format!("--lr={}", self.lr),
+            format!("--momentum={}", self.momentum),
+            format!("--partition={}", self.partition),
+            format!("--seed={}", self.seed),
+            format!("--device={}", self.device),
+            format!("--round-timeout-secs={}", self.round_timeout_secs),
+            format!("--join-timeout-secs={}", self.join_timeout_secs),
+        ];
+        if let Some(d) = &self.data {
+            a.push(format!("--data={}", d.display()));
+        }
+        if let Some(r) = self.rounds_per_epoch {
+            a.push(format!("--rounds-per-epoch={r}"));
+        }
+        a
+    }
+
+    /// Checks values that clap cannot.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.peers == 0 {
+            bail!("--peers must be at least 1");
+        }
+        if self.epochs == 0 {
+            bail!("--epochs must be at least 1");
+        }
+        if self.batch_size == 0 {
+            bail!("--batch-size must be at least 1");
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            bail!("--lr must be a positive number, got {}", self.lr);
+        }
+        if !(0.0..1.0).contains(&self.momentum) {
+            bail!("--momentum must be in [0, 1), got {}", self.momentum);
+        }
+        if self.rounds_per_epoch == Some(0) {
+            bail!("--rounds-per-epoch must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// Builds the topology for `self.peers` peers from a name or a file.
+    pub fn topology(&self) -> anyhow::Result<Topology> {
+        load_topology(&self.topology, Some(self.peers))
+    }
+}
+
+/// A topology from a name or a TOML file; `nodes` is the peer count the caller wants.
+pub fn load_topology(name_or_path: &str, nodes: Option<usize>) -> anyhow::Result<Topology> {
+    let path = std::path::Path::new(name_or_path);
+    let spec = if path.extension().is_some_and(|e| e == "toml") || path.is_file() {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read topology file {}", path.display()))?;
+        TopologySpec::parse(&text).with_context(|| format!("topology file {}", path.display()))?
+    } else {
+        TopologySpec::named(name_or_path)?
+    };
+    Ok(spec
+        .build(nodes)
+        .with_context(|| format!("topology {name_or_path}"))?)
+}

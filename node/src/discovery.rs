@@ -1,0 +1,269 @@
+//! The control plane: peer identity and discovery with libp2p.
+//!
+//! Every peer has a libp2p identity (Ed25519 key, `PeerId`). Peer 0 is the bootstrap: it
+//! listens on a libp2p QUIC address and every other peer dials it with one multiaddr. Each
+//! peer sends a [`JoinRequest`] carrying its rank, its run fingerprint (peers, topology,
+//! model, d — so a mis-configured peer is refused with a message saying what differs), its
+//! QUIC data-plane address and the certificate that address presents. When all n ranks have
+//! joined, the bootstrap answers every request with the directory of all peers. The swarm
+//! then keeps running in the background for liveness (ping, identify).
+//!
+//! Protocol: libp2p request-response, JSON codec, protocol id `/murmur/join/1`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use futures::StreamExt;
+use libp2p::request_response::{self, ProtocolSupport};
+use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
+use libp2p::{identify, ping, Multiaddr, PeerId, StreamProtocol, Swarm};
+use murmur_gossip::Rank;
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info, warn};
+
+/// What a run's peers must agree on; compared field by field at join.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fingerprint {
+    /// Number of peers n.
+    pub peers: usize,
+    /// Topology name.
+    pub topology: String,
+    /// Model name.
+    pub model: String,
+    /// Parameters d.
+    pub dim: usize,
+    /// Algorithm name.
+    pub algorithm: String,
+}
+
+/// A peer's entry in the directory.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeerInfo {
+    /// Rank in 0..n.
+    pub rank: Rank,
+    /// libp2p identity, as text.
+    pub peer_id: String,
+    /// QUIC data-plane address.
+    pub data_addr: SocketAddr,
+    /// DER certificate presented by `data_addr`.
+    pub cert_der: Vec<u8>,
+}
+
+/// Sent by each peer to the bootstrap.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JoinRequest {
+    /// The joining peer.
+    pub info: PeerInfo,
+    /// Its view of the run.
+    pub fingerprint: Fingerprint,
+}
+
+/// The bootstrap's answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum JoinResponse {
+    /// All n peers, indexed by rank.
+    Directory(Vec<PeerInfo>),
+    /// The join was refused; the text says why.
+    Refused(String),
+}
+
+#[derive(NetworkBehaviour)]
+struct Behaviour {
+    join: request_response::json::Behaviour<JoinRequest, JoinResponse>,
+    ping: ping::Behaviour,
+    identify: identify::Behaviour,
+}
+
+/// How this peer takes part in discovery.
+#[derive(Debug, Clone)]
+pub enum Role {
+    /// Peer 0: listen on `listen` and write the full bootstrap multiaddr to `addr_file` (if any).
+    Bootstrap {
+        /// Listen address, e.g. `/ip4/127.0.0.1/udp/0/quic-v1`.
+        listen: Multiaddr,
+        /// Where to write the dialable address for launchers and scripts.
+        addr_file: Option<PathBuf>,
+    },
+    /// Any other peer: dial `bootstrap`.
+    Join {
+        /// The bootstrap's multiaddr.
+        bootstrap: Multiaddr,
+    },
+}
+
+fn build_swarm(timeout: Duration) -> anyhow::Result<Swarm<Behaviour>> {
+    let swarm = libp2p::SwarmBuilder::with_new_identity()
+        .with_tokio()
+        .with_quic()
+        .with_behaviour(|key| Behaviour {
+            join: request_response::json::Behaviour::new(
+                [(StreamProtocol::new("/murmur/join/1"), ProtocolSupport::Full)],
+                request_response::Config::default().with_request_timeout(timeout),
+            ),
+            ping: ping::Behaviour::new(ping::Config::new()),
+            identify: identify::Behaviour::new(identify::Config::new("/murmur/1.0.0".into(), key.public())),
+        })
+        .map_err(|e| anyhow!("building the libp2p behaviour: {e}"))?
+        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(24 * 3600)))
+        .build();
+    Ok(swarm)
+}
+
+/// Runs discovery and returns the directory (n entries, indexed by rank). `me` is this
+/// peer's entry except for `peer_id`, which is filled in here.
+///
+/// # Errors
+/// The bootstrap cannot be reached, a peer was refused, or not all n peers joined within
+/// `timeout`.
+pub async fn discover(role: Role, mut me: PeerInfo, fingerprint: Fingerprint, timeout: Duration) -> anyhow::Result<Vec<PeerInfo>> {
+    let mut swarm = build_swarm(timeout)?;
+    me.peer_id = swarm.local_peer_id().to_string();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let directory = match role {
+        Role::Bootstrap { listen, addr_file } => {
+            swarm
+                .listen_on(listen.clone())
+                .with_context(|| format!("cannot listen on {listen}"))?;
+            tokio::time::timeout_at(deadline, serve(&mut swarm, me, fingerprint, addr_file))
+                .await
+                .map_err(|_| anyhow!("not all peers joined within {timeout:?}"))??
+        }
+        Role::Join { bootstrap } => tokio::time::timeout_at(deadline, join(&mut swarm, bootstrap.clone(), me, fingerprint))
+            .await
+            .map_err(|_| {
+                anyhow!("no directory from the bootstrap {bootstrap} within {timeout:?} (is peer 0 running and reachable?)")
+            })??,
+    };
+    // Keep the control plane alive for liveness; log what it sees.
+    tokio::spawn(async move {
+        loop {
+            match swarm.select_next_some().await {
+                SwarmEvent::ConnectionClosed { peer_id, cause, .. } => {
+                    debug!(%peer_id, ?cause, "control-plane connection closed")
+                }
+                other => debug!(?other, "control plane"),
+            }
+        }
+    });
+    Ok(directory)
+}
+
+async fn serve(
+    swarm: &mut Swarm<Behaviour>,
+    me: PeerInfo,
+    fingerprint: Fingerprint,
+    addr_file: Option<PathBuf>,
+) -> anyhow::Result<Vec<PeerInfo>> {
+    let n = fingerprint.peers;
+    let mut slots: Vec<Option<PeerInfo>> = vec![None; n];
+    let mut waiting = Vec::new();
+    let r0 = me.rank;
+    slots[r0] = Some(me);
+    loop {
+        if slots.iter().all(Option::is_some) {
+            let dir: Vec<PeerInfo> = slots.into_iter().flatten().collect();
+            for channel in waiting {
+                let _ = swarm
+                    .behaviour_mut()
+                    .join
+                    .send_response(channel, JoinResponse::Directory(dir.clone()));
+            }
+            // Let the responses go out before the caller moves on.
+            let flush = async {
+                let mut pending = n - 1;
+                while pending > 0 {
+                    if let SwarmEvent::Behaviour(BehaviourEvent::Join(
+                        request_response::Event::ResponseSent { .. } | request_response::Event::InboundFailure { .. },
+                    )) = swarm.select_next_some().await
+                    {
+                        pending -= 1;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(10), flush).await;
+            info!(peers = n, "all peers joined");
+            return Ok(dir);
+        }
+        match swarm.select_next_some().await {
+            SwarmEvent::NewListenAddr { address, .. } => {
+                let full = address.with_p2p(*swarm.local_peer_id()).map_err(|a| anyhow!("bad listen address {a}"))?;
+                info!(%full, "bootstrap listening");
+                if let Some(path) = &addr_file {
+                    let tmp = path.with_extension("tmp");
+                    std::fs::write(&tmp, full.to_string())
+                        .and_then(|_| std::fs::rename(&tmp, path))
+                        .with_context(|| format!("writing the bootstrap address to {}", path.display()))?;
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
+                peer,
+                message: request_response::Message::Request { request, channel, .. },
+                ..
+            })) => {
+                let r = request.info.rank;
+                let refusal = if request.fingerprint != fingerprint {
+                    Some(format!(
+                        "peer {r} runs {:?} but the bootstrap runs {:?}",
+                        request.fingerprint, fingerprint
+                    ))
+                } else if r >= n {
+                    Some(format!("rank {r} out of range for {n} peers"))
+                } else if slots[r].is_some() {
+                    Some(format!("rank {r} has already joined"))
+                } else {
+                    None
+                };
+                match refusal {
+                    Some(why) => {
+                        warn!(%peer, "refused a join: {why}");
+                        let _ = swarm.behaviour_mut().join.send_response(channel, JoinResponse::Refused(why));
+                    }
+                    None => {
+                        let mut info = request.info;
+                        info.peer_id = peer.to_string();
+                        info!(rank = r, %peer, "peer joined");
+                        slots[r] = Some(info);
+                        waiting.push(channel);
+                    }
+                }
+            }
+            other => debug!(?other, "bootstrap"),
+        }
+    }
+}
+
+async fn join(swarm: &mut Swarm<Behaviour>, bootstrap: Multiaddr, me: PeerInfo, fingerprint: Fingerprint) -> anyhow::Result<Vec<PeerInfo>> {
+    swarm
+        .dial(bootstrap.clone())
+        .with_context(|| format!("cannot dial the bootstrap {bootstrap}"))?;
+    let mut request = Some(JoinRequest { info: me, fingerprint });
+    let mut boot_peer: Option<PeerId> = None;
+    loop {
+        match swarm.select_next_some().await {
+            SwarmEvent::ConnectionEstablished { peer_id, .. } if boot_peer.is_none() => {
+                boot_peer = Some(peer_id);
+                if let Some(req) = request.take() {
+                    swarm.behaviour_mut().join.send_request(&peer_id, req);
+                }
+            }
+            SwarmEvent::OutgoingConnectionError { error, .. } => {
+                bail!("cannot reach the bootstrap {bootstrap}: {error}")
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
+                message: request_response::Message::Response { response, .. },
+                ..
+            })) => {
+                return match response {
+                    JoinResponse::Directory(dir) => Ok(dir),
+                    JoinResponse::Refused(why) => Err(anyhow!("the bootstrap refused this peer: {why}")),
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::OutboundFailure { error, .. })) => {
+                bail!("join request to the bootstrap {bootstrap} failed: {error}")
+            }
+            other => debug!(?other, "join"),
+        }
+    }
+}

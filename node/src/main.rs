@@ -1,0 +1,90 @@
+//! `murmur`: decentralized (gossip) deep-learning training, one process per peer.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use murmur::config::{load_topology, RunArgs};
+use murmur::launch::LaunchArgs;
+use murmur::peer::PeerArgs;
+
+#[derive(Parser)]
+#[command(name = "murmur", version, about = "Peer-to-peer decentralized (gossip) deep-learning training")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start n peers on this machine (one process each, QUIC on 127.0.0.1) and follow the run.
+    Launch {
+        #[command(flatten)]
+        run: RunArgs,
+        #[command(flatten)]
+        launch: LaunchArgs,
+    },
+    /// Run one peer: what each host of a cluster runs.
+    Peer {
+        #[command(flatten)]
+        run: RunArgs,
+        #[command(flatten)]
+        peer: PeerArgs,
+    },
+    /// Topology tools.
+    Topology {
+        #[command(subcommand)]
+        command: TopologyCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum TopologyCmd {
+    /// Print n, degrees, stochasticity checks, |λ₂(W)| and the spectral gap of a topology.
+    Inspect {
+        /// A topology name (ring, torus, complete, star, hypercube, exponential, erdos-renyi)
+        /// or the path of a TOML topology file.
+        topology: String,
+        /// Number of peers (required for a name; must match the file if it fixes a count).
+        #[arg(long)]
+        nodes: Option<usize>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MURMUR_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Cmd::Launch { run, launch } => murmur::launch::run(&run, &launch).map(|_| ()),
+        Cmd::Peer { run, peer } => murmur::peer::run(&run, &peer),
+        Cmd::Topology {
+            command: TopologyCmd::Inspect { topology, nodes, json },
+        } => inspect(&topology, nodes, json),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn inspect(topology: &str, nodes: Option<usize>, json: bool) -> anyhow::Result<()> {
+    let topo = load_topology(topology, nodes)?;
+    let report = topo.inspect();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{report}");
+    }
+    Ok(())
+}

@@ -1,0 +1,190 @@
+//! Metrics every run writes: per-peer JSON lines, per-epoch rows aggregated by peer 0
+//! (`epochs.jsonl`), and the run summary (`summary.json`, `summary.csv`).
+//!
+//! Field names are a stable interface read by experiment scripts.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+/// One peer's numbers for one epoch (a line of `peers/peer-<rank>.jsonl`, and the JSON part
+/// of a report frame to peer 0).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PeerEpoch {
+    /// Rank.
+    pub peer: usize,
+    /// Epoch, from 1.
+    pub epoch: usize,
+    /// Rounds completed so far.
+    pub rounds: u64,
+    /// Mean training loss over the epoch's mini-batches.
+    pub train_loss: f64,
+    /// Accuracy of this peer's model on the test split, fraction in [0, 1].
+    pub test_accuracy: f64,
+    /// Mean cross-entropy on the test split.
+    pub test_loss: f64,
+    /// Gossip bytes sent so far (whole frames: 24-byte header + compressed message).
+    pub bytes_sent: u64,
+    /// Gossip bytes received so far.
+    pub bytes_received: u64,
+    /// Seconds spent in forward/backward so far.
+    pub compute_seconds: f64,
+    /// Seconds from sending a round's messages to having mixed, so far.
+    pub communicate_seconds: f64,
+    /// Seconds since this peer started training.
+    pub wall_seconds: f64,
+}
+
+/// One printed row: the network's state at the end of an epoch (a line of `epochs.jsonl`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EpochRow {
+    /// Epoch, from 1.
+    pub epoch: usize,
+    /// Rounds completed.
+    pub rounds: u64,
+    /// Mean over peers of the test accuracy (fraction).
+    pub mean_test_accuracy: f64,
+    /// Lowest peer test accuracy.
+    pub min_test_accuracy: f64,
+    /// Highest peer test accuracy.
+    pub max_test_accuracy: f64,
+    /// Test accuracy of the averaged model x̄ = (1/n) Σ x_i.
+    pub avg_model_test_accuracy: f64,
+    /// Consensus distance Ξ² = (1/n) Σ ‖x_i − x̄‖².
+    pub consensus_distance: f64,
+    /// Mean over peers of the epoch's training loss.
+    pub mean_train_loss: f64,
+    /// Mean over peers of the gossip bytes sent so far.
+    pub bytes_sent_per_peer: f64,
+    /// Mean over peers of the compute seconds so far.
+    pub compute_seconds: f64,
+    /// Mean over peers of the communicate seconds so far.
+    pub communicate_seconds: f64,
+    /// Peer 0's seconds since training started.
+    pub wall_seconds: f64,
+}
+
+/// The run summary (`summary.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Summary {
+    /// Algorithm name, e.g. `dpsgd`.
+    pub algorithm: String,
+    /// Topology name.
+    pub topology: String,
+    /// Number of peers n.
+    pub peers: usize,
+    /// Model name.
+    pub model: String,
+    /// Parameters d.
+    pub dim: usize,
+    /// Epochs run.
+    pub epochs: usize,
+    /// Rounds run.
+    pub rounds: u64,
+    /// Data partition, e.g. `iid` or `dirichlet:0.1`.
+    pub partition: String,
+    /// Seed.
+    pub seed: u64,
+    /// |λ₂(W)|.
+    pub lambda2_abs: f64,
+    /// 1 − |λ₂(W)|.
+    pub spectral_gap: f64,
+    /// Final mean test accuracy over peers (fraction).
+    pub final_mean_test_accuracy: f64,
+    /// Final lowest peer test accuracy (fraction).
+    pub final_min_test_accuracy: f64,
+    /// Final highest peer test accuracy (fraction).
+    pub final_max_test_accuracy: f64,
+    /// Final accuracy of the averaged model x̄ (fraction).
+    pub final_avg_model_test_accuracy: f64,
+    /// Final consensus distance Ξ².
+    pub final_consensus_distance: f64,
+    /// Mean over peers of gossip bytes sent over the run.
+    pub bytes_sent_per_peer: f64,
+    /// Peer 0's training wall time in seconds.
+    pub wall_seconds: f64,
+}
+
+/// Appends one JSON line to `path`, creating it if needed.
+pub fn append_json_line<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let mut line = serde_json::to_vec(value)?;
+    line.push(b'\n');
+    f.write_all(&line)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Writes `contents` to `path` atomically (temporary file, then rename).
+pub fn write_atomic(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+}
+
+/// The table header printed above [`format_row`] lines.
+pub fn table_header() -> String {
+    format!(
+        "{:>5} {:>6} {:>8} {:>8} {:>8} {:>8} {:>10} {:>8} {:>11} {:>8}",
+        "epoch", "rounds", "acc mean", "acc min", "acc max", "acc x̄", "Ξ²", "loss", "MB sent/peer", "wall s"
+    )
+}
+
+/// One table line for an epoch row.
+pub fn format_row(r: &EpochRow) -> String {
+    format!(
+        "{:>5} {:>6} {:>7.2}% {:>7.2}% {:>7.2}% {:>7.2}% {:>10.3e} {:>8.4} {:>12.1} {:>8.1}",
+        r.epoch,
+        r.rounds,
+        100.0 * r.mean_test_accuracy,
+        100.0 * r.min_test_accuracy,
+        100.0 * r.max_test_accuracy,
+        100.0 * r.avg_model_test_accuracy,
+        r.consensus_distance,
+        r.mean_train_loss,
+        r.bytes_sent_per_peer / 1e6,
+        r.wall_seconds
+    )
+}
+
+/// The one-line summary printed at the end of a run.
+pub fn summary_line(s: &Summary) -> String {
+    format!(
+        "{} on {} ({} peers, {}): {} epochs in {:.1} s, mean accuracy {:.2}% (min {:.2}%, x̄ {:.2}%), Ξ² {:.3e}, {:.1} MB sent per peer",
+        s.algorithm,
+        s.topology,
+        s.peers,
+        s.model,
+        s.epochs,
+        s.wall_seconds,
+        100.0 * s.final_mean_test_accuracy,
+        100.0 * s.final_min_test_accuracy,
+        100.0 * s.final_avg_model_test_accuracy,
+        s.final_consensus_distance,
+        s.bytes_sent_per_peer / 1e6
+    )
+}
+
+/// `summary.csv`: one header line and one value line with the same fields as `summary.json`.
+pub fn summary_csv(s: &Summary) -> String {
+    let v = serde_json::to_value(s).unwrap_or_default();
+    let obj = v.as_object().cloned().unwrap_or_default();
+    let keys: Vec<&String> = obj.keys().collect();
+    let vals: Vec<String> = obj
+        .values()
+        .map(|v| match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+        .collect();
+    format!(
+        "{}\n{}\n",
+        keys.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(","),
+        vals.join(",")
+    )
+}

@@ -1,0 +1,276 @@
+//! The models a peer trains, and the flat parameter vector the algorithms mix.
+//!
+//! Parameters are flattened into one `Vec<f32>` (`x: [d]`) in the fixed order in which
+//! Burn's [`ModuleVisitor`] walks the module (declaration order of the fields), and written
+//! back with a [`ModuleMapper`] in the same order. Gradients are flattened in that same
+//! order from [`GradientsParams`], so `x[k]` and `grad[k]` always refer to the same scalar.
+
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
+use burn::nn::{Linear, LinearConfig, PaddingConfig2d, Relu};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use serde::{Deserialize, Serialize};
+
+/// Which network to train.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// 784-256-10 multilayer perceptron with ReLU (d = 203,530).
+    Mlp,
+    /// Two 3×3 conv layers (16 and 32 channels) with max-pooling, then a linear layer
+    /// to 10 classes (d = 20,490).
+    Cnn,
+}
+
+impl std::fmt::Display for ModelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ModelKind::Mlp => "mlp",
+            ModelKind::Cnn => "cnn",
+        })
+    }
+}
+
+/// 784-256-10 MLP.
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    fc1: Linear<B>,
+    fc2: Linear<B>,
+    act: Relu,
+}
+
+/// Small CNN for 28×28 grey images.
+#[derive(Module, Debug)]
+pub struct Cnn<B: Backend> {
+    conv1: Conv2d<B>,
+    conv2: Conv2d<B>,
+    pool: MaxPool2d,
+    fc: Linear<B>,
+    act: Relu,
+}
+
+/// A model of either kind.
+#[derive(Module, Debug)]
+pub enum Net<B: Backend> {
+    /// See [`Mlp`].
+    Mlp(Mlp<B>),
+    /// See [`Cnn`].
+    Cnn(Cnn<B>),
+}
+
+/// Pixels per image (28×28).
+pub const INPUTS: usize = 784;
+/// Classes (digits).
+pub const CLASSES: usize = 10;
+
+impl<B: Backend> Net<B> {
+    /// A freshly initialised model. Burn's initialisers draw from the backend RNG, which the
+    /// caller seeds (`B::seed`) so that every peer starts from the same x⁰.
+    pub fn new(kind: ModelKind, device: &B::Device) -> Self {
+        match kind {
+            ModelKind::Mlp => Net::Mlp(Mlp {
+                fc1: LinearConfig::new(INPUTS, 256).init(device),
+                fc2: LinearConfig::new(256, CLASSES).init(device),
+                act: Relu::new(),
+            }),
+            ModelKind::Cnn => Net::Cnn(Cnn {
+                conv1: Conv2dConfig::new([1, 16], [3, 3])
+                    .with_padding(PaddingConfig2d::Same)
+                    .init(device),
+                conv2: Conv2dConfig::new([16, 32], [3, 3])
+                    .with_padding(PaddingConfig2d::Same)
+                    .init(device),
+                pool: MaxPool2dConfig::new([2, 2]).with_strides([2, 2]).init(),
+                fc: LinearConfig::new(32 * 7 * 7, CLASSES).init(device),
+                act: Relu::new(),
+            }),
+        }
+    }
+
+    /// Logits for a batch.
+    ///
+    /// # Shapes
+    /// - `images`: `[batch, 784]`, values in [0, 1]
+    /// - output: `[batch, 10]`
+    pub fn forward(&self, images: Tensor<B, 2>) -> Tensor<B, 2> {
+        match self {
+            Net::Mlp(m) => m.fc2.forward(m.act.forward(m.fc1.forward(images))),
+            Net::Cnn(m) => {
+                let [b, _] = images.dims();
+                let x = images.reshape([b, 1, 28, 28]);
+                let x = m.pool.forward(m.act.forward(m.conv1.forward(x)));
+                let x = m.pool.forward(m.act.forward(m.conv2.forward(x)));
+                m.fc.forward(x.reshape([b, 32 * 7 * 7]))
+            }
+        }
+    }
+
+    /// Number of scalar parameters d.
+    pub fn dim(&self) -> usize {
+        self.num_params()
+    }
+}
+
+/// Builds the batch tensors.
+///
+/// # Shapes
+/// - `images`: `[batch · 784]` row-major; `labels`: `[batch]`
+pub fn batch_tensors<B: Backend>(
+    images: Vec<f32>,
+    labels: &[u8],
+    device: &B::Device,
+) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+    let b = labels.len();
+    let x = Tensor::<B, 2>::from_data(TensorData::new(images, [b, INPUTS]), device);
+    let y = Tensor::<B, 1, Int>::from_data(
+        TensorData::new(labels.iter().map(|&l| l as i64).collect::<Vec<_>>(), [b]),
+        device,
+    );
+    (x, y)
+}
+
+/// One forward/backward pass: returns the mean cross-entropy loss of the batch and the
+/// gradient flattened in parameter order, `grad: [d]`.
+pub fn loss_and_grad<B: AutodiffBackend>(
+    model: &Net<B>,
+    images: Tensor<B, 2>,
+    labels: Tensor<B, 1, Int>,
+    grad_out: &mut Vec<f32>,
+) -> f32 {
+    let device = images.device();
+    let logits = model.forward(images);
+    let loss = CrossEntropyLossConfig::new()
+        .init(&device)
+        .forward(logits, labels);
+    let loss_value = loss.clone().into_data().iter::<f32>().next().unwrap_or(f32::NAN);
+    let grads = GradientsParams::from_grads(loss.backward(), model);
+    grad_out.clear();
+    model.visit(&mut GradFlattener {
+        grads: &grads,
+        out: grad_out,
+    });
+    loss_value
+}
+
+/// Classification accuracy (fraction in [0, 1]) and mean loss over a data set, evaluated in
+/// batches of `batch` on the non-autodiff backend.
+pub fn evaluate<B: Backend>(
+    model: &Net<B>,
+    images: &[f32],
+    labels: &[u8],
+    batch: usize,
+    device: &B::Device,
+) -> (f64, f64) {
+    let n = labels.len();
+    if n == 0 {
+        return (0.0, 0.0);
+    }
+    let mut correct = 0usize;
+    let mut loss_sum = 0.0f64;
+    let loss_fn = CrossEntropyLossConfig::new().init(device);
+    for start in (0..n).step_by(batch.max(1)) {
+        let end = (start + batch).min(n);
+        let (x, y) = batch_tensors::<B>(
+            images[start * INPUTS..end * INPUTS].to_vec(),
+            &labels[start..end],
+            device,
+        );
+        let logits = model.forward(x);
+        let l = loss_fn.forward(logits.clone(), y);
+        loss_sum += l.into_data().iter::<f32>().next().unwrap_or(f32::NAN) as f64 * (end - start) as f64;
+        let pred = logits.argmax(1).into_data();
+        correct += pred
+            .iter::<i64>()
+            .zip(&labels[start..end])
+            .filter(|(p, l)| *p == **l as i64)
+            .count();
+    }
+    (correct as f64 / n as f64, loss_sum / n as f64)
+}
+
+/// Flattens the parameters of `model` into `out` (cleared first): `x: [d]`.
+pub fn flatten<B: Backend, M: Module<B>>(model: &M, out: &mut Vec<f32>) {
+    out.clear();
+    model.visit(&mut ParamFlattener { out });
+}
+
+/// Writes `x: [d]` back into `model` in the order of [`flatten`].
+///
+/// # Errors
+/// If `x.len()` differs from the model's d (the model is then unusable and dropped).
+pub fn unflatten<B: Backend, M: Module<B>>(model: M, x: &[f32]) -> anyhow::Result<M> {
+    let mut mapper = ParamWriter { x, pos: 0, short: false };
+    let model = model.map(&mut mapper);
+    if mapper.short || mapper.pos != x.len() {
+        anyhow::bail!(
+            "parameter vector has {} values, the model has {}",
+            x.len(),
+            mapper.pos
+        );
+    }
+    Ok(model)
+}
+
+/// The non-autodiff copy of a model, for evaluation.
+pub fn inference_copy<B: AutodiffBackend>(model: &Net<B>) -> Net<B::InnerBackend> {
+    model.valid()
+}
+
+struct ParamFlattener<'a> {
+    out: &'a mut Vec<f32>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for ParamFlattener<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.out.extend(param.val().into_data().iter::<f32>());
+    }
+}
+
+struct GradFlattener<'a> {
+    grads: &'a GradientsParams,
+    out: &'a mut Vec<f32>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for GradFlattener<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        match self.grads.get::<B::InnerBackend, D>(param.id) {
+            Some(g) => self.out.extend(g.into_data().iter::<f32>()),
+            // A parameter the loss does not depend on has a zero gradient.
+            None => {
+                let numel = param.val().shape().num_elements();
+                self.out.extend(std::iter::repeat_n(0.0, numel));
+            }
+        }
+    }
+}
+
+struct ParamWriter<'a> {
+    x: &'a [f32],
+    pos: usize,
+    short: bool,
+}
+
+impl<B: Backend> ModuleMapper<B> for ParamWriter<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let shape = tensor.shape();
+        let numel = shape.num_elements();
+        let end = self.pos + numel;
+        if end > self.x.len() {
+            self.short = true;
+            self.pos = end;
+            return Param::from_mapped_value(id, tensor, mapper);
+        }
+        let require_grad = tensor.is_require_grad();
+        let device = tensor.device();
+        let values = self.x[self.pos..end].to_vec();
+        self.pos = end;
+        let new = Tensor::<B, D>::from_data(TensorData::new(values, shape), &device)
+            .set_require_grad(require_grad);
+        Param::from_mapped_value(id, new, mapper)
+    }
+}

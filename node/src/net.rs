@@ -1,0 +1,403 @@
+//! The data plane: bulk parameter frames on our own QUIC endpoint (quinn).
+//!
+//! One connection per destination peer, one unidirectional stream per frame. Every frame
+//! starts with the 24-byte [`FrameHeader`]; the receiver reads and checks the header
+//! (magic, version, kind, declared length ≤ limit) before it allocates for the payload.
+//! Received frames and connection losses reach the training loop through one bounded
+//! channel of [`NetEvent`]s.
+//!
+//! Server certificates are self-signed per run and pinned: each peer publishes its
+//! certificate through the libp2p discovery exchange, and a client trusts exactly the
+//! certificate published for the rank it dials.
+//!
+//! Shutdown without losing frames: after its last frame a sender sends a `Bye` frame whose
+//! payload is the number of frames it sent before on that connection. The receiver closes
+//! the connection (application code 0) once it has read that many frames, and the sender
+//! counts its link as finished when it sees that close.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use bytes::Bytes;
+use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
+use murmur_gossip::Rank;
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::{Connection, Endpoint, TransportConfig, VarInt};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+/// UDP socket buffer size requested from the OS (measured: ~1 GB/s on loopback with 4 MiB).
+pub const UDP_BUFFER_BYTES: usize = 4 << 20;
+/// Frames queued per destination before `send` waits.
+const SEND_QUEUE: usize = 8;
+/// Events queued towards the training loop before the network waits (QUIC flow control
+/// then slows the senders down).
+const EVENT_QUEUE: usize = 256;
+/// Server name in the pinned certificates.
+const SERVER_NAME: &str = "murmur-peer";
+
+/// Something the data plane reports to the training loop.
+#[derive(Debug)]
+pub enum NetEvent {
+    /// A complete frame (header and payload) from peer `from`.
+    Frame {
+        /// Sender, bound to the connection by its first frame.
+        from: Rank,
+        /// Parsed header.
+        header: FrameHeader,
+        /// The whole frame.
+        bytes: Bytes,
+    },
+    /// Peer `from` said goodbye and all its frames were delivered.
+    Finished {
+        /// The peer.
+        from: Rank,
+    },
+    /// Our link to `to` was closed by the receiver after our `Bye`: everything arrived.
+    LinkDone {
+        /// The destination.
+        to: Rank,
+    },
+    /// A connection to or from `peer` failed before the goodbye.
+    Lost {
+        /// The peer.
+        peer: Rank,
+        /// What happened.
+        reason: String,
+    },
+    /// A frame was refused (malformed, wrong sender…); the connection stays up.
+    Refused {
+        /// The sender if known.
+        peer: Option<Rank>,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// Our QUIC endpoint with its certificate.
+pub struct DataPlane {
+    endpoint: Endpoint,
+    /// Address peers dial.
+    pub local_addr: SocketAddr,
+    /// DER of our self-signed certificate (published through discovery).
+    pub cert_der: Vec<u8>,
+    events: mpsc::Sender<NetEvent>,
+    transport: Arc<TransportConfig>,
+    rank: Rank,
+}
+
+/// A link to one destination peer.
+pub struct Link {
+    to: Rank,
+    tx: mpsc::Sender<Bytes>,
+}
+
+fn transport_config() -> TransportConfig {
+    let mut t = TransportConfig::default();
+    // Windows large enough that a multi-MB parameter frame is not flow-control bound.
+    t.stream_receive_window(VarInt::from_u32(64 << 20));
+    t.receive_window(VarInt::from_u32(256 << 20));
+    t.send_window(256 << 20);
+    t.max_concurrent_uni_streams(VarInt::from_u32(1024));
+    t.max_concurrent_bidi_streams(VarInt::from_u32(0));
+    t.keep_alive_interval(Some(Duration::from_secs(2)));
+    t.max_idle_timeout(Some(VarInt::from_u32(15_000).into()));
+    t
+}
+
+impl DataPlane {
+    /// Binds peer `rank`'s QUIC endpoint at `addr` (port 0: any free port) with a fresh self-signed
+    /// certificate. Frames whose declared payload exceeds `max_payload_bytes` are refused
+    /// before allocation. Returns the receiver of all [`NetEvent`]s.
+    ///
+    /// Must be called inside a tokio runtime.
+    pub fn bind(rank: Rank, addr: SocketAddr, max_payload_bytes: u32) -> anyhow::Result<(DataPlane, mpsc::Receiver<NetEvent>)> {
+        let cert = rcgen::generate_simple_self_signed(vec![SERVER_NAME.to_string()])
+            .context("generating the data-plane certificate")?;
+        let cert_der = cert.cert.der().to_vec();
+        let key = rustls::pki_types::PrivatePkcs8KeyDer::from(cert.key_pair.serialize_der());
+        let transport = Arc::new(transport_config());
+        let mut server = quinn::ServerConfig::with_crypto(Arc::new(
+            QuicServerConfig::try_from(
+                rustls::ServerConfig::builder_with_provider(crypto_provider())
+                    .with_protocol_versions(&[&rustls::version::TLS13])?
+                    .with_no_client_auth()
+                    .with_single_cert(vec![cert.cert.der().clone()], key.into())?,
+            )?,
+        ));
+        server.transport_config(transport.clone());
+
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::DGRAM,
+            Some(socket2::Protocol::UDP),
+        )?;
+        // Best effort: the OS may cap the size (net.core.rmem_max); QUIC still works.
+        let _ = socket.set_recv_buffer_size(UDP_BUFFER_BYTES);
+        let _ = socket.set_send_buffer_size(UDP_BUFFER_BYTES);
+        socket
+            .bind(&addr.into())
+            .with_context(|| format!("cannot bind the data-plane address {addr} (port in use?)"))?;
+        let socket: std::net::UdpSocket = socket.into();
+        let endpoint = Endpoint::new(
+            quinn::EndpointConfig::default(),
+            Some(server),
+            socket,
+            Arc::new(quinn::TokioRuntime),
+        )?;
+        let local_addr = endpoint.local_addr()?;
+        let (events, rx) = mpsc::channel(EVENT_QUEUE);
+        tokio::spawn(accept_loop(endpoint.clone(), events.clone(), max_payload_bytes));
+        Ok((
+            DataPlane {
+                endpoint,
+                local_addr,
+                cert_der,
+                events,
+                transport,
+                rank,
+            },
+            rx,
+        ))
+    }
+
+    /// Connects to peer `to` at `addr`, trusting only `cert_der`, and starts its sender task.
+    pub async fn connect(&self, to: Rank, addr: SocketAddr, cert_der: &[u8]) -> anyhow::Result<Link> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(rustls::pki_types::CertificateDer::from(cert_der.to_vec()))
+            .with_context(|| format!("peer {to} published an unusable certificate"))?;
+        let tls = rustls::ClientConfig::builder_with_provider(crypto_provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let mut client = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls)?));
+        client.transport_config(self.transport.clone());
+        let conn = tokio::time::timeout(
+            Duration::from_secs(10),
+            self.endpoint.connect_with(client, addr, SERVER_NAME)?,
+        )
+        .await
+        .map_err(|_| anyhow!("timed out connecting to peer {to} at {addr}"))?
+        .with_context(|| format!("connecting to peer {to} at {addr}"))?;
+        let (tx, rx) = mpsc::channel(SEND_QUEUE);
+        tokio::spawn(send_loop(self.rank, to, conn, rx, self.events.clone()));
+        Ok(Link { to, tx })
+    }
+
+    /// Closes the endpoint and waits (at most `grace`) for the close to reach the peers.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.endpoint.close(VarInt::from_u32(0), b"done");
+        let _ = tokio::time::timeout(grace, self.endpoint.wait_idle()).await;
+    }
+}
+
+impl Link {
+    /// The destination rank.
+    pub fn to(&self) -> Rank {
+        self.to
+    }
+
+    /// Queues one frame; waits while the link's queue is full.
+    pub async fn send(&self, frame: Bytes) -> anyhow::Result<()> {
+        self.tx
+            .send(frame)
+            .await
+            .map_err(|_| anyhow!("the link to peer {} is closed", self.to))
+    }
+}
+
+/// AES-GCM first (it has hardware support here and measured faster than ChaCha20).
+fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    let mut p = rustls::crypto::ring::default_provider();
+    p.cipher_suites.sort_by_key(|s| match s.suite() {
+        rustls::CipherSuite::TLS13_AES_128_GCM_SHA256 => 0,
+        rustls::CipherSuite::TLS13_AES_256_GCM_SHA384 => 1,
+        _ => 2,
+    });
+    Arc::new(p)
+}
+
+async fn send_loop(me: Rank, to: Rank, conn: Connection, mut rx: mpsc::Receiver<Bytes>, events: mpsc::Sender<NetEvent>) {
+    let mut sent: u64 = 0;
+    while let Some(frame) = rx.recv().await {
+        let result = async {
+            let mut s = conn.open_uni().await?;
+            s.write_all(&frame).await?;
+            s.finish()?;
+            anyhow::Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            let _ = events
+                .send(NetEvent::Lost {
+                    peer: to,
+                    reason: format!("sending to peer {to} failed: {e}"),
+                })
+                .await;
+            return;
+        }
+        sent += 1;
+    }
+    // The training loop dropped its handle: say goodbye, then wait for the receiver to
+    // close the connection once it has read everything.
+    let bye = async {
+        let mut s = conn.open_uni().await?;
+        let mut f = Vec::with_capacity(FRAME_HEADER_LEN + 8);
+        FrameHeader {
+            kind: FrameKind::Bye,
+            sender: me,
+            round: 0,
+            dim: 0,
+            payload_len: 8,
+        }
+        .emit(&mut f);
+        f.extend_from_slice(&sent.to_le_bytes());
+        s.write_all(&f).await?;
+        s.finish()?;
+        anyhow::Ok(())
+    };
+    if let Err(e) = bye.await {
+        let _ = events
+            .send(NetEvent::Lost {
+                peer: to,
+                reason: format!("saying goodbye to peer {to}: {e}"),
+            })
+            .await;
+        return;
+    }
+    let reason = conn.closed().await;
+    let event = match reason {
+        quinn::ConnectionError::ApplicationClosed(c) if c.error_code == VarInt::from_u32(0) => NetEvent::LinkDone { to },
+        other => NetEvent::Lost {
+            peer: to,
+            reason: format!("connection to peer {to}: {other}"),
+        },
+    };
+    let _ = events.send(event).await;
+}
+
+async fn accept_loop(endpoint: Endpoint, events: mpsc::Sender<NetEvent>, max_payload_bytes: u32) {
+    while let Some(incoming) = endpoint.accept().await {
+        let events = events.clone();
+        tokio::spawn(async move {
+            match incoming.await {
+                Ok(conn) => serve_connection(conn, events, max_payload_bytes).await,
+                Err(e) => debug!("incoming connection failed: {e}"),
+            }
+        });
+    }
+}
+
+/// Per-connection receive state: who the sender is and how many frames arrived.
+struct Inbound {
+    peer: Option<Rank>,
+    received: u64,
+    expected: Option<u64>,
+}
+
+async fn serve_connection(conn: Connection, events: mpsc::Sender<NetEvent>, max_payload_bytes: u32) {
+    let state = Arc::new(tokio::sync::Mutex::new(Inbound {
+        peer: None,
+        received: 0,
+        expected: None,
+    }));
+    loop {
+        let mut stream = match conn.accept_uni().await {
+            Ok(s) => s,
+            Err(e) => {
+                let st = state.lock().await;
+                let done = st.expected.is_some_and(|n| st.received >= n);
+                if let (Some(peer), false) = (st.peer, done) {
+                    let _ = events
+                        .send(NetEvent::Lost {
+                            peer,
+                            reason: format!("connection from peer {peer}: {e}"),
+                        })
+                        .await;
+                }
+                return;
+            }
+        };
+        let events = events.clone();
+        let state = state.clone();
+        let conn = conn.clone();
+        tokio::spawn(async move {
+            let frame = async {
+                let mut head = [0u8; FRAME_HEADER_LEN];
+                stream.read_exact(&mut head).await.map_err(|e| anyhow!("reading a frame header: {e}"))?;
+                let header = FrameHeader::parse_prefix(&head, max_payload_bytes)?;
+                let mut buf = vec![0u8; FRAME_HEADER_LEN + header.payload_len as usize];
+                buf[..FRAME_HEADER_LEN].copy_from_slice(&head);
+                stream
+                    .read_exact(&mut buf[FRAME_HEADER_LEN..])
+                    .await
+                    .map_err(|e| anyhow!("reading a {}-byte payload: {e}", header.payload_len))?;
+                anyhow::Ok((header, Bytes::from(buf)))
+            }
+            .await;
+            let mut st = state.lock().await;
+            let (header, bytes) = match frame {
+                Ok(f) => f,
+                Err(e) => {
+                    warn!(peer = ?st.peer, "refused frame: {e:#}");
+                    let _ = events
+                        .send(NetEvent::Refused {
+                            peer: st.peer,
+                            reason: format!("{e:#}"),
+                        })
+                        .await;
+                    return;
+                }
+            };
+            // The first frame binds the connection to its sender; later frames must agree.
+            match st.peer {
+                None => st.peer = Some(header.sender),
+                Some(p) if p != header.sender => {
+                    let _ = events
+                        .send(NetEvent::Refused {
+                            peer: Some(p),
+                            reason: format!("frame claims sender {} on peer {p}'s connection", header.sender),
+                        })
+                        .await;
+                    return;
+                }
+                Some(_) => {}
+            }
+            let from = header.sender;
+            if header.kind == FrameKind::Bye {
+                let count = bytes
+                    .get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + 8)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_le_bytes);
+                match count {
+                    Some(n) => st.expected = Some(n),
+                    None => {
+                        let _ = events
+                            .send(NetEvent::Refused {
+                                peer: Some(from),
+                                reason: "malformed goodbye".into(),
+                            })
+                            .await;
+                        return;
+                    }
+                }
+            } else {
+                st.received += 1;
+                if events.send(NetEvent::Frame { from, header, bytes }).await.is_err() {
+                    return; // the training loop is gone
+                }
+            }
+            if st.expected.is_some_and(|n| st.received >= n) {
+                let _ = events.send(NetEvent::Finished { from }).await;
+                conn.close(VarInt::from_u32(0), b"done");
+            }
+        });
+    }
+}
+
+/// Outgoing links by destination rank.
+pub type Links = HashMap<Rank, Link>;

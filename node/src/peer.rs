@@ -1,0 +1,578 @@
+//! `murmur peer`: one peer of a run — data shard, Burn model, gossip state machine, QUIC
+//! data plane and libp2p discovery, driven by one training loop.
+//!
+//! The training loop runs on the calling thread; the network runs on a small tokio runtime
+//! beside it and talks to the loop through one bounded channel of [`NetEvent`]s (and one
+//! bounded queue per destination the other way). The gossip state machine is sans-I/O:
+//! this module is its driver.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use burn::tensor::backend::AutodiffBackend;
+use bytes::Bytes;
+use clap::Args;
+use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
+use murmur_gossip::{consensus_distance, DPsgd, DPsgdConfig, Gossip, GossipEvent, Rank};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use tokio::sync::mpsc;
+use tracing::{debug, info, info_span, warn};
+
+use crate::config::RunArgs;
+use crate::data::{partition, Dataset, Mnist};
+use crate::discovery::{discover, Fingerprint, PeerInfo, Role};
+use crate::metrics::{self, EpochRow, PeerEpoch, Summary};
+use crate::model::{self, Net, INPUTS};
+use crate::net::{DataPlane, Link, Links, NetEvent};
+
+/// Arguments that differ from peer to peer.
+#[derive(Debug, Clone, Args)]
+pub struct PeerArgs {
+    /// This peer's rank in 0..peers. Rank 0 is the bootstrap and collects the metrics.
+    #[arg(long)]
+    pub rank: Rank,
+    /// The bootstrap's libp2p multiaddr (required for ranks other than 0),
+    /// e.g. /ip4/10.0.0.1/udp/4001/quic-v1.
+    #[arg(long)]
+    pub bootstrap: Option<libp2p::Multiaddr>,
+    /// libp2p listen address of the bootstrap (rank 0).
+    #[arg(long, default_value = "/ip4/127.0.0.1/udp/0/quic-v1")]
+    pub listen: libp2p::Multiaddr,
+    /// Rank 0 writes its dialable multiaddr to this file once it listens.
+    #[arg(long)]
+    pub bootstrap_file: Option<PathBuf>,
+    /// Address of the QUIC data plane (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub data_addr: SocketAddr,
+    /// Run folder: metrics are written here.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// Runs one peer to the end of training. Dispatches on the device.
+pub fn run(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
+    args.validate()?;
+    match args.device {
+        crate::config::DeviceSpec::Cpu => {
+            run_on::<burn::backend::Autodiff<burn::backend::Flex>>(args, peer, Default::default())
+        }
+        #[cfg(feature = "cuda")]
+        crate::config::DeviceSpec::Cuda(i) => run_on::<burn::backend::Autodiff<burn::backend::Cuda>>(
+            args,
+            peer,
+            burn::backend::cuda::CudaDevice::new(i),
+        ),
+        #[cfg(not(feature = "cuda"))]
+        crate::config::DeviceSpec::Cuda(_) => {
+            bail!("--device cuda needs a murmur built with `--features cuda`")
+        }
+    }
+}
+
+/// Everything the training loop owns besides the model.
+struct Driver {
+    rank: Rank,
+    n: usize,
+    rt: tokio::runtime::Runtime,
+    events: mpsc::Receiver<NetEvent>,
+    links: Links,
+    gossip: DPsgd,
+    /// Peers that still owe us a goodbye: in-neighbours, and everyone for rank 0.
+    expected_in: HashSet<Rank>,
+    finished_in: HashSet<Rank>,
+    refused_frames: u64,
+    /// Rank 0 only.
+    collector: Option<Collector>,
+    send_buf: Vec<u8>,
+}
+
+fn run_on<B: AutodiffBackend>(args: &RunArgs, peer: &PeerArgs, device: B::Device) -> anyhow::Result<()> {
+    let rank = peer.rank;
+    let n = args.peers;
+    let _span = info_span!("peer", peer = rank).entered();
+    if rank >= n {
+        bail!("--rank {rank} is out of range for --peers {n} (ranks are 0..{})", n - 1);
+    }
+    if rank != 0 && peer.bootstrap.is_none() {
+        bail!("peer {rank} needs --bootstrap <multiaddr of peer 0>");
+    }
+    let topo = args.topology()?;
+    std::fs::create_dir_all(peer.out.join("peers"))
+        .with_context(|| format!("cannot create the run folder {}", peer.out.display()))?;
+
+    // Data: the same seeded split on every peer; this peer keeps its shard.
+    let mnist = match &args.data {
+        Some(dir) => Mnist::load_dir(dir)?,
+        None => Mnist::embedded()?,
+    };
+    let shards = partition(&mnist.train.labels, n, args.partition, args.seed)?;
+    let shard = mnist.train.subset(&shards[rank]);
+    let rounds_per_epoch = args
+        .rounds_per_epoch
+        .unwrap_or_else(|| (mnist.train.len() as u64).div_ceil((n * args.batch_size) as u64));
+
+    // Model: every peer draws the same x⁰ from the same seed.
+    B::seed(&device, args.seed);
+    let mut net = Net::<B>::new(args.model, &device);
+    let mut x = Vec::new();
+    model::flatten(&net, &mut x);
+    let d = x.len();
+    info!(d, shard = shard.len(), rounds_per_epoch, topology = %topo.name, "peer starting");
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    // Payload limit: the model as f32 plus generous room for headers and the report JSON.
+    let max_payload = u32::try_from(8 * d + (1 << 20)).unwrap_or(u32::MAX);
+    let (plane, events) = rt.block_on(async { DataPlane::bind(rank, peer.data_addr, max_payload) })?;
+    let fingerprint = Fingerprint {
+        peers: n,
+        topology: topo.name.clone(),
+        model: args.model.to_string(),
+        dim: d,
+        algorithm: args.algorithm.to_string(),
+    };
+    let me = PeerInfo {
+        rank,
+        peer_id: String::new(),
+        data_addr: plane.local_addr,
+        cert_der: plane.cert_der.clone(),
+    };
+    let role = match &peer.bootstrap {
+        None => Role::Bootstrap {
+            listen: peer.listen.clone(),
+            addr_file: peer.bootstrap_file.clone(),
+        },
+        Some(b) => Role::Join { bootstrap: b.clone() },
+    };
+    let join_timeout = Duration::from_secs(args.join_timeout_secs);
+    let directory = rt.block_on(discover(role, me, fingerprint, join_timeout))?;
+
+    // Links: to every out-neighbour, and to rank 0 for the metrics reports.
+    let mut destinations: Vec<Rank> = topo.w.out_neighbors(rank);
+    if rank != 0 && !destinations.contains(&0) {
+        destinations.push(0);
+    }
+    let mut links = Links::new();
+    for &to in &destinations {
+        let info = &directory[to];
+        let link = rt.block_on(plane.connect(to, info.data_addr, &info.cert_der))?;
+        links.insert(to, link);
+    }
+    let mut expected_in: HashSet<Rank> = topo.w.in_weights(rank).into_iter().map(|(j, _)| j).collect();
+    if rank == 0 {
+        expected_in.extend(1..n);
+    }
+
+    let mut cfg = DPsgdConfig::from_matrix(&topo.w, rank, args.lr, d);
+    cfg.round_timeout = Duration::from_secs(args.round_timeout_secs);
+    cfg.seed = args.seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let gossip = DPsgd::new(cfg, x.clone());
+
+    let collector = (rank == 0).then(|| Collector {
+        n,
+        dir: peer.out.clone(),
+        pending: BTreeMap::new(),
+        rows: Vec::new(),
+        test: mnist.test.clone(),
+        d,
+        kind: args.model,
+    });
+    let mut drv = Driver {
+        rank,
+        n,
+        rt,
+        events,
+        links,
+        gossip,
+        expected_in,
+        finished_in: HashSet::new(),
+        refused_frames: 0,
+        collector,
+        send_buf: Vec::new(),
+    };
+    if rank == 0 {
+        println!("{}", metrics::table_header());
+    }
+
+    // Training.
+    let start = Instant::now();
+    let mut rng = StdRng::seed_from_u64(args.seed.wrapping_add(1 + rank as u64));
+    let mut order: Vec<usize> = (0..shard.len()).collect();
+    order.shuffle(&mut rng);
+    let mut cursor = 0usize;
+    let mut grad = Vec::with_capacity(d);
+    let mut velocity = vec![0.0f32; d];
+    let mut batch_images = Vec::with_capacity(args.batch_size * INPUTS);
+    let mut batch_labels = Vec::with_capacity(args.batch_size);
+    let (mut compute_s, mut communicate_s) = (0.0f64, 0.0f64);
+    let peer_log = peer.out.join("peers").join(format!("peer-{rank}.jsonl"));
+    let mut last_report = None;
+    for epoch in 1..=args.epochs {
+        let mut loss_sum = 0.0f64;
+        for _ in 0..rounds_per_epoch {
+            // Mini-batch from the local shard, reshuffled after each pass.
+            batch_images.clear();
+            batch_labels.clear();
+            for _ in 0..args.batch_size.min(shard.len()) {
+                if cursor == order.len() {
+                    order.shuffle(&mut rng);
+                    cursor = 0;
+                }
+                let i = order[cursor];
+                cursor += 1;
+                batch_images.extend_from_slice(shard.image(i));
+                batch_labels.push(shard.labels[i]);
+            }
+            let t0 = Instant::now();
+            let (xb, yb) = model::batch_tensors::<B>(batch_images.clone(), &batch_labels, &device);
+            let loss = model::loss_and_grad(&net, xb, yb, &mut grad);
+            if !loss.is_finite() {
+                bail!("training diverged at epoch {epoch}: loss is {loss} (try a smaller --lr)");
+            }
+            loss_sum += loss as f64;
+            // Heavy-ball direction v ← μ v + g; D-PSGD then applies x ← Σ W x − η v.
+            for (v, g) in velocity.iter_mut().zip(&grad) {
+                *v = args.momentum * *v + g;
+            }
+            compute_s += t0.elapsed().as_secs_f64();
+
+            let t1 = Instant::now();
+            drv.gossip.begin_round(Instant::now(), &x, Some(&velocity));
+            drv.transmit()?;
+            drv.wait_mixed()?;
+            x.copy_from_slice(drv.gossip.params());
+            net = model::unflatten(net, &x)?;
+            communicate_s += t1.elapsed().as_secs_f64();
+        }
+        let (test_accuracy, test_loss) = model::evaluate(
+            &model::inference_copy(&net),
+            &mnist.test.images,
+            &mnist.test.labels,
+            500,
+            &Default::default(),
+        );
+        let stats = drv.gossip.stats();
+        let report = PeerEpoch {
+            peer: rank,
+            epoch,
+            rounds: drv.gossip.round(),
+            train_loss: loss_sum / rounds_per_epoch as f64,
+            test_accuracy,
+            test_loss,
+            bytes_sent: stats.bytes_sent,
+            bytes_received: stats.bytes_received,
+            compute_seconds: compute_s,
+            communicate_seconds: communicate_s,
+            wall_seconds: start.elapsed().as_secs_f64(),
+        };
+        debug!(epoch, test_accuracy, "epoch done");
+        metrics::append_json_line(&peer_log, &report)?;
+        drv.report(report.clone(), &x, start)?;
+        last_report = Some(report);
+    }
+
+    // Rank 0 waits for every peer's final report before it says goodbye.
+    while drv.collector.as_ref().is_some_and(|c| c.rows.len() < args.epochs) {
+        drv.next_event(Instant::now() + Duration::from_secs(args.round_timeout_secs), start)?;
+    }
+    drv.finish(&plane)?;
+
+    if let Some(c) = &drv.collector {
+        let last = c.rows.last().ok_or_else(|| anyhow!("no epoch was recorded"))?;
+        let summary = Summary {
+            algorithm: args.algorithm.to_string(),
+            topology: topo.name.clone(),
+            peers: n,
+            model: args.model.to_string(),
+            dim: d,
+            epochs: args.epochs,
+            rounds: last.rounds,
+            partition: args.partition.to_string(),
+            seed: args.seed,
+            lambda2_abs: topo.w.second_eigenvalue_modulus(),
+            spectral_gap: topo.w.spectral_gap(),
+            final_mean_test_accuracy: last.mean_test_accuracy,
+            final_min_test_accuracy: last.min_test_accuracy,
+            final_max_test_accuracy: last.max_test_accuracy,
+            final_avg_model_test_accuracy: last.avg_model_test_accuracy,
+            final_consensus_distance: last.consensus_distance,
+            bytes_sent_per_peer: last.bytes_sent_per_peer,
+            wall_seconds: last.wall_seconds,
+        };
+        metrics::write_atomic(&peer.out.join("summary.json"), &serde_json::to_vec_pretty(&summary)?)?;
+        metrics::write_atomic(&peer.out.join("summary.csv"), metrics::summary_csv(&summary).as_bytes())?;
+        println!("{}", metrics::summary_line(&summary));
+        println!("run folder: {}", peer.out.display());
+    }
+    if let Some(r) = last_report {
+        info!(
+            accuracy = r.test_accuracy,
+            refused_frames = drv.refused_frames,
+            "peer finished"
+        );
+    }
+    Ok(())
+}
+
+impl Driver {
+    /// Sends every frame the state machine has queued.
+    fn transmit(&mut self) -> anyhow::Result<()> {
+        while let Some(t) = self.gossip.poll_transmit(&mut self.send_buf) {
+            let link = self
+                .links
+                .get(&t.to)
+                .ok_or_else(|| anyhow!("no link to out-neighbour {}", t.to))?;
+            let frame = Bytes::copy_from_slice(&self.send_buf);
+            self.rt.block_on(link.send(frame))?;
+        }
+        Ok(())
+    }
+
+    /// Feeds network events to the state machine until the round has mixed.
+    fn wait_mixed(&mut self) -> anyhow::Result<()> {
+        let start = Instant::now();
+        loop {
+            while let Some(ev) = self.gossip.poll_event() {
+                match ev {
+                    GossipEvent::Mixed { .. } => return Ok(()),
+                    GossipEvent::RoundTimedOut { round, missing } => bail!(
+                        "round {round} timed out after {:.0} s waiting for peers {missing:?}",
+                        start.elapsed().as_secs_f64()
+                    ),
+                    other => debug!(?other, "gossip event"),
+                }
+            }
+            let deadline = self
+                .gossip
+                .poll_timeout()
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(60));
+            if !self.next_event(deadline, start)? {
+                self.gossip.handle_timeout(Instant::now());
+            }
+        }
+    }
+
+    /// Waits for one network event until `deadline` and handles it. Returns `false` if
+    /// the deadline passed first.
+    fn next_event(&mut self, deadline: Instant, start: Instant) -> anyhow::Result<bool> {
+        let ev = self.rt.block_on(async {
+            tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), self.events.recv()).await
+        });
+        let ev = match ev {
+            Err(_) => return Ok(false),
+            Ok(None) => bail!("the data plane stopped"),
+            Ok(Some(ev)) => ev,
+        };
+        match ev {
+            NetEvent::Frame { from, header, bytes } => match header.kind {
+                FrameKind::Gossip => {
+                    if let Err(e) = self.gossip.handle_message(Instant::now(), from, &bytes) {
+                        self.refused_frames += 1;
+                        warn!(from, "dropped a gossip frame: {e}");
+                    }
+                }
+                FrameKind::Report => match self.collector.as_mut() {
+                    Some(c) => {
+                        if let Err(e) = c.add_frame(from, &header, &bytes[FRAME_HEADER_LEN..], start) {
+                            self.refused_frames += 1;
+                            warn!(from, "dropped a report: {e:#}");
+                        }
+                    }
+                    None => {
+                        self.refused_frames += 1;
+                        warn!(from, "dropped a report sent to a peer other than 0");
+                    }
+                },
+                other => {
+                    self.refused_frames += 1;
+                    warn!(from, ?other, "dropped an unexpected frame");
+                }
+            },
+            NetEvent::Finished { from } => {
+                self.finished_in.insert(from);
+            }
+            NetEvent::LinkDone { to } => {
+                debug!(to, "link done");
+            }
+            NetEvent::Lost { peer, reason } => {
+                if !self.finished_in.contains(&peer) {
+                    bail!(
+                        "peer {peer} left the run during round {}: {reason}",
+                        self.gossip.round()
+                    );
+                }
+            }
+            NetEvent::Refused { peer, reason } => {
+                self.refused_frames += 1;
+                warn!(?peer, "refused a frame: {reason}");
+            }
+        }
+        Ok(true)
+    }
+
+    /// Sends this epoch's report (metrics and x) to rank 0, or records it on rank 0.
+    fn report(&mut self, report: PeerEpoch, x: &[f32], start: Instant) -> anyhow::Result<()> {
+        if let Some(c) = self.collector.as_mut() {
+            return c.add(report, x.to_vec(), start);
+        }
+        let json = serde_json::to_vec(&report)?;
+        let payload_len = 4 + json.len() + 4 * x.len();
+        let mut f = Vec::with_capacity(FRAME_HEADER_LEN + payload_len);
+        FrameHeader {
+            kind: FrameKind::Report,
+            sender: self.rank,
+            round: report.epoch as u64,
+            dim: x.len() as u32,
+            payload_len: payload_len as u32,
+        }
+        .emit(&mut f);
+        f.extend_from_slice(&(json.len() as u32).to_le_bytes());
+        f.extend_from_slice(&json);
+        for v in x {
+            f.extend_from_slice(&v.to_le_bytes());
+        }
+        let link = self.links.get(&0).ok_or_else(|| anyhow!("no link to peer 0"))?;
+        self.rt.block_on(link.send(Bytes::from(f)))
+    }
+
+    /// Says goodbye on every link and waits until every expected peer said goodbye to us
+    /// and every link was closed by its receiver.
+    fn finish(&mut self, plane: &DataPlane) -> anyhow::Result<()> {
+        let links: Vec<Link> = self.links.drain().map(|(_, l)| l).collect();
+        let mut open: HashSet<Rank> = links.iter().map(Link::to).collect();
+        drop(links); // each sender task now sends its goodbye
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let start = Instant::now();
+        while !open.is_empty() || !self.expected_in.is_subset(&self.finished_in) {
+            let ev = self.rt.block_on(async {
+                tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), self.events.recv()).await
+            });
+            match ev {
+                Err(_) => {
+                    let missing: Vec<_> = self.expected_in.difference(&self.finished_in).collect();
+                    warn!(?missing, unacknowledged = ?open, "shutdown timed out; exiting anyway");
+                    break;
+                }
+                Ok(None) => break,
+                Ok(Some(NetEvent::LinkDone { to })) => {
+                    open.remove(&to);
+                }
+                Ok(Some(NetEvent::Finished { from })) => {
+                    self.finished_in.insert(from);
+                }
+                Ok(Some(NetEvent::Lost { peer, reason })) => {
+                    open.remove(&peer);
+                    if !self.finished_in.contains(&peer) && self.expected_in.contains(&peer) {
+                        bail!("peer {peer} left before the end of the run: {reason}");
+                    }
+                }
+                Ok(Some(NetEvent::Frame { from, header, bytes })) if header.kind == FrameKind::Report => {
+                    if let Some(c) = self.collector.as_mut() {
+                        c.add_frame(from, &header, &bytes[FRAME_HEADER_LEN..], start)?;
+                    }
+                }
+                Ok(Some(other)) => debug!(?other, "event during shutdown"),
+            }
+        }
+        self.rt.block_on(plane.shutdown(Duration::from_secs(2)));
+        debug!(n = self.n, "shut down");
+        Ok(())
+    }
+}
+
+/// Rank 0's aggregation of the per-epoch reports into [`EpochRow`]s.
+struct Collector {
+    n: usize,
+    d: usize,
+    dir: PathBuf,
+    kind: model::ModelKind,
+    test: Dataset,
+    /// Reports by epoch, one slot per peer.
+    pending: BTreeMap<usize, Vec<Option<(PeerEpoch, Vec<f32>)>>>,
+    rows: Vec<EpochRow>,
+}
+
+impl Collector {
+    fn add_frame(&mut self, from: Rank, header: &FrameHeader, payload: &[u8], start: Instant) -> anyhow::Result<()> {
+        if header.dim as usize != self.d {
+            bail!("report for d = {}, the model has d = {}", header.dim, self.d);
+        }
+        let json_len = payload
+            .get(..4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .ok_or_else(|| anyhow!("report truncated"))?;
+        let json = payload
+            .get(4..4 + json_len)
+            .ok_or_else(|| anyhow!("report truncated"))?;
+        let report: PeerEpoch = serde_json::from_slice(json).context("report JSON")?;
+        let xs = &payload[4 + json_len..];
+        if xs.len() != 4 * self.d {
+            bail!("report carries {} bytes of parameters, expected {}", xs.len(), 4 * self.d);
+        }
+        if report.peer != from {
+            bail!("report claims peer {} but came from peer {from}", report.peer);
+        }
+        let x: Vec<f32> = xs
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        if x.iter().any(|v| !v.is_finite()) {
+            bail!("report from peer {from} has non-finite parameters");
+        }
+        self.add(report, x, start)
+    }
+
+    fn add(&mut self, report: PeerEpoch, x: Vec<f32>, start: Instant) -> anyhow::Result<()> {
+        let epoch = report.epoch;
+        if report.peer >= self.n {
+            bail!("report from unknown peer {}", report.peer);
+        }
+        let slots = self.pending.entry(epoch).or_insert_with(|| vec![None; self.n]);
+        let p = report.peer;
+        slots[p] = Some((report, x));
+        if slots.iter().all(Option::is_some) {
+            let slots = self.pending.remove(&epoch).unwrap_or_default();
+            let row = self.aggregate(epoch, slots.into_iter().flatten().collect(), start)?;
+            println!("{}", metrics::format_row(&row));
+            metrics::append_json_line(&self.dir.join("epochs.jsonl"), &row)?;
+            self.rows.push(row);
+        }
+        Ok(())
+    }
+
+    fn aggregate(&self, epoch: usize, all: Vec<(PeerEpoch, Vec<f32>)>, start: Instant) -> anyhow::Result<EpochRow> {
+        let n = all.len() as f64;
+        let (xi2, avg) = consensus_distance(all.iter().map(|(_, x)| x.as_slice()));
+        let device = Default::default();
+        let eval = model::unflatten(Net::<burn::backend::Flex>::new(self.kind, &device), &avg)?;
+        let (avg_acc, _) = model::evaluate(&eval, &self.test.images, &self.test.labels, 500, &device);
+        let acc = |f: fn(f64, f64) -> f64, init: f64| all.iter().map(|(r, _)| r.test_accuracy).fold(init, f);
+        let mean = |g: fn(&PeerEpoch) -> f64| all.iter().map(|(r, _)| g(r)).sum::<f64>() / n;
+        Ok(EpochRow {
+            epoch,
+            rounds: all.iter().map(|(r, _)| r.rounds).max().unwrap_or(0),
+            mean_test_accuracy: mean(|r| r.test_accuracy),
+            min_test_accuracy: acc(f64::min, f64::INFINITY),
+            max_test_accuracy: acc(f64::max, f64::NEG_INFINITY),
+            avg_model_test_accuracy: avg_acc,
+            consensus_distance: xi2,
+            mean_train_loss: mean(|r| r.train_loss),
+            bytes_sent_per_peer: mean(|r| r.bytes_sent as f64),
+            compute_seconds: mean(|r| r.compute_seconds),
+            communicate_seconds: mean(|r| r.communicate_seconds),
+            wall_seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+/// Path of the run folder's bootstrap address file.
+pub fn bootstrap_file(run_dir: &Path) -> PathBuf {
+    run_dir.join("bootstrap.addr")
+}

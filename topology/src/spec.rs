@@ -1,0 +1,587 @@
+//! Topology files (TOML) and built topologies.
+//!
+//! A topology file has one of three forms. Every form accepts an optional
+//! `name = "..."` used for display; unknown keys are an error.
+//!
+//! **Named** — a generator from [`crate::Graph`] plus a weight rule:
+//!
+//! ```toml
+//! topology = "torus"          # ring | torus | complete | star | hypercube | exponential | erdos-renyi
+//! nodes = 16                  # optional: may come from the caller (--peers)
+//! rows = 4                    # torus only, optional (default: most-square factorisation)
+//! cols = 4                    # torus only, optional
+//! weights = "metropolis-hastings"  # or "max-degree"
+//! ```
+//!
+//! ```toml
+//! topology = "erdos-renyi"
+//! nodes = 12
+//! p = 0.4                     # required for erdos-renyi
+//! seed = 7                    # optional, default 0
+//! ```
+//!
+//! `weights` defaults to `"metropolis-hastings"` for undirected generators and to
+//! `"max-degree"` for `"exponential"` (which is directed).
+//!
+//! **Edges** — an explicit edge list:
+//!
+//! ```toml
+//! nodes = 4                   # optional if the caller gives the count
+//! edges = [[0, 1], [1, 2], [2, 3], [3, 0]]
+//! directed = false            # default; true means [a, b] is "a sends to b" only
+//! weights = "metropolis-hastings"  # default; "max-degree" is the default when directed
+//! ```
+//!
+//! **Dense** — the mixing matrix itself, `matrix[i][j] = W_ij`:
+//!
+//! ```toml
+//! matrix = [[0.5, 0.5], [0.5, 0.5]]
+//! ```
+//!
+//! [`TopologySpec::build`] validates the result: W must be doubly stochastic within
+//! [`crate::DEFAULT_TOLERANCE`] and its graph (strongly) connected.
+
+use std::fmt;
+
+use serde::Deserialize;
+
+use crate::{Graph, MixingMatrix, TopologyError, DEFAULT_TOLERANCE};
+
+/// A named graph generator (`topology = "..."` in a topology file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NamedKind {
+    /// [`Graph::ring`], `"ring"`.
+    Ring,
+    /// [`Graph::torus`], `"torus"`.
+    Torus,
+    /// [`Graph::complete`], `"complete"`.
+    Complete,
+    /// [`Graph::star`], `"star"`.
+    Star,
+    /// [`Graph::hypercube`], `"hypercube"`.
+    Hypercube,
+    /// [`Graph::exponential`], `"exponential"` (directed).
+    Exponential,
+    /// [`Graph::erdos_renyi`], `"erdos-renyi"`.
+    ErdosRenyi,
+}
+
+impl NamedKind {
+    /// All generators, in documentation order.
+    pub const ALL: [NamedKind; 7] = [
+        NamedKind::Ring,
+        NamedKind::Torus,
+        NamedKind::Complete,
+        NamedKind::Star,
+        NamedKind::Hypercube,
+        NamedKind::Exponential,
+        NamedKind::ErdosRenyi,
+    ];
+
+    /// The file/CLI name, e.g. `"erdos-renyi"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NamedKind::Ring => "ring",
+            NamedKind::Torus => "torus",
+            NamedKind::Complete => "complete",
+            NamedKind::Star => "star",
+            NamedKind::Hypercube => "hypercube",
+            NamedKind::Exponential => "exponential",
+            NamedKind::ErdosRenyi => "erdos-renyi",
+        }
+    }
+
+    /// Parses a name (exact, lower case). Errors: [`TopologyError::UnknownTopology`] listing
+    /// the valid names.
+    pub fn parse(name: &str) -> Result<NamedKind, TopologyError> {
+        NamedKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == name)
+            .ok_or_else(|| TopologyError::UnknownTopology {
+                name: name.to_string(),
+                valid: NamedKind::ALL.map(NamedKind::as_str).join(", "),
+            })
+    }
+
+    /// `true` for generators that produce directed graphs (only `exponential`).
+    pub fn is_directed(self) -> bool {
+        matches!(self, NamedKind::Exponential)
+    }
+}
+
+impl fmt::Display for NamedKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How W is derived from a graph (`weights = "..."`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WeightRule {
+    /// [`MixingMatrix::metropolis_hastings`], `"metropolis-hastings"` (undirected graphs).
+    MetropolisHastings,
+    /// [`MixingMatrix::max_degree`], `"max-degree"`.
+    MaxDegree,
+}
+
+impl WeightRule {
+    /// The file name of the rule.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WeightRule::MetropolisHastings => "metropolis-hastings",
+            WeightRule::MaxDegree => "max-degree",
+        }
+    }
+
+    /// Parses a rule name. Errors: [`TopologyError::UnknownWeights`] listing valid rules.
+    pub fn parse(name: &str) -> Result<WeightRule, TopologyError> {
+        [WeightRule::MetropolisHastings, WeightRule::MaxDegree]
+            .into_iter()
+            .find(|r| r.as_str() == name)
+            .ok_or_else(|| TopologyError::UnknownWeights {
+                name: name.to_string(),
+                valid: "metropolis-hastings, max-degree".to_string(),
+            })
+    }
+
+    /// Applies the rule to `g`, producing W (n×n).
+    pub fn apply(self, g: &Graph) -> Result<MixingMatrix, TopologyError> {
+        match self {
+            WeightRule::MetropolisHastings => MixingMatrix::metropolis_hastings(g),
+            WeightRule::MaxDegree => MixingMatrix::max_degree(g),
+        }
+    }
+}
+
+impl fmt::Display for WeightRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which of the three file forms a [`TopologySpec`] is.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum SpecSource {
+    /// `topology = "..."`.
+    Named {
+        /// The generator.
+        kind: NamedKind,
+        /// Torus rows (torus only).
+        rows: Option<usize>,
+        /// Torus columns (torus only).
+        cols: Option<usize>,
+        /// Edge probability (erdos-renyi only, required there).
+        p: Option<f64>,
+        /// RNG seed (erdos-renyi only; default 0).
+        seed: Option<u64>,
+    },
+    /// `edges = [[a, b], ...]`.
+    Edges {
+        /// Edges `(a, b)`.
+        edges: Vec<(usize, usize)>,
+        /// `true`: `(a, b)` means only `a -> b`.
+        directed: bool,
+    },
+    /// `matrix = [[...], ...]`, rows of W.
+    Dense {
+        /// `matrix[i][j] = W_ij`.
+        matrix: Vec<Vec<f64>>,
+    },
+}
+
+/// A parsed topology file (TOML); see the module documentation for the three forms.
+///
+/// Fields are public so callers can adjust a spec (e.g. set `nodes`) before
+/// [`TopologySpec::build`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct TopologySpec {
+    /// Display name (`name = "..."`).
+    pub name: Option<String>,
+    /// Peer count fixed by the file (`nodes = N`), if any.
+    pub nodes: Option<usize>,
+    /// Weight rule; `None` means the form's default. Always `None` for the dense form.
+    pub weights: Option<WeightRule>,
+    /// The graph/matrix description.
+    pub source: SpecSource,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpec {
+    name: Option<String>,
+    topology: Option<String>,
+    nodes: Option<usize>,
+    rows: Option<usize>,
+    cols: Option<usize>,
+    p: Option<f64>,
+    seed: Option<u64>,
+    weights: Option<String>,
+    edges: Option<Vec<(usize, usize)>>,
+    directed: Option<bool>,
+    matrix: Option<Vec<Vec<f64>>>,
+}
+
+fn spec_err(message: impl Into<String>) -> TopologyError {
+    TopologyError::Spec {
+        message: message.into(),
+    }
+}
+
+/// Errors if any of the `(key, present)` pairs is present, naming the key and context.
+fn forbid(keys: &[(&str, bool)], context: &str) -> Result<(), TopologyError> {
+    match keys.iter().find(|(_, present)| *present) {
+        Some((key, _)) => Err(spec_err(format!("key `{key}` is not valid for {context}"))),
+        None => Ok(()),
+    }
+}
+
+impl TopologySpec {
+    /// Parses a topology file from TOML text (no I/O).
+    ///
+    /// Errors: [`TopologyError::Toml`] for syntax/type errors and unknown keys (toml's message,
+    /// with line and column); [`TopologyError::Spec`] when not exactly one of `topology`,
+    /// `edges`, `matrix` is given or a key does not apply to the form;
+    /// [`TopologyError::UnknownTopology`]; [`TopologyError::UnknownWeights`].
+    pub fn parse(text: &str) -> Result<TopologySpec, TopologyError> {
+        let raw: RawSpec = toml::from_str(text).map_err(|e| TopologyError::Toml {
+            message: e.to_string(),
+        })?;
+        let forms = [
+            raw.topology.is_some(),
+            raw.edges.is_some(),
+            raw.matrix.is_some(),
+        ];
+        if forms.iter().filter(|&&f| f).count() != 1 {
+            return Err(spec_err(
+                "exactly one of `topology`, `edges` or `matrix` must be given",
+            ));
+        }
+        let weights = raw.weights.as_deref().map(WeightRule::parse).transpose()?;
+        let source = if let Some(t) = raw.topology {
+            let kind = NamedKind::parse(&t)?;
+            forbid(&[("directed", raw.directed.is_some())], "named topologies")?;
+            if kind != NamedKind::Torus {
+                forbid(
+                    &[("rows", raw.rows.is_some()), ("cols", raw.cols.is_some())],
+                    &format!("topology \"{kind}\""),
+                )?;
+            }
+            if kind != NamedKind::ErdosRenyi {
+                forbid(
+                    &[("p", raw.p.is_some()), ("seed", raw.seed.is_some())],
+                    &format!("topology \"{kind}\""),
+                )?;
+            } else if raw.p.is_none() {
+                return Err(spec_err(
+                    "topology \"erdos-renyi\" needs the edge probability `p`",
+                ));
+            }
+            if let (Some(r), Some(c), Some(n)) = (raw.rows, raw.cols, raw.nodes) {
+                if r.checked_mul(c) != Some(n) {
+                    return Err(TopologyError::InvalidTorus {
+                        rows: r,
+                        cols: c,
+                        reason: format!("rows × cols must equal nodes = {n}"),
+                    });
+                }
+            }
+            SpecSource::Named {
+                kind,
+                rows: raw.rows,
+                cols: raw.cols,
+                p: raw.p,
+                seed: raw.seed,
+            }
+        } else if let Some(edges) = raw.edges {
+            let ctx = "an edge-list topology";
+            forbid(
+                &[("rows", raw.rows.is_some()), ("cols", raw.cols.is_some())],
+                ctx,
+            )?;
+            forbid(&[("p", raw.p.is_some()), ("seed", raw.seed.is_some())], ctx)?;
+            SpecSource::Edges {
+                edges,
+                directed: raw.directed.unwrap_or(false),
+            }
+        } else {
+            let ctx = "a dense-matrix topology";
+            forbid(
+                &[
+                    ("rows", raw.rows.is_some()),
+                    ("cols", raw.cols.is_some()),
+                    ("p", raw.p.is_some()),
+                    ("seed", raw.seed.is_some()),
+                    ("directed", raw.directed.is_some()),
+                    ("weights", weights.is_some()),
+                ],
+                ctx,
+            )?;
+            SpecSource::Dense {
+                matrix: raw.matrix.unwrap_or_default(),
+            }
+        };
+        Ok(TopologySpec {
+            name: raw.name,
+            nodes: raw.nodes,
+            weights,
+            source,
+        })
+    }
+
+    /// A named topology with every option unset (peer count from the caller, default
+    /// weights; erdos-renyi still needs `p` set in [`SpecSource::Named`] before building).
+    ///
+    /// Errors: [`TopologyError::UnknownTopology`] listing the valid names.
+    pub fn named(kind: &str) -> Result<TopologySpec, TopologyError> {
+        let kind = NamedKind::parse(kind)?;
+        Ok(TopologySpec {
+            name: None,
+            nodes: None,
+            weights: None,
+            source: SpecSource::Named {
+                kind,
+                rows: None,
+                cols: None,
+                p: None,
+                seed: None,
+            },
+        })
+    }
+
+    /// The peer count the spec itself fixes: `nodes`, else torus `rows × cols`, else the
+    /// dense matrix size.
+    pub fn file_nodes(&self) -> Option<usize> {
+        self.nodes.or(match &self.source {
+            SpecSource::Named {
+                rows: Some(r),
+                cols: Some(c),
+                ..
+            } => r.checked_mul(*c),
+            SpecSource::Dense { matrix } => Some(matrix.len()),
+            _ => None,
+        })
+    }
+
+    /// Builds the topology for n peers. `nodes`: the caller's peer count (CLI --peers);
+    /// if the file also fixes a count and they differ -> Err(NodeCountMismatch{file, requested}).
+    /// If neither gives a count -> Err(MissingNodeCount).
+    ///
+    /// The result is validated: W (n×n) doubly stochastic within [`DEFAULT_TOLERANCE`] and
+    /// the graph (strongly) connected. Errors: any generator error (e.g.
+    /// [`TopologyError::NotPowerOfTwo`], [`TopologyError::Disconnected`]),
+    /// [`TopologyError::NotSymmetric`] for Metropolis–Hastings on a directed graph,
+    /// [`TopologyError::RowSum`] / [`TopologyError::ColumnSum`] / [`TopologyError::Negative`]
+    /// / [`TopologyError::NotConnected`], [`TopologyError::Spec`] for missing options.
+    pub fn build(&self, nodes: Option<usize>) -> Result<Topology, TopologyError> {
+        let n = match (self.file_nodes(), nodes) {
+            (Some(file), Some(requested)) if file != requested => {
+                return Err(TopologyError::NodeCountMismatch { file, requested })
+            }
+            (Some(n), _) | (None, Some(n)) => n,
+            (None, None) => return Err(TopologyError::MissingNodeCount),
+        };
+        let (default_name, graph, w) = match &self.source {
+            SpecSource::Named {
+                kind,
+                rows,
+                cols,
+                p,
+                seed,
+            } => {
+                let (graph, label) = match kind {
+                    NamedKind::Ring => (Graph::ring(n)?, format!("ring(n={n})")),
+                    NamedKind::Complete => (Graph::complete(n)?, format!("complete(n={n})")),
+                    NamedKind::Star => (Graph::star(n)?, format!("star(n={n})")),
+                    NamedKind::Hypercube => (Graph::hypercube(n)?, format!("hypercube(n={n})")),
+                    NamedKind::Exponential => {
+                        (Graph::exponential(n)?, format!("exponential(n={n})"))
+                    }
+                    NamedKind::Torus => {
+                        let (r, c) = torus_shape(n, *rows, *cols)?;
+                        (Graph::torus(r, c)?, format!("torus({r}x{c})"))
+                    }
+                    NamedKind::ErdosRenyi => {
+                        let p = p.ok_or_else(|| {
+                            spec_err("topology \"erdos-renyi\" needs the edge probability `p`")
+                        })?;
+                        let seed = seed.unwrap_or(0);
+                        (
+                            Graph::erdos_renyi(n, p, seed)?,
+                            format!("erdos-renyi(n={n}, p={p}, seed={seed})"),
+                        )
+                    }
+                };
+                let rule = self.weights.unwrap_or(if kind.is_directed() {
+                    WeightRule::MaxDegree
+                } else {
+                    WeightRule::MetropolisHastings
+                });
+                if let Some(peer) = graph.first_unconnected() {
+                    return Err(TopologyError::NotConnected { peer });
+                }
+                let w = rule.apply(&graph)?;
+                (format!("{label}/{rule}"), graph, w)
+            }
+            SpecSource::Edges { edges, directed } => {
+                let graph = Graph::from_edges(n, edges, *directed)?;
+                let rule = self.weights.unwrap_or(if *directed {
+                    WeightRule::MaxDegree
+                } else {
+                    WeightRule::MetropolisHastings
+                });
+                if let Some(peer) = graph.first_unconnected() {
+                    return Err(TopologyError::NotConnected { peer });
+                }
+                let w = rule.apply(&graph)?;
+                (
+                    format!("edges(n={n}, {} edges)/{rule}", edges.len()),
+                    graph,
+                    w,
+                )
+            }
+            SpecSource::Dense { matrix } => {
+                let w = MixingMatrix::from_dense(matrix.clone())?;
+                (format!("dense(n={n})"), w.graph(), w)
+            }
+        };
+        w.validate_doubly_stochastic(DEFAULT_TOLERANCE)?;
+        Ok(Topology {
+            name: self.name.clone().unwrap_or(default_name),
+            graph,
+            w,
+        })
+    }
+}
+
+/// Torus dimensions for `n` peers: given ones must multiply to `n`; a missing one is derived;
+/// with neither, the most-square factorisation `rows <= cols`.
+fn torus_shape(
+    n: usize,
+    rows: Option<usize>,
+    cols: Option<usize>,
+) -> Result<(usize, usize), TopologyError> {
+    let bad = |rows: usize, cols: usize, reason: String| TopologyError::InvalidTorus {
+        rows,
+        cols,
+        reason,
+    };
+    match (rows, cols) {
+        (Some(0), _) | (_, Some(0)) => Err(bad(
+            rows.unwrap_or(0),
+            cols.unwrap_or(0),
+            "both dimensions must be >= 1".into(),
+        )),
+        (Some(r), Some(c)) if r.checked_mul(c) == Some(n) => Ok((r, c)),
+        (Some(r), Some(c)) => Err(bad(r, c, format!("rows × cols must equal nodes = {n}"))),
+        (Some(r), None) if n.is_multiple_of(r) => Ok((r, n / r)),
+        (Some(r), None) => Err(bad(r, 0, format!("rows = {r} does not divide nodes = {n}"))),
+        (None, Some(c)) if n.is_multiple_of(c) => Ok((n / c, c)),
+        (None, Some(c)) => Err(bad(0, c, format!("cols = {c} does not divide nodes = {n}"))),
+        (None, None) => {
+            let r = (1..=n)
+                .take_while(|r| r * r <= n)
+                .filter(|&r| n.is_multiple_of(r))
+                .last()
+                .unwrap_or(1);
+            Ok((r, n / r))
+        }
+    }
+}
+
+/// A validated topology: peer graph and doubly stochastic mixing matrix W (n×n) on it.
+///
+/// `graph` is the communication graph (for the dense form: the support graph of W).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Topology {
+    /// Display name (the file's `name`, or a generated one such as `ring(n=8)/metropolis-hastings`).
+    pub name: String,
+    /// Communication graph; edge `j -> i` iff `W_ij ≠ 0` for `i ≠ j`.
+    pub graph: Graph,
+    /// Mixing matrix W, n×n.
+    pub w: MixingMatrix,
+}
+
+/// What `murmur topology inspect` prints; serde field names are a stable interface.
+///
+/// Degrees are out-degrees of `graph` (peers a peer sends to); for undirected and balanced
+/// graphs they equal in-degrees.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct InspectReport {
+    /// Topology name.
+    pub name: String,
+    /// Peer count.
+    pub n: usize,
+    /// Directed edge count (an undirected edge counts twice).
+    pub edges: usize,
+    /// Smallest out-degree.
+    pub min_degree: usize,
+    /// Largest out-degree.
+    pub max_degree: usize,
+    /// Mean out-degree, `edges / n`.
+    pub mean_degree: f64,
+    /// Rows of W sum to 1 (within [`DEFAULT_TOLERANCE`]).
+    pub row_stochastic: bool,
+    /// Columns of W sum to 1.
+    pub column_stochastic: bool,
+    /// Both.
+    pub doubly_stochastic: bool,
+    /// W is symmetric.
+    pub symmetric: bool,
+    /// Support graph strongly connected.
+    pub connected: bool,
+    /// `|λ₂(W)|`, second largest eigenvalue modulus.
+    pub lambda2_abs: f64,
+    /// `1 - |λ₂(W)|`.
+    pub spectral_gap: f64,
+}
+
+impl Topology {
+    /// Computes the [`InspectReport`] (O(n³) for the eigenvalues).
+    pub fn inspect(&self) -> InspectReport {
+        let n = self.graph.n();
+        let degrees: Vec<usize> = (0..n).map(|i| self.graph.out_degree(i)).collect();
+        let edges = self.graph.edge_count();
+        let checks = self.w.checks(DEFAULT_TOLERANCE);
+        let lambda2_abs = self.w.second_eigenvalue_modulus();
+        InspectReport {
+            name: self.name.clone(),
+            n,
+            edges,
+            min_degree: degrees.iter().copied().min().unwrap_or(0),
+            max_degree: degrees.iter().copied().max().unwrap_or(0),
+            mean_degree: if n == 0 { 0.0 } else { edges as f64 / n as f64 },
+            row_stochastic: checks.row_stochastic,
+            column_stochastic: checks.column_stochastic,
+            doubly_stochastic: checks.doubly_stochastic,
+            symmetric: checks.symmetric,
+            connected: checks.connected,
+            lambda2_abs,
+            spectral_gap: 1.0 - lambda2_abs,
+        }
+    }
+}
+
+impl fmt::Display for InspectReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let yn = |b: bool| if b { "yes" } else { "no" };
+        writeln!(f, "topology           {}", self.name)?;
+        writeln!(f, "peers              {}", self.n)?;
+        writeln!(f, "directed edges     {}", self.edges)?;
+        writeln!(
+            f,
+            "degree             min {}, max {}, mean {:.3}",
+            self.min_degree, self.max_degree, self.mean_degree
+        )?;
+        writeln!(f, "row stochastic     {}", yn(self.row_stochastic))?;
+        writeln!(f, "column stochastic  {}", yn(self.column_stochastic))?;
+        writeln!(f, "doubly stochastic  {}", yn(self.doubly_stochastic))?;
+        writeln!(f, "symmetric          {}", yn(self.symmetric))?;
+        writeln!(f, "connected          {}", yn(self.connected))?;
+        writeln!(f, "|lambda_2|         {:.6}", self.lambda2_abs)?;
+        write!(f, "spectral gap       {:.6}", self.spectral_gap)
+    }
+}
