@@ -73,7 +73,7 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
     pub model: ModelKind,
     /// Epochs: passes over the training set by the network as a whole.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 20)]
     pub epochs: usize,
     /// Mini-batch size per peer per round.
     #[arg(long, default_value_t = 32)]

@@ -60,6 +60,7 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_env("MURMUR_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {

@@ -183,6 +183,7 @@ fn run_on<B: AutodiffBackend>(args: &RunArgs, peer: &PeerArgs, device: B::Device
         test: mnist.test.clone(),
         d,
         kind: args.model,
+        started: Instant::now(),
     });
     let mut drv = Driver {
         rank,
@@ -274,13 +275,13 @@ fn run_on<B: AutodiffBackend>(args: &RunArgs, peer: &PeerArgs, device: B::Device
         };
         debug!(epoch, test_accuracy, "epoch done");
         metrics::append_json_line(&peer_log, &report)?;
-        drv.report(report.clone(), &x, start)?;
+        drv.report(report.clone(), &x)?;
         last_report = Some(report);
     }
 
     // Rank 0 waits for every peer's final report before it says goodbye.
     while drv.collector.as_ref().is_some_and(|c| c.rows.len() < args.epochs) {
-        drv.next_event(Instant::now() + Duration::from_secs(args.round_timeout_secs), start)?;
+        drv.next_event(Instant::now() + Duration::from_secs(args.round_timeout_secs))?;
     }
     drv.finish(&plane)?;
 
@@ -353,7 +354,7 @@ impl Driver {
                 .gossip
                 .poll_timeout()
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(60));
-            if !self.next_event(deadline, start)? {
+            if !self.next_event(deadline)? {
                 self.gossip.handle_timeout(Instant::now());
             }
         }
@@ -361,7 +362,7 @@ impl Driver {
 
     /// Waits for one network event until `deadline` and handles it. Returns `false` if
     /// the deadline passed first.
-    fn next_event(&mut self, deadline: Instant, start: Instant) -> anyhow::Result<bool> {
+    fn next_event(&mut self, deadline: Instant) -> anyhow::Result<bool> {
         let ev = self.rt.block_on(async {
             tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), self.events.recv()).await
         });
@@ -380,7 +381,7 @@ impl Driver {
                 }
                 FrameKind::Report => match self.collector.as_mut() {
                     Some(c) => {
-                        if let Err(e) = c.add_frame(from, &header, &bytes[FRAME_HEADER_LEN..], start) {
+                        if let Err(e) = c.add_frame(from, &header, &bytes[FRAME_HEADER_LEN..]) {
                             self.refused_frames += 1;
                             warn!(from, "dropped a report: {e:#}");
                         }
@@ -418,9 +419,9 @@ impl Driver {
     }
 
     /// Sends this epoch's report (metrics and x) to rank 0, or records it on rank 0.
-    fn report(&mut self, report: PeerEpoch, x: &[f32], start: Instant) -> anyhow::Result<()> {
+    fn report(&mut self, report: PeerEpoch, x: &[f32]) -> anyhow::Result<()> {
         if let Some(c) = self.collector.as_mut() {
-            return c.add(report, x.to_vec(), start);
+            return c.add(report, x.to_vec());
         }
         let json = serde_json::to_vec(&report)?;
         let payload_len = 4 + json.len() + 4 * x.len();
@@ -449,7 +450,6 @@ impl Driver {
         let mut open: HashSet<Rank> = links.iter().map(Link::to).collect();
         drop(links); // each sender task now sends its goodbye
         let deadline = Instant::now() + Duration::from_secs(30);
-        let start = Instant::now();
         while !open.is_empty() || !self.expected_in.is_subset(&self.finished_in) {
             let ev = self.rt.block_on(async {
                 tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), self.events.recv()).await
@@ -475,7 +475,7 @@ impl Driver {
                 }
                 Ok(Some(NetEvent::Frame { from, header, bytes })) if header.kind == FrameKind::Report => {
                     if let Some(c) = self.collector.as_mut() {
-                        c.add_frame(from, &header, &bytes[FRAME_HEADER_LEN..], start)?;
+                        c.add_frame(from, &header, &bytes[FRAME_HEADER_LEN..])?;
                     }
                 }
                 Ok(Some(other)) => debug!(?other, "event during shutdown"),
@@ -497,10 +497,12 @@ struct Collector {
     /// Reports by epoch, one slot per peer.
     pending: BTreeMap<usize, Vec<Option<(PeerEpoch, Vec<f32>)>>>,
     rows: Vec<EpochRow>,
+    /// When peer 0 started training.
+    started: Instant,
 }
 
 impl Collector {
-    fn add_frame(&mut self, from: Rank, header: &FrameHeader, payload: &[u8], start: Instant) -> anyhow::Result<()> {
+    fn add_frame(&mut self, from: Rank, header: &FrameHeader, payload: &[u8]) -> anyhow::Result<()> {
         if header.dim as usize != self.d {
             bail!("report for d = {}, the model has d = {}", header.dim, self.d);
         }
@@ -526,10 +528,10 @@ impl Collector {
         if x.iter().any(|v| !v.is_finite()) {
             bail!("report from peer {from} has non-finite parameters");
         }
-        self.add(report, x, start)
+        self.add(report, x)
     }
 
-    fn add(&mut self, report: PeerEpoch, x: Vec<f32>, start: Instant) -> anyhow::Result<()> {
+    fn add(&mut self, report: PeerEpoch, x: Vec<f32>) -> anyhow::Result<()> {
         let epoch = report.epoch;
         if report.peer >= self.n {
             bail!("report from unknown peer {}", report.peer);
@@ -539,7 +541,7 @@ impl Collector {
         slots[p] = Some((report, x));
         if slots.iter().all(Option::is_some) {
             let slots = self.pending.remove(&epoch).unwrap_or_default();
-            let row = self.aggregate(epoch, slots.into_iter().flatten().collect(), start)?;
+            let row = self.aggregate(epoch, slots.into_iter().flatten().collect())?;
             println!("{}", metrics::format_row(&row));
             metrics::append_json_line(&self.dir.join("epochs.jsonl"), &row)?;
             self.rows.push(row);
@@ -547,7 +549,7 @@ impl Collector {
         Ok(())
     }
 
-    fn aggregate(&self, epoch: usize, all: Vec<(PeerEpoch, Vec<f32>)>, start: Instant) -> anyhow::Result<EpochRow> {
+    fn aggregate(&self, epoch: usize, all: Vec<(PeerEpoch, Vec<f32>)>) -> anyhow::Result<EpochRow> {
         let n = all.len() as f64;
         let (xi2, avg) = consensus_distance(all.iter().map(|(_, x)| x.as_slice()));
         let device = Default::default();
@@ -567,7 +569,7 @@ impl Collector {
             bytes_sent_per_peer: mean(|r| r.bytes_sent as f64),
             compute_seconds: mean(|r| r.compute_seconds),
             communicate_seconds: mean(|r| r.communicate_seconds),
-            wall_seconds: start.elapsed().as_secs_f64(),
+            wall_seconds: self.started.elapsed().as_secs_f64(),
         })
     }
 }
