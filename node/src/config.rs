@@ -24,6 +24,24 @@ impl std::fmt::Display for Algorithm {
     }
 }
 
+/// How the peers' starting parameters x⁰ relate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Init {
+    /// Every peer starts from the same x⁰ (Ξ²(0) = 0), as in Lian et al. 2017.
+    Same,
+    /// Each peer draws its own x⁰ (seed + rank): a consensus experiment from Ξ²(0) > 0.
+    Independent,
+}
+
+impl std::fmt::Display for Init {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Init::Same => "same",
+            Init::Independent => "independent",
+        })
+    }
+}
+
 /// Where a peer trains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceSpec {
@@ -90,6 +108,9 @@ pub struct RunArgs {
     /// Seed of the data split, the model initialisation and the mini-batch order.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Starting parameters: the same x⁰ on every peer, or one per peer.
+    #[arg(long, value_enum, default_value_t = Init::Same)]
+    pub init: Init,
     /// Directory with standard IDX MNIST files (gzipped or not); default: the 8,000/2,000
     /// real digits embedded in the binary.
     #[arg(long)]
@@ -122,6 +143,7 @@ impl RunArgs {
             format!("--momentum={}", self.momentum),
             format!("--partition={}", self.partition),
             format!("--seed={}", self.seed),
+            format!("--init={}", self.init),
             format!("--device={}", self.device),
             format!("--round-timeout-secs={}", self.round_timeout_secs),
             format!("--join-timeout-secs={}", self.join_timeout_secs),

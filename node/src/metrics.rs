@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 pub struct PeerEpoch {
     /// Rank.
     pub peer: usize,
-    /// Epoch, from 1.
+    /// Epoch; 0 is the starting point before any training round.
     pub epoch: usize,
     /// Rounds completed so far.
     pub rounds: u64,
@@ -40,7 +40,7 @@ pub struct PeerEpoch {
 /// One printed row: the network's state at the end of an epoch (a line of `epochs.jsonl`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EpochRow {
-    /// Epoch, from 1.
+    /// Epoch; 0 is the starting point before any training round.
     pub epoch: usize,
     /// Rounds completed.
     pub rounds: u64,

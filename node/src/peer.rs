@@ -23,7 +23,7 @@ use rand::SeedableRng;
 use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn};
 
-use crate::config::RunArgs;
+use crate::config::{Init, RunArgs};
 use crate::data::{partition, Dataset, Mnist};
 use crate::discovery::{discover, Fingerprint, PeerInfo, Role};
 use crate::metrics::{self, EpochRow, PeerEpoch, Summary};
@@ -116,8 +116,14 @@ fn run_on<B: AutodiffBackend>(args: &RunArgs, peer: &PeerArgs, device: B::Device
         .rounds_per_epoch
         .unwrap_or_else(|| (mnist.train.len() as u64).div_ceil((n * args.batch_size) as u64));
 
-    // Model: every peer draws the same x⁰ from the same seed.
-    B::seed(&device, args.seed);
+    // Model: with `--init same` every peer draws the same x⁰ from the same seed.
+    B::seed(
+        &device,
+        match args.init {
+            Init::Same => args.seed,
+            Init::Independent => args.seed.wrapping_add(rank as u64),
+        },
+    );
     let mut net = Net::<B>::new(args.model, &device);
     let mut x = Vec::new();
     model::flatten(&net, &mut x);
@@ -215,9 +221,11 @@ fn run_on<B: AutodiffBackend>(args: &RunArgs, peer: &PeerArgs, device: B::Device
     let (mut compute_s, mut communicate_s) = (0.0f64, 0.0f64);
     let peer_log = peer.out.join("peers").join(format!("peer-{rank}.jsonl"));
     let mut last_report = None;
-    for epoch in 1..=args.epochs {
+    // Epoch 0 trains nothing: it records the starting point (x⁰, Ξ²(0)).
+    for epoch in 0..=args.epochs {
         let mut loss_sum = 0.0f64;
-        for _ in 0..rounds_per_epoch {
+        let rounds = if epoch == 0 { 0 } else { rounds_per_epoch };
+        for _ in 0..rounds {
             // Mini-batch from the local shard, reshuffled after each pass.
             batch_images.clear();
             batch_labels.clear();
@@ -252,19 +260,20 @@ fn run_on<B: AutodiffBackend>(args: &RunArgs, peer: &PeerArgs, device: B::Device
             net = model::unflatten(net, &x)?;
             communicate_s += t1.elapsed().as_secs_f64();
         }
-        let (test_accuracy, test_loss) = model::evaluate(
-            &model::inference_copy(&net),
-            &mnist.test.images,
-            &mnist.test.labels,
-            500,
-            &Default::default(),
-        );
+        let eval_model = model::inference_copy(&net);
+        let (test_accuracy, test_loss) =
+            model::evaluate(&eval_model, &mnist.test.images, &mnist.test.labels, 500, &device);
+        let train_loss = if epoch == 0 {
+            model::evaluate(&eval_model, &shard.images, &shard.labels, 500, &device).1
+        } else {
+            loss_sum / rounds as f64
+        };
         let stats = drv.gossip.stats();
         let report = PeerEpoch {
             peer: rank,
             epoch,
             rounds: drv.gossip.round(),
-            train_loss: loss_sum / rounds_per_epoch as f64,
+            train_loss,
             test_accuracy,
             test_loss,
             bytes_sent: stats.bytes_sent,
@@ -280,7 +289,7 @@ fn run_on<B: AutodiffBackend>(args: &RunArgs, peer: &PeerArgs, device: B::Device
     }
 
     // Rank 0 waits for every peer's final report before it says goodbye.
-    while drv.collector.as_ref().is_some_and(|c| c.rows.len() < args.epochs) {
+    while drv.collector.as_ref().is_some_and(|c| c.rows.len() <= args.epochs) {
         drv.next_event(Instant::now() + Duration::from_secs(args.round_timeout_secs))?;
     }
     drv.finish(&plane)?;

@@ -1,0 +1,289 @@
+//! End-to-end tests with real peer processes talking QUIC on 127.0.0.1.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn murmur() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_murmur"))
+}
+
+/// Peer processes that are killed when the test ends, whatever happens.
+struct Cluster {
+    dir: tempfile::TempDir,
+    children: Vec<Child>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Cluster {
+    fn new() -> Self {
+        Cluster {
+            dir: tempfile::tempdir().unwrap(),
+            children: Vec::new(),
+        }
+    }
+
+    fn out(&self) -> PathBuf {
+        self.dir.path().join("run")
+    }
+
+    fn log(&self, rank: usize) -> PathBuf {
+        self.dir.path().join(format!("peer-{rank}.log"))
+    }
+
+    fn spawn(&mut self, rank: usize, args: &[String]) {
+        let log = std::fs::File::create(self.log(rank)).unwrap();
+        let child = murmur()
+            .arg("peer")
+            .arg(format!("--rank={rank}"))
+            .arg(format!("--out={}", self.out().display()))
+            .args(args)
+            .env("RAYON_NUM_THREADS", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.children.push(child);
+    }
+
+    /// Starts rank 0 and waits for its bootstrap address.
+    fn start_bootstrap(&mut self, args: &[String]) -> String {
+        let file = self.dir.path().join("bootstrap.addr");
+        let mut a = args.to_vec();
+        a.push(format!("--bootstrap-file={}", file.display()));
+        self.spawn(0, &a);
+        let t0 = Instant::now();
+        loop {
+            if let Ok(s) = std::fs::read_to_string(&file) {
+                return s.trim().to_string();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "peer 0 published no address:\n{}", self.read_log(0));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn start(&mut self, n: usize, args: &[String]) {
+        let boot = self.start_bootstrap(args);
+        for rank in 1..n {
+            let mut a = args.to_vec();
+            a.push(format!("--bootstrap={boot}"));
+            self.spawn(rank, &a);
+        }
+    }
+
+    fn wait(&mut self, rank: usize, timeout: Duration) -> ExitStatus {
+        let t0 = Instant::now();
+        loop {
+            if let Some(s) = self.children[rank].try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                t0.elapsed() < timeout,
+                "peer {rank} still running after {timeout:?}:\n{}",
+                self.read_log(rank)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn read_log(&self, rank: usize) -> String {
+        std::fs::read_to_string(self.log(rank)).unwrap_or_default()
+    }
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+fn rows(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("epochs.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// d of the MLP: 784·256 + 256 + 256·10 + 10.
+const MLP_D: u64 = 784 * 256 + 256 + 256 * 10 + 10;
+
+#[test]
+fn four_peers_mix_over_quic() {
+    let mut c = Cluster::new();
+    let a = args(&[
+        "--peers=4",
+        "--epochs=2",
+        "--rounds-per-epoch=10",
+        "--init=independent",
+        "--lr=0.01",
+        "--momentum=0",
+    ]);
+    c.start(4, &a);
+    for rank in 0..4 {
+        let s = c.wait(rank, Duration::from_secs(90));
+        assert!(s.success(), "peer {rank} failed:\n{}", c.read_log(rank));
+    }
+    let rows = rows(&c.out());
+    assert_eq!(rows.len(), 3, "epochs 0, 1, 2");
+    let xi0 = rows[0]["consensus_distance"].as_f64().unwrap();
+    let xi2 = rows[2]["consensus_distance"].as_f64().unwrap();
+    assert!(xi0 > 1.0, "independent inits must start apart, Ξ²(0) = {xi0}");
+    // Ring of 4 with weights 1/3: |λ₂| = 1/3, so 20 rounds of gossip contract Ξ² by far
+    // more than 100×, gradient noise notwithstanding.
+    assert!(xi2 < 0.01 * xi0, "Ξ² went from {xi0} to {xi2}: the peers did not mix");
+    // Every round each peer sends x to its 2 ring neighbours: a 24-byte frame header,
+    // a 12-byte compress header and 4·d bytes of f32.
+    let expected = (20 * 2 * (24 + 12 + 4 * MLP_D)) as f64;
+    assert_eq!(rows[2]["bytes_sent_per_peer"].as_f64().unwrap(), expected);
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(c.out().join("summary.json")).unwrap()).unwrap();
+    for key in [
+        "algorithm",
+        "topology",
+        "peers",
+        "epochs",
+        "final_mean_test_accuracy",
+        "final_min_test_accuracy",
+        "final_consensus_distance",
+        "bytes_sent_per_peer",
+        "wall_seconds",
+    ] {
+        assert!(summary.get(key).is_some(), "summary.json lacks {key}");
+    }
+    assert_eq!(summary["peers"], 4);
+    assert_eq!(summary["algorithm"], "dpsgd");
+    for rank in 0..4 {
+        let lines = std::fs::read_to_string(c.out().join(format!("peers/peer-{rank}.jsonl"))).unwrap();
+        assert_eq!(lines.lines().count(), 3, "peer {rank} wrote one line per epoch");
+    }
+}
+
+#[test]
+fn launch_trains_four_peers_to_useful_accuracy() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = murmur()
+        .args(["launch", "--peers=4", "--epochs=2", "--run-id=t"])
+        .arg(format!("--out={}", dir.path().display()))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("acc mean"), "the table header is printed:\n{stdout}");
+    assert!(stdout.contains("run folder:"), "{stdout}");
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("t/summary.json")).unwrap()).unwrap();
+    let acc = summary["final_mean_test_accuracy"].as_f64().unwrap();
+    assert!(acc > 0.8, "2 epochs of D-PSGD on 4 peers reached only {acc}");
+    assert!(summary["final_min_test_accuracy"].as_f64().unwrap() <= acc);
+}
+
+#[test]
+fn a_killed_peer_ends_its_neighbours_with_an_error() {
+    let mut c = Cluster::new();
+    c.start(3, &args(&["--peers=3", "--epochs=100000"]));
+    // Wait until training is under way (epoch 0 has been recorded).
+    let t0 = Instant::now();
+    while rows(&c.out()).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no epoch 0:\n{}", c.read_log(0));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    c.children[2].kill().unwrap();
+    for rank in 0..2 {
+        let s = c.wait(rank, Duration::from_secs(60));
+        assert!(!s.success());
+        let log = c.read_log(rank);
+        assert!(log.contains("peer 2 left the run"), "peer {rank} log:\n{log}");
+        assert!(!log.contains("panicked"), "{log}");
+    }
+}
+
+#[test]
+fn a_peer_with_another_config_is_refused() {
+    let mut c = Cluster::new();
+    let boot = c.start_bootstrap(&args(&["--peers=2", "--join-timeout-secs=10"]));
+    c.spawn(1, &args(&["--peers=2", "--model=cnn", &format!("--bootstrap={boot}")]));
+    let s1 = c.wait(1, Duration::from_secs(30));
+    assert!(!s1.success());
+    let log = c.read_log(1);
+    assert!(log.contains("refused"), "{log}");
+    assert!(log.contains("cnn") && log.contains("mlp"), "the refusal says what differs: {log}");
+    let s0 = c.wait(0, Duration::from_secs(30));
+    assert!(!s0.success());
+    assert!(c.read_log(0).contains("not all peers joined"), "{}", c.read_log(0));
+}
+
+#[test]
+fn an_unreachable_bootstrap_is_a_clear_error() {
+    // A UDP port nobody listens on: bind one, note it, drop it.
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let t0 = Instant::now();
+    let out = murmur()
+        .args(["peer", "--rank=1", "--peers=2", "--join-timeout-secs=20"])
+        .arg(format!("--bootstrap=/ip4/127.0.0.1/udp/{port}/quic-v1"))
+        .arg(format!("--out={}", dir.path().display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bootstrap"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn bad_topologies_are_refused_before_any_peer_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "topology = \"ring\"\nnodes = 4\nweights = \n").unwrap();
+    let out = murmur()
+        .args(["launch", "--peers=4"])
+        .arg(format!("--topology={}", bad.display()))
+        .arg(format!("--out={}", dir.path().display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 3"), "the error names the line: {err}");
+
+    let four = dir.path().join("ring4.toml");
+    std::fs::write(&four, "topology = \"ring\"\nnodes = 4\n").unwrap();
+    let out = murmur()
+        .args(["launch", "--peers=8"])
+        .arg(format!("--topology={}", four.display()))
+        .arg(format!("--out={}", dir.path().display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("4 peers") && err.contains("8"), "{err}");
+    assert!(!dir.path().join("logs").exists());
+}
+
+#[test]
+fn topology_inspect_json_has_the_stable_fields() {
+    let out = murmur()
+        .args(["topology", "inspect", "ring", "--nodes=8", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["n"], 8);
+    assert_eq!(v["doubly_stochastic"], true);
+    assert_eq!(v["symmetric"], true);
+    assert_eq!(v["connected"], true);
+    // Ring with weights 1/3: |λ₂| = (1 + 2cos(2π/8))/3.
+    let l2 = (1.0 + 2.0 * (2.0 * std::f64::consts::PI / 8.0).cos()) / 3.0;
+    assert!((v["lambda2_abs"].as_f64().unwrap() - l2).abs() < 1e-9);
+    assert!((v["spectral_gap"].as_f64().unwrap() - (1.0 - l2)).abs() < 1e-9);
+}
