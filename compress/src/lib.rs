@@ -99,7 +99,9 @@ pub enum DecodeError {
         got: usize,
     },
     /// The payload length does not match what the operator needs for `dim`.
-    #[error("payload length {declared} bytes does not match the {expected} bytes that {operator} needs")]
+    #[error(
+        "payload length {declared} bytes does not match the {expected} bytes that {operator} needs"
+    )]
     PayloadLength {
         /// Operator named by the header.
         operator: &'static str,
@@ -352,7 +354,10 @@ mod tests {
         );
         let mut bad = good.clone();
         bad[1] = 9;
-        assert_eq!(decode_into(&bad, &mut out), Err(DecodeError::UnknownVersion(9)));
+        assert_eq!(
+            decode_into(&bad, &mut out),
+            Err(DecodeError::UnknownVersion(9))
+        );
         let mut bad = good.clone();
         bad[0] = 200;
         assert_eq!(
@@ -361,7 +366,10 @@ mod tests {
         );
         let mut bad = good.clone();
         bad[2] = 1;
-        assert_eq!(decode_into(&bad, &mut out), Err(DecodeError::ReservedFlags(1)));
+        assert_eq!(
+            decode_into(&bad, &mut out),
+            Err(DecodeError::ReservedFlags(1))
+        );
         let mut bad = good.clone();
         bad.push(0);
         assert_eq!(
@@ -382,14 +390,22 @@ mod tests {
             decode_add(&nan, 1.0, &mut acc),
             Err(DecodeError::NonFinite { index: 1 })
         );
-        assert_eq!(acc, [7.0, 7.0], "a refused message must leave acc unchanged");
+        assert_eq!(
+            acc,
+            [7.0, 7.0],
+            "a refused message must leave acc unchanged"
+        );
         // Header says d = 2 but carries 3 values' worth of payload.
         let mut bad = good[..HEADER_LEN].to_vec();
         bad[8] = 12;
         bad.extend_from_slice(&[0u8; 12]);
         assert!(matches!(
             decode_into(&bad, &mut out),
-            Err(DecodeError::PayloadLength { declared: 12, expected: 8, .. })
+            Err(DecodeError::PayloadLength {
+                declared: 12,
+                expected: 8,
+                ..
+            })
         ));
     }
 

@@ -99,7 +99,11 @@ impl DPsgd {
     }
 
     /// A peer starting from `x0: [d]` that compresses its messages with `compressor`.
-    pub fn with_compressor(cfg: DPsgdConfig, x0: Vec<f32>, compressor: Box<dyn Compressor>) -> Self {
+    pub fn with_compressor(
+        cfg: DPsgdConfig,
+        x0: Vec<f32>,
+        compressor: Box<dyn Compressor>,
+    ) -> Self {
         let d = x0.len();
         let k = cfg.in_weights.len();
         let next_out = cfg.out_neighbors.len();
@@ -154,7 +158,11 @@ impl DPsgd {
 
 impl Gossip for DPsgd {
     fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) {
-        assert!(!self.mixing, "begin_round while round {} is still mixing", self.round);
+        assert!(
+            !self.mixing,
+            "begin_round while round {} is still mixing",
+            self.round
+        );
         assert_eq!(x.len(), self.x.len(), "x must have length d");
         let d = x.len();
         self.x.copy_from_slice(x);
@@ -177,7 +185,9 @@ impl Gossip for DPsgd {
         // Encode x once; every out-neighbour gets the same bytes.
         self.outgoing.clear();
         self.outgoing.resize(FRAME_HEADER_LEN, 0);
-        let payload_len = self.compressor.compress(x, &mut self.rng, &mut self.outgoing);
+        let payload_len = self
+            .compressor
+            .compress(x, &mut self.rng, &mut self.outgoing);
         let mut header = Vec::with_capacity(FRAME_HEADER_LEN);
         FrameHeader {
             kind: FrameKind::Gossip,
@@ -205,7 +215,12 @@ impl Gossip for DPsgd {
         self.finish_if_complete();
     }
 
-    fn handle_message(&mut self, _now: Instant, from: Rank, frame: &[u8]) -> Result<(), GossipError> {
+    fn handle_message(
+        &mut self,
+        _now: Instant,
+        from: Rank,
+        frame: &[u8],
+    ) -> Result<(), GossipError> {
         let (h, payload) = FrameHeader::parse(frame, self.cfg.max_payload_bytes)?;
         if h.kind != FrameKind::Gossip {
             return Err(GossipError::WrongKind(h.kind));
@@ -216,7 +231,9 @@ impl Gossip for DPsgd {
                 claimed: h.sender,
             });
         }
-        let idx = self.neighbour_index(from).ok_or(GossipError::NotANeighbour(from))?;
+        let idx = self
+            .neighbour_index(from)
+            .ok_or(GossipError::NotANeighbour(from))?;
         let d = self.x.len();
         if h.dim as usize != d {
             return Err(GossipError::DimensionMismatch {
@@ -233,7 +250,8 @@ impl Gossip for DPsgd {
             (self.round, self.round)
         };
         let current = self.mixing && h.round == self.round;
-        let early = (!self.mixing && h.round == self.round) || (self.mixing && h.round == self.round + 1);
+        let early =
+            (!self.mixing && h.round == self.round) || (self.mixing && h.round == self.round + 1);
         if !(current || early) {
             return Err(GossipError::RoundOutOfWindow {
                 from,
@@ -244,15 +262,22 @@ impl Gossip for DPsgd {
         }
         if current {
             if !self.missing[idx] {
-                return Err(GossipError::Duplicate { from, round: h.round });
+                return Err(GossipError::Duplicate {
+                    from,
+                    round: h.round,
+                });
             }
             self.absorb(idx, payload)?;
         } else {
             if self.early.contains_key(&idx) {
-                return Err(GossipError::Duplicate { from, round: h.round });
+                return Err(GossipError::Duplicate {
+                    from,
+                    round: h.round,
+                });
             }
             // Validate now so that a bad frame is refused on arrival, not when absorbed.
-            murmur_compress::validate(payload, d).map_err(|source| GossipError::Payload { from, source })?;
+            murmur_compress::validate(payload, d)
+                .map_err(|source| GossipError::Payload { from, source })?;
             self.early.insert(idx, frame.to_vec());
         }
         self.stats.frames_received += 1;

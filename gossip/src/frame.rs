@@ -211,21 +211,36 @@ mod tests {
         let f = sample();
         assert!(matches!(
             FrameHeader::parse(&f[..10], 16),
-            Err(FrameError::Truncated { needed: 24, got: 10 })
+            Err(FrameError::Truncated {
+                needed: 24,
+                got: 10
+            })
         ));
         assert!(matches!(
             FrameHeader::parse(&f[..25], 16),
-            Err(FrameError::Truncated { needed: 26, got: 25 })
+            Err(FrameError::Truncated {
+                needed: 26,
+                got: 25
+            })
         ));
         let mut bad = f.clone();
         bad[0] = 0;
-        assert!(matches!(FrameHeader::parse(&bad, 16), Err(FrameError::BadMagic(_))));
+        assert!(matches!(
+            FrameHeader::parse(&bad, 16),
+            Err(FrameError::BadMagic(_))
+        ));
         let mut bad = f.clone();
         bad[2] = 7;
-        assert_eq!(FrameHeader::parse(&bad, 16), Err(FrameError::UnknownVersion(7)));
+        assert_eq!(
+            FrameHeader::parse(&bad, 16),
+            Err(FrameError::UnknownVersion(7))
+        );
         let mut bad = f.clone();
         bad[3] = 99;
-        assert_eq!(FrameHeader::parse(&bad, 16), Err(FrameError::UnknownKind(99)));
+        assert_eq!(
+            FrameHeader::parse(&bad, 16),
+            Err(FrameError::UnknownKind(99))
+        );
         assert_eq!(
             FrameHeader::parse(&f, 1),
             Err(FrameError::TooLarge {

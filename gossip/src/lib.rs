@@ -71,7 +71,9 @@ pub enum GossipError {
     #[error("peer {0} is not an in-neighbour of this peer")]
     NotANeighbour(Rank),
     /// The frame's round is outside the window this peer accepts.
-    #[error("frame from peer {from} is for round {round}, outside the accepted window {lo}..={hi}")]
+    #[error(
+        "frame from peer {from} is for round {round}, outside the accepted window {lo}..={hi}"
+    )]
     RoundOutOfWindow {
         /// Sender.
         from: Rank,
@@ -141,7 +143,8 @@ pub trait Gossip: Send {
 
     /// Feeds one frame received from peer `from` (the transport's authenticated sender).
     /// On `Err` the frame is dropped and the state is unchanged.
-    fn handle_message(&mut self, now: Instant, from: Rank, frame: &[u8]) -> Result<(), GossipError>;
+    fn handle_message(&mut self, now: Instant, from: Rank, frame: &[u8])
+        -> Result<(), GossipError>;
 
     /// Tells the state machine the time; a call before the deadline is a no-op.
     fn handle_timeout(&mut self, now: Instant);
@@ -181,7 +184,11 @@ pub fn consensus_distance<'a>(xs: impl IntoIterator<Item = &'a [f32]> + Clone) -
         if n == 0 {
             mean = vec![0.0; x.len()];
         }
-        assert_eq!(x.len(), mean.len(), "all parameter vectors must have length d");
+        assert_eq!(
+            x.len(),
+            mean.len(),
+            "all parameter vectors must have length d"
+        );
         for (m, v) in mean.iter_mut().zip(x) {
             *m += *v as f64;
         }
@@ -201,5 +208,8 @@ pub fn consensus_distance<'a>(xs: impl IntoIterator<Item = &'a [f32]> + Clone) -
             .map(|(v, m)| (*v as f64 - m).powi(2))
             .sum::<f64>();
     }
-    (total / n as f64, mean.into_iter().map(|m| m as f32).collect())
+    (
+        total / n as f64,
+        mean.into_iter().map(|m| m as f32).collect(),
+    )
 }

@@ -23,7 +23,10 @@ fn a_mixing_step_preserves_the_network_average() {
     for (a, b) in before.iter().zip(&after) {
         assert!((a - b).abs() < 1e-6, "average moved from {a} to {b}");
     }
-    assert!(sim.consensus_distance() < xi0, "one mixing step must reduce Ξ²");
+    assert!(
+        sim.consensus_distance() < xi0,
+        "one mixing step must reduce Ξ²"
+    );
 }
 
 #[test]
@@ -39,7 +42,12 @@ fn exact_gossip_on_ring16_contracts_at_lambda2() {
     sim.run_rounds(50).unwrap();
     let xi50 = sim.consensus_distance();
     let bound = lambda2.powi(2 * 50);
-    assert!(xi50 <= 2.0 * bound * xi0, "Ξ²(50)/Ξ²(0) = {} > 2·|λ₂|^100 = {}", xi50 / xi0, 2.0 * bound);
+    assert!(
+        xi50 <= 2.0 * bound * xi0,
+        "Ξ²(50)/Ξ²(0) = {} > 2·|λ₂|^100 = {}",
+        xi50 / xi0,
+        2.0 * bound
+    );
 
     // The asymptotic per-round contraction equals |λ₂|² (the slowest mode dominates).
     sim.run_rounds(50).unwrap();
@@ -102,7 +110,10 @@ fn a_neighbour_one_round_ahead_is_buffered() {
     let fb0 = drain(&mut b);
     b.handle_message(now, 0, &fa0[0]).unwrap();
     // b finished round 0 and starts round 1 before a has heard from it.
-    assert!(matches!(b.poll_event(), Some(GossipEvent::Mixed { round: 0 })));
+    assert!(matches!(
+        b.poll_event(),
+        Some(GossipEvent::Mixed { round: 0 })
+    ));
     let xb = b.params().to_vec();
     b.begin_round(now, &xb, None);
     let fb1 = drain(&mut b);
@@ -131,9 +142,15 @@ fn bad_frames_are_refused_and_change_nothing() {
     wrong_sender[4] = 7;
     assert!(matches!(
         a.handle_message(now, 1, &wrong_sender),
-        Err(GossipError::SenderMismatch { from: 1, claimed: 7 })
+        Err(GossipError::SenderMismatch {
+            from: 1,
+            claimed: 7
+        })
     ));
-    assert!(matches!(a.handle_message(now, 0, &good), Err(GossipError::SenderMismatch { .. })));
+    assert!(matches!(
+        a.handle_message(now, 0, &good),
+        Err(GossipError::SenderMismatch { .. })
+    ));
 
     let frame = |round: u64, dim: u32, payload: &[u8]| {
         let mut f = Vec::new();
@@ -156,11 +173,20 @@ fn bad_frames_are_refused_and_change_nothing() {
     };
     assert!(matches!(
         a.handle_message(now, 1, &frame(5, 2, &payload(&[1.0, 1.0]))),
-        Err(GossipError::RoundOutOfWindow { round: 5, lo: 0, hi: 1, .. })
+        Err(GossipError::RoundOutOfWindow {
+            round: 5,
+            lo: 0,
+            hi: 1,
+            ..
+        })
     ));
     assert!(matches!(
         a.handle_message(now, 1, &frame(0, 3, &payload(&[1.0, 1.0, 1.0]))),
-        Err(GossipError::DimensionMismatch { expected: 2, got: 3, .. })
+        Err(GossipError::DimensionMismatch {
+            expected: 2,
+            got: 3,
+            ..
+        })
     ));
     assert!(matches!(
         a.handle_message(now, 1, &frame(0, 2, &payload(&[1.0, f32::NAN]))),
@@ -170,13 +196,27 @@ fn bad_frames_are_refused_and_change_nothing() {
         a.handle_message(now, 1, &frame(1, 2, &payload(&[f32::INFINITY, 1.0]))),
         Err(GossipError::Payload { from: 1, .. })
     ));
-    assert!(matches!(a.handle_message(now, 1, &good[..30]), Err(GossipError::Frame(_))));
-    assert_eq!(a.poll_event(), None, "no refused frame may complete the round");
+    assert!(matches!(
+        a.handle_message(now, 1, &good[..30]),
+        Err(GossipError::Frame(_))
+    ));
+    assert_eq!(
+        a.poll_event(),
+        None,
+        "no refused frame may complete the round"
+    );
 
     a.handle_message(now, 1, &good).unwrap();
     assert_eq!(a.poll_event(), Some(GossipEvent::Mixed { round: 0 }));
-    assert_eq!(a.params(), &[2.0, 2.0], "refused frames must not have touched the model");
-    assert!(matches!(a.handle_message(now, 1, &good), Err(GossipError::RoundOutOfWindow { .. })));
+    assert_eq!(
+        a.params(),
+        &[2.0, 2.0],
+        "refused frames must not have touched the model"
+    );
+    assert!(matches!(
+        a.handle_message(now, 1, &good),
+        Err(GossipError::RoundOutOfWindow { .. })
+    ));
 }
 
 #[test]
@@ -194,7 +234,10 @@ fn frames_from_a_non_neighbour_are_refused() {
         payload_len: 0,
     }
     .emit(&mut f);
-    assert_eq!(p.handle_message(now, 3, &f), Err(GossipError::NotANeighbour(3)));
+    assert_eq!(
+        p.handle_message(now, 3, &f),
+        Err(GossipError::NotANeighbour(3))
+    );
 }
 
 #[test]
@@ -207,11 +250,18 @@ fn a_missing_neighbour_times_the_round_out_once() {
     p.begin_round(t0, &[0.0], None);
     assert_eq!(p.poll_timeout(), Some(t0 + Duration::from_secs(5)));
     p.handle_timeout(t0 + Duration::from_secs(1));
-    assert_eq!(p.poll_event(), None, "a call before the deadline is a no-op");
+    assert_eq!(
+        p.poll_event(),
+        None,
+        "a call before the deadline is a no-op"
+    );
     p.handle_timeout(t0 + Duration::from_secs(5));
     assert_eq!(
         p.poll_event(),
-        Some(GossipEvent::RoundTimedOut { round: 0, missing: vec![1, 5] })
+        Some(GossipEvent::RoundTimedOut {
+            round: 0,
+            missing: vec![1, 5]
+        })
     );
     p.handle_timeout(t0 + Duration::from_secs(6));
     assert_eq!(p.poll_event(), None);

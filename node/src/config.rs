@@ -59,7 +59,9 @@ impl std::str::FromStr for DeviceSpec {
             "cuda" => Ok(DeviceSpec::Cuda(0)),
             other => match other.strip_prefix("cuda:").map(str::parse) {
                 Some(Ok(i)) => Ok(DeviceSpec::Cuda(i)),
-                _ => Err(format!("unknown device {other:?}: expected cpu, cuda or cuda:N")),
+                _ => Err(format!(
+                    "unknown device {other:?}: expected cpu, cuda or cuda:N"
+                )),
             },
         }
     }
@@ -196,7 +198,6 @@ pub fn load_topology(name_or_path: &str, nodes: Option<usize>) -> anyhow::Result
     } else {
         TopologySpec::named(name_or_path)?
     };
-    Ok(spec
-        .build(nodes)
-        .with_context(|| format!("topology {name_or_path}"))?)
+    spec.build(nodes)
+        .with_context(|| format!("topology {name_or_path}"))
 }

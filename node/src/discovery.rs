@@ -103,7 +103,10 @@ fn build_swarm(timeout: Duration) -> anyhow::Result<Swarm<Behaviour>> {
                 request_response::Config::default().with_request_timeout(timeout),
             ),
             ping: ping::Behaviour::new(ping::Config::new()),
-            identify: identify::Behaviour::new(identify::Config::new("/murmur/1.0.0".into(), key.public())),
+            identify: identify::Behaviour::new(identify::Config::new(
+                "/murmur/1.0.0".into(),
+                key.public(),
+            )),
         })
         .map_err(|e| anyhow!("building the libp2p behaviour: {e}"))?
         .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(24 * 3600)))
@@ -117,7 +120,12 @@ fn build_swarm(timeout: Duration) -> anyhow::Result<Swarm<Behaviour>> {
 /// # Errors
 /// The bootstrap cannot be reached, a peer was refused, or not all n peers joined within
 /// `timeout`.
-pub async fn discover(role: Role, mut me: PeerInfo, fingerprint: Fingerprint, timeout: Duration) -> anyhow::Result<Vec<PeerInfo>> {
+pub async fn discover(
+    role: Role,
+    mut me: PeerInfo,
+    fingerprint: Fingerprint,
+    timeout: Duration,
+) -> anyhow::Result<Vec<PeerInfo>> {
     let mut swarm = build_swarm(timeout)?;
     me.peer_id = swarm.local_peer_id().to_string();
     let deadline = tokio::time::Instant::now() + timeout;
@@ -175,7 +183,8 @@ async fn serve(
                 let mut pending = n - 1;
                 while pending > 0 {
                     if let SwarmEvent::Behaviour(BehaviourEvent::Join(
-                        request_response::Event::ResponseSent { .. } | request_response::Event::InboundFailure { .. },
+                        request_response::Event::ResponseSent { .. }
+                        | request_response::Event::InboundFailure { .. },
                     )) = swarm.select_next_some().await
                     {
                         pending -= 1;
@@ -188,18 +197,25 @@ async fn serve(
         }
         match swarm.select_next_some().await {
             SwarmEvent::NewListenAddr { address, .. } => {
-                let full = address.with_p2p(*swarm.local_peer_id()).map_err(|a| anyhow!("bad listen address {a}"))?;
+                let full = address
+                    .with_p2p(*swarm.local_peer_id())
+                    .map_err(|a| anyhow!("bad listen address {a}"))?;
                 info!(%full, "bootstrap listening");
                 if let Some(path) = &addr_file {
                     let tmp = path.with_extension("tmp");
                     std::fs::write(&tmp, full.to_string())
                         .and_then(|_| std::fs::rename(&tmp, path))
-                        .with_context(|| format!("writing the bootstrap address to {}", path.display()))?;
+                        .with_context(|| {
+                            format!("writing the bootstrap address to {}", path.display())
+                        })?;
                 }
             }
             SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
                 peer,
-                message: request_response::Message::Request { request, channel, .. },
+                message:
+                    request_response::Message::Request {
+                        request, channel, ..
+                    },
                 ..
             })) => {
                 let r = request.info.rank;
@@ -218,7 +234,10 @@ async fn serve(
                 match refusal {
                     Some(why) => {
                         warn!(%peer, "refused a join: {why}");
-                        let _ = swarm.behaviour_mut().join.send_response(channel, JoinResponse::Refused(why));
+                        let _ = swarm
+                            .behaviour_mut()
+                            .join
+                            .send_response(channel, JoinResponse::Refused(why));
                     }
                     None => {
                         let mut info = request.info;
@@ -234,11 +253,19 @@ async fn serve(
     }
 }
 
-async fn join(swarm: &mut Swarm<Behaviour>, bootstrap: Multiaddr, me: PeerInfo, fingerprint: Fingerprint) -> anyhow::Result<Vec<PeerInfo>> {
+async fn join(
+    swarm: &mut Swarm<Behaviour>,
+    bootstrap: Multiaddr,
+    me: PeerInfo,
+    fingerprint: Fingerprint,
+) -> anyhow::Result<Vec<PeerInfo>> {
     swarm
         .dial(bootstrap.clone())
         .with_context(|| format!("cannot dial the bootstrap {bootstrap}"))?;
-    let mut request = Some(JoinRequest { info: me, fingerprint });
+    let mut request = Some(JoinRequest {
+        info: me,
+        fingerprint,
+    });
     let mut boot_peer: Option<PeerId> = None;
     loop {
         match swarm.select_next_some().await {
@@ -257,10 +284,14 @@ async fn join(swarm: &mut Swarm<Behaviour>, bootstrap: Multiaddr, me: PeerInfo, 
             })) => {
                 return match response {
                     JoinResponse::Directory(dir) => Ok(dir),
-                    JoinResponse::Refused(why) => Err(anyhow!("the bootstrap refused this peer: {why}")),
+                    JoinResponse::Refused(why) => {
+                        Err(anyhow!("the bootstrap refused this peer: {why}"))
+                    }
                 }
             }
-            SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::OutboundFailure { error, .. })) => {
+            SwarmEvent::Behaviour(BehaviourEvent::Join(
+                request_response::Event::OutboundFailure { error, .. },
+            )) => {
                 bail!("join request to the bootstrap {bootstrap} failed: {error}")
             }
             other => debug!(?other, "join"),

@@ -56,7 +56,10 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     // Fail fast, before any process starts, on a bad topology or peer count.
     let topo = args.topology()?;
     let run_id = launch.run_id.clone().unwrap_or_else(|| {
-        let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
         let topo_name: String = args
             .topology
             .rsplit('/')
@@ -64,13 +67,28 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
             .unwrap_or("topology")
             .trim_end_matches(".toml")
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect();
-        format!("{}-{}-{}-n{}", utc_stamp(secs), args.algorithm, topo_name, args.peers)
+        format!(
+            "{}-{}-{}-n{}",
+            utc_stamp(secs),
+            args.algorithm,
+            topo_name,
+            args.peers
+        )
     });
     let run_dir = launch.out.join(&run_id);
     if run_dir.join("summary.json").exists() {
-        bail!("run folder {} already holds a finished run; choose another --run-id", run_dir.display());
+        bail!(
+            "run folder {} already holds a finished run; choose another --run-id",
+            run_dir.display()
+        );
     }
     std::fs::create_dir_all(run_dir.join("logs"))
         .with_context(|| format!("cannot create the run folder {}", run_dir.display()))?;
@@ -78,7 +96,9 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
         let _ = std::fs::remove_file(run_dir.join(stale));
     }
     let exe = std::env::current_exe().context("cannot find the murmur executable")?;
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     // With more peers than cores, one compute thread per peer avoids oversubscription.
     let threads_per_peer = (cores / args.peers).max(1);
 
@@ -111,9 +131,14 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
             .with_context(|| format!("cannot start peer {rank}"))
     };
 
-    let mut peers = Peers { children: Vec::new() };
+    let mut peers = Peers {
+        children: Vec::new(),
+    };
     let addr_file = crate::peer::bootstrap_file(&run_dir);
-    peers.children.push((0, spawn(0, vec![format!("--bootstrap-file={}", addr_file.display())])?));
+    peers.children.push((
+        0,
+        spawn(0, vec![format!("--bootstrap-file={}", addr_file.display())])?,
+    ));
     let t0 = Instant::now();
     let bootstrap = loop {
         if let Ok(a) = std::fs::read_to_string(&addr_file) {
@@ -121,19 +146,26 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
         }
         check_children(&mut peers, &run_dir)?;
         if t0.elapsed() > Duration::from_secs(30) {
-            bail!("peer 0 did not publish its address within 30 s; see {}", run_dir.join("logs/peer-0.log").display());
+            bail!(
+                "peer 0 did not publish its address within 30 s; see {}",
+                run_dir.join("logs/peer-0.log").display()
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     };
     for rank in 1..args.peers {
-        peers.children.push((rank, spawn(rank, vec![format!("--bootstrap={bootstrap}")])?));
+        peers
+            .children
+            .push((rank, spawn(rank, vec![format!("--bootstrap={bootstrap}")])?));
     }
 
     let bar = ProgressBar::new(args.epochs as u64);
     bar.set_style(
-        ProgressStyle::with_template("{spinner} epoch {pos}/{len} [{bar:30}] {elapsed_precise} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{spinner} epoch {pos}/{len} [{bar:30}] {elapsed_precise} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
     );
     bar.enable_steady_tick(Duration::from_millis(200));
     // indicatif hides the bar when stderr is not a terminal; the table must show anyway.
@@ -179,18 +211,20 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
 /// Removes peers that exited successfully; on a failure, stops the rest and explains.
 fn check_children(peers: &mut Peers, run_dir: &Path) -> anyhow::Result<()> {
     let mut failed = None;
-    peers.children.retain_mut(|(rank, child)| match child.try_wait() {
-        Ok(Some(status)) if status.success() => false,
-        Ok(Some(status)) => {
-            failed.get_or_insert((*rank, status.to_string()));
-            false
-        }
-        Ok(None) => true,
-        Err(e) => {
-            failed.get_or_insert((*rank, e.to_string()));
-            false
-        }
-    });
+    peers
+        .children
+        .retain_mut(|(rank, child)| match child.try_wait() {
+            Ok(Some(status)) if status.success() => false,
+            Ok(Some(status)) => {
+                failed.get_or_insert((*rank, status.to_string()));
+                false
+            }
+            Ok(None) => true,
+            Err(e) => {
+                failed.get_or_insert((*rank, e.to_string()));
+                false
+            }
+        });
     if let Some((rank, status)) = failed {
         peers.kill_all();
         peers.children.clear();

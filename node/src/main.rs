@@ -8,7 +8,11 @@ use murmur::launch::LaunchArgs;
 use murmur::peer::PeerArgs;
 
 #[derive(Parser)]
-#[command(name = "murmur", version, about = "Peer-to-peer decentralized (gossip) deep-learning training")]
+#[command(
+    name = "murmur",
+    version,
+    about = "Peer-to-peer decentralized (gossip) deep-learning training"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -67,7 +71,12 @@ fn main() -> ExitCode {
         Cmd::Launch { run, launch } => murmur::launch::run(&run, &launch).map(|_| ()),
         Cmd::Peer { run, peer } => murmur::peer::run(&run, &peer),
         Cmd::Topology {
-            command: TopologyCmd::Inspect { topology, nodes, json },
+            command:
+                TopologyCmd::Inspect {
+                    topology,
+                    nodes,
+                    json,
+                },
         } => inspect(&topology, nodes, json),
     };
     match result {

@@ -131,7 +131,16 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
 pub fn table_header() -> String {
     format!(
         "{:>5} {:>6} {:>8} {:>8} {:>8} {:>8} {:>10} {:>8} {:>11} {:>8}",
-        "epoch", "rounds", "acc mean", "acc min", "acc max", "acc x̄", "Ξ²", "loss", "MB sent/peer", "wall s"
+        "epoch",
+        "rounds",
+        "acc mean",
+        "acc min",
+        "acc max",
+        "acc x̄",
+        "Ξ²",
+        "loss",
+        "MB sent/peer",
+        "wall s"
     )
 }
 
@@ -184,7 +193,10 @@ pub fn summary_csv(s: &Summary) -> String {
         .collect();
     format!(
         "{}\n{}\n",
-        keys.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(","),
+        keys.iter()
+            .map(|k| k.as_str())
+            .collect::<Vec<_>>()
+            .join(","),
         vals.join(",")
     )
 }

@@ -55,6 +55,7 @@ pub struct Cnn<B: Backend> {
 
 /// A model of either kind.
 #[derive(Module, Debug)]
+#[allow(clippy::large_enum_variant)] // one per peer, never moved in a hot loop
 pub enum Net<B: Backend> {
     /// See [`Mlp`].
     Mlp(Mlp<B>),
@@ -146,7 +147,12 @@ pub fn loss_and_grad<B: AutodiffBackend>(
     let loss = CrossEntropyLossConfig::new()
         .init(&device)
         .forward(logits, labels);
-    let loss_value = loss.clone().into_data().iter::<f32>().next().unwrap_or(f32::NAN);
+    let loss_value = loss
+        .clone()
+        .into_data()
+        .iter::<f32>()
+        .next()
+        .unwrap_or(f32::NAN);
     let grads = GradientsParams::from_grads(loss.backward(), model);
     grad_out.clear();
     model.visit(&mut GradFlattener {
@@ -181,7 +187,8 @@ pub fn evaluate<B: Backend>(
         );
         let logits = model.forward(x);
         let l = loss_fn.forward(logits.clone(), y);
-        loss_sum += l.into_data().iter::<f32>().next().unwrap_or(f32::NAN) as f64 * (end - start) as f64;
+        loss_sum +=
+            l.into_data().iter::<f32>().next().unwrap_or(f32::NAN) as f64 * (end - start) as f64;
         let pred = logits.argmax(1).into_data();
         correct += pred
             .iter::<i64>()
@@ -203,7 +210,11 @@ pub fn flatten<B: Backend, M: Module<B>>(model: &M, out: &mut Vec<f32>) {
 /// # Errors
 /// If `x.len()` differs from the model's d (the model is then unusable and dropped).
 pub fn unflatten<B: Backend, M: Module<B>>(model: M, x: &[f32]) -> anyhow::Result<M> {
-    let mut mapper = ParamWriter { x, pos: 0, short: false };
+    let mut mapper = ParamWriter {
+        x,
+        pos: 0,
+        short: false,
+    };
     let model = model.map(&mut mapper);
     if mapper.short || mapper.pos != x.len() {
         anyhow::bail!(
@@ -272,5 +283,104 @@ impl<B: Backend> ModuleMapper<B> for ParamWriter<'_> {
         let new = Tensor::<B, D>::from_data(TensorData::new(values, shape), &device)
             .set_require_grad(require_grad);
         Param::from_mapped_value(id, new, mapper)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type B = burn::backend::Autodiff<burn::backend::Flex>;
+
+    fn batch(n: usize) -> (Vec<f32>, Vec<u8>) {
+        let mnist = crate::data::Mnist::embedded().unwrap();
+        (
+            mnist.train.images[..n * INPUTS].to_vec(),
+            mnist.train.labels[..n].to_vec(),
+        )
+    }
+
+    fn loss_at(net: Net<B>, x: &[f32], images: &[f32], labels: &[u8]) -> (Net<B>, f32) {
+        let net = unflatten(net, x).unwrap();
+        let (xb, yb) = batch_tensors::<B>(images.to_vec(), labels, &Default::default());
+        let loss = CrossEntropyLossConfig::new()
+            .init(&Default::default())
+            .forward(net.forward(xb), yb);
+        let v = loss.into_data().iter::<f32>().next().unwrap();
+        (net, v)
+    }
+
+    #[test]
+    fn flatten_unflatten_round_trip_and_length_check() {
+        for kind in [ModelKind::Mlp, ModelKind::Cnn] {
+            let net = Net::<B>::new(kind, &Default::default());
+            let mut x = Vec::new();
+            flatten(&net, &mut x);
+            assert_eq!(x.len(), net.dim());
+            let y: Vec<f32> = (0..x.len()).map(|i| i as f32 * 1e-6).collect();
+            let net = unflatten(net, &y).unwrap();
+            let mut z = Vec::new();
+            flatten(&net, &mut z);
+            assert_eq!(
+                y, z,
+                "{kind}: unflatten then flatten must give the same vector"
+            );
+            assert!(
+                unflatten(net, &y[1..]).is_err(),
+                "a short vector is refused"
+            );
+        }
+        assert_eq!(
+            Net::<B>::new(ModelKind::Mlp, &Default::default()).dim(),
+            784 * 256 + 256 + 256 * 10 + 10
+        );
+    }
+
+    /// The flattened gradient is in the same order as the flattened parameters: check
+    /// grad[k] against a central finite difference of the loss in x[k].
+    #[test]
+    fn gradient_order_matches_parameter_order() {
+        let (images, labels) = batch(16);
+        let mut net = Net::<B>::new(ModelKind::Mlp, &Default::default());
+        let mut x = Vec::new();
+        flatten(&net, &mut x);
+        let (xb, yb) = batch_tensors::<B>(images.clone(), &labels, &Default::default());
+        let mut grad = Vec::new();
+        loss_and_grad(&net, xb, yb, &mut grad);
+        assert_eq!(grad.len(), x.len());
+        let fc1 = 784 * 256 + 256;
+        let k_w = (0..784 * 256)
+            .max_by(|&a, &b| grad[a].abs().total_cmp(&grad[b].abs()))
+            .unwrap();
+        let k_b = x.len() - 3; // a bias of the output layer
+        for k in [k_w, fc1 + 5, k_b] {
+            let eps = 1e-2f32;
+            let mut xp = x.clone();
+            xp[k] += eps;
+            let (n1, lp) = loss_at(net, &xp, &images, &labels);
+            xp[k] -= 2.0 * eps;
+            let (n2, lm) = loss_at(n1, &xp, &images, &labels);
+            net = n2;
+            let numeric = (lp - lm) / (2.0 * eps);
+            assert!(
+                (numeric - grad[k]).abs() <= 0.1 * grad[k].abs() + 2e-3,
+                "coordinate {k}: autodiff {} vs finite difference {numeric}",
+                grad[k]
+            );
+        }
+        assert!(
+            grad[k_w].abs() > 1e-3,
+            "the test needs a coordinate with a real gradient"
+        );
+    }
+
+    #[test]
+    fn evaluate_counts_correct_predictions() {
+        let (images, labels) = batch(50);
+        let net = Net::<burn::backend::Flex>::new(ModelKind::Mlp, &Default::default());
+        let (acc, loss) = evaluate(&net, &images, &labels, 7, &Default::default());
+        assert!((0.0..=1.0).contains(&acc));
+        // An untrained 10-class model has a loss near ln 10.
+        assert!((loss - 10f64.ln()).abs() < 0.5, "loss {loss}");
     }
 }

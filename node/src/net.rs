@@ -114,20 +114,22 @@ impl DataPlane {
     /// before allocation. Returns the receiver of all [`NetEvent`]s.
     ///
     /// Must be called inside a tokio runtime.
-    pub fn bind(rank: Rank, addr: SocketAddr, max_payload_bytes: u32) -> anyhow::Result<(DataPlane, mpsc::Receiver<NetEvent>)> {
+    pub fn bind(
+        rank: Rank,
+        addr: SocketAddr,
+        max_payload_bytes: u32,
+    ) -> anyhow::Result<(DataPlane, mpsc::Receiver<NetEvent>)> {
         let cert = rcgen::generate_simple_self_signed(vec![SERVER_NAME.to_string()])
             .context("generating the data-plane certificate")?;
         let cert_der = cert.cert.der().to_vec();
         let key = rustls::pki_types::PrivatePkcs8KeyDer::from(cert.key_pair.serialize_der());
         let transport = Arc::new(transport_config());
-        let mut server = quinn::ServerConfig::with_crypto(Arc::new(
-            QuicServerConfig::try_from(
-                rustls::ServerConfig::builder_with_provider(crypto_provider())
-                    .with_protocol_versions(&[&rustls::version::TLS13])?
-                    .with_no_client_auth()
-                    .with_single_cert(vec![cert.cert.der().clone()], key.into())?,
-            )?,
-        ));
+        let mut server = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(
+            rustls::ServerConfig::builder_with_provider(crypto_provider())
+                .with_protocol_versions(&[&rustls::version::TLS13])?
+                .with_no_client_auth()
+                .with_single_cert(vec![cert.cert.der().clone()], key.into())?,
+        )?));
         server.transport_config(transport.clone());
 
         let socket = socket2::Socket::new(
@@ -150,7 +152,11 @@ impl DataPlane {
         )?;
         let local_addr = endpoint.local_addr()?;
         let (events, rx) = mpsc::channel(EVENT_QUEUE);
-        tokio::spawn(accept_loop(endpoint.clone(), events.clone(), max_payload_bytes));
+        tokio::spawn(accept_loop(
+            endpoint.clone(),
+            events.clone(),
+            max_payload_bytes,
+        ));
         Ok((
             DataPlane {
                 endpoint,
@@ -165,7 +171,12 @@ impl DataPlane {
     }
 
     /// Connects to peer `to` at `addr`, trusting only `cert_der`, and starts its sender task.
-    pub async fn connect(&self, to: Rank, addr: SocketAddr, cert_der: &[u8]) -> anyhow::Result<Link> {
+    pub async fn connect(
+        &self,
+        to: Rank,
+        addr: SocketAddr,
+        cert_der: &[u8],
+    ) -> anyhow::Result<Link> {
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(rustls::pki_types::CertificateDer::from(cert_der.to_vec()))
@@ -221,7 +232,13 @@ fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(p)
 }
 
-async fn send_loop(me: Rank, to: Rank, conn: Connection, mut rx: mpsc::Receiver<Bytes>, events: mpsc::Sender<NetEvent>) {
+async fn send_loop(
+    me: Rank,
+    to: Rank,
+    conn: Connection,
+    mut rx: mpsc::Receiver<Bytes>,
+    events: mpsc::Sender<NetEvent>,
+) {
     let mut sent: u64 = 0;
     while let Some(frame) = rx.recv().await {
         let result = async {
@@ -271,7 +288,9 @@ async fn send_loop(me: Rank, to: Rank, conn: Connection, mut rx: mpsc::Receiver<
     }
     let reason = conn.closed().await;
     let event = match reason {
-        quinn::ConnectionError::ApplicationClosed(c) if c.error_code == VarInt::from_u32(0) => NetEvent::LinkDone { to },
+        quinn::ConnectionError::ApplicationClosed(c) if c.error_code == VarInt::from_u32(0) => {
+            NetEvent::LinkDone { to }
+        }
         other => NetEvent::Lost {
             peer: to,
             reason: format!("connection to peer {to}: {other}"),
@@ -299,7 +318,11 @@ struct Inbound {
     expected: Option<u64>,
 }
 
-async fn serve_connection(conn: Connection, events: mpsc::Sender<NetEvent>, max_payload_bytes: u32) {
+async fn serve_connection(
+    conn: Connection,
+    events: mpsc::Sender<NetEvent>,
+    max_payload_bytes: u32,
+) {
     let state = Arc::new(tokio::sync::Mutex::new(Inbound {
         peer: None,
         received: 0,
@@ -328,7 +351,10 @@ async fn serve_connection(conn: Connection, events: mpsc::Sender<NetEvent>, max_
         tokio::spawn(async move {
             let frame = async {
                 let mut head = [0u8; FRAME_HEADER_LEN];
-                stream.read_exact(&mut head).await.map_err(|e| anyhow!("reading a frame header: {e}"))?;
+                stream
+                    .read_exact(&mut head)
+                    .await
+                    .map_err(|e| anyhow!("reading a frame header: {e}"))?;
                 let header = FrameHeader::parse_prefix(&head, max_payload_bytes)?;
                 let mut buf = vec![0u8; FRAME_HEADER_LEN + header.payload_len as usize];
                 buf[..FRAME_HEADER_LEN].copy_from_slice(&head);
@@ -360,7 +386,10 @@ async fn serve_connection(conn: Connection, events: mpsc::Sender<NetEvent>, max_
                     let _ = events
                         .send(NetEvent::Refused {
                             peer: Some(p),
-                            reason: format!("frame claims sender {} on peer {p}'s connection", header.sender),
+                            reason: format!(
+                                "frame claims sender {} on peer {p}'s connection",
+                                header.sender
+                            ),
                         })
                         .await;
                     return;
@@ -387,7 +416,15 @@ async fn serve_connection(conn: Connection, events: mpsc::Sender<NetEvent>, max_
                 }
             } else {
                 st.received += 1;
-                if events.send(NetEvent::Frame { from, header, bytes }).await.is_err() {
+                if events
+                    .send(NetEvent::Frame {
+                        from,
+                        header,
+                        bytes,
+                    })
+                    .await
+                    .is_err()
+                {
                     return; // the training loop is gone
                 }
             }

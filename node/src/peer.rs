@@ -62,11 +62,13 @@ pub fn run(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
             run_on::<burn::backend::Autodiff<burn::backend::Flex>>(args, peer, Default::default())
         }
         #[cfg(feature = "cuda")]
-        crate::config::DeviceSpec::Cuda(i) => run_on::<burn::backend::Autodiff<burn::backend::Cuda>>(
-            args,
-            peer,
-            burn::backend::cuda::CudaDevice::new(i),
-        ),
+        crate::config::DeviceSpec::Cuda(i) => {
+            run_on::<burn::backend::Autodiff<burn::backend::Cuda>>(
+                args,
+                peer,
+                burn::backend::cuda::CudaDevice::new(i),
+            )
+        }
         #[cfg(not(feature = "cuda"))]
         crate::config::DeviceSpec::Cuda(_) => {
             bail!("--device cuda needs a murmur built with `--features cuda`")
@@ -91,12 +93,19 @@ struct Driver {
     send_buf: Vec<u8>,
 }
 
-fn run_on<B: AutodiffBackend>(args: &RunArgs, peer: &PeerArgs, device: B::Device) -> anyhow::Result<()> {
+fn run_on<B: AutodiffBackend>(
+    args: &RunArgs,
+    peer: &PeerArgs,
+    device: B::Device,
+) -> anyhow::Result<()> {
     let rank = peer.rank;
     let n = args.peers;
     let _span = info_span!("peer", peer = rank).entered();
     if rank >= n {
-        bail!("--rank {rank} is out of range for --peers {n} (ranks are 0..{})", n - 1);
+        bail!(
+            "--rank {rank} is out of range for --peers {n} (ranks are 0..{})",
+            n - 1
+        );
     }
     if rank != 0 && peer.bootstrap.is_none() {
         bail!("peer {rank} needs --bootstrap <multiaddr of peer 0>");
@@ -136,7 +145,8 @@ fn run_on<B: AutodiffBackend>(args: &RunArgs, peer: &PeerArgs, device: B::Device
         .build()?;
     // Payload limit: the model as f32 plus generous room for headers and the report JSON.
     let max_payload = u32::try_from(8 * d + (1 << 20)).unwrap_or(u32::MAX);
-    let (plane, events) = rt.block_on(async { DataPlane::bind(rank, peer.data_addr, max_payload) })?;
+    let (plane, events) =
+        rt.block_on(async { DataPlane::bind(rank, peer.data_addr, max_payload) })?;
     let fingerprint = Fingerprint {
         peers: n,
         topology: topo.name.clone(),
@@ -155,7 +165,9 @@ fn run_on<B: AutodiffBackend>(args: &RunArgs, peer: &PeerArgs, device: B::Device
             listen: peer.listen.clone(),
             addr_file: peer.bootstrap_file.clone(),
         },
-        Some(b) => Role::Join { bootstrap: b.clone() },
+        Some(b) => Role::Join {
+            bootstrap: b.clone(),
+        },
     };
     let join_timeout = Duration::from_secs(args.join_timeout_secs);
     let directory = rt.block_on(discover(role, me, fingerprint, join_timeout))?;
@@ -171,7 +183,12 @@ fn run_on<B: AutodiffBackend>(args: &RunArgs, peer: &PeerArgs, device: B::Device
         let link = rt.block_on(plane.connect(to, info.data_addr, &info.cert_der))?;
         links.insert(to, link);
     }
-    let mut expected_in: HashSet<Rank> = topo.w.in_weights(rank).into_iter().map(|(j, _)| j).collect();
+    let mut expected_in: HashSet<Rank> = topo
+        .w
+        .in_weights(rank)
+        .into_iter()
+        .map(|(j, _)| j)
+        .collect();
     if rank == 0 {
         expected_in.extend(1..n);
     }
@@ -261,8 +278,13 @@ fn run_on<B: AutodiffBackend>(args: &RunArgs, peer: &PeerArgs, device: B::Device
             communicate_s += t1.elapsed().as_secs_f64();
         }
         let eval_model = model::inference_copy(&net);
-        let (test_accuracy, test_loss) =
-            model::evaluate(&eval_model, &mnist.test.images, &mnist.test.labels, 500, &device);
+        let (test_accuracy, test_loss) = model::evaluate(
+            &eval_model,
+            &mnist.test.images,
+            &mnist.test.labels,
+            500,
+            &device,
+        );
         let train_loss = if epoch == 0 {
             model::evaluate(&eval_model, &shard.images, &shard.labels, 500, &device).1
         } else {
@@ -289,13 +311,20 @@ fn run_on<B: AutodiffBackend>(args: &RunArgs, peer: &PeerArgs, device: B::Device
     }
 
     // Rank 0 waits for every peer's final report before it says goodbye.
-    while drv.collector.as_ref().is_some_and(|c| c.rows.len() <= args.epochs) {
+    while drv
+        .collector
+        .as_ref()
+        .is_some_and(|c| c.rows.len() <= args.epochs)
+    {
         drv.next_event(Instant::now() + Duration::from_secs(args.round_timeout_secs))?;
     }
     drv.finish(&plane)?;
 
     if let Some(c) = &drv.collector {
-        let last = c.rows.last().ok_or_else(|| anyhow!("no epoch was recorded"))?;
+        let last = c
+            .rows
+            .last()
+            .ok_or_else(|| anyhow!("no epoch was recorded"))?;
         let summary = Summary {
             algorithm: args.algorithm.to_string(),
             topology: topo.name.clone(),
@@ -316,8 +345,14 @@ fn run_on<B: AutodiffBackend>(args: &RunArgs, peer: &PeerArgs, device: B::Device
             bytes_sent_per_peer: last.bytes_sent_per_peer,
             wall_seconds: last.wall_seconds,
         };
-        metrics::write_atomic(&peer.out.join("summary.json"), &serde_json::to_vec_pretty(&summary)?)?;
-        metrics::write_atomic(&peer.out.join("summary.csv"), metrics::summary_csv(&summary).as_bytes())?;
+        metrics::write_atomic(
+            &peer.out.join("summary.json"),
+            &serde_json::to_vec_pretty(&summary)?,
+        )?;
+        metrics::write_atomic(
+            &peer.out.join("summary.csv"),
+            metrics::summary_csv(&summary).as_bytes(),
+        )?;
         println!("{}", metrics::summary_line(&summary));
         println!("run folder: {}", peer.out.display());
     }
@@ -373,7 +408,8 @@ impl Driver {
     /// the deadline passed first.
     fn next_event(&mut self, deadline: Instant) -> anyhow::Result<bool> {
         let ev = self.rt.block_on(async {
-            tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), self.events.recv()).await
+            tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), self.events.recv())
+                .await
         });
         let ev = match ev {
             Err(_) => return Ok(false),
@@ -381,7 +417,11 @@ impl Driver {
             Ok(Some(ev)) => ev,
         };
         match ev {
-            NetEvent::Frame { from, header, bytes } => match header.kind {
+            NetEvent::Frame {
+                from,
+                header,
+                bytes,
+            } => match header.kind {
                 FrameKind::Gossip => {
                     if let Err(e) = self.gossip.handle_message(Instant::now(), from, &bytes) {
                         self.refused_frames += 1;
@@ -448,7 +488,10 @@ impl Driver {
         for v in x {
             f.extend_from_slice(&v.to_le_bytes());
         }
-        let link = self.links.get(&0).ok_or_else(|| anyhow!("no link to peer 0"))?;
+        let link = self
+            .links
+            .get(&0)
+            .ok_or_else(|| anyhow!("no link to peer 0"))?;
         self.rt.block_on(link.send(Bytes::from(f)))
     }
 
@@ -461,7 +504,11 @@ impl Driver {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !open.is_empty() || !self.expected_in.is_subset(&self.finished_in) {
             let ev = self.rt.block_on(async {
-                tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), self.events.recv()).await
+                tokio::time::timeout_at(
+                    tokio::time::Instant::from_std(deadline),
+                    self.events.recv(),
+                )
+                .await
             });
             match ev {
                 Err(_) => {
@@ -482,7 +529,11 @@ impl Driver {
                         bail!("peer {peer} left before the end of the run: {reason}");
                     }
                 }
-                Ok(Some(NetEvent::Frame { from, header, bytes })) if header.kind == FrameKind::Report => {
+                Ok(Some(NetEvent::Frame {
+                    from,
+                    header,
+                    bytes,
+                })) if header.kind == FrameKind::Report => {
                     if let Some(c) = self.collector.as_mut() {
                         c.add_frame(from, &header, &bytes[FRAME_HEADER_LEN..])?;
                     }
@@ -496,6 +547,9 @@ impl Driver {
     }
 }
 
+/// A peer's report for an epoch and its parameters x: [d].
+type Reported = (PeerEpoch, Vec<f32>);
+
 /// Rank 0's aggregation of the per-epoch reports into [`EpochRow`]s.
 struct Collector {
     n: usize,
@@ -504,16 +558,25 @@ struct Collector {
     kind: model::ModelKind,
     test: Dataset,
     /// Reports by epoch, one slot per peer.
-    pending: BTreeMap<usize, Vec<Option<(PeerEpoch, Vec<f32>)>>>,
+    pending: BTreeMap<usize, Vec<Option<Reported>>>,
     rows: Vec<EpochRow>,
     /// When peer 0 started training.
     started: Instant,
 }
 
 impl Collector {
-    fn add_frame(&mut self, from: Rank, header: &FrameHeader, payload: &[u8]) -> anyhow::Result<()> {
+    fn add_frame(
+        &mut self,
+        from: Rank,
+        header: &FrameHeader,
+        payload: &[u8],
+    ) -> anyhow::Result<()> {
         if header.dim as usize != self.d {
-            bail!("report for d = {}, the model has d = {}", header.dim, self.d);
+            bail!(
+                "report for d = {}, the model has d = {}",
+                header.dim,
+                self.d
+            );
         }
         let json_len = payload
             .get(..4)
@@ -525,10 +588,17 @@ impl Collector {
         let report: PeerEpoch = serde_json::from_slice(json).context("report JSON")?;
         let xs = &payload[4 + json_len..];
         if xs.len() != 4 * self.d {
-            bail!("report carries {} bytes of parameters, expected {}", xs.len(), 4 * self.d);
+            bail!(
+                "report carries {} bytes of parameters, expected {}",
+                xs.len(),
+                4 * self.d
+            );
         }
         if report.peer != from {
-            bail!("report claims peer {} but came from peer {from}", report.peer);
+            bail!(
+                "report claims peer {} but came from peer {from}",
+                report.peer
+            );
         }
         let x: Vec<f32> = xs
             .chunks_exact(4)
@@ -545,7 +615,10 @@ impl Collector {
         if report.peer >= self.n {
             bail!("report from unknown peer {}", report.peer);
         }
-        let slots = self.pending.entry(epoch).or_insert_with(|| vec![None; self.n]);
+        let slots = self
+            .pending
+            .entry(epoch)
+            .or_insert_with(|| vec![None; self.n]);
         let p = report.peer;
         slots[p] = Some((report, x));
         if slots.iter().all(Option::is_some) {
@@ -563,8 +636,11 @@ impl Collector {
         let (xi2, avg) = consensus_distance(all.iter().map(|(_, x)| x.as_slice()));
         let device = Default::default();
         let eval = model::unflatten(Net::<burn::backend::Flex>::new(self.kind, &device), &avg)?;
-        let (avg_acc, _) = model::evaluate(&eval, &self.test.images, &self.test.labels, 500, &device);
-        let acc = |f: fn(f64, f64) -> f64, init: f64| all.iter().map(|(r, _)| r.test_accuracy).fold(init, f);
+        let (avg_acc, _) =
+            model::evaluate(&eval, &self.test.images, &self.test.labels, 500, &device);
+        let acc = |f: fn(f64, f64) -> f64, init: f64| {
+            all.iter().map(|(r, _)| r.test_accuracy).fold(init, f)
+        };
         let mean = |g: fn(&PeerEpoch) -> f64| all.iter().map(|(r, _)| g(r)).sum::<f64>() / n;
         Ok(EpochRow {
             epoch,

@@ -68,7 +68,11 @@ impl Cluster {
             if let Ok(s) = std::fs::read_to_string(&file) {
                 return s.trim().to_string();
             }
-            assert!(t0.elapsed() < Duration::from_secs(30), "peer 0 published no address:\n{}", self.read_log(0));
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "peer 0 published no address:\n{}",
+                self.read_log(0)
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -137,10 +141,16 @@ fn four_peers_mix_over_quic() {
     assert_eq!(rows.len(), 3, "epochs 0, 1, 2");
     let xi0 = rows[0]["consensus_distance"].as_f64().unwrap();
     let xi2 = rows[2]["consensus_distance"].as_f64().unwrap();
-    assert!(xi0 > 1.0, "independent inits must start apart, Ξ²(0) = {xi0}");
+    assert!(
+        xi0 > 1.0,
+        "independent inits must start apart, Ξ²(0) = {xi0}"
+    );
     // Ring of 4 with weights 1/3: |λ₂| = 1/3, so 20 rounds of gossip contract Ξ² by far
     // more than 100×, gradient noise notwithstanding.
-    assert!(xi2 < 0.01 * xi0, "Ξ² went from {xi0} to {xi2}: the peers did not mix");
+    assert!(
+        xi2 < 0.01 * xi0,
+        "Ξ² went from {xi0} to {xi2}: the peers did not mix"
+    );
     // Every round each peer sends x to its 2 ring neighbours: a 24-byte frame header,
     // a 12-byte compress header and 4·d bytes of f32.
     let expected = (20 * 2 * (24 + 12 + 4 * MLP_D)) as f64;
@@ -163,8 +173,13 @@ fn four_peers_mix_over_quic() {
     assert_eq!(summary["peers"], 4);
     assert_eq!(summary["algorithm"], "dpsgd");
     for rank in 0..4 {
-        let lines = std::fs::read_to_string(c.out().join(format!("peers/peer-{rank}.jsonl"))).unwrap();
-        assert_eq!(lines.lines().count(), 3, "peer {rank} wrote one line per epoch");
+        let lines =
+            std::fs::read_to_string(c.out().join(format!("peers/peer-{rank}.jsonl"))).unwrap();
+        assert_eq!(
+            lines.lines().count(),
+            3,
+            "peer {rank} wrote one line per epoch"
+        );
     }
 }
 
@@ -177,13 +192,23 @@ fn launch_trains_four_peers_to_useful_accuracy() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("acc mean"), "the table header is printed:\n{stdout}");
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("acc mean"),
+        "the table header is printed:\n{stdout}"
+    );
     assert!(stdout.contains("run folder:"), "{stdout}");
     let summary: Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("t/summary.json")).unwrap()).unwrap();
     let acc = summary["final_mean_test_accuracy"].as_f64().unwrap();
-    assert!(acc > 0.8, "2 epochs of D-PSGD on 4 peers reached only {acc}");
+    assert!(
+        acc > 0.8,
+        "2 epochs of D-PSGD on 4 peers reached only {acc}"
+    );
     assert!(summary["final_min_test_accuracy"].as_f64().unwrap() <= acc);
 }
 
@@ -194,7 +219,11 @@ fn a_killed_peer_ends_its_neighbours_with_an_error() {
     // Wait until training is under way (epoch 0 has been recorded).
     let t0 = Instant::now();
     while rows(&c.out()).is_empty() {
-        assert!(t0.elapsed() < Duration::from_secs(60), "no epoch 0:\n{}", c.read_log(0));
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no epoch 0:\n{}",
+            c.read_log(0)
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     c.children[2].kill().unwrap();
@@ -202,7 +231,10 @@ fn a_killed_peer_ends_its_neighbours_with_an_error() {
         let s = c.wait(rank, Duration::from_secs(60));
         assert!(!s.success());
         let log = c.read_log(rank);
-        assert!(log.contains("peer 2 left the run"), "peer {rank} log:\n{log}");
+        assert!(
+            log.contains("peer 2 left the run"),
+            "peer {rank} log:\n{log}"
+        );
         assert!(!log.contains("panicked"), "{log}");
     }
 }
@@ -211,21 +243,35 @@ fn a_killed_peer_ends_its_neighbours_with_an_error() {
 fn a_peer_with_another_config_is_refused() {
     let mut c = Cluster::new();
     let boot = c.start_bootstrap(&args(&["--peers=2", "--join-timeout-secs=10"]));
-    c.spawn(1, &args(&["--peers=2", "--model=cnn", &format!("--bootstrap={boot}")]));
+    c.spawn(
+        1,
+        &args(&["--peers=2", "--model=cnn", &format!("--bootstrap={boot}")]),
+    );
     let s1 = c.wait(1, Duration::from_secs(30));
     assert!(!s1.success());
     let log = c.read_log(1);
     assert!(log.contains("refused"), "{log}");
-    assert!(log.contains("cnn") && log.contains("mlp"), "the refusal says what differs: {log}");
+    assert!(
+        log.contains("cnn") && log.contains("mlp"),
+        "the refusal says what differs: {log}"
+    );
     let s0 = c.wait(0, Duration::from_secs(30));
     assert!(!s0.success());
-    assert!(c.read_log(0).contains("not all peers joined"), "{}", c.read_log(0));
+    assert!(
+        c.read_log(0).contains("not all peers joined"),
+        "{}",
+        c.read_log(0)
+    );
 }
 
 #[test]
 fn an_unreachable_bootstrap_is_a_clear_error() {
     // A UDP port nobody listens on: bind one, note it, drop it.
-    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let dir = tempfile::tempdir().unwrap();
     let t0 = Instant::now();
     let out = murmur()
@@ -286,4 +332,34 @@ fn topology_inspect_json_has_the_stable_fields() {
     let l2 = (1.0 + 2.0 * (2.0 * std::f64::consts::PI / 8.0).cos()) / 3.0;
     assert!((v["lambda2_abs"].as_f64().unwrap() - l2).abs() < 1e-9);
     assert!((v["spectral_gap"].as_f64().unwrap() - (1.0 - l2)).abs() < 1e-9);
+}
+
+#[test]
+fn the_shipped_topology_files_are_valid() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/topologies");
+    let mut count = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let out = murmur()
+                .args(["topology", "inspect", "--json"])
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(v["doubly_stochastic"], true, "{}", path.display());
+            count += 1;
+        }
+    }
+    assert!(
+        count >= 5,
+        "found only {count} topology files in {}",
+        dir.display()
+    );
 }
