@@ -18,7 +18,7 @@
 //! operator here gives "D-PSGD with compressed models", which does not converge to
 //! consensus in general (use CHOCO-SGD for that).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use murmur_compress::{Compressor, Identity};
@@ -88,7 +88,7 @@ pub struct DPsgd {
     /// The encoded message of this round (frame header + compressed x), sent to each out-neighbour.
     outgoing: Vec<u8>,
     next_out: usize,
-    events: Vec<GossipEvent>,
+    events: VecDeque<GossipEvent>,
     stats: GossipStats,
 }
 
@@ -121,7 +121,7 @@ impl DPsgd {
             early: BTreeMap::new(),
             outgoing: Vec::new(),
             next_out,
-            events: Vec::new(),
+            events: VecDeque::new(),
             stats: GossipStats::default(),
         }
     }
@@ -150,7 +150,8 @@ impl DPsgd {
             std::mem::swap(&mut self.x, &mut self.acc);
             self.mixing = false;
             self.deadline = None;
-            self.events.push(GossipEvent::Mixed { round: self.round });
+            self.events
+                .push_back(GossipEvent::Mixed { round: self.round });
             self.round += 1;
         }
     }
@@ -297,7 +298,7 @@ impl Gossip for DPsgd {
                     .filter(|(_, m)| **m)
                     .map(|((j, _), _)| *j)
                     .collect();
-                self.events.push(GossipEvent::RoundTimedOut {
+                self.events.push_back(GossipEvent::RoundTimedOut {
                     round: self.round,
                     missing,
                 });
@@ -322,11 +323,7 @@ impl Gossip for DPsgd {
     }
 
     fn poll_event(&mut self) -> Option<GossipEvent> {
-        if self.events.is_empty() {
-            None
-        } else {
-            Some(self.events.remove(0))
-        }
+        self.events.pop_front()
     }
 
     fn params(&self) -> &[f32] {

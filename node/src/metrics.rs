@@ -179,6 +179,32 @@ pub fn summary_line(s: &Summary) -> String {
     )
 }
 
+/// `epochs.csv`: a header line and one line per row, the fields of [`EpochRow`] in order.
+pub fn epochs_csv(rows: &[EpochRow]) -> String {
+    let mut out = String::from(
+        "epoch,rounds,mean_test_accuracy,min_test_accuracy,max_test_accuracy,avg_model_test_accuracy,\
+         consensus_distance,mean_train_loss,bytes_sent_per_peer,compute_seconds,communicate_seconds,wall_seconds\n",
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            r.epoch,
+            r.rounds,
+            r.mean_test_accuracy,
+            r.min_test_accuracy,
+            r.max_test_accuracy,
+            r.avg_model_test_accuracy,
+            r.consensus_distance,
+            r.mean_train_loss,
+            r.bytes_sent_per_peer,
+            r.compute_seconds,
+            r.communicate_seconds,
+            r.wall_seconds
+        ));
+    }
+    out
+}
+
 /// `summary.csv`: one header line and one value line with the same fields as `summary.json`.
 pub fn summary_csv(s: &Summary) -> String {
     let v = serde_json::to_value(s).unwrap_or_default();

@@ -304,7 +304,7 @@ fn run_on<B: AutodiffBackend>(
             communicate_seconds: communicate_s,
             wall_seconds: start.elapsed().as_secs_f64(),
         };
-        debug!(epoch, test_accuracy, "epoch done");
+        info!(epoch, epochs = args.epochs, test_accuracy, "epoch done");
         metrics::append_json_line(&peer_log, &report)?;
         drv.report(report.clone(), &x)?;
         last_report = Some(report);
@@ -627,6 +627,10 @@ impl Collector {
             println!("{}", metrics::format_row(&row));
             metrics::append_json_line(&self.dir.join("epochs.jsonl"), &row)?;
             self.rows.push(row);
+            metrics::write_atomic(
+                &self.dir.join("epochs.csv"),
+                metrics::epochs_csv(&self.rows).as_bytes(),
+            )?;
         }
         Ok(())
     }

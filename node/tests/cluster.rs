@@ -139,6 +139,13 @@ fn four_peers_mix_over_quic() {
     }
     let rows = rows(&c.out());
     assert_eq!(rows.len(), 3, "epochs 0, 1, 2");
+    let csv = std::fs::read_to_string(c.out().join("epochs.csv")).unwrap();
+    assert_eq!(
+        csv.lines().count(),
+        4,
+        "a header and one line per epoch:\n{csv}"
+    );
+    assert!(csv.starts_with("epoch,rounds,mean_test_accuracy,"));
     let xi0 = rows[0]["consensus_distance"].as_f64().unwrap();
     let xi2 = rows[2]["consensus_distance"].as_f64().unwrap();
     assert!(
