@@ -47,12 +47,18 @@ pub struct DPsgdConfig {
     pub max_payload_bytes: u32,
     /// Seed of the RNG handed to randomised compressors.
     pub seed: u64,
+    /// How many rounds an in-neighbour can be ahead of this peer (≥ 1). In-neighbour j
+    /// cannot finish round t + L before hearing, through the graph, of our round t, so its
+    /// lead is at most the length L of the shortest path from this peer to j: 1 on an
+    /// undirected graph, more on a directed one (e.g. the exponential graph). Frames up to
+    /// this many rounds ahead are buffered; later ones are refused.
+    pub max_lead_rounds: u64,
 }
 
 impl DPsgdConfig {
     /// The configuration of peer `rank` for mixing matrix `w` (n×n), with η = `lr`, a 60 s
-    /// round timeout and a payload limit of 16 bytes per parameter plus 1 KiB for
-    /// `d` parameters.
+    /// round timeout, a payload limit of 16 bytes per parameter plus 1 KiB for `d`
+    /// parameters, and `max_lead_rounds` from the graph distances of W's support.
     pub fn from_matrix(w: &murmur_topology::MixingMatrix, rank: Rank, lr: f32, d: usize) -> Self {
         DPsgdConfig {
             rank,
@@ -63,8 +69,32 @@ impl DPsgdConfig {
             round_timeout: Duration::from_secs(60),
             max_payload_bytes: u32::try_from(16 * d + 1024).unwrap_or(u32::MAX),
             seed: rank as u64,
+            max_lead_rounds: max_lead(w, rank),
         }
     }
+}
+
+/// Largest graph distance from `rank` to one of its in-neighbours along the direction in
+/// which frames travel (j → i when W_ij ≠ 0); n if some in-neighbour is unreachable.
+fn max_lead(w: &murmur_topology::MixingMatrix, rank: Rank) -> u64 {
+    let n = w.n();
+    let mut dist = vec![usize::MAX; n];
+    let mut queue = VecDeque::from([rank]);
+    dist[rank] = 0;
+    while let Some(a) = queue.pop_front() {
+        for b in w.out_neighbors(a) {
+            if dist[b] == usize::MAX {
+                dist[b] = dist[a] + 1;
+                queue.push_back(b);
+            }
+        }
+    }
+    w.in_weights(rank)
+        .iter()
+        .map(|&(j, _)| if dist[j] == usize::MAX { n } else { dist[j] })
+        .max()
+        .unwrap_or(1)
+        .max(1) as u64
 }
 
 /// One peer of D-PSGD as a sans-I/O state machine (see the [module docs](self)).
@@ -83,8 +113,8 @@ pub struct DPsgd {
     /// In-neighbours (index into `cfg.in_weights`) still missing for the mixing round.
     missing: Vec<bool>,
     missing_count: usize,
-    /// Frames that arrived for round `round + 1` (or `round` while idle), by neighbour index.
-    early: BTreeMap<usize, Vec<u8>>,
+    /// Validated frames for rounds not yet begun, by (round, neighbour index).
+    early: BTreeMap<(u64, usize), Vec<u8>>,
     /// The encoded message of this round (frame header + compressed x), sent to each out-neighbour.
     outgoing: Vec<u8>,
     next_out: usize,
@@ -205,8 +235,9 @@ impl Gossip for DPsgd {
         self.deadline = Some(now + self.cfg.round_timeout);
         self.missing.iter_mut().for_each(|m| *m = true);
         self.missing_count = self.missing.len();
-        // Frames that arrived early were validated then; absorb them now.
-        for (idx, frame) in std::mem::take(&mut self.early) {
+        // Frames that arrived early for this round were validated then; absorb them now.
+        let later = self.early.split_off(&(self.round + 1, 0));
+        for ((_, idx), frame) in std::mem::replace(&mut self.early, later) {
             // Payload validity was checked on arrival, so this cannot fail; keep the error
             // path anyway rather than trusting that invariant with a panic.
             if let Err(e) = self.absorb(idx, &frame[FRAME_HEADER_LEN..]) {
@@ -243,17 +274,11 @@ impl Gossip for DPsgd {
                 got: h.dim as usize,
             });
         }
-        // A neighbour can be at most one round ahead: it needs our round-t message to
-        // finish round t.
-        let (lo, hi) = if self.mixing {
-            (self.round, self.round + 1)
-        } else {
-            (self.round, self.round)
-        };
-        let current = self.mixing && h.round == self.round;
-        let early =
-            (!self.mixing && h.round == self.round) || (self.mixing && h.round == self.round + 1);
-        if !(current || early) {
+        // A neighbour can be up to `max_lead_rounds` ahead of the round we mix (one less
+        // while we are idle between rounds); see `DPsgdConfig::max_lead_rounds`.
+        let lo = self.round;
+        let hi = self.round + self.cfg.max_lead_rounds.max(1) - u64::from(!self.mixing);
+        if h.round < lo || h.round > hi {
             return Err(GossipError::RoundOutOfWindow {
                 from,
                 round: h.round,
@@ -261,6 +286,7 @@ impl Gossip for DPsgd {
                 hi,
             });
         }
+        let current = self.mixing && h.round == self.round;
         if current {
             if !self.missing[idx] {
                 return Err(GossipError::Duplicate {
@@ -270,7 +296,7 @@ impl Gossip for DPsgd {
             }
             self.absorb(idx, payload)?;
         } else {
-            if self.early.contains_key(&idx) {
+            if self.early.contains_key(&(h.round, idx)) {
                 return Err(GossipError::Duplicate {
                     from,
                     round: h.round,
@@ -279,7 +305,7 @@ impl Gossip for DPsgd {
             // Validate now so that a bad frame is refused on arrival, not when absorbed.
             murmur_compress::validate(payload, d)
                 .map_err(|source| GossipError::Payload { from, source })?;
-            self.early.insert(idx, frame.to_vec());
+            self.early.insert((h.round, idx), frame.to_vec());
         }
         self.stats.frames_received += 1;
         self.stats.bytes_received += frame.len() as u64;

@@ -266,3 +266,66 @@ fn a_missing_neighbour_times_the_round_out_once() {
     p.handle_timeout(t0 + Duration::from_secs(6));
     assert_eq!(p.poll_event(), None);
 }
+
+/// On a directed graph an in-neighbour can run several rounds ahead: on the 3-cycle
+/// 0 → 1 → 2 → 0, peer 2 (which sends to 0) is two hops downstream of 0 and can be two
+/// rounds ahead of it. Those frames must be buffered, not refused.
+#[test]
+fn on_a_directed_cycle_frames_two_rounds_ahead_are_buffered() {
+    let w = MixingMatrix::from_dense(vec![
+        vec![0.5, 0.0, 0.5],
+        vec![0.5, 0.5, 0.0],
+        vec![0.0, 0.5, 0.5],
+    ])
+    .unwrap();
+    let now = Instant::now();
+    let cfg = DPsgdConfig::from_matrix(&w, 0, 0.0, 1);
+    assert_eq!(cfg.max_lead_rounds, 2);
+    assert_eq!(
+        DPsgdConfig::from_matrix(&ring_mh(5), 0, 0.0, 1).max_lead_rounds,
+        1
+    );
+    let mut p0 = DPsgd::new(cfg, vec![0.0]);
+    let frame_from_2 = |round: u64, v: f32| {
+        let mut payload = Vec::new();
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(0);
+        murmur_compress::Identity.compress(&[v], &mut rng, &mut payload);
+        let mut f = Vec::new();
+        FrameHeader {
+            kind: FrameKind::Gossip,
+            sender: 2,
+            round,
+            dim: 1,
+            payload_len: payload.len() as u32,
+        }
+        .emit(&mut f);
+        f.extend_from_slice(&payload);
+        f
+    };
+    p0.begin_round(now, &[0.0], None);
+    p0.handle_message(now, 2, &frame_from_2(2, 8.0)).unwrap();
+    p0.handle_message(now, 2, &frame_from_2(1, 4.0)).unwrap();
+    assert!(matches!(
+        p0.handle_message(now, 2, &frame_from_2(3, 0.0)),
+        Err(GossipError::RoundOutOfWindow {
+            round: 3,
+            lo: 0,
+            hi: 2,
+            ..
+        })
+    ));
+    assert!(matches!(
+        p0.handle_message(now, 2, &frame_from_2(1, 4.0)),
+        Err(GossipError::Duplicate { round: 1, .. })
+    ));
+    assert_eq!(p0.poll_event(), None);
+    p0.handle_message(now, 2, &frame_from_2(0, 2.0)).unwrap();
+    assert_eq!(p0.poll_event(), Some(GossipEvent::Mixed { round: 0 }));
+    assert_eq!(p0.params(), &[1.0]); // ½·0 + ½·2
+    p0.begin_round(now, &[1.0], None);
+    assert_eq!(p0.poll_event(), Some(GossipEvent::Mixed { round: 1 }));
+    assert_eq!(p0.params(), &[2.5]); // ½·1 + ½·4
+    p0.begin_round(now, &[2.5], None);
+    assert_eq!(p0.poll_event(), Some(GossipEvent::Mixed { round: 2 }));
+    assert_eq!(p0.params(), &[5.25]); // ½·2.5 + ½·8
+}

@@ -169,8 +169,10 @@ async fn serve(
     let mut waiting = Vec::new();
     let r0 = me.rank;
     slots[r0] = Some(me);
+    // Peers can only join once we listen; with n = 1 the address must still be published.
+    let mut listening = false;
     loop {
-        if slots.iter().all(Option::is_some) {
+        if listening && slots.iter().all(Option::is_some) {
             let dir: Vec<PeerInfo> = slots.into_iter().flatten().collect();
             for channel in waiting {
                 let _ = swarm
@@ -201,6 +203,7 @@ async fn serve(
                     .with_p2p(*swarm.local_peer_id())
                     .map_err(|a| anyhow!("bad listen address {a}"))?;
                 info!(%full, "bootstrap listening");
+                listening = true;
                 if let Some(path) = &addr_file {
                     let tmp = path.with_extension("tmp");
                     std::fs::write(&tmp, full.to_string())
@@ -248,6 +251,12 @@ async fn serve(
                     }
                 }
             }
+            SwarmEvent::ListenerError { error, .. } => {
+                bail!("the bootstrap's libp2p listener failed: {error}")
+            }
+            SwarmEvent::ListenerClosed {
+                reason: Err(error), ..
+            } => bail!("the bootstrap's libp2p listener closed: {error}"),
             other => debug!(?other, "bootstrap"),
         }
     }

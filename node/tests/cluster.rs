@@ -190,11 +190,19 @@ fn four_peers_mix_over_quic() {
     }
 }
 
+/// `launch` end to end on a directed topology, where an in-neighbour can run several rounds
+/// ahead (exponential graph on 6 peers: i sends to i+1, i+2, i+4).
 #[test]
-fn launch_trains_four_peers_to_useful_accuracy() {
+fn launch_trains_on_the_exponential_graph() {
     let dir = tempfile::tempdir().unwrap();
     let out = murmur()
-        .args(["launch", "--peers=4", "--epochs=2", "--run-id=t"])
+        .args([
+            "launch",
+            "--peers=6",
+            "--topology=exponential",
+            "--epochs=2",
+            "--run-id=t",
+        ])
         .arg(format!("--out={}", dir.path().display()))
         .output()
         .unwrap();
@@ -214,9 +222,39 @@ fn launch_trains_four_peers_to_useful_accuracy() {
     let acc = summary["final_mean_test_accuracy"].as_f64().unwrap();
     assert!(
         acc > 0.8,
-        "2 epochs of D-PSGD on 4 peers reached only {acc}"
+        "2 epochs of D-PSGD on 6 peers reached only {acc}"
     );
     assert!(summary["final_min_test_accuracy"].as_f64().unwrap() <= acc);
+    assert!(summary["topology"]
+        .as_str()
+        .unwrap()
+        .starts_with("exponential"));
+}
+
+#[test]
+fn a_single_peer_runs_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = murmur()
+        .args([
+            "launch",
+            "--peers=1",
+            "--epochs=1",
+            "--rounds-per-epoch=5",
+            "--run-id=one",
+        ])
+        .arg(format!("--out={}", dir.path().display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("one/summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["bytes_sent_per_peer"].as_f64(), Some(0.0));
+    assert_eq!(summary["final_consensus_distance"].as_f64(), Some(0.0));
 }
 
 #[test]
