@@ -171,7 +171,7 @@ pub trait Gossip: Send {
     fn stats(&self) -> GossipStats;
 }
 
-/// Consensus distance Ξ² = (1/n) Σ_i ‖x_i − x̄‖² of the vectors `xs: n × [d]`, and x̄: [d].
+/// Consensus distance Ξ² = (1/n) Σ_i ‖x_i − x̄‖² of the vectors `xs: n × [d]`, and `x̄: [d]`.
 ///
 /// Computed in `f64`. Returns `(0, [])` for no vectors.
 ///

@@ -116,7 +116,7 @@ impl Sim {
         consensus_distance(self.peers.iter().map(|p| p.params())).0
     }
 
-    /// The network average x̄: [d].
+    /// The network average `x̄: [d]`.
     pub fn average(&self) -> Vec<f32> {
         consensus_distance(self.peers.iter().map(|p| p.params())).1
     }

@@ -2,6 +2,7 @@
 //! metrics. This is the only crate of the workspace that does I/O; the algorithms live in
 //! `murmur-gossip`, the compressors in `murmur-compress` and the graph maths in
 //! `murmur-topology`.
+#![warn(missing_docs)]
 
 pub mod config;
 pub mod data;
