@@ -53,6 +53,7 @@ impl Drop for Peers {
 /// Runs the whole launch; returns the run summary.
 pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     args.validate()?;
+    crate::peer::check_device(args.device)?;
     // Fail fast, before any process starts, on a bad topology or peer count.
     let topo = args.topology()?;
     let run_id = launch.run_id.clone().unwrap_or_else(|| {
@@ -83,7 +84,15 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
             args.peers
         )
     });
-    let run_dir = launch.out.join(&run_id);
+    let mut run_dir = launch.out.join(&run_id);
+    if launch.run_id.is_none() {
+        // Two runs started in the same second get distinct folders.
+        let mut k = 2;
+        while run_dir.exists() {
+            run_dir = launch.out.join(format!("{run_id}-{k}"));
+            k += 1;
+        }
+    }
     if run_dir.join("summary.json").exists() {
         bail!(
             "run folder {} already holds a finished run; choose another --run-id",

@@ -23,7 +23,7 @@ use rand::SeedableRng;
 use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn};
 
-use crate::config::{Init, RunArgs};
+use crate::config::{DeviceSpec, Init, RunArgs};
 use crate::data::{partition, Dataset, Mnist};
 use crate::discovery::{discover, Fingerprint, PeerInfo, Role};
 use crate::metrics::{self, EpochRow, PeerEpoch, Summary};
@@ -57,21 +57,45 @@ pub struct PeerArgs {
 /// Runs one peer to the end of training. Dispatches on the device.
 pub fn run(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
     args.validate()?;
+    check_device(args.device)?;
     match args.device {
-        crate::config::DeviceSpec::Cpu => {
+        DeviceSpec::Cpu => {
             run_on::<burn::backend::Autodiff<burn::backend::Flex>>(args, peer, Default::default())
         }
         #[cfg(feature = "cuda")]
-        crate::config::DeviceSpec::Cuda(i) => {
-            run_on::<burn::backend::Autodiff<burn::backend::Cuda>>(
-                args,
-                peer,
-                burn::backend::cuda::CudaDevice::new(i),
-            )
-        }
+        DeviceSpec::Cuda(i) => run_on::<burn::backend::Autodiff<burn::backend::Cuda>>(
+            args,
+            peer,
+            burn::backend::cuda::CudaDevice::new(i),
+        ),
         #[cfg(not(feature = "cuda"))]
-        crate::config::DeviceSpec::Cuda(_) => {
-            bail!("--device cuda needs a murmur built with `--features cuda`")
+        DeviceSpec::Cuda(_) => unreachable!("check_device refuses CUDA without the feature"),
+    }
+}
+
+/// Checks that `device` can be used by this build on this machine: a clear error instead of
+/// burn-cuda's panic when the feature is off, the CUDA driver library is missing, or the
+/// device index does not exist.
+pub fn check_device(device: DeviceSpec) -> anyhow::Result<()> {
+    match device {
+        DeviceSpec::Cpu => Ok(()),
+        #[cfg(not(feature = "cuda"))]
+        DeviceSpec::Cuda(_) => bail!("--device cuda needs a murmur built with `--features cuda`"),
+        #[cfg(feature = "cuda")]
+        DeviceSpec::Cuda(index) => {
+            // SAFETY: this only dlopens the driver library (running its initialisers), which
+            // burn-cuda does on first use anyway; no symbol is called through the handle here.
+            if !unsafe { cudarc::driver::sys::is_culib_present() } {
+                bail!("--device cuda: no CUDA driver library (libcuda.so) found; is the NVIDIA driver installed?");
+            }
+            cudarc::driver::result::init()
+                .map_err(|e| anyhow!("--device cuda: CUDA driver init failed: {e:?}"))?;
+            let count = cudarc::driver::result::device::get_count()
+                .map_err(|e| anyhow!("--device cuda: cannot count CUDA devices: {e:?}"))?;
+            if index >= count.max(0) as usize {
+                bail!("--device cuda:{index}: this machine has {count} CUDA device(s)");
+            }
+            Ok(())
         }
     }
 }
@@ -310,13 +334,21 @@ fn run_on<B: AutodiffBackend>(
         last_report = Some(report);
     }
 
-    // Rank 0 waits for every peer's final report before it says goodbye.
-    while drv
+    // Rank 0 waits (at most one round timeout) for every peer's final report.
+    let reports_deadline = Instant::now() + Duration::from_secs(args.round_timeout_secs);
+    while let Some(c) = drv
         .collector
         .as_ref()
-        .is_some_and(|c| c.rows.len() <= args.epochs)
+        .filter(|c| c.rows.len() <= args.epochs)
     {
-        drv.next_event(Instant::now() + Duration::from_secs(args.round_timeout_secs))?;
+        if Instant::now() >= reports_deadline {
+            bail!(
+                "peers {:?} sent no report for the last epochs within {} s",
+                c.missing_reporters(),
+                args.round_timeout_secs
+            );
+        }
+        drv.next_event(reports_deadline)?;
     }
     drv.finish(&plane)?;
 
@@ -565,6 +597,14 @@ struct Collector {
 }
 
 impl Collector {
+    /// Peers whose report for the oldest incomplete epoch has not arrived.
+    fn missing_reporters(&self) -> Vec<Rank> {
+        match self.pending.values().next() {
+            Some(slots) => (0..self.n).filter(|&r| slots[r].is_none()).collect(),
+            None => (0..self.n).collect(),
+        }
+    }
+
     fn add_frame(
         &mut self,
         from: Rank,
