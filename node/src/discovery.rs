@@ -36,6 +36,36 @@ pub struct Fingerprint {
     pub dim: usize,
     /// Algorithm name.
     pub algorithm: String,
+    /// Epochs and rounds per epoch: peers that stop at different rounds would strand
+    /// their neighbours.
+    pub epochs: usize,
+    /// Rounds per epoch.
+    pub rounds_per_epoch: u64,
+    /// Seed and partition: together they decide which shard is whose; a mismatch would
+    /// silently overlap shards.
+    pub seed: u64,
+    /// Partition, as text (`iid`, `dirichlet:0.1`).
+    pub partition: String,
+}
+
+impl Fingerprint {
+    /// `field: <this> has X, <that> has Y` for each field that differs, comma-separated.
+    pub fn differences(&self, other: &Fingerprint, this: &str, that: &str) -> String {
+        let (a, b) = (serde_json::to_value(self), serde_json::to_value(other));
+        let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) = (a, b) else {
+            return format!("{self:?} vs {other:?}");
+        };
+        a.iter()
+            .filter(|(k, v)| b.get(*k) != Some(*v))
+            .map(|(k, v)| {
+                format!(
+                    "{k}: {this} has {v}, {that} has {}",
+                    b.get(k).unwrap_or(&serde_json::Value::Null)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// A peer's entry in the directory.
@@ -224,8 +254,12 @@ async fn serve(
                 let r = request.info.rank;
                 let refusal = if request.fingerprint != fingerprint {
                     Some(format!(
-                        "peer {r} runs {:?} but the bootstrap runs {:?}",
-                        request.fingerprint, fingerprint
+                        "run options differ: {}",
+                        request.fingerprint.differences(
+                            &fingerprint,
+                            &format!("peer {r}"),
+                            "peer 0"
+                        )
                     ))
                 } else if r >= n {
                     Some(format!("rank {r} out of range for {n} peers"))
@@ -273,7 +307,7 @@ async fn join(
         .with_context(|| format!("cannot dial the bootstrap {bootstrap}"))?;
     let mut request = Some(JoinRequest {
         info: me,
-        fingerprint,
+        fingerprint: fingerprint.clone(),
     });
     let mut boot_peer: Option<PeerId> = None;
     loop {
@@ -292,7 +326,13 @@ async fn join(
                 ..
             })) => {
                 return match response {
-                    JoinResponse::Directory(dir) => Ok(dir),
+                    JoinResponse::Directory(dir) => {
+                        let n = fingerprint.peers;
+                        if dir.len() != n || dir.iter().enumerate().any(|(i, p)| p.rank != i) {
+                            bail!("the bootstrap sent a malformed directory ({} entries for {n} peers)", dir.len());
+                        }
+                        Ok(dir)
+                    }
                     JoinResponse::Refused(why) => {
                         Err(anyhow!("the bootstrap refused this peer: {why}"))
                     }

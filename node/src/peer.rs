@@ -177,6 +177,10 @@ fn run_on<B: AutodiffBackend>(
         model: args.model.to_string(),
         dim: d,
         algorithm: args.algorithm.to_string(),
+        epochs: args.epochs,
+        rounds_per_epoch,
+        seed: args.seed,
+        partition: args.partition.to_string(),
     };
     let me = PeerInfo {
         rank,
