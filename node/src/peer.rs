@@ -410,7 +410,8 @@ impl Driver {
                 .links
                 .get(&t.to)
                 .ok_or_else(|| anyhow!("no link to out-neighbour {}", t.to))?;
-            let frame = Bytes::copy_from_slice(&self.send_buf);
+            // Hand the buffer over instead of copying it; the next poll_transmit refills a new one.
+            let frame = Bytes::from(std::mem::take(&mut self.send_buf));
             self.rt.block_on(link.send(frame))?;
         }
         Ok(())
