@@ -335,30 +335,29 @@ fn an_unreachable_bootstrap_is_a_clear_error() {
 #[test]
 fn bad_topologies_are_refused_before_any_peer_starts() {
     let dir = tempfile::tempdir().unwrap();
-    let bad = dir.path().join("bad.toml");
-    std::fs::write(&bad, "topology = \"ring\"\nnodes = 4\nweights = \n").unwrap();
-    let out = murmur()
-        .args(["launch", "--peers=4"])
-        .arg(format!("--topology={}", bad.display()))
-        .arg(format!("--out={}", dir.path().display()))
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let runs = dir.path().join("runs");
+    // Writes `text` to a topology file, launches with it and returns the error output.
+    let launch_fails = |name: &str, text: &str, peers: usize| {
+        let file = dir.path().join(name);
+        std::fs::write(&file, text).unwrap();
+        let out = murmur()
+            .args(["launch", &format!("--peers={peers}")])
+            .arg(format!("--topology={}", file.display()))
+            .arg(format!("--out={}", runs.display()))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{name} was accepted");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = launch_fails(
+        "bad.toml",
+        "topology = \"ring\"\nnodes = 4\nweights = \n",
+        4,
+    );
     assert!(err.contains("line 3"), "the error names the line: {err}");
-
-    let four = dir.path().join("ring4.toml");
-    std::fs::write(&four, "topology = \"ring\"\nnodes = 4\n").unwrap();
-    let out = murmur()
-        .args(["launch", "--peers=8"])
-        .arg(format!("--topology={}", four.display()))
-        .arg(format!("--out={}", dir.path().display()))
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = launch_fails("ring4.toml", "topology = \"ring\"\nnodes = 4\n", 8);
     assert!(err.contains("4 peers") && err.contains("8"), "{err}");
-    assert!(!dir.path().join("logs").exists());
+    assert!(!runs.exists(), "no run folder, so no peer, was started");
 }
 
 #[test]
