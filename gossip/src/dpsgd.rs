@@ -93,8 +93,7 @@ fn max_lead(w: &murmur_topology::MixingMatrix, rank: Rank) -> u64 {
         .iter()
         .map(|&(j, _)| if dist[j] == usize::MAX { n } else { dist[j] })
         .max()
-        .unwrap_or(1)
-        .max(1) as u64
+        .unwrap_or(1) as u64
 }
 
 /// One peer of D-PSGD as a sans-I/O state machine (see the [module docs](self)).
@@ -219,16 +218,14 @@ impl Gossip for DPsgd {
         let payload_len = self
             .compressor
             .compress(x, &mut self.rng, &mut self.outgoing);
-        let mut header = Vec::with_capacity(FRAME_HEADER_LEN);
-        FrameHeader {
+        let header = FrameHeader {
             kind: FrameKind::Gossip,
             sender: self.cfg.rank,
             round: self.round,
             dim: d as u32,
             payload_len: payload_len as u32,
-        }
-        .emit(&mut header);
-        self.outgoing[..FRAME_HEADER_LEN].copy_from_slice(&header);
+        };
+        self.outgoing[..FRAME_HEADER_LEN].copy_from_slice(&header.to_bytes());
         self.next_out = 0;
 
         self.mixing = true;

@@ -103,13 +103,20 @@ pub struct FrameHeader {
 impl FrameHeader {
     /// Appends the 24 header bytes to `out`.
     pub fn emit(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&FRAME_MAGIC.to_le_bytes());
-        out.push(FRAME_VERSION);
-        out.push(self.kind as u8);
-        out.extend_from_slice(&(self.sender as u32).to_le_bytes());
-        out.extend_from_slice(&self.round.to_le_bytes());
-        out.extend_from_slice(&self.dim.to_le_bytes());
-        out.extend_from_slice(&self.payload_len.to_le_bytes());
+        out.extend_from_slice(&self.to_bytes());
+    }
+
+    /// The 24 header bytes.
+    pub fn to_bytes(&self) -> [u8; FRAME_HEADER_LEN] {
+        let mut b = [0u8; FRAME_HEADER_LEN];
+        b[0..2].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
+        b[2] = FRAME_VERSION;
+        b[3] = self.kind as u8;
+        b[4..8].copy_from_slice(&(self.sender as u32).to_le_bytes());
+        b[8..16].copy_from_slice(&self.round.to_le_bytes());
+        b[16..20].copy_from_slice(&self.dim.to_le_bytes());
+        b[20..24].copy_from_slice(&self.payload_len.to_le_bytes());
+        b
     }
 
     /// Parses only the 24 header bytes (the payload may not have arrived yet) and checks

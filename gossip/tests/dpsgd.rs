@@ -12,6 +12,30 @@ fn ring_mh(n: usize) -> MixingMatrix {
     MixingMatrix::metropolis_hastings(&Graph::ring(n).unwrap()).unwrap()
 }
 
+/// A gossip frame from `sender` for `round` whose header declares model dimension `dim`,
+/// carrying `payload` as is.
+fn raw_frame(sender: usize, round: u64, dim: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = FrameHeader {
+        kind: FrameKind::Gossip,
+        sender,
+        round,
+        dim,
+        payload_len: payload.len() as u32,
+    }
+    .to_bytes()
+    .to_vec();
+    f.extend_from_slice(payload);
+    f
+}
+
+/// A gossip frame from `sender` for `round` carrying `x` identity-compressed.
+fn gossip_frame(sender: usize, round: u64, x: &[f32]) -> Vec<u8> {
+    let mut payload = Vec::new();
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(0);
+    murmur_compress::Identity.compress(x, &mut rng, &mut payload);
+    raw_frame(sender, round, x.len() as u32, &payload)
+}
+
 #[test]
 fn a_mixing_step_preserves_the_network_average() {
     let w = ring_mh(8);
@@ -152,27 +176,8 @@ fn bad_frames_are_refused_and_change_nothing() {
         Err(GossipError::SenderMismatch { .. })
     ));
 
-    let frame = |round: u64, dim: u32, payload: &[u8]| {
-        let mut f = Vec::new();
-        FrameHeader {
-            kind: FrameKind::Gossip,
-            sender: 1,
-            round,
-            dim,
-            payload_len: payload.len() as u32,
-        }
-        .emit(&mut f);
-        f.extend_from_slice(payload);
-        f
-    };
-    let payload = |x: &[f32]| {
-        let mut out = Vec::new();
-        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(0);
-        murmur_compress::Identity.compress(x, &mut rng, &mut out);
-        out
-    };
     assert!(matches!(
-        a.handle_message(now, 1, &frame(5, 2, &payload(&[1.0, 1.0]))),
+        a.handle_message(now, 1, &gossip_frame(1, 5, &[1.0, 1.0])),
         Err(GossipError::RoundOutOfWindow {
             round: 5,
             lo: 0,
@@ -181,7 +186,7 @@ fn bad_frames_are_refused_and_change_nothing() {
         })
     ));
     assert!(matches!(
-        a.handle_message(now, 1, &frame(0, 3, &payload(&[1.0, 1.0, 1.0]))),
+        a.handle_message(now, 1, &gossip_frame(1, 0, &[1.0, 1.0, 1.0])),
         Err(GossipError::DimensionMismatch {
             expected: 2,
             got: 3,
@@ -189,11 +194,11 @@ fn bad_frames_are_refused_and_change_nothing() {
         })
     ));
     assert!(matches!(
-        a.handle_message(now, 1, &frame(0, 2, &payload(&[1.0, f32::NAN]))),
+        a.handle_message(now, 1, &gossip_frame(1, 0, &[1.0, f32::NAN])),
         Err(GossipError::Payload { from: 1, .. })
     ));
     assert!(matches!(
-        a.handle_message(now, 1, &frame(1, 2, &payload(&[f32::INFINITY, 1.0]))),
+        a.handle_message(now, 1, &gossip_frame(1, 1, &[f32::INFINITY, 1.0])),
         Err(GossipError::Payload { from: 1, .. })
     ));
     assert!(matches!(
@@ -225,15 +230,7 @@ fn frames_from_a_non_neighbour_are_refused() {
     let now = Instant::now();
     let mut p = DPsgd::new(DPsgdConfig::from_matrix(&w, 0, 0.0, 1), vec![0.0]);
     p.begin_round(now, &[0.0], None);
-    let mut f = Vec::new();
-    FrameHeader {
-        kind: FrameKind::Gossip,
-        sender: 3,
-        round: 0,
-        dim: 1,
-        payload_len: 0,
-    }
-    .emit(&mut f);
+    let f = raw_frame(3, 0, 1, &[]);
     assert_eq!(
         p.handle_message(now, 3, &f),
         Err(GossipError::NotANeighbour(3))
@@ -286,22 +283,7 @@ fn on_a_directed_cycle_frames_two_rounds_ahead_are_buffered() {
         1
     );
     let mut p0 = DPsgd::new(cfg, vec![0.0]);
-    let frame_from_2 = |round: u64, v: f32| {
-        let mut payload = Vec::new();
-        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(0);
-        murmur_compress::Identity.compress(&[v], &mut rng, &mut payload);
-        let mut f = Vec::new();
-        FrameHeader {
-            kind: FrameKind::Gossip,
-            sender: 2,
-            round,
-            dim: 1,
-            payload_len: payload.len() as u32,
-        }
-        .emit(&mut f);
-        f.extend_from_slice(&payload);
-        f
-    };
+    let frame_from_2 = |round: u64, v: f32| gossip_frame(2, round, &[v]);
     p0.begin_round(now, &[0.0], None);
     p0.handle_message(now, 2, &frame_from_2(2, 8.0)).unwrap();
     p0.handle_message(now, 2, &frame_from_2(1, 4.0)).unwrap();

@@ -235,12 +235,8 @@ async fn serve(
                 info!(%full, "bootstrap listening");
                 listening = true;
                 if let Some(path) = &addr_file {
-                    let tmp = path.with_extension("tmp");
-                    std::fs::write(&tmp, full.to_string())
-                        .and_then(|_| std::fs::rename(&tmp, path))
-                        .with_context(|| {
-                            format!("writing the bootstrap address to {}", path.display())
-                        })?;
+                    crate::metrics::write_atomic(path, full.to_string().as_bytes())
+                        .context("publishing the bootstrap address")?;
                 }
             }
             SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {

@@ -179,50 +179,61 @@ pub fn summary_line(s: &Summary) -> String {
     )
 }
 
-/// `epochs.csv`: a header line and one line per row, the fields of [`EpochRow`] in order.
-pub fn epochs_csv(rows: &[EpochRow]) -> String {
-    let mut out = String::from(
-        "epoch,rounds,mean_test_accuracy,min_test_accuracy,max_test_accuracy,avg_model_test_accuracy,\
-         consensus_distance,mean_train_loss,bytes_sent_per_peer,compute_seconds,communicate_seconds,wall_seconds\n",
-    );
-    for r in rows {
-        out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{}\n",
-            r.epoch,
-            r.rounds,
-            r.mean_test_accuracy,
-            r.min_test_accuracy,
-            r.max_test_accuracy,
-            r.avg_model_test_accuracy,
-            r.consensus_distance,
-            r.mean_train_loss,
-            r.bytes_sent_per_peer,
-            r.compute_seconds,
-            r.communicate_seconds,
-            r.wall_seconds
-        ));
+/// CSV of serialisable rows: a header line with the field names in declaration order, then
+/// one line per row. Strings are quoted when they contain a comma, a quote or a newline.
+/// Used for `epochs.csv` ([`EpochRow`]s) and `summary.csv` (one [`Summary`]).
+pub fn to_csv<T: Serialize>(rows: &[T]) -> anyhow::Result<String> {
+    let field = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) if s.contains([',', '"', '\n']) => {
+            format!("\"{}\"", s.replace('"', "\"\""))
+        }
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let mut out = String::new();
+    for (i, row) in rows.iter().enumerate() {
+        let serde_json::Value::Object(obj) = serde_json::to_value(row)? else {
+            anyhow::bail!("a CSV row must serialise to a JSON object");
+        };
+        if i == 0 {
+            out.push_str(&obj.keys().cloned().collect::<Vec<_>>().join(","));
+            out.push('\n');
+        }
+        out.push_str(&obj.values().map(field).collect::<Vec<_>>().join(","));
+        out.push('\n');
     }
-    out
+    Ok(out)
 }
 
-/// `summary.csv`: one header line and one value line with the same fields as `summary.json`.
-pub fn summary_csv(s: &Summary) -> String {
-    let v = serde_json::to_value(s).unwrap_or_default();
-    let obj = v.as_object().cloned().unwrap_or_default();
-    let keys: Vec<&String> = obj.keys().collect();
-    let vals: Vec<String> = obj
-        .values()
-        .map(|v| match v {
-            serde_json::Value::String(s) => s.clone(),
-            other => other.to_string(),
-        })
-        .collect();
-    format!(
-        "{}\n{}\n",
-        keys.iter()
-            .map(|k| k.as_str())
-            .collect::<Vec<_>>()
-            .join(","),
-        vals.join(",")
-    )
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Serialize)]
+    struct Row {
+        b: u32,
+        a: f64,
+        name: String,
+    }
+
+    #[test]
+    fn csv_keeps_field_order_and_quotes_strings() {
+        let rows = [
+            Row {
+                b: 1,
+                a: 0.5,
+                name: "ring".into(),
+            },
+            Row {
+                b: 2,
+                a: 1e-3,
+                name: "a,\"b\"".into(),
+            },
+        ];
+        assert_eq!(
+            to_csv(&rows).unwrap(),
+            "b,a,name\n1,0.5,ring\n2,0.001,\"a,\"\"b\"\"\"\n"
+        );
+        assert_eq!(to_csv::<Row>(&[]).unwrap(), "");
+    }
 }

@@ -374,13 +374,30 @@ mod tests {
         );
     }
 
+    /// With all weights zero and output bias 1 for class 3, every logit vector is
+    /// (0,0,0,1,0,…): the model predicts 3 for every image, so the accuracy is the share
+    /// of 3s, and the loss is ln(e + 9) − 1 on a 3 and ln(e + 9) on any other digit.
     #[test]
     fn evaluate_counts_correct_predictions() {
         let (images, labels) = batch(50);
-        let net = Net::<burn::backend::Flex>::new(ModelKind::Mlp, &Default::default());
-        let (acc, loss) = evaluate(&net, &images, &labels, 7, &Default::default());
-        assert!((0.0..=1.0).contains(&acc));
-        // An untrained 10-class model has a loss near ln 10.
-        assert!((loss - 10f64.ln()).abs() < 0.5, "loss {loss}");
+        let device = Default::default();
+        let net = Net::<burn::backend::Flex>::new(ModelKind::Mlp, &device);
+        let mut x = vec![0.0f32; net.dim()];
+        let classes_start = x.len() - CLASSES;
+        x[classes_start + 3] = 1.0;
+        let net = unflatten(net, &x).unwrap();
+        let (acc, loss) = evaluate(&net, &images, &labels, 7, &device);
+        let threes = labels.iter().filter(|&&l| l == 3).count() as f64;
+        assert!(
+            threes > 0.0 && threes < 50.0,
+            "the batch needs 3s and other digits"
+        );
+        assert!((acc - threes / 50.0).abs() < 1e-12, "accuracy {acc}");
+        let z = (std::f64::consts::E + 9.0).ln();
+        let expected = (threes * (z - 1.0) + (50.0 - threes) * z) / 50.0;
+        assert!(
+            (loss - expected).abs() < 1e-5,
+            "loss {loss}, expected {expected}"
+        );
     }
 }

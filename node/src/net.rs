@@ -207,11 +207,6 @@ impl DataPlane {
 }
 
 impl Link {
-    /// The destination rank.
-    pub fn to(&self) -> Rank {
-        self.to
-    }
-
     /// Queues one frame; waits while the link's queue is full.
     pub async fn send(&self, frame: Bytes) -> anyhow::Result<()> {
         self.tx

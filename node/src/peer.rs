@@ -15,6 +15,7 @@ use anyhow::{anyhow, bail, Context};
 use burn::tensor::backend::AutodiffBackend;
 use bytes::Bytes;
 use clap::Args;
+use murmur_compress::Compressor;
 use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use murmur_gossip::{consensus_distance, DPsgd, DPsgdConfig, Gossip, GossipEvent, Rank};
 use rand::rngs::StdRng;
@@ -28,7 +29,7 @@ use crate::data::{partition, Dataset, Mnist};
 use crate::discovery::{discover, Fingerprint, PeerInfo, Role};
 use crate::metrics::{self, EpochRow, PeerEpoch, Summary};
 use crate::model::{self, Net, INPUTS};
-use crate::net::{DataPlane, Link, Links, NetEvent};
+use crate::net::{DataPlane, Links, NetEvent};
 
 /// Arguments that differ from peer to peer.
 #[derive(Debug, Clone, Args)]
@@ -103,7 +104,6 @@ pub fn check_device(device: DeviceSpec) -> anyhow::Result<()> {
 /// Everything the training loop owns besides the model.
 struct Driver {
     rank: Rank,
-    n: usize,
     rt: tokio::runtime::Runtime,
     events: mpsc::Receiver<NetEvent>,
     links: Links,
@@ -111,6 +111,10 @@ struct Driver {
     /// Peers that still owe us a goodbye: in-neighbours, and everyone for rank 0.
     expected_in: HashSet<Rank>,
     finished_in: HashSet<Rank>,
+    /// Peers we have a link to: out-neighbours, and peer 0 for the reports.
+    destinations: HashSet<Rank>,
+    /// Destinations whose receiver closed our link after our goodbye.
+    links_done: HashSet<Rank>,
     refused_frames: u64,
     /// Rank 0 only.
     collector: Option<Collector>,
@@ -223,6 +227,7 @@ fn run_on<B: AutodiffBackend>(
 
     let mut cfg = DPsgdConfig::from_matrix(&topo.w, rank, args.lr, d);
     cfg.round_timeout = Duration::from_secs(args.round_timeout_secs);
+    cfg.max_payload_bytes = max_payload;
     cfg.seed = args.seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let gossip = DPsgd::new(cfg, x.clone());
 
@@ -238,13 +243,14 @@ fn run_on<B: AutodiffBackend>(
     });
     let mut drv = Driver {
         rank,
-        n,
         rt,
         events,
         links,
         gossip,
         expected_in,
         finished_in: HashSet::new(),
+        destinations: destinations.into_iter().collect(),
+        links_done: HashSet::new(),
         refused_frames: 0,
         collector,
         send_buf: Vec::new(),
@@ -261,7 +267,6 @@ fn run_on<B: AutodiffBackend>(
     let mut cursor = 0usize;
     let mut grad = Vec::with_capacity(d);
     let mut velocity = vec![0.0f32; d];
-    let mut batch_images = Vec::with_capacity(args.batch_size * INPUTS);
     let mut batch_labels = Vec::with_capacity(args.batch_size);
     let (mut compute_s, mut communicate_s) = (0.0f64, 0.0f64);
     let peer_log = peer.out.join("peers").join(format!("peer-{rank}.jsonl"));
@@ -272,7 +277,7 @@ fn run_on<B: AutodiffBackend>(
         let rounds = if epoch == 0 { 0 } else { rounds_per_epoch };
         for _ in 0..rounds {
             // Mini-batch from the local shard, reshuffled after each pass.
-            batch_images.clear();
+            let mut batch_images = Vec::with_capacity(args.batch_size * INPUTS);
             batch_labels.clear();
             for _ in 0..args.batch_size.min(shard.len()) {
                 if cursor == order.len() {
@@ -285,7 +290,7 @@ fn run_on<B: AutodiffBackend>(
                 batch_labels.push(shard.labels[i]);
             }
             let t0 = Instant::now();
-            let (xb, yb) = model::batch_tensors::<B>(batch_images.clone(), &batch_labels, &device);
+            let (xb, yb) = model::batch_tensors::<B>(batch_images, &batch_labels, &device);
             let loss = model::loss_and_grad(&net, xb, yb, &mut grad);
             if !loss.is_finite() {
                 bail!("training diverged at epoch {epoch}: loss is {loss} (try a smaller --lr)");
@@ -387,7 +392,7 @@ fn run_on<B: AutodiffBackend>(
         )?;
         metrics::write_atomic(
             &peer.out.join("summary.csv"),
-            metrics::summary_csv(&summary).as_bytes(),
+            metrics::to_csv(&[&summary])?.as_bytes(),
         )?;
         println!("{}", metrics::summary_line(&summary));
         println!("run folder: {}", peer.out.display());
@@ -467,7 +472,7 @@ impl Driver {
                 }
                 FrameKind::Report => match self.collector.as_mut() {
                     Some(c) => {
-                        if let Err(e) = c.add_frame(from, &header, &bytes[FRAME_HEADER_LEN..]) {
+                        if let Err(e) = c.add_frame(from, &bytes[FRAME_HEADER_LEN..]) {
                             self.refused_frames += 1;
                             warn!(from, "dropped a report: {e:#}");
                         }
@@ -486,10 +491,13 @@ impl Driver {
                 self.finished_in.insert(from);
             }
             NetEvent::LinkDone { to } => {
-                debug!(to, "link done");
+                self.links_done.insert(to);
             }
             NetEvent::Lost { peer, reason } => {
-                if !self.finished_in.contains(&peer) {
+                // Harmless only once nothing more is owed either way on that peer's links.
+                let owes_us = self.expected_in.contains(&peer) && !self.finished_in.contains(&peer);
+                let we_owe = self.destinations.contains(&peer) && !self.links_done.contains(&peer);
+                if owes_us || we_owe {
                     bail!(
                         "peer {peer} left the run during round {}: {reason}",
                         self.gossip.round()
@@ -509,79 +517,76 @@ impl Driver {
         if let Some(c) = self.collector.as_mut() {
             return c.add(report, x.to_vec());
         }
-        let json = serde_json::to_vec(&report)?;
-        let payload_len = 4 + json.len() + 4 * x.len();
-        let mut f = Vec::with_capacity(FRAME_HEADER_LEN + payload_len);
-        FrameHeader {
-            kind: FrameKind::Report,
-            sender: self.rank,
-            round: report.epoch as u64,
-            dim: x.len() as u32,
-            payload_len: payload_len as u32,
-        }
-        .emit(&mut f);
-        f.extend_from_slice(&(json.len() as u32).to_le_bytes());
-        f.extend_from_slice(&json);
-        for v in x {
-            f.extend_from_slice(&v.to_le_bytes());
-        }
+        let frame = encode_report(self.rank, &report, x)?;
         let link = self
             .links
             .get(&0)
             .ok_or_else(|| anyhow!("no link to peer 0"))?;
-        self.rt.block_on(link.send(Bytes::from(f)))
+        self.rt.block_on(link.send(Bytes::from(frame)))
     }
 
     /// Says goodbye on every link and waits until every expected peer said goodbye to us
     /// and every link was closed by its receiver.
     fn finish(&mut self, plane: &DataPlane) -> anyhow::Result<()> {
-        let links: Vec<Link> = self.links.drain().map(|(_, l)| l).collect();
-        let mut open: HashSet<Rank> = links.iter().map(Link::to).collect();
-        drop(links); // each sender task now sends its goodbye
+        self.links.clear(); // each sender task now sends its goodbye
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !open.is_empty() || !self.expected_in.is_subset(&self.finished_in) {
-            let ev = self.rt.block_on(async {
-                tokio::time::timeout_at(
-                    tokio::time::Instant::from_std(deadline),
-                    self.events.recv(),
-                )
-                .await
-            });
-            match ev {
-                Err(_) => {
-                    let missing: Vec<_> = self.expected_in.difference(&self.finished_in).collect();
-                    warn!(?missing, unacknowledged = ?open, "shutdown timed out; exiting anyway");
-                    break;
-                }
-                Ok(None) => break,
-                Ok(Some(NetEvent::LinkDone { to })) => {
-                    open.remove(&to);
-                }
-                Ok(Some(NetEvent::Finished { from })) => {
-                    self.finished_in.insert(from);
-                }
-                Ok(Some(NetEvent::Lost { peer, reason })) => {
-                    open.remove(&peer);
-                    if !self.finished_in.contains(&peer) && self.expected_in.contains(&peer) {
-                        bail!("peer {peer} left before the end of the run: {reason}");
-                    }
-                }
-                Ok(Some(NetEvent::Frame {
-                    from,
-                    header,
-                    bytes,
-                })) if header.kind == FrameKind::Report => {
-                    if let Some(c) = self.collector.as_mut() {
-                        c.add_frame(from, &header, &bytes[FRAME_HEADER_LEN..])?;
-                    }
-                }
-                Ok(Some(other)) => debug!(?other, "event during shutdown"),
+        while !(self.destinations.is_subset(&self.links_done)
+            && self.expected_in.is_subset(&self.finished_in))
+        {
+            if !self.next_event(deadline)? {
+                let missing: Vec<_> = self.expected_in.difference(&self.finished_in).collect();
+                let unacknowledged: Vec<_> =
+                    self.destinations.difference(&self.links_done).collect();
+                warn!(
+                    ?missing,
+                    ?unacknowledged,
+                    "shutdown timed out; exiting anyway"
+                );
+                break;
             }
         }
         self.rt.block_on(plane.shutdown(Duration::from_secs(2)));
-        debug!(n = self.n, "shut down");
         Ok(())
     }
+}
+
+/// A report frame: the 24-byte frame header (kind `Report`, round = epoch), then the payload
+/// `json_len: u32 LE | JSON of PeerEpoch | a murmur_compress identity message of x: [d]`.
+fn encode_report(sender: Rank, report: &PeerEpoch, x: &[f32]) -> anyhow::Result<Vec<u8>> {
+    let json = serde_json::to_vec(report)?;
+    let mut payload = Vec::with_capacity(4 + json.len() + 16 + 4 * x.len());
+    payload.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    payload.extend_from_slice(&json);
+    // Identity draws no randomness; the RNG only satisfies the trait.
+    let mut rng = StdRng::seed_from_u64(0);
+    murmur_compress::Identity.compress(x, &mut rng, &mut payload);
+    let mut frame = FrameHeader {
+        kind: FrameKind::Report,
+        sender,
+        round: report.epoch as u64,
+        dim: x.len() as u32,
+        payload_len: payload.len() as u32,
+    }
+    .to_bytes()
+    .to_vec();
+    frame.extend_from_slice(&payload);
+    Ok(frame)
+}
+
+/// Inverse of [`encode_report`] for the payload; refuses truncation, bad JSON, a
+/// parameter vector of another length than `d` and non-finite values.
+fn decode_report(payload: &[u8], d: usize) -> anyhow::Result<(PeerEpoch, Vec<f32>)> {
+    let json_len = payload
+        .get(..4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .ok_or_else(|| anyhow!("report truncated"))?;
+    let json = payload
+        .get(4..4 + json_len)
+        .ok_or_else(|| anyhow!("report truncated"))?;
+    let report: PeerEpoch = serde_json::from_slice(json).context("report JSON")?;
+    let mut x = vec![0.0f32; d];
+    murmur_compress::decode_into(&payload[4 + json_len..], &mut x).context("report parameters")?;
+    Ok((report, x))
 }
 
 /// A peer's report for an epoch and its parameters x: [d].
@@ -610,47 +615,13 @@ impl Collector {
         }
     }
 
-    fn add_frame(
-        &mut self,
-        from: Rank,
-        header: &FrameHeader,
-        payload: &[u8],
-    ) -> anyhow::Result<()> {
-        if header.dim as usize != self.d {
-            bail!(
-                "report for d = {}, the model has d = {}",
-                header.dim,
-                self.d
-            );
-        }
-        let json_len = payload
-            .get(..4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
-            .ok_or_else(|| anyhow!("report truncated"))?;
-        let json = payload
-            .get(4..4 + json_len)
-            .ok_or_else(|| anyhow!("report truncated"))?;
-        let report: PeerEpoch = serde_json::from_slice(json).context("report JSON")?;
-        let xs = &payload[4 + json_len..];
-        if xs.len() != 4 * self.d {
-            bail!(
-                "report carries {} bytes of parameters, expected {}",
-                xs.len(),
-                4 * self.d
-            );
-        }
+    fn add_frame(&mut self, from: Rank, payload: &[u8]) -> anyhow::Result<()> {
+        let (report, x) = decode_report(payload, self.d)?;
         if report.peer != from {
             bail!(
                 "report claims peer {} but came from peer {from}",
                 report.peer
             );
-        }
-        let x: Vec<f32> = xs
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        if x.iter().any(|v| !v.is_finite()) {
-            bail!("report from peer {from} has non-finite parameters");
         }
         self.add(report, x)
     }
@@ -674,7 +645,7 @@ impl Collector {
             self.rows.push(row);
             metrics::write_atomic(
                 &self.dir.join("epochs.csv"),
-                metrics::epochs_csv(&self.rows).as_bytes(),
+                metrics::to_csv(&self.rows)?.as_bytes(),
             )?;
         }
         Ok(())
@@ -711,4 +682,60 @@ impl Collector {
 /// Path of the run folder's bootstrap address file.
 pub fn bootstrap_file(run_dir: &Path) -> PathBuf {
     run_dir.join("bootstrap.addr")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> PeerEpoch {
+        PeerEpoch {
+            peer: 3,
+            epoch: 2,
+            rounds: 64,
+            train_loss: 0.5,
+            test_accuracy: 0.9,
+            test_loss: 0.3,
+            bytes_sent: 1000,
+            bytes_received: 999,
+            compute_seconds: 1.5,
+            communicate_seconds: 2.5,
+            wall_seconds: 4.0,
+        }
+    }
+
+    #[test]
+    fn report_frames_round_trip() {
+        let x = [1.0f32, -2.5, 3.25];
+        let frame = encode_report(3, &report(), &x).unwrap();
+        let (h, payload) = FrameHeader::parse(&frame, 1 << 20).unwrap();
+        assert_eq!(
+            (h.kind, h.sender, h.round, h.dim),
+            (FrameKind::Report, 3, 2, 3)
+        );
+        let (r, y) = decode_report(payload, 3).unwrap();
+        assert_eq!((r.peer, r.epoch, r.bytes_sent), (3, 2, 1000));
+        assert_eq!(y, x);
+    }
+
+    #[test]
+    fn bad_report_payloads_are_refused() {
+        let frame = encode_report(3, &report(), &[1.0, 2.0]).unwrap();
+        let payload = &frame[FRAME_HEADER_LEN..];
+        assert!(decode_report(payload, 3).is_err(), "another d");
+        assert!(
+            decode_report(&payload[..payload.len() - 1], 2).is_err(),
+            "truncated x"
+        );
+        assert!(decode_report(&payload[..10], 2).is_err(), "truncated JSON");
+        assert!(
+            decode_report(&[0xff, 0xff, 0xff, 0xff], 2).is_err(),
+            "JSON length past the end"
+        );
+        let nan = encode_report(3, &report(), &[1.0, f32::NAN]).unwrap();
+        assert!(
+            decode_report(&nan[FRAME_HEADER_LEN..], 2).is_err(),
+            "non-finite x"
+        );
+    }
 }

@@ -118,6 +118,28 @@ fn rows(dir: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// Runs `murmur launch ARGS --out DIR`, fails the test if it fails, returns its stdout.
+fn launch_ok(dir: &Path, args: &[&str]) -> String {
+    let out = murmur()
+        .arg("launch")
+        .args(args)
+        .arg(format!("--out={}", dir.display()))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The `summary.json` of a run folder.
+fn summary(run_dir: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(run_dir.join("summary.json")).unwrap()).unwrap()
+}
+
 /// d of the MLP: 784·256 + 256 + 256·10 + 10.
 const MLP_D: u64 = 784 * 256 + 256 + 256 * 10 + 10;
 
@@ -162,8 +184,7 @@ fn four_peers_mix_over_quic() {
     // a 12-byte compress header and 4·d bytes of f32.
     let expected = (20 * 2 * (24 + 12 + 4 * MLP_D)) as f64;
     assert_eq!(rows[2]["bytes_sent_per_peer"].as_f64().unwrap(), expected);
-    let summary: Value =
-        serde_json::from_slice(&std::fs::read(c.out().join("summary.json")).unwrap()).unwrap();
+    let summary = summary(&c.out());
     for key in [
         "algorithm",
         "topology",
@@ -195,30 +216,21 @@ fn four_peers_mix_over_quic() {
 #[test]
 fn launch_trains_on_the_exponential_graph() {
     let dir = tempfile::tempdir().unwrap();
-    let out = murmur()
-        .args([
-            "launch",
+    let stdout = launch_ok(
+        dir.path(),
+        &[
             "--peers=6",
             "--topology=exponential",
             "--epochs=2",
             "--run-id=t",
-        ])
-        .arg(format!("--out={}", dir.path().display()))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
     assert!(
         stdout.contains("acc mean"),
         "the table header is printed:\n{stdout}"
     );
     assert!(stdout.contains("run folder:"), "{stdout}");
-    let summary: Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("t/summary.json")).unwrap()).unwrap();
+    let summary = summary(&dir.path().join("t"));
     let acc = summary["final_mean_test_accuracy"].as_f64().unwrap();
     assert!(
         acc > 0.8,
@@ -234,25 +246,16 @@ fn launch_trains_on_the_exponential_graph() {
 #[test]
 fn a_single_peer_runs_alone() {
     let dir = tempfile::tempdir().unwrap();
-    let out = murmur()
-        .args([
-            "launch",
+    launch_ok(
+        dir.path(),
+        &[
             "--peers=1",
             "--epochs=1",
             "--rounds-per-epoch=5",
             "--run-id=one",
-        ])
-        .arg(format!("--out={}", dir.path().display()))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
-    let summary: Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("one/summary.json")).unwrap())
-            .unwrap();
+    let summary = summary(&dir.path().join("one"));
     assert_eq!(summary["bytes_sent_per_peer"].as_f64(), Some(0.0));
     assert_eq!(summary["final_consensus_distance"].as_f64(), Some(0.0));
 }
