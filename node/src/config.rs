@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
+use murmur_compress::CompressorSpec;
 use murmur_topology::{Topology, TopologySpec};
 
 use crate::data::Partition;
@@ -89,6 +90,13 @@ pub struct RunArgs {
     /// Decentralized algorithm.
     #[arg(long, value_enum, default_value_t = Algorithm::Dpsgd)]
     pub algorithm: Algorithm,
+    /// Compression of the gossip messages (see `murmur_compress::CompressorSpec`):
+    /// `identity` (none), `fp16`, `bf16`, `qsgd[:S][,bucket=B]`, `natural`, `terngrad`,
+    /// `sign`, `topk:RATIO[,layerwise]`, `approx-topk:RATIO`, `randk:RATIO[,unscaled]`,
+    /// `ef+SPEC`, `dgc:RATIO`. D-PSGD mixes the neighbours' compressed parameters, so use a
+    /// cast or a fine quantiser there; sparsifiers and sign need CHOCO-SGD.
+    #[arg(long, default_value = "identity")]
+    pub compressor: CompressorSpec,
     /// Model to train.
     #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
     pub model: ModelKind,
@@ -138,6 +146,7 @@ impl RunArgs {
             format!("--peers={}", self.peers),
             format!("--topology={}", self.topology),
             format!("--algorithm={}", self.algorithm),
+            format!("--compressor={}", self.compressor),
             format!("--model={}", self.model),
             format!("--epochs={}", self.epochs),
             format!("--batch-size={}", self.batch_size),

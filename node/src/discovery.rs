@@ -36,6 +36,9 @@ pub struct Fingerprint {
     pub dim: usize,
     /// Algorithm name.
     pub algorithm: String,
+    /// Compressor, in its canonical text form: every receiver decodes any operator, but
+    /// peers that compress differently run a different experiment.
+    pub compressor: String,
     /// Epochs and rounds per epoch: peers that stop at different rounds would strand
     /// their neighbours.
     pub epochs: usize,

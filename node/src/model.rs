@@ -205,6 +205,20 @@ pub fn flatten<B: Backend, M: Module<B>>(model: &M, out: &mut Vec<f32>) {
     model.visit(&mut ParamFlattener { out });
 }
 
+/// The number of values of each parameter tensor, in the order of [`flatten`] (they sum
+/// to d): the tensor boundaries for layer-wise compression.
+pub fn tensor_lengths<B: Backend, M: Module<B>>(model: &M) -> Vec<usize> {
+    struct Lengths(Vec<usize>);
+    impl<B: Backend> ModuleVisitor<B> for Lengths {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0.push(param.lazy_shape().num_elements());
+        }
+    }
+    let mut lengths = Lengths(Vec::new());
+    model.visit(&mut lengths);
+    lengths.0
+}
+
 /// Writes `x: [d]` back into `model` in the order of [`flatten`].
 ///
 /// # Errors
@@ -334,6 +348,14 @@ mod tests {
             Net::<B>::new(ModelKind::Mlp, &Default::default()).dim(),
             784 * 256 + 256 + 256 * 10 + 10
         );
+    }
+
+    #[test]
+    fn tensor_lengths_are_the_layers_in_flatten_order() {
+        let mlp = Net::<B>::new(ModelKind::Mlp, &Default::default());
+        assert_eq!(tensor_lengths(&mlp), vec![784 * 256, 256, 256 * 10, 10]);
+        let cnn = Net::<B>::new(ModelKind::Cnn, &Default::default());
+        assert_eq!(tensor_lengths(&cnn).iter().sum::<usize>(), cnn.dim());
     }
 
     /// The flattened gradient is in the same order as the flattened parameters: check

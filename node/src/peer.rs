@@ -181,6 +181,7 @@ fn run_on<B: AutodiffBackend>(
         model: args.model.to_string(),
         dim: d,
         algorithm: args.algorithm.to_string(),
+        compressor: args.compressor.to_string(),
         epochs: args.epochs,
         rounds_per_epoch,
         seed: args.seed,
@@ -229,7 +230,11 @@ fn run_on<B: AutodiffBackend>(
     cfg.round_timeout = Duration::from_secs(args.round_timeout_secs);
     cfg.max_payload_bytes = max_payload;
     cfg.seed = args.seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let gossip = DPsgd::new(cfg, x.clone());
+    let compressor = args
+        .compressor
+        .build(Some(&model::tensor_lengths(&net)))
+        .context("--compressor")?;
+    let gossip = DPsgd::with_compressor(cfg, x.clone(), compressor);
 
     let collector = (rank == 0).then(|| Collector {
         n,
