@@ -81,7 +81,7 @@ fn fixed_coding(d: usize) -> u8 {
 }
 
 /// Writes a sparse message with indices `idx` (increasing, < d) and values `x[idx]`.
-fn emit_sparse(
+pub(crate) fn emit_sparse(
     op: OperatorId,
     x: &[f32],
     idx: &[u32],
