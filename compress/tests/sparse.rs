@@ -207,14 +207,20 @@ fn random_k_unscaled_contracts_and_scaled_is_unbiased() {
     for (i, m) in mean.iter().enumerate() {
         let m = m / trials as f64;
         let tol = 5.0 * sd * (x[i].abs() as f64) + 1e-6;
-        assert!((m - x[i] as f64).abs() <= tol, "coordinate {i}: mean {m} vs {}", x[i]);
+        assert!(
+            (m - x[i] as f64).abs() <= tol,
+            "coordinate {i}: mean {m} vs {}",
+            x[i]
+        );
     }
 }
 
 #[test]
 fn auto_coding_picks_the_shortest() {
     // Dense selection: deltas of 0 are one byte each, shorter than u16 indices.
-    let x: Vec<f32> = (0..1000).map(|i| if i < 500 { 10.0 } else { 1.0 }).collect();
+    let x: Vec<f32> = (0..1000)
+        .map(|i| if i < 500 { 10.0 } else { 1.0 })
+        .collect();
     let auto = encode(&mut TopK::new(0.5), &x, 0);
     let delta = encode(&mut TopK::new(0.5).with_coding(IndexCoding::Delta), &x, 0);
     let fixed = encode(&mut TopK::new(0.5).with_coding(IndexCoding::Fixed), &x, 0);
@@ -426,7 +432,10 @@ fn each_header_defect_has_its_error() {
     );
     let mut bad = good.clone();
     bad[1] = 9;
-    assert_eq!(decode_into(&bad, &mut out), Err(DecodeError::UnknownVersion(9)));
+    assert_eq!(
+        decode_into(&bad, &mut out),
+        Err(DecodeError::UnknownVersion(9))
+    );
     let mut bad = good.clone();
     bad[0] = 200;
     assert_eq!(
@@ -435,7 +444,10 @@ fn each_header_defect_has_its_error() {
     );
     let mut bad = good.clone();
     bad[2] = 1;
-    assert_eq!(decode_into(&bad, &mut out), Err(DecodeError::ReservedFlags(1)));
+    assert_eq!(
+        decode_into(&bad, &mut out),
+        Err(DecodeError::ReservedFlags(1))
+    );
     let mut bad = good.clone();
     bad.push(0);
     assert_eq!(

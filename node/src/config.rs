@@ -191,6 +191,25 @@ impl RunArgs {
         Ok(())
     }
 
+    /// Warnings about options that run but are unlikely to be what the user wants.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        let casts = matches!(
+            self.compressor,
+            CompressorSpec::Identity | CompressorSpec::Fp16 | CompressorSpec::Bf16
+        );
+        if self.algorithm == Algorithm::Dpsgd && !casts {
+            w.push(format!(
+                "D-PSGD mixes the neighbours' compressed parameters directly, so the error of \
+                 `{}` enters the models every round (sparsifiers and sign pull them towards 0); \
+                 compressed gossip of parameters is what CHOCO-SGD's compressed differences are \
+                 for",
+                self.compressor
+            ));
+        }
+        w
+    }
+
     /// Builds the topology for `self.peers` peers from a name or a file.
     pub fn topology(&self) -> anyhow::Result<Topology> {
         load_topology(&self.topology, Some(self.peers))

@@ -53,6 +53,9 @@ impl Drop for Peers {
 /// Runs the whole launch; returns the run summary.
 pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     args.validate()?;
+    for w in args.warnings() {
+        eprintln!("murmur: warning: {w}");
+    }
     crate::peer::check_device(args.device)?;
     // Fail fast, before any process starts, on a bad topology or peer count.
     let topo = args.topology()?;
@@ -112,9 +115,10 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     let threads_per_peer = (cores / args.peers).max(1);
 
     eprintln!(
-        "murmur: {} peers, {} ({}; |λ₂| = {:.4}, spectral gap {:.4}), {} on {}, {} epochs; run folder {}",
+        "murmur: {} peers, {} with {} ({}; |λ₂| = {:.4}, spectral gap {:.4}), {} on {}, {} epochs; run folder {}",
         args.peers,
         args.algorithm,
+        args.compressor,
         topo.name,
         topo.w.second_eigenvalue_modulus(),
         topo.w.spectral_gap(),

@@ -71,6 +71,8 @@ pub struct EpochRow {
 pub struct Summary {
     /// Algorithm name, e.g. `dpsgd`.
     pub algorithm: String,
+    /// Compressor of the gossip messages, canonical text form (e.g. `identity`, `bf16`).
+    pub compressor: String,
     /// Topology name.
     pub topology: String,
     /// Number of peers n.
@@ -164,8 +166,9 @@ pub fn format_row(r: &EpochRow) -> String {
 /// The one-line summary printed at the end of a run.
 pub fn summary_line(s: &Summary) -> String {
     format!(
-        "{} on {} ({} peers, {}): {} epochs in {:.1} s, mean accuracy {:.2}% (min {:.2}%, x̄ {:.2}%), Ξ² {:.3e}, {:.1} MB sent per peer",
+        "{} with {} on {} ({} peers, {}): {} epochs in {:.1} s, mean accuracy {:.2}% (min {:.2}%, x̄ {:.2}%), Ξ² {:.3e}, {:.1} MB sent per peer",
         s.algorithm,
+        s.compressor,
         s.topology,
         s.peers,
         s.model,

@@ -373,6 +373,7 @@ fn run_on<B: AutodiffBackend>(
             .ok_or_else(|| anyhow!("no epoch was recorded"))?;
         let summary = Summary {
             algorithm: args.algorithm.to_string(),
+            compressor: args.compressor.to_string(),
             topology: topo.name.clone(),
             peers: n,
             model: args.model.to_string(),

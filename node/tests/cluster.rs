@@ -336,6 +336,38 @@ fn an_unreachable_bootstrap_is_a_clear_error() {
 }
 
 #[test]
+fn compressed_gossip_counts_the_exact_message_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    launch_ok(
+        dir.path(),
+        &[
+            "--peers=3",
+            "--epochs=1",
+            "--rounds-per-epoch=5",
+            "--compressor=bf16",
+            "--run-id=bf16",
+        ],
+    );
+    let summary = summary(&dir.path().join("bf16"));
+    assert_eq!(summary["compressor"].as_str(), Some("bf16"));
+    // 5 rounds × 2 out-neighbours × (24-byte frame header + 12-byte message header + 2d).
+    assert_eq!(
+        summary["bytes_sent_per_peer"].as_f64(),
+        Some((5 * 2 * (24 + 12 + 2 * MLP_D)) as f64)
+    );
+    // A bad spec is refused before any peer starts, naming the valid operators.
+    let out = murmur()
+        .args(["launch", "--compressor=topc:0.1"])
+        .arg(format!("--out={}", dir.path().join("runs").display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("topc") && err.contains("qsgd"), "{err}");
+    assert!(!dir.path().join("runs").exists());
+}
+
+#[test]
 fn bad_topologies_are_refused_before_any_peer_starts() {
     let dir = tempfile::tempdir().unwrap();
     let runs = dir.path().join("runs");
