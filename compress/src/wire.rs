@@ -328,14 +328,6 @@ impl<'a> Reader<'a> {
         a.copy_from_slice(b);
         Ok(u64::from_le_bytes(a))
     }
-
-    /// Errors with [`DecodeError::TrailingBytes`] if anything is left.
-    pub(crate) fn finish(&self) -> Result<(), DecodeError> {
-        match self.remaining() {
-            0 => Ok(()),
-            extra => Err(DecodeError::TrailingBytes { extra }),
-        }
-    }
 }
 
 /// The `f32` at `i` of a little-endian `f32` array (`bytes.len() ≥ 4(i+1)`).
