@@ -17,7 +17,7 @@ use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
 use rand::Rng;
 
-use crate::wire::{begin_message, f32_at, finish_message, first_non_finite, put_f32s};
+use crate::wire::{begin_message, finish_message, first_non_finite, put_f32s};
 use crate::{assert_dim, Compressor, DecodeError, OperatorId, HEADER_LEN};
 
 /// The identity operator: `C(x) = x`, unbiased, no compression.
@@ -179,8 +179,8 @@ pub(crate) fn validate(op: OperatorId, payload: &[u8], d: usize) -> Result<usize
 pub(crate) fn add(op: OperatorId, payload: &[u8], scale: f32, acc: &mut [f32]) {
     match op {
         OperatorId::Identity => {
-            for (i, a) in acc.iter_mut().enumerate() {
-                *a += scale * f32_at(payload, i);
+            for (a, c) in acc.iter_mut().zip(payload.chunks_exact(4)) {
+                *a += scale * f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         }
         OperatorId::Fp16 => add_half::<f16>(payload, scale, acc),

@@ -33,6 +33,14 @@ pub fn top_k_exact(x: &[f32], k: usize, base: u32, idx: &mut Vec<u32>) {
         idx.extend((0..d as u32).map(|i| base + i));
         return;
     }
+    if d < RADIX_MIN_LEN {
+        // Short tensors (layer-wise selection, biases): a selection on (key, index) pairs
+        // costs O(d) and no 384 KiB of histograms.
+        let start = idx.len();
+        idx.extend((0..d as u32).map(|i| base + i));
+        shrink_tail_to_top_k(x, base, idx, start, k);
+        return;
+    }
     let (threshold, mut ties) = kth_largest_key(x, k);
     idx.reserve(k);
     for (i, &v) in x.iter().enumerate() {
@@ -45,6 +53,9 @@ pub fn top_k_exact(x: &[f32], k: usize, base: u32, idx: &mut Vec<u32>) {
         }
     }
 }
+
+/// Below this length, [`top_k_exact`] selects on (key, index) pairs instead of histograms.
+const RADIX_MIN_LEN: usize = 1 << 15;
 
 /// The key of the k-th largest magnitude (1 ≤ k < d) and how many coordinates with exactly
 /// that key belong to the top k.
@@ -115,15 +126,28 @@ pub(crate) fn select_at_least(x: &[f32], threshold_key: u32, base: u32, idx: &mu
 /// Keeps the `k` entries of `idx` (indices into `x`, increasing) with the largest `|x_i|`,
 /// ties to lower indices, preserving increasing order.
 pub(crate) fn shrink_to_top_k(x: &[f32], idx: &mut Vec<u32>, k: usize) {
-    if idx.len() <= k {
+    shrink_tail_to_top_k(x, 0, idx, 0, k);
+}
+
+/// [`shrink_to_top_k`] on `idx[start..]`, whose entries are `base +` an index into `x`.
+fn shrink_tail_to_top_k(x: &[f32], base: u32, idx: &mut Vec<u32>, start: usize, k: usize) {
+    let tail = &idx[start..];
+    if tail.len() <= k {
         return;
     }
-    let mut keyed: Vec<(u32, u32)> = idx.iter().map(|&i| (key(x[i as usize]), i)).collect();
+    if k == 0 {
+        idx.truncate(start);
+        return;
+    }
+    let mut keyed: Vec<(u32, u32)> = tail
+        .iter()
+        .map(|&i| (key(x[(i - base) as usize]), i))
+        .collect();
     keyed.select_nth_unstable_by(k - 1, |a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     keyed.truncate(k);
-    idx.clear();
+    idx.truncate(start);
     idx.extend(keyed.iter().map(|&(_, i)| i));
-    idx.sort_unstable();
+    idx[start..].sort_unstable();
 }
 
 #[cfg(test)]
@@ -166,12 +190,35 @@ mod tests {
     }
 
     #[test]
+    fn radix_path_matches_sorting_on_long_vectors() {
+        let mut rng = SplitMix64::new(11);
+        let x: Vec<f32> = (0..3 * RADIX_MIN_LEN)
+            .map(|i| match i % 5 {
+                0 => 0.0,
+                1 => 1.25,
+                _ => rng.unit_pair().0 - 0.5,
+            })
+            .collect();
+        for k in [
+            1,
+            100,
+            RADIX_MIN_LEN,
+            2 * RADIX_MIN_LEN,
+            3 * RADIX_MIN_LEN - 1,
+        ] {
+            let mut idx = Vec::new();
+            top_k_exact(&x, k, 0, &mut idx);
+            assert_eq!(idx, reference(&x, k), "k = {k}");
+        }
+    }
+
+    #[test]
     fn ties_in_the_low_bits_are_resolved_exactly() {
         // Values that share the high 16 key bits, so the second histogram decides.
-        let x: Vec<f32> = (0..1000)
+        let x: Vec<f32> = (0..2 * RADIX_MIN_LEN as u32)
             .map(|i| f32::from_bits(0x3f80_0000 + (i % 37)))
             .collect();
-        for k in [1, 27, 500, 999] {
+        for k in [1, 27, 500, RADIX_MIN_LEN + 1] {
             let mut idx = Vec::new();
             top_k_exact(&x, k, 7, &mut idx);
             let expected: Vec<u32> = reference(&x, k).iter().map(|i| i + 7).collect();

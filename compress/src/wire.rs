@@ -339,17 +339,30 @@ pub(crate) fn f32_at(bytes: &[u8], i: usize) -> f32 {
 
 /// Appends `values` as little-endian `f32`.
 pub(crate) fn put_f32s(values: &[f32], out: &mut Vec<u8>) {
-    out.reserve(4 * values.len());
-    for v in values {
-        out.extend_from_slice(&v.to_le_bytes());
+    let at = out.len();
+    out.resize(at + 4 * values.len(), 0);
+    for (o, v) in out[at..].chunks_exact_mut(4).zip(values) {
+        o.copy_from_slice(&v.to_le_bytes());
     }
 }
 
 /// Index of the first non-finite value of a little-endian `f32` array, if any.
 pub(crate) fn first_non_finite(bytes: &[u8]) -> Option<usize> {
-    bytes
-        .chunks_exact(4)
-        .position(|c| !f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite())
+    // Branch-free scan a block at a time (an all-ones exponent is NaN or ±∞); the position
+    // is looked up only in a block that has one.
+    const EXP: u32 = 0x7f80_0000;
+    for (b, block) in bytes.chunks(4 * 256).enumerate() {
+        let any = block.chunks_exact(4).fold(false, |acc, c| {
+            acc | (u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & EXP == EXP)
+        });
+        if any {
+            let at = block
+                .chunks_exact(4)
+                .position(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & EXP == EXP);
+            return at.map(|i| 256 * b + i);
+        }
+    }
+    None
 }
 
 /// Checks `n` per-bucket scales (little-endian `f32`): finite and ≥ 0.

@@ -487,3 +487,12 @@ fn casts_saturate_instead_of_overflowing() {
     let y = decode(&encode(&mut Bf16::default(), &[f32::MAX, 1.0], 0), 2);
     assert_eq!(y, [half::bf16::MAX.to_f32(), 1.0]);
 }
+
+#[test]
+fn scaled_random_k_saturates_instead_of_overflowing() {
+    // Found by the `roundtrip` fuzz target: 3e38 · d/k overflows f32.
+    let x = [3e38f32, 3e38];
+    let msg = encode(&mut RandK::new(0.5, true), &x, 0);
+    let y = decode(&msg, 2);
+    assert_eq!(y.iter().filter(|&&v| v == f32::MAX).count(), 1, "{y:?}");
+}
