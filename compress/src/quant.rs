@@ -32,12 +32,13 @@
 //!   ≥ d means one bucket); a whole-vector [`Sign`] or [`TernGrad`] writes `d` (1 when
 //!   d = 0).
 //! - **Sums.** ‖x_b‖₂² and ‖x_b‖₁ are summed in `f64` (squares of `f32` are exact there and
-//!   cannot overflow) over four interleaved lanes: element `j` of the bucket goes to lane
-//!   `j mod 4`, and the lanes are combined as `(l₀+l₁)+(l₂+l₃)`. QSGD's
+//!   cannot overflow) over eight interleaved lanes: element `j` of the bucket goes to lane
+//!   `j mod 8`, and the lanes are combined as `((l₀+l₁)+(l₂+l₃))+((l₄+l₅)+(l₆+l₇))`. QSGD's
 //!   norm is the `f64` square root rounded to `f32`; Sign's scale is the `f64` sum divided
 //!   by |b| in `f64`, rounded to `f32`. This fixes every bit of the messages.
-//! - **Formulas** (all `f32`): QSGD `r_i = (|x_i| / norm_b) · s`, `l_i = ⌊r_i⌋ + [u_i <
-//!   r_i − ⌊r_i⌋]`, at most `s`, decoded as `±(norm_b · (l_i / s))` (so never above the norm);
+//! - **Formulas** (all `f32`): QSGD `r_i = |x_i| · (s / norm_b)` (or `(|x_i| / norm_b) · s`
+//!   when `s / norm_b` overflows), `l_i = ⌊min(r_i + u_i, s)⌋` (the sum rounded to `f32`: stochastic rounding up to
+//!   half an ulp of `s`), decoded as `±(norm_b · (l_i / s))` (so never above the norm);
 //!   TernGrad `β_i = [u_i < |x_i| / s_b]`, decoded as `s_b · t_i` with `t_i ∈ {0, 1, −1}`;
 //!   natural: up exactly when `u_i < (|x_i| − 2^e)/2^e` (`|x_i|/2⁻¹²⁶` below 2⁻¹²⁶). A
 //!   bucket of norm (scale) 0 encodes all codes 0, and so does a QSGD bucket whose norm is
@@ -46,10 +47,9 @@
 //! # Randomness
 //!
 //! A random operator (QSGD, TernGrad, natural; not Sign) draws exactly one `u64` seed per
-//! message from the caller's RNG — also when d = 0 — and runs a [`SplitMix64`] stream
-//! from it. Coordinate `i` (counted over the whole vector, not per bucket) uses draw
-//! `⌊i/2⌋` of that stream: `u_i = unit_pair().0` for even `i`, `unit_pair().1` for odd `i`
-//! (24-bit uniforms in [0, 1)). A message is thus a pure function of `x` and the seed, so
+//! message from the caller's RNG — also when d = 0 — and runs a [`Dither`] stream from
+//! it. Coordinate `i` (counted over the whole vector, not per bucket) uses output `i` of
+//! that stream as the 24-bit uniform `u_i = (output >> 8) · 2⁻²⁴` in [0, 1). A message is thus a pure function of `x` and the seed, so
 //! runs replay. Because `u_i` has 24 bits, a rounding probability `p` is realised as
 //! `⌈p·2²⁴⌉/2²⁴`: a bias below 2⁻²⁴ of one quantisation step.
 //!
@@ -70,7 +70,7 @@
 
 use rand::Rng;
 
-use crate::rng::SplitMix64;
+use crate::rng::Dither;
 use crate::wire::{
     begin_message, check_scales, f32_at, finish_message, packed_len, BitReader, BitWriter, Reader,
 };
@@ -388,12 +388,12 @@ impl Compressor for Natural {
         let at = out.len();
         out.resize(at + d + d.div_ceil(8), 0);
         let (exps, signs) = out[at..].split_at_mut(d);
-        let mut rng = SplitMix64::new(seed);
-        let mut draws = [[0u32; 2]; CHUNK / 2];
+        let mut rng = Dither::new(seed);
+        let mut draws = [0u32; CHUNK];
         let blocks = x.chunks(CHUNK).zip(exps.chunks_mut(CHUNK));
         for ((xc, ec), sc) in blocks.zip(signs.chunks_mut(CHUNK / 8)) {
-            fill_uniforms(&mut rng, &mut draws[..xc.len().div_ceil(2)]);
-            for ((e, &v), &u) in ec.iter_mut().zip(xc).zip(draws.as_flattened()) {
+            rng.fill(&mut draws[..xc.len()]);
+            for ((e, &v), &u) in ec.iter_mut().zip(xc).zip(&draws) {
                 *e = natural_exponent(v, u);
             }
             pack_signs(xc, sc);
@@ -418,59 +418,22 @@ impl Compressor for Natural {
 // Encoders
 // ---------------------------------------------------------------------------------------
 
-/// Fills `u` with the draws of consecutive coordinates, starting at an even coordinate:
-/// draw `j` as `[high 32 bits, low 32 bits]`, so that `u[i] >> 8` is the 24-bit uniform of
-/// coordinate `i`: bits 40..64 of the draw for even `i`, bits 8..32 for odd `i` —
-/// `unit_pair()` scaled by 2²⁴. A single 64-bit store per draw (the draw rotated by 32).
-#[inline]
-fn fill_uniforms(rng: &mut SplitMix64, u: &mut [[u32; 2]]) {
-    let split = |r: u64| {
-        let v = r.rotate_left(32);
-        [v as u32, (v >> 32) as u32]
-    };
-    // Scalar generation, eight draws at a time. The opaque value keeps LLVM from
-    // vectorising the generator with baseline x86-64's emulated 64-bit multiply, which
-    // runs at half the speed of the scalar `imul`s.
-    let (groups, rest) = u.as_chunks_mut::<8>();
-    for q in groups {
-        let a = rng.next_u64();
-        let b = rng.next_u64();
-        let c = rng.next_u64();
-        let d = rng.next_u64();
-        let e = rng.next_u64();
-        let f = rng.next_u64();
-        let g = rng.next_u64();
-        let h = std::hint::black_box(rng.next_u64());
-        *q = [
-            split(a),
-            split(b),
-            split(c),
-            split(d),
-            split(e),
-            split(f),
-            split(g),
-            split(h),
-        ];
-    }
-    for p in rest {
-        *p = split(rng.next_u64());
-    }
-}
-
-/// Σ f(x_j) in `f64` over four interleaved lanes (see the module docs).
+/// Σ f(x_j) in `f64` over eight interleaved lanes (see the module docs): four independent
+/// two-lane accumulators hide the latency of the additions.
 #[inline(always)]
 fn lane_sum(x: &[f32], f: impl Fn(f32) -> f64) -> f64 {
-    let mut lanes = [0f64; 4];
-    let (groups, rest) = x.as_chunks::<4>();
+    let mut lanes = [0f64; 8];
+    let (groups, rest) = x.as_chunks::<8>();
     for g in groups {
-        for j in 0..4 {
+        for j in 0..8 {
             lanes[j] += f(g[j]);
         }
     }
     for (j, &v) in rest.iter().enumerate() {
         lanes[j] += f(v);
     }
-    (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+    ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+        + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
 }
 
 /// Σ x_j² in `f64` (each square exact).
@@ -528,15 +491,15 @@ fn qsgd_encode(x: &[f32], s: u16, bucket: usize, nb: usize, seed: u64, out: &mut
     let width = 1 + bit_length(s);
     let norms_at = out.len();
     out.resize(norms_at + 4 * nb, 0);
-    let mut rng = SplitMix64::new(seed);
-    let mut draws = [[0u32; 2]; CHUNK / 2];
+    let mut rng = Dither::new(seed);
+    let mut draws = [0u32; CHUNK];
     let mut codes = [0u32; CHUNK];
     let mut norm = 0f32;
     for (c, xc) in x.chunks(CHUNK).enumerate() {
         let lo = c * CHUNK;
         let n = xc.len();
-        fill_uniforms(&mut rng, &mut draws[..n.div_ceil(2)]);
-        let uni = draws.as_flattened();
+        rng.fill(&mut draws[..n]);
+        let uni = &draws;
         for_segments(lo, lo + n, bucket, |b, i, j| {
             if i == b * bucket {
                 let xb = &x[i..i.saturating_add(bucket).min(d)];
@@ -577,22 +540,32 @@ fn qsgd_codes(x: &[f32], u: &[u32], norm: f32, s: u16, codes: &mut [u32]) {
         return;
     }
     let s_f = s as f32;
+    let inv = s_f / norm;
+    if inv.is_finite() {
+        // One multiply per coordinate instead of a division (a division costs as much as
+        // the rest of the loop); r may exceed s by an ulp, hence the `min`.
+        qsgd_levels(x, u, s, codes, |a| a * inv);
+    } else {
+        // A norm so small that s/norm overflows: divide first.
+        qsgd_levels(x, u, s, codes, |a| (a / norm) * s_f);
+    }
+}
+
+/// The codes for `r_i = ratio(|x_i|)`, `0 ≤ r_i ≤ s(1 + 2⁻²³)`.
+#[inline(always)]
+fn qsgd_levels(x: &[f32], u: &[u32], s: u16, codes: &mut [u32], ratio: impl Fn(f32) -> f32) {
+    let s_f = s as f32;
     for ((c, &v), &u) in codes.iter_mut().zip(x).zip(u) {
-        // 0 ≤ r ≤ s: ‖x_b‖₂ ≥ |x_i| holds after rounding too (the f64 sum of exact
-        // squares is monotone, so are the square root and the roundings).
-        let r = (v.abs() / norm) * s_f;
-        // ⌊r⌋ + [u < r − ⌊r⌋] without a float-to-int conversion, which does not vectorise
-        // on baseline x86-64: r + 2²³ rounds r to the nearest integer n (held in the low
-        // mantissa bits of t) and δ = r − n ∈ [−½, ½] is exact. If δ ≥ 0, ⌊r⌋ = n and the
-        // fraction is δ; otherwise ⌊r⌋ = n − 1 and the fraction is 1 + δ, i.e. u < 1 + δ ⇔
-        // u − 1 < δ (both sides exact). As u − 1 < 0 ≤ δ in the first case and u ≥ 0 > δ in
-        // the second, l = n − 1 + [u < δ] + [u − 1 < δ] in both.
-        let t = r + MAGIC;
-        let delta = r - (t - MAGIC);
-        let u = (u >> 8) as i32 as f32 * UNIT;
-        let n = t.to_bits() - MAGIC.to_bits();
-        // (Summed before the − 1: the second term is 1 whenever n = 0.)
-        let l = n + (u < delta) as u32 + ((u - 1.0) < delta) as u32 - 1;
+        // Stochastic rounding is ⌊r + u⌋: it is ⌊r⌋ + 1 exactly when u ≥ 1 − (r − ⌊r⌋),
+        // which has probability r − ⌊r⌋. Clamped to s in floats (one `minps`), then the
+        // floor without a float-to-int conversion (which does not vectorise on baseline
+        // x86-64): y + 2²³ rounds y to the nearest integer n, held in the low mantissa
+        // bits, and ⌊y⌋ = n − [n > y].
+        let y = ratio(v.abs()) + (u >> 8) as i32 as f32 * UNIT;
+        // (Not `f32::min`, whose NaN rule costs four more instructions; y is never NaN.)
+        let y = if y < s_f { y } else { s_f };
+        let t = y + MAGIC;
+        let l = (t.to_bits() - MAGIC.to_bits()) - ((t - MAGIC) > y) as u32;
         *c = (l << 1) | (v < 0.0) as u32;
     }
 }
@@ -602,15 +575,15 @@ fn terngrad_encode(x: &[f32], bucket: usize, nb: usize, seed: u64, out: &mut Vec
     let d = x.len();
     let scales_at = out.len();
     out.resize(scales_at + 4 * nb, 0);
-    let mut rng = SplitMix64::new(seed);
-    let mut draws = [[0u32; 2]; CHUNK / 2];
+    let mut rng = Dither::new(seed);
+    let mut draws = [0u32; CHUNK];
     let mut codes = [0u32; CHUNK];
     let mut scale = 0f32;
     for (c, xc) in x.chunks(CHUNK).enumerate() {
         let lo = c * CHUNK;
         let n = xc.len();
-        fill_uniforms(&mut rng, &mut draws[..n.div_ceil(2)]);
-        let uni = draws.as_flattened();
+        rng.fill(&mut draws[..n]);
+        let uni = &draws;
         for_segments(lo, lo + n, bucket, |b, i, j| {
             if i == b * bucket {
                 scale = max_abs(&x[i..i.saturating_add(bucket).min(d)]);

@@ -2,7 +2,7 @@
 //! the documented formulas, the wire bytes of hand-computed messages, unbiasedness and
 //! variance, every decoder defect, accumulation, and arbitrary bytes.
 
-use murmur_compress::rng::SplitMix64;
+use murmur_compress::rng::{Dither, SplitMix64};
 use murmur_compress::{
     decode_add, decode_into, validate, Compressor, DecodeError, Natural, Qsgd, Sign, TernGrad,
     HEADER_LEN,
@@ -15,26 +15,22 @@ use rand::{Rng, SeedableRng};
 // Reference implementations (straightforward, from the module docs)
 // ---------------------------------------------------------------------------------------
 
-/// u_i for i < d: draw ⌊i/2⌋ of SplitMix64(seed), `.0` for even i, `.1` for odd i.
+/// u_i for i < d: output i of Dither(seed) as a 24-bit uniform.
 fn uniforms(seed: u64, d: usize) -> Vec<f32> {
-    let mut g = SplitMix64::new(seed);
-    let mut u = Vec::with_capacity(d + 1);
-    while u.len() < d {
-        let (a, b) = g.unit_pair();
-        u.push(a);
-        u.push(b);
-    }
-    u.truncate(d);
-    u
+    let mut raw = vec![0u32; d];
+    Dither::new(seed).fill(&mut raw);
+    raw.iter()
+        .map(|&r| (r >> 8) as f32 / (1u32 << 24) as f32)
+        .collect()
 }
 
-/// f64 sum over four interleaved lanes, combined (0+1)+(2+3).
+/// f64 sum over eight interleaved lanes, combined ((0+1)+(2+3))+((4+5)+(6+7)).
 fn lane_sum(values: impl Iterator<Item = f64>) -> f64 {
-    let mut l = [0f64; 4];
+    let mut l = [0f64; 8];
     for (j, v) in values.enumerate() {
-        l[j % 4] += v;
+        l[j % 8] += v;
     }
-    (l[0] + l[1]) + (l[2] + l[3])
+    ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
 }
 
 fn qsgd_norm(xb: &[f32]) -> f32 {
@@ -53,12 +49,13 @@ fn ref_qsgd(x: &[f32], s: u16, bucket: usize, seed: u64) -> Vec<f32> {
                 out.push(0.0);
                 continue;
             }
-            let r = (v.abs() / norm) * s as f32;
-            let mut l = r.floor() as u32;
-            if u[i] < r - l as f32 {
-                l += 1;
-            }
-            let l = l.min(s as u32);
+            let inv = s as f32 / norm;
+            let r = if inv.is_finite() {
+                v.abs() * inv
+            } else {
+                (v.abs() / norm) * s as f32
+            };
+            let l = (r + u[i]).min(s as f32).floor() as u32;
             let q = norm * (l as f32 / s as f32);
             out.push(if v < 0.0 { -q } else { q });
         }
