@@ -397,7 +397,8 @@ fn check_reference(spec: &Spec, x: &[f32], y: &[f32], msg: &[u8], nnz: usize) {
             };
             for i in 0..d {
                 let want = if bits[i / 64] >> (i % 64) & 1 == 1 {
-                    scale * x[i]
+                    // Scaled values saturate at ±f32::MAX (see `RandK`).
+                    (scale * x[i]).clamp(-f32::MAX, f32::MAX)
                 } else {
                     0.0
                 };
