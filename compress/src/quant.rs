@@ -37,8 +37,9 @@
 //!   norm is the `f64` square root rounded to `f32`; Sign's scale is the `f64` sum divided
 //!   by |b| in `f64`, rounded to `f32`. This fixes every bit of the messages.
 //! - **Formulas** (all `f32`): QSGD `r_i = |x_i| · (s / norm_b)` (or `(|x_i| / norm_b) · s`
-//!   when `s / norm_b` overflows), `l_i = ⌊min(r_i + u_i, s)⌋` (the sum rounded to `f32`: stochastic rounding up to
-//!   half an ulp of `s`), decoded as `±(norm_b · (l_i / s))` (so never above the norm);
+//!   when `s / norm_b` overflows), `l_i = ⌊min(r_i + u_i, s)⌋` (stochastic rounding: up
+//!   with probability `r_i − ⌊r_i⌋`), decoded as `±(norm_b · (l_i / s))` (never above the
+//!   norm);
 //!   TernGrad `β_i = [u_i < |x_i| / s_b]`, decoded as `s_b · t_i` with `t_i ∈ {0, 1, −1}`;
 //!   natural: up exactly when `u_i < (|x_i| − 2^e)/2^e` (`|x_i|/2⁻¹²⁶` below 2⁻¹²⁶). A
 //!   bucket of norm (scale) 0 encodes all codes 0, and so does a QSGD bucket whose norm is
@@ -49,9 +50,11 @@
 //! A random operator (QSGD, TernGrad, natural; not Sign) draws exactly one `u64` seed per
 //! message from the caller's RNG — also when d = 0 — and runs a [`Dither`] stream from
 //! it. Coordinate `i` (counted over the whole vector, not per bucket) uses output `i` of
-//! that stream as the 24-bit uniform `u_i = (output >> 8) · 2⁻²⁴` in [0, 1). A message is thus a pure function of `x` and the seed, so
-//! runs replay. Because `u_i` has 24 bits, a rounding probability `p` is realised as
-//! `⌈p·2²⁴⌉/2²⁴`: a bias below 2⁻²⁴ of one quantisation step.
+//! that stream as the 24-bit uniform `u_i = (output >> 8) · 2⁻²⁴` in [0, 1). A message is
+//! thus a pure function of `x` and the seed, so runs replay. Because `u_i` has 24 bits, a
+//! rounding probability `p` is realised as `⌈p·2²⁴⌉/2²⁴` (TernGrad, natural): a bias below
+//! 2⁻²⁴ of one quantisation step. QSGD rounds `r_i + u_i` to `f32` first, which adds at most
+//! half an ulp of `s` (2⁻²⁰ of a step for the default s = 15).
 //!
 //! # Non-finite input
 //!
@@ -119,9 +122,9 @@ fn bad(op: OperatorId, name: &'static str, value: u64) -> DecodeError {
 /// Message for `x: [d]`: parameters (8 bytes), `⌈d/b⌉` norms (`f32`), then `d` codes of
 /// `1 + w` bits, `w` the bit length of `s` (s = 1: 2 bits, s = 15: 5, s = 255: 9).
 ///
-/// Randomness: one `u64` from the caller's RNG per message seeds a
-/// [`SplitMix64`] stream; coordinate `i` uses component `i mod 2` of
-/// `unit_pair()` number `⌊i/2⌋`, so a message is a pure function of `x` and that seed.
+/// Randomness: one `u64` from the caller's RNG per message seeds a [`Dither`] stream;
+/// coordinate `i` uses its output `i` (see the module docs), so a message is a pure
+/// function of `x` and that seed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Qsgd {
     levels: u16,
