@@ -12,7 +12,7 @@
 //! |---|---|---|
 //! | `identity` | — | — |
 //! | `topk` | ratio (0.01) | `layerwise` (flag: per tensor) |
-//! | `approx-topk` | ratio (0.01) | — |
+//! | `approx-topk` | ratio (0.01) | `layerwise` (flag: per tensor) |
 //! | `randk` | ratio (0.01) | `unscaled` (flag; scaled by d/k by default) |
 //! | `qsgd` | levels, 1–65535 (15) | `bucket=N` (512) |
 //! | `sign` | — | `bucket=N` (none: one scale for the whole vector) |
@@ -69,10 +69,13 @@ pub enum CompressorSpec {
         /// Select per tensor (needs the tensor lengths at [`CompressorSpec::build`]).
         layerwise: bool,
     },
-    /// `approx-topk:RATIO`: top-k with a sampled threshold ([`ApproxTopK`]).
+    /// `approx-topk:RATIO[,layerwise]`: top-k with a sampled threshold ([`ApproxTopK`]),
+    /// over the whole vector or per tensor.
     ApproxTopK {
         /// Target kept fraction, `0 < ratio ≤ 1`.
         ratio: f64,
+        /// Select per tensor (needs the tensor lengths at [`CompressorSpec::build`]).
+        layerwise: bool,
     },
     /// `randk:RATIO[,unscaled]`: random-k ([`RandK`]).
     RandK {
@@ -241,8 +244,8 @@ const GRAMMARS: [Grammar; 11] = [
     },
     Grammar {
         name: "approx-topk",
-        usage: "approx-topk[:RATIO]",
-        keys: "none",
+        usage: "approx-topk[:RATIO][,layerwise]",
+        keys: "layerwise",
     },
     Grammar {
         name: "randk",
@@ -491,7 +494,9 @@ impl CompressorSpec {
         };
         let name = self.name();
         match self {
-            Self::TopK { ratio, .. } | Self::ApproxTopK { ratio } | Self::RandK { ratio, .. }
+            Self::TopK { ratio, .. }
+            | Self::ApproxTopK { ratio, .. }
+            | Self::RandK { ratio, .. }
                 if !valid_ratio(*ratio) =>
             {
                 invalid(name, "ratio", ratio.to_string(), EXPECT_RATIO)
@@ -542,7 +547,17 @@ impl CompressorSpec {
                 let layers = layers.ok_or(SpecError::LayersRequired)?;
                 Box::new(TopK::layerwise(*ratio, layers.to_vec()))
             }
-            Self::ApproxTopK { ratio } => Box::new(ApproxTopK::new(*ratio)),
+            Self::ApproxTopK {
+                ratio,
+                layerwise: false,
+            } => Box::new(ApproxTopK::new(*ratio)),
+            Self::ApproxTopK {
+                ratio,
+                layerwise: true,
+            } => {
+                let layers = layers.ok_or(SpecError::LayersRequired)?;
+                Box::new(ApproxTopK::layerwise(*ratio, layers.to_vec()))
+            }
             Self::RandK { ratio, scaled } => Box::new(RandK::new(*ratio, *scaled)),
             Self::Qsgd { levels, bucket } => Box::new(Qsgd::new(*levels, *bucket)),
             Self::Sign { bucket } => Box::new(Sign::new(*bucket)),
@@ -566,6 +581,7 @@ impl CompressorSpec {
             },
             "approx-topk" => Self::ApproxTopK {
                 ratio: p.ratio(DEFAULT_RATIO)?,
+                layerwise: p.flag("layerwise")?,
             },
             "randk" => Self::RandK {
                 ratio: p.ratio(DEFAULT_RATIO)?,
@@ -652,14 +668,13 @@ impl fmt::Display for CompressorSpec {
         let name = self.name();
         match self {
             Self::Identity | Self::Natural | Self::Fp16 | Self::Bf16 => f.write_str(name),
-            Self::TopK { ratio, layerwise } => {
+            Self::TopK { ratio, layerwise } | Self::ApproxTopK { ratio, layerwise } => {
                 write!(f, "{name}:{ratio}")?;
                 if *layerwise {
                     f.write_str(",layerwise")?;
                 }
                 Ok(())
             }
-            Self::ApproxTopK { ratio } => write!(f, "{name}:{ratio}"),
             Self::RandK { ratio, scaled } => {
                 write!(f, "{name}:{ratio}")?;
                 if !*scaled {

@@ -144,6 +144,34 @@ proptest! {
     }
 
     #[test]
+    fn layerwise_approx_top_k_thresholds_each_tensor(
+        layers in proptest::collection::vec(0usize..3000, 1..5),
+        seed in any::<u64>(),
+    ) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let d: usize = layers.iter().sum();
+        // Tensors of very different scales: a whole-vector threshold would starve the small ones.
+        let mut x = Vec::with_capacity(d);
+        for (l, &len) in layers.iter().enumerate() {
+            let scale = 10f32.powi(l as i32 - 2);
+            x.extend((0..len).map(|_| scale * rng.random_range(-1.0f32..1.0)));
+        }
+        let mut c = ApproxTopK::layerwise(0.05, layers.clone());
+        let y = decode(&encode(&mut c, &x, seed), d);
+        let mut base = 0;
+        for &len in &layers {
+            let (xs, ys) = (&x[base..base + len], &y[base..base + len]);
+            let kept = ys.iter().filter(|v| **v != 0.0).count();
+            let k = if len == 0 { 0 } else { ((0.05 * len as f64).ceil() as usize).clamp(1, len) };
+            prop_assert!(kept <= 2 * k, "tensor of {len}: kept {kept} > 2k = {}", 2 * k);
+            let min_kept = xs.iter().zip(ys).filter(|(_, y)| **y != 0.0).map(|(x, _)| x.abs()).fold(f32::INFINITY, f32::min);
+            let max_dropped = xs.iter().zip(ys).filter(|(_, y)| **y == 0.0).map(|(x, _)| x.abs()).fold(0.0, f32::max);
+            prop_assert!(kept == 0 || min_kept >= max_dropped);
+            base += len;
+        }
+    }
+
+    #[test]
     fn casts_round_trip_through_the_half_crate(x in proptest::collection::vec(values(), 0..300)) {
         let y16 = decode(&encode(&mut Fp16::default(), &x, 0), x.len());
         let yb = decode(&encode(&mut Bf16::default(), &x, 0), x.len());

@@ -19,11 +19,12 @@ fn error(s: &str) -> String {
 }
 
 /// Every example of the grammar, with its canonical form.
-const EXAMPLES: [(&str, &str); 22] = [
+const EXAMPLES: [(&str, &str); 23] = [
     ("identity", "identity"),
     ("topk", "topk:0.01"),
     ("topk:0.01", "topk:0.01"),
     ("topk:0.01,layerwise", "topk:0.01,layerwise"),
+    ("approx-topk:0.05,layerwise", "approx-topk:0.05,layerwise"),
     ("approx-topk:0.01", "approx-topk:0.01"),
     ("approx-topk", "approx-topk:0.01"),
     ("randk:0.01", "randk:0.01"),
@@ -361,7 +362,11 @@ fn build_gives_the_right_operator() {
 
 #[test]
 fn layerwise_top_k_needs_the_layers() {
-    for text in ["topk:0.01,layerwise", "ef+topk:0.01,layerwise"] {
+    for text in [
+        "topk:0.01,layerwise",
+        "ef+topk:0.01,layerwise",
+        "approx-topk:0.1,layerwise",
+    ] {
         let e = parse(text).build(None).err().expect("refused");
         assert_eq!(e, SpecError::LayersRequired);
         assert!(e.to_string().contains("needs the model's tensor lengths"));
@@ -398,7 +403,10 @@ fn specs_made_in_code_are_checked_before_building() {
             CompressorSpec::Identity,
         )))),
         CompressorSpec::ErrorFeedback(Box::new(CompressorSpec::Dgc(DgcConfig::default()))),
-        CompressorSpec::ErrorFeedback(Box::new(CompressorSpec::ApproxTopK { ratio: f64::NAN })),
+        CompressorSpec::ErrorFeedback(Box::new(CompressorSpec::ApproxTopK {
+            ratio: f64::NAN,
+            layerwise: false,
+        })),
     ];
     for spec in bad {
         assert!(spec.validate().is_err(), "{spec:?}");
@@ -451,7 +459,8 @@ fn plain_spec() -> impl Strategy<Value = CompressorSpec> {
         Just(CompressorSpec::Identity),
         (ratio(), any::<bool>())
             .prop_map(|(ratio, layerwise)| CompressorSpec::TopK { ratio, layerwise }),
-        ratio().prop_map(|ratio| CompressorSpec::ApproxTopK { ratio }),
+        (ratio(), any::<bool>())
+            .prop_map(|(ratio, layerwise)| CompressorSpec::ApproxTopK { ratio, layerwise }),
         (ratio(), any::<bool>())
             .prop_map(|(ratio, scaled)| CompressorSpec::RandK { ratio, scaled }),
         (1u16..=u16::MAX, bucket())
