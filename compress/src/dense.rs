@@ -4,7 +4,7 @@
 //! - [`Fp16`]: IEEE-754 binary16 (1 sign, 5 exponent, 10 mantissa bits), round to nearest
 //!   even; relative error ≤ 2⁻¹¹ for |x| in the normal range [2⁻¹⁴, 65504]. Values beyond
 //!   ±65504 saturate to ±65504 instead of becoming infinite (a finite model stays finite);
-//!   values below 2⁻²⁴ flush to zero. Biased (deterministic rounding). The survey's
+//!   |x| ≤ 2⁻²⁵ rounds to zero. Biased (deterministic rounding). The survey's
 //!   "low-precision" baseline (Micikevicius et al. 2018, mixed-precision training).
 //! - [`Bf16`]: bfloat16 (the upper 16 bits of an `f32`), round to nearest even; same range
 //!   as `f32`, relative error ≤ 2⁻⁸. Biased. Values that would round up to infinity

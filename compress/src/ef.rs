@@ -14,8 +14,10 @@
 //!   ```
 //!
 //!   Nothing is lost: after T calls, `Σ_t c_t + e_T = Σ_t x_t` (up to `f32` rounding).
-//!   Any operator can be wrapped, biased ones included; top-k and sign become convergent
-//!   ("EF fixes SignSGD").
+//!   The analyses assume a δ-contraction, ‖x − C(x)‖² ≤ (1 − δ)‖x‖² (top-k, unscaled
+//!   random-k, sign, the casts; "EF fixes SignSGD"). Around an unbiased operator with
+//!   variance factor ω ≥ 1 (scaled random-k: ω = d/k − 1) the residual grows like ω^t;
+//!   [`crate::CompressorSpec`] refuses those combinations.
 //! - [`Dgc`] is deep gradient compression (Lin, Han, Mao, Wang & Dally 2018, "Deep gradient
 //!   compression: reducing the communication bandwidth for distributed training", §3):
 //!   top-k with local gradient accumulation, momentum correction, momentum-factor masking

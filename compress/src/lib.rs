@@ -58,7 +58,7 @@
 //!      8    … indices       k indices, strictly increasing, each < d:
 //!                             coding 0: k × u16; coding 1: k × u32;
 //!                             coding 2: i₀, then i_m − i_{m−1} − 1 for m ≥ 1, each as an
-//!                             unsigned LEB128 varint of at most 5 bytes and 32 bits
+//!                             minimal unsigned LEB128 varint of at most 5 bytes and 32 bits
 //!      …   4k values   f32  the kept values, in index order
 //! ```
 //!
@@ -171,6 +171,31 @@ pub trait Compressor: Send {
     fn set_epoch(&mut self, _epoch: usize) {}
 }
 
+#[cfg(test)]
+mod tests {
+    use super::k_for_ratio;
+
+    #[test]
+    fn k_for_ratio_is_the_ceiling_without_rounding_noise() {
+        assert_eq!(k_for_ratio(0.07, 100), 7);
+        assert_eq!(k_for_ratio(0.01, 25_600_000), 256_000);
+        assert_eq!(k_for_ratio(0.011, 100), 2);
+        assert_eq!(k_for_ratio(1e-9, 10), 1);
+        assert_eq!(k_for_ratio(1.0, 10), 10);
+        assert_eq!(k_for_ratio(0.5, 0), 0);
+        for d in [100usize, 1000, 10_000] {
+            for i in 1..=1000 {
+                let exact = (i * d).div_ceil(1000); // ⌈(i/1000)·d⌉ in integers
+                assert_eq!(
+                    k_for_ratio(i as f64 / 1000.0, d),
+                    exact.max(1),
+                    "{i}/1000 of {d}"
+                );
+            }
+        }
+    }
+}
+
 impl<C: Compressor + ?Sized> Compressor for Box<C> {
     fn id(&self) -> OperatorId {
         (**self).id()
@@ -274,9 +299,16 @@ pub fn k_for_ratio(ratio: f64, d: usize) -> usize {
     if d == 0 {
         return 0;
     }
-    ((ratio * d as f64).ceil() as usize).clamp(1, d)
+    let r = ratio * d as f64;
+    // ratio·d within rounding of an integer is that integer (0.07 · 100 = 7.000000000000001
+    // keeps 7, not 8).
+    let k = if (r - r.round()).abs() <= 4.0 * f64::EPSILON * r.abs().max(1.0) {
+        r.round()
+    } else {
+        r.ceil()
+    };
+    (k as usize).clamp(1, d)
 }
-
 /// Panics with a clear message if `d` cannot be expressed in the header (`d ≥ 2³²`).
 /// Encoders call it first: such a vector is a caller bug, not untrusted input.
 pub(crate) fn assert_dim(d: usize) {

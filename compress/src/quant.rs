@@ -58,11 +58,12 @@
 //!
 //! # Non-finite input
 //!
-//! The encoders never panic. A NaN or infinite input (or, for QSGD, a bucket whose norm
-//! exceeds `f32::MAX`) gives a NaN or infinite norm/scale, which the decoder refuses with
+//! The encoders never panic. A NaN or infinite input gives a NaN or infinite norm/scale, which the decoder refuses with
 //! [`DecodeError::NonFiniteScale`]; natural compression writes exponent 255 for a NaN or
 //! infinite value, refused with [`DecodeError::BadCode`]. A diverged model is thus refused
-//! by its receivers rather than spread.
+//! by its receivers rather than spread. One finite input is refused too: a QSGD bucket
+//! whose norm exceeds `f32::MAX` (coordinates near ±3.4e38) has an infinite norm; the
+//! norm is sent once per bucket and cannot saturate without biasing every coordinate.
 //!
 //! # Decoding
 //!
@@ -298,7 +299,7 @@ impl Compressor for Sign {
 /// Message for `x: [d]`: the bucket size (4 bytes), `⌈d/b⌉` scales (`f32`), then `d`
 /// 2-bit codes (`⌈d/4⌉` bytes).
 ///
-/// Randomness: as [`Qsgd`] (one seed per message, `u_i` from draw `⌊i/2⌋`).
+/// Randomness: as [`Qsgd`] (one seed per message, `u_i` from output `i` of its [`Dither`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TernGrad {
     bucket: Option<usize>,
@@ -365,7 +366,7 @@ impl Compressor for TernGrad {
 /// `d` sign bits (`⌈d/8⌉` bytes): 9 bits per coordinate. A NaN or infinite input is
 /// written as exponent 255, which receivers refuse ([`DecodeError::BadCode`]).
 ///
-/// Randomness: as [`Qsgd`] (one seed per message, `u_i` from draw `⌊i/2⌋`).
+/// Randomness: as [`Qsgd`] (one seed per message, `u_i` from output `i` of its [`Dither`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Natural {
     _private: (),

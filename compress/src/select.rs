@@ -99,7 +99,9 @@ pub fn top_k_threshold(x: &[f32], k: usize, hits: usize, rng: &mut SplitMix64) -
     if k == 0 || d == 0 {
         return u32::MAX;
     }
-    let m = ((hits.max(1) as u128 * d as u128).div_ceil(k as u128) as usize).clamp(1024.min(d), d);
+    let m = (hits.max(1) as u128 * d as u128)
+        .div_ceil(k as u128)
+        .clamp(1024.min(d) as u128, d as u128) as usize;
     let mut sample: Vec<u32> = if m == d {
         x.iter().map(|&v| key(v)).collect()
     } else {

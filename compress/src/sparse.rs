@@ -443,10 +443,15 @@ impl Compressor for RandK {
         out.extend_from_slice(&(k as u32).to_le_bytes());
         out.extend_from_slice(&[0; 4]);
         out.extend_from_slice(&seed.to_le_bytes());
-        // Scaling by d/k can overflow a finite value: saturate (NaN stays NaN and is refused
-        // by the receiver, as for every operator).
+        // Scaling by d/k can overflow a finite value: saturate it. A non-finite input stays
+        // non-finite and is refused by the receiver, as for every operator.
         for_each_set(&self.bits, |_, i| {
-            let v = (scale * x[i]).clamp(-f32::MAX, f32::MAX);
+            let v = scale * x[i];
+            let v = if x[i].is_finite() {
+                v.clamp(-f32::MAX, f32::MAX)
+            } else {
+                v
+            };
             out.extend_from_slice(&v.to_le_bytes())
         });
         finish_message(start, out)

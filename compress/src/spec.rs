@@ -21,8 +21,10 @@
 //! | `dgc` | ratio (0.001) | `momentum=M` (0.9), `warmup=EPOCHS` (4), `exact` (flag; sampled threshold by default) |
 //!
 //! A ratio is in `(0, 1]`, a bucket size at least 1 (and below 2³²), a DGC momentum in
-//! `[0, 1)`. `ef+` wraps any operator but `dgc` (which keeps its own accumulation) in
-//! [`crate::ErrorFeedback`], once. Examples: `identity`, `topk:0.01,layerwise`,
+//! `[0, 1)`. `ef+` wraps an operator in [`crate::ErrorFeedback`], once; not `dgc` (which
+//! keeps its own accumulation), and not the unbiased operators whose variance factor can
+//! reach 1 (scaled random-k, TernGrad, QSGD with min(b/s², √b/s) ≥ 1), around which the
+//! residual grows without bound. Examples: `identity`, `topk:0.01,layerwise`,
 //! `randk:0.05,unscaled`, `qsgd:4,bucket=128`, `sign,bucket=512`, `ef+sign`,
 //! `dgc:0.001,momentum=0.9,warmup=4,exact`.
 //!
@@ -211,6 +213,21 @@ pub enum SpecError {
          feedback); write dgc"
     )]
     ErrorFeedbackOnDgc,
+    /// `ef+` around an unbiased operator whose variance factor ω is 1 or more: the residual
+    /// update e ← p − C(p) multiplies E‖e‖² by ω each step, so it grows without bound.
+    #[error(
+        "ef+{inner} is not allowed: error feedback needs a contraction (‖x − C(x)‖² < ‖x‖²), \
+         and {inner} is unbiased with a variance factor ω = {omega} ≥ 1, so the residual \
+         would grow without bound; {hint}"
+    )]
+    ErrorFeedbackNeedsContraction {
+        /// The inner operator's canonical text.
+        inner: String,
+        /// Its variance factor ω (E‖C(x) − x‖² ≤ ω‖x‖²), or a bound.
+        omega: String,
+        /// What to use instead.
+        hint: &'static str,
+    },
     /// Layer-wise top-k built without the tensor lengths.
     #[error("layer-wise top-k needs the model's tensor lengths, but none were given")]
     LayersRequired,
@@ -522,8 +539,51 @@ impl CompressorSpec {
                     spec: self.to_string(),
                 }),
                 Self::Dgc(_) => Err(SpecError::ErrorFeedbackOnDgc),
-                _ => inner.validate(),
+                _ => {
+                    inner.validate()?;
+                    inner.check_contraction()
+                }
             },
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses, for `ef+`, the unbiased operators whose variance factor ω can reach 1:
+    /// scaled random-k (ω = d/k − 1), QSGD with min(b/s², √b/s) ≥ 1, and TernGrad (ω up to
+    /// d − 1 for one bucket). Error feedback assumes a δ-contraction (Stich et al. 2018;
+    /// Karimireddy et al. 2019).
+    fn check_contraction(&self) -> Result<(), SpecError> {
+        let refuse = |omega: String, hint| {
+            Err(SpecError::ErrorFeedbackNeedsContraction {
+                inner: self.to_string(),
+                omega,
+                hint,
+            })
+        };
+        match self {
+            Self::RandK {
+                ratio,
+                scaled: true,
+            } if *ratio <= 0.5 => refuse(
+                format!("d/k − 1 ≈ {}", 1.0 / ratio - 1.0),
+                "use the unscaled random-k (`,unscaled`), a contraction with δ = k/d",
+            ),
+            Self::Qsgd { levels, bucket } => {
+                let (b, s) = (*bucket as f64, *levels as f64);
+                let omega = (b / (s * s)).min(b.sqrt() / s);
+                if omega >= 1.0 {
+                    refuse(
+                        format!("min(b/s², √b/s) = {omega:.3}"),
+                        "use more levels or smaller buckets (ω < 1), e.g. qsgd:255",
+                    )
+                } else {
+                    Ok(())
+                }
+            }
+            Self::TernGrad { .. } => refuse(
+                "‖x‖∞‖x‖₁/‖x‖² − 1, up to d − 1".into(),
+                "use sign (ef+sign is EF-signSGD) or top-k",
+            ),
             _ => Ok(()),
         }
     }
@@ -654,7 +714,10 @@ impl FromStr for CompressorSpec {
             }
             Some(rest) => match Self::parse_operator(rest)? {
                 Self::Dgc(_) => Err(SpecError::ErrorFeedbackOnDgc),
-                inner => Ok(Self::ErrorFeedback(Box::new(inner))),
+                inner => {
+                    inner.check_contraction()?;
+                    Ok(Self::ErrorFeedback(Box::new(inner)))
+                }
             },
         }
     }

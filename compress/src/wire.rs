@@ -479,7 +479,7 @@ pub(crate) const fn varint_len(v: u32) -> usize {
     }
 }
 
-/// Reads one LEB128 varint of at most 32 bits from `bytes[*pos..]`, advancing `pos`.
+/// Reads one minimal LEB128 varint of at most 32 bits from `bytes[*pos..]`, advancing `pos`.
 #[inline]
 pub(crate) fn get_varint(bytes: &[u8], pos: &mut usize, base: usize) -> Result<u32, DecodeError> {
     let start = *pos;
@@ -493,6 +493,13 @@ pub(crate) fn get_varint(bytes: &[u8], pos: &mut usize, base: usize) -> Result<u
         *pos += 1;
         v |= ((b & 0x7f) as u64) << shift;
         if b & 0x80 == 0 {
+            // Minimal encodings only: a last byte of 0 after the first is padding, so two
+            // byte strings would decode to one message.
+            if b == 0 && shift > 0 {
+                return Err(DecodeError::MalformedVarint {
+                    offset: base + start,
+                });
+            }
             return u32::try_from(v).map_err(|_| DecodeError::MalformedVarint {
                 offset: base + start,
             });

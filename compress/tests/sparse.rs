@@ -184,6 +184,29 @@ proptest! {
     }
 
     #[test]
+    fn plausible_sparse_payloads_are_checked_before_use(
+        d in 1u32..400,
+        kfrac in 0.0f64..=1.0,
+        coding in 0u8..3,
+        indices in proptest::collection::vec(any::<u8>(), 0..800),
+        values in proptest::collection::vec(prop_oneof![8 => -10f32..10.0, 1 => Just(f32::NAN)], 0..400),
+    ) {
+        // k ≤ d and a valid coding, so the checks of the indices and values are reached.
+        let k = ((kfrac * d as f64) as u32).min(values.len() as u32);
+        let msg = sparse_msg(d, k, coding, &indices, &values[..k as usize]);
+        let mut acc = vec![1.0f32; d as usize];
+        let checked = validate(&msg, d as usize);
+        let added = decode_add(&msg, 1.0, &mut acc);
+        prop_assert_eq!(checked.is_ok(), added.is_ok());
+        if added.is_err() {
+            prop_assert!(acc.iter().all(|&v| v == 1.0), "a refused message touched acc");
+        } else {
+            prop_assert!(acc.iter().all(|v| v.is_finite()));
+            prop_assert_eq!(checked.unwrap().nnz, k as usize);
+        }
+    }
+
+    #[test]
     fn decoding_arbitrary_payloads_never_panics(
         op in 0u8..10,
         d in 0u32..300,

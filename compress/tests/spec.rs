@@ -135,17 +135,17 @@ fn examples_parse_to_the_documented_values() {
 
 #[test]
 fn serde_reads_and_writes_the_text_form() {
-    let de: StrDeserializer<ValueError> = "ef+qsgd:4".into_deserializer();
+    let de: StrDeserializer<ValueError> = "ef+qsgd:255".into_deserializer();
     let spec = CompressorSpec::deserialize(de).unwrap();
     assert_eq!(
         spec,
         CompressorSpec::ErrorFeedback(Box::new(CompressorSpec::Qsgd {
-            levels: 4,
+            levels: 255,
             bucket: 512
         }))
     );
     // `into = "String"`: serialising writes the canonical form.
-    assert_eq!(String::from(spec), "ef+qsgd:4,bucket=512");
+    assert_eq!(String::from(spec), "ef+qsgd:255,bucket=512");
     let de: StrDeserializer<ValueError> = "topc".into_deserializer();
     let e = CompressorSpec::deserialize(de).unwrap_err().to_string();
     assert!(e.contains("unknown compressor 'topc'"), "{e}");
@@ -329,7 +329,7 @@ fn build_gives_the_right_operator() {
         ("fp16", OperatorId::Fp16),
         ("bf16", OperatorId::Bf16),
         ("ef+topk:0.01", OperatorId::TopK),
-        ("ef+randk:0.5", OperatorId::RandK),
+        ("ef+randk:0.5,unscaled", OperatorId::RandK),
         ("ef+fp16", OperatorId::Fp16),
         ("ef+identity", OperatorId::Identity),
         ("dgc", OperatorId::ApproxTopK),
@@ -354,7 +354,7 @@ fn build_gives_the_right_operator() {
         "terngrad,bucket=7",
         "natural",
         "ef+sign",
-        "ef+qsgd:2",
+        "ef+qsgd:255",
     ] {
         assert!(parse(text).build(None).is_ok(), "{text}");
     }
@@ -487,12 +487,58 @@ fn plain_spec() -> impl Strategy<Value = CompressorSpec> {
     ]
 }
 
+/// Whether `ef+` accepts the operator: not DGC, and a contraction (see the next test).
+fn ef_accepts(spec: &CompressorSpec) -> bool {
+    match spec {
+        CompressorSpec::Dgc(_) | CompressorSpec::TernGrad { .. } => false,
+        CompressorSpec::RandK { ratio, scaled } => !*scaled || *ratio > 0.5,
+        CompressorSpec::Qsgd { levels, bucket } => {
+            let (b, s) = (*bucket as f64, *levels as f64);
+            (b / (s * s)).min(b.sqrt() / s) < 1.0
+        }
+        _ => true,
+    }
+}
+
 fn spec() -> impl Strategy<Value = CompressorSpec> {
-    (plain_spec(), any::<bool>()).prop_map(|(spec, ef)| match spec {
-        CompressorSpec::Dgc(_) => spec,
-        _ if ef => CompressorSpec::ErrorFeedback(Box::new(spec)),
-        _ => spec,
+    (plain_spec(), any::<bool>()).prop_map(|(spec, ef)| {
+        if ef && ef_accepts(&spec) {
+            CompressorSpec::ErrorFeedback(Box::new(spec))
+        } else {
+            spec
+        }
     })
+}
+
+#[test]
+fn error_feedback_refuses_operators_that_are_not_contractions() {
+    for (text, hint) in [
+        ("ef+randk:0.01", "unscaled"),
+        ("ef+terngrad", "sign"),
+        ("ef+qsgd", "more levels"),
+    ] {
+        let e = text.parse::<CompressorSpec>().unwrap_err();
+        assert!(
+            matches!(e, SpecError::ErrorFeedbackNeedsContraction { .. }),
+            "{text}: {e}"
+        );
+        assert!(e.to_string().contains(hint), "{text}: {e}");
+    }
+    // The same rule for specs made in code.
+    let scaled = CompressorSpec::ErrorFeedback(Box::new(CompressorSpec::RandK {
+        ratio: 0.01,
+        scaled: true,
+    }));
+    assert!(scaled.build(None).is_err());
+    for ok in [
+        "ef+randk:0.01,unscaled",
+        "ef+qsgd:255",
+        "ef+sign",
+        "ef+topk:0.01",
+        "ef+natural",
+    ] {
+        assert!(ok.parse::<CompressorSpec>().is_ok(), "{ok}");
+    }
 }
 
 proptest! {
