@@ -8,16 +8,20 @@
 //! the real network in `murmur peer` and by the in-process [`sim::Sim`], so a result of the
 //! simulator is a result about the shipped code (the quinn-proto / quinn split).
 //!
-//! Algorithms: [`DPsgd`] (Lian et al. 2017).
+//! Algorithms: [`DPsgd`] (Lian et al. 2017), [`Choco`] (CHOCO-SGD and CHOCO-Gossip, Koloskova,
+//! Stich & Jaggi 2019).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod choco;
 pub mod dpsgd;
+mod exchange;
 pub mod frame;
 pub mod sim;
 
 use std::time::Instant;
 
+pub use choco::{suggested_gamma, theorem2_gamma, Choco, ChocoConfig};
 pub use dpsgd::{DPsgd, DPsgdConfig};
 pub use frame::{FrameError, FrameHeader, FrameKind, FRAME_HEADER_LEN};
 pub use murmur_topology::Rank;

@@ -11,7 +11,20 @@ use murmur_topology::MixingMatrix;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-use crate::{consensus_distance, DPsgd, DPsgdConfig, Gossip, GossipError, GossipEvent, Rank};
+use murmur_compress::Compressor;
+
+use crate::{
+    consensus_distance, Choco, ChocoConfig, DPsgd, DPsgdConfig, Gossip, GossipError, GossipEvent,
+    Rank,
+};
+
+/// n vectors of `d` values drawn uniformly from [−1, 1) with `seed`, peer 0's first.
+fn uniform_start(n: usize, d: usize, seed: u64) -> Vec<Vec<f32>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| (0..d).map(|_| rng.random_range(-1.0f32..1.0)).collect())
+        .collect()
+}
 
 /// Why a simulated round failed.
 #[derive(Debug, thiserror::Error)]
@@ -54,11 +67,33 @@ impl Sim {
     /// Pure D-PSGD gossip (zero gradient) on mixing matrix `w` (n×n), every peer starting
     /// from its own vector of `d` values drawn uniformly from [−1, 1) with `seed`.
     pub fn dpsgd_consensus(w: &MixingMatrix, d: usize, seed: u64) -> Self {
-        let mut rng = StdRng::seed_from_u64(seed);
-        let peers = (0..w.n())
-            .map(|i| {
-                let x0: Vec<f32> = (0..d).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let peers = uniform_start(w.n(), d, seed)
+            .into_iter()
+            .enumerate()
+            .map(|(i, x0)| {
                 Box::new(DPsgd::new(DPsgdConfig::from_matrix(w, i, 0.0, d), x0)) as Box<dyn Gossip>
+            })
+            .collect();
+        Sim::new(peers)
+    }
+
+    /// CHOCO-Gossip (CHOCO-SGD with zero gradient) on mixing matrix `w` (n×n) with
+    /// consensus step size `gamma`, peer i compressing with `compressor(i)` (seeded with
+    /// its rank). Every peer starts from the same vector as in
+    /// [`Sim::dpsgd_consensus`] with the same `d` and `seed`, and x̂ = 0.
+    pub fn choco_consensus(
+        w: &MixingMatrix,
+        d: usize,
+        mut compressor: impl FnMut(Rank) -> Box<dyn Compressor>,
+        gamma: f32,
+        seed: u64,
+    ) -> Self {
+        let peers = uniform_start(w.n(), d, seed)
+            .into_iter()
+            .enumerate()
+            .map(|(i, x0)| {
+                let cfg = ChocoConfig::from_matrix(w, i, 0.0, gamma, d);
+                Box::new(Choco::new(cfg, x0, compressor(i))) as Box<dyn Gossip>
             })
             .collect();
         Sim::new(peers)

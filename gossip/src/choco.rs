@@ -1,0 +1,367 @@
+//! CHOCO-SGD and CHOCO-Gossip: decentralized SGD and average consensus with compressed
+//! communication (Koloskova, Stich & Jaggi 2019, "Decentralized stochastic optimization and
+//! gossip algorithms with compressed communication", ICML, Algorithm 2; Algorithm 1 is the
+//! gradient-free CHOCO-Gossip).
+//!
+//! Notation of the paper: n peers, W the doubly stochastic n×n mixing matrix (w_ij ≠ 0 only
+//! for j = i or j → i an edge), η the learning rate, γ the consensus step size, Q a
+//! compression operator with quality ω ∈ (0, 1]: E_Q‖Q(x) − x‖² ≤ (1 − ω)‖x‖² (the paper's
+//! Assumption 1).
+//!
+//! Every peer i keeps its parameters x_i, a public copy x̂_i that every neighbour can
+//! reconstruct from the messages it received (x̂_i^(0) = 0), and, round t (with g_i the
+//! gradient passed to [`Gossip::begin_round`], none for CHOCO-Gossip):
+//!
+//! ```text
+//! x_i^(t+½)  = x_i^(t) − η g_i
+//! q_i^(t)    = Q(x_i^(t+½) − x̂_i^(t))                       sent to every out-neighbour
+//! x̂_j^(t+1) = x̂_j^(t) + q_j^(t)                             for j = i and each in-neighbour
+//! x_i^(t+1)  = x_i^(t+½) + γ Σ_j w_ij (x̂_j^(t+1) − x̂_i^(t+1))
+//! ```
+//!
+//! Only the differences x − x̂ travel, and they shrink as the peers agree, so a biased
+//! operator such as top-k still reaches exact consensus (unlike compressing x itself in
+//! [`crate::DPsgd`]). Mixing preserves the network average x̄ exactly in exact arithmetic:
+//! Σ_i Σ_j w_ij (x̂_j − x̂_i) = 0 because W's columns sum to 1.
+//!
+//! # Memory-efficient form
+//!
+//! Algorithm 2 as written keeps a copy x̂_j of every neighbour. Since Σ_j w_ij = 1, the
+//! update reads x_i^(t+1) = x_i^(t+½) + γ (s_i − x̂_i) with s_i = Σ_j w_ij x̂_j (j = i
+//! included), and since every x̂_j changes only by the received q_j, s_i is maintained by
+//! the same increments: s_i += w_ij q_j for each message (the receive path
+//! [`murmur_compress::decode_add`] with scale w_ij). A peer thus stores x_i, x̂_i and s_i
+//! (the paper describes this memory-efficient implementation in its appendix) plus one
+//! scratch vector for x^(t+½) − x̂ that is handed to the compressor: 4d floats, whatever
+//! the degree. The peer applies its own q_i to x̂_i and s_i by decoding the exact bytes it
+//! sends, so its x̂_i is the one its neighbours see.
+//!
+//! # Choosing γ
+//!
+//! The paper's Theorem 2 proves linear convergence of CHOCO-Gossip for
+//! γ* = δ²ω / (16δ + δ² + 4β² + 2δβ² − 8δω), with δ = 1 − |λ₂(W)| the spectral gap and
+//! β = ‖I − W‖₂ ([`theorem2_gamma`], [`suggested_gamma`]). This is a worst-case bound and
+//! very conservative: on a 9-ring with top-k 1% it gives γ ≈ 2.5·10⁻⁵, while γ = 0.04
+//! converges in about a thousand rounds. The paper's experiments tune γ by grid search;
+//! do the same and use γ* as a floor that is safe by proof.
+
+use std::time::{Duration, Instant};
+
+use murmur_compress::Compressor;
+use murmur_topology::MixingMatrix;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use crate::exchange::{max_lead, Arrival, Exchange, ExchangeParams};
+use crate::{Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
+
+/// Configuration of one CHOCO peer.
+#[derive(Debug, Clone)]
+pub struct ChocoConfig {
+    /// This peer's rank i.
+    pub rank: Rank,
+    /// w_ii.
+    pub self_weight: f64,
+    /// (j, w_ij) for every in-neighbour j ≠ i with w_ij ≠ 0.
+    pub in_weights: Vec<(Rank, f64)>,
+    /// Peers j ≠ i with w_ji ≠ 0: who receives q_i.
+    pub out_neighbors: Vec<Rank>,
+    /// Learning rate η applied to the gradient passed to `begin_round`.
+    pub lr: f32,
+    /// Consensus step size γ, in (0, 1]; see the [module docs](self) on choosing it.
+    pub gamma: f32,
+    /// How long a round may wait for its messages before [`GossipEvent::RoundTimedOut`].
+    pub round_timeout: Duration,
+    /// Largest frame payload accepted, in bytes.
+    pub max_payload_bytes: u32,
+    /// Seed of the RNG handed to the compressor.
+    pub seed: u64,
+    /// How many rounds an in-neighbour can be ahead of this peer (≥ 1); frames up to this
+    /// many rounds ahead are buffered, later ones refused. See
+    /// [`crate::DPsgdConfig::max_lead_rounds`].
+    pub max_lead_rounds: u64,
+}
+
+impl ChocoConfig {
+    /// The configuration of peer `rank` for mixing matrix `w` (n×n), with η = `lr`,
+    /// γ = `gamma`, a 60 s round timeout, a payload limit of 16 bytes per parameter plus
+    /// 1 KiB for `d` parameters, compressor seed `rank`, and `max_lead_rounds` from the graph
+    /// distances of W's support (as [`crate::DPsgdConfig::from_matrix`]).
+    pub fn from_matrix(w: &MixingMatrix, rank: Rank, lr: f32, gamma: f32, d: usize) -> Self {
+        ChocoConfig {
+            rank,
+            self_weight: w.self_weight(rank),
+            in_weights: w.in_weights(rank),
+            out_neighbors: w.out_neighbors(rank),
+            lr,
+            gamma,
+            round_timeout: Duration::from_secs(60),
+            max_payload_bytes: u32::try_from(16 * d + 1024).unwrap_or(u32::MAX),
+            seed: rank as u64,
+            max_lead_rounds: max_lead(w, rank),
+        }
+    }
+}
+
+/// γ* of Koloskova et al. 2019, Theorem 2: δ²ω / (16δ + δ² + 4β² + 2δβ² − 8δω), for spectral
+/// gap `delta` = δ = 1 − |λ₂(W)|, `beta` = β = ‖I − W‖₂ and compression quality `omega` = ω
+/// (E‖Q(x) − x‖² ≤ (1 − ω)‖x‖²; ω = k/d for top-k and unscaled random-k, 1 for the
+/// identity). With it CHOCO-Gossip provably contracts by (1 − δ²ω/82) per round; it is
+/// conservative (see the [module docs](self)).
+///
+/// # Panics
+/// If `omega` is not in (0, 1], `delta` not in [0, 1], or `beta` negative or not finite.
+pub fn theorem2_gamma(delta: f64, beta: f64, omega: f64) -> f64 {
+    assert!(
+        omega > 0.0 && omega <= 1.0,
+        "compression quality ω must be in (0, 1], got {omega}"
+    );
+    assert!(
+        (0.0..=1.0).contains(&delta),
+        "spectral gap δ must be in [0, 1], got {delta}"
+    );
+    assert!(
+        beta.is_finite() && beta >= 0.0,
+        "β = ‖I − W‖₂ must be finite and ≥ 0, got {beta}"
+    );
+    let b2 = beta * beta;
+    // The denominator is ≥ 8δ + δ² + 4β² > 0 for δ > 0 because ω ≤ 1.
+    let den = 16.0 * delta + delta * delta + 4.0 * b2 + 2.0 * delta * b2 - 8.0 * delta * omega;
+    if den <= 0.0 {
+        return 0.0;
+    }
+    delta * delta * omega / den
+}
+
+/// [`theorem2_gamma`] for mixing matrix `w` and compression quality `omega` (k/d for top-k).
+///
+/// δ is [`MixingMatrix::spectral_gap`]; β = ‖I − W‖₂ is replaced by the upper bound
+/// √(‖I − W‖₁ ‖I − W‖∞) (= 2(1 − min_i w_ii) for a doubly stochastic W; 4/3 against the
+/// exact 1.29 on a Metropolis–Hastings 9-ring). γ* decreases in β, so the bound keeps the
+/// result on the safe side. Returns 0 when W has no spectral gap (disconnected or periodic
+/// support), where no γ makes CHOCO converge.
+///
+/// # Panics
+/// If `omega` is not in (0, 1].
+pub fn suggested_gamma(w: &MixingMatrix, omega: f64) -> f64 {
+    let delta = w.spectral_gap();
+    if delta.is_nan() || delta <= 0.0 {
+        return 0.0;
+    }
+    let n = w.n();
+    let entry = |i: Rank, j: Rank| (f64::from(u8::from(i == j)) - w.get(i, j)).abs();
+    let norm_inf = (0..n)
+        .map(|i| (0..n).map(|j| entry(i, j)).sum::<f64>())
+        .fold(0.0, f64::max);
+    let norm_1 = (0..n)
+        .map(|j| (0..n).map(|i| entry(i, j)).sum::<f64>())
+        .fold(0.0, f64::max);
+    theorem2_gamma(delta.min(1.0), (norm_1 * norm_inf).sqrt(), omega)
+}
+
+/// One peer of CHOCO-SGD (CHOCO-Gossip when no gradient is given) as a sans-I/O state
+/// machine; see the [module docs](self).
+///
+/// Frames are [`crate::FrameKind::Gossip`] frames carrying q_i as a `murmur_compress`
+/// message, the same format as [`crate::DPsgd`], with the same checks: a refused frame
+/// leaves the state unchanged. While a round mixes, [`Gossip::params`] returns x^(t+½);
+/// after [`GossipEvent::Mixed`], x^(t+1).
+pub struct Choco {
+    cfg: ChocoConfig,
+    compressor: Box<dyn Compressor>,
+    rng: StdRng,
+    /// x_i (`[d]`); x^(t+½) while mixing.
+    x: Vec<f32>,
+    /// x̂_i (`[d]`), this peer's public copy.
+    x_hat: Vec<f32>,
+    /// s_i = Σ_j w_ij x̂_j (`[d]`), j = i included.
+    s: Vec<f32>,
+    /// Scratch: x^(t+½) − x̂_i, the compressor's input.
+    diff: Vec<f32>,
+    /// Rounds, frames, deadlines, events and counters.
+    ex: Exchange,
+}
+
+impl Choco {
+    /// A peer starting from parameters `x0: [d]` with x̂_i = s_i = 0, compressing its
+    /// messages with `compressor` (identity for uncompressed CHOCO; any operator works, the
+    /// theory covers those with a quality ω > 0).
+    pub fn new(cfg: ChocoConfig, x0: Vec<f32>, compressor: Box<dyn Compressor>) -> Self {
+        let d = x0.len();
+        let ex = Exchange::new(ExchangeParams {
+            rank: cfg.rank,
+            in_neighbors: cfg.in_weights.iter().map(|&(j, _)| j).collect(),
+            out_neighbors: cfg.out_neighbors.clone(),
+            d,
+            round_timeout: cfg.round_timeout,
+            max_payload_bytes: cfg.max_payload_bytes,
+            max_lead_rounds: cfg.max_lead_rounds,
+        });
+        Choco {
+            rng: StdRng::seed_from_u64(cfg.seed),
+            cfg,
+            compressor,
+            x: x0,
+            x_hat: vec![0.0; d],
+            s: vec![0.0; d],
+            diff: vec![0.0; d],
+            ex,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ChocoConfig {
+        &self.cfg
+    }
+
+    /// x̂_i (`[d]`), this peer's public copy (what its neighbours have accumulated of it).
+    pub fn x_hat(&self) -> &[f32] {
+        &self.x_hat
+    }
+
+    /// s_i = Σ_j w_ij x̂_j (`[d]`) over the messages absorbed so far.
+    pub fn s(&self) -> &[f32] {
+        &self.s
+    }
+
+    /// s_i += w_ij q_j from the payload of in-neighbour `idx`. On `Err` nothing changed.
+    fn absorb(&mut self, idx: usize, payload: &[u8]) -> Result<(), GossipError> {
+        let (from, w) = self.cfg.in_weights[idx];
+        murmur_compress::decode_add(payload, w as f32, &mut self.s)
+            .map_err(|source| GossipError::Payload { from, source })
+    }
+
+    fn finish_if_complete(&mut self) {
+        if self.ex.is_complete() {
+            // x^(t+1) = x^(t+½) + γ (s_i − x̂_i)
+            let gamma = self.cfg.gamma;
+            for ((x, s), h) in self.x.iter_mut().zip(&self.s).zip(&self.x_hat) {
+                *x += gamma * (s - h);
+            }
+            self.ex.finish();
+        }
+    }
+}
+
+impl Gossip for Choco {
+    /// Starts round t from `x` = x_i^(t) and the gradient g_i (none: CHOCO-Gossip).
+    ///
+    /// # Panics
+    /// If `x` or `grad` does not have length d, the previous round is still mixing, or
+    /// x^(t+½) − x̂_i has a non-finite coordinate (the compressed message would be refused
+    /// by every neighbour; the run has diverged).
+    fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) {
+        self.ex.assert_idle();
+        let d = self.x.len();
+        assert_eq!(x.len(), d, "x must have length d");
+        // x^(t+½) = x − η g
+        match grad {
+            Some(g) => {
+                assert_eq!(g.len(), d, "grad must have length d");
+                let lr = self.cfg.lr;
+                for ((xh, xi), gi) in self.x.iter_mut().zip(x).zip(g) {
+                    *xh = xi - lr * gi;
+                }
+            }
+            None => self.x.copy_from_slice(x),
+        }
+        for ((q, xh), h) in self.diff.iter_mut().zip(&self.x).zip(&self.x_hat) {
+            *q = xh - h;
+        }
+        // q_i = Q(x^(t+½) − x̂_i), one message for every out-neighbour.
+        let (compressor, rng, diff) = (&mut self.compressor, &mut self.rng, &self.diff);
+        let early = self
+            .ex
+            .begin(now, |out| compressor.compress(diff, rng, out));
+        // x̂_i += q_i and s_i += w_ii q_i, decoded from the bytes the neighbours get.
+        let msg = self.ex.message();
+        let own = murmur_compress::decode_add(msg, 1.0, &mut self.x_hat).and_then(|()| {
+            murmur_compress::decode_add(msg, self.cfg.self_weight as f32, &mut self.s)
+        });
+        if let Err(e) = own {
+            panic!(
+                "peer {} round {}: own CHOCO message does not decode ({e}); \
+                 are x or grad non-finite?",
+                self.cfg.rank,
+                self.ex.round()
+            );
+        }
+        // Frames that arrived early for this round were validated then; absorb them now.
+        for (idx, payload) in early {
+            match self.absorb(idx, &payload) {
+                Ok(()) => self.ex.absorbed_early(idx),
+                // Validated on arrival, so this cannot happen.
+                Err(e) => debug_assert!(false, "early frame failed late: {e}"),
+            }
+        }
+        self.finish_if_complete();
+    }
+
+    fn handle_message(
+        &mut self,
+        _now: Instant,
+        from: Rank,
+        frame: &[u8],
+    ) -> Result<(), GossipError> {
+        if let Arrival::Current { idx, payload } = self.ex.check(from, frame)? {
+            self.absorb(idx, payload)?;
+            self.ex.accept(idx, frame.len());
+        }
+        self.finish_if_complete();
+        Ok(())
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        self.ex.handle_timeout(now);
+    }
+
+    fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+        self.ex.poll_transmit(buf)
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.ex.poll_timeout()
+    }
+
+    fn poll_event(&mut self) -> Option<GossipEvent> {
+        self.ex.poll_event()
+    }
+
+    fn params(&self) -> &[f32] {
+        &self.x
+    }
+
+    fn round(&self) -> u64 {
+        self.ex.round()
+    }
+
+    fn stats(&self) -> GossipStats {
+        self.ex.stats()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use murmur_topology::Graph;
+
+    #[test]
+    fn theorem2_gamma_on_the_ring_of_nine() {
+        let w = MixingMatrix::metropolis_hastings(&Graph::ring(9).unwrap()).unwrap();
+        let c = |k: f64| (2.0 * std::f64::consts::PI * k / 9.0).cos();
+        let delta = 1.0 - (1.0 + 2.0 * c(1.0)) / 3.0;
+        let beta = 1.0 - (1.0 + 2.0 * c(4.0)) / 3.0; // |1 − λ_min|
+        let omega = 20.0 / 2000.0; // top-k 1% of d = 2000
+        let exact = theorem2_gamma(delta, beta, omega);
+        let by_hand = delta * delta * omega
+            / (16.0 * delta + delta * delta + 4.0 * beta * beta + 2.0 * delta * beta * beta
+                - 8.0 * delta * omega);
+        assert!((exact - by_hand).abs() < 1e-15);
+        assert!(exact > 2.0e-5 && exact < 3.0e-5, "γ* = {exact}");
+        // The matrix version bounds β by 4/3 > 1.293, so it is a little smaller.
+        let suggested = suggested_gamma(&w, omega);
+        assert!(suggested <= exact && suggested > 0.9 * exact, "{suggested}");
+        // Identity compression on the complete graph with uniform weights: δ = β = 1, ω = 1.
+        assert!((theorem2_gamma(1.0, 1.0, 1.0) - 1.0 / 15.0).abs() < 1e-15);
+    }
+}

@@ -1,0 +1,310 @@
+//! Round bookkeeping shared by the synchronous algorithms ([`crate::DPsgd`], [`crate::Choco`]):
+//! each round a peer sends one frame to every out-neighbour and waits for one frame from
+//! every in-neighbour.
+//!
+//! [`Exchange`] owns everything that does not depend on what the payload means: the
+//! outgoing frame and its fan-out, header checks (kind, sender, neighbourhood, dimension,
+//! round window), duplicates, frames that arrive for a later round (validated on arrival,
+//! buffered, handed back when that round begins), the round deadline, events and traffic
+//! counters. The algorithm owns the arithmetic: it absorbs the payloads that [`Exchange`]
+//! hands it and decides what completing a round means.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use murmur_topology::MixingMatrix;
+
+use crate::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
+use crate::{GossipError, GossipEvent, GossipStats, Rank, Transmit};
+
+/// Largest graph distance from `rank` to one of its in-neighbours along the direction in
+/// which frames travel (j → i when W_ij ≠ 0); n if some in-neighbour is unreachable.
+pub(crate) fn max_lead(w: &MixingMatrix, rank: Rank) -> u64 {
+    let n = w.n();
+    let mut dist = vec![usize::MAX; n];
+    let mut queue = VecDeque::from([rank]);
+    dist[rank] = 0;
+    while let Some(a) = queue.pop_front() {
+        for b in w.out_neighbors(a) {
+            if dist[b] == usize::MAX {
+                dist[b] = dist[a] + 1;
+                queue.push_back(b);
+            }
+        }
+    }
+    w.in_weights(rank)
+        .iter()
+        .map(|&(j, _)| if dist[j] == usize::MAX { n } else { dist[j] })
+        .max()
+        .unwrap_or(1) as u64
+}
+
+/// Static parameters of an [`Exchange`].
+pub(crate) struct ExchangeParams {
+    /// This peer's rank.
+    pub rank: Rank,
+    /// In-neighbours j ≠ i, in the order the algorithm indexes them.
+    pub in_neighbors: Vec<Rank>,
+    /// Out-neighbours j ≠ i: who receives this peer's frame.
+    pub out_neighbors: Vec<Rank>,
+    /// Model dimension d.
+    pub d: usize,
+    /// How long a round may wait for its frames.
+    pub round_timeout: Duration,
+    /// Largest frame payload accepted, in bytes.
+    pub max_payload_bytes: u32,
+    /// How many rounds an in-neighbour may be ahead (treated as at least 1).
+    pub max_lead_rounds: u64,
+}
+
+/// Where an accepted frame goes.
+pub(crate) enum Arrival<'f> {
+    /// A frame for the round that is mixing: the algorithm must absorb `payload` (a
+    /// `murmur_compress` message, not yet validated) and then call [`Exchange::accept`].
+    Current {
+        /// Index of the sender in `in_neighbors`.
+        idx: usize,
+        /// The frame's payload.
+        payload: &'f [u8],
+    },
+    /// A frame for a later round: validated, buffered and counted; nothing else to do.
+    Buffered,
+}
+
+/// The per-round frame exchange of one peer (see the [module docs](self)).
+pub(crate) struct Exchange {
+    p: ExchangeParams,
+    /// Next round to begin, or the round that is mixing.
+    round: u64,
+    mixing: bool,
+    deadline: Option<Instant>,
+    /// In-neighbours (index into `in_neighbors`) still missing for the mixing round.
+    missing: Vec<bool>,
+    missing_count: usize,
+    /// Validated payloads for rounds not yet begun, by (round, neighbour index).
+    early: BTreeMap<(u64, usize), Vec<u8>>,
+    /// This round's frame (header + message), sent to each out-neighbour.
+    outgoing: Vec<u8>,
+    next_out: usize,
+    events: VecDeque<GossipEvent>,
+    stats: GossipStats,
+}
+
+impl Exchange {
+    pub(crate) fn new(p: ExchangeParams) -> Self {
+        let k = p.in_neighbors.len();
+        let next_out = p.out_neighbors.len();
+        Exchange {
+            p,
+            round: 0,
+            mixing: false,
+            deadline: None,
+            missing: vec![false; k],
+            missing_count: 0,
+            early: BTreeMap::new(),
+            outgoing: Vec::new(),
+            next_out,
+            events: VecDeque::new(),
+            stats: GossipStats::default(),
+        }
+    }
+
+    /// Panics if a round is mixing (a driver bug: `begin_round` before `Mixed`).
+    pub(crate) fn assert_idle(&self) {
+        assert!(
+            !self.mixing,
+            "begin_round while round {} is still mixing",
+            self.round
+        );
+    }
+
+    /// Starts the next round. `encode` appends this round's `murmur_compress` message to
+    /// the buffer it is given and returns its length; every out-neighbour gets the same
+    /// frame. Returns the payloads that arrived early for this round, as (neighbour index,
+    /// payload), already validated; the caller absorbs each and calls
+    /// [`Exchange::absorbed_early`].
+    pub(crate) fn begin(
+        &mut self,
+        now: Instant,
+        encode: impl FnOnce(&mut Vec<u8>) -> usize,
+    ) -> Vec<(usize, Vec<u8>)> {
+        self.assert_idle();
+        self.outgoing.clear();
+        self.outgoing.resize(FRAME_HEADER_LEN, 0);
+        let payload_len = encode(&mut self.outgoing);
+        debug_assert_eq!(payload_len, self.outgoing.len() - FRAME_HEADER_LEN);
+        let header = FrameHeader {
+            kind: FrameKind::Gossip,
+            sender: self.p.rank,
+            round: self.round,
+            dim: self.p.d as u32,
+            payload_len: payload_len as u32,
+        };
+        self.outgoing[..FRAME_HEADER_LEN].copy_from_slice(&header.to_bytes());
+        self.next_out = 0;
+
+        self.mixing = true;
+        self.deadline = Some(now + self.p.round_timeout);
+        self.missing.iter_mut().for_each(|m| *m = true);
+        self.missing_count = self.missing.len();
+        let later = self.early.split_off(&(self.round + 1, 0));
+        std::mem::replace(&mut self.early, later)
+            .into_iter()
+            .map(|((_, idx), payload)| (idx, payload))
+            .collect()
+    }
+
+    /// This round's outgoing message (the frame without its header).
+    pub(crate) fn message(&self) -> &[u8] {
+        &self.outgoing[FRAME_HEADER_LEN.min(self.outgoing.len())..]
+    }
+
+    /// Checks an incoming frame's header against this peer's neighbourhood, dimension and
+    /// round window. A frame for a later round is validated in full, buffered and counted
+    /// here; a frame for the mixing round is returned for the caller to absorb. On `Err`
+    /// nothing changed.
+    pub(crate) fn check<'f>(
+        &mut self,
+        from: Rank,
+        frame: &'f [u8],
+    ) -> Result<Arrival<'f>, GossipError> {
+        let (h, payload) = FrameHeader::parse(frame, self.p.max_payload_bytes)?;
+        if h.kind != FrameKind::Gossip {
+            return Err(GossipError::WrongKind(h.kind));
+        }
+        if h.sender != from {
+            return Err(GossipError::SenderMismatch {
+                from,
+                claimed: h.sender,
+            });
+        }
+        let idx = self
+            .p
+            .in_neighbors
+            .iter()
+            .position(|&j| j == from)
+            .ok_or(GossipError::NotANeighbour(from))?;
+        let d = self.p.d;
+        if h.dim as usize != d {
+            return Err(GossipError::DimensionMismatch {
+                from,
+                expected: d,
+                got: h.dim as usize,
+            });
+        }
+        // A neighbour can be up to `max_lead_rounds` ahead of the round we mix (one less
+        // while we are idle between rounds); see `DPsgdConfig::max_lead_rounds`.
+        let lo = self.round;
+        let hi = self.round + self.p.max_lead_rounds.max(1) - u64::from(!self.mixing);
+        if h.round < lo || h.round > hi {
+            return Err(GossipError::RoundOutOfWindow {
+                from,
+                round: h.round,
+                lo,
+                hi,
+            });
+        }
+        if self.mixing && h.round == self.round {
+            if !self.missing[idx] {
+                return Err(GossipError::Duplicate {
+                    from,
+                    round: h.round,
+                });
+            }
+            return Ok(Arrival::Current { idx, payload });
+        }
+        if self.early.contains_key(&(h.round, idx)) {
+            return Err(GossipError::Duplicate {
+                from,
+                round: h.round,
+            });
+        }
+        // Validate now so that a bad frame is refused on arrival, not when absorbed.
+        murmur_compress::validate(payload, d)
+            .map_err(|source| GossipError::Payload { from, source })?;
+        self.early.insert((h.round, idx), payload.to_vec());
+        self.count_received(frame.len());
+        Ok(Arrival::Buffered)
+    }
+
+    /// Records that the mixing round's frame (of `frame_len` bytes) from in-neighbour `idx`
+    /// was absorbed.
+    pub(crate) fn accept(&mut self, idx: usize, frame_len: usize) {
+        self.absorbed_early(idx);
+        self.count_received(frame_len);
+    }
+
+    /// Records that an early payload handed out by [`Exchange::begin`] was absorbed.
+    pub(crate) fn absorbed_early(&mut self, idx: usize) {
+        if std::mem::replace(&mut self.missing[idx], false) {
+            self.missing_count -= 1;
+        }
+    }
+
+    fn count_received(&mut self, frame_len: usize) {
+        self.stats.frames_received += 1;
+        self.stats.bytes_received += frame_len as u64;
+    }
+
+    /// Whether the mixing round has every in-neighbour's frame.
+    pub(crate) fn is_complete(&self) -> bool {
+        self.mixing && self.missing_count == 0
+    }
+
+    /// Ends the mixing round: emits [`GossipEvent::Mixed`] and moves to the next round.
+    pub(crate) fn finish(&mut self) {
+        debug_assert!(self.is_complete());
+        self.mixing = false;
+        self.deadline = None;
+        self.events
+            .push_back(GossipEvent::Mixed { round: self.round });
+        self.round += 1;
+    }
+
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        if let Some(deadline) = self.deadline {
+            if self.mixing && now >= deadline {
+                let missing = self
+                    .p
+                    .in_neighbors
+                    .iter()
+                    .zip(&self.missing)
+                    .filter(|(_, m)| **m)
+                    .map(|(j, _)| *j)
+                    .collect();
+                self.events.push_back(GossipEvent::RoundTimedOut {
+                    round: self.round,
+                    missing,
+                });
+                // Report once per deadline; the driver decides what to do.
+                self.deadline = None;
+            }
+        }
+    }
+
+    pub(crate) fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+        let to = *self.p.out_neighbors.get(self.next_out)?;
+        self.next_out += 1;
+        buf.clear();
+        buf.extend_from_slice(&self.outgoing);
+        self.stats.frames_sent += 1;
+        self.stats.bytes_sent += buf.len() as u64;
+        Some(Transmit { to })
+    }
+
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    pub(crate) fn poll_event(&mut self) -> Option<GossipEvent> {
+        self.events.pop_front()
+    }
+
+    pub(crate) fn round(&self) -> u64 {
+        self.round
+    }
+
+    pub(crate) fn stats(&self) -> GossipStats {
+        self.stats
+    }
+}
