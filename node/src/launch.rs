@@ -118,7 +118,7 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
         "murmur: {} peers, {} with {} ({}; |λ₂| = {:.4}, spectral gap {:.4}), {} on {}, {} epochs; run folder {}",
         args.peers,
         args.algorithm,
-        args.compressor,
+        args.compressor(),
         topo.name,
         topo.w.second_eigenvalue_modulus(),
         topo.w.spectral_gap(),

@@ -17,14 +17,16 @@ use bytes::Bytes;
 use clap::Args;
 use murmur_compress::Compressor;
 use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
-use murmur_gossip::{consensus_distance, DPsgd, DPsgdConfig, Gossip, GossipEvent, Rank};
+use murmur_gossip::{
+    consensus_distance, Choco, ChocoConfig, DPsgd, DPsgdConfig, Gossip, GossipEvent, Rank,
+};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn};
 
-use crate::config::{DeviceSpec, Init, RunArgs};
+use crate::config::{Algorithm, DeviceSpec, Init, RunArgs};
 use crate::data::{partition, Dataset, Mnist};
 use crate::discovery::{discover, Fingerprint, PeerInfo, Role};
 use crate::metrics::{self, EpochRow, PeerEpoch, Summary};
@@ -107,7 +109,7 @@ struct Driver {
     rt: tokio::runtime::Runtime,
     events: mpsc::Receiver<NetEvent>,
     links: Links,
-    gossip: DPsgd,
+    gossip: Box<dyn Gossip>,
     /// Peers that still owe us a goodbye: in-neighbours, and everyone for rank 0.
     expected_in: HashSet<Rank>,
     finished_in: HashSet<Rank>,
@@ -181,7 +183,7 @@ fn run_on<B: AutodiffBackend>(
         model: args.model.to_string(),
         dim: d,
         algorithm: args.algorithm.to_string(),
-        compressor: args.compressor.to_string(),
+        compressor: args.compressor().to_string(),
         epochs: args.epochs,
         rounds_per_epoch,
         seed: args.seed,
@@ -226,15 +228,28 @@ fn run_on<B: AutodiffBackend>(
         expected_in.extend(1..n);
     }
 
-    let mut cfg = DPsgdConfig::from_matrix(&topo.w, rank, args.lr, d);
-    cfg.round_timeout = Duration::from_secs(args.round_timeout_secs);
-    cfg.max_payload_bytes = max_payload;
-    cfg.seed = args.seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let compressor = args
-        .compressor
+        .compressor()
         .build(Some(&model::tensor_lengths(&net)))
         .context("--compressor")?;
-    let gossip = DPsgd::with_compressor(cfg, x.clone(), compressor);
+    let round_timeout = Duration::from_secs(args.round_timeout_secs);
+    let seed = args.seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let gossip: Box<dyn Gossip> = match args.algorithm {
+        Algorithm::Dpsgd => {
+            let mut cfg = DPsgdConfig::from_matrix(&topo.w, rank, args.lr, d);
+            cfg.round_timeout = round_timeout;
+            cfg.max_payload_bytes = max_payload;
+            cfg.seed = seed;
+            Box::new(DPsgd::with_compressor(cfg, x.clone(), compressor))
+        }
+        Algorithm::Choco => {
+            let mut cfg = ChocoConfig::from_matrix(&topo.w, rank, args.lr, args.gamma(), d);
+            cfg.round_timeout = round_timeout;
+            cfg.max_payload_bytes = max_payload;
+            cfg.seed = seed;
+            Box::new(Choco::new(cfg, x.clone(), compressor))
+        }
+    };
 
     let collector = (rank == 0).then(|| Collector {
         n,
@@ -373,7 +388,7 @@ fn run_on<B: AutodiffBackend>(
             .ok_or_else(|| anyhow!("no epoch was recorded"))?;
         let summary = Summary {
             algorithm: args.algorithm.to_string(),
-            compressor: args.compressor.to_string(),
+            compressor: args.compressor().to_string(),
             topology: topo.name.clone(),
             peers: n,
             model: args.model.to_string(),

@@ -368,6 +368,50 @@ fn compressed_gossip_counts_the_exact_message_bytes() {
 }
 
 #[test]
+fn choco_trains_with_top_k_and_a_fraction_of_the_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    launch_ok(
+        dir.path(),
+        &[
+            "--peers=4",
+            "--epochs=2",
+            "--algorithm=choco",
+            "--run-id=choco",
+        ],
+    );
+    let summary = summary(&dir.path().join("choco"));
+    assert_eq!(summary["algorithm"].as_str(), Some("choco"));
+    assert_eq!(summary["compressor"].as_str(), Some("topk:0.01"));
+    let acc = summary["final_mean_test_accuracy"].as_f64().unwrap();
+    assert!(
+        acc > 0.8,
+        "2 epochs of CHOCO-SGD on 4 peers reached only {acc}"
+    );
+    // What D-PSGD would send in as many rounds: 2 out-neighbours × (24 + 12 + 4d) bytes.
+    let rounds = summary["rounds"].as_f64().unwrap();
+    let dense = rounds * 2.0 * (24 + 12 + 4 * MLP_D) as f64;
+    let sent = summary["bytes_sent_per_peer"].as_f64().unwrap();
+    assert!(
+        sent * 20.0 < dense,
+        "CHOCO with top-1% sent {sent} bytes, D-PSGD would send {dense}"
+    );
+    // γ belongs to CHOCO: refused for D-PSGD, and out of range refused.
+    for bad in [
+        vec!["--gamma=0.1"],
+        vec!["--algorithm=choco", "--gamma=1.5"],
+    ] {
+        let out = murmur()
+            .arg("launch")
+            .args(&bad)
+            .arg(format!("--out={}", dir.path().join("runs").display()))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad:?} was accepted");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--gamma"));
+    }
+}
+
+#[test]
 fn bad_topologies_are_refused_before_any_peer_starts() {
     let dir = tempfile::tempdir().unwrap();
     let runs = dir.path().join("runs");
