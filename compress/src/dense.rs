@@ -51,78 +51,37 @@ impl Compressor for Identity {
     }
 }
 
-/// Cast to IEEE-754 binary16 (see the module docs for rounding and saturation).
+/// A cast to a 16-bit float format `H` (see the module docs for rounding and saturation):
+/// [`Fp16`] or [`Bf16`].
 ///
-/// Payload: `d` binary16 values as little-endian `u16` (2·d bytes).
+/// Payload: `d` values of `H` as little-endian `u16` (2·d bytes).
 #[derive(Debug, Clone, Default)]
-pub struct Fp16 {
-    scratch: Vec<f16>,
+pub struct Cast<H> {
+    scratch: Vec<H>,
 }
 
-/// Cast to bfloat16 (see the module docs for rounding and saturation).
-///
-/// Payload: `d` bfloat16 values as little-endian `u16` (2·d bytes).
-#[derive(Debug, Clone, Default)]
-pub struct Bf16 {
-    scratch: Vec<bf16>,
-}
+/// Cast to IEEE-754 binary16.
+pub type Fp16 = Cast<f16>;
+
+/// Cast to bfloat16.
+pub type Bf16 = Cast<bf16>;
 
 /// Conversion chunk: large enough for the vectorised conversion, small enough for L1.
 const CHUNK: usize = 4096;
 
-impl Compressor for Fp16 {
+impl<H: Half> Compressor for Cast<H> {
     fn id(&self) -> OperatorId {
-        OperatorId::Fp16
+        H::ID
     }
 
     fn compress(&mut self, x: &[f32], _rng: &mut dyn Rng, out: &mut Vec<u8>) -> usize {
         assert_dim(x.len());
-        let start = begin_message(OperatorId::Fp16, x.len(), 2 * x.len(), out);
-        self.scratch.resize(CHUNK, f16::ZERO);
+        let start = begin_message(H::ID, x.len(), 2 * x.len(), out);
+        self.scratch.resize(CHUNK, H::default());
         for chunk in x.chunks(CHUNK) {
             let h = &mut self.scratch[..chunk.len()];
-            h.convert_from_f32_slice(chunk);
-            for (v, &f) in h.iter_mut().zip(chunk) {
-                if v.is_infinite() && f.is_finite() {
-                    *v = if f > 0.0 { f16::MAX } else { f16::MIN };
-                }
-            }
-            put_u16s(h.reinterpret_cast(), out);
-        }
-        finish_message(start, out)
-    }
-
-    fn encoded_len(&self, d: usize) -> Option<usize> {
-        Some(HEADER_LEN + 2 * d)
-    }
-
-    fn max_encoded_len(&self, d: usize) -> usize {
-        HEADER_LEN + 2 * d
-    }
-
-    fn unbiased(&self) -> bool {
-        false
-    }
-}
-
-impl Compressor for Bf16 {
-    fn id(&self) -> OperatorId {
-        OperatorId::Bf16
-    }
-
-    fn compress(&mut self, x: &[f32], _rng: &mut dyn Rng, out: &mut Vec<u8>) -> usize {
-        assert_dim(x.len());
-        let start = begin_message(OperatorId::Bf16, x.len(), 2 * x.len(), out);
-        self.scratch.resize(CHUNK, bf16::ZERO);
-        for chunk in x.chunks(CHUNK) {
-            let h = &mut self.scratch[..chunk.len()];
-            h.convert_from_f32_slice(chunk);
-            for (v, &f) in h.iter_mut().zip(chunk) {
-                if v.is_infinite() && f.is_finite() {
-                    *v = if f > 0.0 { bf16::MAX } else { bf16::MIN };
-                }
-            }
-            put_u16s(h.reinterpret_cast(), out);
+            H::narrow(chunk, h);
+            put_u16s(H::bits(h), out);
         }
         finish_message(start, out)
     }
@@ -204,19 +163,40 @@ fn add_half<H: Half>(payload: &[u8], scale: f32, acc: &mut [f32]) {
     }
 }
 
-/// Slice widening from raw 16-bit patterns, for [`add_half`].
-trait Half {
+/// The two 16-bit formats: wire id, saturating narrowing from `f32`, widening.
+pub trait Half: Copy + Default + Send + std::fmt::Debug + 'static {
+    /// The operator id of the cast to this format.
+    const ID: OperatorId;
+    /// `out[i] = x[i]` rounded to nearest even, finite values beyond the range saturating
+    /// to the largest finite value of the sign.
+    fn narrow(x: &[f32], out: &mut [Self]);
+    /// The raw 16-bit patterns.
+    fn bits(h: &[Self]) -> &[u16];
+    /// `out[i]` = the value of the pattern `bits[i]`.
     fn widen(bits: &[u16], out: &mut [f32]);
 }
 
-impl Half for f16 {
-    fn widen(bits: &[u16], out: &mut [f32]) {
-        bits.reinterpret_cast::<f16>().convert_to_f32_slice(out);
-    }
+macro_rules! half_format {
+    ($t:ty, $id:expr) => {
+        impl Half for $t {
+            const ID: OperatorId = $id;
+            fn narrow(x: &[f32], out: &mut [Self]) {
+                out.convert_from_f32_slice(x);
+                for (v, &f) in out.iter_mut().zip(x) {
+                    if v.is_infinite() && f.is_finite() {
+                        *v = if f > 0.0 { <$t>::MAX } else { <$t>::MIN };
+                    }
+                }
+            }
+            fn bits(h: &[Self]) -> &[u16] {
+                h.reinterpret_cast()
+            }
+            fn widen(bits: &[u16], out: &mut [f32]) {
+                bits.reinterpret_cast::<$t>().convert_to_f32_slice(out);
+            }
+        }
+    };
 }
 
-impl Half for bf16 {
-    fn widen(bits: &[u16], out: &mut [f32]) {
-        bits.reinterpret_cast::<bf16>().convert_to_f32_slice(out);
-    }
-}
+half_format!(f16, OperatorId::Fp16);
+half_format!(bf16, OperatorId::Bf16);

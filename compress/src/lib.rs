@@ -134,7 +134,7 @@ mod sparse;
 mod spec;
 mod wire;
 
-pub use dense::{Bf16, Fp16, Identity};
+pub use dense::{Bf16, Cast, Fp16, Half, Identity};
 pub use ef::{Dgc, DgcConfig, ErrorFeedback};
 pub use quant::{Natural, Qsgd, Sign, TernGrad};
 pub use select::{top_k_exact, top_k_threshold};

@@ -5,14 +5,12 @@
 use std::time::Instant;
 
 use murmur_compress::{Compressor, Identity, TopK};
-use murmur_gossip::frame::{FrameHeader, FrameKind};
 use murmur_gossip::sim::Sim;
 use murmur_gossip::{Choco, ChocoConfig, Gossip, GossipError, GossipEvent, Rank};
 use murmur_topology::{Graph, MixingMatrix};
 
-fn ring_mh(n: usize) -> MixingMatrix {
-    MixingMatrix::metropolis_hastings(&Graph::ring(n).unwrap()).unwrap()
-}
+mod common;
+use common::{raw_frame, ring_mh};
 
 /// Runs `sim` until Ξ² ≤ `target` · Ξ²(0), at most `max_rounds` rounds. Returns the rounds
 /// taken and the largest deviation |x̄_k(t) − x̄_k(0)| of the network average seen on the way.
@@ -222,21 +220,6 @@ fn deliver(p: &mut [Choco], now: Instant, frames: Vec<(Rank, Rank, Vec<u8>)>) {
             "peer {i} did not mix"
         );
     }
-}
-
-/// A gossip frame from `sender` for `round` whose header declares model dimension `dim`.
-fn raw_frame(sender: Rank, round: u64, dim: u32, payload: &[u8]) -> Vec<u8> {
-    let mut f = FrameHeader {
-        kind: FrameKind::Gossip,
-        sender,
-        round,
-        dim,
-        payload_len: payload.len() as u32,
-    }
-    .to_bytes()
-    .to_vec();
-    f.extend_from_slice(payload);
-    f
 }
 
 fn identity_message(x: &[f32]) -> Vec<u8> {

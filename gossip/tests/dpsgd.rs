@@ -3,30 +3,12 @@
 use std::time::{Duration, Instant};
 
 use murmur_compress::Compressor;
-use murmur_gossip::frame::{FrameHeader, FrameKind};
 use murmur_gossip::sim::Sim;
 use murmur_gossip::{DPsgd, DPsgdConfig, Gossip, GossipError, GossipEvent};
-use murmur_topology::{Graph, MixingMatrix};
+use murmur_topology::MixingMatrix;
 
-fn ring_mh(n: usize) -> MixingMatrix {
-    MixingMatrix::metropolis_hastings(&Graph::ring(n).unwrap()).unwrap()
-}
-
-/// A gossip frame from `sender` for `round` whose header declares model dimension `dim`,
-/// carrying `payload` as is.
-fn raw_frame(sender: usize, round: u64, dim: u32, payload: &[u8]) -> Vec<u8> {
-    let mut f = FrameHeader {
-        kind: FrameKind::Gossip,
-        sender,
-        round,
-        dim,
-        payload_len: payload.len() as u32,
-    }
-    .to_bytes()
-    .to_vec();
-    f.extend_from_slice(payload);
-    f
-}
+mod common;
+use common::{raw_frame, ring_mh};
 
 /// A gossip frame from `sender` for `round` carrying `x` identity-compressed.
 fn gossip_frame(sender: usize, round: u64, x: &[f32]) -> Vec<u8> {
