@@ -338,6 +338,10 @@ impl Gossip for Choco {
     fn stats(&self) -> GossipStats {
         self.ex.stats()
     }
+
+    fn set_epoch(&mut self, epoch: usize) {
+        self.compressor.set_epoch(epoch);
+    }
 }
 
 #[cfg(test)]

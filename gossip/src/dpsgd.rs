@@ -216,4 +216,8 @@ impl Gossip for DPsgd {
     fn stats(&self) -> GossipStats {
         self.ex.stats()
     }
+
+    fn set_epoch(&mut self, epoch: usize) {
+        self.compressor.set_epoch(epoch);
+    }
 }

@@ -173,6 +173,10 @@ pub trait Gossip: Send {
 
     /// Traffic counters.
     fn stats(&self) -> GossipStats;
+
+    /// Tells the algorithm the current epoch (0-based), passed on to its compressor for
+    /// schedules such as DGC's sparsity warm-up. The default does nothing.
+    fn set_epoch(&mut self, _epoch: usize) {}
 }
 
 /// Consensus distance Ξ² = (1/n) Σ_i ‖x_i − x̄‖² of the vectors `xs: n × [d]`, and `x̄: [d]`.

@@ -293,3 +293,36 @@ fn on_a_directed_cycle_frames_two_rounds_ahead_are_buffered() {
     assert_eq!(p0.poll_event(), Some(GossipEvent::Mixed { round: 2 }));
     assert_eq!(p0.params(), &[5.25]); // ½·2.5 + ½·8
 }
+
+#[test]
+fn set_epoch_reaches_the_compressor_schedule() {
+    // DGC's warm-up keeps 25% in epoch 0 and the final 1% from epoch 4 on: the frame of
+    // a 10,000-parameter model shrinks accordingly once the epoch is passed on.
+    let w = MixingMatrix::from_dense(vec![vec![0.5, 0.5], vec![0.5, 0.5]]).unwrap();
+    let d = 10_000;
+    let x: Vec<f32> = (0..d).map(|i| (i as f32 * 0.37).sin()).collect();
+    let dgc = murmur_compress::Dgc::new(murmur_compress::DgcConfig {
+        ratio: 0.01,
+        approximate: false,
+        ..Default::default()
+    });
+    let mut p = DPsgd::with_compressor(
+        DPsgdConfig::from_matrix(&w, 0, 0.1, d),
+        x.clone(),
+        Box::new(dgc),
+    );
+    let mut sizes = Vec::new();
+    for epoch in [0, 4] {
+        p.set_epoch(epoch);
+        p.begin_round(Instant::now(), &x, Some(&x));
+        sizes.push(drain(&mut p)[0].len());
+        // Complete the round with the neighbour's frame so that the next one can begin.
+        p.handle_message(Instant::now(), 1, &gossip_frame(1, p.round(), &x))
+            .unwrap();
+        while p.poll_event().is_some() {}
+    }
+    // Frame: 24 + 12 + 8 bytes of headers, then k indices (1-byte varint deltas at these
+    // densities or u16) and k values.
+    assert!(sizes[0] > 2_500 * 4, "epoch 0 keeps 2,500: {sizes:?}");
+    assert!(sizes[1] < 100 * 7 + 44, "epoch 4 keeps 100: {sizes:?}");
+}

@@ -295,6 +295,8 @@ fn run_on<B: AutodiffBackend>(
     for epoch in 0..=args.epochs {
         let mut loss_sum = 0.0f64;
         let rounds = if epoch == 0 { 0 } else { rounds_per_epoch };
+        // Compressor schedules (DGC's warm-up) count training epochs from 0.
+        drv.gossip.set_epoch(epoch.saturating_sub(1));
         for _ in 0..rounds {
             // Mini-batch from the local shard, reshuffled after each pass.
             let mut batch_images = Vec::with_capacity(args.batch_size * INPUTS);
