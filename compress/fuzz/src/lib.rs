@@ -343,6 +343,22 @@ pub fn roundtrip(data: &[u8]) {
     );
     let msg = &out[PREFIX.len()..];
 
+    // The one documented refusal of a finite x: a QSGD bucket whose ‖x_b‖₂ exceeds
+    // f32::MAX has no finite norm to send (murmur_compress::Qsgd, "Non-finite input").
+    if let Spec::Qsgd { bucket, .. } = spec {
+        let overflow = x.chunks(bucket.max(1)).any(|b| {
+            b.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt() > f32::MAX as f64
+        });
+        if overflow {
+            let e = check_decode(msg, d, 1.0).err();
+            assert!(
+                matches!(e, Some(DecodeError::NonFiniteScale { .. })),
+                "{spec:?}: a bucket norm beyond f32::MAX must be refused, got {e:?}"
+            );
+            return;
+        }
+    }
+
     let (info, y) = check_decode(msg, d, 1.0).unwrap_or_else(|e| {
         panic!("{spec:?}: message of a finite x of d = {d} does not decode: {e}")
     });
