@@ -188,12 +188,13 @@ impl Compressor for Qsgd {
         let s = self.levels;
         let w = bit_length(s);
         let bucket = wire_bucket(self.bucket);
-        let nb = d.div_ceil(bucket);
         let start = begin_message(OperatorId::Qsgd, d, self.len(d) - HEADER_LEN, out);
         out.extend_from_slice(&s.to_le_bytes());
         out.extend_from_slice(&[w as u8, 0]);
         out.extend_from_slice(&(bucket as u32).to_le_bytes());
-        qsgd_encode(x, s, bucket, nb, seed, out);
+        let norm = |xb: &[f32]| sum_sq(xb).sqrt() as f32;
+        let codes = |xp: &[f32], u: &[u32], norm, c: &mut [u32]| qsgd_codes(xp, u, norm, s, c);
+        bucketed_encode(x, bucket, seed, 1 + w, norm, codes, out);
         finish_message(start, out)
     }
 
@@ -337,10 +338,9 @@ impl Compressor for TernGrad {
         assert_dim(d);
         let seed = rng.next_u64();
         let bucket = whole_or(self.bucket, d);
-        let nb = d.div_ceil(bucket);
         let start = begin_message(OperatorId::TernGrad, d, self.len(d) - HEADER_LEN, out);
         out.extend_from_slice(&(bucket as u32).to_le_bytes());
-        terngrad_encode(x, bucket, nb, seed, out);
+        bucketed_encode(x, bucket, seed, 2, max_abs, terngrad_codes, out);
         finish_message(start, out)
     }
 
@@ -489,29 +489,37 @@ fn for_segments(lo: usize, hi: usize, bucket: usize, mut f: impl FnMut(usize, us
     }
 }
 
-/// Writes the norms and codes of QSGD after the parameters already in `out`.
-fn qsgd_encode(x: &[f32], s: u16, bucket: usize, nb: usize, seed: u64, out: &mut Vec<u8>) {
+/// The encoding loop shared by the stochastic bucketed quantisers (QSGD, TernGrad): after
+/// the parameters already in `out`, one `f32` scale per bucket (`scale_of(x_b)`), then the
+/// `width`-bit codes that `codes_of(piece, uniforms, scale, codes)` gives, a block of
+/// [`CHUNK`] coordinates at a time with the [`Dither`] uniforms of `seed`.
+fn bucketed_encode(
+    x: &[f32],
+    bucket: usize,
+    seed: u64,
+    width: u32,
+    scale_of: impl Fn(&[f32]) -> f32,
+    mut codes_of: impl FnMut(&[f32], &[u32], f32, &mut [u32]),
+    out: &mut Vec<u8>,
+) {
     let d = x.len();
-    let width = 1 + bit_length(s);
-    let norms_at = out.len();
-    out.resize(norms_at + 4 * nb, 0);
+    let scales_at = out.len();
+    out.resize(scales_at + 4 * d.div_ceil(bucket), 0);
     let mut rng = Dither::new(seed);
     let mut draws = [0u32; CHUNK];
     let mut codes = [0u32; CHUNK];
-    let mut norm = 0f32;
+    let mut scale = 0f32;
     for (c, xc) in x.chunks(CHUNK).enumerate() {
         let lo = c * CHUNK;
         let n = xc.len();
         rng.fill(&mut draws[..n]);
-        let uni = &draws;
         for_segments(lo, lo + n, bucket, |b, i, j| {
             if i == b * bucket {
-                let xb = &x[i..i.saturating_add(bucket).min(d)];
-                norm = sum_sq(xb).sqrt() as f32;
-                out[norms_at + 4 * b..norms_at + 4 * b + 4].copy_from_slice(&norm.to_le_bytes());
+                scale = scale_of(&x[i..i.saturating_add(bucket).min(d)]);
+                out[scales_at + 4 * b..scales_at + 4 * b + 4].copy_from_slice(&scale.to_le_bytes());
             }
             let (a, z) = (i - lo, j - lo);
-            qsgd_codes(&x[i..j], &uni[a..z], norm, s, &mut codes[a..z]);
+            codes_of(&x[i..j], &draws[a..z], scale, &mut codes[a..z]);
         });
         emit_codes(width, &codes[..n], out);
     }
@@ -571,32 +579,6 @@ fn qsgd_levels(x: &[f32], u: &[u32], s: u16, codes: &mut [u32], ratio: impl Fn(f
         let t = y + MAGIC;
         let l = (t.to_bits() - MAGIC.to_bits()) - ((t - MAGIC) > y) as u32;
         *c = (l << 1) | (v < 0.0) as u32;
-    }
-}
-
-/// Writes the scales and 2-bit codes of TernGrad after the parameters already in `out`.
-fn terngrad_encode(x: &[f32], bucket: usize, nb: usize, seed: u64, out: &mut Vec<u8>) {
-    let d = x.len();
-    let scales_at = out.len();
-    out.resize(scales_at + 4 * nb, 0);
-    let mut rng = Dither::new(seed);
-    let mut draws = [0u32; CHUNK];
-    let mut codes = [0u32; CHUNK];
-    let mut scale = 0f32;
-    for (c, xc) in x.chunks(CHUNK).enumerate() {
-        let lo = c * CHUNK;
-        let n = xc.len();
-        rng.fill(&mut draws[..n]);
-        let uni = &draws;
-        for_segments(lo, lo + n, bucket, |b, i, j| {
-            if i == b * bucket {
-                scale = max_abs(&x[i..i.saturating_add(bucket).min(d)]);
-                out[scales_at + 4 * b..scales_at + 4 * b + 4].copy_from_slice(&scale.to_le_bytes());
-            }
-            let (a, z) = (i - lo, j - lo);
-            terngrad_codes(&x[i..j], &uni[a..z], scale, &mut codes[a..z]);
-        });
-        emit_codes(2, &codes[..n], out);
     }
 }
 
