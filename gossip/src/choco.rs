@@ -52,8 +52,8 @@ use murmur_topology::MixingMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::exchange::{max_lead, Arrival, Exchange, ExchangeParams};
-use crate::{Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
+use crate::exchange::{max_lead, Exchange, ExchangeParams};
+use crate::{Gossip, GossipError, Rank};
 
 /// Configuration of one CHOCO peer.
 #[derive(Debug, Clone)]
@@ -70,7 +70,7 @@ pub struct ChocoConfig {
     pub lr: f32,
     /// Consensus step size γ, in (0, 1]; see the [module docs](self) on choosing it.
     pub gamma: f32,
-    /// How long a round may wait for its messages before [`GossipEvent::RoundTimedOut`].
+    /// How long a round may wait for its messages before [`crate::GossipEvent::RoundTimedOut`].
     pub round_timeout: Duration,
     /// Largest frame payload accepted, in bytes.
     pub max_payload_bytes: u32,
@@ -165,7 +165,7 @@ pub fn suggested_gamma(w: &MixingMatrix, omega: f64) -> f64 {
 /// Frames are [`crate::FrameKind::Gossip`] frames carrying q_i as a `murmur_compress`
 /// message, the same format as [`crate::DPsgd`], with the same checks: a refused frame
 /// leaves the state unchanged. While a round mixes, [`Gossip::params`] returns x^(t+½);
-/// after [`GossipEvent::Mixed`], x^(t+1).
+/// after [`crate::GossipEvent::Mixed`], x^(t+1).
 pub struct Choco {
     cfg: ChocoConfig,
     compressor: Box<dyn Compressor>,
@@ -297,51 +297,11 @@ impl Gossip for Choco {
         self.finish_if_complete();
     }
 
-    fn handle_message(
-        &mut self,
-        _now: Instant,
-        from: Rank,
-        frame: &[u8],
-    ) -> Result<(), GossipError> {
-        if let Arrival::Current { idx, payload } = self.ex.check(from, frame)? {
-            self.absorb(idx, payload)?;
-            self.ex.accept(idx, frame.len());
-        }
-        self.finish_if_complete();
-        Ok(())
-    }
-
-    fn handle_timeout(&mut self, now: Instant) {
-        self.ex.handle_timeout(now);
-    }
-
-    fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
-        self.ex.poll_transmit(buf)
-    }
-
-    fn poll_timeout(&self) -> Option<Instant> {
-        self.ex.poll_timeout()
-    }
-
-    fn poll_event(&mut self) -> Option<GossipEvent> {
-        self.ex.poll_event()
-    }
-
     fn params(&self) -> &[f32] {
         &self.x
     }
 
-    fn round(&self) -> u64 {
-        self.ex.round()
-    }
-
-    fn stats(&self) -> GossipStats {
-        self.ex.stats()
-    }
-
-    fn set_epoch(&mut self, epoch: usize) {
-        self.compressor.set_epoch(epoch);
-    }
+    crate::exchange::exchange_driven_gossip!();
 }
 
 #[cfg(test)]

@@ -24,8 +24,8 @@ use murmur_compress::{Compressor, Identity};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::exchange::{max_lead, Arrival, Exchange, ExchangeParams};
-use crate::{Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
+use crate::exchange::{max_lead, Exchange, ExchangeParams};
+use crate::{Gossip, GossipError, Rank};
 
 /// Configuration of one D-PSGD peer.
 #[derive(Debug, Clone)]
@@ -40,7 +40,7 @@ pub struct DPsgdConfig {
     pub out_neighbors: Vec<Rank>,
     /// Learning rate η applied to the gradient passed to `begin_round`.
     pub lr: f32,
-    /// How long a round may wait for its messages before [`GossipEvent::RoundTimedOut`].
+    /// How long a round may wait for its messages before [`crate::GossipEvent::RoundTimedOut`].
     pub round_timeout: Duration,
     /// Largest frame payload accepted, in bytes.
     pub max_payload_bytes: u32,
@@ -175,49 +175,9 @@ impl Gossip for DPsgd {
         self.finish_if_complete();
     }
 
-    fn handle_message(
-        &mut self,
-        _now: Instant,
-        from: Rank,
-        frame: &[u8],
-    ) -> Result<(), GossipError> {
-        if let Arrival::Current { idx, payload } = self.ex.check(from, frame)? {
-            self.absorb(idx, payload)?;
-            self.ex.accept(idx, frame.len());
-        }
-        self.finish_if_complete();
-        Ok(())
-    }
-
-    fn handle_timeout(&mut self, now: Instant) {
-        self.ex.handle_timeout(now);
-    }
-
-    fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
-        self.ex.poll_transmit(buf)
-    }
-
-    fn poll_timeout(&self) -> Option<Instant> {
-        self.ex.poll_timeout()
-    }
-
-    fn poll_event(&mut self) -> Option<GossipEvent> {
-        self.ex.poll_event()
-    }
-
     fn params(&self) -> &[f32] {
         &self.x
     }
 
-    fn round(&self) -> u64 {
-        self.ex.round()
-    }
-
-    fn stats(&self) -> GossipStats {
-        self.ex.stats()
-    }
-
-    fn set_epoch(&mut self, epoch: usize) {
-        self.compressor.set_epoch(epoch);
-    }
+    crate::exchange::exchange_driven_gossip!();
 }

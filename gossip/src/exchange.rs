@@ -17,6 +17,60 @@ use murmur_topology::MixingMatrix;
 use crate::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use crate::{GossipError, GossipEvent, GossipStats, Rank, Transmit};
 
+/// The [`crate::Gossip`] methods that every exchange-driven algorithm implements the same
+/// way: frames go through [`Exchange::check`], the algorithm's `absorb(idx, payload)` mixes
+/// an accepted payload, `finish_if_complete()` ends the round; transmit, timeouts, events,
+/// the round and the counters are the exchange's, and the epoch goes to `compressor`.
+/// Expanded inside `impl Gossip for …` of a type with fields `ex` and `compressor`.
+macro_rules! exchange_driven_gossip {
+    () => {
+        fn handle_message(
+            &mut self,
+            _now: std::time::Instant,
+            from: $crate::Rank,
+            frame: &[u8],
+        ) -> Result<(), $crate::GossipError> {
+            if let $crate::exchange::Arrival::Current { idx, payload } =
+                self.ex.check(from, frame)?
+            {
+                self.absorb(idx, payload)?;
+                self.ex.accept(idx, frame.len());
+            }
+            self.finish_if_complete();
+            Ok(())
+        }
+
+        fn handle_timeout(&mut self, now: std::time::Instant) {
+            self.ex.handle_timeout(now);
+        }
+
+        fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<$crate::Transmit> {
+            self.ex.poll_transmit(buf)
+        }
+
+        fn poll_timeout(&self) -> Option<std::time::Instant> {
+            self.ex.poll_timeout()
+        }
+
+        fn poll_event(&mut self) -> Option<$crate::GossipEvent> {
+            self.ex.poll_event()
+        }
+
+        fn round(&self) -> u64 {
+            self.ex.round()
+        }
+
+        fn stats(&self) -> $crate::GossipStats {
+            self.ex.stats()
+        }
+
+        fn set_epoch(&mut self, epoch: usize) {
+            self.compressor.set_epoch(epoch);
+        }
+    };
+}
+pub(crate) use exchange_driven_gossip;
+
 /// Largest graph distance from `rank` to one of its in-neighbours along the direction in
 /// which frames travel (j → i when W_ij ≠ 0); n if some in-neighbour is unreachable.
 pub(crate) fn max_lead(w: &MixingMatrix, rank: Rank) -> u64 {
