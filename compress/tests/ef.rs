@@ -120,7 +120,7 @@ proptest! {
             let (msg, c) = step(&mut dgc, g, &mut rng);
             prop_assert_eq!(msg[0], dgc.id() as u8);
             prop_assert!(msg.len() <= dgc.max_encoded_len(d));
-            let k = ((cfg.density(epoch) * d as f64).ceil() as usize).clamp(1, d);
+            let k = murmur_compress::k_for_ratio(cfg.density(epoch), d);
             let nnz = c.iter().filter(|&&ci| ci != 0.0).count();
             prop_assert!(nnz <= dgc.last_k());
             if approximate {

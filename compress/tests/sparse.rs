@@ -90,7 +90,7 @@ proptest! {
         let mut expected = Vec::new();
         let mut base = 0;
         for &l in &layers {
-            let k = if l == 0 { 0 } else { ((ratio * l as f64).ceil() as usize).clamp(1, l) };
+            let k = murmur_compress::k_for_ratio(ratio, l);
             expected.extend(reference_top_k(&x[base..base + l], k));
             base += l;
         }
@@ -162,7 +162,7 @@ proptest! {
         for &len in &layers {
             let (xs, ys) = (&x[base..base + len], &y[base..base + len]);
             let kept = ys.iter().filter(|v| **v != 0.0).count();
-            let k = if len == 0 { 0 } else { ((0.05 * len as f64).ceil() as usize).clamp(1, len) };
+            let k = murmur_compress::k_for_ratio(0.05, len);
             prop_assert!(kept <= 2 * k, "tensor of {len}: kept {kept} > 2k = {}", 2 * k);
             let min_kept = xs.iter().zip(ys).filter(|(_, y)| **y != 0.0).map(|(x, _)| x.abs()).fold(f32::INFINITY, f32::min);
             let max_dropped = xs.iter().zip(ys).filter(|(_, y)| **y == 0.0).map(|(x, _)| x.abs()).fold(0.0, f32::max);
