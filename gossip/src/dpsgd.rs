@@ -179,5 +179,27 @@ impl Gossip for DPsgd {
         &self.x
     }
 
+    fn out_peers(&self) -> Vec<Rank> {
+        crate::peer_set(self.cfg.rank, self.cfg.out_neighbors.iter().copied())
+    }
+
+    fn in_peers(&self) -> Vec<Rank> {
+        crate::peer_set(self.cfg.rank, self.cfg.in_weights.iter().map(|&(j, _)| j))
+    }
+
+    /// x_i^{t+1} = Σ_j W_ij x_j^t − η g_i: the frames carry x_i^t only.
+    fn overlaps_gradient(&self) -> bool {
+        true
+    }
+
+    fn apply_gradient(&mut self, grad: &[f32]) {
+        self.ex.assert_idle();
+        assert_eq!(grad.len(), self.x.len(), "grad must have length d");
+        let lr = self.cfg.lr;
+        for (x, g) in self.x.iter_mut().zip(grad) {
+            *x -= lr * g;
+        }
+    }
+
     crate::exchange::exchange_driven_gossip!();
 }

@@ -35,6 +35,15 @@ pub enum FrameKind {
     Report = 2,
     /// The sender has finished; payload defined by the node.
     Bye = 3,
+    /// A push-sum message of SGP: the push-sum weight share and a compressed parameter
+    /// share (payload defined by [`crate::sgp`]).
+    PushSum = 4,
+    /// One chunk of a ring all-reduce step (payload defined by [`crate::allreduce`]).
+    Reduce = 5,
+    /// A parameter-server worker's gradient for the server (payload defined by [`crate::ps`]).
+    Push = 6,
+    /// A parameter server's parameters for a worker (payload defined by [`crate::ps`]).
+    Pull = 7,
 }
 
 impl FrameKind {
@@ -43,6 +52,10 @@ impl FrameKind {
             1 => Some(Self::Gossip),
             2 => Some(Self::Report),
             3 => Some(Self::Bye),
+            4 => Some(Self::PushSum),
+            5 => Some(Self::Reduce),
+            6 => Some(Self::Push),
+            7 => Some(Self::Pull),
             _ => None,
         }
     }

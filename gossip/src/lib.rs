@@ -177,6 +177,43 @@ pub trait Gossip: Send {
     /// Tells the algorithm the current epoch (0-based), passed on to its compressor for
     /// schedules such as DGC's sparsity warm-up. The default does nothing.
     fn set_epoch(&mut self, _epoch: usize) {}
+
+    /// Every peer this peer may send a frame to during the run, ascending, without itself:
+    /// the driver opens a link to each before the first round.
+    fn out_peers(&self) -> Vec<Rank>;
+
+    /// Every peer that may send this peer a frame during the run, ascending, without
+    /// itself: the driver waits for each one's goodbye before it shuts down.
+    fn in_peers(&self) -> Vec<Rank>;
+
+    /// Whether a round's outgoing frames do not depend on its gradient, so that the driver
+    /// may begin the round with `grad = None`, compute the gradient while the frames move,
+    /// and hand it over with [`Gossip::apply_gradient`] after [`GossipEvent::Mixed`]
+    /// (communication hidden behind computation, Lian et al. 2017 §3). The default is
+    /// `false`.
+    fn overlaps_gradient(&self) -> bool {
+        false
+    }
+
+    /// For an algorithm whose [`Gossip::overlaps_gradient`] is `true`, after the
+    /// [`GossipEvent::Mixed`] of a round begun with `grad = None`: applies the local update
+    /// `x_i ← x_i − η·grad` (`grad: [d]`) to the mixed parameters.
+    ///
+    /// # Panics
+    /// If the algorithm does not overlap, a round is mixing, or `grad` is not `[d]` (driver
+    /// bugs).
+    fn apply_gradient(&mut self, _grad: &[f32]) {
+        panic!("this algorithm takes its gradient in begin_round; it does not overlap");
+    }
+}
+
+/// Sorted, deduplicated ranks without `me`: the shape of [`Gossip::out_peers`] and
+/// [`Gossip::in_peers`].
+pub fn peer_set(me: Rank, ranks: impl IntoIterator<Item = Rank>) -> Vec<Rank> {
+    let mut v: Vec<Rank> = ranks.into_iter().filter(|&r| r != me).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
 }
 
 /// Consensus distance Ξ² = (1/n) Σ_i ‖x_i − x̄‖² of the vectors `xs: n × [d]`, and `x̄: [d]`.

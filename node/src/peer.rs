@@ -207,27 +207,6 @@ fn run_on<B: AutodiffBackend>(
     let join_timeout = Duration::from_secs(args.join_timeout_secs);
     let directory = rt.block_on(discover(role, me, fingerprint, join_timeout))?;
 
-    // Links: to every out-neighbour, and to rank 0 for the metrics reports.
-    let mut destinations: Vec<Rank> = topo.w.out_neighbors(rank);
-    if rank != 0 && !destinations.contains(&0) {
-        destinations.push(0);
-    }
-    let mut links = Links::new();
-    for &to in &destinations {
-        let info = &directory[to];
-        let link = rt.block_on(plane.connect(to, info.data_addr, &info.cert_der))?;
-        links.insert(to, link);
-    }
-    let mut expected_in: HashSet<Rank> = topo
-        .w
-        .in_weights(rank)
-        .into_iter()
-        .map(|(j, _)| j)
-        .collect();
-    if rank == 0 {
-        expected_in.extend(1..n);
-    }
-
     let compressor = args
         .compressor()
         .build(Some(&model::tensor_lengths(&net)))
@@ -250,6 +229,22 @@ fn run_on<B: AutodiffBackend>(
             Box::new(Choco::new(cfg, x.clone(), compressor))
         }
     };
+
+    // Links: to every peer the algorithm sends to, and to rank 0 for the metrics reports.
+    let mut destinations: Vec<Rank> = gossip.out_peers();
+    if rank != 0 && !destinations.contains(&0) {
+        destinations.push(0);
+    }
+    let mut links = Links::new();
+    for &to in &destinations {
+        let info = &directory[to];
+        let link = rt.block_on(plane.connect(to, info.data_addr, &info.cert_der))?;
+        links.insert(to, link);
+    }
+    let mut expected_in: HashSet<Rank> = gossip.in_peers().into_iter().collect();
+    if rank == 0 {
+        expected_in.extend(1..n);
+    }
 
     let collector = (rank == 0).then(|| Collector {
         n,
@@ -487,10 +482,14 @@ impl Driver {
                 header,
                 bytes,
             } => match header.kind {
-                FrameKind::Gossip => {
+                FrameKind::Gossip
+                | FrameKind::PushSum
+                | FrameKind::Reduce
+                | FrameKind::Push
+                | FrameKind::Pull => {
                     if let Err(e) = self.gossip.handle_message(Instant::now(), from, &bytes) {
                         self.refused_frames += 1;
-                        warn!(from, "dropped a gossip frame: {e}");
+                        warn!(from, "dropped an algorithm frame: {e}");
                     }
                 }
                 FrameKind::Report => match self.collector.as_mut() {
