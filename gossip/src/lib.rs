@@ -9,7 +9,8 @@
 //! simulator is a result about the shipped code (the quinn-proto / quinn split).
 //!
 //! Algorithms: [`DPsgd`] (Lian et al. 2017), [`Choco`] (CHOCO-SGD and CHOCO-Gossip, Koloskova,
-//! Stich & Jaggi 2019).
+//! Stich & Jaggi 2019), [`LocalSgd`] (H local steps around any of them: local-SGD gossip and
+//! model averaging).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -17,6 +18,7 @@ pub mod choco;
 pub mod dpsgd;
 mod exchange;
 pub mod frame;
+pub mod local;
 pub mod sim;
 
 use std::time::Instant;
@@ -24,6 +26,7 @@ use std::time::Instant;
 pub use choco::{suggested_gamma, theorem2_gamma, Choco, ChocoConfig};
 pub use dpsgd::{DPsgd, DPsgdConfig};
 pub use frame::{FrameError, FrameHeader, FrameKind, FRAME_HEADER_LEN};
+pub use local::LocalSgd;
 pub use murmur_topology::Rank;
 use thiserror::Error;
 

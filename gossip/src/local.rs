@@ -1,0 +1,184 @@
+//! Local SGD: H local steps between communication rounds, around any communicating
+//! algorithm.
+//!
+//! * **Local-SGD gossip** (the decentralized local SGD analysed by Koloskova et al. 2020,
+//!   "A unified theory of decentralized SGD with changing topology and local updates";
+//!   Wang & Joshi 2021, "Cooperative SGD"): the inner algorithm is gossip, e.g.
+//!   [`crate::DPsgd`] on W. H = 1 is D-PSGD in its "adapt then combine" form.
+//! * **Local SGD / model averaging** (Stich 2019, "Local SGD converges fast and communicates
+//!   little"; Lin et al. 2020, "Don't use large mini-batches, use local SGD"): the inner
+//!   algorithm is exact global averaging, e.g. [`crate::AllReduce`] with no gradient.
+//!
+//! Every call of [`Gossip::begin_round`] is one SGD step of peer i:
+//!
+//! ```text
+//! y_i = x_i − η g_i
+//! x_i ← y_i                         if (t + 1) mod H ≠ 0   (local step: no frame, done at once)
+//! x_i ← inner.mix(y_i)              if (t + 1) mod H = 0   (communication round)
+//! ```
+//!
+//! where t counts this wrapper's rounds from 0 and `inner.mix` is one round of the inner
+//! algorithm begun with `grad = None` (for D-PSGD: Σ_j W_ij y_j; for all-reduce: the mean
+//! of y). The inner algorithm counts only communication rounds, so its frames carry round
+//! ⌊t / H⌋; [`Gossip::round`] and [`GossipEvent`]s use t. Bytes per SGD step fall by a
+//! factor H.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use crate::{Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
+
+/// Local SGD with `h` local steps per communication round around `inner`
+/// (see the [module docs](self)).
+pub struct LocalSgd {
+    inner: Box<dyn Gossip>,
+    /// Local steps per communication round H ≥ 1.
+    h: u64,
+    /// Learning rate η of the local steps.
+    lr: f32,
+    /// x_i: [d].
+    x: Vec<f32>,
+    /// This wrapper's round t: the SGD step that is mixing, or the next one when idle.
+    round: u64,
+    /// Whether round `round` is a communication round that is waiting for `inner`.
+    communicating: bool,
+    events: VecDeque<GossipEvent>,
+}
+
+impl LocalSgd {
+    /// Wraps `inner` (whose parameters are the starting point x⁰: [d]) with `h` local steps
+    /// of learning rate `lr` per communication round.
+    ///
+    /// # Panics
+    /// If `h` is 0.
+    pub fn new(inner: Box<dyn Gossip>, h: u64, lr: f32) -> Self {
+        assert!(h >= 1, "local SGD needs H ≥ 1 local steps per round");
+        LocalSgd {
+            x: inner.params().to_vec(),
+            inner,
+            h,
+            lr,
+            round: 0,
+            communicating: false,
+            events: VecDeque::new(),
+        }
+    }
+
+    /// Local steps per communication round H.
+    pub fn local_steps(&self) -> u64 {
+        self.h
+    }
+
+    /// Whether round t communicates: (t + 1) mod H = 0.
+    pub fn communicates(&self, t: u64) -> bool {
+        (t + 1) % self.h == 0
+    }
+
+    /// Moves the inner algorithm's events into this wrapper's queue, translating rounds.
+    fn pump(&mut self) {
+        while let Some(ev) = self.inner.poll_event() {
+            match ev {
+                GossipEvent::Mixed { .. } if self.communicating => {
+                    self.x.copy_from_slice(self.inner.params());
+                    self.communicating = false;
+                    self.events
+                        .push_back(GossipEvent::Mixed { round: self.round });
+                    self.round += 1;
+                }
+                GossipEvent::RoundTimedOut { missing, .. } => {
+                    self.events.push_back(GossipEvent::RoundTimedOut {
+                        round: self.round,
+                        missing,
+                    });
+                }
+                other => self.events.push_back(other),
+            }
+        }
+    }
+}
+
+impl Gossip for LocalSgd {
+    /// One SGD step from `x: [d]` with `grad: [d]` (none: a step of zero gradient).
+    ///
+    /// # Panics
+    /// If `x` or `grad` is not `[d]`, or the previous round is still mixing.
+    fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) {
+        assert!(
+            !self.communicating,
+            "begin_round while round {} is still mixing",
+            self.round
+        );
+        assert_eq!(x.len(), self.x.len(), "x must have length d");
+        match grad {
+            Some(g) => {
+                assert_eq!(g.len(), x.len(), "grad must have length d");
+                for ((y, xi), gi) in self.x.iter_mut().zip(x).zip(g) {
+                    *y = xi - self.lr * gi;
+                }
+            }
+            None => self.x.copy_from_slice(x),
+        }
+        if self.communicates(self.round) {
+            self.communicating = true;
+            self.inner.begin_round(now, &self.x, None);
+            self.pump();
+        } else {
+            self.events
+                .push_back(GossipEvent::Mixed { round: self.round });
+            self.round += 1;
+        }
+    }
+
+    fn handle_message(
+        &mut self,
+        now: Instant,
+        from: Rank,
+        frame: &[u8],
+    ) -> Result<(), GossipError> {
+        let r = self.inner.handle_message(now, from, frame);
+        self.pump();
+        r
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        self.inner.handle_timeout(now);
+        self.pump();
+    }
+
+    fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+        self.inner.poll_transmit(buf)
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.inner.poll_timeout()
+    }
+
+    fn poll_event(&mut self) -> Option<GossipEvent> {
+        self.pump();
+        self.events.pop_front()
+    }
+
+    fn params(&self) -> &[f32] {
+        &self.x
+    }
+
+    fn round(&self) -> u64 {
+        self.round
+    }
+
+    fn stats(&self) -> GossipStats {
+        self.inner.stats()
+    }
+
+    fn set_epoch(&mut self, epoch: usize) {
+        self.inner.set_epoch(epoch);
+    }
+
+    fn out_peers(&self) -> Vec<Rank> {
+        self.inner.out_peers()
+    }
+
+    fn in_peers(&self) -> Vec<Rank> {
+        self.inner.in_peers()
+    }
+}
