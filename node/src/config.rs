@@ -139,6 +139,10 @@ pub struct RunArgs {
     /// Rounds per epoch; default: ⌈train samples / (peers · batch)⌉.
     #[arg(long)]
     pub rounds_per_epoch: Option<u64>,
+    /// Do not overlap communication with computation: begin each round only after the
+    /// gradient is computed (for D-PSGD-like algorithms, which overlap by default).
+    #[arg(long)]
+    pub no_overlap: bool,
     /// Seconds a round may wait for its neighbours before the peer gives up.
     #[arg(long, default_value_t = 60)]
     pub round_timeout_secs: u64,
@@ -169,6 +173,9 @@ impl RunArgs {
         ];
         if let Some(d) = &self.data {
             a.push(format!("--data={}", d.display()));
+        }
+        if self.no_overlap {
+            a.push("--no-overlap".into());
         }
         if let Some(r) = self.rounds_per_epoch {
             a.push(format!("--rounds-per-epoch={r}"));

@@ -33,6 +33,10 @@ pub struct PeerEpoch {
     pub compute_seconds: f64,
     /// Seconds from sending a round's messages to having mixed, so far.
     pub communicate_seconds: f64,
+    /// Seconds blocked waiting for a round to mix after the gradient was ready, so far: the
+    /// communication that computation did not hide (equal to `communicate_seconds` when
+    /// the algorithm cannot overlap).
+    pub wait_seconds: f64,
     /// Seconds since this peer started training.
     pub wall_seconds: f64,
 }
@@ -62,6 +66,8 @@ pub struct EpochRow {
     pub compute_seconds: f64,
     /// Mean over peers of the communicate seconds so far.
     pub communicate_seconds: f64,
+    /// Mean over peers of the wait seconds (communication not hidden) so far.
+    pub wait_seconds: f64,
     /// Peer 0's seconds since training started.
     pub wall_seconds: f64,
 }
@@ -132,7 +138,7 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
 /// The table header printed above [`format_row`] lines.
 pub fn table_header() -> String {
     format!(
-        "{:>5} {:>6} {:>8} {:>8} {:>8} {:>8} {:>10} {:>8} {:>11} {:>8}",
+        "{:>5} {:>6} {:>8} {:>8} {:>8} {:>8} {:>10} {:>8} {:>11} {:>7} {:>7} {:>8}",
         "epoch",
         "rounds",
         "acc mean",
@@ -142,6 +148,8 @@ pub fn table_header() -> String {
         "Ξ²",
         "loss",
         "MB sent/peer",
+        "comp s",
+        "wait s",
         "wall s"
     )
 }
@@ -149,7 +157,7 @@ pub fn table_header() -> String {
 /// One table line for an epoch row.
 pub fn format_row(r: &EpochRow) -> String {
     format!(
-        "{:>5} {:>6} {:>7.2}% {:>7.2}% {:>7.2}% {:>7.2}% {:>10.3e} {:>8.4} {:>12.1} {:>8.1}",
+        "{:>5} {:>6} {:>7.2}% {:>7.2}% {:>7.2}% {:>7.2}% {:>10.3e} {:>8.4} {:>12.1} {:>7.1} {:>7.1} {:>8.1}",
         r.epoch,
         r.rounds,
         100.0 * r.mean_test_accuracy,
@@ -159,6 +167,8 @@ pub fn format_row(r: &EpochRow) -> String {
         r.consensus_distance,
         r.mean_train_loss,
         r.bytes_sent_per_peer / 1e6,
+        r.compute_seconds,
+        r.wait_seconds,
         r.wall_seconds
     )
 }

@@ -283,7 +283,9 @@ fn run_on<B: AutodiffBackend>(
     let mut grad = Vec::with_capacity(d);
     let mut velocity = vec![0.0f32; d];
     let mut batch_labels = Vec::with_capacity(args.batch_size);
-    let (mut compute_s, mut communicate_s) = (0.0f64, 0.0f64);
+    let (mut compute_s, mut communicate_s, mut wait_s) = (0.0f64, 0.0f64, 0.0f64);
+    // D-PSGD-like algorithms send x_t before its gradient is known: overlap the two.
+    let overlap = drv.gossip.overlaps_gradient() && !args.no_overlap;
     let peer_log = peer.out.join("peers").join(format!("peer-{rank}.jsonl"));
     let mut last_report = None;
     // Epoch 0 trains nothing: it records the starting point (x⁰, Ξ²(0)).
@@ -307,6 +309,11 @@ fn run_on<B: AutodiffBackend>(
                 batch_labels.push(shard.labels[i]);
             }
             let t0 = Instant::now();
+            if overlap {
+                // Frames with x_t leave while the gradient at x_t is computed.
+                drv.gossip.begin_round(Instant::now(), &x, None);
+                drv.transmit()?;
+            }
             let (xb, yb) = model::batch_tensors::<B>(batch_images, &batch_labels, &device);
             let loss = model::loss_and_grad(&net, xb, yb, &mut grad);
             if !loss.is_finite() {
@@ -317,15 +324,24 @@ fn run_on<B: AutodiffBackend>(
             for (v, g) in velocity.iter_mut().zip(&grad) {
                 *v = args.momentum * *v + g;
             }
-            compute_s += t0.elapsed().as_secs_f64();
-
             let t1 = Instant::now();
-            drv.gossip.begin_round(Instant::now(), &x, Some(&velocity));
-            drv.transmit()?;
-            drv.wait_mixed()?;
+            compute_s += (t1 - t0).as_secs_f64();
+
+            if overlap {
+                drv.wait_mixed()?;
+                drv.gossip.apply_gradient(&velocity);
+                communicate_s += t0.elapsed().as_secs_f64();
+            } else {
+                drv.gossip.begin_round(Instant::now(), &x, Some(&velocity));
+                drv.transmit()?;
+                drv.wait_mixed()?;
+                communicate_s += t1.elapsed().as_secs_f64();
+            }
+            wait_s += t1.elapsed().as_secs_f64();
             x.copy_from_slice(drv.gossip.params());
             net = model::unflatten(net, &x)?;
-            communicate_s += t1.elapsed().as_secs_f64();
+            // Serve what arrived meanwhile (a parameter server answers its workers here).
+            drv.serve_ready()?;
         }
         let eval_model = model::inference_copy(&net);
         let (test_accuracy, test_loss) = model::evaluate(
@@ -352,6 +368,7 @@ fn run_on<B: AutodiffBackend>(
             bytes_received: stats.bytes_received,
             compute_seconds: compute_s,
             communicate_seconds: communicate_s,
+            wait_seconds: wait_s,
             wall_seconds: start.elapsed().as_secs_f64(),
         };
         info!(epoch, epochs = args.epochs, test_accuracy, "epoch done");
@@ -444,6 +461,8 @@ impl Driver {
     fn wait_mixed(&mut self) -> anyhow::Result<()> {
         let start = Instant::now();
         loop {
+            // Handling a frame may queue frames (all-reduce steps, server replies).
+            self.transmit()?;
             while let Some(ev) = self.gossip.poll_event() {
                 match ev {
                     GossipEvent::Mixed { .. } => return Ok(()),
@@ -464,6 +483,16 @@ impl Driver {
         }
     }
 
+    /// Handles the network events that are already queued, without blocking, and sends
+    /// what they caused. Events of the state machine are left for [`Driver::wait_mixed`].
+    fn serve_ready(&mut self) -> anyhow::Result<()> {
+        while let Ok(ev) = self.events.try_recv() {
+            self.handle_net_event(ev)?;
+            self.transmit()?;
+        }
+        Ok(())
+    }
+
     /// Waits for one network event until `deadline` and handles it. Returns `false` if
     /// the deadline passed first.
     fn next_event(&mut self, deadline: Instant) -> anyhow::Result<bool> {
@@ -476,6 +505,12 @@ impl Driver {
             Ok(None) => bail!("the data plane stopped"),
             Ok(Some(ev)) => ev,
         };
+        self.handle_net_event(ev)?;
+        Ok(true)
+    }
+
+    /// Handles one network event.
+    fn handle_net_event(&mut self, ev: NetEvent) -> anyhow::Result<()> {
         match ev {
             NetEvent::Frame {
                 from,
@@ -531,7 +566,7 @@ impl Driver {
                 warn!(?peer, "refused a frame: {reason}");
             }
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Sends this epoch's report (metrics and x) to rank 0, or records it on rank 0.
@@ -696,6 +731,7 @@ impl Collector {
             bytes_sent_per_peer: mean(|r| r.bytes_sent as f64),
             compute_seconds: mean(|r| r.compute_seconds),
             communicate_seconds: mean(|r| r.communicate_seconds),
+            wait_seconds: mean(|r| r.wait_seconds),
             wall_seconds: self.started.elapsed().as_secs_f64(),
         })
     }
@@ -722,6 +758,7 @@ mod tests {
             bytes_received: 999,
             compute_seconds: 1.5,
             communicate_seconds: 2.5,
+            wait_seconds: 0.5,
             wall_seconds: 4.0,
         }
     }
