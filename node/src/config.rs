@@ -18,6 +18,9 @@ pub enum Algorithm {
     /// CHOCO-SGD (Koloskova, Stich & Jaggi 2019): gossip of compressed differences
     /// Q(x_i − x̂_i), consensus step size γ (`--gamma`).
     Choco,
+    /// Local-SGD gossip: H local SGD steps (`--local-steps`), then one D-PSGD mixing round
+    /// on W (Koloskova et al. 2020; H = 1 is D-PSGD).
+    LocalSgd,
 }
 
 impl std::fmt::Display for Algorithm {
@@ -25,7 +28,15 @@ impl std::fmt::Display for Algorithm {
         f.write_str(match self {
             Algorithm::Dpsgd => "dpsgd",
             Algorithm::Choco => "choco",
+            Algorithm::LocalSgd => "local-sgd",
         })
+    }
+}
+
+impl Algorithm {
+    /// Whether the algorithm takes H local steps per communication round.
+    pub fn has_local_steps(self) -> bool {
+        matches!(self, Algorithm::LocalSgd)
     }
 }
 
@@ -105,6 +116,9 @@ pub struct RunArgs {
     /// casts, else 0.1 (measured on the embedded MNIST, see README).
     #[arg(long)]
     pub gamma: Option<f32>,
+    /// Local SGD steps per communication round H (local-sgd; default 4).
+    #[arg(long)]
+    pub local_steps: Option<u64>,
     /// Model to train.
     #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
     pub model: ModelKind,
@@ -183,6 +197,9 @@ impl RunArgs {
         if self.algorithm == Algorithm::Choco {
             a.push(format!("--gamma={}", self.gamma()));
         }
+        if self.algorithm.has_local_steps() {
+            a.push(format!("--local-steps={}", self.local_steps()));
+        }
         a
     }
 
@@ -209,20 +226,35 @@ impl RunArgs {
         if self.gamma.is_some() && self.algorithm != Algorithm::Choco {
             bail!("--gamma is CHOCO-SGD's consensus step size; it needs --algorithm choco");
         }
+        if self.local_steps.is_some() && !self.algorithm.has_local_steps() {
+            bail!("--local-steps needs --algorithm local-sgd");
+        }
+        if self.local_steps == Some(0) {
+            bail!("--local-steps must be at least 1");
+        }
         if self.rounds_per_epoch == Some(0) {
             bail!("--rounds-per-epoch must be at least 1");
         }
         Ok(())
     }
 
+    /// H: `--local-steps`, else 4 (1 for algorithms without local steps).
+    pub fn local_steps(&self) -> u64 {
+        match self.local_steps {
+            Some(h) => h,
+            None if self.algorithm.has_local_steps() => 4,
+            None => 1,
+        }
+    }
+
     /// The compressor: `--compressor`, else the algorithm's default.
     pub fn compressor(&self) -> CompressorSpec {
         self.compressor.clone().unwrap_or(match self.algorithm {
-            Algorithm::Dpsgd => CompressorSpec::Identity,
             Algorithm::Choco => CompressorSpec::TopK {
                 ratio: 0.01,
                 layerwise: false,
             },
+            _ => CompressorSpec::Identity,
         })
     }
 
@@ -241,7 +273,7 @@ impl RunArgs {
             self.compressor(),
             CompressorSpec::Identity | CompressorSpec::Fp16 | CompressorSpec::Bf16
         );
-        if self.algorithm == Algorithm::Dpsgd && !casts {
+        if matches!(self.algorithm, Algorithm::Dpsgd | Algorithm::LocalSgd) && !casts {
             w.push(format!(
                 "D-PSGD mixes the neighbours' compressed parameters directly, so the error of \
                  `{}` enters the models every round (sparsifiers and sign pull them towards 0); \

@@ -184,6 +184,52 @@ pub enum DataError {
     },
 }
 
+/// Mini-batches of one shard, drawn without replacement and reshuffled after each pass
+/// (the sampling of every peer, networked or simulated).
+#[derive(Debug)]
+pub struct Batches {
+    order: Vec<usize>,
+    cursor: usize,
+    rng: rand::rngs::StdRng,
+}
+
+impl Batches {
+    /// A sampler over `len` samples whose order is drawn with `seed`.
+    pub fn new(len: usize, seed: u64) -> Batches {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut order: Vec<usize> = (0..len).collect();
+        order.shuffle(&mut rng);
+        Batches {
+            order,
+            cursor: 0,
+            rng,
+        }
+    }
+
+    /// Fills `images` (`[b, features]`) and `labels` (`[b]`) with the next
+    /// b = min(`batch`, shard length) samples of `shard` (cleared first).
+    pub fn next_batch(
+        &mut self,
+        shard: &Dataset,
+        batch: usize,
+        images: &mut Vec<f32>,
+        labels: &mut Vec<u8>,
+    ) {
+        images.clear();
+        labels.clear();
+        for _ in 0..batch.min(self.order.len()) {
+            if self.cursor == self.order.len() {
+                self.order.shuffle(&mut self.rng);
+                self.cursor = 0;
+            }
+            let i = self.order[self.cursor];
+            self.cursor += 1;
+            images.extend_from_slice(shard.image(i));
+            labels.push(shard.labels[i]);
+        }
+    }
+}
+
 /// A set of labelled grey-scale images.
 ///
 /// `images` holds `len() * rows * cols` pixels as `f32` in `[0, 1]` (the IDX

@@ -4,6 +4,7 @@
 //! `murmur-topology`.
 #![warn(missing_docs)]
 
+pub mod algo;
 pub mod config;
 pub mod data;
 pub mod discovery;

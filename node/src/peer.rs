@@ -17,17 +17,15 @@ use bytes::Bytes;
 use clap::Args;
 use murmur_compress::Compressor;
 use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
-use murmur_gossip::{
-    consensus_distance, Choco, ChocoConfig, DPsgd, DPsgdConfig, Gossip, GossipEvent, Rank,
-};
+use murmur_gossip::{consensus_distance, Gossip, GossipEvent, Rank};
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn};
 
-use crate::config::{Algorithm, DeviceSpec, Init, RunArgs};
-use crate::data::{partition, Dataset, Mnist};
+use crate::algo;
+use crate::config::{DeviceSpec, Init, RunArgs};
+use crate::data::{partition, Batches, Dataset, Mnist};
 use crate::discovery::{discover, Fingerprint, PeerInfo, Role};
 use crate::metrics::{self, EpochRow, PeerEpoch, Summary};
 use crate::model::{self, Net, INPUTS};
@@ -207,28 +205,14 @@ fn run_on<B: AutodiffBackend>(
     let join_timeout = Duration::from_secs(args.join_timeout_secs);
     let directory = rt.block_on(discover(role, me, fingerprint, join_timeout))?;
 
-    let compressor = args
-        .compressor()
-        .build(Some(&model::tensor_lengths(&net)))
-        .context("--compressor")?;
-    let round_timeout = Duration::from_secs(args.round_timeout_secs);
-    let seed = args.seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let gossip: Box<dyn Gossip> = match args.algorithm {
-        Algorithm::Dpsgd => {
-            let mut cfg = DPsgdConfig::from_matrix(&topo.w, rank, args.lr, d);
-            cfg.round_timeout = round_timeout;
-            cfg.max_payload_bytes = max_payload;
-            cfg.seed = seed;
-            Box::new(DPsgd::with_compressor(cfg, x.clone(), compressor))
-        }
-        Algorithm::Choco => {
-            let mut cfg = ChocoConfig::from_matrix(&topo.w, rank, args.lr, args.gamma(), d);
-            cfg.round_timeout = round_timeout;
-            cfg.max_payload_bytes = max_payload;
-            cfg.seed = seed;
-            Box::new(Choco::new(cfg, x.clone(), compressor))
-        }
-    };
+    let gossip = algo::build(
+        args,
+        &topo,
+        rank,
+        x.clone(),
+        &model::tensor_lengths(&net),
+        max_payload,
+    )?;
 
     // Links: to every peer the algorithm sends to, and to rank 0 for the metrics reports.
     let mut destinations: Vec<Rank> = gossip.out_peers();
@@ -276,10 +260,8 @@ fn run_on<B: AutodiffBackend>(
 
     // Training.
     let start = Instant::now();
-    let mut rng = StdRng::seed_from_u64(args.seed.wrapping_add(1 + rank as u64));
-    let mut order: Vec<usize> = (0..shard.len()).collect();
-    order.shuffle(&mut rng);
-    let mut cursor = 0usize;
+    let mut batches = Batches::new(shard.len(), args.seed.wrapping_add(1 + rank as u64));
+    let mut batch_images = Vec::with_capacity(args.batch_size * INPUTS);
     let mut grad = Vec::with_capacity(d);
     let mut velocity = vec![0.0f32; d];
     let mut batch_labels = Vec::with_capacity(args.batch_size);
@@ -295,26 +277,23 @@ fn run_on<B: AutodiffBackend>(
         // Compressor schedules (DGC's warm-up) count training epochs from 0.
         drv.gossip.set_epoch(epoch.saturating_sub(1));
         for _ in 0..rounds {
-            // Mini-batch from the local shard, reshuffled after each pass.
-            let mut batch_images = Vec::with_capacity(args.batch_size * INPUTS);
-            batch_labels.clear();
-            for _ in 0..args.batch_size.min(shard.len()) {
-                if cursor == order.len() {
-                    order.shuffle(&mut rng);
-                    cursor = 0;
-                }
-                let i = order[cursor];
-                cursor += 1;
-                batch_images.extend_from_slice(shard.image(i));
-                batch_labels.push(shard.labels[i]);
-            }
+            batches.next_batch(
+                &shard,
+                args.batch_size,
+                &mut batch_images,
+                &mut batch_labels,
+            );
             let t0 = Instant::now();
             if overlap {
                 // Frames with x_t leave while the gradient at x_t is computed.
                 drv.gossip.begin_round(Instant::now(), &x, None);
                 drv.transmit()?;
             }
-            let (xb, yb) = model::batch_tensors::<B>(batch_images, &batch_labels, &device);
+            let (xb, yb) = model::batch_tensors::<B>(
+                std::mem::take(&mut batch_images),
+                &batch_labels,
+                &device,
+            );
             let loss = model::loss_and_grad(&net, xb, yb, &mut grad);
             if !loss.is_finite() {
                 bail!("training diverged at epoch {epoch}: loss is {loss} (try a smaller --lr)");

@@ -1,0 +1,55 @@
+//! Builds one peer's algorithm state machine from the run's options: the same code for
+//! `murmur peer` (driven by the network) and `murmur simulate` (driven by the simulator).
+
+use std::time::Duration;
+
+use anyhow::Context;
+use murmur_gossip::{Choco, ChocoConfig, DPsgd, DPsgdConfig, Gossip, LocalSgd, Rank};
+use murmur_topology::Topology;
+
+use crate::config::{Algorithm, RunArgs};
+
+/// Peer `rank`'s state machine for the run `args` on `topo`, starting from `x0: [d]`.
+/// `tensor_lengths` are the model's tensor sizes (for layer-wise compressors; they sum to
+/// d) and `max_payload` the largest frame payload accepted, in bytes.
+///
+/// # Errors
+/// If the compressor cannot be built for this model.
+pub fn build(
+    args: &RunArgs,
+    topo: &Topology,
+    rank: Rank,
+    x0: Vec<f32>,
+    tensor_lengths: &[usize],
+    max_payload: u32,
+) -> anyhow::Result<Box<dyn Gossip>> {
+    let d = x0.len();
+    let compressor = args
+        .compressor()
+        .build(Some(tensor_lengths))
+        .context("--compressor")?;
+    let round_timeout = Duration::from_secs(args.round_timeout_secs);
+    let seed = args.seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let dpsgd = |lr: f32, compressor| {
+        let mut cfg = DPsgdConfig::from_matrix(&topo.w, rank, lr, d);
+        cfg.round_timeout = round_timeout;
+        cfg.max_payload_bytes = max_payload;
+        cfg.seed = seed;
+        DPsgd::with_compressor(cfg, x0.clone(), compressor)
+    };
+    Ok(match args.algorithm {
+        Algorithm::Dpsgd => Box::new(dpsgd(args.lr, compressor)),
+        Algorithm::Choco => {
+            let mut cfg = ChocoConfig::from_matrix(&topo.w, rank, args.lr, args.gamma(), d);
+            cfg.round_timeout = round_timeout;
+            cfg.max_payload_bytes = max_payload;
+            cfg.seed = seed;
+            Box::new(Choco::new(cfg, x0, compressor))
+        }
+        Algorithm::LocalSgd => {
+            // The inner gossip only mixes (η = 0); the wrapper takes the local steps.
+            let inner = dpsgd(0.0, compressor);
+            Box::new(LocalSgd::new(Box::new(inner), args.local_steps(), args.lr))
+        }
+    })
+}
