@@ -10,7 +10,7 @@
 //!
 //! Algorithms: [`DPsgd`] (Lian et al. 2017), [`Choco`] (CHOCO-SGD and CHOCO-Gossip, Koloskova,
 //! Stich & Jaggi 2019), [`LocalSgd`] (H local steps around any of them: local-SGD gossip and
-//! model averaging).
+//! model averaging), [`Phased`] (one algorithm after another: phase schedules).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -19,6 +19,7 @@ pub mod dpsgd;
 mod exchange;
 pub mod frame;
 pub mod local;
+pub mod phased;
 pub mod sim;
 
 use std::time::Instant;
@@ -28,6 +29,7 @@ pub use dpsgd::{DPsgd, DPsgdConfig};
 pub use frame::{FrameError, FrameHeader, FrameKind, FRAME_HEADER_LEN};
 pub use local::LocalSgd;
 pub use murmur_topology::Rank;
+pub use phased::{Phase, Phased};
 use thiserror::Error;
 
 /// A frame the state machine wants sent. The bytes were written into the caller's buffer

@@ -1,0 +1,148 @@
+//! Phase schedule tests: the switch happens at the configured round, frames of the next
+//! phase that arrive early are kept, and the counters add up over the phases.
+
+use std::time::Instant;
+
+use murmur_gossip::sim::Sim;
+use murmur_gossip::{DPsgd, DPsgdConfig, Gossip, GossipEvent, Phase, Phased};
+use murmur_topology::{Graph, MixingMatrix};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+mod common;
+use common::ring_mh;
+
+fn complete(n: usize) -> MixingMatrix {
+    MixingMatrix::metropolis_hastings(&Graph::complete(n).unwrap()).unwrap()
+}
+
+/// Peer i: D-PSGD on `first` for `rounds` rounds, then D-PSGD on `second`.
+fn phased(
+    first: &MixingMatrix,
+    second: &MixingMatrix,
+    rounds: u64,
+    i: usize,
+    x0: &[f32],
+) -> Phased {
+    let d = x0.len();
+    let phase = |w: &MixingMatrix, name: &str, rounds| Phase {
+        name: name.into(),
+        gossip: Box::new(DPsgd::new(
+            DPsgdConfig::from_matrix(w, i, 0.0, d),
+            x0.to_vec(),
+        )),
+        rounds,
+    };
+    Phased::new(vec![
+        phase(first, "ring", Some(rounds)),
+        phase(second, "complete", None),
+    ])
+}
+
+fn start(n: usize, d: usize) -> Vec<Vec<f32>> {
+    let mut rng = StdRng::seed_from_u64(5);
+    (0..n)
+        .map(|_| (0..d).map(|_| rng.random_range(-1.0f32..1.0)).collect())
+        .collect()
+}
+
+#[test]
+fn the_second_phase_starts_at_its_round() {
+    let (n, d) = (8, 30);
+    let (ring, full) = (ring_mh(n), complete(n));
+    let xs = start(n, d);
+    let peers = (0..n)
+        .map(|i| Box::new(phased(&ring, &full, 3, i, &xs[i])) as Box<dyn Gossip>)
+        .collect();
+    let mut sim = Sim::new(peers);
+    let mut ring_only = Sim::new(
+        (0..n)
+            .map(|i| {
+                Box::new(DPsgd::new(
+                    DPsgdConfig::from_matrix(&ring, i, 0.0, d),
+                    xs[i].clone(),
+                )) as Box<dyn Gossip>
+            })
+            .collect(),
+    );
+    let avg = sim.average();
+    for _ in 0..3 {
+        sim.run_round(None).unwrap();
+        ring_only.run_round(None).unwrap();
+        // Phase 1 is exactly ring gossip.
+        assert_eq!(sim.consensus_distance(), ring_only.consensus_distance());
+    }
+    assert!(sim.consensus_distance() > 1e-2);
+    // Round 3 is the first of the complete graph with uniform weights: exact average.
+    sim.run_round(None).unwrap();
+    assert!(
+        sim.consensus_distance() < 1e-10,
+        "Ξ² = {}",
+        sim.consensus_distance()
+    );
+    for (a, b) in sim.average().iter().zip(&avg) {
+        assert!((a - b).abs() < 1e-5);
+    }
+    // Ring frames: 2 per round for 3 rounds; complete: 7 per round.
+    assert_eq!(sim.peer(0).stats().frames_sent, 3 * 2 + 7);
+    assert_eq!(sim.peer(0).round(), 4);
+    assert_eq!(sim.peer(0).out_peers(), (1..n).collect::<Vec<_>>());
+}
+
+#[test]
+fn frames_of_the_next_phase_that_arrive_early_are_kept() {
+    let (n, d) = (4, 5);
+    let (ring, full) = (ring_mh(n), complete(n));
+    let xs = start(n, d);
+    let mut peers: Vec<Phased> = (0..n).map(|i| phased(&ring, &full, 1, i, &xs[i])).collect();
+    let now = Instant::now();
+    let mut buf = Vec::new();
+    // Round 0 (ring) for everyone.
+    let mut frames = Vec::new();
+    for (i, p) in peers.iter_mut().enumerate() {
+        let x = p.params().to_vec();
+        p.begin_round(now, &x, None);
+        while let Some(t) = p.poll_transmit(&mut buf) {
+            frames.push((i, t.to, buf.clone()));
+        }
+    }
+    for (from, to, f) in frames.drain(..) {
+        peers[to].handle_message(now, from, &f).unwrap();
+    }
+    for p in &mut peers {
+        assert_eq!(p.poll_event(), Some(GossipEvent::Mixed { round: 0 }));
+    }
+    // Peers 1..n begin round 1 (complete graph) before peer 0 does: peer 0, still idle in
+    // the ring phase, gets a frame from peer 2, which is not its ring neighbour.
+    for (i, p) in peers.iter_mut().enumerate().skip(1) {
+        let x = p.params().to_vec();
+        p.begin_round(now, &x, None);
+        while let Some(t) = p.poll_transmit(&mut buf) {
+            frames.push((i, t.to, buf.clone()));
+        }
+    }
+    for (from, to, f) in frames.drain(..) {
+        peers[to].handle_message(now, from, &f).unwrap();
+    }
+    let x = peers[0].params().to_vec();
+    peers[0].begin_round(now, &x, None);
+    while let Some(t) = peers[0].poll_transmit(&mut buf) {
+        frames.push((0, t.to, buf.clone()));
+    }
+    for (from, to, f) in frames.drain(..) {
+        peers[to].handle_message(now, from, &f).unwrap();
+    }
+    let xs: Vec<&[f32]> = peers
+        .iter_mut()
+        .map(|p| {
+            assert_eq!(p.poll_event(), Some(GossipEvent::Mixed { round: 1 }));
+            p.params()
+        })
+        .collect();
+    let (xi2, _) = murmur_gossip::consensus_distance(xs.iter().copied());
+    assert!(
+        xi2 < 1e-10,
+        "the complete-graph round must average exactly, Ξ² = {xi2}"
+    );
+    assert_eq!(peers[0].dropped_frames(), 0);
+}
