@@ -4,14 +4,17 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use murmur_gossip::{Choco, ChocoConfig, DPsgd, DPsgdConfig, Gossip, LocalSgd, Rank};
+use murmur_gossip::{
+    Choco, ChocoConfig, DPsgd, DPsgdConfig, Gossip, LocalSgd, Phase, Phased, Rank,
+};
 use murmur_topology::Topology;
 
 use crate::config::{Algorithm, RunArgs};
 
 /// Peer `rank`'s state machine for the run `args` on `topo`, starting from `x0: [d]`.
 /// `tensor_lengths` are the model's tensor sizes (for layer-wise compressors; they sum to
-/// d) and `max_payload` the largest frame payload accepted, in bytes.
+/// d), `max_payload` the largest frame payload accepted, in bytes, and `rounds_per_epoch`
+/// converts the epochs of a phase schedule into rounds.
 ///
 /// # Errors
 /// If the compressor cannot be built for this model.
@@ -22,7 +25,28 @@ pub fn build(
     x0: Vec<f32>,
     tensor_lengths: &[usize],
     max_payload: u32,
+    rounds_per_epoch: u64,
 ) -> anyhow::Result<Box<dyn Gossip>> {
+    if let Some(schedule) = &args.phases {
+        let mut phases = Vec::new();
+        for (algorithm, epochs) in &schedule.0 {
+            let gossip = build(
+                &args.for_phase(*algorithm),
+                topo,
+                rank,
+                x0.clone(),
+                tensor_lengths,
+                max_payload,
+                rounds_per_epoch,
+            )?;
+            phases.push(Phase {
+                name: algorithm.to_string(),
+                gossip,
+                rounds: epochs.map(|e| e as u64 * rounds_per_epoch),
+            });
+        }
+        return Ok(Box::new(Phased::new(phases)));
+    }
     let d = x0.len();
     let compressor = args
         .compressor()

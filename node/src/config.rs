@@ -40,6 +40,84 @@ impl Algorithm {
     }
 }
 
+impl std::str::FromStr for Algorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        <Algorithm as ValueEnum>::from_str(s, false).map_err(|_| {
+            let names: Vec<String> = Algorithm::value_variants()
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+            format!(
+                "unknown algorithm {s:?}: expected one of {}",
+                names.join(", ")
+            )
+        })
+    }
+}
+
+/// A phase schedule: algorithms run one after the other, each for a number of epochs but
+/// the last, e.g. `allreduce:2,dpsgd` (all-reduce for 2 epochs, then D-PSGD) or
+/// `dpsgd:10,allreduce` (post-local SGD in reverse).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PhaseSchedule(pub Vec<(Algorithm, Option<usize>)>);
+
+impl std::str::FromStr for PhaseSchedule {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+        let mut phases = Vec::new();
+        for (i, part) in parts.iter().enumerate() {
+            let last = i + 1 == parts.len();
+            let (name, epochs) = match part.split_once(':') {
+                Some((name, e)) => {
+                    let e: usize = e
+                        .parse()
+                        .map_err(|_| format!("phase {part:?}: {e:?} is not a number of epochs"))?;
+                    if e == 0 {
+                        return Err(format!("phase {part:?} must run at least one epoch"));
+                    }
+                    (name, Some(e))
+                }
+                None if last => (*part, None),
+                None => {
+                    return Err(format!(
+                        "phase {part:?} needs a length in epochs, e.g. {part}:2 (only the last \
+                         phase runs to the end)"
+                    ))
+                }
+            };
+            if last && epochs.is_some() {
+                return Err(format!(
+                    "the last phase {part:?} runs to the end: write it without `:epochs`"
+                ));
+            }
+            phases.push((name.parse::<Algorithm>()?, epochs));
+        }
+        if phases.len() < 2 {
+            return Err(
+                "a phase schedule needs at least two phases, e.g. allreduce:2,dpsgd".into(),
+            );
+        }
+        Ok(PhaseSchedule(phases))
+    }
+}
+
+impl std::fmt::Display for PhaseSchedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (a, e)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            match e {
+                Some(e) => write!(f, "{a}:{e}")?,
+                None => write!(f, "{a}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
 /// How the peers' starting parameters x⁰ relate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Init {
@@ -105,6 +183,11 @@ pub struct RunArgs {
     /// Decentralized algorithm.
     #[arg(long, value_enum, default_value_t = Algorithm::Dpsgd)]
     pub algorithm: Algorithm,
+    /// Phase schedule instead of one algorithm: `ALGO:EPOCHS,...,ALGO`, e.g.
+    /// `allreduce:2,dpsgd` (all-reduce for the first 2 epochs, then D-PSGD) or
+    /// `dpsgd:10,allreduce`. Overrides --algorithm.
+    #[arg(long)]
+    pub phases: Option<PhaseSchedule>,
     /// Compression of the gossip messages (see `murmur_compress::CompressorSpec`):
     /// `identity` (none), `fp16`, `bf16`, `qsgd[:S][,bucket=B]`, `natural`, `terngrad`,
     /// `sign`, `topk:RATIO[,layerwise]`, `approx-topk:RATIO`, `randk:RATIO[,unscaled]`,
@@ -194,10 +277,13 @@ impl RunArgs {
         if let Some(r) = self.rounds_per_epoch {
             a.push(format!("--rounds-per-epoch={r}"));
         }
-        if self.algorithm == Algorithm::Choco {
+        if let Some(p) = &self.phases {
+            a.push(format!("--phases={p}"));
+        }
+        if self.uses(Algorithm::Choco) {
             a.push(format!("--gamma={}", self.gamma()));
         }
-        if self.algorithm.has_local_steps() {
+        if self.algorithms().iter().any(|a| a.has_local_steps()) {
             a.push(format!("--local-steps={}", self.local_steps()));
         }
         a
@@ -223,14 +309,24 @@ impl RunArgs {
         if !(self.gamma() > 0.0 && self.gamma() <= 1.0) {
             bail!("--gamma must be in (0, 1], got {}", self.gamma());
         }
-        if self.gamma.is_some() && self.algorithm != Algorithm::Choco {
+        if self.gamma.is_some() && !self.uses(Algorithm::Choco) {
             bail!("--gamma is CHOCO-SGD's consensus step size; it needs --algorithm choco");
         }
-        if self.local_steps.is_some() && !self.algorithm.has_local_steps() {
+        if self.local_steps.is_some() && !self.algorithms().iter().any(|a| a.has_local_steps()) {
             bail!("--local-steps needs --algorithm local-sgd");
         }
         if self.local_steps == Some(0) {
             bail!("--local-steps must be at least 1");
+        }
+        if let Some(p) = &self.phases {
+            let before_last: usize = p.0.iter().filter_map(|(_, e)| *e).sum();
+            if before_last >= self.epochs {
+                bail!(
+                    "--phases {p}: the phases before the last take {before_last} of the \
+                     {} epochs, so the last never runs",
+                    self.epochs
+                );
+            }
         }
         if self.rounds_per_epoch == Some(0) {
             bail!("--rounds-per-epoch must be at least 1");
@@ -244,6 +340,57 @@ impl RunArgs {
             Some(h) => h,
             None if self.algorithm.has_local_steps() => 4,
             None => 1,
+        }
+    }
+
+    /// The algorithms of the run: the phases of `--phases`, else `--algorithm`.
+    pub fn algorithms(&self) -> Vec<Algorithm> {
+        match &self.phases {
+            Some(p) => p.0.iter().map(|(a, _)| *a).collect(),
+            None => vec![self.algorithm],
+        }
+    }
+
+    /// Whether some phase of the run uses `a`.
+    pub fn uses(&self, a: Algorithm) -> bool {
+        self.algorithms().contains(&a)
+    }
+
+    /// The run's algorithm as text: the phase schedule, or the algorithm's name.
+    pub fn algorithm_name(&self) -> String {
+        match &self.phases {
+            Some(p) => p.to_string(),
+            None => self.algorithm.to_string(),
+        }
+    }
+
+    /// The algorithm that trains epoch `epoch` (1-based; epoch 0 trains nothing and is
+    /// reported under the first phase).
+    pub fn algorithm_at(&self, epoch: usize) -> Algorithm {
+        let Some(p) = &self.phases else {
+            return self.algorithm;
+        };
+        let mut end = 0;
+        for (a, e) in &p.0 {
+            match e {
+                Some(e) => {
+                    end += e;
+                    if epoch <= end {
+                        return *a;
+                    }
+                }
+                None => return *a,
+            }
+        }
+        self.algorithm
+    }
+
+    /// The run for one phase's algorithm: these options with `algorithm` and no phases.
+    pub fn for_phase(&self, algorithm: Algorithm) -> RunArgs {
+        RunArgs {
+            algorithm,
+            phases: None,
+            ..self.clone()
         }
     }
 

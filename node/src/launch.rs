@@ -82,7 +82,7 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
         format!(
             "{}-{}-{}-n{}",
             utc_stamp(secs),
-            args.algorithm,
+            args.algorithm_name().replace([',', ':'], "_"),
             topo_name,
             args.peers
         )
@@ -117,7 +117,7 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     eprintln!(
         "murmur: {} peers, {} with {} ({}; |λ₂| = {:.4}, spectral gap {:.4}), {} on {}, {} epochs; run folder {}",
         args.peers,
-        args.algorithm,
+        args.algorithm_name(),
         args.compressor(),
         topo.name,
         topo.w.second_eigenvalue_modulus(),

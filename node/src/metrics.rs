@@ -17,6 +17,8 @@ pub struct PeerEpoch {
     pub peer: usize,
     /// Epoch; 0 is the starting point before any training round.
     pub epoch: usize,
+    /// The algorithm that trained this epoch (the phase, with `--phases`).
+    pub phase: String,
     /// Rounds completed so far.
     pub rounds: u64,
     /// Mean training loss over the epoch's mini-batches.
@@ -46,6 +48,8 @@ pub struct PeerEpoch {
 pub struct EpochRow {
     /// Epoch; 0 is the starting point before any training round.
     pub epoch: usize,
+    /// The algorithm that trained this epoch (the phase, with `--phases`).
+    pub phase: String,
     /// Rounds completed.
     pub rounds: u64,
     /// Mean over peers of the test accuracy (fraction).

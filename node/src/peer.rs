@@ -180,7 +180,7 @@ fn run_on<B: AutodiffBackend>(
         topology: topo.name.clone(),
         model: args.model.to_string(),
         dim: d,
-        algorithm: args.algorithm.to_string(),
+        algorithm: args.algorithm_name(),
         compressor: args.compressor().to_string(),
         epochs: args.epochs,
         rounds_per_epoch,
@@ -212,6 +212,7 @@ fn run_on<B: AutodiffBackend>(
         x.clone(),
         &model::tensor_lengths(&net),
         max_payload,
+        rounds_per_epoch,
     )?;
 
     // Links: to every peer the algorithm sends to, and to rank 0 for the metrics reports.
@@ -266,8 +267,6 @@ fn run_on<B: AutodiffBackend>(
     let mut velocity = vec![0.0f32; d];
     let mut batch_labels = Vec::with_capacity(args.batch_size);
     let (mut compute_s, mut communicate_s, mut wait_s) = (0.0f64, 0.0f64, 0.0f64);
-    // D-PSGD-like algorithms send x_t before its gradient is known: overlap the two.
-    let overlap = drv.gossip.overlaps_gradient() && !args.no_overlap;
     let peer_log = peer.out.join("peers").join(format!("peer-{rank}.jsonl"));
     let mut last_report = None;
     // Epoch 0 trains nothing: it records the starting point (x⁰, Ξ²(0)).
@@ -283,6 +282,8 @@ fn run_on<B: AutodiffBackend>(
                 &mut batch_images,
                 &mut batch_labels,
             );
+            // D-PSGD-like algorithms send x_t before its gradient is known: overlap the two.
+            let overlap = !args.no_overlap && drv.gossip.overlaps_gradient();
             let t0 = Instant::now();
             if overlap {
                 // Frames with x_t leave while the gradient at x_t is computed.
@@ -339,6 +340,7 @@ fn run_on<B: AutodiffBackend>(
         let report = PeerEpoch {
             peer: rank,
             epoch,
+            phase: args.algorithm_at(epoch).to_string(),
             rounds: drv.gossip.round(),
             train_loss,
             test_accuracy,
@@ -380,7 +382,7 @@ fn run_on<B: AutodiffBackend>(
             .last()
             .ok_or_else(|| anyhow!("no epoch was recorded"))?;
         let summary = Summary {
-            algorithm: args.algorithm.to_string(),
+            algorithm: args.algorithm_name(),
             compressor: args.compressor().to_string(),
             topology: topo.name.clone(),
             peers: n,
@@ -700,6 +702,10 @@ impl Collector {
         let mean = |g: fn(&PeerEpoch) -> f64| all.iter().map(|(r, _)| g(r)).sum::<f64>() / n;
         Ok(EpochRow {
             epoch,
+            phase: all
+                .first()
+                .map(|(r, _)| r.phase.clone())
+                .unwrap_or_default(),
             rounds: all.iter().map(|(r, _)| r.rounds).max().unwrap_or(0),
             mean_test_accuracy: mean(|r| r.test_accuracy),
             min_test_accuracy: acc(f64::min, f64::INFINITY),
@@ -729,6 +735,7 @@ mod tests {
         PeerEpoch {
             peer: 3,
             epoch: 2,
+            phase: "dpsgd".into(),
             rounds: 64,
             train_loss: 0.5,
             test_accuracy: 0.9,
