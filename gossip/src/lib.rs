@@ -7,6 +7,8 @@
 //! [`Gossip::poll_timeout`] and [`Gossip::poll_event`]. The same state machine is driven by
 //! the real network in `murmur peer` and by the in-process [`sim::Sim`], so a result of the
 //! simulator is a result about the shipped code (the quinn-proto / quinn split).
+//! [`netsim::NetSim`] drives the same state machines on a simulated network (latency,
+//! bandwidth, loss, stragglers) to predict wall-clock time.
 //!
 //! Algorithms: [`DPsgd`] (Lian et al. 2017), [`Choco`] (CHOCO-SGD and CHOCO-Gossip, Koloskova,
 //! Stich & Jaggi 2019), [`LocalSgd`] (H local steps around any of them: local-SGD gossip and
@@ -19,6 +21,7 @@ pub mod dpsgd;
 mod exchange;
 pub mod frame;
 pub mod local;
+pub mod netsim;
 pub mod phased;
 pub mod sim;
 
@@ -29,6 +32,9 @@ pub use dpsgd::{DPsgd, DPsgdConfig};
 pub use frame::{FrameError, FrameHeader, FrameKind, FRAME_HEADER_LEN};
 pub use local::LocalSgd;
 pub use murmur_topology::Rank;
+pub use netsim::{
+    Compute, ConsensusPoint, NetSim, NetSimError, NetworkModel, PeerRound, RunReport, Totals,
+};
 pub use phased::{Phase, Phased};
 use thiserror::Error;
 
