@@ -9,7 +9,8 @@
 //! simulator is a result about the shipped code (the quinn-proto / quinn split).
 //!
 //! Algorithms: [`DPsgd`] (Lian et al. 2017), [`Choco`] (CHOCO-SGD and CHOCO-Gossip, Koloskova,
-//! Stich & Jaggi 2019).
+//! Stich & Jaggi 2019), [`Sgp`] (Stochastic Gradient Push and its overlap variant OSGP on
+//! directed, time-varying graphs, Assran et al. 2019; push-sum, Kempe et al. 2003).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -17,6 +18,7 @@ pub mod choco;
 pub mod dpsgd;
 mod exchange;
 pub mod frame;
+pub mod sgp;
 pub mod sim;
 
 use std::time::Instant;
@@ -25,6 +27,7 @@ pub use choco::{suggested_gamma, theorem2_gamma, Choco, ChocoConfig};
 pub use dpsgd::{DPsgd, DPsgdConfig};
 pub use frame::{FrameError, FrameHeader, FrameKind, FRAME_HEADER_LEN};
 pub use murmur_topology::Rank;
+pub use sgp::{Sgp, SgpConfig};
 use thiserror::Error;
 
 /// A frame the state machine wants sent. The bytes were written into the caller's buffer
@@ -113,6 +116,20 @@ pub enum GossipError {
         from: Rank,
         /// What was wrong.
         source: murmur_compress::DecodeError,
+    },
+    /// A push-sum share's mixing weight or push-sum weight is NaN or outside its range.
+    #[error("push-sum share from peer {from}: {field} = {value} is outside ({lo}, {hi}]")]
+    BadWeight {
+        /// Sender.
+        from: Rank,
+        /// Which weight: `"p"` (the mixing weight) or `"weight"` (the push-sum weight).
+        field: &'static str,
+        /// The value found.
+        value: f64,
+        /// Exclusive lower bound.
+        lo: f64,
+        /// Inclusive upper bound.
+        hi: f64,
     },
 }
 
