@@ -8,7 +8,7 @@
 //!
 //! Notation of Assran et al.: n peers; in round (iteration) k a column-stochastic n×n matrix
 //! P^(k) (p_ji^(k) ≠ 0 only for j = i or i → j an edge of round k; Σ_j p_ji^(k) = 1 for
-//! every i), given by a [`PushSchedule`]. Every peer i holds a numerator x_i: [d] and a
+//! every i), given by a [`PushSchedule`]. Every peer i holds a numerator x_i (`[d]`) and a
 //! scalar push-sum weight w_i (w_i^(0) = 1), and exposes the de-biased parameters
 //! z_i = x_i / w_i ([`Gossip::params`]). Round k, with γ = [`SgpConfig::lr`] and g_i the
 //! stochastic gradient evaluated at z_i^(k) (passed to [`Gossip::begin_round`]):
@@ -22,8 +22,8 @@
 //!
 //! Because P^(k) is only column stochastic, the plain numerators x_i are biased towards
 //! peers with many in-edges; the weights w_i carry exactly that bias, so z_i is de-biased.
-//! Mass is conserved: Σ_i x_i and Σ_i w_i = n (plus what is in flight) are invariant under
-//! the push, so with γ = 0 every z_i converges to the average of the x_i^(0) (exactly after
+//! Mass is conserved: Σ_i x_i and Σ_i w_i = n (plus the shares in flight) are invariant
+//! under the push (x_i in `f32` and w_i in `f64`, up to rounding), so with γ = 0 every z_i converges to the average of the x_i^(0) (exactly after
 //! ⌈log2 n⌉ rounds on the one-peer exponential schedule when n is a power of two;
 //! geometrically on any B-strongly-connected schedule). No doubly stochastic W, no
 //! symmetric links and no replies are needed: a peer never waits for the peers it sends to.
@@ -85,7 +85,7 @@
 //!                     then the operator's payload; identity = 12 + 4d bytes)
 //! ```
 //!
-//! The receiver adds x_j += p·decode(message) ([`murmur_compress::decode_add`] with scale p)
+//! Receiver j adds x_j += p·decode(message) ([`murmur_compress::decode_add`] with scale p)
 //! and w_j += p·weight. Everything is checked before the state changes: the frame header,
 //! kind, sender, round window and round's in-peers, duplicates, the 16-byte prefix (present,
 //! p finite in (0, 1], weight finite in (0, n]; [`GossipError::BadWeight`]) and the whole
@@ -312,7 +312,7 @@ impl Sgp {
         &self.cfg
     }
 
-    /// The numerator x_i: [d].
+    /// The numerator x_i, `[d]`.
     pub fn numerator(&self) -> &[f32] {
         &self.x
     }
@@ -322,7 +322,7 @@ impl Sgp {
         self.weight
     }
 
-    /// The mass this peer holds, in `f64`: its numerator x_i: [d] and weight w_i plus the
+    /// The mass this peer holds, in `f64`: its numerator x_i (`[d]`) and weight w_i plus the
     /// shares p·x_j and p·w_j it has buffered but not absorbed yet. Summed over all peers
     /// and the frames in flight, this is invariant (for the identity compressor, up to
     /// `f32` rounding). Costs O(d) per buffered share; for tests and diagnostics.
@@ -616,7 +616,7 @@ impl Gossip for Sgp {
         self.events.pop_front()
     }
 
-    /// z_i = x_i / w_i: [d]. While a round is mixing, the z at which it began (after its
+    /// z_i = x_i / w_i, `[d]`. While a round is mixing, the z at which it began (after its
     /// gradient step); refreshed when it completes.
     fn params(&self) -> &[f32] {
         &self.z

@@ -1,36 +1,36 @@
 //! Time-varying directed communication schedules for push-sum and Stochastic Gradient Push.
 //!
-//! Push-sum (Kempe, Dobra & Gehrke 2003, *Gossip-based computation of aggregate
-//! information*) and SGP (Assran, Loizou, Ballas & Rabbat 2019, *Stochastic Gradient Push
-//! for Distributed Deep Learning*) only need, in every round t, a **column-stochastic**
-//! n×n matrix P(t): peer i keeps the share `p_ii(t)` of its numerator and push-sum weight and
-//! pushes the share `p_ji(t)` to each of its out-peers j of that round. Columns sum to 1, so
-//! the network's total mass is conserved; rows need not, so the graph may be directed and
-//! unbalanced (no doubly stochastic W is needed).
-//!
-//! A [`PushSchedule`] gives, for round t and peer i, the out-peers (whom i pushes to) and
-//! in-peers (who push to i) of that round, the push weight, and the union of all rounds'
-//! peers (the links a driver opens before the first round). Weights are uniform over the
-//! sender and its out-peers: `p_ji(t) = p_ii(t) = 1 / (|out_t(i)| + 1)`.
-//!
-//! * [`PushSchedule::Static`]: the same directed [`Graph`] every round.
-//! * [`PushSchedule::OnePeerExponential`]: the time-varying one-peer exponential graph of
-//!   Assran et al. 2019 (the directed graph of its experiments, a B-strongly-connected
-//!   sequence in the sense of its analysis, with B = ⌈log2 n⌉): with
-//!   `m = ⌈log2 n⌉`, peer i sends only to `(i + 2^(t mod m)) mod n` in round t and receives
-//!   only from `(i − 2^(t mod m)) mod n`, with weights ½/½. For `n = 2^m` the product of m
-//!   consecutive matrices is exactly the averaging matrix `(1/n)·11ᵀ`, so push-sum reaches
-//!   the exact average after m rounds. For other n (`2^(m−1) < n < 2^m`) every offset
-//!   `2^k`, `k < m`, is still in `1..n`, so each round is a permutation plus identity and the
-//!   schedule stays strongly connected over any m consecutive rounds; the average is then
-//!   reached geometrically rather than exactly. `n = 1` has no peers.
+//! See [`PushSchedule`].
 
 use nalgebra::DMatrix;
 
 use crate::{Graph, Rank, TopologyError, MAX_NODES};
 
-/// A time-varying directed communication schedule with column-stochastic push weights (see
-/// the [module docs](self)).
+/// A time-varying directed communication schedule with column-stochastic push weights.
+///
+/// Push-sum (Kempe, Dobra & Gehrke 2003, *Gossip-based computation of aggregate
+/// information*) and SGP (Assran, Loizou, Ballas & Rabbat 2019, *Stochastic Gradient Push
+/// for Distributed Deep Learning*) only need, in every round t, a **column-stochastic**
+/// n×n matrix P(t): peer i keeps the share `p_ii(t)` of its numerator and push-sum weight and
+/// pushes the share `p_ji(t)` to each of its out-peers j of that round. Columns sum to 1, so
+/// the network's total mass is conserved; rows need not, so the graph may be directed and
+/// unbalanced (no doubly stochastic W is needed).
+///
+/// A [`PushSchedule`] gives, for round t and peer i, the out-peers (whom i pushes to) and
+/// in-peers (who push to i) of that round, the push weight, and the union of all rounds'
+/// peers (the links a driver opens before the first round). Weights are uniform over the
+/// sender and its out-peers: `p_ji(t) = p_ii(t) = 1 / (|out_t(i)| + 1)`.
+///
+/// * [`PushSchedule::Static`]: the same directed [`Graph`] every round.
+/// * [`PushSchedule::OnePeerExponential`]: the time-varying one-peer exponential graph of
+///   Assran et al. 2019 (the time-varying directed exponential graph of its experiments):
+///   with `m = ⌈log2 n⌉`, peer i sends only to `(i + 2^(t mod m)) mod n` in round t and receives
+///   only from `(i − 2^(t mod m)) mod n`, with weights ½/½. For `n = 2^m` the product of m
+///   consecutive matrices is exactly the averaging matrix `(1/n)·11ᵀ`, so push-sum reaches
+///   the exact average after m rounds. For other n (`2^(m−1) < n < 2^m`) every offset
+///   `2^k`, `k < m`, is still in `1..n`, so each round's matrix is ½(I + a permutation) and the
+///   schedule stays strongly connected over any m consecutive rounds; the average is then
+///   reached geometrically rather than exactly. `n = 1` has no peers.
 ///
 /// Rounds `t` are 0-based `u64`. Edge `i -> j` in round t means peer i pushes a share to
 /// peer j in that round. Methods taking a peer `i` panic if `i >= n` (a caller bug, like
