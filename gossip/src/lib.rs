@@ -11,8 +11,10 @@
 //! bandwidth, loss, stragglers) to predict wall-clock time.
 //!
 //! Algorithms: [`DPsgd`] (Lian et al. 2017), [`Choco`] (CHOCO-SGD and CHOCO-Gossip, Koloskova,
-//! Stich & Jaggi 2019), [`LocalSgd`] (H local steps around any of them: local-SGD gossip and
-//! model averaging), [`Phased`] (one algorithm after another: phase schedules).
+//! Stich & Jaggi 2019), [`Sgp`] (Stochastic Gradient Push and its overlap variant OSGP on
+//! directed, time-varying graphs, Assran et al. 2019; push-sum, Kempe et al. 2003),
+//! [`LocalSgd`] (H local steps around any of them: local-SGD gossip and model averaging),
+//! [`Phased`] (one algorithm after another: phase schedules).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -23,6 +25,7 @@ pub mod frame;
 pub mod local;
 pub mod netsim;
 pub mod phased;
+pub mod sgp;
 pub mod sim;
 
 use std::time::Instant;
@@ -36,6 +39,7 @@ pub use netsim::{
     Compute, ConsensusPoint, NetSim, NetSimError, NetworkModel, PeerRound, RunReport, Totals,
 };
 pub use phased::{Phase, Phased};
+pub use sgp::{Sgp, SgpConfig};
 use thiserror::Error;
 
 /// A frame the state machine wants sent. The bytes were written into the caller's buffer
@@ -124,6 +128,20 @@ pub enum GossipError {
         from: Rank,
         /// What was wrong.
         source: murmur_compress::DecodeError,
+    },
+    /// A push-sum share's mixing weight or push-sum weight is NaN or outside its range.
+    #[error("push-sum share from peer {from}: {field} = {value} is outside ({lo}, {hi}]")]
+    BadWeight {
+        /// Sender.
+        from: Rank,
+        /// Which weight: `"p"` (the mixing weight) or `"weight"` (the push-sum weight).
+        field: &'static str,
+        /// The value found.
+        value: f64,
+        /// Exclusive lower bound.
+        lo: f64,
+        /// Inclusive upper bound.
+        hi: f64,
     },
 }
 

@@ -21,11 +21,13 @@
 mod error;
 mod graph;
 mod mixing;
+mod schedule;
 mod spec;
 
 pub use error::TopologyError;
 pub use graph::{Graph, Rank};
 pub use mixing::{Checks, MixingMatrix};
+pub use schedule::PushSchedule;
 pub use spec::{InspectReport, NamedKind, SpecSource, Topology, TopologySpec, WeightRule};
 
 /// Default absolute tolerance for row/column sums and symmetry checks.
