@@ -9,22 +9,27 @@
 //! simulator is a result about the shipped code (the quinn-proto / quinn split).
 //!
 //! Algorithms: [`DPsgd`] (Lian et al. 2017), [`Choco`] (CHOCO-SGD and CHOCO-Gossip, Koloskova,
-//! Stich & Jaggi 2019).
+//! Stich & Jaggi 2019); the centralized baselines [`AllReduce`] (ring all-reduce, Patarasuk &
+//! Yuan 2009) and [`ParameterServer`] (BSP, Li et al. 2014; SSP/ASP, Ho et al. 2013).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod allreduce;
 pub mod choco;
 pub mod dpsgd;
 mod exchange;
 pub mod frame;
+pub mod ps;
 pub mod sim;
 
 use std::time::Instant;
 
+pub use allreduce::{chunk_range, AllReduce, AllReduceConfig};
 pub use choco::{suggested_gamma, theorem2_gamma, Choco, ChocoConfig};
 pub use dpsgd::{DPsgd, DPsgdConfig};
 pub use frame::{FrameError, FrameHeader, FrameKind, FRAME_HEADER_LEN};
 pub use murmur_topology::Rank;
+pub use ps::{ParameterServer, PsConfig, PsMode};
 use thiserror::Error;
 
 /// A frame the state machine wants sent. The bytes were written into the caller's buffer
