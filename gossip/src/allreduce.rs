@@ -50,7 +50,10 @@
 //!
 //! raw values rather than a `murmur_compress` message: the receiver knows the chunk's
 //! length from the step, and the ring is the uncompressed baseline. A frame is refused
-//! unless its step is in range, its length is exactly 4 + 4·len and every value is finite.
+//! unless its step is in range, its length is exactly 4 + 4·len and every value is finite;
+//! these defects are reported as [`GossipError::Payload`] with [`DecodeError::Truncated`]
+//! (no step), [`DecodeError::BadParameter`] (`name: "step"`), [`DecodeError::PayloadLength`]
+//! or [`DecodeError::NonFinite`] (`index`: the coordinate in `[d]`).
 //!
 //! # Early frames
 //!
@@ -310,13 +313,12 @@ impl AllReduce {
             });
         }
         let bad = |source| GossipError::Payload { from, source };
-        let step_bytes: [u8; 4] = payload
-            .get(..4)
-            .and_then(|b| b.try_into().ok())
-            .ok_or(bad(DecodeError::Truncated {
+        let step_bytes: [u8; 4] = payload.get(..4).and_then(|b| b.try_into().ok()).ok_or(bad(
+            DecodeError::Truncated {
                 needed: 4,
                 got: payload.len(),
-            }))?;
+            },
+        ))?;
         let step = u32::from_le_bytes(step_bytes);
         if step >= self.steps() {
             return Err(bad(DecodeError::BadParameter {

@@ -7,8 +7,8 @@
 //!
 //! Peer 0 is the server and also a worker; peers 1 … n − 1 are workers. One type,
 //! [`ParameterServer`], plays either role, chosen by the rank. Every round t, worker i
-//! (rank 0 included) pushes its gradient g_i: [d] to the server and waits for the server's
-//! parameters x: [d], which become its [`Gossip::params`]. Rank 0's worker side hands its
+//! (rank 0 included) pushes its gradient `g_i: [d]` to the server and waits for the server's
+//! parameters `x: [d]`, which become its [`Gossip::params`]. Rank 0's worker side hands its
 //! push to its server side directly, without a frame. The `x` passed to
 //! [`Gossip::begin_round`] is not sent: the server's copy, initialised from rank 0's `x0`,
 //! is authoritative.
@@ -58,6 +58,8 @@
 //! while j waits for an answer; a worker accepts only its mixing round. An earlier round
 //! is a [`GossipError::Duplicate`]; a later one, or any frame while nothing is expected,
 //! is [`GossipError::RoundOutOfWindow`] (an empty window `lo > hi` when nothing is).
+//! Payload defects are [`GossipError::Payload`] with [`DecodeError::PayloadLength`] or
+//! [`DecodeError::NonFinite`] (`index`: the coordinate in `[d]`).
 //!
 //! # Driving the server
 //!

@@ -236,7 +236,10 @@ fn shuffled_and_early_deliveries_give_bitwise_the_same_result() {
             reordered += r;
         }
         // The schedules did exercise the buffer.
-        assert!(early > 0, "n = {n}: no frame for a later round arrived early");
+        assert!(
+            early > 0,
+            "n = {n}: no frame for a later round arrived early"
+        );
         if n > 2 {
             assert!(reordered > 0, "n = {n}: no step overtook an earlier one");
         }
@@ -292,7 +295,10 @@ fn frames_for_the_next_round_are_buffered_while_mixing() {
     assert_eq!(p0.poll_transmit(&mut buf), None);
     assert_eq!(p0.poll_event(), None);
     // The all-gather step 1 carries the complete sum of chunk 1: 5 + 1.
-    assert_eq!(buf[24..], [1u32.to_le_bytes(), 6.0f32.to_le_bytes()].concat()[..]);
+    assert_eq!(
+        buf[24..],
+        [1u32.to_le_bytes(), 6.0f32.to_le_bytes()].concat()[..]
+    );
 }
 
 /// State visible from outside, compared before and after a refused frame.

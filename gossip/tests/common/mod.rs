@@ -173,7 +173,10 @@ pub fn serial_mean(xs: &[Vec<f32>]) -> Vec<f64> {
 /// max_k |a_k − b_k|.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// A frame of `kind` from `sender` for `round` with model dimension `dim`, carrying
