@@ -14,10 +14,13 @@
 //! Stich & Jaggi 2019), [`Sgp`] (Stochastic Gradient Push and its overlap variant OSGP on
 //! directed, time-varying graphs, Assran et al. 2019; push-sum, Kempe et al. 2003),
 //! [`LocalSgd`] (H local steps around any of them: local-SGD gossip and model averaging),
-//! [`Phased`] (one algorithm after another: phase schedules).
+//! [`Phased`] (one algorithm after another: phase schedules); the centralized baselines
+//! [`AllReduce`] (ring all-reduce, Patarasuk & Yuan 2009) and [`ParameterServer`] (BSP, Li
+//! et al. 2014; SSP/ASP, Ho et al. 2013).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod allreduce;
 pub mod choco;
 pub mod dpsgd;
 mod exchange;
@@ -25,11 +28,13 @@ pub mod frame;
 pub mod local;
 pub mod netsim;
 pub mod phased;
+pub mod ps;
 pub mod sgp;
 pub mod sim;
 
 use std::time::Instant;
 
+pub use allreduce::{chunk_range, AllReduce, AllReduceConfig};
 pub use choco::{suggested_gamma, theorem2_gamma, Choco, ChocoConfig};
 pub use dpsgd::{DPsgd, DPsgdConfig};
 pub use frame::{FrameError, FrameHeader, FrameKind, FRAME_HEADER_LEN};
@@ -39,6 +44,7 @@ pub use netsim::{
     Compute, ConsensusPoint, NetSim, NetSimError, NetworkModel, PeerRound, RunReport, Totals,
 };
 pub use phased::{Phase, Phased};
+pub use ps::{ParameterServer, PsConfig, PsMode};
 pub use sgp::{Sgp, SgpConfig};
 use thiserror::Error;
 

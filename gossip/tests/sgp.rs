@@ -14,7 +14,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 mod common;
-use common::{mean_f64, raw_frame_of_kind, uniform_vectors};
+use common::{kind_frame, serial_mean, uniform_vectors};
 
 /// One SGP peer per start vector, all on `schedule` with learning rate `lr` and overlap `tau`.
 fn peers(schedule: &PushSchedule, xs: &[Vec<f32>], lr: f32, tau: u64) -> Vec<Sgp> {
@@ -72,7 +72,7 @@ fn share_payload(p: f64, weight: f64, x: &[f32]) -> Vec<u8> {
 }
 
 fn push_frame(sender: Rank, round: u64, p: f64, weight: f64, x: &[f32]) -> Vec<u8> {
-    raw_frame_of_kind(
+    kind_frame(
         FrameKind::PushSum,
         sender,
         round,
@@ -196,8 +196,8 @@ impl Net {
 #[test]
 fn push_sum_on_one_peer_exponential_16_is_exact_after_4_rounds_and_not_before() {
     let (n, d) = (16, 100);
-    let xs = uniform_vectors(n, d, 11);
-    let mean = mean_f64(&xs);
+    let xs = uniform_vectors(n, d, 1.0, 11);
+    let mean = serial_mean(&xs);
     let schedule = PushSchedule::one_peer_exponential(n).unwrap();
     let mut sim = Sim::new(boxed(peers(&schedule, &xs, 0.0, 0)));
     let e0 = sim_err(&sim, &mean);
@@ -226,8 +226,8 @@ fn push_sum_on_one_peer_exponential_16_is_exact_after_4_rounds_and_not_before() 
 #[test]
 fn push_sum_on_one_peer_exponential_12_converges_geometrically() {
     let (n, d) = (12, 100);
-    let xs = uniform_vectors(n, d, 12);
-    let mean = mean_f64(&xs);
+    let xs = uniform_vectors(n, d, 1.0, 12);
+    let mean = serial_mean(&xs);
     let schedule = PushSchedule::one_peer_exponential(n).unwrap();
     let mut sim = Sim::new(boxed(peers(&schedule, &xs, 0.0, 0)));
     let mut errs = vec![sim_err(&sim, &mean)];
@@ -252,8 +252,8 @@ fn push_sum_on_one_peer_exponential_12_converges_geometrically() {
 #[test]
 fn push_sum_on_an_unbalanced_directed_graph_reaches_the_average_through_the_weights() {
     let (n, d) = (12, 50);
-    let xs = uniform_vectors(n, d, 13);
-    let mean = mean_f64(&xs);
+    let xs = uniform_vectors(n, d, 1.0, 13);
+    let mean = serial_mean(&xs);
     let schedule = chorded_ring(n);
     assert!(
         (schedule.matrix(0).row(4).sum() - 1.0).abs() > 0.1,
@@ -296,8 +296,8 @@ fn push_sum_on_an_unbalanced_directed_graph_reaches_the_average_through_the_weig
 
 fn overlap_conserves_mass_and_averages(tau: u64, seed: u64) {
     let (n, d) = (12, 40);
-    let xs = uniform_vectors(n, d, seed);
-    let mean = mean_f64(&xs);
+    let xs = uniform_vectors(n, d, 1.0, seed);
+    let mean = serial_mean(&xs);
     let total0: Vec<f64> = mean.iter().map(|m| m * n as f64).collect();
     let schedule = PushSchedule::one_peer_exponential(n).unwrap();
     let ps = peers(&schedule, &xs, 0.0, tau);
@@ -384,9 +384,9 @@ fn overlap_rounds_before_tau_complete_at_once_and_late_frames_are_absorbed() {
 fn sgp_on_quadratics_converges_to_the_mean_of_the_targets() {
     // f_i(x) = ½‖x − b_i‖², ∇f_i(z) = z − b_i; the minimiser of Σ f_i is mean(b_i).
     let (n, d) = (16, 20);
-    let bs = uniform_vectors(n, d, 31);
-    let b_mean = mean_f64(&bs);
-    let xs = uniform_vectors(n, d, 32);
+    let bs = uniform_vectors(n, d, 1.0, 31);
+    let b_mean = serial_mean(&bs);
+    let xs = uniform_vectors(n, d, 1.0, 32);
     let schedule = PushSchedule::one_peer_exponential(n).unwrap();
     let lr = 0.05;
     let mut sim = Sim::new(boxed(peers(&schedule, &xs, lr, 0)));
@@ -402,7 +402,7 @@ fn sgp_on_quadratics_converges_to_the_mean_of_the_targets() {
     }
     let zs: Vec<Vec<f32>> = (0..n).map(|i| sim.peer(i).params().to_vec()).collect();
     // The network average reaches mean(b) (w ≡ 1 on this schedule) …
-    let avg_err = max_diff(&mean_f64(&zs), &b_mean);
+    let avg_err = max_diff(&serial_mean(&zs), &b_mean);
     assert!(avg_err < 1e-5, "average of z off by {avg_err}");
     // … and every peer is within O(γ) of it (constant step size: no exact consensus).
     let e = sim_err(&sim, &b_mean);
@@ -415,9 +415,9 @@ fn sgp_on_quadratics_converges_to_the_mean_of_the_targets() {
 #[test]
 fn sgp_on_quadratics_over_an_unbalanced_graph_converges_near_the_mean_of_the_targets() {
     let (n, d) = (12, 20);
-    let bs = uniform_vectors(n, d, 41);
-    let b_mean = mean_f64(&bs);
-    let xs = uniform_vectors(n, d, 42);
+    let bs = uniform_vectors(n, d, 1.0, 41);
+    let b_mean = serial_mean(&bs);
+    let xs = uniform_vectors(n, d, 1.0, 42);
     let schedule = chorded_ring(n);
     let mut net = Net::new(peers(&schedule, &xs, 0.01, 0), 0, 0);
     let e0 = net.err(&b_mean);
@@ -551,7 +551,7 @@ fn bad_frames_are_refused_and_change_nothing() {
     check(
         &mut p,
         0,
-        &raw_frame_of_kind(FrameKind::PushSum, 0, 0, 2, &payload[..10]),
+        &kind_frame(FrameKind::PushSum, 0, 0, 2, &payload[..10]),
         &|e| {
             matches!(
                 e,
@@ -568,7 +568,7 @@ fn bad_frames_are_refused_and_change_nothing() {
     check(
         &mut p,
         0,
-        &raw_frame_of_kind(FrameKind::PushSum, 0, 0, 2, &payload[..payload.len() - 4]),
+        &kind_frame(FrameKind::PushSum, 0, 0, 2, &payload[..payload.len() - 4]),
         &|e| matches!(e, GossipError::Payload { from: 0, .. }),
     );
     // Dimension: in the header, and inside the message.
@@ -591,7 +591,7 @@ fn bad_frames_are_refused_and_change_nothing() {
     check(
         &mut p,
         0,
-        &raw_frame_of_kind(FrameKind::PushSum, 0, 0, 2, &three),
+        &kind_frame(FrameKind::PushSum, 0, 0, 2, &three),
         &|e| matches!(e, GossipError::Payload { from: 0, .. }),
     );
     // Non-finite values in the message.
@@ -742,10 +742,10 @@ fn one_round(schedule: &PushSchedule, xs: &[Vec<f32>], gs: &[Vec<f32>], overlap:
 #[test]
 fn overlapped_gradient_is_combine_then_adapt_and_matches_begin_round_on_a_regular_graph() {
     let (n, d, lr) = (8, 30, 0.1);
-    let xs = uniform_vectors(n, d, 51);
+    let xs = uniform_vectors(n, d, 1.0, 51);
     // Unbalanced graph, different gradients: check both forms against the formulas.
     let schedule = chorded_ring(n);
-    let gs = uniform_vectors(n, d, 52);
+    let gs = uniform_vectors(n, d, 1.0, 52);
     let p = schedule.matrix(0);
     let w_new: Vec<f64> = (0..n).map(|i| p.row(i).sum()).collect();
     let atc = one_round(&schedule, &xs, &gs, false);

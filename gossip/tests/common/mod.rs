@@ -13,28 +13,165 @@ pub fn ring_mh(n: usize) -> MixingMatrix {
 /// A gossip frame from `sender` for `round` whose header declares model dimension `dim`,
 /// carrying `payload` as is.
 pub fn raw_frame(sender: Rank, round: u64, dim: u32, payload: &[u8]) -> Vec<u8> {
-    let mut f = FrameHeader {
-        kind: FrameKind::Gossip,
-        sender,
-        round,
-        dim,
-        payload_len: payload.len() as u32,
-    }
-    .to_bytes()
-    .to_vec();
-    f.extend_from_slice(payload);
-    f
+    kind_frame(FrameKind::Gossip, sender, round, dim, payload)
 }
 
-/// A frame of `kind` from `sender` for `round` whose header declares model dimension `dim`,
-/// carrying `payload` as is.
-pub fn raw_frame_of_kind(
-    kind: FrameKind,
-    sender: Rank,
-    round: u64,
-    dim: u32,
-    payload: &[u8],
-) -> Vec<u8> {
+// ---- Multi-hop drivers (ring all-reduce, parameter server) ---------------------------
+//
+// `Sim::run_round` delivers each frame that `begin_round` produced once and does not poll
+// `poll_transmit` after `handle_message`, so it cannot drive algorithms whose frames cause
+// further frames. `Net` delivers until the network is quiet.
+
+use std::time::Instant;
+
+use murmur_gossip::{Gossip, GossipEvent};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+/// n state machines of one type and the frames in flight between them.
+pub struct Net<G: Gossip> {
+    /// Peer i has rank i.
+    pub peers: Vec<G>,
+    /// (from, to, frame), in send order.
+    pub in_flight: Vec<(Rank, Rank, Vec<u8>)>,
+    /// Events polled so far, per peer, in order.
+    pub events: Vec<Vec<GossipEvent>>,
+    /// Every accepted delivery: (from, to, frame, the receiver's `round()` before it).
+    pub log: Vec<(Rank, Rank, Vec<u8>, u64)>,
+    /// `None`: deliver in send order; `Some`: pick a random frame in flight each time.
+    rng: Option<StdRng>,
+    now: Instant,
+    buf: Vec<u8>,
+}
+
+impl<G: Gossip> Net<G> {
+    /// Delivers frames in the order they were sent.
+    pub fn fifo(peers: Vec<G>) -> Self {
+        Self::with_rng(peers, None)
+    }
+
+    /// Delivers a frame chosen uniformly among those in flight, with `seed`: any order,
+    /// later steps and rounds before earlier ones included.
+    pub fn shuffled(peers: Vec<G>, seed: u64) -> Self {
+        Self::with_rng(peers, Some(StdRng::seed_from_u64(seed)))
+    }
+
+    fn with_rng(peers: Vec<G>, rng: Option<StdRng>) -> Self {
+        let n = peers.len();
+        Net {
+            peers,
+            in_flight: Vec::new(),
+            events: vec![Vec::new(); n],
+            log: Vec::new(),
+            rng,
+            now: Instant::now(),
+            buf: Vec::new(),
+        }
+    }
+
+    /// Moves peer i's transmits into flight and its events into `events[i]`; returns the
+    /// rounds it completed.
+    fn collect(&mut self, i: Rank) -> Vec<u64> {
+        while let Some(t) = self.peers[i].poll_transmit(&mut self.buf) {
+            self.in_flight.push((i, t.to, self.buf.clone()));
+        }
+        let mut mixed = Vec::new();
+        while let Some(ev) = self.peers[i].poll_event() {
+            if let GossipEvent::Mixed { round } = ev {
+                mixed.push(round);
+            }
+            self.events[i].push(ev);
+        }
+        mixed
+    }
+
+    /// Peer i begins its next round from `x: [d]`; returns the rounds it completed at once.
+    pub fn begin(&mut self, i: Rank, x: &[f32], grad: Option<&[f32]>) -> Vec<u64> {
+        self.peers[i].begin_round(self.now, x, grad);
+        self.collect(i)
+    }
+
+    /// Delivers one frame (panics if a peer refuses it); returns the receiver and the
+    /// rounds it completed, or `None` if nothing is in flight.
+    pub fn deliver_one(&mut self) -> Option<(Rank, Vec<u64>)> {
+        if self.in_flight.is_empty() {
+            return None;
+        }
+        let k = match &mut self.rng {
+            Some(rng) => rng.random_range(0..self.in_flight.len()),
+            None => 0,
+        };
+        let (from, to, frame) = self.in_flight.remove(k);
+        let before = self.peers[to].round();
+        if let Err(e) = self.peers[to].handle_message(self.now, from, &frame) {
+            panic!("peer {to} refused a frame from peer {from}: {e}");
+        }
+        self.log.push((from, to, frame, before));
+        Some((to, self.collect(to)))
+    }
+
+    /// Delivers until nothing is in flight.
+    pub fn deliver_all(&mut self) {
+        while self.deliver_one().is_some() {}
+    }
+
+    /// One lock-step round: every peer begins from its own parameters with `grads[i]`
+    /// (if given), then frames are delivered until quiet; panics unless every peer
+    /// completed the round.
+    pub fn round(&mut self, grads: Option<&[Vec<f32>]>) {
+        let round = self.peers[0].round();
+        for i in 0..self.peers.len() {
+            let x = self.peers[i].params().to_vec();
+            self.begin(i, &x, grads.map(|g| g[i].as_slice()));
+        }
+        self.deliver_all();
+        for (i, ev) in self.events.iter().enumerate() {
+            assert!(
+                ev.contains(&GossipEvent::Mixed { round }),
+                "peer {i} did not complete round {round}: {ev:?}"
+            );
+        }
+    }
+
+    /// Every peer's parameters.
+    pub fn params(&self) -> Vec<Vec<f32>> {
+        self.peers.iter().map(|p| p.params().to_vec()).collect()
+    }
+}
+
+/// n vectors of `d` values drawn uniformly from [−scale, scale) with `seed`.
+pub fn uniform_vectors(n: usize, d: usize, scale: f32, seed: u64) -> Vec<Vec<f32>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| (0..d).map(|_| rng.random_range(-scale..scale)).collect())
+        .collect()
+}
+
+/// The coordinate-wise mean of `xs: n × [d]`, computed in f64.
+pub fn serial_mean(xs: &[Vec<f32>]) -> Vec<f64> {
+    let d = xs.first().map_or(0, Vec::len);
+    let mut m = vec![0.0f64; d];
+    for x in xs {
+        for (a, v) in m.iter_mut().zip(x) {
+            *a += *v as f64;
+        }
+    }
+    m.iter_mut().for_each(|a| *a /= xs.len() as f64);
+    m
+}
+
+/// max_k |a_k − b_k|.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// A frame of `kind` from `sender` for `round` with model dimension `dim`, carrying
+/// `payload` as is.
+pub fn kind_frame(kind: FrameKind, sender: Rank, round: u64, dim: u32, payload: &[u8]) -> Vec<u8> {
     let mut f = FrameHeader {
         kind,
         sender,
@@ -48,23 +185,7 @@ pub fn raw_frame_of_kind(
     f
 }
 
-/// n vectors of `d` values drawn uniformly from [−1, 1) with `seed`, peer 0's first.
-pub fn uniform_vectors(n: usize, d: usize, seed: u64) -> Vec<Vec<f32>> {
-    use rand::{RngExt, SeedableRng};
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| (0..d).map(|_| rng.random_range(-1.0f32..1.0)).collect())
-        .collect()
-}
-
-/// The coordinate-wise mean `[d]` of `xs: n × [d]`, in `f64`.
-pub fn mean_f64(xs: &[Vec<f32>]) -> Vec<f64> {
-    let mut m = vec![0.0f64; xs.first().map_or(0, Vec::len)];
-    for x in xs {
-        for (a, v) in m.iter_mut().zip(x) {
-            *a += f64::from(*v);
-        }
-    }
-    m.iter_mut().for_each(|a| *a /= xs.len() as f64);
-    m
+/// `values` as f32 LE bytes.
+pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }

@@ -1,0 +1,485 @@
+//! Ring all-reduce: the synchronous data-parallel baseline (Patarasuk & Yuan 2009,
+//! "Bandwidth optimal all-reduce algorithms for clusters of workstations"; the
+//! reduce-scatter + all-gather ring of Baidu's `allreduce` and Horovod).
+//!
+//! # Algorithm
+//!
+//! Peer i of n sends only to its successor (i + 1) mod n and receives only from its
+//! predecessor (i − 1) mod n. The vector `v: [d]` being reduced is cut into n contiguous
+//! chunks of near-equal length ([`chunk_range`]: the first d mod n chunks hold ⌊d/n⌋ + 1
+//! values, the rest ⌊d/n⌋; d need not be divisible by n and chunks may be empty when
+//! d < n). A round has 2(n − 1) steps, each one frame per peer carrying one chunk:
+//!
+//! - reduce-scatter, steps s = 0 … n − 2: peer i sends chunk (i − s) mod n and adds the
+//!   chunk (i − s − 1) mod n it receives into its own copy; afterwards peer i holds the
+//!   complete sum of chunk (i + 1) mod n;
+//! - all-gather, steps s = n − 1 … 2n − 3, k = s − (n − 1): peer i sends chunk
+//!   (i + 1 − k) mod n and overwrites chunk (i − k) mod n with the one it receives.
+//!
+//! Every step's frame carries what the previous step received, so a peer sends step s + 1
+//! as soon as step s arrived. Each peer sends and receives 2(n − 1)/n · d values per round,
+//! independent of n in the limit: the bandwidth-optimal schedule.
+//!
+//! What is reduced depends on the round:
+//!
+//! - `begin_round(now, x, Some(g))`: the gradients; then `x ← x − η · mean(g)`
+//!   (synchronous data-parallel SGD: every peer that starts from the same x holds the
+//!   same x after every round);
+//! - `begin_round(now, x, None)`: the parameters themselves; then `x ← mean(x)` (exact
+//!   model averaging, the synchronisation step of local SGD).
+//!
+//! # Summation order
+//!
+//! Sums are `f32`. Chunk c is summed along the ring starting at peer c:
+//! `((v_c + v_{c+1}) + v_{c+2}) + … + v_{c−1}` (indices mod n), the complete sum lands on
+//! peer (c − 1) mod n and is copied bit for bit to every other peer by the all-gather; the
+//! mean is that sum divided by n (`sum / n as f32`). The order is fixed by the ring, not by
+//! arrival times, so every peer ends a round with bitwise-identical sums and the result
+//! does not depend on how frames were delayed or reordered. It differs from a serial
+//! left-to-right sum by the usual f32 rounding (at most about (n − 1)·ε·Σ|v_i| per value).
+//!
+//! # Wire format
+//!
+//! Frames of kind [`FrameKind::Reduce`], header round = the round, dim = d. The payload is
+//!
+//! ```text
+//! offset  size      field
+//!      0     4      step   u32 LE, 0 ≤ step < 2(n − 1)
+//!      4  4·len     chunk  len f32 LE, the chunk that step carries (len = its length)
+//! ```
+//!
+//! raw values rather than a `murmur_compress` message: the receiver knows the chunk's
+//! length from the step, and the ring is the uncompressed baseline. A frame is refused
+//! unless its step is in range, its length is exactly 4 + 4·len and every value is finite;
+//! these defects are reported as [`GossipError::Payload`] with [`DecodeError::Truncated`]
+//! (no step), [`DecodeError::BadParameter`] (`name: "step"`), [`DecodeError::PayloadLength`]
+//! or [`DecodeError::NonFinite`] (`index`: the coordinate in `[d]`).
+//!
+//! # Early frames
+//!
+//! The predecessor may be ahead: a later step of this round, or (once it completed this
+//! round) a step of the next. Such frames are validated on arrival and buffered; the
+//! window is the mixing round and the next one (only the next round to begin while idle),
+//! which bounds the buffer by 4(n − 1) chunks, about 4·d values. Anything else is refused.
+//! A peer cannot legitimately be further ahead: finishing a round needs every peer's
+//! frames of that round.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use murmur_compress::DecodeError;
+
+use crate::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
+use crate::{Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
+
+/// Name of the payload format in [`DecodeError`]s.
+const PAYLOAD: &str = "ring all-reduce chunk (raw f32)";
+
+/// Configuration of one ring all-reduce peer.
+#[derive(Debug, Clone)]
+pub struct AllReduceConfig {
+    /// This peer's rank i, `0 ≤ i < n`.
+    pub rank: Rank,
+    /// Number of peers n ≥ 1 on the ring.
+    pub n: usize,
+    /// Learning rate η applied to the mean gradient.
+    pub lr: f32,
+    /// How long a round may wait for its frames before [`GossipEvent::RoundTimedOut`].
+    pub round_timeout: Duration,
+    /// Largest frame payload accepted, in bytes.
+    pub max_payload_bytes: u32,
+}
+
+impl AllReduceConfig {
+    /// Peer `rank` of `n` with η = `lr` for a model of `d` parameters, a 60 s round
+    /// timeout and a payload limit of exactly the largest step: 4 + 4·⌈d/n⌉ bytes.
+    pub fn new(rank: Rank, n: usize, lr: f32, d: usize) -> Self {
+        let largest = 4 + 4 * d.div_ceil(n.max(1));
+        AllReduceConfig {
+            rank,
+            n,
+            lr,
+            round_timeout: Duration::from_secs(60),
+            max_payload_bytes: u32::try_from(largest).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// The index range of chunk `c` (`0 ≤ c < n`) when `[d]` is cut into n contiguous chunks:
+/// the first d mod n chunks have ⌊d/n⌋ + 1 values, the others ⌊d/n⌋ (possibly 0).
+///
+/// # Panics
+/// If `n == 0` or `c ≥ n`.
+pub fn chunk_range(c: usize, n: usize, d: usize) -> Range<usize> {
+    assert!(c < n, "chunk {c} of {n}");
+    let (base, rem) = (d / n, d % n);
+    let start = c * base + c.min(rem);
+    start..start + base + usize::from(c < rem)
+}
+
+/// One peer of ring all-reduce as a sans-I/O state machine (see the [module docs](self)).
+pub struct AllReduce {
+    cfg: AllReduceConfig,
+    /// x_i (`[d]`): the parameters given to `begin_round`, then the result of the round.
+    x: Vec<f32>,
+    /// The vector being reduced (`[d]`): g or x, summed chunk by chunk.
+    acc: Vec<f32>,
+    /// Whether the mixing round reduces a gradient (else the parameters).
+    grad_mode: bool,
+    /// Next round to begin, or the round that is mixing.
+    round: u64,
+    mixing: bool,
+    /// Next step to receive in the mixing round.
+    next_step: u32,
+    deadline: Option<Instant>,
+    /// Validated chunks that arrived before their turn, by (round, step).
+    early: BTreeMap<(u64, u32), Vec<f32>>,
+    /// Encoded frames for the successor, oldest first.
+    outgoing: VecDeque<Vec<u8>>,
+    events: VecDeque<GossipEvent>,
+    stats: GossipStats,
+}
+
+impl AllReduce {
+    /// Peer `cfg.rank` starting from parameters `x0: [d]`.
+    ///
+    /// # Panics
+    /// If `n == 0`, `rank ≥ n`, `d` does not fit the frame header's `u32`, or 2(n − 1)
+    /// steps do not fit the payload's `u32` (configuration bugs).
+    pub fn new(cfg: AllReduceConfig, x0: Vec<f32>) -> Self {
+        assert!(cfg.n >= 1, "a ring needs at least one peer");
+        assert!(cfg.rank < cfg.n, "rank {} of n = {}", cfg.rank, cfg.n);
+        assert!(u32::try_from(x0.len()).is_ok(), "d must fit in u32");
+        assert!(
+            u32::try_from(2 * (cfg.n - 1)).is_ok(),
+            "2(n − 1) steps must fit in u32"
+        );
+        let d = x0.len();
+        AllReduce {
+            cfg,
+            x: x0,
+            acc: vec![0.0; d],
+            grad_mode: false,
+            round: 0,
+            mixing: false,
+            next_step: 0,
+            deadline: None,
+            early: BTreeMap::new(),
+            outgoing: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: GossipStats::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &AllReduceConfig {
+        &self.cfg
+    }
+
+    /// Steps per round: 2(n − 1).
+    fn steps(&self) -> u32 {
+        2 * (self.cfg.n as u32 - 1)
+    }
+
+    fn next_peer(&self) -> Rank {
+        (self.cfg.rank + 1) % self.cfg.n
+    }
+
+    fn prev_peer(&self) -> Rank {
+        (self.cfg.rank + self.cfg.n - 1) % self.cfg.n
+    }
+
+    /// The chunk peer `rank` sends at step `s`.
+    fn send_chunk(&self, rank: Rank, s: u32) -> usize {
+        let (n, s) = (self.cfg.n, s as usize);
+        if s < n - 1 {
+            (rank + n - s) % n
+        } else {
+            (rank + 1 + n - (s - (n - 1))) % n
+        }
+    }
+
+    /// The chunk this peer receives at step `s`: what the predecessor sends.
+    fn recv_range(&self, s: u32) -> Range<usize> {
+        let c = self.send_chunk(self.prev_peer(), s);
+        chunk_range(c, self.cfg.n, self.x.len())
+    }
+
+    /// Queues the frame of step `s` of the mixing round.
+    fn queue_step(&mut self, s: u32) {
+        let range = chunk_range(self.send_chunk(self.cfg.rank, s), self.cfg.n, self.x.len());
+        let values = &self.acc[range];
+        let payload_len = 4 + 4 * values.len();
+        let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + payload_len);
+        FrameHeader {
+            kind: FrameKind::Reduce,
+            sender: self.cfg.rank,
+            round: self.round,
+            dim: self.x.len() as u32,
+            payload_len: payload_len as u32,
+        }
+        .emit(&mut frame);
+        frame.extend_from_slice(&s.to_le_bytes());
+        for v in values {
+            frame.extend_from_slice(&v.to_le_bytes());
+        }
+        self.outgoing.push_back(frame);
+    }
+
+    /// Absorbs the chunk of step `self.next_step`, queues the next step's frame and
+    /// finishes the round after the last step.
+    fn absorb(&mut self, chunk: &[f32]) {
+        let s = self.next_step;
+        let range = self.recv_range(s);
+        let dst = &mut self.acc[range];
+        if (s as usize) < self.cfg.n - 1 {
+            for (a, v) in dst.iter_mut().zip(chunk) {
+                *a += v;
+            }
+        } else {
+            dst.copy_from_slice(chunk);
+        }
+        self.next_step = s + 1;
+        if self.next_step < self.steps() {
+            self.queue_step(self.next_step);
+        } else {
+            self.finish();
+        }
+    }
+
+    /// Absorbs buffered chunks of the mixing round for as long as the next one is there.
+    fn absorb_buffered(&mut self) {
+        while self.mixing {
+            match self.early.remove(&(self.round, self.next_step)) {
+                Some(chunk) => self.absorb(&chunk),
+                None => break,
+            }
+        }
+    }
+
+    /// Turns the complete sums into the round's result and emits `Mixed`.
+    fn finish(&mut self) {
+        let n = self.cfg.n as f32;
+        if self.grad_mode {
+            let lr = self.cfg.lr;
+            for (x, s) in self.x.iter_mut().zip(&self.acc) {
+                *x -= lr * (s / n);
+            }
+        } else {
+            for (x, s) in self.x.iter_mut().zip(&self.acc) {
+                *x = s / n;
+            }
+        }
+        self.mixing = false;
+        self.deadline = None;
+        self.events
+            .push_back(GossipEvent::Mixed { round: self.round });
+        self.round += 1;
+        self.next_step = 0;
+    }
+
+    /// Parses and checks an incoming frame without changing anything; returns its round,
+    /// step and chunk values.
+    fn check(&self, from: Rank, frame: &[u8]) -> Result<(u64, u32, Vec<f32>), GossipError> {
+        let (h, payload) = FrameHeader::parse(frame, self.cfg.max_payload_bytes)?;
+        if h.kind != FrameKind::Reduce {
+            return Err(GossipError::WrongKind(h.kind));
+        }
+        if h.sender != from {
+            return Err(GossipError::SenderMismatch {
+                from,
+                claimed: h.sender,
+            });
+        }
+        if self.cfg.n == 1 || from != self.prev_peer() {
+            return Err(GossipError::NotANeighbour(from));
+        }
+        let d = self.x.len();
+        if h.dim as usize != d {
+            return Err(GossipError::DimensionMismatch {
+                from,
+                expected: d,
+                got: h.dim as usize,
+            });
+        }
+        let (lo, hi) = (self.round, self.round + u64::from(self.mixing));
+        if h.round < lo || h.round > hi {
+            return Err(GossipError::RoundOutOfWindow {
+                from,
+                round: h.round,
+                lo,
+                hi,
+            });
+        }
+        let bad = |source| GossipError::Payload { from, source };
+        let step_bytes: [u8; 4] = payload.get(..4).and_then(|b| b.try_into().ok()).ok_or(bad(
+            DecodeError::Truncated {
+                needed: 4,
+                got: payload.len(),
+            },
+        ))?;
+        let step = u32::from_le_bytes(step_bytes);
+        if step >= self.steps() {
+            return Err(bad(DecodeError::BadParameter {
+                operator: PAYLOAD,
+                name: "step",
+                value: step.into(),
+            }));
+        }
+        let consumed = self.mixing && h.round == self.round && step < self.next_step;
+        if consumed || self.early.contains_key(&(h.round, step)) {
+            return Err(GossipError::Duplicate {
+                from,
+                round: h.round,
+            });
+        }
+        let range = self.recv_range(step);
+        let expected = 4 + 4 * range.len();
+        if payload.len() != expected {
+            return Err(bad(DecodeError::PayloadLength {
+                operator: PAYLOAD,
+                declared: payload.len(),
+                expected,
+            }));
+        }
+        let values: Vec<f32> = payload[4..]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(bad(DecodeError::NonFinite {
+                index: range.start + i,
+            }));
+        }
+        Ok((h.round, step, values))
+    }
+}
+
+impl Gossip for AllReduce {
+    /// Starts reducing `grad: [d]` (then x ← x − η·mean(g)) or, with `grad = None`, `x: [d]`
+    /// itself (then x ← mean(x)). Sends step 0 and absorbs frames that arrived early. With
+    /// n = 1 the round completes at once.
+    fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) {
+        assert!(
+            !self.mixing,
+            "begin_round while round {} is still mixing",
+            self.round
+        );
+        assert_eq!(x.len(), self.x.len(), "x must have length d");
+        self.x.copy_from_slice(x);
+        match grad {
+            Some(g) => {
+                assert_eq!(g.len(), x.len(), "grad must have length d");
+                self.acc.copy_from_slice(g);
+            }
+            None => self.acc.copy_from_slice(x),
+        }
+        self.grad_mode = grad.is_some();
+        self.mixing = true;
+        self.next_step = 0;
+        if self.steps() == 0 {
+            self.finish();
+            return;
+        }
+        self.deadline = Some(now + self.cfg.round_timeout);
+        self.queue_step(0);
+        // Frames of the previous round cannot be buffered, so all of `early` is for this
+        // round or the next.
+        self.absorb_buffered();
+    }
+
+    fn handle_message(
+        &mut self,
+        _now: Instant,
+        from: Rank,
+        frame: &[u8],
+    ) -> Result<(), GossipError> {
+        let (round, step, chunk) = self.check(from, frame)?;
+        self.stats.frames_received += 1;
+        self.stats.bytes_received += frame.len() as u64;
+        if self.mixing && round == self.round && step == self.next_step {
+            self.absorb(&chunk);
+            self.absorb_buffered();
+        } else {
+            self.early.insert((round, step), chunk);
+        }
+        Ok(())
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        if self.mixing && self.deadline.is_some_and(|t| now >= t) {
+            self.events.push_back(GossipEvent::RoundTimedOut {
+                round: self.round,
+                missing: vec![self.prev_peer()],
+            });
+            // Report once per deadline; the driver decides what to do.
+            self.deadline = None;
+        }
+    }
+
+    fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+        let frame = self.outgoing.pop_front()?;
+        buf.clear();
+        buf.extend_from_slice(&frame);
+        self.stats.frames_sent += 1;
+        self.stats.bytes_sent += frame.len() as u64;
+        Some(Transmit {
+            to: self.next_peer(),
+        })
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    fn poll_event(&mut self) -> Option<GossipEvent> {
+        self.events.pop_front()
+    }
+
+    fn params(&self) -> &[f32] {
+        &self.x
+    }
+
+    fn round(&self) -> u64 {
+        self.round
+    }
+
+    fn stats(&self) -> GossipStats {
+        self.stats
+    }
+
+    /// `[(i + 1) mod n]`, empty for n = 1.
+    fn out_peers(&self) -> Vec<Rank> {
+        crate::peer_set(self.cfg.rank, [self.next_peer()])
+    }
+
+    /// `[(i − 1) mod n]`, empty for n = 1.
+    fn in_peers(&self) -> Vec<Rank> {
+        crate::peer_set(self.cfg.rank, [self.prev_peer()])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_tile_the_vector() {
+        for n in 1usize..=9 {
+            for d in [0, 1, n - 1, n, n + 1, 37, 1000] {
+                let mut next = 0;
+                for c in 0..n {
+                    let r = chunk_range(c, n, d);
+                    assert_eq!(r.start, next);
+                    assert!(r.len() == d / n || r.len() == d / n + 1);
+                    next = r.end;
+                }
+                assert_eq!(next, d, "n = {n}, d = {d}");
+            }
+        }
+        assert_eq!(chunk_range(0, 3, 7), 0..3);
+        assert_eq!(chunk_range(1, 3, 7), 3..5);
+        assert_eq!(chunk_range(2, 3, 7), 5..7);
+    }
+}
