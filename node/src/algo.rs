@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use murmur_gossip::{
-    Choco, ChocoConfig, DPsgd, DPsgdConfig, Gossip, LocalSgd, Phase, Phased, Rank,
+    AllReduce, AllReduceConfig, Choco, ChocoConfig, DPsgd, DPsgdConfig, Gossip, LocalSgd,
+    ParameterServer, Phase, Phased, PsConfig, Rank, Sgp, SgpConfig,
 };
 use murmur_topology::Topology;
 
@@ -61,6 +62,11 @@ pub fn build(
         cfg.seed = seed;
         DPsgd::with_compressor(cfg, x0.clone(), compressor)
     };
+    let allreduce = |lr: f32| {
+        let mut cfg = AllReduceConfig::new(rank, args.peers, lr, d);
+        cfg.round_timeout = round_timeout;
+        AllReduce::new(cfg, x0.clone())
+    };
     Ok(match args.algorithm {
         Algorithm::Dpsgd => Box::new(dpsgd(args.lr, compressor)),
         Algorithm::Choco => {
@@ -70,10 +76,30 @@ pub fn build(
             cfg.seed = seed;
             Box::new(Choco::new(cfg, x0, compressor))
         }
+        Algorithm::Sgp => {
+            let schedule = args.push_schedule(topo)?;
+            let mut cfg =
+                SgpConfig::new(schedule, rank, args.lr, d).with_tau(args.tau.unwrap_or(0));
+            cfg.round_timeout = round_timeout;
+            cfg.max_payload_bytes = max_payload;
+            cfg.seed = seed;
+            Box::new(Sgp::with_compressor(cfg, x0, compressor))
+        }
         Algorithm::LocalSgd => {
             // The inner gossip only mixes (η = 0); the wrapper takes the local steps.
             let inner = dpsgd(0.0, compressor);
             Box::new(LocalSgd::new(Box::new(inner), args.local_steps(), args.lr))
+        }
+        Algorithm::LocalAvg => {
+            // All-reduce begun without a gradient averages the parameters exactly.
+            let inner = allreduce(0.0);
+            Box::new(LocalSgd::new(Box::new(inner), args.local_steps(), args.lr))
+        }
+        Algorithm::Allreduce => Box::new(allreduce(args.lr)),
+        Algorithm::Ps => {
+            let mut cfg = PsConfig::new(rank, args.peers, args.lr, args.ps_mode.0, d);
+            cfg.round_timeout = round_timeout;
+            Box::new(ParameterServer::new(cfg, x0))
         }
     })
 }

@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use murmur_compress::CompressorSpec;
-use murmur_topology::{Topology, TopologySpec};
+use murmur_topology::{PushSchedule, Topology, TopologySpec};
+
+/// `--topology` name of the time-varying one-peer exponential graph (Assran et al. 2019):
+/// in round t peer i sends only to i + 2^(t mod ⌈log2 n⌉). For `--algorithm sgp`.
+pub const ONE_PEER_EXPONENTIAL: &str = "one-peer-exponential";
 
 use crate::data::Partition;
 use crate::model::ModelKind;
@@ -18,9 +22,21 @@ pub enum Algorithm {
     /// CHOCO-SGD (Koloskova, Stich & Jaggi 2019): gossip of compressed differences
     /// Q(x_i − x̂_i), consensus step size γ (`--gamma`).
     Choco,
+    /// SGP (Assran et al. 2019): push-sum gossip with column-stochastic weights on a directed
+    /// or time-varying graph (`--topology one-peer-exponential`), overlap bound `--tau`.
+    Sgp,
     /// Local-SGD gossip: H local SGD steps (`--local-steps`), then one D-PSGD mixing round
     /// on W (Koloskova et al. 2020; H = 1 is D-PSGD).
     LocalSgd,
+    /// Local SGD / model averaging (Stich 2019): H local steps, then exact global averaging
+    /// of the parameters by ring all-reduce.
+    LocalAvg,
+    /// Synchronous data-parallel SGD: ring all-reduce of the gradients every round, so all
+    /// peers hold the same model (the centralized baseline).
+    Allreduce,
+    /// Parameter server on peer 0 (also a worker): workers push gradients, the server
+    /// updates and answers with the parameters; `--ps-mode` bsp, ssp:S or asp.
+    Ps,
 }
 
 impl std::fmt::Display for Algorithm {
@@ -28,7 +44,11 @@ impl std::fmt::Display for Algorithm {
         f.write_str(match self {
             Algorithm::Dpsgd => "dpsgd",
             Algorithm::Choco => "choco",
+            Algorithm::Sgp => "sgp",
             Algorithm::LocalSgd => "local-sgd",
+            Algorithm::LocalAvg => "local-avg",
+            Algorithm::Allreduce => "allreduce",
+            Algorithm::Ps => "ps",
         })
     }
 }
@@ -36,7 +56,58 @@ impl std::fmt::Display for Algorithm {
 impl Algorithm {
     /// Whether the algorithm takes H local steps per communication round.
     pub fn has_local_steps(self) -> bool {
-        matches!(self, Algorithm::LocalSgd)
+        matches!(self, Algorithm::LocalSgd | Algorithm::LocalAvg)
+    }
+
+    /// Whether the algorithm mixes on the topology's graph (the centralized baselines
+    /// ignore `--topology`).
+    pub fn uses_topology(self) -> bool {
+        !matches!(
+            self,
+            Algorithm::LocalAvg | Algorithm::Allreduce | Algorithm::Ps
+        )
+    }
+
+    /// Whether the algorithm compresses its messages with `--compressor` (the centralized
+    /// baselines send raw `f32`).
+    pub fn compresses(self) -> bool {
+        self.uses_topology()
+    }
+}
+
+/// The parameter server's synchronisation (`--ps-mode`): `bsp`, `ssp:S` or `asp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PsModeArg(pub murmur_gossip::PsMode);
+
+impl std::str::FromStr for PsModeArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        use murmur_gossip::PsMode;
+        Ok(PsModeArg(match s {
+            "bsp" => PsMode::Bsp,
+            "asp" => PsMode::Asp,
+            other => match other.strip_prefix("ssp:").map(str::parse) {
+                Some(Ok(staleness)) => PsMode::Ssp { staleness },
+                _ => {
+                    return Err(format!(
+                        "unknown parameter-server mode {other:?}: expected bsp, asp or ssp:S \
+                         (S = allowed staleness in rounds)"
+                    ))
+                }
+            },
+        }))
+    }
+}
+
+impl std::fmt::Display for PsModeArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use murmur_gossip::PsMode;
+        match self.0 {
+            PsMode::Bsp => f.write_str("bsp"),
+            PsMode::Asp => f.write_str("asp"),
+            PsMode::Ssp { staleness } => write!(f, "ssp:{staleness}"),
+            _ => f.write_str("unknown"),
+        }
     }
 }
 
@@ -176,8 +247,9 @@ pub struct RunArgs {
     /// Number of peers n.
     #[arg(long, default_value_t = 8)]
     pub peers: usize,
-    /// Topology: a name (ring, torus, complete, star, hypercube, exponential, erdos-renyi)
-    /// or the path of a TOML topology file.
+    /// Topology: a name (ring, torus, complete, star, hypercube, exponential, erdos-renyi,
+    /// and for sgp the time-varying one-peer-exponential) or the path of a TOML topology
+    /// file. Ignored by allreduce, ps and local-avg.
     #[arg(long, default_value = "ring")]
     pub topology: String,
     /// Decentralized algorithm.
@@ -199,9 +271,17 @@ pub struct RunArgs {
     /// casts, else 0.1 (measured on the embedded MNIST, see README).
     #[arg(long)]
     pub gamma: Option<f32>,
-    /// Local SGD steps per communication round H (local-sgd; default 4).
+    /// Local SGD steps per communication round H (local-sgd, local-avg; default 4).
     #[arg(long)]
     pub local_steps: Option<u64>,
+    /// SGP's overlap bound τ: a round may complete with in-peers' messages up to τ rounds
+    /// old (0: synchronous SGP; ≥ 1: OSGP).
+    #[arg(long)]
+    pub tau: Option<u64>,
+    /// The parameter server's synchronisation: bsp, ssp:S (at most S rounds ahead of the
+    /// slowest worker) or asp.
+    #[arg(long, default_value = "bsp")]
+    pub ps_mode: PsModeArg,
     /// Model to train.
     #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
     pub model: ModelKind,
@@ -280,6 +360,12 @@ impl RunArgs {
         if let Some(p) = &self.phases {
             a.push(format!("--phases={p}"));
         }
+        if let Some(t) = self.tau {
+            a.push(format!("--tau={t}"));
+        }
+        if self.uses(Algorithm::Ps) {
+            a.push(format!("--ps-mode={}", self.ps_mode));
+        }
         if self.uses(Algorithm::Choco) {
             a.push(format!("--gamma={}", self.gamma()));
         }
@@ -314,6 +400,42 @@ impl RunArgs {
         }
         if self.local_steps.is_some() && !self.algorithms().iter().any(|a| a.has_local_steps()) {
             bail!("--local-steps needs --algorithm local-sgd");
+        }
+        if self.tau.is_some() && !self.uses(Algorithm::Sgp) {
+            bail!("--tau is SGP's overlap bound; it needs --algorithm sgp");
+        }
+        if self.ps_mode.0 != murmur_gossip::PsMode::Bsp && !self.uses(Algorithm::Ps) {
+            bail!("--ps-mode needs --algorithm ps");
+        }
+        if let Some(c) = &self.compressor {
+            let raw: Vec<String> = self
+                .algorithms()
+                .into_iter()
+                .filter(|a| !a.compresses())
+                .map(|a| a.to_string())
+                .collect();
+            if !raw.is_empty() && *c != CompressorSpec::Identity {
+                bail!(
+                    "--compressor {c}: {} send raw f32 (the uncompressed baselines); \
+                     compression applies to dpsgd, choco, sgp and local-sgd",
+                    raw.join(", ")
+                );
+            }
+        }
+        if self.topology == ONE_PEER_EXPONENTIAL {
+            let static_users: Vec<String> = self
+                .algorithms()
+                .into_iter()
+                .filter(|a| a.uses_topology() && *a != Algorithm::Sgp)
+                .map(|a| a.to_string())
+                .collect();
+            if !static_users.is_empty() {
+                bail!(
+                    "--topology {ONE_PEER_EXPONENTIAL} is a time-varying push schedule for \
+                     --algorithm sgp; {} need a mixing matrix W (try exponential)",
+                    static_users.join(", ")
+                );
+            }
         }
         if self.local_steps == Some(0) {
             bail!("--local-steps must be at least 1");
@@ -432,9 +554,25 @@ impl RunArgs {
         w
     }
 
-    /// Builds the topology for `self.peers` peers from a name or a file.
+    /// Builds the topology for `self.peers` peers from a name or a file. For
+    /// `one-peer-exponential` this is the static exponential graph, the union of the
+    /// schedule's rounds (see [`RunArgs::push_schedule`]).
     pub fn topology(&self) -> anyhow::Result<Topology> {
+        if self.topology == ONE_PEER_EXPONENTIAL {
+            return load_topology("exponential", Some(self.peers));
+        }
         load_topology(&self.topology, Some(self.peers))
+    }
+
+    /// SGP's push schedule: the time-varying one-peer exponential graph for
+    /// `--topology one-peer-exponential`, else the static graph of `topo`'s W.
+    pub fn push_schedule(&self, topo: &Topology) -> anyhow::Result<PushSchedule> {
+        Ok(if self.topology == ONE_PEER_EXPONENTIAL {
+            PushSchedule::one_peer_exponential(self.peers)?
+        } else {
+            PushSchedule::fixed(topo.w.graph())
+                .with_context(|| format!("topology {} for SGP", topo.name))?
+        })
     }
 }
 
