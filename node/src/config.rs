@@ -564,6 +564,23 @@ impl RunArgs {
         load_topology(&self.topology, Some(self.peers))
     }
 
+    /// The communication pattern as text: the topology's name, the time-varying schedule,
+    /// or the centralized baselines' fixed pattern (which ignores `--topology`).
+    pub fn topology_label(&self, topo: &Topology) -> String {
+        let algs = self.algorithms();
+        let pattern = |a: &Algorithm| match a {
+            Algorithm::Allreduce | Algorithm::LocalAvg => "ring all-reduce".to_string(),
+            Algorithm::Ps => "parameter server on peer 0".to_string(),
+            Algorithm::Sgp if self.topology == ONE_PEER_EXPONENTIAL => {
+                format!("{ONE_PEER_EXPONENTIAL}(n={})", self.peers)
+            }
+            _ => topo.name.clone(),
+        };
+        let mut labels: Vec<String> = algs.iter().map(pattern).collect();
+        labels.dedup();
+        labels.join(" then ")
+    }
+
     /// SGP's push schedule: the time-varying one-peer exponential graph for
     /// `--topology one-peer-exponential`, else the static graph of `topo`'s W.
     pub fn push_schedule(&self, topo: &Topology) -> anyhow::Result<PushSchedule> {

@@ -114,14 +114,21 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     // With more peers than cores, one compute thread per peer avoids oversubscription.
     let threads_per_peer = (cores / args.peers).max(1);
 
+    let pattern = if args.algorithms().iter().any(|a| a.uses_topology()) {
+        format!(
+            "{}; |λ₂| = {:.4}, spectral gap {:.4}",
+            args.topology_label(&topo),
+            topo.w.second_eigenvalue_modulus(),
+            topo.w.spectral_gap()
+        )
+    } else {
+        args.topology_label(&topo)
+    };
     eprintln!(
-        "murmur: {} peers, {} with {} ({}; |λ₂| = {:.4}, spectral gap {:.4}), {} on {}, {} epochs; run folder {}",
+        "murmur: {} peers, {} with {} ({pattern}), {} on {}, {} epochs; run folder {}",
         args.peers,
         args.algorithm_name(),
         args.compressor(),
-        topo.name,
-        topo.w.second_eigenvalue_modulus(),
-        topo.w.spectral_gap(),
         args.model,
         args.device,
         args.epochs,

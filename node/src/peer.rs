@@ -177,7 +177,7 @@ fn run_on<B: AutodiffBackend>(
         rt.block_on(async { DataPlane::bind(rank, peer.data_addr, max_payload) })?;
     let fingerprint = Fingerprint {
         peers: n,
-        topology: topo.name.clone(),
+        topology: args.topology_label(&topo),
         model: args.model.to_string(),
         dim: d,
         algorithm: args.algorithm_name(),
@@ -384,7 +384,7 @@ fn run_on<B: AutodiffBackend>(
         let summary = Summary {
             algorithm: args.algorithm_name(),
             compressor: args.compressor().to_string(),
-            topology: topo.name.clone(),
+            topology: args.topology_label(&topo),
             peers: n,
             model: args.model.to_string(),
             dim: d,
