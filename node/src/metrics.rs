@@ -115,8 +115,13 @@ pub struct Summary {
     pub final_consensus_distance: f64,
     /// Mean over peers of gossip bytes sent over the run.
     pub bytes_sent_per_peer: f64,
-    /// Peer 0's training wall time in seconds.
+    /// Training wall time in seconds (peer 0's clock; simulated time for `murmur simulate`).
     pub wall_seconds: f64,
+    /// `wall_seconds` per round.
+    pub seconds_per_round: f64,
+    /// Training samples processed per second by the whole network: n · batch · rounds /
+    /// `wall_seconds`.
+    pub samples_per_second: f64,
 }
 
 /// Appends one JSON line to `path`, creating it if needed.

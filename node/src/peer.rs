@@ -381,37 +381,7 @@ fn run_on<B: AutodiffBackend>(
             .rows
             .last()
             .ok_or_else(|| anyhow!("no epoch was recorded"))?;
-        let summary = Summary {
-            algorithm: args.algorithm_name(),
-            compressor: args.compressor().to_string(),
-            topology: args.topology_label(&topo),
-            peers: n,
-            model: args.model.to_string(),
-            dim: d,
-            epochs: args.epochs,
-            rounds: last.rounds,
-            partition: args.partition.to_string(),
-            seed: args.seed,
-            lambda2_abs: topo.w.second_eigenvalue_modulus(),
-            spectral_gap: topo.w.spectral_gap(),
-            final_mean_test_accuracy: last.mean_test_accuracy,
-            final_min_test_accuracy: last.min_test_accuracy,
-            final_max_test_accuracy: last.max_test_accuracy,
-            final_avg_model_test_accuracy: last.avg_model_test_accuracy,
-            final_consensus_distance: last.consensus_distance,
-            bytes_sent_per_peer: last.bytes_sent_per_peer,
-            wall_seconds: last.wall_seconds,
-        };
-        metrics::write_atomic(
-            &peer.out.join("summary.json"),
-            &serde_json::to_vec_pretty(&summary)?,
-        )?;
-        metrics::write_atomic(
-            &peer.out.join("summary.csv"),
-            metrics::to_csv(&[&summary])?.as_bytes(),
-        )?;
-        println!("{}", metrics::summary_line(&summary));
-        println!("run folder: {}", peer.out.display());
+        write_summary(&peer.out, &summary(args, &topo, d, last))?;
     }
     if let Some(r) = last_report {
         info!(
@@ -628,7 +598,7 @@ fn decode_report(payload: &[u8], d: usize) -> anyhow::Result<(PeerEpoch, Vec<f32
 }
 
 /// A peer's report for an epoch and its parameters x: [d].
-type Reported = (PeerEpoch, Vec<f32>);
+pub(crate) type Reported = (PeerEpoch, Vec<f32>);
 
 /// Rank 0's aggregation of the per-epoch reports into [`EpochRow`]s.
 struct Collector {
@@ -689,37 +659,102 @@ impl Collector {
         Ok(())
     }
 
-    fn aggregate(&self, epoch: usize, all: Vec<(PeerEpoch, Vec<f32>)>) -> anyhow::Result<EpochRow> {
-        let n = all.len() as f64;
-        let (xi2, avg) = consensus_distance(all.iter().map(|(_, x)| x.as_slice()));
-        let device = Default::default();
-        let eval = model::unflatten(Net::<burn::backend::Flex>::new(self.kind, &device), &avg)?;
-        let (avg_acc, _) =
-            model::evaluate(&eval, &self.test.images, &self.test.labels, 500, &device);
-        let acc = |f: fn(f64, f64) -> f64, init: f64| {
-            all.iter().map(|(r, _)| r.test_accuracy).fold(init, f)
-        };
-        let mean = |g: fn(&PeerEpoch) -> f64| all.iter().map(|(r, _)| g(r)).sum::<f64>() / n;
-        Ok(EpochRow {
+    fn aggregate(&self, epoch: usize, all: Vec<Reported>) -> anyhow::Result<EpochRow> {
+        epoch_row(
             epoch,
-            phase: all
-                .first()
-                .map(|(r, _)| r.phase.clone())
-                .unwrap_or_default(),
-            rounds: all.iter().map(|(r, _)| r.rounds).max().unwrap_or(0),
-            mean_test_accuracy: mean(|r| r.test_accuracy),
-            min_test_accuracy: acc(f64::min, f64::INFINITY),
-            max_test_accuracy: acc(f64::max, f64::NEG_INFINITY),
-            avg_model_test_accuracy: avg_acc,
-            consensus_distance: xi2,
-            mean_train_loss: mean(|r| r.train_loss),
-            bytes_sent_per_peer: mean(|r| r.bytes_sent as f64),
-            compute_seconds: mean(|r| r.compute_seconds),
-            communicate_seconds: mean(|r| r.communicate_seconds),
-            wait_seconds: mean(|r| r.wait_seconds),
-            wall_seconds: self.started.elapsed().as_secs_f64(),
-        })
+            &all,
+            &self.test,
+            self.kind,
+            self.started.elapsed().as_secs_f64(),
+        )
     }
+}
+
+/// The network's row for `epoch` from every peer's report and parameters: accuracy
+/// spread, consensus distance Ξ², accuracy of the averaged model x̄ on `test`, and the
+/// per-peer means. `wall_seconds` is the run's clock (real or simulated).
+pub(crate) fn epoch_row(
+    epoch: usize,
+    all: &[Reported],
+    test: &Dataset,
+    kind: model::ModelKind,
+    wall_seconds: f64,
+) -> anyhow::Result<EpochRow> {
+    let n = all.len() as f64;
+    let (xi2, avg) = consensus_distance(all.iter().map(|(_, x)| x.as_slice()));
+    let device = Default::default();
+    let eval = model::unflatten(Net::<burn::backend::Flex>::new(kind, &device), &avg)?;
+    let (avg_acc, _) = model::evaluate(&eval, &test.images, &test.labels, 500, &device);
+    let acc =
+        |f: fn(f64, f64) -> f64, init: f64| all.iter().map(|(r, _)| r.test_accuracy).fold(init, f);
+    let mean = |g: fn(&PeerEpoch) -> f64| all.iter().map(|(r, _)| g(r)).sum::<f64>() / n;
+    Ok(EpochRow {
+        epoch,
+        phase: all
+            .first()
+            .map(|(r, _)| r.phase.clone())
+            .unwrap_or_default(),
+        rounds: all.iter().map(|(r, _)| r.rounds).max().unwrap_or(0),
+        mean_test_accuracy: mean(|r| r.test_accuracy),
+        min_test_accuracy: acc(f64::min, f64::INFINITY),
+        max_test_accuracy: acc(f64::max, f64::NEG_INFINITY),
+        avg_model_test_accuracy: avg_acc,
+        consensus_distance: xi2,
+        mean_train_loss: mean(|r| r.train_loss),
+        bytes_sent_per_peer: mean(|r| r.bytes_sent as f64),
+        compute_seconds: mean(|r| r.compute_seconds),
+        communicate_seconds: mean(|r| r.communicate_seconds),
+        wait_seconds: mean(|r| r.wait_seconds),
+        wall_seconds,
+    })
+}
+
+/// The run summary from the last epoch row.
+pub(crate) fn summary(
+    args: &RunArgs,
+    topo: &murmur_topology::Topology,
+    d: usize,
+    last: &EpochRow,
+) -> Summary {
+    Summary {
+        algorithm: args.algorithm_name(),
+        compressor: args.compressor().to_string(),
+        topology: args.topology_label(topo),
+        peers: args.peers,
+        model: args.model.to_string(),
+        dim: d,
+        epochs: args.epochs,
+        rounds: last.rounds,
+        partition: args.partition.to_string(),
+        seed: args.seed,
+        lambda2_abs: topo.w.second_eigenvalue_modulus(),
+        spectral_gap: topo.w.spectral_gap(),
+        final_mean_test_accuracy: last.mean_test_accuracy,
+        final_min_test_accuracy: last.min_test_accuracy,
+        final_max_test_accuracy: last.max_test_accuracy,
+        final_avg_model_test_accuracy: last.avg_model_test_accuracy,
+        final_consensus_distance: last.consensus_distance,
+        bytes_sent_per_peer: last.bytes_sent_per_peer,
+        wall_seconds: last.wall_seconds,
+        seconds_per_round: last.wall_seconds / (last.rounds.max(1) as f64),
+        samples_per_second: (args.peers * args.batch_size) as f64 * last.rounds as f64
+            / last.wall_seconds.max(f64::MIN_POSITIVE),
+    }
+}
+
+/// Writes `summary.json` and `summary.csv` into `dir` and prints the summary line.
+pub(crate) fn write_summary(dir: &Path, summary: &Summary) -> anyhow::Result<()> {
+    metrics::write_atomic(
+        &dir.join("summary.json"),
+        &serde_json::to_vec_pretty(summary)?,
+    )?;
+    metrics::write_atomic(
+        &dir.join("summary.csv"),
+        metrics::to_csv(&[summary])?.as_bytes(),
+    )?;
+    println!("{}", metrics::summary_line(summary));
+    println!("run folder: {}", dir.display());
+    Ok(())
 }
 
 /// Path of the run folder's bootstrap address file.
