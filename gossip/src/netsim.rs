@@ -737,6 +737,13 @@ impl NetSim {
         self.peers.get(rank).map(|p| p.as_ref())
     }
 
+    /// Tells every peer the current epoch ([`Gossip::set_epoch`]: compressor schedules).
+    pub fn set_epoch(&mut self, epoch: usize) {
+        for p in &mut self.peers {
+            p.set_epoch(epoch);
+        }
+    }
+
     /// Records Ξ² after every round ([`NetSim::consensus`]); on by default. Costs a copy of
     /// `[d]` per peer per round, kept until every peer has finished that round.
     pub fn set_track_consensus(&mut self, on: bool) {

@@ -59,51 +59,7 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     crate::peer::check_device(args.device)?;
     // Fail fast, before any process starts, on a bad topology or peer count.
     let topo = args.topology()?;
-    let run_id = launch.run_id.clone().unwrap_or_else(|| {
-        let secs = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        let topo_name: String = args
-            .topology
-            .rsplit('/')
-            .next()
-            .unwrap_or("topology")
-            .trim_end_matches(".toml")
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        format!(
-            "{}-{}-{}-n{}",
-            utc_stamp(secs),
-            args.algorithm_name().replace([',', ':'], "_"),
-            topo_name,
-            args.peers
-        )
-    });
-    let mut run_dir = launch.out.join(&run_id);
-    if launch.run_id.is_none() {
-        // Two runs started in the same second get distinct folders.
-        let mut k = 2;
-        while run_dir.exists() {
-            run_dir = launch.out.join(format!("{run_id}-{k}"));
-            k += 1;
-        }
-    }
-    if run_dir.join("summary.json").exists() {
-        bail!(
-            "run folder {} already holds a finished run; choose another --run-id",
-            run_dir.display()
-        );
-    }
-    std::fs::create_dir_all(run_dir.join("logs"))
-        .with_context(|| format!("cannot create the run folder {}", run_dir.display()))?;
+    let run_dir = run_folder(args, launch, "")?;
     for stale in ["epochs.jsonl", "bootstrap.addr"] {
         let _ = std::fs::remove_file(run_dir.join(stale));
     }
@@ -271,6 +227,62 @@ fn read_rows(path: &Path) -> Vec<EpochRow> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Creates the run folder `<out>/<run-id>` (with `logs/`) for `args` and returns it. The
+/// default run id is the UTC time, `tag`, algorithm, topology and n; a folder that already
+/// holds a finished run is refused.
+pub(crate) fn run_folder(
+    args: &RunArgs,
+    launch: &LaunchArgs,
+    tag: &str,
+) -> anyhow::Result<PathBuf> {
+    let run_id = launch.run_id.clone().unwrap_or_else(|| {
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let topo_name: String = args
+            .topology
+            .rsplit('/')
+            .next()
+            .unwrap_or("topology")
+            .trim_end_matches(".toml")
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        format!(
+            "{}-{tag}{}-{}-n{}",
+            utc_stamp(secs),
+            args.algorithm_name().replace([',', ':'], "_"),
+            topo_name,
+            args.peers
+        )
+    });
+    let mut run_dir = launch.out.join(&run_id);
+    if launch.run_id.is_none() {
+        // Two runs started in the same second get distinct folders.
+        let mut k = 2;
+        while run_dir.exists() {
+            run_dir = launch.out.join(format!("{run_id}-{k}"));
+            k += 1;
+        }
+    }
+    if run_dir.join("summary.json").exists() {
+        bail!(
+            "run folder {} already holds a finished run; choose another --run-id",
+            run_dir.display()
+        );
+    }
+    std::fs::create_dir_all(run_dir.join("logs"))
+        .with_context(|| format!("cannot create the run folder {}", run_dir.display()))?;
+    Ok(run_dir)
 }
 
 /// `YYYYMMDD-HHMMSS` in UTC for a Unix time in seconds.

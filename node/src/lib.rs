@@ -13,3 +13,4 @@ pub mod metrics;
 pub mod model;
 pub mod net;
 pub mod peer;
+pub mod simulate;

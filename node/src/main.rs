@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 use murmur::config::{load_topology, RunArgs};
 use murmur::launch::LaunchArgs;
 use murmur::peer::PeerArgs;
+use murmur::simulate::SimArgs;
 
 #[derive(Parser)]
 #[command(
@@ -33,6 +34,14 @@ enum Cmd {
         run: RunArgs,
         #[command(flatten)]
         peer: PeerArgs,
+    },
+    /// Run n virtual peers in this process on a simulated network and clock
+    /// (deterministic for a seed): training (default) or average consensus.
+    Simulate {
+        #[command(flatten)]
+        run: RunArgs,
+        #[command(flatten)]
+        sim: SimArgs,
     },
     /// Topology tools.
     Topology {
@@ -70,6 +79,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Launch { run, launch } => murmur::launch::run(&run, &launch).map(|_| ()),
         Cmd::Peer { run, peer } => murmur::peer::run(&run, &peer),
+        Cmd::Simulate { run, sim } => murmur::simulate::run(&run, &sim),
         Cmd::Topology {
             command:
                 TopologyCmd::Inspect {

@@ -1,0 +1,600 @@
+//! `murmur simulate`: n virtual peers of any algorithm in one process, on a simulated
+//! network and clock ([`murmur_gossip::NetSim`]), deterministic for a seed.
+//!
+//! Two modes:
+//! * **training** (default): every peer trains its own Burn model on its MNIST shard, the
+//!   same state machines as `murmur peer` mix the parameters, and the run writes the same
+//!   files as a networked run (`epochs.jsonl`, `epochs.csv`, `peers/peer-<r>.jsonl`,
+//!   `summary.json`, `summary.csv`), with `wall_seconds` in simulated time;
+//! * **consensus** (`--consensus`): no gradients, x_i drawn uniformly from [−1, 1)^d, and
+//!   the exact consensus distance Ξ²(t) after every round in `consensus.csv`.
+//!
+//! The compute time of a forward/backward step is `--compute-ms`, or measured on this
+//! machine before the run (the median of a few steps of peer 0's model) and printed, so
+//! that a run can be repeated with the same simulated times.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use murmur_gossip::{Compute, Gossip, NetSim, NetworkModel, Rank};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use serde::Serialize;
+
+use crate::algo;
+use crate::config::{DeviceSpec, Init, RunArgs};
+use crate::data::{partition, Batches, Dataset, Mnist};
+use crate::launch::{run_folder, LaunchArgs};
+use crate::metrics::{self, PeerEpoch};
+use crate::model::{self, Net, INPUTS};
+use crate::peer::{epoch_row, summary, write_summary, Reported};
+
+type B = burn::backend::Autodiff<burn::backend::Flex>;
+type Dev = <B as burn::tensor::backend::BackendTypes>::Device;
+
+/// A slow peer: `RANK:FACTOR` multiplies its compute time by FACTOR ≥ 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Straggler {
+    /// The peer.
+    pub rank: Rank,
+    /// Compute slowdown factor.
+    pub factor: f64,
+}
+
+impl std::str::FromStr for Straggler {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (r, f) = s
+            .split_once(':')
+            .ok_or_else(|| format!("straggler {s:?}: expected RANK:FACTOR, e.g. 3:2.5"))?;
+        let rank = r
+            .parse()
+            .map_err(|_| format!("straggler {s:?}: {r:?} is not a rank"))?;
+        let factor: f64 = f
+            .parse()
+            .map_err(|_| format!("straggler {s:?}: {f:?} is not a number"))?;
+        if !(factor.is_finite() && factor >= 1.0) {
+            return Err(format!("straggler {s:?}: the factor must be ≥ 1"));
+        }
+        Ok(Straggler { rank, factor })
+    }
+}
+
+/// Random stragglers: `P:FACTOR`, each peer's round is FACTOR× slower with probability P.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RandomStragglers {
+    /// Probability per peer and round, in [0, 1].
+    pub probability: f64,
+    /// Compute slowdown factor ≥ 1.
+    pub factor: f64,
+}
+
+impl std::str::FromStr for RandomStragglers {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (p, f) = s
+            .split_once(':')
+            .ok_or_else(|| format!("random stragglers {s:?}: expected P:FACTOR, e.g. 0.05:4"))?;
+        let probability: f64 = p
+            .parse()
+            .map_err(|_| format!("random stragglers {s:?}: {p:?} is not a probability"))?;
+        let factor: f64 = f
+            .parse()
+            .map_err(|_| format!("random stragglers {s:?}: {f:?} is not a number"))?;
+        if !(0.0..=1.0).contains(&probability) || !(factor.is_finite() && factor >= 1.0) {
+            return Err(format!(
+                "random stragglers {s:?}: need 0 ≤ P ≤ 1 and FACTOR ≥ 1"
+            ));
+        }
+        Ok(RandomStragglers {
+            probability,
+            factor,
+        })
+    }
+}
+
+/// Options of `murmur simulate` besides the run's.
+#[derive(Debug, Clone, Args)]
+pub struct SimArgs {
+    /// NIC bandwidth of every peer in Gb/s (e.g. 1 or 10); absent: an ideal network with
+    /// no latency and unlimited bandwidth.
+    #[arg(long)]
+    pub bandwidth_gbps: Option<f64>,
+    /// One-way latency of every link in microseconds (default: 50 with --bandwidth-gbps,
+    /// else 0).
+    #[arg(long)]
+    pub latency_us: Option<f64>,
+    /// Probability that a frame's transmission is lost; the transport resends it, so a
+    /// loss costs time, not data.
+    #[arg(long, default_value_t = 0.0)]
+    pub drop: f64,
+    /// A slow peer, RANK:FACTOR (its compute time × FACTOR); repeat for several.
+    #[arg(long = "straggler")]
+    pub stragglers: Vec<Straggler>,
+    /// Random stragglers, P:FACTOR: each peer's round is FACTOR× slower with probability P.
+    #[arg(long)]
+    pub random_stragglers: Option<RandomStragglers>,
+    /// Simulated compute time of one forward/backward step in milliseconds; default:
+    /// measured on this machine before the run (printed, so a run can be repeated).
+    #[arg(long)]
+    pub compute_ms: Option<f64>,
+    /// Average consensus instead of training: x_i uniform in [−1, 1)^d, no gradients,
+    /// Ξ²(t) after every round written to consensus.csv.
+    #[arg(long)]
+    pub consensus: bool,
+    /// Rounds of the consensus mode.
+    #[arg(long, default_value_t = 100)]
+    pub rounds: u64,
+    /// d of the consensus mode (default: the model's number of parameters).
+    #[arg(long)]
+    pub dim: Option<usize>,
+    /// Where the run folder goes.
+    #[command(flatten)]
+    pub folder: LaunchArgs,
+}
+
+impl SimArgs {
+    /// The network model these options describe, seeded with `seed`.
+    pub fn network_model(&self, n: usize, seed: u64) -> anyhow::Result<NetworkModel> {
+        let mut m = match self.bandwidth_gbps {
+            Some(g) => {
+                if !(g.is_finite() && g > 0.0) {
+                    bail!("--bandwidth-gbps must be a positive number, got {g}");
+                }
+                NetworkModel::gbps(g)
+            }
+            None => NetworkModel::ideal(),
+        };
+        if let Some(us) = self.latency_us {
+            if !(us.is_finite() && us >= 0.0) {
+                bail!("--latency-us must be ≥ 0, got {us}");
+            }
+            m = m.with_latency(us * 1e-6);
+        }
+        if !(0.0..1.0).contains(&self.drop) {
+            bail!("--drop must be in [0, 1), got {}", self.drop);
+        }
+        m = m.with_drop(self.drop).with_seed(seed);
+        for s in &self.stragglers {
+            if s.rank >= n {
+                bail!(
+                    "--straggler {}:{}: no peer {} among {n}",
+                    s.rank,
+                    s.factor,
+                    s.rank
+                );
+            }
+            m = m.with_straggler(s.rank, s.factor);
+        }
+        if let Some(r) = self.random_stragglers {
+            m = m.with_random_stragglers(r.probability, r.factor);
+        }
+        m.validate(n).map_err(|e| anyhow!("network model: {e}"))?;
+        Ok(m)
+    }
+
+    /// The network in words, for the header line.
+    fn describe(&self, m: &NetworkModel) -> String {
+        let mut s = match self.bandwidth_gbps {
+            Some(g) => format!("{g} Gb/s, {:.0} µs latency", m.latency_secs * 1e6),
+            None => "ideal network".to_string(),
+        };
+        if self.drop > 0.0 {
+            s += &format!(", {}% loss", 100.0 * self.drop);
+        }
+        for st in &self.stragglers {
+            s += &format!(", peer {} ×{}", st.rank, st.factor);
+        }
+        if let Some(r) = self.random_stragglers {
+            s += &format!(", random stragglers p={} ×{}", r.probability, r.factor);
+        }
+        s
+    }
+}
+
+/// Runs `murmur simulate`.
+pub fn run(args: &RunArgs, sim: &SimArgs) -> anyhow::Result<()> {
+    args.validate()?;
+    if args.device != DeviceSpec::Cpu {
+        bail!("murmur simulate trains every virtual peer on the CPU; leave out --device");
+    }
+    for w in args.warnings() {
+        eprintln!("murmur: warning: {w}");
+    }
+    let topo = args.topology()?;
+    let net_model = sim.network_model(args.peers, args.seed)?;
+    let dir = run_folder(args, &sim.folder, "sim-")?;
+    if sim.consensus {
+        consensus(args, sim, &topo, &net_model, &dir)
+    } else {
+        train(args, sim, &topo, &net_model, &dir)
+    }
+}
+
+/// Largest frame payload accepted for d parameters: as `murmur peer`.
+fn max_payload(d: usize) -> u32 {
+    u32::try_from(8 * d + (1 << 20)).unwrap_or(u32::MAX)
+}
+
+/// One row of `consensus.csv`.
+#[derive(Debug, Serialize)]
+struct ConsensusRow {
+    round: u64,
+    /// Ξ²(t) = (1/n) Σ‖x_i − x̄‖².
+    consensus_distance: f64,
+    /// Ξ²(t) / Ξ²(0).
+    relative: f64,
+    /// Mean over peers of the bytes sent up to this round.
+    bytes_sent_per_peer: f64,
+    /// Simulated time when the last peer finished this round, seconds.
+    seconds: f64,
+}
+
+fn consensus(
+    args: &RunArgs,
+    sim: &SimArgs,
+    topo: &murmur_topology::Topology,
+    net_model: &NetworkModel,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let n = args.peers;
+    let d = match sim.dim {
+        Some(0) => bail!("--dim must be at least 1"),
+        Some(d) => d,
+        None => {
+            let device = Default::default();
+            let mut x = Vec::new();
+            model::flatten(&Net::<B>::new(args.model, &device), &mut x);
+            x.len()
+        }
+    };
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let mut peers: Vec<Box<dyn Gossip>> = Vec::with_capacity(n);
+    for rank in 0..n {
+        let x0: Vec<f32> = (0..d).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        peers.push(algo::build(args, topo, rank, x0, &[d], max_payload(d), 1)?);
+    }
+    let mut sim_net = NetSim::new(peers, net_model.clone())?;
+    let xi0 = sim_net.consensus_distance();
+    eprintln!(
+        "murmur simulate: {n} peers, {} with {} on {}, consensus of d = {d} for {} rounds, {}; run folder {}",
+        args.algorithm_name(),
+        args.compressor(),
+        args.topology_label(topo),
+        sim.rounds,
+        sim.describe(net_model),
+        dir.display()
+    );
+    let bar = progress(sim.rounds, "round");
+    let chunk = (sim.rounds / 100).max(1);
+    let mut done = 0;
+    while done < sim.rounds {
+        let r = chunk.min(sim.rounds - done);
+        sim_net.run_consensus(r)?;
+        done += r;
+        bar.set_position(done);
+        if let Some(p) = sim_net.consensus().last() {
+            bar.set_message(format!("Ξ²/Ξ²(0) {:.3e}", p.xi2 / xi0));
+        }
+    }
+    bar.finish_and_clear();
+    let mut rows = vec![ConsensusRow {
+        round: 0,
+        consensus_distance: xi0,
+        relative: 1.0,
+        bytes_sent_per_peer: 0.0,
+        seconds: 0.0,
+    }];
+    let mut sent = vec![0u64; n];
+    for p in sim_net.consensus() {
+        for (rank, s) in sent.iter_mut().enumerate() {
+            if let Some(h) = sim_net.history(rank).get(p.round as usize) {
+                *s += h.bytes_sent;
+            }
+        }
+        rows.push(ConsensusRow {
+            round: p.round + 1,
+            consensus_distance: p.xi2,
+            relative: if xi0 > 0.0 { p.xi2 / xi0 } else { 0.0 },
+            bytes_sent_per_peer: sent.iter().sum::<u64>() as f64 / n as f64,
+            seconds: p.at_secs,
+        });
+    }
+    metrics::write_atomic(
+        &dir.join("consensus.csv"),
+        metrics::to_csv(&rows)?.as_bytes(),
+    )?;
+    let last = rows
+        .last()
+        .ok_or_else(|| anyhow!("no round was simulated"))?;
+    println!(
+        "{} on {} (n = {n}, d = {d}): Ξ²/Ξ²(0) = {:.3e} after {} rounds, {:.1} MB sent per peer, {:.4} s simulated",
+        args.algorithm_name(),
+        args.topology_label(topo),
+        last.relative,
+        last.round,
+        last.bytes_sent_per_peer / 1e6,
+        last.seconds
+    );
+    println!("run folder: {}", dir.display());
+    Ok(())
+}
+
+/// One virtual peer's training state besides its state machine.
+struct PeerState {
+    shard: Dataset,
+    batches: Batches,
+    velocity: Vec<f32>,
+    loss_sum: f64,
+    steps: u64,
+}
+
+fn train(
+    args: &RunArgs,
+    sim: &SimArgs,
+    topo: &murmur_topology::Topology,
+    net_model: &NetworkModel,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let n = args.peers;
+    let device: Dev = Default::default();
+    let mnist = match &args.data {
+        Some(dir) => Mnist::load_dir(dir)?,
+        None => Mnist::embedded()?,
+    };
+    let shards = partition(&mnist.train.labels, n, args.partition, args.seed)?;
+    let rounds_per_epoch = args
+        .rounds_per_epoch
+        .unwrap_or_else(|| (mnist.train.len() as u64).div_ceil((n * args.batch_size) as u64));
+
+    // Models: as `murmur peer`, x⁰ from the seed (or seed + rank with --init independent).
+    let mut x0s = Vec::with_capacity(n);
+    let mut lengths = Vec::new();
+    for rank in 0..n {
+        if rank == 0 || args.init == Init::Independent {
+            let seed = match args.init {
+                Init::Same => args.seed,
+                Init::Independent => args.seed.wrapping_add(rank as u64),
+            };
+            <B as burn::tensor::backend::Backend>::seed(&device, seed);
+            let net = Net::<B>::new(args.model, &device);
+            let mut x = Vec::new();
+            model::flatten(&net, &mut x);
+            lengths = model::tensor_lengths(&net);
+            x0s.push(x);
+        } else {
+            x0s.push(x0s[0].clone());
+        }
+    }
+    let d = x0s[0].len();
+    let mut peers: Vec<Box<dyn Gossip>> = Vec::with_capacity(n);
+    let mut states = Vec::with_capacity(n);
+    for (rank, x0) in x0s.into_iter().enumerate() {
+        peers.push(algo::build(
+            args,
+            topo,
+            rank,
+            x0,
+            &lengths,
+            max_payload(d),
+            rounds_per_epoch,
+        )?);
+        let shard = mnist.train.subset(&shards[rank]);
+        states.push(PeerState {
+            batches: Batches::new(shard.len(), args.seed.wrapping_add(1 + rank as u64)),
+            shard,
+            velocity: vec![0.0; d],
+            loss_sum: 0.0,
+            steps: 0,
+        });
+    }
+    let mut net = Some(Net::<B>::new(args.model, &device));
+    let compute_secs = match sim.compute_ms {
+        Some(ms) if ms.is_finite() && ms >= 0.0 => ms * 1e-3,
+        Some(ms) => bail!("--compute-ms must be ≥ 0, got {ms}"),
+        None => measure_step(
+            net.take().ok_or_else(|| anyhow!("no model"))?,
+            &states[0],
+            args.batch_size,
+            &device,
+        )
+        .map(|(secs, model)| {
+            net = Some(model);
+            secs
+        })?,
+    };
+    let mut sim_net = NetSim::new(peers, net_model.clone())?;
+    sim_net.set_track_consensus(false);
+
+    eprintln!(
+        "murmur simulate: {n} peers, {} with {} ({}), {} d = {d}, {} epochs of {rounds_per_epoch} rounds; {}; compute {:.2} ms per step{}; run folder {}",
+        args.algorithm_name(),
+        args.compressor(),
+        args.topology_label(topo),
+        args.model,
+        args.epochs,
+        sim.describe(net_model),
+        compute_secs * 1e3,
+        if sim.compute_ms.is_none() { " (measured here; pass --compute-ms to repeat)" } else { "" },
+        dir.display()
+    );
+    std::fs::create_dir_all(dir.join("peers"))?;
+    for stale in ["epochs.jsonl", "epochs.csv"] {
+        let _ = std::fs::remove_file(dir.join(stale));
+    }
+    let bar = progress(args.epochs as u64 * rounds_per_epoch, "round");
+    let print = |line: String| {
+        if bar.is_hidden() {
+            println!("{line}");
+        } else {
+            bar.println(line);
+        }
+    };
+    print(metrics::table_header());
+    let mut rows = Vec::new();
+    let started = Instant::now();
+    for epoch in 0..=args.epochs {
+        if epoch > 0 {
+            sim_net.set_epoch(epoch - 1);
+            let mut failure: Option<anyhow::Error> = None;
+            let mut calls = 0u64;
+            let result = sim_net.run_rounds(rounds_per_epoch, |rank, round, x| {
+                calls += 1;
+                if calls % n as u64 == 0 {
+                    bar.inc(1);
+                }
+                let grad = match step(&mut net, &mut states[rank], x, args, &device) {
+                    Ok(grad) => grad,
+                    Err(e) => {
+                        failure.get_or_insert(e.context(format!("peer {rank}, round {round}")));
+                        // A non-finite gradient stops the simulator at once.
+                        vec![f32::NAN; x.len()]
+                    }
+                };
+                Compute {
+                    grad: Some(grad),
+                    seconds: compute_secs,
+                }
+            });
+            if let Some(e) = failure {
+                bar.abandon();
+                return Err(e);
+            }
+            result?;
+        }
+        // Every peer's model on the test split.
+        let mut reports: Vec<Reported> = Vec::with_capacity(n);
+        for (rank, st) in states.iter_mut().enumerate() {
+            let gossip = sim_net
+                .peer(rank)
+                .ok_or_else(|| anyhow!("no peer {rank}"))?;
+            let x = gossip.params().to_vec();
+            let model_r = model::unflatten(net.take().ok_or_else(|| anyhow!("no model"))?, &x)?;
+            let eval = model::inference_copy(&model_r);
+            let (test_accuracy, test_loss) =
+                model::evaluate(&eval, &mnist.test.images, &mnist.test.labels, 500, &device);
+            let train_loss = if epoch == 0 {
+                model::evaluate(&eval, &st.shard.images, &st.shard.labels, 500, &device).1
+            } else {
+                st.loss_sum / st.steps.max(1) as f64
+            };
+            net = Some(model_r);
+            st.loss_sum = 0.0;
+            st.steps = 0;
+            let totals = sim_net.totals(rank);
+            let stats = gossip.stats();
+            let report = PeerEpoch {
+                peer: rank,
+                epoch,
+                phase: args.algorithm_at(epoch).to_string(),
+                rounds: gossip.round(),
+                train_loss,
+                test_accuracy,
+                test_loss,
+                bytes_sent: stats.bytes_sent,
+                bytes_received: stats.bytes_received,
+                compute_seconds: totals.compute_secs,
+                communicate_seconds: totals.communicate_secs,
+                wait_seconds: totals.wait_secs,
+                wall_seconds: sim_net.now_secs(),
+            };
+            metrics::append_json_line(
+                &dir.join("peers").join(format!("peer-{rank}.jsonl")),
+                &report,
+            )?;
+            reports.push((report, x));
+        }
+        let row = epoch_row(epoch, &reports, &mnist.test, args.model, sim_net.now_secs())?;
+        print(metrics::format_row(&row));
+        bar.set_message(format!(
+            "x̄ acc {:.2}%, {:.0} s real",
+            100.0 * row.avg_model_test_accuracy,
+            started.elapsed().as_secs_f64()
+        ));
+        metrics::append_json_line(&dir.join("epochs.jsonl"), &row)?;
+        rows.push(row);
+        metrics::write_atomic(&dir.join("epochs.csv"), metrics::to_csv(&rows)?.as_bytes())?;
+    }
+    bar.finish_and_clear();
+    let last = rows
+        .last()
+        .ok_or_else(|| anyhow!("no epoch was recorded"))?;
+    write_summary(dir, &summary(args, topo, d, last))
+}
+
+/// One SGD step of a virtual peer at parameters `x: [d]`: its next mini-batch, the loss
+/// and gradient, and the heavy-ball direction v ← μ v + g, which is returned.
+fn step(
+    net: &mut Option<Net<B>>,
+    st: &mut PeerState,
+    x: &[f32],
+    args: &RunArgs,
+    device: &Dev,
+) -> anyhow::Result<Vec<f32>> {
+    let mut images = Vec::with_capacity(args.batch_size * INPUTS);
+    let mut labels = Vec::with_capacity(args.batch_size);
+    st.batches
+        .next_batch(&st.shard, args.batch_size, &mut images, &mut labels);
+    let m = model::unflatten(net.take().ok_or_else(|| anyhow!("no model"))?, x)?;
+    let (xb, yb) = model::batch_tensors::<B>(images, &labels, device);
+    let mut grad = Vec::with_capacity(x.len());
+    let loss = model::loss_and_grad(&m, xb, yb, &mut grad);
+    *net = Some(m);
+    if !loss.is_finite() {
+        bail!("training diverged: loss is {loss} (try a smaller --lr)");
+    }
+    st.loss_sum += loss as f64;
+    st.steps += 1;
+    for (v, g) in st.velocity.iter_mut().zip(&grad) {
+        *v = args.momentum * *v + g;
+    }
+    Ok(st.velocity.clone())
+}
+
+/// Median wall time of a forward/backward step of `net` on a batch of `st`'s shard, in
+/// seconds (one warm-up step, then five timed).
+fn measure_step(
+    net: Net<B>,
+    st: &PeerState,
+    batch: usize,
+    device: &Dev,
+) -> anyhow::Result<(f64, Net<B>)> {
+    let mut batches = Batches::new(st.shard.len(), 0);
+    let (mut images, mut labels) = (Vec::new(), Vec::new());
+    let mut grad = Vec::new();
+    let mut times = Vec::new();
+    for i in 0..6 {
+        batches.next_batch(&st.shard, batch, &mut images, &mut labels);
+        let t = Instant::now();
+        let (xb, yb) = model::batch_tensors::<B>(images.clone(), &labels, device);
+        let loss = model::loss_and_grad(&net, xb, yb, &mut grad);
+        if !loss.is_finite() {
+            bail!("the starting model gives a non-finite loss");
+        }
+        if i > 0 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times
+        .get(times.len() / 2)
+        .copied()
+        .context("no timed step")?;
+    Ok((median, net))
+}
+
+/// A progress bar over `len` units named `unit` on stderr (hidden when not a terminal).
+fn progress(len: u64, unit: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template(&format!(
+            "{{spinner}} {unit} {{pos}}/{{len}} [{{bar:30}}] {{elapsed_precise}} {{msg}}"
+        ))
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar
+}
