@@ -486,3 +486,244 @@ fn the_shipped_topology_files_are_valid() {
         dir.display()
     );
 }
+
+/// Runs `murmur simulate ARGS --out DIR`, fails the test if it fails, returns its stdout.
+fn simulate_ok(dir: &Path, args: &[&str]) -> String {
+    let out = murmur()
+        .arg("simulate")
+        .args(args)
+        .arg(format!("--out={}", dir.display()))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Final mean test accuracy and bytes per peer of a run folder.
+fn accuracy_and_bytes(run_dir: &Path) -> (f64, f64) {
+    let s = summary(run_dir);
+    (
+        s["final_mean_test_accuracy"].as_f64().unwrap(),
+        s["bytes_sent_per_peer"].as_f64().unwrap(),
+    )
+}
+
+#[test]
+fn allreduce_and_bsp_parameter_server_train_the_same_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let common = ["--peers=4", "--epochs=1", "--rounds-per-epoch=20"];
+    for (alg, id) in [("--algorithm=allreduce", "ar"), ("--algorithm=ps", "ps")] {
+        let run_id = format!("--run-id={id}");
+        let mut a = common.to_vec();
+        a.extend([alg, &run_id]);
+        launch_ok(dir.path(), &a);
+    }
+    let (ar, ps) = (
+        summary(&dir.path().join("ar")),
+        summary(&dir.path().join("ps")),
+    );
+    // Every peer holds the same model: no spread, Ξ² = 0.
+    for s in [&ar, &ps] {
+        assert_eq!(s["final_min_test_accuracy"], s["final_max_test_accuracy"]);
+        assert_eq!(s["final_consensus_distance"].as_f64(), Some(0.0));
+    }
+    // Synchronous SGD on the mean gradient both ways: same accuracy up to f32 summation
+    // order (at most a few test digits of 2,000).
+    let (a, p) = (
+        ar["final_mean_test_accuracy"].as_f64().unwrap(),
+        ps["final_mean_test_accuracy"].as_f64().unwrap(),
+    );
+    assert!((a - p).abs() <= 0.002, "all-reduce {a} vs PS-BSP {p}");
+    assert!(a > 0.7, "20 rounds of synchronous SGD reached only {a}");
+    // Ring all-reduce: 2(n−1) frames of d/n floats per round.
+    let rounds = 20.0;
+    let per_round = 2.0 * 3.0 * (24.0 + 4.0 + 4.0 * (MLP_D as f64 / 4.0).ceil());
+    let sent = ar["bytes_sent_per_peer"].as_f64().unwrap();
+    assert!(
+        (sent - rounds * per_round).abs() <= rounds * 2.0 * 3.0 * 4.0,
+        "all-reduce sent {sent} bytes per peer, expected about {}",
+        rounds * per_round
+    );
+    assert_eq!(ar["topology"].as_str(), Some("ring all-reduce"));
+}
+
+#[test]
+fn sgp_and_local_sgd_train_over_quic() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = [
+        (
+            "sgp",
+            vec!["--algorithm=sgp", "--topology=one-peer-exponential"],
+        ),
+        ("osgp", vec!["--algorithm=sgp", "--tau=1"]),
+        ("local", vec!["--algorithm=local-sgd", "--local-steps=4"]),
+        ("avg", vec!["--algorithm=local-avg", "--local-steps=4"]),
+        ("dpsgd", vec![]),
+    ];
+    for (id, extra) in &runs {
+        let mut a = vec!["--peers=4", "--epochs=1", "--rounds-per-epoch=24"];
+        a.extend(extra.iter().copied());
+        let run_id = format!("--run-id={id}");
+        a.push(&run_id);
+        launch_ok(dir.path(), &a);
+    }
+    let (_, dpsgd_bytes) = accuracy_and_bytes(&dir.path().join("dpsgd"));
+    for (id, _) in &runs {
+        let (acc, _) = accuracy_and_bytes(&dir.path().join(id));
+        assert!(acc > 0.6, "{id}: 24 rounds reached only {acc}");
+    }
+    // One-peer exponential: one out-peer per round instead of the ring's two.
+    let (_, sgp_bytes) = accuracy_and_bytes(&dir.path().join("sgp"));
+    assert!(
+        (sgp_bytes / dpsgd_bytes - 0.5).abs() < 0.01,
+        "SGP {sgp_bytes} vs D-PSGD {dpsgd_bytes}"
+    );
+    // H = 4: a quarter of D-PSGD's rounds communicate.
+    let (_, local_bytes) = accuracy_and_bytes(&dir.path().join("local"));
+    assert!(
+        (local_bytes / dpsgd_bytes - 0.25).abs() < 0.01,
+        "local SGD {local_bytes} vs D-PSGD {dpsgd_bytes}"
+    );
+}
+
+#[test]
+fn a_phase_schedule_switches_algorithm_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    launch_ok(
+        dir.path(),
+        &[
+            "--peers=4",
+            "--epochs=2",
+            "--rounds-per-epoch=10",
+            "--phases=allreduce:1,dpsgd",
+            "--run-id=ph",
+        ],
+    );
+    let rows = rows(&dir.path().join("ph"));
+    let phases: Vec<&str> = rows.iter().map(|r| r["phase"].as_str().unwrap()).collect();
+    assert_eq!(phases, ["allreduce", "allreduce", "dpsgd"]);
+    // All-reduce keeps the peers identical; D-PSGD lets them drift apart.
+    assert_eq!(rows[1]["consensus_distance"].as_f64(), Some(0.0));
+    assert!(rows[2]["consensus_distance"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        summary(&dir.path().join("ph"))["algorithm"].as_str(),
+        Some("allreduce:1,dpsgd")
+    );
+    for (bad, what) in [
+        ("--phases=allreduce,dpsgd", "needs a length"),
+        ("--phases=dpsgd:5,allreduce", "never runs"),
+        ("--phases=gossip:1,dpsgd", "unknown algorithm"),
+    ] {
+        let out = murmur()
+            .args(["launch", bad, "--epochs=3"])
+            .arg(format!("--out={}", dir.path().join("bad").display()))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(what), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn the_simulator_reproduces_a_networked_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = [
+        "--peers=4",
+        "--epochs=1",
+        "--rounds-per-epoch=12",
+        "--run-id=r",
+    ];
+    launch_ok(&dir.path().join("net"), &a);
+    simulate_ok(&dir.path().join("sim"), &a);
+    let (net, sim) = (
+        rows(&dir.path().join("net/r")),
+        rows(&dir.path().join("sim/r")),
+    );
+    assert_eq!(net.len(), 2);
+    assert_eq!(sim.len(), 2);
+    // Same state machines, data, seeds and models: the same numbers, whatever the clock.
+    for key in [
+        "mean_test_accuracy",
+        "min_test_accuracy",
+        "avg_model_test_accuracy",
+        "bytes_sent_per_peer",
+        "rounds",
+    ] {
+        assert_eq!(net[1][key], sim[1][key], "{key}");
+    }
+    let rel = |k: &str| {
+        let (a, b) = (net[1][k].as_f64().unwrap(), sim[1][k].as_f64().unwrap());
+        (a - b).abs() / a.abs().max(1e-30)
+    };
+    assert!(rel("consensus_distance") < 1e-4);
+    assert!(rel("mean_train_loss") < 1e-4);
+    // The same files as a networked run.
+    for f in ["epochs.csv", "summary.csv", "peers/peer-3.jsonl"] {
+        assert!(dir.path().join("sim/r").join(f).is_file(), "{f}");
+    }
+}
+
+#[test]
+fn sixty_four_simulated_mlp_peers_complete_an_epoch_at_one_gigabit() {
+    let dir = tempfile::tempdir().unwrap();
+    simulate_ok(
+        dir.path(),
+        &[
+            "--peers=64",
+            "--epochs=1",
+            "--bandwidth-gbps=1",
+            "--compute-ms=10",
+            "--run-id=s",
+        ],
+    );
+    let s = summary(&dir.path().join("s"));
+    assert_eq!(s["peers"].as_u64(), Some(64));
+    // ⌈8,000 / (64 · 32)⌉ = 4 rounds. D-PSGD overlaps: a round is max(compute, comm), and
+    // two 814 kB frames leave back to back at 125 MB/s, 13 ms, after 50 µs latency.
+    assert_eq!(s["rounds"].as_u64(), Some(4));
+    let frame = (24 + 12 + 4 * MLP_D) as f64;
+    let comm = 2.0 * frame / 1.25e8 + 50e-6;
+    let per_round = s["seconds_per_round"].as_f64().unwrap();
+    assert!(
+        per_round >= comm.max(0.010) * 0.99 && per_round <= (comm + 0.010) * 1.01,
+        "{per_round} s per round; communication alone {comm} s"
+    );
+    assert_eq!(s["bytes_sent_per_peer"].as_f64(), Some(4.0 * 2.0 * frame));
+}
+
+#[test]
+fn consensus_simulation_decays_at_the_spectral_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    simulate_ok(
+        dir.path(),
+        &[
+            "--consensus",
+            "--peers=16",
+            "--rounds=50",
+            "--dim=2000",
+            "--run-id=c",
+        ],
+    );
+    let text = std::fs::read_to_string(dir.path().join("c/consensus.csv")).unwrap();
+    let rows: Vec<Vec<f64>> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), 51);
+    // Ring of 16 with Metropolis weights 1/3: |λ₂| = (1 + 2 cos(2π/16)) / 3.
+    let lambda2 = (1.0 + 2.0 * (2.0 * std::f64::consts::PI / 16.0).cos()) / 3.0;
+    for r in &rows {
+        let (t, rel) = (r[0], r[2]);
+        assert!(rel <= 2.0 * lambda2.powf(2.0 * t), "round {t}: {rel}");
+    }
+    assert!(rows[50][2] < 1e-2 && rows[50][2] > 1e-6, "{}", rows[50][2]);
+    // Bytes: 2 frames of (24 + 12 + 4·2000) bytes per round.
+    assert_eq!(rows[50][3], 50.0 * 2.0 * (24.0 + 12.0 + 8000.0));
+}
