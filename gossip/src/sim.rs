@@ -2,8 +2,9 @@
 //! of the algorithms (quinn-proto's `Pair`, for n peers).
 //!
 //! Rounds are synchronous and every frame is delivered, in the order it was sent, before
-//! the round ends; the clock advances by a fixed step per round. Latency, bandwidth and
-//! drops are not modelled here yet.
+//! the round ends (including frames that handling a frame causes, as in ring all-reduce);
+//! the clock advances by a fixed step per round. Latency, bandwidth, drops and stragglers
+//! are modelled by [`crate::netsim::NetSim`].
 
 use std::time::{Duration, Instant};
 
@@ -120,10 +121,19 @@ impl Sim {
                 in_flight.push((i, t.to, self.buf.clone()));
             }
         }
-        for (from, to, frame) in in_flight {
-            self.peers[to]
-                .handle_message(self.now, from, &frame)
-                .map_err(|source| SimError::Refused { from, to, source })?;
+        // Deliver until the network is quiet: a handled frame may cause more (all-reduce
+        // steps, a parameter server's answers).
+        while !in_flight.is_empty() {
+            let mut caused = Vec::new();
+            for (from, to, frame) in in_flight {
+                let p = &mut self.peers[to];
+                p.handle_message(self.now, from, &frame)
+                    .map_err(|source| SimError::Refused { from, to, source })?;
+                while let Some(t) = p.poll_transmit(&mut self.buf) {
+                    caused.push((to, t.to, self.buf.clone()));
+                }
+            }
+            in_flight = caused;
         }
         for (i, p) in self.peers.iter_mut().enumerate() {
             let mut mixed = false;

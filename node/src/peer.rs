@@ -373,6 +373,8 @@ fn run_on<B: AutodiffBackend>(
             );
         }
         drv.next_event(reports_deadline)?;
+        // A parameter server still answers workers that are finishing their last rounds.
+        drv.transmit()?;
     }
     drv.finish(&plane)?;
 
