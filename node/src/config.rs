@@ -465,6 +465,26 @@ impl RunArgs {
         }
     }
 
+    /// The algorithm options that peers must share (they change the protocol or the
+    /// update), as `name=value` pairs: γ for CHOCO, H for local SGD, τ for SGP, the
+    /// parameter server's mode.
+    pub fn protocol_options(&self) -> String {
+        let mut o = Vec::new();
+        if self.uses(Algorithm::Choco) {
+            o.push(format!("gamma={}", self.gamma()));
+        }
+        if self.algorithms().iter().any(|a| a.has_local_steps()) {
+            o.push(format!("local_steps={}", self.local_steps()));
+        }
+        if self.uses(Algorithm::Sgp) {
+            o.push(format!("tau={}", self.tau.unwrap_or(0)));
+        }
+        if self.uses(Algorithm::Ps) {
+            o.push(format!("ps_mode={}", self.ps_mode));
+        }
+        o.join(" ")
+    }
+
     /// The algorithms of the run: the phases of `--phases`, else `--algorithm`.
     pub fn algorithms(&self) -> Vec<Algorithm> {
         match &self.phases {

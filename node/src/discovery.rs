@@ -49,6 +49,9 @@ pub struct Fingerprint {
     pub seed: u64,
     /// Partition, as text (`iid`, `dirichlet:0.1`).
     pub partition: String,
+    /// The algorithm's own options that change the protocol (local steps H, SGP's τ, the
+    /// parameter server's mode, CHOCO's γ), as `name=value` pairs; empty if none.
+    pub protocol: String,
 }
 
 impl Fingerprint {

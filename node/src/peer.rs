@@ -186,6 +186,7 @@ fn run_on<B: AutodiffBackend>(
         rounds_per_epoch,
         seed: args.seed,
         partition: args.partition.to_string(),
+        protocol: args.protocol_options(),
     };
     let me = PeerInfo {
         rank,
