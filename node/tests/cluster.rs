@@ -167,7 +167,8 @@ fn four_peers_mix_over_quic() {
         4,
         "a header and one line per epoch:\n{csv}"
     );
-    assert!(csv.starts_with("epoch,rounds,mean_test_accuracy,"));
+    assert!(csv.starts_with("epoch,phase,rounds,mean_test_accuracy,"));
+    assert!(csv.lines().next().unwrap().contains(",wait_seconds,"));
     let xi0 = rows[0]["consensus_distance"].as_f64().unwrap();
     let xi2 = rows[2]["consensus_distance"].as_f64().unwrap();
     assert!(
