@@ -46,7 +46,7 @@ pub struct LocalSgd {
 }
 
 impl LocalSgd {
-    /// Wraps `inner` (whose parameters are the starting point x⁰: [d]) with `h` local steps
+    /// Wraps `inner` (whose parameters are the starting point x⁰: `[d]`) with `h` local steps
     /// of learning rate `lr` per communication round.
     ///
     /// # Panics
@@ -71,7 +71,7 @@ impl LocalSgd {
 
     /// Whether round t communicates: (t + 1) mod H = 0.
     pub fn communicates(&self, t: u64) -> bool {
-        (t + 1) % self.h == 0
+        (t + 1).is_multiple_of(self.h)
     }
 
     /// Moves the inner algorithm's events into this wrapper's queue, translating rounds.

@@ -84,7 +84,7 @@ impl std::str::FromStr for RandomStragglers {
         let factor: f64 = f
             .parse()
             .map_err(|_| format!("random stragglers {s:?}: {f:?} is not a number"))?;
-        if !(0.0..=1.0).contains(&probability) || !(factor.is_finite() && factor >= 1.0) {
+        if !((0.0..=1.0).contains(&probability) && factor.is_finite() && factor >= 1.0) {
             return Err(format!(
                 "random stragglers {s:?}: need 0 ≤ P ≤ 1 and FACTOR ≥ 1"
             ));
@@ -443,7 +443,7 @@ fn train(
             let mut calls = 0u64;
             let result = sim_net.run_rounds(rounds_per_epoch, |rank, round, x| {
                 calls += 1;
-                if calls % n as u64 == 0 {
+                if calls.is_multiple_of(n as u64) {
                     bar.inc(1);
                 }
                 let grad = match step(&mut net, &mut states[rank], x, args, &device) {
