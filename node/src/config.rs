@@ -323,6 +323,10 @@ pub struct RunArgs {
     /// Seconds a round may wait for its neighbours before the peer gives up.
     #[arg(long, default_value_t = 60)]
     pub round_timeout_secs: u64,
+    /// A TOML run config whose keys are these options' long names (e.g.
+    /// `experiments/runs/choco-topk.toml`); options on the command line override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Seconds to wait for all peers to join.
     #[arg(long, default_value_t = 60)]
     pub join_timeout_secs: u64,
@@ -408,17 +412,12 @@ impl RunArgs {
             bail!("--ps-mode needs --algorithm ps");
         }
         if let Some(c) = &self.compressor {
-            let raw: Vec<String> = self
-                .algorithms()
-                .into_iter()
-                .filter(|a| !a.compresses())
-                .map(|a| a.to_string())
-                .collect();
-            if !raw.is_empty() && *c != CompressorSpec::Identity {
+            // In a phase schedule the baselines' phases send raw f32 and the others compress.
+            if !self.algorithms().iter().any(|a| a.compresses()) && *c != CompressorSpec::Identity {
                 bail!(
-                    "--compressor {c}: {} send raw f32 (the uncompressed baselines); \
+                    "--compressor {c}: {} sends raw f32 (an uncompressed baseline); \
                      compression applies to dpsgd, choco, sgp and local-sgd",
-                    raw.join(", ")
+                    self.algorithm_name()
                 );
             }
         }
@@ -625,4 +624,194 @@ pub fn load_topology(name_or_path: &str, nodes: Option<usize>) -> anyhow::Result
     };
     spec.build(nodes)
         .with_context(|| format!("topology {name_or_path}"))
+}
+
+/// Expands `--config FILE` (or `--config=FILE`) in a command line into the run options of a
+/// TOML run config, inserted right after the subcommand so that options given on the
+/// command line after them win (the parser must allow an option to override itself).
+///
+/// The file is a flat table whose keys are the long option names, with `-` or `_`:
+///
+/// ```toml
+/// algorithm = "choco"
+/// compressor = "topk:0.01"
+/// peers = 16
+/// topology = "experiments/topologies/torus16.toml"
+/// no_overlap = true            # a flag: true sets it, false leaves it out
+/// straggler = ["3:2", "5:4"]   # a repeatable option (murmur simulate)
+/// ```
+///
+/// # Errors
+/// A second `--config`, an unreadable file, a TOML syntax error (with its line), or a value
+/// that is a table or a date.
+pub fn expand_config_args(
+    args: Vec<std::ffi::OsString>,
+) -> anyhow::Result<Vec<std::ffi::OsString>> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut path: Option<PathBuf> = None;
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let file = match a.to_str() {
+            Some("--config") => Some(
+                it.next()
+                    .map(PathBuf::from)
+                    .context("--config needs a file name")?,
+            ),
+            Some(s) if s.starts_with("--config=") => Some(PathBuf::from(&s["--config=".len()..])),
+            _ => None,
+        };
+        match file {
+            Some(f) if path.is_some() => bail!(
+                "--config {} given after --config {}: one run config at a time",
+                f.display(),
+                path.as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            ),
+            Some(f) => path = Some(f),
+            None => out.push(a),
+        }
+    }
+    let Some(path) = path else {
+        return Ok(out);
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read run config {}", path.display()))?;
+    let table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("run config {}", path.display()))?;
+    let mut from_file = Vec::new();
+    for (key, value) in &table {
+        let flag = format!("--{}", key.replace('_', "-"));
+        let scalar = |v: &toml::Value| -> anyhow::Result<String> {
+            Ok(match v {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                other => bail!(
+                    "run config {}: `{key}` must be a string, a number, true/false or a list \
+                     of those, not {}",
+                    path.display(),
+                    other.type_str()
+                ),
+            })
+        };
+        match value {
+            toml::Value::Boolean(true) => from_file.push(flag.into()),
+            toml::Value::Boolean(false) => {}
+            toml::Value::Array(items) => {
+                for v in items {
+                    from_file.push(format!("{flag}={}", scalar(v)?).into());
+                }
+            }
+            v => from_file.push(format!("{flag}={}", scalar(v)?).into()),
+        }
+    }
+    // After the program name and the subcommand.
+    let at = out.len().min(2);
+    out.splice(at..at, from_file);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// The options of `murmur simulate`, a superset of `launch`'s.
+    #[derive(Parser)]
+    #[command(args_override_self = true)]
+    struct Run {
+        #[command(flatten)]
+        run: RunArgs,
+        #[command(flatten)]
+        _sim: crate::simulate::SimArgs,
+    }
+
+    fn parse(args: &[&str]) -> anyhow::Result<RunArgs> {
+        let args = expand_config_args(args.iter().map(Into::into).collect())?;
+        // `Run` has no subcommand: drop the one the expansion skipped over.
+        let args: Vec<_> = args
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 1)
+            .map(|(_, a)| a)
+            .collect();
+        let run = Run::try_parse_from(args)?.run;
+        run.validate()?;
+        Ok(run)
+    }
+
+    #[test]
+    fn a_run_config_sets_options_and_the_command_line_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("run.toml");
+        std::fs::write(
+            &f,
+            "algorithm = \"choco\"\ncompressor = \"bf16\"\npeers = 6\nlr = 0.02\nno_overlap = true\n\
+             local-steps = 2\nphases = \"allreduce:1,local-sgd\"\n",
+        )
+        .unwrap();
+        let f = f.to_str().unwrap();
+        let run = parse(&["murmur", "launch", "--config", f, "--peers", "4"]).unwrap();
+        assert_eq!(run.peers, 4, "the command line overrides the file");
+        assert_eq!(run.lr, 0.02);
+        assert!(run.no_overlap);
+        assert_eq!(run.local_steps(), 2);
+        assert_eq!(run.algorithm_name(), "allreduce:1,local-sgd");
+        assert_eq!(run.compressor().to_string(), "bf16");
+        // Without --config nothing changes.
+        let plain = parse(&["murmur", "launch", "--peers=3"]).unwrap();
+        assert_eq!(plain.peers, 3);
+    }
+
+    #[test]
+    fn bad_run_configs_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            p.to_str().unwrap().to_string()
+        };
+        let cases = [
+            (write("syntax.toml", "peers = \n"), "run config"),
+            (
+                write("table.toml", "[net]\npeers = 3\n"),
+                "must be a string",
+            ),
+            (write("unknown.toml", "pears = 3\n"), "--pears"),
+            (write("value.toml", "peers = \"many\"\n"), "many"),
+        ];
+        for (file, expect) in &cases {
+            let err = match parse(&["murmur", "launch", "--config", file]) {
+                Ok(_) => panic!("{file} was accepted"),
+                Err(e) => format!("{e:#}"),
+            };
+            assert!(err.contains(expect), "{file}: {err}");
+        }
+        let missing = parse(&["murmur", "launch", "--config", "/nonexistent/run.toml"]);
+        assert!(format!("{:#}", missing.unwrap_err()).contains("cannot read run config"));
+        let f = write("ok.toml", "peers = 3\n");
+        let twice = parse(&["murmur", "launch", "--config", &f, "--config", &f]);
+        assert!(format!("{:#}", twice.unwrap_err()).contains("one run config at a time"));
+    }
+
+    #[test]
+    fn the_shipped_run_configs_are_valid() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/runs");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let p = path.to_str().unwrap();
+                let run = parse(&["murmur", "launch", "--config", p])
+                    .unwrap_or_else(|e| panic!("{p}: {e:#}"));
+                run.topology().unwrap_or_else(|e| panic!("{p}: {e:#}"));
+                n += 1;
+            }
+        }
+        assert!(
+            n >= 7,
+            "expected the run configs of experiments/runs, found {n}"
+        );
+    }
 }

@@ -12,7 +12,10 @@ use murmur::simulate::SimArgs;
 #[command(
     name = "murmur",
     version,
-    about = "Peer-to-peer decentralized (gossip) deep-learning training"
+    about = "Peer-to-peer decentralized (gossip) deep-learning training",
+    // A run config (`--config FILE`) is expanded into options placed before the command
+    // line's, which then override them.
+    args_override_self = true
 )]
 struct Cli {
     #[command(subcommand)]
@@ -67,7 +70,14 @@ enum TopologyCmd {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args = match murmur::config::expand_config_args(std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cli = Cli::parse_from(args);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("MURMUR_LOG")
