@@ -523,6 +523,8 @@ pub struct NetSim {
     state: Vec<PeerState>,
     history: Vec<Vec<PeerRound>>,
     track_consensus: bool,
+    /// Whether algorithms that can overlap communication with computation do.
+    overlap: bool,
     pending: BTreeMap<u64, Pending>,
     consensus: Vec<ConsensusPoint>,
     /// Peers still running rounds in the current call.
@@ -710,6 +712,7 @@ impl NetSim {
             next_frame_id: 0,
             state,
             track_consensus: true,
+            overlap: true,
             pending: BTreeMap::new(),
             consensus: Vec::new(),
             unfinished: 0,
@@ -735,6 +738,13 @@ impl NetSim {
     /// Peer `rank`'s state machine, `None` for `rank ≥ n`.
     pub fn peer(&self, rank: Rank) -> Option<&dyn Gossip> {
         self.peers.get(rank).map(|p| p.as_ref())
+    }
+
+    /// Whether algorithms that can overlap communication with computation
+    /// ([`Gossip::overlaps_gradient`]) do; on by default. Off, every round begins after its
+    /// compute, as for CHOCO (`--no-overlap`).
+    pub fn set_overlap(&mut self, on: bool) {
+        self.overlap = on;
     }
 
     /// Tells every peer the current epoch ([`Gossip::set_epoch`]: compressor schedules).
@@ -988,7 +998,7 @@ impl NetSim {
         }
         let compute_secs = seconds * self.model.compute_factor(rank, round);
         let compute_end = t + compute_secs;
-        let overlap = self.peers[rank].overlaps_gradient();
+        let overlap = self.overlap && self.peers[rank].overlaps_gradient();
         self.state[rank].active = Some(Active {
             round,
             start: t,

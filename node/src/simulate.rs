@@ -408,6 +408,7 @@ fn train(
     };
     let mut sim_net = NetSim::new(peers, net_model.clone())?;
     sim_net.set_track_consensus(false);
+    sim_net.set_overlap(!args.no_overlap);
 
     eprintln!(
         "murmur simulate: {n} peers, {} with {} ({}), {} d = {d}, {} epochs of {rounds_per_epoch} rounds; {}; compute {:.2} ms per step{}; run folder {}",

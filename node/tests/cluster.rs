@@ -697,6 +697,26 @@ fn sixty_four_simulated_mlp_peers_complete_an_epoch_at_one_gigabit() {
         "{per_round} s per round; communication alone {comm} s, compute 0.010 s"
     );
     assert_eq!(s["bytes_sent_per_peer"].as_f64(), Some(4.0 * 2.0 * frame));
+    // Without overlap a round is compute + communication.
+    simulate_ok(
+        dir.path(),
+        &[
+            "--peers=64",
+            "--epochs=1",
+            "--bandwidth-gbps=1",
+            "--compute-ms=10",
+            "--no-overlap",
+            "--run-id=serial",
+        ],
+    );
+    let serial = summary(&dir.path().join("serial"))["seconds_per_round"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        (serial - (comm + 0.010)).abs() < 1e-6,
+        "{serial} s per round without overlap; expected {}",
+        comm + 0.010
+    );
 }
 
 #[test]
