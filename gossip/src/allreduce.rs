@@ -282,16 +282,8 @@ impl AllReduce {
     /// Parses and checks an incoming frame without changing anything; returns its round,
     /// step and chunk values.
     fn check(&self, from: Rank, frame: &[u8]) -> Result<(u64, u32, Vec<f32>), GossipError> {
-        let (h, payload) = FrameHeader::parse(frame, self.cfg.max_payload_bytes)?;
-        if h.kind != FrameKind::Reduce {
-            return Err(GossipError::WrongKind(h.kind));
-        }
-        if h.sender != from {
-            return Err(GossipError::SenderMismatch {
-                from,
-                claimed: h.sender,
-            });
-        }
+        let (h, payload) =
+            crate::parse_frame(frame, self.cfg.max_payload_bytes, FrameKind::Reduce, from)?;
         if self.cfg.n == 1 || from != self.prev_peer() {
             return Err(GossipError::NotANeighbour(from));
         }

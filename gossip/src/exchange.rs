@@ -222,16 +222,8 @@ impl Exchange {
         from: Rank,
         frame: &'f [u8],
     ) -> Result<Arrival<'f>, GossipError> {
-        let (h, payload) = FrameHeader::parse(frame, self.p.max_payload_bytes)?;
-        if h.kind != FrameKind::Gossip {
-            return Err(GossipError::WrongKind(h.kind));
-        }
-        if h.sender != from {
-            return Err(GossipError::SenderMismatch {
-                from,
-                claimed: h.sender,
-            });
-        }
+        let (h, payload) =
+            crate::parse_frame(frame, self.p.max_payload_bytes, FrameKind::Gossip, from)?;
         let idx = self
             .p
             .in_neighbors

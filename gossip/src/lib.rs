@@ -29,6 +29,7 @@ pub mod local;
 pub mod netsim;
 pub mod phased;
 pub mod ps;
+mod relay;
 pub mod sgp;
 pub mod sim;
 
@@ -240,6 +241,32 @@ pub trait Gossip: Send {
     fn apply_gradient(&mut self, _grad: &[f32]) {
         panic!("this algorithm takes its gradient in begin_round; it does not overlap");
     }
+}
+
+/// Parses `frame` received from peer `from` (the transport's sender) and checks what every
+/// algorithm checks first: the header (magic, version, length ≤ `max_payload_bytes`), the
+/// kind `expected`, and that the header's sender is `from`. Returns the header and the
+/// payload.
+///
+/// # Errors
+/// [`GossipError::Frame`], [`GossipError::WrongKind`], [`GossipError::SenderMismatch`].
+pub(crate) fn parse_frame(
+    frame: &[u8],
+    max_payload_bytes: u32,
+    expected: FrameKind,
+    from: Rank,
+) -> Result<(FrameHeader, &[u8]), GossipError> {
+    let (h, payload) = FrameHeader::parse(frame, max_payload_bytes)?;
+    if h.kind != expected {
+        return Err(GossipError::WrongKind(h.kind));
+    }
+    if h.sender != from {
+        return Err(GossipError::SenderMismatch {
+            from,
+            claimed: h.sender,
+        });
+    }
+    Ok((h, payload))
 }
 
 /// Sorted, deduplicated ranks without `me`: the shape of [`Gossip::out_peers`] and

@@ -23,9 +23,9 @@
 //! ⌊t / H⌋; [`Gossip::round`] and [`GossipEvent`]s use t. Bytes per SGD step fall by a
 //! factor H.
 
-use std::collections::VecDeque;
 use std::time::Instant;
 
+use crate::relay::Relay;
 use crate::{Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
 
 /// Local SGD with `h` local steps per communication round around `inner`
@@ -36,13 +36,9 @@ pub struct LocalSgd {
     h: u64,
     /// Learning rate η of the local steps.
     lr: f32,
-    /// x_i: [d].
-    x: Vec<f32>,
-    /// This wrapper's round t: the SGD step that is mixing, or the next one when idle.
-    round: u64,
-    /// Whether round `round` is a communication round that is waiting for `inner`.
-    communicating: bool,
-    events: VecDeque<GossipEvent>,
+    /// x_i, the round t (one per SGD step) and the events; `waiting` while a
+    /// communication round is mixing in `inner`.
+    outer: Relay,
 }
 
 impl LocalSgd {
@@ -54,13 +50,10 @@ impl LocalSgd {
     pub fn new(inner: Box<dyn Gossip>, h: u64, lr: f32) -> Self {
         assert!(h >= 1, "local SGD needs H ≥ 1 local steps per round");
         LocalSgd {
-            x: inner.params().to_vec(),
+            outer: Relay::new(inner.params().to_vec()),
             inner,
             h,
             lr,
-            round: 0,
-            communicating: false,
-            events: VecDeque::new(),
         }
     }
 
@@ -73,28 +66,6 @@ impl LocalSgd {
     pub fn communicates(&self, t: u64) -> bool {
         (t + 1).is_multiple_of(self.h)
     }
-
-    /// Moves the inner algorithm's events into this wrapper's queue, translating rounds.
-    fn pump(&mut self) {
-        while let Some(ev) = self.inner.poll_event() {
-            match ev {
-                GossipEvent::Mixed { .. } if self.communicating => {
-                    self.x.copy_from_slice(self.inner.params());
-                    self.communicating = false;
-                    self.events
-                        .push_back(GossipEvent::Mixed { round: self.round });
-                    self.round += 1;
-                }
-                GossipEvent::RoundTimedOut { missing, .. } => {
-                    self.events.push_back(GossipEvent::RoundTimedOut {
-                        round: self.round,
-                        missing,
-                    });
-                }
-                other => self.events.push_back(other),
-            }
-        }
-    }
 }
 
 impl Gossip for LocalSgd {
@@ -103,29 +74,24 @@ impl Gossip for LocalSgd {
     /// # Panics
     /// If `x` or `grad` is not `[d]`, or the previous round is still mixing.
     fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) {
-        assert!(
-            !self.communicating,
-            "begin_round while round {} is still mixing",
-            self.round
-        );
-        assert_eq!(x.len(), self.x.len(), "x must have length d");
+        self.outer.assert_idle();
+        let y = &mut self.outer.x;
+        assert_eq!(x.len(), y.len(), "x must have length d");
         match grad {
             Some(g) => {
                 assert_eq!(g.len(), x.len(), "grad must have length d");
-                for ((y, xi), gi) in self.x.iter_mut().zip(x).zip(g) {
+                for ((y, xi), gi) in y.iter_mut().zip(x).zip(g) {
                     *y = xi - self.lr * gi;
                 }
             }
-            None => self.x.copy_from_slice(x),
+            None => y.copy_from_slice(x),
         }
-        if self.communicates(self.round) {
-            self.communicating = true;
-            self.inner.begin_round(now, &self.x, None);
-            self.pump();
+        if self.communicates(self.outer.round) {
+            self.outer.waiting = true;
+            self.inner.begin_round(now, &self.outer.x, None);
+            self.outer.pump(self.inner.as_mut());
         } else {
-            self.events
-                .push_back(GossipEvent::Mixed { round: self.round });
-            self.round += 1;
+            self.outer.complete();
         }
     }
 
@@ -136,13 +102,13 @@ impl Gossip for LocalSgd {
         frame: &[u8],
     ) -> Result<(), GossipError> {
         let r = self.inner.handle_message(now, from, frame);
-        self.pump();
+        self.outer.pump(self.inner.as_mut());
         r
     }
 
     fn handle_timeout(&mut self, now: Instant) {
         self.inner.handle_timeout(now);
-        self.pump();
+        self.outer.pump(self.inner.as_mut());
     }
 
     fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
@@ -154,16 +120,16 @@ impl Gossip for LocalSgd {
     }
 
     fn poll_event(&mut self) -> Option<GossipEvent> {
-        self.pump();
-        self.events.pop_front()
+        self.outer.pump(self.inner.as_mut());
+        self.outer.poll_event()
     }
 
     fn params(&self) -> &[f32] {
-        &self.x
+        &self.outer.x
     }
 
     fn round(&self) -> u64 {
-        self.round
+        self.outer.round
     }
 
     fn stats(&self) -> GossipStats {

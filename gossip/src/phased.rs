@@ -16,6 +16,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+use crate::relay::Relay;
 use crate::{Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
 
 /// One phase: a state machine and how many rounds it runs (`None`: until the end).
@@ -33,19 +34,16 @@ pub struct Phased {
     phases: Vec<Phase>,
     /// Index of the current phase.
     current: usize,
-    /// Round t over all phases: the one that is mixing, or the next one when idle.
-    round: u64,
+    /// x_i, the round t over all phases and the events; `waiting` while the current phase
+    /// has a round in progress.
+    outer: Relay,
     /// First round of the current phase.
     phase_start: u64,
-    /// Whether the current phase has a round in progress.
-    mixing: bool,
     /// Frames refused by the current phase that may belong to the next: (from, frame).
     held: VecDeque<(Rank, Vec<u8>)>,
     dropped: u64,
     /// Counters of the phases that ended.
     past: GossipStats,
-    events: VecDeque<GossipEvent>,
-    x: Vec<f32>,
 }
 
 impl Phased {
@@ -70,16 +68,13 @@ impl Phased {
             }
         }
         Phased {
-            x: phases[0].gossip.params().to_vec(),
+            outer: Relay::new(phases[0].gossip.params().to_vec()),
             phases,
             current: 0,
-            round: 0,
             phase_start: 0,
-            mixing: false,
             held: VecDeque::new(),
             dropped: 0,
             past: GossipStats::default(),
-            events: VecDeque::new(),
         }
     }
 
@@ -97,8 +92,8 @@ impl Phased {
     fn next_phase(&self) -> usize {
         match self.phases[self.current].rounds {
             Some(r)
-                if !self.mixing
-                    && self.round >= self.phase_start + r
+                if !self.outer.waiting
+                    && self.outer.round >= self.phase_start + r
                     && self.current + 1 < self.phases.len() =>
             {
                 self.current + 1
@@ -123,7 +118,7 @@ impl Phased {
         self.past.frames_received += s.frames_received;
         self.past.bytes_received += s.bytes_received;
         self.current += 1;
-        self.phase_start = self.round;
+        self.phase_start = self.outer.round;
         for (from, frame) in std::mem::take(&mut self.held) {
             if self.cur().handle_message(now, from, &frame).is_err() {
                 self.dropped += 1;
@@ -131,39 +126,17 @@ impl Phased {
         }
     }
 
-    /// Moves the current phase's events into this wrapper's queue, translating rounds.
+    /// Moves the current phase's events into the outer queue.
     fn pump(&mut self) {
-        while let Some(ev) = self.phases[self.current].gossip.poll_event() {
-            match ev {
-                GossipEvent::Mixed { .. } if self.mixing => {
-                    self.x
-                        .copy_from_slice(self.phases[self.current].gossip.params());
-                    self.mixing = false;
-                    self.events
-                        .push_back(GossipEvent::Mixed { round: self.round });
-                    self.round += 1;
-                }
-                GossipEvent::RoundTimedOut { missing, .. } => {
-                    self.events.push_back(GossipEvent::RoundTimedOut {
-                        round: self.round,
-                        missing,
-                    })
-                }
-                other => self.events.push_back(other),
-            }
-        }
+        self.outer.pump(self.phases[self.current].gossip.as_mut());
     }
 }
 
 impl Gossip for Phased {
     fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) {
-        assert!(
-            !self.mixing,
-            "begin_round while round {} is mixing",
-            self.round
-        );
+        self.outer.assert_idle();
         self.advance_if_due(now);
-        self.mixing = true;
+        self.outer.waiting = true;
         self.cur().begin_round(now, x, grad);
         self.pump();
     }
@@ -204,15 +177,15 @@ impl Gossip for Phased {
 
     fn poll_event(&mut self) -> Option<GossipEvent> {
         self.pump();
-        self.events.pop_front()
+        self.outer.poll_event()
     }
 
     fn params(&self) -> &[f32] {
-        &self.x
+        &self.outer.x
     }
 
     fn round(&self) -> u64 {
-        self.round
+        self.outer.round
     }
 
     fn stats(&self) -> GossipStats {
@@ -251,7 +224,8 @@ impl Gossip for Phased {
 
     fn apply_gradient(&mut self, grad: &[f32]) {
         self.cur().apply_gradient(grad);
-        self.x
+        self.outer
+            .x
             .copy_from_slice(self.phases[self.current].gossip.params());
     }
 }

@@ -387,21 +387,13 @@ impl Gossip for ParameterServer {
         from: Rank,
         frame: &[u8],
     ) -> Result<(), GossipError> {
-        let (h, payload) = FrameHeader::parse(frame, self.cfg.max_payload_bytes)?;
         let expected_kind = if self.is_server() {
             FrameKind::Push
         } else {
             FrameKind::Pull
         };
-        if h.kind != expected_kind {
-            return Err(GossipError::WrongKind(h.kind));
-        }
-        if h.sender != from {
-            return Err(GossipError::SenderMismatch {
-                from,
-                claimed: h.sender,
-            });
-        }
+        let (h, payload) =
+            crate::parse_frame(frame, self.cfg.max_payload_bytes, expected_kind, from)?;
         let neighbour = match &self.server {
             Some(_) => from != 0 && from < self.cfg.n,
             None => from == 0,

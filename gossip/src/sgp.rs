@@ -533,16 +533,8 @@ impl Gossip for Sgp {
         from: Rank,
         frame: &[u8],
     ) -> Result<(), GossipError> {
-        let (h, payload) = FrameHeader::parse(frame, self.cfg.max_payload_bytes)?;
-        if h.kind != FrameKind::PushSum {
-            return Err(GossipError::WrongKind(h.kind));
-        }
-        if h.sender != from {
-            return Err(GossipError::SenderMismatch {
-                from,
-                claimed: h.sender,
-            });
-        }
+        let (h, payload) =
+            crate::parse_frame(frame, self.cfg.max_payload_bytes, FrameKind::PushSum, from)?;
         if self.in_all.binary_search(&from).is_err() {
             return Err(GossipError::NotANeighbour(from));
         }
