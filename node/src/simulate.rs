@@ -44,18 +44,28 @@ pub struct Straggler {
     pub factor: f64,
 }
 
+/// Splits `A:B` and parses both halves; `what` and `example` name the option in errors.
+fn parse_pair<A: std::str::FromStr, F: std::str::FromStr>(
+    s: &str,
+    what: &str,
+    example: &str,
+) -> Result<(A, F), String> {
+    let (a, f) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{what} {s:?}: expected {example}"))?;
+    let a = a
+        .parse()
+        .map_err(|_| format!("{what} {s:?}: {a:?} is not valid (expected {example})"))?;
+    let f = f
+        .parse()
+        .map_err(|_| format!("{what} {s:?}: {f:?} is not a number (expected {example})"))?;
+    Ok((a, f))
+}
+
 impl std::str::FromStr for Straggler {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let (r, f) = s
-            .split_once(':')
-            .ok_or_else(|| format!("straggler {s:?}: expected RANK:FACTOR, e.g. 3:2.5"))?;
-        let rank = r
-            .parse()
-            .map_err(|_| format!("straggler {s:?}: {r:?} is not a rank"))?;
-        let factor: f64 = f
-            .parse()
-            .map_err(|_| format!("straggler {s:?}: {f:?} is not a number"))?;
+        let (rank, factor): (Rank, f64) = parse_pair(s, "straggler", "RANK:FACTOR, e.g. 3:2.5")?;
         if !(factor.is_finite() && factor >= 1.0) {
             return Err(format!("straggler {s:?}: the factor must be ≥ 1"));
         }
@@ -75,15 +85,8 @@ pub struct RandomStragglers {
 impl std::str::FromStr for RandomStragglers {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let (p, f) = s
-            .split_once(':')
-            .ok_or_else(|| format!("random stragglers {s:?}: expected P:FACTOR, e.g. 0.05:4"))?;
-        let probability: f64 = p
-            .parse()
-            .map_err(|_| format!("random stragglers {s:?}: {p:?} is not a probability"))?;
-        let factor: f64 = f
-            .parse()
-            .map_err(|_| format!("random stragglers {s:?}: {f:?} is not a number"))?;
+        let (probability, factor): (f64, f64) =
+            parse_pair(s, "random stragglers", "P:FACTOR, e.g. 0.05:4")?;
         if !((0.0..=1.0).contains(&probability) && factor.is_finite() && factor >= 1.0) {
             return Err(format!(
                 "random stragglers {s:?}: need 0 ≤ P ≤ 1 and FACTOR ≥ 1"

@@ -118,10 +118,10 @@ fn rows(dir: &Path) -> Vec<Value> {
         .collect()
 }
 
-/// Runs `murmur launch ARGS --out DIR`, fails the test if it fails, returns its stdout.
-fn launch_ok(dir: &Path, args: &[&str]) -> String {
+/// Runs `murmur COMMAND ARGS --out DIR`, fails the test if it fails, returns its stdout.
+fn murmur_ok(command: &str, dir: &Path, args: &[&str]) -> String {
     let out = murmur()
-        .arg("launch")
+        .arg(command)
         .args(args)
         .arg(format!("--out={}", dir.display()))
         .output()
@@ -133,6 +133,16 @@ fn launch_ok(dir: &Path, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
+}
+
+/// Runs `murmur launch ARGS --out DIR` (see [`murmur_ok`]).
+fn launch_ok(dir: &Path, args: &[&str]) -> String {
+    murmur_ok("launch", dir, args)
+}
+
+/// Runs `murmur simulate ARGS --out DIR` (see [`murmur_ok`]).
+fn simulate_ok(dir: &Path, args: &[&str]) -> String {
+    murmur_ok("simulate", dir, args)
 }
 
 /// The `summary.json` of a run folder.
@@ -486,23 +496,6 @@ fn the_shipped_topology_files_are_valid() {
         "found only {count} topology files in {}",
         dir.display()
     );
-}
-
-/// Runs `murmur simulate ARGS --out DIR`, fails the test if it fails, returns its stdout.
-fn simulate_ok(dir: &Path, args: &[&str]) -> String {
-    let out = murmur()
-        .arg("simulate")
-        .args(args)
-        .arg(format!("--out={}", dir.display()))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
 }
 
 /// Final mean test accuracy and bytes per peer of a run folder.
