@@ -361,69 +361,65 @@ async fn serve_connection(
             }
             .await;
             let mut st = state.lock().await;
-            let (header, bytes) = match frame {
-                Ok(f) => f,
-                Err(e) => {
-                    warn!(peer = ?st.peer, "refused frame: {e:#}");
-                    let _ = events
-                        .send(NetEvent::Refused {
-                            peer: st.peer,
-                            reason: format!("{e:#}"),
-                        })
-                        .await;
-                    return;
-                }
-            };
-            // The first frame binds the connection to its sender; later frames must agree.
-            match st.peer {
-                None => st.peer = Some(header.sender),
-                Some(p) if p != header.sender => {
-                    let _ = events
-                        .send(NetEvent::Refused {
-                            peer: Some(p),
-                            reason: format!(
-                                "frame claims sender {} on peer {p}'s connection",
-                                header.sender
-                            ),
-                        })
-                        .await;
-                    return;
-                }
-                Some(_) => {}
-            }
-            let from = header.sender;
-            if header.kind == FrameKind::Bye {
-                let count = bytes
-                    .get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + 8)
-                    .and_then(|b| b.try_into().ok())
-                    .map(u64::from_le_bytes);
-                match count {
-                    Some(n) => st.expected = Some(n),
-                    None => {
-                        let _ = events
-                            .send(NetEvent::Refused {
-                                peer: Some(from),
-                                reason: "malformed goodbye".into(),
-                            })
-                            .await;
-                        return;
+            // Every stream but the goodbye counts towards the sender's announced frame count,
+            // refused or not, so that a refused frame cannot hold the shutdown up. `refused`
+            // is (reason, whether the stream was a counted frame).
+            let refused: Option<(String, bool)> = match frame {
+                Err(e) => Some((format!("{e:#}"), true)),
+                Ok((header, bytes)) => match st.peer {
+                    // The first frame binds the connection to its sender.
+                    Some(p) if p != header.sender => Some((
+                        format!(
+                            "frame claims sender {} on peer {p}'s connection",
+                            header.sender
+                        ),
+                        true,
+                    )),
+                    _ => {
+                        st.peer = Some(header.sender);
+                        if header.kind == FrameKind::Bye {
+                            let count = bytes
+                                .get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + 8)
+                                .and_then(|b| b.try_into().ok())
+                                .map(u64::from_le_bytes);
+                            match count {
+                                Some(n) => {
+                                    st.expected = Some(n);
+                                    None
+                                }
+                                None => Some(("malformed goodbye".to_string(), false)),
+                            }
+                        } else {
+                            st.received += 1;
+                            let from = header.sender;
+                            let delivered = events
+                                .send(NetEvent::Frame {
+                                    from,
+                                    header,
+                                    bytes,
+                                })
+                                .await;
+                            if delivered.is_err() {
+                                return; // the training loop is gone
+                            }
+                            None
+                        }
                     }
+                },
+            };
+            if let Some((reason, counted)) = refused {
+                warn!(peer = ?st.peer, "refused frame: {reason}");
+                if counted {
+                    st.received += 1;
                 }
-            } else {
-                st.received += 1;
-                if events
-                    .send(NetEvent::Frame {
-                        from,
-                        header,
-                        bytes,
+                let _ = events
+                    .send(NetEvent::Refused {
+                        peer: st.peer,
+                        reason,
                     })
-                    .await
-                    .is_err()
-                {
-                    return; // the training loop is gone
-                }
+                    .await;
             }
-            if st.expected.is_some_and(|n| st.received >= n) {
+            if let (Some(from), true) = (st.peer, st.expected.is_some_and(|n| st.received >= n)) {
                 let _ = events.send(NetEvent::Finished { from }).await;
                 conn.close(VarInt::from_u32(0), b"done");
             }
