@@ -282,7 +282,8 @@ pub struct RunArgs {
     /// slowest worker) or asp.
     #[arg(long, default_value = "bsp")]
     pub ps_mode: PsModeArg,
-    /// Model to train.
+    /// Model to train: mlp and cnn on MNIST, resnet20 (3×32×32 images) and transformer
+    /// (byte-level language model) on synthetic data.
     #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
     pub model: ModelKind,
     /// Epochs: passes over the training set by the network as a whole.
@@ -307,7 +308,8 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = Init::Same)]
     pub init: Init,
     /// Directory with standard IDX MNIST files (gzipped or not); default: the 8,000/2,000
-    /// real digits embedded in the binary.
+    /// real digits embedded in the binary. Only for mlp and cnn: resnet20 and transformer
+    /// train on synthetic data.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// Device: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
@@ -451,6 +453,27 @@ impl RunArgs {
         }
         if self.rounds_per_epoch == Some(0) {
             bail!("--rounds-per-epoch must be at least 1");
+        }
+        if !self.model.takes_mnist() {
+            if let Some(dir) = &self.data {
+                bail!(
+                    "--data {}: --model {} takes {} and trains on synthetic data; \
+                     --data reads MNIST, for mlp and cnn",
+                    dir.display(),
+                    self.model,
+                    self.model.input()
+                );
+            }
+        }
+        if matches!(self.model.input(), crate::model::Input::Tokens { .. })
+            && self.partition != Partition::Iid
+        {
+            bail!(
+                "--partition {}: a Dirichlet split is over class labels, and the token \
+                 sequences of --model {} have none (use iid)",
+                self.partition,
+                self.model
+            );
         }
         Ok(())
     }
@@ -813,5 +836,24 @@ mod tests {
             n >= 7,
             "expected the run configs of experiments/runs, found {n}"
         );
+    }
+
+    #[test]
+    fn models_on_synthetic_data_refuse_mnist_files_and_label_splits() {
+        let parse_line = |line: &str| parse(&line.split(' ').collect::<Vec<_>>());
+        let run = parse_line("murmur launch --model resnet20").unwrap();
+        assert_eq!(run.model, ModelKind::Resnet20);
+        parse_line("murmur launch --model resnet20 --partition dirichlet:0.5").unwrap();
+        parse_line("murmur launch --model transformer").unwrap();
+        for (line, expect) in [
+            ("murmur launch --model resnet20 --data /mnist", "synthetic"),
+            (
+                "murmur launch --model transformer --partition dirichlet",
+                "class labels",
+            ),
+        ] {
+            let err = format!("{:#}", parse_line(line).unwrap_err());
+            assert!(err.contains(expect), "{line}: {err}");
+        }
     }
 }

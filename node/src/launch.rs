@@ -85,7 +85,7 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
         args.peers,
         args.algorithm_name(),
         args.compressor(),
-        args.model,
+        args.model.with_data(),
         args.device,
         args.epochs,
         run_dir.display()

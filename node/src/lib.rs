@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod algo;
+pub mod bench;
 pub mod config;
 pub mod data;
 pub mod discovery;

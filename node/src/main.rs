@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use murmur::bench::BenchArgs;
 use murmur::config::{load_topology, RunArgs};
 use murmur::launch::LaunchArgs;
 use murmur::peer::PeerArgs;
@@ -46,6 +47,10 @@ enum Cmd {
         #[command(flatten)]
         sim: SimArgs,
     },
+    /// Measure one peer's local work for a model and batch size: samples/s of the training
+    /// step, the flatten + mix + unflatten time of a round, the message size and the
+    /// communication-to-computation ratio at 1 and 10 Gb/s (synthetic data).
+    Bench(BenchArgs),
     /// Topology tools.
     Topology {
         #[command(subcommand)]
@@ -90,6 +95,7 @@ fn main() -> ExitCode {
         Cmd::Launch { run, launch } => murmur::launch::run(&run, &launch).map(|_| ()),
         Cmd::Peer { run, peer } => murmur::peer::run(&run, &peer),
         Cmd::Simulate { run, sim } => murmur::simulate::run(&run, &sim),
+        Cmd::Bench(bench) => murmur::bench::run(&bench),
         Cmd::Topology {
             command:
                 TopologyCmd::Inspect {

@@ -25,11 +25,15 @@ use tracing::{debug, info, info_span, warn};
 
 use crate::algo;
 use crate::config::{DeviceSpec, Init, RunArgs};
-use crate::data::{partition, Batches, Dataset, Mnist};
+use crate::data::{partition, Batches, Dataset, RunData};
 use crate::discovery::{discover, Fingerprint, PeerInfo, Role};
 use crate::metrics::{self, EpochRow, PeerEpoch, Summary};
-use crate::model::{self, Net, INPUTS};
+use crate::model::{self, Net};
 use crate::net::{DataPlane, Links, NetEvent};
+
+/// Samples per batch when a model is evaluated on a data set (a memory bound, not a
+/// hyperparameter).
+pub(crate) const EVAL_BATCH: usize = 500;
 
 /// Arguments that differ from peer to peer.
 #[derive(Debug, Clone, Args)]
@@ -143,15 +147,12 @@ fn run_on<B: AutodiffBackend>(
         .with_context(|| format!("cannot create the run folder {}", peer.out.display()))?;
 
     // Data: the same seeded split on every peer; this peer keeps its shard.
-    let mnist = match &args.data {
-        Some(dir) => Mnist::load_dir(dir)?,
-        None => Mnist::embedded()?,
-    };
-    let shards = partition(&mnist.train.labels, n, args.partition, args.seed)?;
-    let shard = mnist.train.subset(&shards[rank]);
+    let data = RunData::load(args.model, args.data.as_deref(), args.seed)?;
+    let shards = partition(&data.train.labels, n, args.partition, args.seed)?;
+    let shard = data.train.subset(&shards[rank]);
     let rounds_per_epoch = args
         .rounds_per_epoch
-        .unwrap_or_else(|| (mnist.train.len() as u64).div_ceil((n * args.batch_size) as u64));
+        .unwrap_or_else(|| (data.train.len() as u64).div_ceil((n * args.batch_size) as u64));
 
     // Model: with `--init same` every peer draws the same x⁰ from the same seed.
     B::seed(
@@ -162,6 +163,7 @@ fn run_on<B: AutodiffBackend>(
         },
     );
     let mut net = Net::<B>::new(args.model, &device);
+    let input = net.input();
     let mut x = Vec::new();
     model::flatten(&net, &mut x);
     let d = x.len();
@@ -237,7 +239,7 @@ fn run_on<B: AutodiffBackend>(
         dir: peer.out.clone(),
         pending: BTreeMap::new(),
         rows: Vec::new(),
-        test: mnist.test.clone(),
+        test: data.test.clone(),
         d,
         kind: args.model,
         started: Instant::now(),
@@ -263,7 +265,7 @@ fn run_on<B: AutodiffBackend>(
     // Training.
     let start = Instant::now();
     let mut batches = Batches::new(shard.len(), args.seed.wrapping_add(1 + rank as u64));
-    let mut batch_images = Vec::with_capacity(args.batch_size * INPUTS);
+    let mut batch_images = Vec::with_capacity(args.batch_size * input.features());
     let mut grad = Vec::with_capacity(d);
     let mut velocity = vec![0.0f32; d];
     let mut batch_labels = Vec::with_capacity(args.batch_size);
@@ -291,12 +293,13 @@ fn run_on<B: AutodiffBackend>(
                 drv.gossip.begin_round(Instant::now(), &x, None);
                 drv.transmit()?;
             }
-            let (xb, yb) = model::batch_tensors::<B>(
+            let batch = model::batch_tensors::<B>(
+                input,
                 std::mem::take(&mut batch_images),
                 &batch_labels,
                 &device,
-            );
-            let loss = model::loss_and_grad(&net, xb, yb, &mut grad);
+            )?;
+            let loss = model::loss_and_grad(&net, batch, &mut grad)?;
             if !loss.is_finite() {
                 bail!("training diverged at epoch {epoch}: loss is {loss} (try a smaller --lr)");
             }
@@ -327,13 +330,20 @@ fn run_on<B: AutodiffBackend>(
         let eval_model = model::inference_copy(&net);
         let (test_accuracy, test_loss) = model::evaluate(
             &eval_model,
-            &mnist.test.images,
-            &mnist.test.labels,
-            500,
+            &data.test.images,
+            &data.test.labels,
+            EVAL_BATCH,
             &device,
-        );
+        )?;
         let train_loss = if epoch == 0 {
-            model::evaluate(&eval_model, &shard.images, &shard.labels, 500, &device).1
+            model::evaluate(
+                &eval_model,
+                &shard.images,
+                &shard.labels,
+                EVAL_BATCH,
+                &device,
+            )?
+            .1
         } else {
             loss_sum / rounds as f64
         };
@@ -686,8 +696,10 @@ pub(crate) fn epoch_row(
     let n = all.len() as f64;
     let (xi2, avg) = consensus_distance(all.iter().map(|(_, x)| x.as_slice()));
     let device = Default::default();
+    // A fresh model: for resnet20 its BatchNorm running statistics are the initial ones
+    // (mean 0, variance 1), since they are not parameters and nobody mixes them.
     let eval = model::unflatten(Net::<burn::backend::Flex>::new(kind, &device), &avg)?;
-    let (avg_acc, _) = model::evaluate(&eval, &test.images, &test.labels, 500, &device);
+    let (avg_acc, _) = model::evaluate(&eval, &test.images, &test.labels, EVAL_BATCH, &device)?;
     let acc =
         |f: fn(f64, f64) -> f64, init: f64| all.iter().map(|(r, _)| r.test_accuracy).fold(init, f);
     let mean = |g: fn(&PeerEpoch) -> f64| all.iter().map(|(r, _)| g(r)).sum::<f64>() / n;

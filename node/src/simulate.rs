@@ -2,10 +2,14 @@
 //! network and clock ([`murmur_gossip::NetSim`]), deterministic for a seed.
 //!
 //! Two modes:
-//! * **training** (default): every peer trains its own Burn model on its MNIST shard, the
-//!   same state machines as `murmur peer` mix the parameters, and the run writes the same
-//!   files as a networked run (`epochs.jsonl`, `epochs.csv`, `peers/peer-<r>.jsonl`,
-//!   `summary.json`, `summary.csv`), with `wall_seconds` in simulated time;
+//! * **training** (default): every peer trains its own Burn model on its shard (of MNIST,
+//!   or of the synthetic data of resnet20 and transformer), the same state machines as
+//!   `murmur peer` mix the parameters, and the run writes the same files as a networked run
+//!   (`epochs.jsonl`, `epochs.csv`, `peers/peer-<r>.jsonl`, `summary.json`, `summary.csv`),
+//!   with `wall_seconds` in simulated time. The virtual peers take turns with one Burn model
+//!   whose parameters are swapped in and out, so module state that is not a parameter —
+//!   resnet20's BatchNorm running statistics — is shared by all of them, unlike a networked
+//!   run where every peer keeps its own;
 //! * **consensus** (`--consensus`): no gradients, x_i drawn uniformly from [−1, 1)^d, and
 //!   the exact consensus distance Ξ²(t) after every round in `consensus.csv`.
 //!
@@ -26,11 +30,11 @@ use serde::Serialize;
 
 use crate::algo;
 use crate::config::{DeviceSpec, Init, RunArgs};
-use crate::data::{partition, Batches, Dataset, Mnist};
+use crate::data::{partition, Batches, Dataset, RunData};
 use crate::launch::{run_folder, LaunchArgs};
 use crate::metrics::{self, PeerEpoch};
-use crate::model::{self, Net, INPUTS};
-use crate::peer::{epoch_row, summary, write_summary, Reported};
+use crate::model::{self, Net};
+use crate::peer::{epoch_row, summary, write_summary, Reported, EVAL_BATCH};
 
 type B = burn::backend::Autodiff<burn::backend::Flex>;
 type Dev = <B as burn::tensor::backend::BackendTypes>::Device;
@@ -344,14 +348,11 @@ fn train(
 ) -> anyhow::Result<()> {
     let n = args.peers;
     let device: Dev = Default::default();
-    let mnist = match &args.data {
-        Some(dir) => Mnist::load_dir(dir)?,
-        None => Mnist::embedded()?,
-    };
-    let shards = partition(&mnist.train.labels, n, args.partition, args.seed)?;
+    let data = RunData::load(args.model, args.data.as_deref(), args.seed)?;
+    let shards = partition(&data.train.labels, n, args.partition, args.seed)?;
     let rounds_per_epoch = args
         .rounds_per_epoch
-        .unwrap_or_else(|| (mnist.train.len() as u64).div_ceil((n * args.batch_size) as u64));
+        .unwrap_or_else(|| (data.train.len() as u64).div_ceil((n * args.batch_size) as u64));
 
     // Models: as `murmur peer`, x⁰ from the seed (or seed + rank with --init independent).
     let mut x0s = Vec::with_capacity(n);
@@ -385,7 +386,7 @@ fn train(
             max_payload(d),
             rounds_per_epoch,
         )?);
-        let shard = mnist.train.subset(&shards[rank]);
+        let shard = data.train.subset(&shards[rank]);
         states.push(PeerState {
             batches: Batches::new(shard.len(), args.seed.wrapping_add(1 + rank as u64)),
             shard,
@@ -418,7 +419,7 @@ fn train(
         args.algorithm_name(),
         args.compressor(),
         args.topology_label(topo),
-        args.model,
+        args.model.with_data(),
         args.epochs,
         sim.describe(net_model),
         compute_secs * 1e3,
@@ -478,10 +479,22 @@ fn train(
             let x = gossip.params().to_vec();
             let model_r = model::unflatten(net.take().ok_or_else(|| anyhow!("no model"))?, &x)?;
             let eval = model::inference_copy(&model_r);
-            let (test_accuracy, test_loss) =
-                model::evaluate(&eval, &mnist.test.images, &mnist.test.labels, 500, &device);
+            let (test_accuracy, test_loss) = model::evaluate(
+                &eval,
+                &data.test.images,
+                &data.test.labels,
+                EVAL_BATCH,
+                &device,
+            )?;
             let train_loss = if epoch == 0 {
-                model::evaluate(&eval, &st.shard.images, &st.shard.labels, 500, &device).1
+                model::evaluate(
+                    &eval,
+                    &st.shard.images,
+                    &st.shard.labels,
+                    EVAL_BATCH,
+                    &device,
+                )?
+                .1
             } else {
                 st.loss_sum / st.steps.max(1) as f64
             };
@@ -511,7 +524,7 @@ fn train(
             )?;
             reports.push((report, x));
         }
-        let row = epoch_row(epoch, &reports, &mnist.test, args.model, sim_net.now_secs())?;
+        let row = epoch_row(epoch, &reports, &data.test, args.model, sim_net.now_secs())?;
         print(metrics::format_row(&row));
         bar.set_message(format!(
             "x̄ acc {:.2}%, {:.0} s real",
@@ -538,15 +551,18 @@ fn step(
     args: &RunArgs,
     device: &Dev,
 ) -> anyhow::Result<Vec<f32>> {
-    let mut images = Vec::with_capacity(args.batch_size * INPUTS);
+    let mut images = Vec::with_capacity(args.batch_size * st.shard.features());
     let mut labels = Vec::with_capacity(args.batch_size);
     st.batches
         .next_batch(&st.shard, args.batch_size, &mut images, &mut labels);
     let m = model::unflatten(net.take().ok_or_else(|| anyhow!("no model"))?, x)?;
-    let (xb, yb) = model::batch_tensors::<B>(images, &labels, device);
+    let input = m.input();
     let mut grad = Vec::with_capacity(x.len());
-    let loss = model::loss_and_grad(&m, xb, yb, &mut grad);
+    // The model goes back into `net` before an error is returned.
+    let loss = model::batch_tensors::<B>(input, images, &labels, device)
+        .and_then(|batch| model::loss_and_grad(&m, batch, &mut grad));
     *net = Some(m);
+    let loss = loss?;
     if !loss.is_finite() {
         bail!("training diverged: loss is {loss} (try a smaller --lr)");
     }
@@ -570,11 +586,12 @@ fn measure_step(
     let (mut images, mut labels) = (Vec::new(), Vec::new());
     let mut grad = Vec::new();
     let mut times = Vec::new();
+    let input = net.input();
     for i in 0..6 {
         batches.next_batch(&st.shard, batch, &mut images, &mut labels);
         let t = Instant::now();
-        let (xb, yb) = model::batch_tensors::<B>(images.clone(), &labels, device);
-        let loss = model::loss_and_grad(&net, xb, yb, &mut grad);
+        let batch = model::batch_tensors::<B>(input, images.clone(), &labels, device)?;
+        let loss = model::loss_and_grad(&net, batch, &mut grad)?;
         if !loss.is_finite() {
             bail!("the starting model gives a non-finite loss");
         }

@@ -469,6 +469,51 @@ fn topology_inspect_json_has_the_stable_fields() {
 }
 
 #[test]
+fn bench_json_has_the_documented_fields_and_bad_options_are_errors() {
+    let out = murmur()
+        .args([
+            "bench",
+            "--model=mlp",
+            "--batch-size=4",
+            "--steps=2",
+            "--warmup=0",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["model"], "mlp");
+    assert_eq!(v["dim"], 203_530);
+    assert_eq!(v["message_bytes"], 4 * 203_530 + 36);
+    for field in [
+        "forward_backward_seconds",
+        "forward_backward_samples_per_second",
+        "step_seconds",
+        "step_samples_per_second",
+        "round_seconds",
+        "c2c_1gbps",
+        "c2c_10gbps",
+    ] {
+        assert!(v[field].as_f64().unwrap() > 0.0, "{field}: {v}");
+    }
+    let mut bad = vec![(&["bench", "--batch-size=0"][..], "--batch-size")];
+    if cfg!(not(feature = "cuda")) {
+        bad.push((&["bench", "--device=cuda"][..], "--features cuda"));
+    }
+    for (args, expect) in bad {
+        let out = murmur().args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+}
+
+#[test]
 fn the_shipped_topology_files_are_valid() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/topologies");
     let mut count = 0;
