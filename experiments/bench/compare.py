@@ -8,7 +8,9 @@ JSON (log lines) is skipped. An object is a PyTorch result when it has
 
 Fields used, from both sides:
     model               "mlp", "resnet20" or "transformer"   (required)
-    samples_per_second  training samples per second          (required)
+    samples_per_second  training samples per second of the whole step (required;
+                        murmur bench writes it as `step_samples_per_second`: forward,
+                        backward, gradient to the host, update, unflatten)
     batch_size          samples per step                     (optional; results are
                         paired by (model, batch_size), so a missing one pairs with any)
     device              shown when present                   (optional)
@@ -39,6 +41,10 @@ def read_objects(text: str) -> list:
         except json.JSONDecodeError:
             i += 1
             continue
+        if isinstance(obj, dict) and "samples_per_second" not in obj:
+            # murmur bench: the whole training step is `step_samples_per_second`.
+            if "step_samples_per_second" in obj:
+                obj = dict(obj, samples_per_second=obj["step_samples_per_second"])
         if isinstance(obj, dict) and "model" in obj and "samples_per_second" in obj:
             objects.append(obj)
         i = end
