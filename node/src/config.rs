@@ -189,6 +189,88 @@ impl std::fmt::Display for PhaseSchedule {
     }
 }
 
+/// A link rate for `--link-bandwidth`: a number and a unit, `bit`, `Kbit`, `Mbit` or `Gbit`
+/// per second (decimal prefixes), e.g. `1Gbit`, `100Mbit`. Stored in bytes per second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkRate(pub f64);
+
+impl std::str::FromStr for LinkRate {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let split = t
+            .find(|c: char| c.is_ascii_alphabetic())
+            .ok_or_else(|| format!("link rate {s:?}: give a unit, e.g. 1Gbit or 100Mbit"))?;
+        let (num, unit) = t.split_at(split);
+        let v: f64 = num
+            .trim()
+            .parse()
+            .map_err(|_| format!("link rate {s:?}: {num:?} is not a number"))?;
+        let bits = match unit
+            .to_ascii_lowercase()
+            .trim_end_matches("/s")
+            .trim_end_matches("ps")
+        {
+            "bit" | "b" => 1.0,
+            "kbit" | "kb" => 1e3,
+            "mbit" | "mb" => 1e6,
+            "gbit" | "gb" => 1e9,
+            _ => {
+                return Err(format!(
+                    "link rate {s:?}: unknown unit {unit:?} (bit, Kbit, Mbit or Gbit per second)"
+                ))
+            }
+        };
+        let bytes = v * bits / 8.0;
+        if !(bytes.is_finite() && bytes > 0.0) {
+            return Err(format!("link rate {s:?} must be positive"));
+        }
+        Ok(LinkRate(bytes))
+    }
+}
+
+impl std::fmt::Display for LinkRate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}Mbit", self.0 * 8.0 / 1e6)
+    }
+}
+
+/// A one-way delay for `--link-latency`: a number and `s`, `ms` or `us`, e.g. `2ms`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkLatency(pub std::time::Duration);
+
+impl std::str::FromStr for LinkLatency {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+            (n, 1e-3)
+        } else if let Some(n) = t.strip_suffix("us").or_else(|| t.strip_suffix("µs")) {
+            (n, 1e-6)
+        } else if let Some(n) = t.strip_suffix('s') {
+            (n, 1.0)
+        } else {
+            return Err(format!(
+                "link latency {s:?}: give a unit, e.g. 2ms, 500us or 0.1s"
+            ));
+        };
+        let v: f64 = num
+            .trim()
+            .parse()
+            .map_err(|_| format!("link latency {s:?}: {num:?} is not a number"))?;
+        if !(v.is_finite() && (0.0..=60.0).contains(&(v * scale))) {
+            return Err(format!("link latency {s:?} must be between 0 and 60 s"));
+        }
+        Ok(LinkLatency(std::time::Duration::from_secs_f64(v * scale)))
+    }
+}
+
+impl std::fmt::Display for LinkLatency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}us", self.0.as_micros())
+    }
+}
+
 /// How the peers' starting parameters x⁰ relate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Init {
@@ -325,6 +407,13 @@ pub struct RunArgs {
     /// Seconds a round may wait for its neighbours before the peer gives up.
     #[arg(long, default_value_t = 60)]
     pub round_timeout_secs: u64,
+    /// Emulated link rate of every outgoing data-plane link, e.g. `1Gbit` or `100Mbit`
+    /// (a pacer in the transport; it can only slow links down). Default: unlimited.
+    #[arg(long)]
+    pub link_bandwidth: Option<LinkRate>,
+    /// Emulated one-way delay of every data-plane frame, e.g. `2ms`. Default: none.
+    #[arg(long)]
+    pub link_latency: Option<LinkLatency>,
     /// A TOML run config whose keys are these options' long names (e.g.
     /// `experiments/runs/choco-topk.toml`); options on the command line override it.
     #[arg(long, value_name = "FILE")]
@@ -359,6 +448,12 @@ impl RunArgs {
         }
         if self.no_overlap {
             a.push("--no-overlap".into());
+        }
+        if let Some(r) = self.link_bandwidth {
+            a.push(format!("--link-bandwidth={r}"));
+        }
+        if let Some(l) = self.link_latency {
+            a.push(format!("--link-latency={l}"));
         }
         if let Some(r) = self.rounds_per_epoch {
             a.push(format!("--rounds-per-epoch={r}"));
@@ -505,6 +600,14 @@ impl RunArgs {
             o.push(format!("ps_mode={}", self.ps_mode));
         }
         o.join(" ")
+    }
+
+    /// The link emulation of `--link-bandwidth` and `--link-latency`.
+    pub fn link_emulation(&self) -> crate::net::LinkEmulation {
+        crate::net::LinkEmulation {
+            rate_bytes_per_sec: self.link_bandwidth.map(|r| r.0),
+            latency: self.link_latency.map(|l| l.0).unwrap_or_default(),
+        }
     }
 
     /// The algorithms of the run: the phases of `--phases`, else `--algorithm`.
@@ -816,6 +919,31 @@ mod tests {
         let f = write("ok.toml", "peers = 3\n");
         let twice = parse(&["murmur", "launch", "--config", &f, "--config", &f]);
         assert!(format!("{:#}", twice.unwrap_err()).contains("one run config at a time"));
+    }
+
+    #[test]
+    fn link_rates_and_latencies_parse_with_units() {
+        let rate = |s: &str| s.parse::<LinkRate>().map(|r| r.0);
+        assert_eq!(rate("1Gbit"), Ok(1.25e8));
+        assert_eq!(rate("100Mbit"), Ok(1.25e7));
+        assert_eq!(rate("10 gbit"), Ok(1.25e9));
+        assert_eq!(rate("2.5Kbit/s"), Ok(312.5));
+        for bad in ["1", "1GB/x", "-1Gbit", "0Mbit", "fastGbit"] {
+            assert!(rate(bad).is_err(), "{bad}");
+        }
+        let lat = |s: &str| s.parse::<LinkLatency>().map(|l| l.0);
+        assert_eq!(lat("2ms"), Ok(std::time::Duration::from_millis(2)));
+        assert_eq!(lat("500us"), Ok(std::time::Duration::from_micros(500)));
+        assert_eq!(lat("0.1s"), Ok(std::time::Duration::from_millis(100)));
+        assert_eq!(lat("0s"), Ok(std::time::Duration::ZERO));
+        for bad in ["2", "-1ms", "61s", "xms"] {
+            assert!(lat(bad).is_err(), "{bad}");
+        }
+        // What `to_args` writes parses back to the same value.
+        let r: LinkRate = "1Gbit".parse().unwrap();
+        assert_eq!(r.to_string().parse::<LinkRate>().unwrap(), r);
+        let l: LinkLatency = "2ms".parse().unwrap();
+        assert_eq!(l.to_string().parse::<LinkLatency>().unwrap(), l);
     }
 
     #[test]

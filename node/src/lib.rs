@@ -13,5 +13,6 @@ pub mod launch;
 pub mod metrics;
 pub mod model;
 pub mod net;
+pub mod netbench;
 pub mod peer;
 pub mod simulate;

@@ -51,6 +51,12 @@ enum Cmd {
     /// step, the flatten + mix + unflatten time of a round, the message size and the
     /// communication-to-computation ratio at 1 and 10 Gb/s (synthetic data).
     Bench(BenchArgs),
+    /// Measure the data plane between two endpoints on this machine (throughput and
+    /// one-way delay), with or without link emulation.
+    Netbench {
+        #[command(flatten)]
+        args: murmur::netbench::NetBenchArgs,
+    },
     /// Topology tools.
     Topology {
         #[command(subcommand)]
@@ -95,6 +101,7 @@ fn main() -> ExitCode {
         Cmd::Launch { run, launch } => murmur::launch::run(&run, &launch).map(|_| ()),
         Cmd::Peer { run, peer } => murmur::peer::run(&run, &peer),
         Cmd::Simulate { run, sim } => murmur::simulate::run(&run, &sim),
+        Cmd::Netbench { args } => murmur::netbench::run(&args),
         Cmd::Bench(bench) => murmur::bench::run(&bench),
         Cmd::Topology {
             command:

@@ -87,6 +87,39 @@ pub struct DataPlane {
     events: mpsc::Sender<NetEvent>,
     transport: Arc<TransportConfig>,
     rank: Rank,
+    /// Applied to the links opened by [`DataPlane::connect`] from then on.
+    pub emulation: LinkEmulation,
+}
+
+/// A slower network emulated inside the transport, per outgoing link (the kernel here has
+/// no `netem`): frames leave at most at `rate` (a pacer: frame k may start only when the
+/// frames before it would have finished at that rate, so a link's throughput is
+/// min(rate, what the machine achieves)) and each one is written `latency` later (one-way
+/// delay; frames overlap in flight). Off by default. It can only slow a link down. The
+/// pacer's waits use tokio's 1 ms timer, but it schedules from where the link would be
+/// free, not from when a wait ended, so the long-run rate is exact; the delay sleeps on a
+/// blocking-pool thread, accurate to about 0.1 ms. `murmur netbench` measures both.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LinkEmulation {
+    /// Link rate in bytes per second; `None`: unlimited.
+    pub rate_bytes_per_sec: Option<f64>,
+    /// One-way delay added to every frame.
+    pub latency: Duration,
+}
+
+impl LinkEmulation {
+    /// Whether the links are left as they are.
+    pub fn is_off(&self) -> bool {
+        self.rate_bytes_per_sec.is_none() && self.latency.is_zero()
+    }
+
+    /// Seconds frame of `bytes` bytes occupies the link at the emulated rate (0 without one).
+    fn occupancy(&self, bytes: usize) -> Duration {
+        match self.rate_bytes_per_sec {
+            Some(r) => Duration::from_secs_f64(bytes as f64 / r),
+            None => Duration::ZERO,
+        }
+    }
 }
 
 /// A link to one destination peer.
@@ -165,6 +198,7 @@ impl DataPlane {
                 events,
                 transport,
                 rank,
+                emulation: LinkEmulation::default(),
             },
             rx,
         ))
@@ -195,7 +229,14 @@ impl DataPlane {
         .map_err(|_| anyhow!("timed out connecting to peer {to} at {addr}"))?
         .with_context(|| format!("connecting to peer {to} at {addr}"))?;
         let (tx, rx) = mpsc::channel(SEND_QUEUE);
-        tokio::spawn(send_loop(self.rank, to, conn, rx, self.events.clone()));
+        tokio::spawn(send_loop(
+            self.rank,
+            to,
+            conn,
+            rx,
+            self.events.clone(),
+            self.emulation,
+        ));
         Ok(Link { to, tx })
     }
 
@@ -216,6 +257,14 @@ impl Link {
     }
 }
 
+/// Writes one frame on its own unidirectional stream.
+async fn write_frame(conn: &Connection, frame: &[u8]) -> anyhow::Result<()> {
+    let mut s = conn.open_uni().await?;
+    s.write_all(frame).await?;
+    s.finish()?;
+    Ok(())
+}
+
 /// AES-GCM first (it has hardware support here and measured faster than ChaCha20).
 fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
     let mut p = rustls::crypto::ring::default_provider();
@@ -233,16 +282,39 @@ async fn send_loop(
     conn: Connection,
     mut rx: mpsc::Receiver<Bytes>,
     events: mpsc::Sender<NetEvent>,
+    emulation: LinkEmulation,
 ) {
     let mut sent: u64 = 0;
+    // With emulation: when the emulated link is free again, and the frames in flight.
+    let mut link_free = tokio::time::Instant::now();
+    let mut in_flight = tokio::task::JoinSet::new();
     while let Some(frame) = rx.recv().await {
-        let result = async {
-            let mut s = conn.open_uni().await?;
-            s.write_all(&frame).await?;
-            s.finish()?;
-            anyhow::Ok(())
-        }
-        .await;
+        let result = if emulation.is_off() {
+            write_frame(&conn, &frame).await
+        } else {
+            // tokio's timers tick in milliseconds: sleep only when there is a wait.
+            let now = tokio::time::Instant::now();
+            let start = link_free.max(now);
+            if start > now {
+                tokio::time::sleep_until(start).await;
+            }
+            link_free = start + emulation.occupancy(frame.len());
+            let (conn, latency) = (conn.clone(), emulation.latency);
+            in_flight.spawn(async move {
+                if !latency.is_zero() {
+                    // tokio's timer rounds up to its next 1 ms tick (measured +1.3 ms at
+                    // 2 ms); a blocking-pool thread's sleep is accurate to ~0.1 ms.
+                    let _ = tokio::task::spawn_blocking(move || std::thread::sleep(latency)).await;
+                }
+                write_frame(&conn, &frame).await
+            });
+            // Collect what has finished; report the first failure.
+            let mut r = Ok(());
+            while let Some(done) = in_flight.try_join_next() {
+                r = r.and(done.map_err(anyhow::Error::from).and_then(|w| w));
+            }
+            r
+        };
         if let Err(e) = result {
             let _ = events
                 .send(NetEvent::Lost {
@@ -253,6 +325,18 @@ async fn send_loop(
             return;
         }
         sent += 1;
+    }
+    // Every frame is written before the goodbye that counts them.
+    while let Some(done) = in_flight.join_next().await {
+        if let Err(e) = done.map_err(anyhow::Error::from).and_then(|w| w) {
+            let _ = events
+                .send(NetEvent::Lost {
+                    peer: to,
+                    reason: format!("sending to peer {to} failed: {e}"),
+                })
+                .await;
+            return;
+        }
     }
     // The training loop dropped its handle: say goodbye, then wait for the receiver to
     // close the connection once it has read everything.

@@ -175,8 +175,9 @@ fn run_on<B: AutodiffBackend>(
         .build()?;
     // Payload limit: the model as f32 plus generous room for headers and the report JSON.
     let max_payload = u32::try_from(8 * d + (1 << 20)).unwrap_or(u32::MAX);
-    let (plane, events) =
+    let (mut plane, events) =
         rt.block_on(async { DataPlane::bind(rank, peer.data_addr, max_payload) })?;
+    plane.emulation = args.link_emulation();
     let fingerprint = Fingerprint {
         peers: n,
         topology: args.topology_label(&topo),

@@ -205,6 +205,12 @@ impl SimArgs {
 /// Runs `murmur simulate`.
 pub fn run(args: &RunArgs, sim: &SimArgs) -> anyhow::Result<()> {
     args.validate()?;
+    if args.link_bandwidth.is_some() || args.link_latency.is_some() {
+        bail!(
+            "murmur simulate models the network itself: use --bandwidth-gbps and --latency-us \
+             instead of --link-bandwidth and --link-latency"
+        );
+    }
     if args.device != DeviceSpec::Cpu {
         bail!("murmur simulate trains every virtual peer on the CPU; leave out --device");
     }

@@ -787,3 +787,53 @@ fn consensus_simulation_decays_at_the_spectral_rate() {
     // Bytes: 2 frames of (24 + 12 + 4·2000) bytes per round.
     assert_eq!(rows[50][3], 50.0 * 2.0 * (24.0 + 12.0 + 8000.0));
 }
+
+#[test]
+fn emulated_links_lose_no_frame() {
+    let dir = tempfile::tempdir().unwrap();
+    launch_ok(
+        dir.path(),
+        &[
+            "--peers=3",
+            "--epochs=1",
+            "--rounds-per-epoch=6",
+            "--link-bandwidth=1Gbit",
+            "--link-latency=1ms",
+            "--run-id=emu",
+        ],
+    );
+    // Every round's frames arrived (the run completed) and were counted exactly: 2
+    // neighbours × (24 + 12 + 4d) bytes per round.
+    let s = summary(&dir.path().join("emu"));
+    assert_eq!(
+        s["bytes_sent_per_peer"].as_f64(),
+        Some(6.0 * 2.0 * (24 + 12 + 4 * MLP_D) as f64)
+    );
+    // netbench runs the emulation between two endpoints and reports what it measured.
+    let out = murmur()
+        .args([
+            "netbench",
+            "--megabytes=2",
+            "--pings=3",
+            "--link-bandwidth=1Gbit",
+            "--link-latency=1ms",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["frames"].as_u64(), Some(3));
+    assert_eq!(r["set_bytes_per_second"].as_f64(), Some(1.25e8));
+    assert_eq!(r["set_delay_seconds"].as_f64(), Some(0.001));
+    // The delay is added, never skipped (an upper bound would be a timing test).
+    assert!(r["delay_seconds"].as_f64().unwrap() >= 0.001);
+    for bad in ["--link-bandwidth=fast", "--link-latency=2"] {
+        let out = murmur().args(["netbench", bad]).output().unwrap();
+        assert!(!out.status.success(), "{bad} was accepted");
+    }
+}

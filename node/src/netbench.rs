@@ -1,0 +1,199 @@
+//! `murmur netbench`: the data plane's throughput and one-way delay between two endpoints
+//! on this machine (loopback QUIC, TLS 1.3 AES-GCM, the peers' transport settings), with or
+//! without the link emulation of `--link-bandwidth` / `--link-latency` — the measurement
+//! behind the emulation's documented accuracy.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use bytes::Bytes;
+use clap::Args;
+use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::config::{LinkLatency, LinkRate};
+use crate::net::{DataPlane, LinkEmulation, NetEvent};
+
+/// Options of `murmur netbench`.
+#[derive(Debug, Clone, Args)]
+pub struct NetBenchArgs {
+    /// Megabytes (10⁶ bytes) to move in the throughput test.
+    #[arg(long, default_value_t = 100)]
+    pub megabytes: usize,
+    /// Bytes per frame (default: one MLP message, 4·203,530 + 36).
+    #[arg(long, default_value_t = 814_156)]
+    pub frame_bytes: usize,
+    /// Emulated link rate, e.g. `1Gbit` (default: unlimited).
+    #[arg(long)]
+    pub link_bandwidth: Option<LinkRate>,
+    /// Emulated one-way delay, e.g. `2ms` (default: none).
+    #[arg(long)]
+    pub link_latency: Option<LinkLatency>,
+    /// Small frames sent one at a time to measure the one-way delay.
+    #[arg(long, default_value_t = 20)]
+    pub pings: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What `murmur netbench` measured.
+#[derive(Debug, Serialize)]
+pub struct NetBenchReport {
+    /// Frames moved in the throughput test.
+    pub frames: usize,
+    /// Bytes per frame (header included).
+    pub frame_bytes: usize,
+    /// Seconds from the first send to the last frame received.
+    pub seconds: f64,
+    /// Measured throughput, bytes per second.
+    pub bytes_per_second: f64,
+    /// The emulated rate, bytes per second (none: unlimited).
+    pub set_bytes_per_second: Option<f64>,
+    /// Measured / set rate.
+    pub rate_ratio: Option<f64>,
+    /// Median one-way delay of a 64-byte frame, seconds (send to delivery, same clock).
+    pub delay_seconds: f64,
+    /// The emulated delay, seconds.
+    pub set_delay_seconds: f64,
+}
+
+/// Runs the benchmark and prints its report.
+pub fn run(args: &NetBenchArgs) -> anyhow::Result<()> {
+    if args.frame_bytes < FRAME_HEADER_LEN || args.frame_bytes > 256 << 20 {
+        bail!(
+            "--frame-bytes must be between {FRAME_HEADER_LEN} and {} bytes",
+            256 << 20
+        );
+    }
+    if args.megabytes == 0 {
+        bail!("--megabytes must be at least 1");
+    }
+    let emulation = LinkEmulation {
+        rate_bytes_per_sec: args.link_bandwidth.map(|r| r.0),
+        latency: args.link_latency.map(|l| l.0).unwrap_or_default(),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(measure(args, emulation))?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        let mb = |b: f64| b / 1e6;
+        println!(
+            "throughput: {} frames of {} bytes in {:.3} s = {:.1} MB/s ({:.3} Gbit/s){}",
+            report.frames,
+            report.frame_bytes,
+            report.seconds,
+            mb(report.bytes_per_second),
+            report.bytes_per_second * 8.0 / 1e9,
+            match (report.set_bytes_per_second, report.rate_ratio) {
+                (Some(set), Some(r)) => format!("; set {:.1} MB/s, measured/set = {r:.3}", mb(set)),
+                _ => String::new(),
+            }
+        );
+        println!(
+            "one-way delay of a 64-byte frame: {:.3} ms median (set {:.3} ms)",
+            report.delay_seconds * 1e3,
+            report.set_delay_seconds * 1e3
+        );
+    }
+    Ok(())
+}
+
+/// A frame of `len` bytes (header included) from peer 0.
+fn frame(len: usize, round: u64) -> Bytes {
+    let mut f = Vec::with_capacity(len);
+    FrameHeader {
+        kind: FrameKind::Gossip,
+        sender: 0,
+        round,
+        dim: 0,
+        payload_len: (len - FRAME_HEADER_LEN) as u32,
+    }
+    .emit(&mut f);
+    f.resize(len, 0xA5);
+    Bytes::from(f)
+}
+
+/// Waits for the next frame delivered to the receiver.
+async fn next_frame(events: &mut mpsc::Receiver<NetEvent>) -> anyhow::Result<()> {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(60), events.recv()).await {
+            Err(_) => bail!("no frame arrived within 60 s"),
+            Ok(None) => bail!("the receiving endpoint stopped"),
+            Ok(Some(NetEvent::Frame { .. })) => return Ok(()),
+            Ok(Some(NetEvent::Lost { reason, .. } | NetEvent::Refused { reason, .. })) => {
+                bail!("{reason}")
+            }
+            Ok(Some(_)) => {}
+        }
+    }
+}
+
+async fn measure(args: &NetBenchArgs, emulation: LinkEmulation) -> anyhow::Result<NetBenchReport> {
+    let any: SocketAddr = "127.0.0.1:0".parse()?;
+    let limit = u32::try_from(args.frame_bytes).unwrap_or(u32::MAX);
+    let (mut sender, _sender_events) = DataPlane::bind(0, any, limit)?;
+    let (receiver, mut events) = DataPlane::bind(1, any, limit)?;
+    sender.emulation = emulation;
+    let link = sender
+        .connect(1, receiver.local_addr, &receiver.cert_der)
+        .await
+        .context("connecting the two endpoints")?;
+
+    // One-way delay: one small frame at a time.
+    let mut delays = Vec::with_capacity(args.pings);
+    for i in 0..args.pings.max(1) {
+        let t = Instant::now();
+        link.send(frame(64, i as u64)).await?;
+        next_frame(&mut events).await?;
+        delays.push(t.elapsed().as_secs_f64());
+    }
+    delays.sort_by(f64::total_cmp);
+    let delay_seconds = delays[delays.len() / 2];
+
+    // Throughput: the frames back to back, timed until the last one is delivered.
+    let frames = (args.megabytes * 1_000_000).div_ceil(args.frame_bytes);
+    let payload = frame(args.frame_bytes, 0);
+    let t = Instant::now();
+    let send = async {
+        for _ in 0..frames {
+            link.send(payload.clone()).await?;
+        }
+        anyhow::Ok(())
+    };
+    let receive = async {
+        for _ in 0..frames {
+            next_frame(&mut events).await?;
+        }
+        anyhow::Ok(())
+    };
+    let (s, r) = tokio::join!(send, receive);
+    s?;
+    r?;
+    let seconds = t.elapsed().as_secs_f64();
+    let bytes_per_second = (frames * args.frame_bytes) as f64 / seconds;
+    drop(link);
+    Ok(NetBenchReport {
+        frames,
+        frame_bytes: args.frame_bytes,
+        seconds,
+        bytes_per_second,
+        set_bytes_per_second: emulation.rate_bytes_per_sec,
+        rate_ratio: emulation.rate_bytes_per_sec.map(|r| bytes_per_second / r),
+        delay_seconds,
+        set_delay_seconds: emulation.latency.as_secs_f64(),
+    })
+    .and_then(|r| {
+        if r.seconds > 0.0 {
+            Ok(r)
+        } else {
+            Err(anyhow!("the transfer took no measurable time"))
+        }
+    })
+}
