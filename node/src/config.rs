@@ -414,6 +414,12 @@ pub struct RunArgs {
     /// Emulated one-way delay of every data-plane frame, e.g. `2ms`. Default: none.
     #[arg(long)]
     pub link_latency: Option<LinkLatency>,
+    /// Fault injection for tests: peer RANK also sends five malformed frames to every
+    /// destination each round (garbage bytes, a truncated frame, an oversized declared
+    /// length, NaN parameters, a round far out of the window). Every receiver must refuse
+    /// them, count them (`refused_frames`) and keep training.
+    #[arg(long, value_name = "RANK")]
+    pub inject_bad_frames: Option<usize>,
     /// A TOML run config whose keys are these options' long names (e.g.
     /// `experiments/runs/choco-topk.toml`); options on the command line override it.
     #[arg(long, value_name = "FILE")]
@@ -451,6 +457,9 @@ impl RunArgs {
         }
         if let Some(r) = self.link_bandwidth {
             a.push(format!("--link-bandwidth={r}"));
+        }
+        if let Some(r) = self.inject_bad_frames {
+            a.push(format!("--inject-bad-frames={r}"));
         }
         if let Some(l) = self.link_latency {
             a.push(format!("--link-latency={l}"));
@@ -501,6 +510,12 @@ impl RunArgs {
         }
         if self.local_steps.is_some() && !self.algorithms().iter().any(|a| a.has_local_steps()) {
             bail!("--local-steps needs --algorithm local-sgd");
+        }
+        if let Some(r) = self.inject_bad_frames.filter(|&r| r >= self.peers) {
+            bail!(
+                "--inject-bad-frames {r}: there is no peer {r} among {}",
+                self.peers
+            );
         }
         if self.tau.is_some() && !self.uses(Algorithm::Sgp) {
             bail!("--tau is SGP's overlap bound; it needs --algorithm sgp");

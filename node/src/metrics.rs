@@ -41,6 +41,8 @@ pub struct PeerEpoch {
     pub wait_seconds: f64,
     /// Seconds since this peer started training.
     pub wall_seconds: f64,
+    /// Frames this peer refused so far (malformed, wrong sender, out of window, …).
+    pub refused_frames: u64,
 }
 
 /// One printed row: the network's state at the end of an epoch (a line of `epochs.jsonl`).
@@ -72,6 +74,8 @@ pub struct EpochRow {
     pub communicate_seconds: f64,
     /// Mean over peers of the wait seconds (communication not hidden) so far.
     pub wait_seconds: f64,
+    /// Frames refused by all peers together so far.
+    pub refused_frames: u64,
     /// Peer 0's seconds since training started.
     pub wall_seconds: f64,
 }

@@ -325,6 +325,9 @@ fn run_on<B: AutodiffBackend>(
             wait_s += t1.elapsed().as_secs_f64();
             x.copy_from_slice(drv.gossip.params());
             net = model::unflatten(net, &x)?;
+            if args.inject_bad_frames == Some(rank) {
+                drv.inject_bad_frames(drv.gossip.round(), d)?;
+            }
             // Serve what arrived meanwhile (a parameter server answers its workers here).
             drv.serve_ready()?;
         }
@@ -362,6 +365,7 @@ fn run_on<B: AutodiffBackend>(
             compute_seconds: compute_s,
             communicate_seconds: communicate_s,
             wait_seconds: wait_s,
+            refused_frames: drv.refused_frames,
             wall_seconds: start.elapsed().as_secs_f64(),
         };
         info!(epoch, epochs = args.epochs, test_accuracy, "epoch done");
@@ -418,6 +422,47 @@ impl Driver {
             // Hand the buffer over instead of copying it; the next poll_transmit refills a new one.
             let frame = Bytes::from(std::mem::take(&mut self.send_buf));
             self.rt.block_on(link.send(frame))?;
+        }
+        Ok(())
+    }
+
+    /// `--inject-bad-frames`: sends five malformed frames to every destination (see
+    /// [`RunArgs::inject_bad_frames`]) for a model of `d` parameters at round `round`.
+    fn inject_bad_frames(&mut self, round: u64, d: usize) -> anyhow::Result<()> {
+        let header = |payload_len: u32, round: u64| {
+            let mut f = Vec::new();
+            FrameHeader {
+                kind: FrameKind::Gossip,
+                sender: self.rank,
+                round,
+                dim: d as u32,
+                payload_len,
+            }
+            .emit(&mut f);
+            f
+        };
+        let identity = |value: f32| {
+            let mut out = Vec::new();
+            let mut rng = StdRng::seed_from_u64(0);
+            murmur_compress::Identity.compress(&vec![value; d], &mut rng, &mut out);
+            out
+        };
+        let garbage = vec![0xFFu8; 64];
+        let mut truncated = header(1000, round);
+        truncated.extend_from_slice(&[0u8; 10]);
+        let mut oversized = header(u32::MAX, round);
+        oversized.extend_from_slice(&[0u8; 8]);
+        let nan_msg = identity(f32::NAN);
+        let mut nan = header(nan_msg.len() as u32, round);
+        nan.extend_from_slice(&nan_msg);
+        let ok_msg = identity(0.0);
+        let mut late = header(ok_msg.len() as u32, round + 1000);
+        late.extend_from_slice(&ok_msg);
+        let frames = [garbage, truncated, oversized, nan, late].map(Bytes::from);
+        for link in self.links.values() {
+            for f in &frames {
+                self.rt.block_on(link.send(f.clone()))?;
+            }
         }
         Ok(())
     }
@@ -721,6 +766,7 @@ pub(crate) fn epoch_row(
         compute_seconds: mean(|r| r.compute_seconds),
         communicate_seconds: mean(|r| r.communicate_seconds),
         wait_seconds: mean(|r| r.wait_seconds),
+        refused_frames: all.iter().map(|(r, _)| r.refused_frames).sum(),
         wall_seconds,
     })
 }
@@ -796,6 +842,7 @@ mod tests {
             compute_seconds: 1.5,
             communicate_seconds: 2.5,
             wait_seconds: 0.5,
+            refused_frames: 0,
             wall_seconds: 4.0,
         }
     }

@@ -522,6 +522,7 @@ fn train(
                 compute_seconds: totals.compute_secs,
                 communicate_seconds: totals.communicate_secs,
                 wait_seconds: totals.wait_secs,
+                refused_frames: 0,
                 wall_seconds: sim_net.now_secs(),
             };
             metrics::append_json_line(

@@ -837,3 +837,55 @@ fn emulated_links_lose_no_frame() {
         assert!(!out.status.success(), "{bad} was accepted");
     }
 }
+
+#[test]
+fn hostile_frames_are_refused_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let common = ["--peers=4", "--epochs=2", "--rounds-per-epoch=16"];
+    launch_ok(dir.path(), &[&common[..], &["--run-id=clean"]].concat());
+    launch_ok(
+        dir.path(),
+        &[&common[..], &["--inject-bad-frames=2", "--run-id=hostile"]].concat(),
+    );
+    let (clean, hostile) = (
+        rows(&dir.path().join("clean")),
+        rows(&dir.path().join("hostile")),
+    );
+    // Peer 2 sent garbage, truncated, oversized, NaN-filled and out-of-window frames to
+    // peers 1, 3 (its neighbours) and 0 (its report link) every round: the run is the same
+    // run, up to the f32 rounding of neighbours' frames summed in arrival order.
+    assert_eq!(
+        clean[2]["bytes_sent_per_peer"],
+        hostile[2]["bytes_sent_per_peer"]
+    );
+    for key in [
+        "mean_test_accuracy",
+        "min_test_accuracy",
+        "avg_model_test_accuracy",
+        "consensus_distance",
+    ] {
+        let (a, b) = (
+            clean[2][key].as_f64().unwrap(),
+            hostile[2][key].as_f64().unwrap(),
+        );
+        assert!(
+            (a - b).abs() <= 1e-3 * a.abs(),
+            "{key}: clean {a}, hostile {b}"
+        );
+    }
+    assert_eq!(clean[2]["refused_frames"].as_u64(), Some(0));
+    // 3 destinations × 5 frames × 32 rounds were sent; those of the last rounds may still
+    // be queued when the final reports are written (more of them on a loaded machine).
+    let refused = hostile[2]["refused_frames"].as_u64().unwrap();
+    assert!(
+        (3 * 5 * 24..=3 * 5 * 32).contains(&refused),
+        "{refused} frames refused"
+    );
+    let out = murmur()
+        .args(["launch", "--peers=4", "--inject-bad-frames=4"])
+        .arg(format!("--out={}", dir.path().join("bad").display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no peer 4"));
+}
