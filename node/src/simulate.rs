@@ -211,6 +211,9 @@ pub fn run(args: &RunArgs, sim: &SimArgs) -> anyhow::Result<()> {
              instead of --link-bandwidth and --link-latency"
         );
     }
+    if args.inject_bad_frames.is_some() {
+        bail!("--inject-bad-frames tests the data plane of `murmur launch`/`peer`; the simulator has none");
+    }
     if args.device != DeviceSpec::Cpu {
         bail!("murmur simulate trains every virtual peer on the CPU; leave out --device");
     }
