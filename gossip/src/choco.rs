@@ -301,14 +301,6 @@ impl Gossip for Choco {
         &self.x
     }
 
-    fn out_peers(&self) -> Vec<Rank> {
-        crate::peer_set(self.cfg.rank, self.cfg.out_neighbors.iter().copied())
-    }
-
-    fn in_peers(&self) -> Vec<Rank> {
-        crate::peer_set(self.cfg.rank, self.cfg.in_weights.iter().map(|&(j, _)| j))
-    }
-
     crate::exchange::exchange_driven_gossip!();
 }
 

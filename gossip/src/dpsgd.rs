@@ -179,14 +179,6 @@ impl Gossip for DPsgd {
         &self.x
     }
 
-    fn out_peers(&self) -> Vec<Rank> {
-        crate::peer_set(self.cfg.rank, self.cfg.out_neighbors.iter().copied())
-    }
-
-    fn in_peers(&self) -> Vec<Rank> {
-        crate::peer_set(self.cfg.rank, self.cfg.in_weights.iter().map(|&(j, _)| j))
-    }
-
     /// x_i^{t+1} = Σ_j W_ij x_j^t − η g_i: the frames carry x_i^t only.
     fn overlaps_gradient(&self) -> bool {
         true

@@ -20,7 +20,8 @@ use crate::{GossipError, GossipEvent, GossipStats, Rank, Transmit};
 /// The [`crate::Gossip`] methods that every exchange-driven algorithm implements the same
 /// way: frames go through [`Exchange::check`], the algorithm's `absorb(idx, payload)` mixes
 /// an accepted payload, `finish_if_complete()` ends the round; transmit, timeouts, events,
-/// the round and the counters are the exchange's, and the epoch goes to `compressor`.
+/// the round, the counters and the neighbour sets are the exchange's, and the epoch goes to
+/// `compressor`.
 /// Expanded inside `impl Gossip for …` of a type with fields `ex` and `compressor`.
 macro_rules! exchange_driven_gossip {
     () => {
@@ -66,6 +67,14 @@ macro_rules! exchange_driven_gossip {
 
         fn set_epoch(&mut self, epoch: usize) {
             self.compressor.set_epoch(epoch);
+        }
+
+        fn out_peers(&self) -> Vec<$crate::Rank> {
+            self.ex.out_peers()
+        }
+
+        fn in_peers(&self) -> Vec<$crate::Rank> {
+            self.ex.in_peers()
         }
     };
 }
@@ -348,6 +357,16 @@ impl Exchange {
 
     pub(crate) fn round(&self) -> u64 {
         self.round
+    }
+
+    /// The out-neighbours, as [`crate::Gossip::out_peers`].
+    pub(crate) fn out_peers(&self) -> Vec<Rank> {
+        crate::peer_set(self.p.rank, self.p.out_neighbors.iter().copied())
+    }
+
+    /// The in-neighbours, as [`crate::Gossip::in_peers`].
+    pub(crate) fn in_peers(&self) -> Vec<Rank> {
+        crate::peer_set(self.p.rank, self.p.in_neighbors.iter().copied())
     }
 
     pub(crate) fn stats(&self) -> GossipStats {

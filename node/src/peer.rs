@@ -331,26 +331,13 @@ fn run_on<B: AutodiffBackend>(
             // Serve what arrived meanwhile (a parameter server answers its workers here).
             drv.serve_ready()?;
         }
-        let eval_model = model::inference_copy(&net);
-        let (test_accuracy, test_loss) = model::evaluate(
-            &eval_model,
-            &data.test.images,
-            &data.test.labels,
-            EVAL_BATCH,
+        let (test_accuracy, test_loss, train_loss) = evaluate_epoch(
+            &model::inference_copy(&net),
+            &data.test,
+            &shard,
+            (epoch > 0).then(|| loss_sum / rounds as f64),
             &device,
         )?;
-        let train_loss = if epoch == 0 {
-            model::evaluate(
-                &eval_model,
-                &shard.images,
-                &shard.labels,
-                EVAL_BATCH,
-                &device,
-            )?
-            .1
-        } else {
-            loss_sum / rounds as f64
-        };
         let stats = drv.gossip.stats();
         let report = PeerEpoch {
             peer: rank,
@@ -769,6 +756,25 @@ pub(crate) fn epoch_row(
         refused_frames: all.iter().map(|(r, _)| r.refused_frames).sum(),
         wall_seconds,
     })
+}
+
+/// A peer's numbers at the end of an epoch: test accuracy and loss of `eval` on `test`, and
+/// the training loss — `batch_loss_mean` (the mean of the epoch's mini-batch losses), or,
+/// at epoch 0 where nothing was trained, the loss of `eval` on its own `shard`.
+pub(crate) fn evaluate_epoch<B: burn::tensor::backend::Backend>(
+    eval: &Net<B>,
+    test: &Dataset,
+    shard: &Dataset,
+    batch_loss_mean: Option<f64>,
+    device: &B::Device,
+) -> anyhow::Result<(f64, f64, f64)> {
+    let (accuracy, test_loss) =
+        model::evaluate(eval, &test.images, &test.labels, EVAL_BATCH, device)?;
+    let train_loss = match batch_loss_mean {
+        Some(l) => l,
+        None => model::evaluate(eval, &shard.images, &shard.labels, EVAL_BATCH, device)?.1,
+    };
+    Ok((accuracy, test_loss, train_loss))
 }
 
 /// The run summary from the last epoch row.

@@ -34,7 +34,7 @@ use crate::data::{partition, Batches, Dataset, RunData};
 use crate::launch::{run_folder, LaunchArgs};
 use crate::metrics::{self, PeerEpoch};
 use crate::model::{self, Net};
-use crate::peer::{epoch_row, summary, write_summary, Reported, EVAL_BATCH};
+use crate::peer::{epoch_row, evaluate_epoch, summary, write_summary, Reported};
 
 type B = burn::backend::Autodiff<burn::backend::Flex>;
 type Dev = <B as burn::tensor::backend::BackendTypes>::Device;
@@ -487,26 +487,13 @@ fn train(
                 .ok_or_else(|| anyhow!("no peer {rank}"))?;
             let x = gossip.params().to_vec();
             let model_r = model::unflatten(net.take().ok_or_else(|| anyhow!("no model"))?, &x)?;
-            let eval = model::inference_copy(&model_r);
-            let (test_accuracy, test_loss) = model::evaluate(
-                &eval,
-                &data.test.images,
-                &data.test.labels,
-                EVAL_BATCH,
+            let (test_accuracy, test_loss, train_loss) = evaluate_epoch(
+                &model::inference_copy(&model_r),
+                &data.test,
+                &st.shard,
+                (epoch > 0).then(|| st.loss_sum / st.steps.max(1) as f64),
                 &device,
             )?;
-            let train_loss = if epoch == 0 {
-                model::evaluate(
-                    &eval,
-                    &st.shard.images,
-                    &st.shard.labels,
-                    EVAL_BATCH,
-                    &device,
-                )?
-                .1
-            } else {
-                st.loss_sum / st.steps.max(1) as f64
-            };
             net = Some(model_r);
             st.loss_sum = 0.0;
             st.steps = 0;
