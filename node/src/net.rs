@@ -257,6 +257,16 @@ impl Link {
     }
 }
 
+/// Reports a failed write on the link to `to` as [`NetEvent::Lost`].
+async fn send_failed(events: &mpsc::Sender<NetEvent>, to: Rank, e: anyhow::Error) {
+    let _ = events
+        .send(NetEvent::Lost {
+            peer: to,
+            reason: format!("sending to peer {to} failed: {e}"),
+        })
+        .await;
+}
+
 /// Writes one frame on its own unidirectional stream.
 async fn write_frame(conn: &Connection, frame: &[u8]) -> anyhow::Result<()> {
     let mut s = conn.open_uni().await?;
@@ -316,26 +326,14 @@ async fn send_loop(
             r
         };
         if let Err(e) = result {
-            let _ = events
-                .send(NetEvent::Lost {
-                    peer: to,
-                    reason: format!("sending to peer {to} failed: {e}"),
-                })
-                .await;
-            return;
+            return send_failed(&events, to, e).await;
         }
         sent += 1;
     }
     // Every frame is written before the goodbye that counts them.
     while let Some(done) = in_flight.join_next().await {
         if let Err(e) = done.map_err(anyhow::Error::from).and_then(|w| w) {
-            let _ = events
-                .send(NetEvent::Lost {
-                    peer: to,
-                    reason: format!("sending to peer {to} failed: {e}"),
-                })
-                .await;
-            return;
+            return send_failed(&events, to, e).await;
         }
     }
     // The training loop dropped its handle: say goodbye, then wait for the receiver to

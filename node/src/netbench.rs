@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{bail, Context};
 use bytes::Bytes;
 use clap::Args;
 use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
@@ -188,12 +188,5 @@ async fn measure(args: &NetBenchArgs, emulation: LinkEmulation) -> anyhow::Resul
         rate_ratio: emulation.rate_bytes_per_sec.map(|r| bytes_per_second / r),
         delay_seconds,
         set_delay_seconds: emulation.latency.as_secs_f64(),
-    })
-    .and_then(|r| {
-        if r.seconds > 0.0 {
-            Ok(r)
-        } else {
-            Err(anyhow!("the transfer took no measurable time"))
-        }
     })
 }

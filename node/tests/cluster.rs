@@ -135,6 +135,17 @@ fn murmur_ok(command: &str, dir: &Path, args: &[&str]) -> String {
     stdout
 }
 
+/// Runs `murmur ARGS`, fails the test if it fails, and parses its stdout as one JSON value.
+fn murmur_json(args: &[&str]) -> Value {
+    let out = murmur().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Runs `murmur launch ARGS --out DIR` (see [`murmur_ok`]).
 fn launch_ok(dir: &Path, args: &[&str]) -> String {
     murmur_ok("launch", dir, args)
@@ -452,12 +463,7 @@ fn bad_topologies_are_refused_before_any_peer_starts() {
 
 #[test]
 fn topology_inspect_json_has_the_stable_fields() {
-    let out = murmur()
-        .args(["topology", "inspect", "ring", "--nodes=8", "--json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = murmur_json(&["topology", "inspect", "ring", "--nodes=8", "--json"]);
     assert_eq!(v["n"], 8);
     assert_eq!(v["doubly_stochastic"], true);
     assert_eq!(v["symmetric"], true);
@@ -470,23 +476,14 @@ fn topology_inspect_json_has_the_stable_fields() {
 
 #[test]
 fn bench_json_has_the_documented_fields_and_bad_options_are_errors() {
-    let out = murmur()
-        .args([
-            "bench",
-            "--model=mlp",
-            "--batch-size=4",
-            "--steps=2",
-            "--warmup=0",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = murmur_json(&[
+        "bench",
+        "--model=mlp",
+        "--batch-size=4",
+        "--steps=2",
+        "--warmup=0",
+        "--json",
+    ]);
     assert_eq!(v["model"], "mlp");
     assert_eq!(v["dim"], 203_530);
     assert_eq!(v["message_bytes"], 4 * 203_530 + 36);
@@ -810,23 +807,14 @@ fn emulated_links_lose_no_frame() {
         Some(6.0 * 2.0 * (24 + 12 + 4 * MLP_D) as f64)
     );
     // netbench runs the emulation between two endpoints and reports what it measured.
-    let out = murmur()
-        .args([
-            "netbench",
-            "--megabytes=2",
-            "--pings=3",
-            "--link-bandwidth=1Gbit",
-            "--link-latency=1ms",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = murmur_json(&[
+        "netbench",
+        "--megabytes=2",
+        "--pings=3",
+        "--link-bandwidth=1Gbit",
+        "--link-latency=1ms",
+        "--json",
+    ]);
     assert_eq!(r["frames"].as_u64(), Some(3));
     assert_eq!(r["set_bytes_per_second"].as_f64(), Some(1.25e8));
     assert_eq!(r["set_delay_seconds"].as_f64(), Some(0.001));
