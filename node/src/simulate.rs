@@ -11,7 +11,16 @@
 //!   resnet20's BatchNorm running statistics — is shared by all of them, unlike a networked
 //!   run where every peer keeps its own;
 //! * **consensus** (`--consensus`): no gradients, x_i drawn uniformly from [−1, 1)^d, and
-//!   the exact consensus distance Ξ²(t) after every round in `consensus.csv`.
+//!   the exact consensus distance Ξ²(t) after every round in `consensus.csv`;
+//! * **timing** (`--timing-only`, needs `--compute-ms`): the training run's schedule — the
+//!   same rounds, frames and byte counts — with seeded random gradients in place of Burn,
+//!   so the simulated time per epoch (`timing.csv`) costs seconds instead of minutes. For
+//!   the synchronous algorithms (everything but `--tau`, `ps --ps-mode asp` and SSP's
+//!   waiting) the schedule does not depend on the values, so with fixed-size messages
+//!   (raw f32, random-k, sign, TernGrad) these times equal the training run's
+//!   `wall_seconds`; top-k's varint-coded index gaps make its frame sizes, and so its
+//!   times, depend slightly on which coordinates are kept (within 1% in the test). The
+//!   experiment drivers use it to price one training run at other bandwidths.
 //!
 //! The compute time of a forward/backward step is `--compute-ms`, or measured on this
 //! machine before the run (the median of a few steps of peer 0's model) and printed, so
@@ -130,8 +139,13 @@ pub struct SimArgs {
     pub compute_ms: Option<f64>,
     /// Average consensus instead of training: x_i uniform in [−1, 1)^d, no gradients,
     /// Ξ²(t) after every round written to consensus.csv.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "timing_only")]
     pub consensus: bool,
+    /// The training run's schedule and simulated times only (timing.csv): random
+    /// gradients instead of a model, exact for the synchronous algorithms; needs
+    /// --compute-ms.
+    #[arg(long, requires = "compute_ms")]
+    pub timing_only: bool,
     /// Rounds of the consensus mode.
     #[arg(long, default_value_t = 100)]
     pub rounds: u64,
@@ -225,6 +239,8 @@ pub fn run(args: &RunArgs, sim: &SimArgs) -> anyhow::Result<()> {
     let dir = run_folder(args, &sim.folder, "sim-")?;
     if sim.consensus {
         consensus(args, sim, &topo, &net_model, &dir)
+    } else if sim.timing_only {
+        timing(args, sim, &topo, &net_model, &dir)
     } else {
         train(args, sim, &topo, &net_model, &dir)
     }
@@ -334,6 +350,133 @@ fn consensus(
         last.round,
         last.bytes_sent_per_peer / 1e6,
         last.seconds
+    );
+    println!("run folder: {}", dir.display());
+    Ok(())
+}
+
+/// One row of `timing.csv`: the simulated schedule at the end of an epoch.
+#[derive(Debug, Serialize)]
+struct TimingRow {
+    epoch: usize,
+    /// Rounds completed by every peer.
+    rounds: u64,
+    /// Simulated time when the last peer finished the epoch, seconds.
+    wall_seconds: f64,
+    /// Mean over peers of the bytes sent so far.
+    bytes_sent_per_peer: f64,
+    /// Mean over peers of the simulated compute, communication and waiting time so far,
+    /// seconds.
+    compute_seconds: f64,
+    communicate_seconds: f64,
+    wait_seconds: f64,
+}
+
+/// `--timing-only`: the schedule of a training run with random gradients (module doc).
+fn timing(
+    args: &RunArgs,
+    sim: &SimArgs,
+    topo: &murmur_topology::Topology,
+    net_model: &NetworkModel,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let n = args.peers;
+    let compute_secs = match sim.compute_ms {
+        Some(ms) if ms.is_finite() && ms >= 0.0 => ms * 1e-3,
+        Some(ms) => bail!("--compute-ms must be ≥ 0, got {ms}"),
+        None => bail!("--timing-only needs --compute-ms (there is no model to time)"),
+    };
+    let rounds_per_epoch = match args.rounds_per_epoch {
+        Some(r) => r,
+        None => {
+            let data = RunData::load(args.model, args.data.as_deref(), args.seed)?;
+            (data.train.len() as u64).div_ceil((n * args.batch_size) as u64)
+        }
+    };
+    let device: Dev = Default::default();
+    let net = Net::<B>::new(args.model, &device);
+    let lengths = model::tensor_lengths(&net);
+    let mut x0 = Vec::new();
+    model::flatten(&net, &mut x0);
+    let d = x0.len();
+    let mut peers: Vec<Box<dyn Gossip>> = Vec::with_capacity(n);
+    for rank in 0..n {
+        peers.push(algo::build(
+            args,
+            topo,
+            rank,
+            x0.clone(),
+            &lengths,
+            max_payload(d),
+            rounds_per_epoch,
+        )?);
+    }
+    let mut sim_net = NetSim::new(peers, net_model.clone())?;
+    sim_net.set_track_consensus(false);
+    sim_net.set_overlap(!args.no_overlap);
+    eprintln!(
+        "murmur simulate: timing only, {n} peers, {} with {} ({}), {} d = {d}, {} epochs of {rounds_per_epoch} rounds; {}; compute {:.3} ms per step; run folder {}",
+        args.algorithm_name(),
+        args.compressor(),
+        args.topology_label(topo),
+        args.model.with_data(),
+        args.epochs,
+        sim.describe(net_model),
+        compute_secs * 1e3,
+        dir.display()
+    );
+    // Gradients of the size of the parameters, so that compressors with value-dependent
+    // output see vectors like a training run's: windows at random offsets of one seeded
+    // noise buffer (drawing d fresh numbers per step would cost more than the mixing).
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let noise: Vec<f32> = (0..2 * d)
+        .map(|_| rng.random_range(-1e-2f32..1e-2))
+        .collect();
+    let bar = progress(args.epochs as u64, "epoch");
+    let mut rows = Vec::with_capacity(args.epochs + 1);
+    for epoch in 0..=args.epochs {
+        if epoch > 0 {
+            sim_net.set_epoch(epoch - 1);
+            sim_net.run_rounds(rounds_per_epoch, |_, _, x| {
+                let at = rng.random_range(0..=noise.len() - x.len());
+                Compute {
+                    grad: Some(noise[at..at + x.len()].to_vec()),
+                    seconds: compute_secs,
+                }
+            })?;
+            bar.inc(1);
+        }
+        let totals: Vec<_> = (0..n).map(|r| sim_net.totals(r)).collect();
+        let mean = |f: &dyn Fn(&murmur_gossip::Totals) -> f64| {
+            totals.iter().map(f).sum::<f64>() / n as f64
+        };
+        rows.push(TimingRow {
+            epoch,
+            rounds: (0..n)
+                .filter_map(|r| sim_net.peer(r).map(|g| g.round()))
+                .min()
+                .unwrap_or(0),
+            wall_seconds: sim_net.now_secs(),
+            bytes_sent_per_peer: mean(&|t| t.bytes_sent as f64),
+            compute_seconds: mean(&|t| t.compute_secs),
+            communicate_seconds: mean(&|t| t.communicate_secs),
+            wait_seconds: mean(&|t| t.wait_secs),
+        });
+    }
+    bar.finish_and_clear();
+    metrics::write_atomic(&dir.join("timing.csv"), metrics::to_csv(&rows)?.as_bytes())?;
+    let last = rows
+        .last()
+        .ok_or_else(|| anyhow!("no epoch was simulated"))?;
+    println!(
+        "{} on {} (n = {n}, {}): {} epochs = {} rounds in {:.4} s simulated, {:.1} MB sent per peer",
+        args.algorithm_name(),
+        args.topology_label(topo),
+        sim.describe(net_model),
+        last.epoch,
+        last.rounds,
+        last.wall_seconds,
+        last.bytes_sent_per_peer / 1e6
     );
     println!("run folder: {}", dir.display());
     Ok(())

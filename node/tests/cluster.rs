@@ -706,6 +706,70 @@ fn the_simulator_reproduces_a_networked_run() {
 }
 
 #[test]
+fn timing_only_reproduces_the_simulated_times_of_a_training_run() {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, extra) in [
+        &["--algorithm=choco", "--compressor=topk:0.01"][..],
+        &["--algorithm=local-sgd", "--local-steps=3"][..],
+        &["--algorithm=allreduce"][..],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut a = vec![
+            "--peers=5",
+            "--epochs=2",
+            "--rounds-per-epoch=7",
+            "--bandwidth-gbps=1",
+            "--compute-ms=3",
+            "--partition=dirichlet:0.5",
+        ];
+        a.extend_from_slice(extra);
+        let (train_id, timing_id) = (format!("--run-id=t{i}"), format!("--run-id=s{i}"));
+        let mut train = a.clone();
+        train.push(&train_id);
+        simulate_ok(dir.path(), &train);
+        let mut timing = a.clone();
+        timing.extend(["--timing-only", &timing_id]);
+        simulate_ok(dir.path(), &timing);
+        let trained = rows(&dir.path().join(format!("t{i}")));
+        let csv = std::fs::read_to_string(dir.path().join(format!("s{i}/timing.csv"))).unwrap();
+        let mut lines = csv.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+        let timed: Vec<Vec<f64>> = lines
+            .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
+            .collect();
+        assert_eq!(timed.len(), 3, "{extra:?}");
+        assert_eq!(trained.len(), 3, "{extra:?}");
+        // Raw f32 frames have fixed sizes: the same times to rounding. Top-k's varint
+        // index deltas depend on which coordinates are kept: within 1%.
+        let tol = if i == 0 { 1e-2 } else { 1e-9 };
+        for (t, r) in trained.iter().zip(&timed) {
+            for (key, col) in [
+                ("wall_seconds", col("wall_seconds")),
+                ("bytes_sent_per_peer", col("bytes_sent_per_peer")),
+            ] {
+                let (a, b) = (t[key].as_f64().unwrap(), r[col]);
+                assert!(
+                    (a - b).abs() <= tol * a.max(1e-3),
+                    "{extra:?} {key}: {a} vs {b}"
+                );
+            }
+            assert_eq!(t["rounds"].as_f64().unwrap(), r[col("rounds")], "{extra:?}");
+        }
+        assert!(timed[2][col("wall_seconds")] > 0.0);
+    }
+    // Without --compute-ms there is nothing to time.
+    let out = murmur()
+        .args(["simulate", "--timing-only", "--peers=2"])
+        .arg(format!("--out={}", dir.path().display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
+#[test]
 fn sixty_four_simulated_mlp_peers_complete_an_epoch_at_one_gigabit() {
     let dir = tempfile::tempdir().unwrap();
     simulate_ok(
