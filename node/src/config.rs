@@ -965,7 +965,10 @@ mod tests {
     fn the_shipped_run_configs_are_valid() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/runs");
         let mut n = 0;
-        for entry in std::fs::read_dir(&dir).unwrap() {
+        let files = std::fs::read_dir(&dir)
+            .unwrap()
+            .chain(std::fs::read_dir(dir.join("convergence")).unwrap());
+        for entry in files {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "toml") {
                 let p = path.to_str().unwrap();
@@ -976,8 +979,8 @@ mod tests {
             }
         }
         assert!(
-            n >= 7,
-            "expected the run configs of experiments/runs, found {n}"
+            n >= 19,
+            "expected the run configs of experiments/runs and runs/convergence, found {n}"
         );
     }
 

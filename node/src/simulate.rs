@@ -112,6 +112,16 @@ impl std::str::FromStr for RandomStragglers {
     }
 }
 
+/// Starting vectors of `murmur simulate --consensus`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ConsensusInit {
+    /// x_i uniform in [−1, 1)^d, independent across peers and coordinates.
+    Uniform,
+    /// x_i = √n·u_i·ξ: every coordinate a random multiple ξ_c ∈ [−1, 1) of the slowest mode
+    /// u of W ([`murmur_topology::MixingMatrix::slowest_mode`]).
+    SlowestMode,
+}
+
 /// Options of `murmur simulate` besides the run's.
 #[derive(Debug, Clone, Args)]
 pub struct SimArgs {
@@ -146,6 +156,11 @@ pub struct SimArgs {
     /// --compute-ms.
     #[arg(long, requires = "compute_ms")]
     pub timing_only: bool,
+    /// Starting vectors of the consensus mode: `uniform` (x_i uniform in [−1, 1)^d, every
+    /// mode of W excited) or `slowest-mode` (x_i = u_i·ξ with u the slowest mode of W
+    /// and ξ uniform in [−1, 1)^d: exact gossip then decays exactly as |λ₂|^(2t)).
+    #[arg(long, value_enum, default_value = "uniform")]
+    pub consensus_init: ConsensusInit,
     /// Rounds of the consensus mode.
     #[arg(long, default_value_t = 100)]
     pub rounds: u64,
@@ -284,9 +299,26 @@ fn consensus(
         }
     };
     let mut rng = StdRng::seed_from_u64(args.seed);
+    let x0s: Vec<Vec<f32>> = match sim.consensus_init {
+        ConsensusInit::Uniform => (0..n)
+            .map(|_| (0..d).map(|_| rng.random_range(-1.0f32..1.0)).collect())
+            .collect(),
+        ConsensusInit::SlowestMode => {
+            let u = topo.w.slowest_mode().ok_or_else(|| {
+                anyhow!(
+                    "W of {} has no slowest mode (n < 2 or the eigen-solver failed)",
+                    topo.name
+                )
+            })?;
+            let xi: Vec<f64> = (0..d).map(|_| rng.random_range(-1.0f64..1.0)).collect();
+            let scale = (n as f64).sqrt();
+            u.iter()
+                .map(|&ui| xi.iter().map(|&x| (scale * ui * x) as f32).collect())
+                .collect()
+        }
+    };
     let mut peers: Vec<Box<dyn Gossip>> = Vec::with_capacity(n);
-    for rank in 0..n {
-        let x0: Vec<f32> = (0..d).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    for (rank, x0) in x0s.into_iter().enumerate() {
         peers.push(algo::build(args, topo, rank, x0, &[d], max_payload(d), 1)?);
     }
     let mut sim_net = NetSim::new(peers, net_model.clone())?;

@@ -847,6 +847,29 @@ fn consensus_simulation_decays_at_the_spectral_rate() {
     assert!(rows[50][2] < 1e-2 && rows[50][2] > 1e-6, "{}", rows[50][2]);
     // Bytes: 2 frames of (24 + 12 + 4·2000) bytes per round.
     assert_eq!(rows[50][3], 50.0 * 2.0 * (24.0 + 12.0 + 8000.0));
+    // From the slowest mode the bound is reached: Ξ²(t)/Ξ²(0) = |λ₂|^(2t) (f32 rounding).
+    simulate_ok(
+        dir.path(),
+        &[
+            "--consensus",
+            "--consensus-init=slowest-mode",
+            "--peers=16",
+            "--rounds=50",
+            "--dim=2000",
+            "--run-id=s",
+        ],
+    );
+    let text = std::fs::read_to_string(dir.path().join("s/consensus.csv")).unwrap();
+    for line in text.lines().skip(1) {
+        let r: Vec<f64> = line.split(',').map(|v| v.parse().unwrap()).collect();
+        let bound = lambda2.powf(2.0 * r[0]);
+        assert!(
+            (r[2] / bound - 1.0).abs() < 1e-3,
+            "round {}: {} vs {bound}",
+            r[0],
+            r[2]
+        );
+    }
 }
 
 #[test]

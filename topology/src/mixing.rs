@@ -294,6 +294,29 @@ impl MixingMatrix {
         Some(moduli)
     }
 
+    /// The slowest consensus mode: a unit vector `u: [n]` with `Σ u_i = 0` that maximises
+    /// `‖W u‖`, i.e. the top eigenvector of `P WᵀW P` with `P = I − 11ᵀ/n`, or `None` if
+    /// the eigen-solver did not converge or `n < 2`.
+    ///
+    /// For a normal W (symmetric, or circulant like the exponential graph) `u` lies in the
+    /// eigenspace of `|λ₂|`, so exact gossip started from `x_i = u_i` has
+    /// `Ξ²(t)/Ξ²(0) = ‖Wᵗu‖² = |λ₂|^(2t)` exactly: the initial condition for which the
+    /// worst-case bound of Boyd et al. (2006, "Randomized gossip algorithms") is tight.
+    pub fn slowest_mode(&self) -> Option<Vec<f64>> {
+        let n = self.n();
+        if n < 2 {
+            return None;
+        }
+        let p = DMatrix::<f64>::identity(n, n) - DMatrix::<f64>::from_element(n, n, 1.0 / n as f64);
+        let m = &p * self.w.transpose() * &self.w * &p;
+        let m = (&m + m.transpose()) * 0.5;
+        let eig = SymmetricEigen::try_new(m, f64::EPSILON, 1000 * n.max(10))?;
+        let top = eig.eigenvalues.iamax();
+        let u: Vec<f64> = eig.eigenvectors.column(top).iter().copied().collect();
+        let norm = u.iter().map(|v| v * v).sum::<f64>().sqrt();
+        (norm > 0.0).then(|| u.iter().map(|v| v / norm).collect())
+    }
+
     fn checks_symmetric(&self, tol: f64) -> bool {
         let n = self.n();
         (0..n).all(|i| (0..i).all(|j| (self.w[(i, j)] - self.w[(j, i)]).abs() <= tol))

@@ -779,3 +779,35 @@ fn inspect_report() {
     let checks = serde_json::to_value(t.w.checks(TOL)).unwrap();
     assert_eq!(checks["doubly_stochastic"], serde_json::Value::Bool(true));
 }
+
+#[test]
+fn the_slowest_mode_decays_exactly_at_the_second_eigenvalue() {
+    for spec in ["ring", "torus", "exponential", "hypercube", "star"] {
+        let t = TopologySpec::named(spec).unwrap().build(Some(16)).unwrap();
+        let u = t.w.slowest_mode().unwrap();
+        assert_close(u.iter().sum::<f64>(), 0.0, TOL);
+        assert_close(u.iter().map(|v| v * v).sum::<f64>(), 1.0, TOL);
+        let l2 = t.w.second_eigenvalue_modulus();
+        let mut x = nalgebra::DVector::from_vec(u);
+        for step in 1..=30 {
+            x = t.w.matrix() * x;
+            assert_close(x.norm_squared(), l2.powi(2 * step), 1e-9);
+        }
+    }
+    // A random vector decays faster than the bound once the other modes die out.
+    let t = TopologySpec::named("ring")
+        .unwrap()
+        .build(Some(16))
+        .unwrap();
+    let mut x = nalgebra::DVector::from_fn(16, |i, _| ((i * 7 + 3) % 11) as f64);
+    x.add_scalar_mut(-x.mean());
+    let x0 = x.norm_squared();
+    for _ in 0..50 {
+        x = t.w.matrix() * x;
+    }
+    assert!(x.norm_squared() / x0 < 0.9 * t.w.second_eigenvalue_modulus().powi(100));
+    assert!(MixingMatrix::from_dense(vec![vec![1.0]])
+        .unwrap()
+        .slowest_mode()
+        .is_none());
+}

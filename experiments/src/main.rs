@@ -1,0 +1,122 @@
+//! `murmur-experiments`: the experiment drivers of murmur (experiments/README.md).
+//!
+//! Each driver runs the `murmur` binary (the simulator, `murmur launch`, `murmur bench`) or
+//! the topology library, gathers the runs into one CSV per experiment, draws the plots
+//! (PNG and SVG, [`plot`]) and checks what it wrote ([`table::check_csv`]): every plot
+//! file present, every CSV with its expected columns and finite values.
+
+mod consensus;
+mod convergence;
+mod plot;
+mod runner;
+mod scaling;
+mod table;
+mod topology;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::runner::Ctx;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "murmur-experiments",
+    version,
+    about = "Experiment drivers of murmur: consensus, convergence, scaling and topology, with CSV files and plots",
+    after_help = "Results go to <OUT>/<experiment>/ (CSV, PNG, SVG, and summary.md with the tables). \
+                  `experiments/run_all` builds the binaries and runs `all`."
+)]
+struct Cli {
+    #[command(subcommand)]
+    experiment: Experiment,
+    /// Output folder (default: experiments/results, or target/experiments-quick with
+    /// --quick so that a quick run never overwrites the report's files).
+    #[arg(long, global = true)]
+    out: Option<PathBuf>,
+    /// A small version of every run (minutes instead of the better part of an hour), for CI
+    /// and for trying things out; its numbers are not the report's.
+    #[arg(long, global = true)]
+    quick: bool,
+    /// The murmur binary (default: next to this one).
+    #[arg(long, global = true)]
+    murmur: Option<PathBuf>,
+    /// Keep the runs whose output files exist (after an interrupted run, or to redraw the
+    /// plots); the report's numbers come from a run without it.
+    #[arg(long, global = true)]
+    reuse: bool,
+    /// Simulator runs at once (each one mostly uses one core).
+    #[arg(long, global = true, default_value_t = 2)]
+    jobs: usize,
+}
+
+#[derive(Debug, Subcommand)]
+enum Experiment {
+    /// Spectral gap and degree vs n for every topology family.
+    Topology,
+    /// Average consensus: Ξ²(t)/Ξ²(0) vs rounds and bits, exact gossip and CHOCO-Gossip.
+    Consensus,
+    /// Training on MNIST, 16 peers, IID and non-IID, every algorithm, several seeds.
+    Convergence,
+    /// Time per round and samples/s vs peers (simulated and real), C2C ratio per model.
+    Scaling,
+    /// All of the above, in that order.
+    All,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    plot::init_fonts()?;
+    let murmur = match cli.murmur {
+        Some(p) => p,
+        None => std::env::current_exe()
+            .context("locating this binary")?
+            .with_file_name(format!("murmur{}", std::env::consts::EXE_SUFFIX)),
+    };
+    anyhow::ensure!(
+        murmur.is_file(),
+        "no murmur binary at {} (build it with `cargo build --release -p murmur`, or pass --murmur)",
+        murmur.display()
+    );
+    anyhow::ensure!(cli.jobs >= 1, "--jobs must be at least 1");
+    let out = cli.out.unwrap_or_else(|| {
+        PathBuf::from(if cli.quick {
+            "target/experiments-quick"
+        } else {
+            "experiments/results"
+        })
+    });
+    let ctx = Ctx::new(murmur, out, cli.quick, cli.jobs, cli.reuse)?;
+    let started = Instant::now();
+    let which: &[Experiment] = match cli.experiment {
+        Experiment::All => &[
+            Experiment::Topology,
+            Experiment::Consensus,
+            Experiment::Convergence,
+            Experiment::Scaling,
+        ],
+        ref one => std::slice::from_ref(one),
+    };
+    for e in which {
+        let t = Instant::now();
+        match e {
+            Experiment::Topology => topology::run(&ctx)?,
+            Experiment::Consensus => consensus::run(&ctx)?,
+            Experiment::Convergence => convergence::run(&ctx)?,
+            Experiment::Scaling => scaling::run(&ctx)?,
+            Experiment::All => unreachable!("expanded above"),
+        }
+        eprintln!(
+            "murmur-experiments: {e:?} done in {:.1} min",
+            t.elapsed().as_secs_f64() / 60.0
+        );
+    }
+    eprintln!(
+        "murmur-experiments: finished in {:.1} min; results in {}",
+        started.elapsed().as_secs_f64() / 60.0,
+        ctx.out.display()
+    );
+    Ok(())
+}
