@@ -53,7 +53,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::exchange::{max_lead, Exchange, ExchangeParams};
-use crate::{Gossip, GossipError, Rank};
+use crate::{Gossip, GossipError, GossipEvent, Rank};
 
 /// Configuration of one CHOCO peer.
 #[derive(Debug, Clone)]
@@ -246,10 +246,12 @@ impl Choco {
 impl Gossip for Choco {
     /// Starts round t from `x` = x_i^(t) and the gradient g_i (none: CHOCO-Gossip).
     ///
+    /// If x^(t+½) − x̂_i has a non-finite coordinate (the run has diverged; the message
+    /// would be refused by every neighbour), [`GossipEvent::Diverged`] is reported and the
+    /// round never completes.
+    ///
     /// # Panics
-    /// If `x` or `grad` does not have length d, the previous round is still mixing, or
-    /// x^(t+½) − x̂_i has a non-finite coordinate (the compressed message would be refused
-    /// by every neighbour; the run has diverged).
+    /// If `x` or `grad` does not have length d, or the previous round is still mixing.
     fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) {
         self.ex.assert_idle();
         let d = self.x.len();
@@ -279,12 +281,15 @@ impl Gossip for Choco {
             murmur_compress::decode_add(msg, self.cfg.self_weight as f32, &mut self.s)
         });
         if let Err(e) = own {
-            panic!(
-                "peer {} round {}: own CHOCO message does not decode ({e}); \
-                 are x or grad non-finite?",
-                self.cfg.rank,
-                self.ex.round()
-            );
+            let round = self.ex.round();
+            self.ex.push_event(GossipEvent::Diverged {
+                round,
+                reason: format!(
+                    "peer {}: x − x̂ is not finite, its CHOCO message does not decode ({e})",
+                    self.cfg.rank
+                ),
+            });
+            return;
         }
         // Frames that arrived early for this round were validated then; absorb them now.
         for (idx, payload) in early {

@@ -355,6 +355,11 @@ impl Exchange {
         self.events.pop_front()
     }
 
+    /// Queues an event of the algorithm's own (e.g. [`GossipEvent::Diverged`]).
+    pub(crate) fn push_event(&mut self, ev: GossipEvent) {
+        self.events.push_back(ev);
+    }
+
     pub(crate) fn round(&self) -> u64 {
         self.round
     }

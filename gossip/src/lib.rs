@@ -73,6 +73,14 @@ pub enum GossipEvent {
         /// Peers whose message for that round is missing, ascending.
         missing: Vec<Rank>,
     },
+    /// The peer's own state is no longer finite (the run has diverged, e.g. a step size
+    /// too large): the round cannot be completed and the driver must stop the run.
+    Diverged {
+        /// The round that could not begin.
+        round: u64,
+        /// What was not finite.
+        reason: String,
+    },
 }
 
 /// Why an incoming frame was refused. The state machine is unchanged by a refused frame.

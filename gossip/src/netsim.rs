@@ -480,6 +480,18 @@ pub enum NetSimError {
         /// Simulated time, in seconds.
         at_secs: f64,
     },
+    /// A peer reported [`GossipEvent::Diverged`].
+    #[error("at {at_secs} s peer {rank} diverged in round {round}: {reason}")]
+    Diverged {
+        /// The peer.
+        rank: Rank,
+        /// Its round.
+        round: u64,
+        /// What was not finite.
+        reason: String,
+        /// Simulated time, in seconds.
+        at_secs: f64,
+    },
     /// Nothing is left to happen while a peer still waits: the algorithm deadlocked.
     #[error("peer {rank} cannot finish round {round}: no event is pending (deadlock)")]
     Stalled {
@@ -1066,6 +1078,14 @@ impl NetSim {
                         rank,
                         round,
                         missing,
+                        at_secs: t,
+                    })
+                }
+                GossipEvent::Diverged { round, reason } => {
+                    return Err(NetSimError::Diverged {
+                        rank,
+                        round,
+                        reason,
                         at_secs: t,
                     })
                 }

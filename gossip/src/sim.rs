@@ -44,6 +44,9 @@ pub enum SimError {
     /// A peer did not complete the round although every frame was delivered.
     #[error("peer {0} did not complete round {1}")]
     Stuck(Rank, u64),
+    /// A peer reported [`GossipEvent::Diverged`].
+    #[error("peer {0} diverged in round {1}: {2}")]
+    Diverged(Rank, u64, String),
 }
 
 /// n peers driven in lock-step on a simulated clock.
@@ -138,6 +141,9 @@ impl Sim {
         for (i, p) in self.peers.iter_mut().enumerate() {
             let mut mixed = false;
             while let Some(ev) = p.poll_event() {
+                if let GossipEvent::Diverged { round, reason } = ev {
+                    return Err(SimError::Diverged(i, round, reason));
+                }
                 mixed |= matches!(ev, GossipEvent::Mixed { round: r } if r == round);
             }
             if !mixed {

@@ -459,3 +459,19 @@ fn choco_sgd_solves_distributed_least_squares() {
     );
     assert!(avg < 1e-3, "‖x̄ − b̄‖ = {avg}");
 }
+
+#[test]
+fn a_non_finite_state_is_reported_as_divergence_not_a_panic() {
+    let now = Instant::now();
+    let mut p = path3_peer(0, &[1.0, 2.0], 0.1, 0.5);
+    p.begin_round(now, &[f32::INFINITY, 2.0], None);
+    let ev =
+        std::iter::from_fn(|| p.poll_event()).find(|e| matches!(e, GossipEvent::Diverged { .. }));
+    match ev {
+        Some(GossipEvent::Diverged { round, reason }) => {
+            assert_eq!(round, 0);
+            assert!(reason.contains("not finite"), "{reason}");
+        }
+        other => panic!("expected Diverged, got {other:?}"),
+    }
+}

@@ -467,6 +467,9 @@ impl Driver {
                         "round {round} timed out after {:.0} s waiting for peers {missing:?}",
                         start.elapsed().as_secs_f64()
                     ),
+                    GossipEvent::Diverged { round, reason } => {
+                        bail!("training diverged in round {round}: {reason} (try a smaller --lr or --gamma)")
+                    }
                     other => debug!(?other, "gossip event"),
                 }
             }
