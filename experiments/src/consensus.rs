@@ -19,6 +19,8 @@ use serde::Serialize;
 
 use murmur_topology::TopologySpec;
 
+use plotters::chart::SeriesLabelPosition;
+
 use crate::plot::{Chart, Series, Stroke};
 use crate::runner::{Ctx, Job};
 use crate::table::{check_csv, check_plot, markdown, write_csv, Table};
@@ -156,7 +158,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                     format!("--gamma={}", s.gamma),
                 ]);
             }
-            Job::new(s.id.clone(), a).writes(runs.join(&s.id).join("consensus.csv"))
+            Job::new(s.id.clone(), a).in_folder(runs.join(&s.id), Some("consensus.csv"))
         })
         .collect();
     let results = ctx.run_all("consensus", &jobs);
@@ -307,12 +309,9 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     let mut exact_table = Vec::new();
     let mut choco_table = Vec::new();
     for n in [16usize, 64] {
-        let mut overview = Chart::new(
-            format!("Exact gossip, n = {n}: Ξ²(t)/Ξ²(0) (solid: random start; dots: slowest-mode start; dashed: |λ₂|^2t)"),
-            "round t",
-            "Ξ²(t) / Ξ²(0)",
-        );
+        let mut overview = Chart::new(format!("Exact gossip, n = {n}"), "round t", "Ξ²(t) / Ξ²(0)");
         overview.log_y = true;
+        overview.legend = SeriesLabelPosition::LowerLeft;
         for (ci, t) in TOPOLOGIES.iter().enumerate() {
             let mut by_round = Chart::new(
                 format!("Consensus on {t}, n = {n}"),
@@ -320,6 +319,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                 "Ξ²(t) / Ξ²(0)",
             );
             by_round.log_y = true;
+            by_round.legend = SeriesLabelPosition::LowerLeft;
             let mut by_bits = Chart::new(
                 format!("Consensus on {t}, n = {n}"),
                 "bits sent per peer",
@@ -327,6 +327,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
             );
             by_bits.log_y = true;
             by_bits.log_x = true;
+            by_bits.legend = SeriesLabelPosition::LowerLeft;
             let l2 = spectra[&(*t, n)][1];
             let mut ratios = Vec::new();
             for init in ["uniform", "slowest-mode"] {

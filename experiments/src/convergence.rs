@@ -17,6 +17,8 @@ use std::collections::BTreeMap;
 use anyhow::{anyhow, Context};
 use serde::Serialize;
 
+use plotters::chart::SeriesLabelPosition;
+
 use crate::plot::{Chart, Series};
 use crate::runner::{Ctx, Job};
 use crate::table::{check_csv, check_plot, markdown, mean_sd, write_csv, Table};
@@ -120,7 +122,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                     format!("--run-id={id}"),
                 ];
                 a.extend(quick_args.iter().map(|s| s.to_string()));
-                jobs.push(Job::new(id.clone(), a).writes(runs.join(&id).join("summary.json")));
+                jobs.push(Job::new(id.clone(), a).in_folder(runs.join(&id), Some("summary.json")));
                 keys.push((part, algo, seed, id));
             }
         }
@@ -139,7 +141,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
             format!("--run-id={id}"),
         ];
         a.extend(quick_args.iter().map(|s| s.to_string()));
-        jobs.push(Job::new(id.clone(), a).writes(runs.join(&id).join("timing.csv")));
+        jobs.push(Job::new(id.clone(), a).in_folder(runs.join(&id), Some("timing.csv")));
     }
     ctx.run_all_ok("convergence", &jobs)?;
 
@@ -252,6 +254,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                 "test accuracy of x̄",
             );
             c.log_x = log_x;
+            c.legend = SeriesLabelPosition::LowerRight;
             c.y_range = Some(if ctx.quick { (0.0, 1.0) } else { (0.5, 1.0) });
             for (i, (algo, label)) in ALGORITHMS.iter().enumerate() {
                 let acc = agg(part, algo, |r| r.avg_model_test_accuracy);
@@ -300,6 +303,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
             "epoch",
             "mean test accuracy over peers",
         );
+        local.legend = SeriesLabelPosition::LowerRight;
         local.y_range = Some(if ctx.quick { (0.0, 1.0) } else { (0.5, 1.0) });
         let mut loss = Chart::new(
             format!("Training loss — {plabel}"),

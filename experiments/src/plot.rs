@@ -121,6 +121,8 @@ pub struct Chart {
     pub y_range: Option<(f64, f64)>,
     /// The curves.
     pub series: Vec<Series>,
+    /// Where the legend goes (the corner the curves leave empty).
+    pub legend: SeriesLabelPosition,
 }
 
 impl Chart {
@@ -139,6 +141,7 @@ impl Chart {
             y_floor: 1e-12,
             y_range: None,
             series: Vec::new(),
+            legend: SeriesLabelPosition::UpperRight,
         }
     }
 
@@ -210,7 +213,7 @@ impl Chart {
         root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
         let mut builder = ChartBuilder::on(root);
         builder
-            .caption(&self.title, (FAMILY, 24))
+            .caption(&self.title, (FAMILY, 21))
             .margin(16)
             .x_label_area_size(48)
             .y_label_area_size(80);
@@ -254,8 +257,13 @@ impl Chart {
         Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
     {
         let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("{e}");
+        let (log_x, log_y) = (self.log_x, self.log_y);
+        let fx = move |v: &f64| tick(*v, log_x);
+        let fy = move |v: &f64| tick(*v, log_y);
         chart
             .configure_mesh()
+            .x_label_formatter(&fx)
+            .y_label_formatter(&fy)
             .x_desc(&self.x_label)
             .y_desc(&self.y_label)
             .label_style((FAMILY, 16))
@@ -317,7 +325,7 @@ impl Chart {
             .label_font((FAMILY, 15))
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK.mix(0.4))
-            .position(SeriesLabelPosition::UpperRight)
+            .position(self.legend.clone())
             .draw()
             .map_err(e)?;
         Ok(())
@@ -342,6 +350,47 @@ fn palette(i: usize) -> RGBColor {
     RGBColor(r, g, b)
 }
 
+/// A tick label: on a log axis only 1, 2 and 5 × 10^k are labelled (the other grid lines
+/// stay unlabelled), as `1e-6` below 10⁻³ or from 10⁵ on; on a linear axis the shortest
+/// decimal form.
+fn tick(v: f64, log: bool) -> String {
+    if log {
+        if v <= 0.0 {
+            return String::new();
+        }
+        let e = v.log10().floor();
+        let m = v / 10f64.powf(e);
+        let lead = [1.0, 2.0, 5.0, 10.0]
+            .into_iter()
+            .find(|l| (m - l).abs() < 0.02 * l);
+        let Some(lead) = lead else {
+            return String::new();
+        };
+        let (lead, e) = if lead == 10.0 {
+            (1.0, e + 1.0)
+        } else {
+            (lead, e)
+        };
+        return if !(-3.0..5.0).contains(&e) {
+            format!("{lead}e{e}")
+        } else {
+            trim(lead * 10f64.powf(e))
+        };
+    }
+    trim(v)
+}
+
+/// `v` with at most 4 significant decimals and no trailing zeros.
+fn trim(v: f64) -> String {
+    let s = format!("{:.4}", v);
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" {
+        "0".into()
+    } else {
+        s.to_string()
+    }
+}
+
 fn min_max(v: impl Iterator<Item = f64>) -> (f64, f64) {
     v.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
         (a.min(x), b.max(x))
@@ -362,6 +411,18 @@ fn widen(v: f64, log: bool) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tick_labels() {
+        assert_eq!(tick(1e-6, true), "1e-6");
+        assert_eq!(tick(2e-3, true), "0.002");
+        assert_eq!(tick(5e5, true), "5e5");
+        assert_eq!(tick(0.999_999_999_8e-4, true), "1e-4");
+        assert_eq!(tick(3e-2, true), "");
+        assert_eq!(tick(20.0, true), "20");
+        assert_eq!(tick(0.25, false), "0.25");
+        assert_eq!(tick(40.0, false), "40");
+    }
 
     #[test]
     fn a_log_chart_with_bands_and_theory_is_written_in_both_formats() {

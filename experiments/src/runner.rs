@@ -33,6 +33,9 @@ pub struct Job {
     pub label: String,
     /// Arguments after `murmur`.
     pub args: Vec<String>,
+    /// The job's run folder, removed before the job runs (murmur refuses to overwrite a
+    /// finished run).
+    pub folder: Option<PathBuf>,
     /// The file the job writes last; with `--reuse` a job whose file exists is skipped.
     pub output: Option<PathBuf>,
 }
@@ -43,13 +46,16 @@ impl Job {
         Job {
             label: label.into(),
             args: args.into_iter().map(|a| a.as_ref().to_string()).collect(),
+            folder: None,
             output: None,
         }
     }
 
-    /// The same job, skipped under `--reuse` when `file` exists.
-    pub fn writes(mut self, file: PathBuf) -> Self {
-        self.output = Some(file);
+    /// The same job with its run folder `folder` (cleared before it runs) and, if `reuse`
+    /// is given, the file in that folder whose presence lets `--reuse` skip the job.
+    pub fn in_folder(mut self, folder: PathBuf, reuse: Option<&str>) -> Self {
+        self.output = reuse.map(|f| folder.join(f));
+        self.folder = Some(folder);
         self
     }
 }
@@ -110,6 +116,9 @@ impl Ctx {
     pub fn murmur(&self, job: &Job) -> anyhow::Result<String> {
         if self.reuse && job.output.as_ref().is_some_and(|f| f.is_file()) {
             return Ok(String::new());
+        }
+        if let Some(dir) = job.folder.as_ref().filter(|d| d.exists()) {
+            std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
         }
         let out = Command::new(&self.murmur)
             .args(&job.args)

@@ -7,6 +7,8 @@
 use anyhow::{anyhow, Context};
 use serde::Serialize;
 
+use plotters::chart::SeriesLabelPosition;
+
 use crate::plot::{Chart, Series, Stroke};
 use crate::runner::{Ctx, Job};
 use crate::table::{check_csv, check_plot, markdown, write_csv, Table};
@@ -174,7 +176,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                 ];
                 args.extend(a.iter().map(|s| s.to_string()));
                 // Not reusable: the compute time is measured again on every run.
-                jobs.push(Job::new(id.clone(), args));
+                jobs.push(Job::new(id.clone(), args).in_folder(runs.join(&id), None));
                 keys.push((label, gbps, n, id));
             }
         }
@@ -238,7 +240,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
             args.extend(a.iter().map(|s| s.to_string()));
             ctx.run_all_ok(
                 "scaling: real peers",
-                &[Job::new(id.clone(), args).writes(runs.join(&id).join("summary.json"))],
+                &[Job::new(id.clone(), args).in_folder(runs.join(&id), Some("summary.json"))],
             )?;
             let v: serde_json::Value =
                 serde_json::from_slice(&std::fs::read(runs.join(&id).join("summary.json"))?)?;
@@ -274,6 +276,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
         c.log_x = true;
         c.log_y = true;
         c.y_floor = 1e-9;
+        c.legend = SeriesLabelPosition::UpperLeft;
     }
     for (i, (label, _)) in SIM_ALGORITHMS.iter().enumerate() {
         for gbps in [1.0, 10.0] {
@@ -321,6 +324,8 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
         "peers n",
         "samples per second",
     );
+    rtime.legend = SeriesLabelPosition::UpperLeft;
+    rthr.legend = SeriesLabelPosition::LowerRight;
     for (i, (label, _)) in REAL_ALGORITHMS.iter().enumerate() {
         let rs: Vec<&RealRow> = real.iter().filter(|r| r.algorithm == *label).collect();
         rtime.series.push(Series::line(

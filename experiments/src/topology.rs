@@ -8,6 +8,8 @@ use serde::Serialize;
 
 use murmur_topology::{Topology, TopologySpec};
 
+use plotters::chart::SeriesLabelPosition;
+
 use crate::plot::{Chart, Series};
 use crate::runner::Ctx;
 use crate::table::{check_csv, check_plot, markdown, write_csv};
@@ -130,6 +132,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     gap.log_y = true;
     gap.y_floor = 1e-6;
     gap.series = series(&|r| r.spectral_gap);
+    gap.legend = SeriesLabelPosition::LowerLeft;
     check_plot(&gap.save(&dir.join("spectral_gap_vs_n"))?)?;
     let mut deg = Chart::new(
         "Per-peer degree vs peers (messages per round)",
@@ -140,6 +143,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     deg.log_y = true;
     deg.y_floor = 0.5;
     deg.series = series(&|r| r.mean_degree);
+    deg.legend = SeriesLabelPosition::UpperLeft;
     check_plot(&deg.save(&dir.join("degree_vs_n"))?)?;
     let mut cost = Chart::new(
         "Messages per peer for exact gossip to cut Ξ² by 10⁶ (rounds × degree)",
@@ -150,6 +154,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     cost.log_y = true;
     cost.y_floor = 0.5;
     cost.series = series(&|r| r.messages_to_1e6);
+    cost.legend = SeriesLabelPosition::UpperLeft;
     check_plot(&cost.save(&dir.join("messages_vs_n"))?)?;
 
     let table: Vec<Vec<String>> = rows
@@ -160,6 +165,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                 r.family.clone(),
                 r.n.to_string(),
                 format!("{:.2}", r.mean_degree),
+                r.max_degree.to_string(),
                 format!("{:.4}", r.lambda2_abs),
                 format!("{:.4}", r.spectral_gap),
                 format!("{:.0}", r.rounds_to_1e6),
@@ -174,6 +180,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                 "family",
                 "n",
                 "mean degree",
+                "max degree",
                 "|λ₂|",
                 "spectral gap",
                 "rounds to 10⁻⁶",

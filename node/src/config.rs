@@ -7,9 +7,8 @@ use clap::{Args, ValueEnum};
 use murmur_compress::CompressorSpec;
 use murmur_topology::{PushSchedule, Topology, TopologySpec};
 
-/// `--topology` name of the time-varying one-peer exponential graph (Assran et al. 2019):
-/// in round t peer i sends only to i + 2^(t mod ⌈log2 n⌉). For `--algorithm sgp`.
-pub const ONE_PEER_EXPONENTIAL: &str = "one-peer-exponential";
+/// The time-varying one-peer exponential schedule's name for `--topology`.
+pub use murmur_topology::ONE_PEER_EXPONENTIAL;
 
 use crate::data::Partition;
 use crate::model::ModelKind;
@@ -534,19 +533,7 @@ impl RunArgs {
             }
         }
         if self.topology == ONE_PEER_EXPONENTIAL {
-            let static_users: Vec<String> = self
-                .algorithms()
-                .into_iter()
-                .filter(|a| a.uses_topology() && *a != Algorithm::Sgp)
-                .map(|a| a.to_string())
-                .collect();
-            if !static_users.is_empty() {
-                bail!(
-                    "--topology {ONE_PEER_EXPONENTIAL} is a time-varying push schedule for \
-                     --algorithm sgp; {} need a mixing matrix W (try exponential)",
-                    static_users.join(", ")
-                );
-            }
+            self.refuse_schedule_for_static_algorithms()?;
         }
         if self.local_steps == Some(0) {
             bail!("--local-steps must be at least 1");
@@ -714,14 +701,38 @@ impl RunArgs {
         w
     }
 
-    /// Builds the topology for `self.peers` peers from a name or a file. For
-    /// `one-peer-exponential` this is the static exponential graph, the union of the
-    /// schedule's rounds (see [`RunArgs::push_schedule`]).
-    pub fn topology(&self) -> anyhow::Result<Topology> {
-        if self.topology == ONE_PEER_EXPONENTIAL {
-            return load_topology("exponential", Some(self.peers));
+    /// Errors if a time-varying schedule is given to an algorithm that needs a static W.
+    fn refuse_schedule_for_static_algorithms(&self) -> anyhow::Result<()> {
+        let static_users: Vec<String> = self
+            .algorithms()
+            .into_iter()
+            .filter(|a| a.uses_topology() && *a != Algorithm::Sgp)
+            .map(|a| a.to_string())
+            .collect();
+        if !static_users.is_empty() {
+            bail!(
+                "--topology {}: {ONE_PEER_EXPONENTIAL} is a time-varying push schedule for \
+                 --algorithm sgp; {} need a mixing matrix W (try exponential)",
+                self.topology,
+                static_users.join(", ")
+            );
         }
-        load_topology(&self.topology, Some(self.peers))
+        Ok(())
+    }
+
+    /// Builds the topology for `self.peers` peers from a name or a file. For the
+    /// `one-peer-exponential` schedule (by name or `schedule = ...` file) this is the static
+    /// exponential graph, the union of the schedule's rounds, carrying the schedule (see
+    /// [`RunArgs::push_schedule`]).
+    ///
+    /// # Errors
+    /// As [`load_topology`]; a schedule for an algorithm that needs a static W.
+    pub fn topology(&self) -> anyhow::Result<Topology> {
+        let topo = load_topology(&self.topology, Some(self.peers))?;
+        if topo.schedule.is_some() {
+            self.refuse_schedule_for_static_algorithms()?;
+        }
+        Ok(topo)
     }
 
     /// The communication pattern as text: the topology's name, the time-varying schedule,
@@ -731,9 +742,6 @@ impl RunArgs {
         let pattern = |a: &Algorithm| match a {
             Algorithm::Allreduce | Algorithm::LocalAvg => "ring all-reduce".to_string(),
             Algorithm::Ps => "parameter server on peer 0".to_string(),
-            Algorithm::Sgp if self.topology == ONE_PEER_EXPONENTIAL => {
-                format!("{ONE_PEER_EXPONENTIAL}(n={})", self.peers)
-            }
             _ => topo.name.clone(),
         };
         let mut labels: Vec<String> = algs.iter().map(pattern).collect();
@@ -741,14 +749,13 @@ impl RunArgs {
         labels.join(" then ")
     }
 
-    /// SGP's push schedule: the time-varying one-peer exponential graph for
-    /// `--topology one-peer-exponential`, else the static graph of `topo`'s W.
+    /// SGP's push schedule: the topology's time-varying schedule if it has one
+    /// (`one-peer-exponential`), else the static graph of `topo`'s W.
     pub fn push_schedule(&self, topo: &Topology) -> anyhow::Result<PushSchedule> {
-        Ok(if self.topology == ONE_PEER_EXPONENTIAL {
-            PushSchedule::one_peer_exponential(self.peers)?
-        } else {
-            PushSchedule::fixed(topo.w.graph())
-                .with_context(|| format!("topology {} for SGP", topo.name))?
+        Ok(match &topo.schedule {
+            Some(s) => s.clone(),
+            None => PushSchedule::fixed(topo.w.graph())
+                .with_context(|| format!("topology {} for SGP", topo.name))?,
         })
     }
 }
@@ -760,6 +767,8 @@ pub fn load_topology(name_or_path: &str, nodes: Option<usize>) -> anyhow::Result
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read topology file {}", path.display()))?;
         TopologySpec::parse(&text).with_context(|| format!("topology file {}", path.display()))?
+    } else if name_or_path == ONE_PEER_EXPONENTIAL {
+        TopologySpec::parse(&format!("schedule = \"{ONE_PEER_EXPONENTIAL}\""))?
     } else {
         TopologySpec::named(name_or_path)?
     };
@@ -959,6 +968,55 @@ mod tests {
         assert_eq!(r.to_string().parse::<LinkRate>().unwrap(), r);
         let l: LinkLatency = "2ms".parse().unwrap();
         assert_eq!(l.to_string().parse::<LinkLatency>().unwrap(), l);
+    }
+
+    #[test]
+    fn the_one_peer_exponential_schedule_comes_by_name_or_by_file() {
+        let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../experiments/topologies/one-peer-exponential16.toml");
+        let file = file.to_str().unwrap();
+        let want = PushSchedule::one_peer_exponential(16).unwrap();
+        for topology in [ONE_PEER_EXPONENTIAL, file] {
+            let run = parse(&[
+                "murmur",
+                "launch",
+                "--algorithm=sgp",
+                "--peers=16",
+                "--topology",
+                topology,
+            ])
+            .unwrap();
+            let topo = run.topology().unwrap();
+            assert_eq!(run.push_schedule(&topo).unwrap(), want, "{topology}");
+            // A static algorithm needs one W: refused by name and by file.
+            let bad = parse(&[
+                "murmur",
+                "launch",
+                "--algorithm=dpsgd",
+                "--peers=16",
+                "--topology",
+                topology,
+            ]);
+            let err = bad.and_then(|r| r.topology().map(|_| ())).unwrap_err();
+            assert!(
+                format!("{err:#}").contains("time-varying"),
+                "{topology}: {err:#}"
+            );
+        }
+        // A static graph stays static for SGP.
+        let run = parse(&[
+            "murmur",
+            "launch",
+            "--algorithm=sgp",
+            "--peers=8",
+            "--topology=ring",
+        ])
+        .unwrap();
+        let topo = run.topology().unwrap();
+        assert_eq!(
+            run.push_schedule(&topo).unwrap(),
+            PushSchedule::fixed(topo.w.graph()).unwrap()
+        );
     }
 
     #[test]

@@ -28,7 +28,9 @@ pub use error::TopologyError;
 pub use graph::{Graph, Rank};
 pub use mixing::{Checks, MixingMatrix};
 pub use schedule::PushSchedule;
-pub use spec::{InspectReport, NamedKind, SpecSource, Topology, TopologySpec, WeightRule};
+pub use spec::{
+    InspectReport, NamedKind, SpecSource, Topology, TopologySpec, WeightRule, ONE_PEER_EXPONENTIAL,
+};
 
 /// Default absolute tolerance for row/column sums and symmetry checks.
 pub const DEFAULT_TOLERANCE: f64 = 1e-9;

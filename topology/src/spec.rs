@@ -38,6 +38,16 @@
 //! matrix = [[0.5, 0.5], [0.5, 0.5]]
 //! ```
 //!
+//! **Schedule** — a time-varying push schedule for SGP ([`crate::PushSchedule`]):
+//!
+//! ```toml
+//! schedule = "one-peer-exponential"   # round t: peer i pushes to i + 2^(t mod log2 n)
+//! nodes = 16                          # optional if the caller gives the count
+//! ```
+//!
+//! Its [`Topology`] is the static union of the schedule's rounds (the exponential graph
+//! with uniform weights) and carries the schedule in [`Topology::schedule`].
+//!
 //! [`TopologySpec::build`] validates the result: W must be doubly stochastic within
 //! [`crate::DEFAULT_TOLERANCE`] and its graph (strongly) connected.
 
@@ -45,7 +55,7 @@ use std::fmt;
 
 use serde::Deserialize;
 
-use crate::{Graph, MixingMatrix, TopologyError, DEFAULT_TOLERANCE};
+use crate::{Graph, MixingMatrix, PushSchedule, TopologyError, DEFAULT_TOLERANCE};
 
 /// A named graph generator (`topology = "..."` in a topology file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,7 +200,15 @@ pub enum SpecSource {
         /// `matrix[i][j] = W_ij`.
         matrix: Vec<Vec<f64>>,
     },
+    /// `schedule = "one-peer-exponential"`: the time-varying one-peer exponential graph
+    /// (Assran et al. 2019), the only schedule so far.
+    OnePeerExponential,
 }
+
+/// The name of the time-varying one-peer exponential graph (Assran et al. 2019), in files
+/// (`schedule = "..."`) and for `--topology`: in round t peer i sends only to
+/// i + 2^(t mod ⌈log2 n⌉). For SGP/push-sum.
+pub const ONE_PEER_EXPONENTIAL: &str = "one-peer-exponential";
 
 /// A parsed topology file (TOML); see the module documentation for the three forms.
 ///
@@ -223,6 +241,7 @@ struct RawSpec {
     edges: Option<Vec<(usize, usize)>>,
     directed: Option<bool>,
     matrix: Option<Vec<Vec<f64>>>,
+    schedule: Option<String>,
 }
 
 fn spec_err(message: impl Into<String>) -> TopologyError {
@@ -254,10 +273,11 @@ impl TopologySpec {
             raw.topology.is_some(),
             raw.edges.is_some(),
             raw.matrix.is_some(),
+            raw.schedule.is_some(),
         ];
         if forms.iter().filter(|&&f| f).count() != 1 {
             return Err(spec_err(
-                "exactly one of `topology`, `edges` or `matrix` must be given",
+                "exactly one of `topology`, `edges`, `matrix` or `schedule` must be given",
             ));
         }
         let weights = raw.weights.as_deref().map(WeightRule::parse).transpose()?;
@@ -307,6 +327,24 @@ impl TopologySpec {
                 edges,
                 directed: raw.directed.unwrap_or(false),
             }
+        } else if let Some(name) = raw.schedule {
+            if name != ONE_PEER_EXPONENTIAL {
+                return Err(spec_err(format!(
+                    "unknown schedule {name:?} (the one schedule is \"{ONE_PEER_EXPONENTIAL}\")"
+                )));
+            }
+            forbid(
+                &[
+                    ("rows", raw.rows.is_some()),
+                    ("cols", raw.cols.is_some()),
+                    ("p", raw.p.is_some()),
+                    ("seed", raw.seed.is_some()),
+                    ("directed", raw.directed.is_some()),
+                    ("weights", weights.is_some()),
+                ],
+                "a schedule",
+            )?;
+            SpecSource::OnePeerExponential
         } else {
             let ctx = "a dense-matrix topology";
             forbid(
@@ -447,12 +485,22 @@ impl TopologySpec {
                 let w = MixingMatrix::from_dense(matrix.clone())?;
                 (format!("dense(n={n})"), w.graph(), w)
             }
+            SpecSource::OnePeerExponential => {
+                let graph = Graph::exponential(n)?;
+                let w = WeightRule::MaxDegree.apply(&graph)?;
+                (format!("{ONE_PEER_EXPONENTIAL}(n={n})"), graph, w)
+            }
         };
         w.validate_doubly_stochastic(DEFAULT_TOLERANCE)?;
+        let schedule = match self.source {
+            SpecSource::OnePeerExponential => Some(PushSchedule::one_peer_exponential(n)?),
+            _ => None,
+        };
         Ok(Topology {
             name: self.name.clone().unwrap_or(default_name),
             graph,
             w,
+            schedule,
         })
     }
 }
@@ -503,6 +551,9 @@ pub struct Topology {
     pub graph: Graph,
     /// Mixing matrix W, n×n.
     pub w: MixingMatrix,
+    /// The time-varying push schedule of a `schedule = ...` file (then `graph` and `w` are
+    /// the union of its rounds); `None` for a static topology.
+    pub schedule: Option<PushSchedule>,
 }
 
 /// What `murmur topology inspect` prints; serde field names are a stable interface.
@@ -537,6 +588,9 @@ pub struct InspectReport {
     pub lambda2_abs: f64,
     /// `1 - |λ₂(W)|`.
     pub spectral_gap: f64,
+    /// The time-varying schedule, if any (then the other fields describe the union of its
+    /// rounds): its name and period in rounds, e.g. `one-peer-exponential, period 4`.
+    pub schedule: Option<String>,
 }
 
 impl Topology {
@@ -561,6 +615,10 @@ impl Topology {
             connected: checks.connected,
             lambda2_abs,
             spectral_gap: 1.0 - lambda2_abs,
+            schedule: self
+                .schedule
+                .as_ref()
+                .map(|s| format!("{ONE_PEER_EXPONENTIAL}, period {}", s.period())),
         }
     }
 }
@@ -582,6 +640,10 @@ impl fmt::Display for InspectReport {
         writeln!(f, "symmetric          {}", yn(self.symmetric))?;
         writeln!(f, "connected          {}", yn(self.connected))?;
         writeln!(f, "|lambda_2|         {:.6}", self.lambda2_abs)?;
-        write!(f, "spectral gap       {:.6}", self.spectral_gap)
+        write!(f, "spectral gap       {:.6}", self.spectral_gap)?;
+        if let Some(s) = &self.schedule {
+            write!(f, " (of the union of the rounds)\nschedule           {s}")?;
+        }
+        Ok(())
     }
 }

@@ -811,3 +811,38 @@ fn the_slowest_mode_decays_exactly_at_the_second_eigenvalue() {
         .slowest_mode()
         .is_none());
 }
+
+#[test]
+fn a_schedule_file_builds_the_union_graph_and_carries_the_schedule() {
+    let spec = TopologySpec::parse("schedule = \"one-peer-exponential\"\nnodes = 16\n").unwrap();
+    let t = spec.build(None).unwrap();
+    assert_eq!(
+        t.schedule,
+        Some(PushSchedule::one_peer_exponential(16).unwrap())
+    );
+    // The union of the rounds is the static exponential graph with its uniform weights.
+    let exp = TopologySpec::named("exponential")
+        .unwrap()
+        .build(Some(16))
+        .unwrap();
+    assert_eq!(t.graph, exp.graph);
+    assert_eq!(t.w, exp.w);
+    let report = t.inspect();
+    assert_eq!(
+        report.schedule.as_deref(),
+        Some("one-peer-exponential, period 4")
+    );
+    assert!(report
+        .to_string()
+        .contains("schedule           one-peer-exponential"));
+    assert_eq!(exp.schedule, None);
+    assert_eq!(exp.inspect().schedule, None);
+    // Unknown schedules, extra keys and two forms at once are refused.
+    for bad in [
+        "schedule = \"two-peer\"\nnodes = 4",
+        "schedule = \"one-peer-exponential\"\nnodes = 4\nweights = \"max-degree\"",
+        "schedule = \"one-peer-exponential\"\ntopology = \"ring\"\nnodes = 4",
+    ] {
+        assert!(TopologySpec::parse(bad).is_err(), "{bad}");
+    }
+}
