@@ -752,10 +752,12 @@ fn inspect_report() {
         "connected",
         "lambda2_abs",
         "spectral_gap",
+        "schedule",
     ] {
         assert!(keys.contains(&k), "missing {k} in {json}");
     }
-    assert_eq!(keys.len(), 13);
+    assert_eq!(keys.len(), 14);
+    assert!(json["schedule"].is_null());
     let text = r.to_string();
     assert!(
         text.contains("ring") && text.contains("spectral gap") && text.lines().count() >= 8,
