@@ -69,8 +69,11 @@ struct GridRow {
     selected: u8,
 }
 
+/// A run's points: (round, Ξ²/Ξ²(0), bits sent per peer).
+type Curve = Vec<(u64, f64, f64)>;
+
 /// The curve of setting `i`, if its run succeeded.
-fn curve_of(curves: &[(usize, Vec<(u64, f64, f64)>)], i: usize) -> Option<&Vec<(u64, f64, f64)>> {
+fn curve_of(curves: &[(usize, Curve)], i: usize) -> Option<&Curve> {
     curves.iter().find(|c| c.0 == i).map(|c| &c.1)
 }
 
@@ -184,7 +187,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     };
 
     // Curves; failed CHOCO runs (a γ too large for the compressor) are reported, not drawn.
-    let mut curves: Vec<(usize, Vec<(u64, f64, f64)>)> = Vec::new();
+    let mut curves: Vec<(usize, Curve)> = Vec::new();
     let mut failed = Vec::new();
     for (i, (s, r)) in settings.iter().zip(&results).enumerate() {
         match r {
