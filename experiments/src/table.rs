@@ -111,15 +111,16 @@ pub fn check_plot(files: &[std::path::PathBuf]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A Markdown table.
+/// A Markdown table; `|` inside a cell (as in |λ₂|) is escaped.
 pub fn markdown(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut s = format!(
-        "| {} |\n|{}\n",
-        header.join(" | "),
-        "---|".repeat(header.len())
-    );
+    let row = |cells: &mut dyn Iterator<Item = &str>| {
+        let cells: Vec<String> = cells.map(|c| c.replace('|', "\\|")).collect();
+        format!("| {} |\n", cells.join(" | "))
+    };
+    let mut s = row(&mut header.iter().copied());
+    s += &format!("|{}\n", "---|".repeat(header.len()));
     for r in rows {
-        s += &format!("| {} |\n", r.join(" | "));
+        s += &row(&mut r.iter().map(String::as_str));
     }
     s
 }
@@ -184,6 +185,12 @@ mod tests {
         write_csv::<Row>(&p, &[]).unwrap();
         assert!(check_csv(&p, &[], &[]).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn markdown_escapes_pipes_in_cells() {
+        let t = markdown(&["a", "|λ₂|"], &[vec!["1".into(), "|x|".into()]]);
+        assert_eq!(t, "| a | \\|λ₂\\| |\n|---|---|\n| 1 | \\|x\\| |\n");
     }
 
     #[test]
