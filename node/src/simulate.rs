@@ -413,17 +413,16 @@ fn timing(
     dir: &Path,
 ) -> anyhow::Result<()> {
     let n = args.peers;
-    let compute_secs = match sim.compute_ms {
-        Some(ms) if ms.is_finite() && ms >= 0.0 => ms * 1e-3,
-        Some(ms) => bail!("--compute-ms must be ≥ 0, got {ms}"),
-        None => bail!("--timing-only needs --compute-ms (there is no model to time)"),
-    };
+    let compute_secs = fixed_compute_secs(sim)?
+        .ok_or_else(|| anyhow!("--timing-only needs --compute-ms (there is no model to time)"))?;
     let rounds_per_epoch = match args.rounds_per_epoch {
         Some(r) => r,
-        None => {
-            let data = RunData::load(args.model, args.data.as_deref(), args.seed)?;
-            (data.train.len() as u64).div_ceil((n * args.batch_size) as u64)
-        }
+        None => rounds_per_epoch(
+            args,
+            RunData::load(args.model, args.data.as_deref(), args.seed)?
+                .train
+                .len(),
+        ),
     };
     let device: Dev = Default::default();
     let net = Net::<B>::new(args.model, &device);
@@ -443,19 +442,17 @@ fn timing(
             rounds_per_epoch,
         )?);
     }
-    let mut sim_net = NetSim::new(peers, net_model.clone())?;
-    sim_net.set_track_consensus(false);
-    sim_net.set_overlap(!args.no_overlap);
-    eprintln!(
-        "murmur simulate: timing only, {n} peers, {} with {} ({}), {} d = {d}, {} epochs of {rounds_per_epoch} rounds; {}; compute {:.3} ms per step; run folder {}",
-        args.algorithm_name(),
-        args.compressor(),
-        args.topology_label(topo),
-        args.model.with_data(),
-        args.epochs,
-        sim.describe(net_model),
-        compute_secs * 1e3,
-        dir.display()
+    let mut sim_net = training_netsim(args, peers, net_model)?;
+    print_header(
+        "timing only, ",
+        args,
+        sim,
+        topo,
+        net_model,
+        d,
+        rounds_per_epoch,
+        compute_secs,
+        dir,
     );
     // Gradients of the size of the parameters, so that compressors with value-dependent
     // output see vectors like a training run's: windows at random offsets of one seeded
@@ -514,6 +511,64 @@ fn timing(
     Ok(())
 }
 
+/// `--compute-ms` in seconds, if given.
+///
+/// # Errors
+/// A negative or non-finite value.
+fn fixed_compute_secs(sim: &SimArgs) -> anyhow::Result<Option<f64>> {
+    match sim.compute_ms {
+        Some(ms) if ms.is_finite() && ms >= 0.0 => Ok(Some(ms * 1e-3)),
+        Some(ms) => bail!("--compute-ms must be ≥ 0, got {ms}"),
+        None => Ok(None),
+    }
+}
+
+/// The simulator of a training or timing run: no per-round Ξ², overlap as `args` says.
+fn training_netsim(
+    args: &RunArgs,
+    peers: Vec<Box<dyn Gossip>>,
+    net_model: &NetworkModel,
+) -> anyhow::Result<NetSim> {
+    let mut sim_net = NetSim::new(peers, net_model.clone())?;
+    sim_net.set_track_consensus(false);
+    sim_net.set_overlap(!args.no_overlap);
+    Ok(sim_net)
+}
+
+/// The header line of a training (`what` = "") or timing run.
+#[allow(clippy::too_many_arguments)]
+fn print_header(
+    what: &str,
+    args: &RunArgs,
+    sim: &SimArgs,
+    topo: &murmur_topology::Topology,
+    net_model: &NetworkModel,
+    d: usize,
+    rounds_per_epoch: u64,
+    compute_secs: f64,
+    dir: &Path,
+) {
+    eprintln!(
+        "murmur simulate: {what}{} peers, {} with {} ({}), {} d = {d}, {} epochs of {rounds_per_epoch} rounds; {}; compute {:.3} ms per step{}; run folder {}",
+        args.peers,
+        args.algorithm_name(),
+        args.compressor(),
+        args.topology_label(topo),
+        args.model.with_data(),
+        args.epochs,
+        sim.describe(net_model),
+        compute_secs * 1e3,
+        if sim.compute_ms.is_none() { " (measured here; pass --compute-ms to repeat)" } else { "" },
+        dir.display()
+    );
+}
+
+/// Rounds per epoch: `--rounds-per-epoch`, else one pass over `train_len` samples.
+fn rounds_per_epoch(args: &RunArgs, train_len: usize) -> u64 {
+    args.rounds_per_epoch
+        .unwrap_or_else(|| (train_len as u64).div_ceil((args.peers * args.batch_size) as u64))
+}
+
 /// One virtual peer's training state besides its state machine.
 struct PeerState {
     shard: Dataset,
@@ -534,9 +589,7 @@ fn train(
     let device: Dev = Default::default();
     let data = RunData::load(args.model, args.data.as_deref(), args.seed)?;
     let shards = partition(&data.train.labels, n, args.partition, args.seed)?;
-    let rounds_per_epoch = args
-        .rounds_per_epoch
-        .unwrap_or_else(|| (data.train.len() as u64).div_ceil((n * args.batch_size) as u64));
+    let rounds_per_epoch = rounds_per_epoch(args, data.train.len());
 
     // Models: as `murmur peer`, x⁰ from the seed (or seed + rank with --init independent).
     let mut x0s = Vec::with_capacity(n);
@@ -580,9 +633,8 @@ fn train(
         });
     }
     let mut net = Some(Net::<B>::new(args.model, &device));
-    let compute_secs = match sim.compute_ms {
-        Some(ms) if ms.is_finite() && ms >= 0.0 => ms * 1e-3,
-        Some(ms) => bail!("--compute-ms must be ≥ 0, got {ms}"),
+    let compute_secs = match fixed_compute_secs(sim)? {
+        Some(secs) => secs,
         None => measure_step(
             net.take().ok_or_else(|| anyhow!("no model"))?,
             &states[0],
@@ -594,21 +646,17 @@ fn train(
             secs
         })?,
     };
-    let mut sim_net = NetSim::new(peers, net_model.clone())?;
-    sim_net.set_track_consensus(false);
-    sim_net.set_overlap(!args.no_overlap);
-
-    eprintln!(
-        "murmur simulate: {n} peers, {} with {} ({}), {} d = {d}, {} epochs of {rounds_per_epoch} rounds; {}; compute {:.2} ms per step{}; run folder {}",
-        args.algorithm_name(),
-        args.compressor(),
-        args.topology_label(topo),
-        args.model.with_data(),
-        args.epochs,
-        sim.describe(net_model),
-        compute_secs * 1e3,
-        if sim.compute_ms.is_none() { " (measured here; pass --compute-ms to repeat)" } else { "" },
-        dir.display()
+    let mut sim_net = training_netsim(args, peers, net_model)?;
+    print_header(
+        "",
+        args,
+        sim,
+        topo,
+        net_model,
+        d,
+        rounds_per_epoch,
+        compute_secs,
+        dir,
     );
     std::fs::create_dir_all(dir.join("peers"))?;
     for stale in ["epochs.jsonl", "epochs.csv"] {

@@ -281,6 +281,15 @@ impl TopologySpec {
             ));
         }
         let weights = raw.weights.as_deref().map(WeightRule::parse).transpose()?;
+        // The keys that describe a generated graph, refused by the forms that have none.
+        let graph_options = [
+            ("rows", raw.rows.is_some()),
+            ("cols", raw.cols.is_some()),
+            ("p", raw.p.is_some()),
+            ("seed", raw.seed.is_some()),
+            ("directed", raw.directed.is_some()),
+            ("weights", weights.is_some()),
+        ];
         let source = if let Some(t) = raw.topology {
             let kind = NamedKind::parse(&t)?;
             forbid(&[("directed", raw.directed.is_some())], "named topologies")?;
@@ -333,31 +342,10 @@ impl TopologySpec {
                     "unknown schedule {name:?} (the one schedule is \"{ONE_PEER_EXPONENTIAL}\")"
                 )));
             }
-            forbid(
-                &[
-                    ("rows", raw.rows.is_some()),
-                    ("cols", raw.cols.is_some()),
-                    ("p", raw.p.is_some()),
-                    ("seed", raw.seed.is_some()),
-                    ("directed", raw.directed.is_some()),
-                    ("weights", weights.is_some()),
-                ],
-                "a schedule",
-            )?;
+            forbid(&graph_options, "a schedule")?;
             SpecSource::OnePeerExponential
         } else {
-            let ctx = "a dense-matrix topology";
-            forbid(
-                &[
-                    ("rows", raw.rows.is_some()),
-                    ("cols", raw.cols.is_some()),
-                    ("p", raw.p.is_some()),
-                    ("seed", raw.seed.is_some()),
-                    ("directed", raw.directed.is_some()),
-                    ("weights", weights.is_some()),
-                ],
-                ctx,
-            )?;
+            forbid(&graph_options, "a dense-matrix topology")?;
             SpecSource::Dense {
                 matrix: raw.matrix.unwrap_or_default(),
             }
