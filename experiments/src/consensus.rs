@@ -29,13 +29,44 @@ use crate::table::{check_csv, check_plot, markdown, write_csv, Table};
 const TARGET: f64 = 1e-3;
 
 const TOPOLOGIES: [&str; 4] = ["ring", "torus", "exponential", "complete"];
-/// (spec for murmur, label).
+/// (run config in experiments/runs/consensus/, label) of the CHOCO-Gossip runs.
 const COMPRESSORS: [(&str, &str); 4] = [
-    ("topk:0.01", "top-1%"),
-    ("randk:0.01,unscaled", "random-1%"),
-    ("qsgd:127", "QSGD 8-bit"),
-    ("sign", "sign"),
+    ("choco-topk", "top-1%"),
+    ("choco-randk", "random-1%"),
+    ("choco-qsgd", "QSGD 8-bit"),
+    ("choco-sign", "sign"),
 ];
+
+/// A run config of experiments/runs/consensus/: its path, rounds, d and compressor.
+struct Config {
+    path: String,
+    rounds: u64,
+    compressor: String,
+}
+
+impl Config {
+    fn read(ctx: &Ctx, stem: &str) -> anyhow::Result<Config> {
+        let path = ctx.file(&format!("runs/consensus/{stem}.toml"))?;
+        let v: toml::Table = std::fs::read_to_string(&path)?
+            .parse()
+            .with_context(|| format!("parsing {path}"))?;
+        let rounds = v
+            .get("rounds")
+            .and_then(toml::Value::as_integer)
+            .and_then(|r| u64::try_from(r).ok())
+            .with_context(|| format!("{path}: no `rounds`"))?;
+        let compressor = v
+            .get("compressor")
+            .and_then(toml::Value::as_str)
+            .unwrap_or("none")
+            .to_string();
+        Ok(Config {
+            path,
+            rounds,
+            compressor,
+        })
+    }
+}
 
 /// One point of one curve.
 #[derive(Debug, Serialize)]
@@ -85,7 +116,9 @@ struct Setting {
     topology: &'static str,
     n: usize,
     init: &'static str,
-    compressor: &'static str,
+    /// The run config's stem (`exact`, `choco-topk`, …).
+    config: &'static str,
+    compressor: String,
     gamma: f64,
     id: String,
 }
@@ -94,10 +127,27 @@ struct Setting {
 pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     let dir = ctx.dir("consensus")?;
     let runs = dir.join("runs");
-    let (exact_rounds, choco_rounds, exact_dim, choco_dim) = if ctx.quick {
-        (50u64, 60u64, 200usize, 1000usize)
+    let mut configs = BTreeMap::new();
+    for stem in std::iter::once("exact").chain(COMPRESSORS.iter().map(|c| c.0)) {
+        configs.insert(stem, Config::read(ctx, stem)?);
+    }
+    // --quick shortens the configs' runs on the command line (which wins).
+    let quick = |exact: bool| -> Vec<String> {
+        match (ctx.quick, exact) {
+            (false, _) => Vec::new(),
+            (true, true) => vec!["--rounds=50".into(), "--dim=200".into()],
+            (true, false) => vec!["--rounds=60".into(), "--dim=1000".into()],
+        }
+    };
+    let exact_rounds = if ctx.quick {
+        50
     } else {
-        (100, 1000, 2000, 2000)
+        configs["exact"].rounds
+    };
+    let choco_rounds = if ctx.quick {
+        60
+    } else {
+        configs["choco-topk"].rounds
     };
     let gammas: &[f64] = if ctx.quick {
         &[0.05, 0.5]
@@ -113,24 +163,23 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                     topology,
                     n,
                     init,
-                    compressor: "none",
+                    config: "exact",
+                    compressor: configs["exact"].compressor.clone(),
                     gamma: 1.0,
                     id: format!("exact-{topology}-n{n}-{init}"),
                 });
             }
-            for (c, _) in COMPRESSORS {
+            for (config, _) in COMPRESSORS {
                 for &gamma in gammas {
                     settings.push(Setting {
                         kind: "choco",
                         topology,
                         n,
                         init: "uniform",
-                        compressor: c,
+                        config,
+                        compressor: configs[config].compressor.clone(),
                         gamma,
-                        id: format!(
-                            "choco-{topology}-n{n}-{}-g{gamma}",
-                            c.replace([':', ','], "_")
-                        ),
+                        id: format!("{config}-{topology}-n{n}-g{gamma}"),
                     });
                 }
             }
@@ -142,28 +191,19 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
             let exact = s.kind == "exact";
             let mut a = vec![
                 "simulate".to_string(),
-                "--consensus".into(),
+                "--config".into(),
+                configs[s.config].path.clone(),
                 format!("--peers={}", s.n),
                 format!("--topology={}", s.topology),
-                format!(
-                    "--rounds={}",
-                    if exact { exact_rounds } else { choco_rounds }
-                ),
-                format!("--dim={}", if exact { exact_dim } else { choco_dim }),
                 format!("--consensus-init={}", s.init),
                 "--seed=1".into(),
                 format!("--out={}", runs.display()),
                 format!("--run-id={}", s.id),
             ];
-            if exact {
-                a.push("--algorithm=dpsgd".into());
-            } else {
-                a.extend([
-                    "--algorithm=choco".into(),
-                    format!("--compressor={}", s.compressor),
-                    format!("--gamma={}", s.gamma),
-                ]);
+            if !exact {
+                a.push(format!("--gamma={}", s.gamma));
             }
+            a.extend(quick(exact));
             Job::new(s.id.clone(), a).in_folder(runs.join(&s.id), Some("consensus.csv"))
         })
         .collect();
@@ -233,7 +273,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
         if s.kind != "choco" {
             continue;
         }
-        let key = (s.topology, s.n, s.compressor);
+        let key = (s.topology, s.n, s.config);
         let r = rank(pts);
         let better = best_rank
             .get(&key)
@@ -247,7 +287,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
         let s = &settings[i];
         s.kind == "exact"
             || best
-                .get(&(s.topology, s.n, s.compressor))
+                .get(&(s.topology, s.n, s.config))
                 .is_some_and(|b| b.0 == i)
     };
     // Every γ's final error; the curves of the selected ones (every round up to 100, then
@@ -259,7 +299,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
         .map(|(i, s)| GridRow {
             topology: s.topology.into(),
             n: s.n,
-            compressor: s.compressor.into(),
+            compressor: s.compressor.clone(),
             gamma: s.gamma,
             converged_run: u8::from(curve_of(&curves, i).is_some()),
             final_relative: curve_of(&curves, i)
@@ -288,7 +328,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                 topology: s.topology.into(),
                 n: s.n,
                 init: s.init.into(),
-                compressor: s.compressor.into(),
+                compressor: s.compressor.clone(),
                 gamma: s.gamma,
                 round,
                 relative,

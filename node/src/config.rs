@@ -1025,7 +1025,8 @@ mod tests {
         let mut n = 0;
         let files = std::fs::read_dir(&dir)
             .unwrap()
-            .chain(std::fs::read_dir(dir.join("convergence")).unwrap());
+            .chain(std::fs::read_dir(dir.join("convergence")).unwrap())
+            .chain(std::fs::read_dir(dir.join("consensus")).unwrap());
         for entry in files {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "toml") {
@@ -1037,8 +1038,8 @@ mod tests {
             }
         }
         assert!(
-            n >= 19,
-            "expected the run configs of experiments/runs and runs/convergence, found {n}"
+            n >= 24,
+            "expected the run configs of experiments/runs, runs/convergence and runs/consensus, found {n}"
         );
     }
 
