@@ -23,7 +23,7 @@ use plotters::chart::SeriesLabelPosition;
 
 use crate::plot::{Chart, Series, Stroke};
 use crate::runner::{Ctx, Job};
-use crate::table::{check_csv, check_plot, markdown, write_csv, Table};
+use crate::table::{markdown, write_checked_csv, Table};
 
 /// The consensus error the tables and the choice of γ measure to.
 const TARGET: f64 = 1e-3;
@@ -197,14 +197,12 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                 format!("--topology={}", s.topology),
                 format!("--consensus-init={}", s.init),
                 "--seed=1".into(),
-                format!("--out={}", runs.display()),
-                format!("--run-id={}", s.id),
             ];
             if !exact {
                 a.push(format!("--gamma={}", s.gamma));
             }
             a.extend(quick(exact));
-            Job::new(s.id.clone(), a).in_folder(runs.join(&s.id), Some("consensus.csv"))
+            Job::in_run(&runs, &s.id, a, Some("consensus.csv"))
         })
         .collect();
     let results = ctx.run_all("consensus", &jobs);
@@ -309,9 +307,9 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
         })
         .collect();
     let grid_csv = dir.join("gamma_grid.csv");
-    write_csv(&grid_csv, &grid)?;
-    check_csv(
+    write_checked_csv(
         &grid_csv,
+        &grid,
         &["n", "gamma", "converged_run", "selected"],
         &["topology", "compressor", "final_relative"],
     )?;
@@ -339,9 +337,9 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
         }
     }
     let csv = dir.join("consensus.csv");
-    write_csv(&csv, &rows)?;
-    check_csv(
+    write_checked_csv(
         &csv,
+        &rows,
         &[
             "n",
             "gamma",
@@ -498,10 +496,10 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                     "—".into(),
                 ]);
             }
-            check_plot(&by_round.save(&dir.join(format!("{t}_n{n}_vs_round")))?)?;
-            check_plot(&by_bits.save(&dir.join(format!("{t}_n{n}_vs_bits")))?)?;
+            by_round.save(&dir.join(format!("{t}_n{n}_vs_round")))?;
+            by_bits.save(&dir.join(format!("{t}_n{n}_vs_bits")))?;
         }
-        check_plot(&overview.save(&dir.join(format!("exact_gossip_n{n}")))?)?;
+        overview.save(&dir.join(format!("exact_gossip_n{n}")))?;
     }
     summary += "Exact gossip (`relative` ≤ 10⁻³: first round and bits per peer; factor: the largest of measured/predicted and its inverse over rounds 1–50 where the prediction is ≥ 10⁻¹⁰, above f32's floor)\n\n";
     summary += &markdown(

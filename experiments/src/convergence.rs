@@ -14,14 +14,14 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{anyhow, Context};
+use anyhow::Context;
 use serde::Serialize;
 
 use plotters::chart::SeriesLabelPosition;
 
 use crate::plot::{Chart, Series};
-use crate::runner::{Ctx, Job};
-use crate::table::{check_csv, check_plot, markdown, mean_sd, write_csv, Table};
+use crate::runner::{json_f64, parse_json, Ctx, Job};
+use crate::table::{markdown, mean_sd, write_checked_csv, Table};
 
 /// (config file stem, label), in plot order.
 const ALGORITHMS: [(&str, &str); 8] = [
@@ -72,12 +72,7 @@ fn measure_compute_ms(ctx: &Ctx) -> anyhow::Result<f64> {
             "--json",
         ],
     ))?;
-    let v: serde_json::Value =
-        serde_json::from_str(out.trim()).context("parsing murmur bench --json")?;
-    let s = v["forward_backward_seconds"]
-        .as_f64()
-        .ok_or_else(|| anyhow!("murmur bench --json has no forward_backward_seconds"))?;
-    Ok(s * 1e3)
+    Ok(json_f64(&parse_json(out.as_bytes())?, "forward_backward_seconds")? * 1e3)
 }
 
 /// Runs the experiment.
@@ -118,11 +113,9 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                     format!("--seed={seed}"),
                     "--bandwidth-gbps=1".into(),
                     format!("--compute-ms={compute_ms}"),
-                    format!("--out={}", runs.display()),
-                    format!("--run-id={id}"),
                 ];
                 a.extend(quick_args.iter().map(|s| s.to_string()));
-                jobs.push(Job::new(id.clone(), a).in_folder(runs.join(&id), Some("summary.json")));
+                jobs.push(Job::in_run(&runs, &id, a, Some("summary.json")));
                 keys.push((part, algo, seed, id));
             }
         }
@@ -137,11 +130,9 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
             "--timing-only".into(),
             "--bandwidth-gbps=10".into(),
             format!("--compute-ms={compute_ms}"),
-            format!("--out={}", runs.display()),
-            format!("--run-id={id}"),
         ];
         a.extend(quick_args.iter().map(|s| s.to_string()));
-        jobs.push(Job::new(id.clone(), a).in_folder(runs.join(&id), Some("timing.csv")));
+        jobs.push(Job::in_run(&runs, &id, a, Some("timing.csv")));
     }
     ctx.run_all_ok("convergence", &jobs)?;
 
@@ -193,9 +184,9 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
         }
     }
     let csv = dir.join("convergence.csv");
-    write_csv(&csv, &rows)?;
-    check_csv(
+    write_checked_csv(
         &csv,
+        &rows,
         &[
             "seed",
             "epoch",
@@ -296,7 +287,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
             ),
         ];
         for (c, name) in charts {
-            check_plot(&c.save(&dir.join(format!("{slug}_{name}")))?)?;
+            c.save(&dir.join(format!("{slug}_{name}")))?;
         }
         let mut local = Chart::new(
             format!("Mean accuracy of the peers' own models — {plabel}"),
@@ -325,8 +316,8 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                 );
             }
         }
-        check_plot(&local.save(&dir.join(format!("{slug}_peer_accuracy_vs_epoch")))?)?;
-        check_plot(&loss.save(&dir.join(format!("{slug}_loss_vs_epoch")))?)?;
+        local.save(&dir.join(format!("{slug}_peer_accuracy_vs_epoch")))?;
+        loss.save(&dir.join(format!("{slug}_loss_vs_epoch")))?;
 
         // The table.
         let mut table = Vec::new();

@@ -2,7 +2,7 @@
 //!
 //! Each driver runs the `murmur` binary (the simulator, `murmur launch`, `murmur bench`) or
 //! the topology library, gathers the runs into one CSV per experiment, draws the plots
-//! (PNG and SVG, [`plot`]) and checks what it wrote ([`table::check_csv`]): every plot
+//! (PNG and SVG, [`plot`]) and checks what it wrote ([`table::write_checked_csv`], [`plot::Chart::save`]): every plot
 //! file present, every CSV with its expected columns and finite values.
 
 mod consensus;

@@ -145,7 +145,8 @@ impl Chart {
         }
     }
 
-    /// Writes `<stem>.png` (1000×650) and `<stem>.svg`; returns both paths.
+    /// Writes `<stem>.png` (1000×650) and `<stem>.svg` and checks that both exist and are
+    /// not empty (the `--quick` check of a plot); returns both paths.
     ///
     /// # Errors
     /// No point to draw, or a file that cannot be written.
@@ -165,6 +166,14 @@ impl Chart {
                 .with_context(|| format!("drawing {}", svg.display()))?;
             root.present()
                 .map_err(|e| anyhow!("writing {}: {e}", svg.display()))?;
+        }
+        for f in [&png, &svg] {
+            let len = std::fs::metadata(f)
+                .with_context(|| format!("plot {} was not written", f.display()))?
+                .len();
+            if len == 0 {
+                bail!("plot {} is empty", f.display());
+            }
         }
         Ok([png, svg])
     }

@@ -1,6 +1,6 @@
 //! Running `murmur` commands: one at a time or several at once, with progress.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -51,12 +51,19 @@ impl Job {
         }
     }
 
-    /// The same job with its run folder `folder` (cleared before it runs) and, if `reuse`
-    /// is given, the file in that folder whose presence lets `--reuse` skip the job.
-    pub fn in_folder(mut self, folder: PathBuf, reuse: Option<&str>) -> Self {
-        self.output = reuse.map(|f| folder.join(f));
-        self.folder = Some(folder);
-        self
+    /// A `murmur simulate`/`launch` job writing the run folder `<runs>/<id>` (cleared before
+    /// it runs): `args` plus `--out` and `--run-id`, labelled `id`. With `reuse`, the file in
+    /// that folder whose presence lets `--reuse` skip the job.
+    pub fn in_run(runs: &Path, id: &str, mut args: Vec<String>, reuse: Option<&str>) -> Self {
+        args.push(format!("--out={}", runs.display()));
+        args.push(format!("--run-id={id}"));
+        let folder = runs.join(id);
+        Job {
+            label: id.to_string(),
+            args,
+            output: reuse.map(|f| folder.join(f)),
+            folder: Some(folder),
+        }
     }
 }
 
@@ -224,4 +231,22 @@ impl Progress {
     pub fn finish(&self) {
         self.bar.finish_and_clear();
     }
+}
+
+/// The JSON object a `murmur … --json` command printed, or a file holds.
+///
+/// # Errors
+/// Not JSON.
+pub fn parse_json(text: &[u8]) -> anyhow::Result<serde_json::Value> {
+    serde_json::from_slice(text.trim_ascii()).context("parsing murmur's JSON")
+}
+
+/// The number `key` of a JSON object.
+///
+/// # Errors
+/// No such key, or not a number.
+pub fn json_f64(v: &serde_json::Value, key: &str) -> anyhow::Result<f64> {
+    v[key]
+        .as_f64()
+        .ok_or_else(|| anyhow!("no number {key:?} in {v}"))
 }

@@ -4,14 +4,14 @@
 //! ratio (communication time / computation time, Shi, Tang, Chu et al.'s survey) of each
 //! model from `murmur bench`.
 
-use anyhow::{anyhow, Context};
+use anyhow::anyhow;
 use serde::Serialize;
 
 use plotters::chart::SeriesLabelPosition;
 
 use crate::plot::{Chart, Series, Stroke};
-use crate::runner::{Ctx, Job};
-use crate::table::{check_csv, check_plot, markdown, write_csv, Table};
+use crate::runner::{json_f64, parse_json, Ctx, Job};
+use crate::table::{markdown, write_checked_csv, Table};
 
 /// (label, murmur arguments) of the simulated algorithms.
 const SIM_ALGORITHMS: [(&str, &[&str]); 4] = [
@@ -68,16 +68,6 @@ struct C2cRow {
     c2c_10gbps: f64,
 }
 
-fn json(out: &str) -> anyhow::Result<serde_json::Value> {
-    serde_json::from_str(out.trim()).context("parsing murmur's JSON")
-}
-
-fn num(v: &serde_json::Value, key: &str) -> anyhow::Result<f64> {
-    v[key]
-        .as_f64()
-        .ok_or_else(|| anyhow!("no number {key:?} in {v}"))
-}
-
 /// Runs the experiment.
 pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     let dir = ctx.dir("scaling")?;
@@ -113,22 +103,23 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     // One at a time: the benchmark times compute on this machine.
     let mut c2c = Vec::new();
     for job in &jobs {
-        let v = json(&ctx.run_all_ok("scaling: C2C", std::slice::from_ref(job))?[0])?;
+        let v =
+            parse_json(ctx.run_all_ok("scaling: C2C", std::slice::from_ref(job))?[0].as_bytes())?;
         c2c.push(C2cRow {
             model: v["model"].as_str().unwrap_or("?").to_string(),
-            batch_size: num(&v, "batch_size")? as u64,
-            dim: num(&v, "dim")? as u64,
-            message_bytes: num(&v, "message_bytes")? as u64,
-            forward_backward_seconds: num(&v, "forward_backward_seconds")?,
-            step_seconds: num(&v, "step_seconds")?,
-            c2c_1gbps: num(&v, "c2c_1gbps")?,
-            c2c_10gbps: num(&v, "c2c_10gbps")?,
+            batch_size: json_f64(&v, "batch_size")? as u64,
+            dim: json_f64(&v, "dim")? as u64,
+            message_bytes: json_f64(&v, "message_bytes")? as u64,
+            forward_backward_seconds: json_f64(&v, "forward_backward_seconds")?,
+            step_seconds: json_f64(&v, "step_seconds")?,
+            c2c_1gbps: json_f64(&v, "c2c_1gbps")?,
+            c2c_10gbps: json_f64(&v, "c2c_10gbps")?,
         });
     }
     let c2c_csv = dir.join("c2c.csv");
-    write_csv(&c2c_csv, &c2c)?;
-    check_csv(
+    write_checked_csv(
         &c2c_csv,
+        &c2c,
         &[
             "batch_size",
             "dim",
@@ -171,12 +162,10 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                     format!("--batch-size={BATCH}"),
                     "--epochs=1".into(),
                     format!("--rounds-per-epoch={SIM_ROUNDS}"),
-                    format!("--out={}", runs.display()),
-                    format!("--run-id={id}"),
                 ];
                 args.extend(a.iter().map(|s| s.to_string()));
                 // Not reusable: the compute time is measured again on every run.
-                jobs.push(Job::new(id.clone(), args).in_folder(runs.join(&id), None));
+                jobs.push(Job::in_run(&runs, &id, args, None));
                 keys.push((label, gbps, n, id));
             }
         }
@@ -206,9 +195,9 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
         });
     }
     let sim_csv = dir.join("scaling_sim.csv");
-    write_csv(&sim_csv, &sim)?;
-    check_csv(
+    write_checked_csv(
         &sim_csv,
+        &sim,
         &[
             "gbps",
             "n",
@@ -234,29 +223,26 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                 "--epochs=1".into(),
                 format!("--rounds-per-epoch={real_rounds}"),
                 format!("--batch-size={BATCH}"),
-                format!("--out={}", runs.display()),
-                format!("--run-id={id}"),
             ];
             args.extend(a.iter().map(|s| s.to_string()));
             ctx.run_all_ok(
                 "scaling: real peers",
-                &[Job::new(id.clone(), args).in_folder(runs.join(&id), Some("summary.json"))],
+                &[Job::in_run(&runs, &id, args, Some("summary.json"))],
             )?;
-            let v: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(runs.join(&id).join("summary.json"))?)?;
+            let v = parse_json(&std::fs::read(runs.join(&id).join("summary.json"))?)?;
             real.push(RealRow {
                 algorithm: label.to_string(),
                 n,
-                rounds: num(&v, "rounds")?,
-                seconds_per_round: num(&v, "seconds_per_round")?,
-                samples_per_second: num(&v, "samples_per_second")?,
+                rounds: json_f64(&v, "rounds")?,
+                seconds_per_round: json_f64(&v, "seconds_per_round")?,
+                samples_per_second: json_f64(&v, "samples_per_second")?,
             });
         }
     }
     let real_csv = dir.join("scaling_real.csv");
-    write_csv(&real_csv, &real)?;
-    check_csv(
+    write_checked_csv(
         &real_csv,
+        &real,
         &["n", "rounds", "seconds_per_round", "samples_per_second"],
         &["algorithm"],
     )?;
@@ -312,8 +298,8 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
             );
         }
     }
-    check_plot(&time.save(&dir.join("sim_time_per_round_vs_n"))?)?;
-    check_plot(&thr.save(&dir.join("sim_samples_per_second_vs_n"))?)?;
+    time.save(&dir.join("sim_time_per_round_vs_n"))?;
+    thr.save(&dir.join("sim_samples_per_second_vs_n"))?;
     let mut rtime = Chart::new(
         "Real processes on this machine: time per round vs peers",
         "peers n",
@@ -343,8 +329,8 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                 .collect(),
         ));
     }
-    check_plot(&rtime.save(&dir.join("real_time_per_round_vs_n"))?)?;
-    check_plot(&rthr.save(&dir.join("real_samples_per_second_vs_n"))?)?;
+    rtime.save(&dir.join("real_time_per_round_vs_n"))?;
+    rthr.save(&dir.join("real_samples_per_second_vs_n"))?;
     let mut cc = Chart::new(
         "C2C ratio per model (2 messages of d f32 per step, batch 32)",
         "parameters d",
@@ -366,7 +352,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
         cc.series
             .push(Series::line(gbps, k, pts).stroke(Stroke::Points));
     }
-    check_plot(&cc.save(&dir.join("c2c_per_model"))?)?;
+    cc.save(&dir.join("c2c_per_model"))?;
 
     // Tables.
     let mut s =

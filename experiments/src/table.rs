@@ -58,11 +58,26 @@ impl Table {
     }
 }
 
+/// Writes `rows` as CSV and checks the file as [`check_csv`] does: every driver's CSV goes
+/// through here.
+///
+/// # Errors
+/// The file cannot be written, or the check fails.
+pub fn write_checked_csv<T: Serialize>(
+    path: &Path,
+    rows: &[T],
+    numeric: &[&str],
+    text: &[&str],
+) -> anyhow::Result<()> {
+    write_csv(path, rows)?;
+    check_csv(path, numeric, text)
+}
+
 /// Writes `rows` as CSV (header from the struct's field names).
 ///
 /// # Errors
 /// The file cannot be written.
-pub fn write_csv<T: Serialize>(path: &Path, rows: &[T]) -> anyhow::Result<()> {
+fn write_csv<T: Serialize>(path: &Path, rows: &[T]) -> anyhow::Result<()> {
     let mut w =
         csv::Writer::from_path(path).with_context(|| format!("writing {}", path.display()))?;
     for r in rows {
@@ -77,7 +92,7 @@ pub fn write_csv<T: Serialize>(path: &Path, rows: &[T]) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// What is missing or not finite, with the file's name.
-pub fn check_csv(path: &Path, numeric: &[&str], text: &[&str]) -> anyhow::Result<()> {
+fn check_csv(path: &Path, numeric: &[&str], text: &[&str]) -> anyhow::Result<()> {
     let t = Table::read(path)?;
     let ctx = || format!("check of {}", path.display());
     if t.rows.is_empty() {
@@ -90,22 +105,6 @@ pub fn check_csv(path: &Path, numeric: &[&str], text: &[&str]) -> anyhow::Result
         let v = t.f64s(name).with_context(ctx)?;
         if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
             bail!("{}: column {name:?} row {} is {x}", ctx(), i + 1);
-        }
-    }
-    Ok(())
-}
-
-/// The `--quick` check of a plot: both files written and not empty.
-///
-/// # Errors
-/// A missing or empty file.
-pub fn check_plot(files: &[std::path::PathBuf]) -> anyhow::Result<()> {
-    for f in files {
-        let len = std::fs::metadata(f)
-            .with_context(|| format!("plot {} was not written", f.display()))?
-            .len();
-        if len == 0 {
-            bail!("plot {} is empty", f.display());
         }
     }
     Ok(())

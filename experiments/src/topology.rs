@@ -12,7 +12,7 @@ use plotters::chart::SeriesLabelPosition;
 
 use crate::plot::{Chart, Series};
 use crate::runner::Ctx;
-use crate::table::{check_csv, check_plot, markdown, write_csv};
+use crate::table::{markdown, write_checked_csv};
 
 /// The families, in plot order.
 const FAMILIES: [&str; 7] = [
@@ -94,9 +94,9 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
         eprintln!("[topology] {family}: {} sizes", ns.len());
     }
     let csv = dir.join("spectral_gap.csv");
-    write_csv(&csv, &rows)?;
-    check_csv(
+    write_checked_csv(
         &csv,
+        &rows,
         &[
             "n",
             "mean_degree",
@@ -133,7 +133,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     gap.y_floor = 1e-6;
     gap.series = series(&|r| r.spectral_gap);
     gap.legend = SeriesLabelPosition::LowerLeft;
-    check_plot(&gap.save(&dir.join("spectral_gap_vs_n"))?)?;
+    gap.save(&dir.join("spectral_gap_vs_n"))?;
     let mut deg = Chart::new(
         "Per-peer degree vs peers (messages per round)",
         "peers n",
@@ -144,7 +144,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     deg.y_floor = 0.5;
     deg.series = series(&|r| r.mean_degree);
     deg.legend = SeriesLabelPosition::UpperLeft;
-    check_plot(&deg.save(&dir.join("degree_vs_n"))?)?;
+    deg.save(&dir.join("degree_vs_n"))?;
     let mut cost = Chart::new(
         "Messages per peer for exact gossip to cut Ξ² by 10⁶ (rounds × degree)",
         "peers n",
@@ -155,7 +155,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     cost.y_floor = 0.5;
     cost.series = series(&|r| r.messages_to_1e6);
     cost.legend = SeriesLabelPosition::UpperLeft;
-    check_plot(&cost.save(&dir.join("messages_vs_n"))?)?;
+    cost.save(&dir.join("messages_vs_n"))?;
 
     let table: Vec<Vec<String>> = rows
         .iter()
