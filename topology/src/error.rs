@@ -197,4 +197,13 @@ pub enum TopologyError {
         /// Peer count requested by the caller.
         requested: usize,
     },
+
+    /// A peer rank is not in 0..n.
+    #[error("peer {rank} is out of range for n = {n} peers (valid: 0..{n})")]
+    RankOutOfRange {
+        /// The rank given.
+        rank: usize,
+        /// Number of peers.
+        n: usize,
+    },
 }

@@ -59,7 +59,10 @@ impl Graph {
     }
 
     /// Builds an undirected graph (both directions) from edges known to be valid.
-    fn undirected_unchecked(n: usize, edges: impl IntoIterator<Item = (Rank, Rank)>) -> Graph {
+    pub(crate) fn undirected_unchecked(
+        n: usize,
+        edges: impl IntoIterator<Item = (Rank, Rank)>,
+    ) -> Graph {
         Graph::from_directed_unchecked(n, edges.into_iter().flat_map(|(a, b)| [(a, b), (b, a)]))
     }
 

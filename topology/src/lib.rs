@@ -26,7 +26,7 @@ mod spec;
 
 pub use error::TopologyError;
 pub use graph::{Graph, Rank};
-pub use mixing::{Checks, MixingMatrix};
+pub use mixing::{Checks, MixingMatrix, Surviving};
 pub use schedule::PushSchedule;
 pub use spec::{
     InspectReport, NamedKind, SpecSource, Topology, TopologySpec, WeightRule, ONE_PEER_EXPONENTIAL,

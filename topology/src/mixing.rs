@@ -34,6 +34,25 @@ pub struct MixingMatrix {
     w: DMatrix<f64>,
 }
 
+/// The mixing matrix of the peers that remain after some have left the run
+/// (see [`MixingMatrix::without_peers`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Surviving {
+    /// W': n×n. Metropolis–Hastings weights on the surviving graph; a departed peer's row
+    /// and column are those of the identity (it keeps its value and nobody mixes it).
+    pub w: MixingMatrix,
+    /// Connected components of the surviving graph, each sorted, ordered by their smallest
+    /// rank; departed peers are in none. One component: the survivors still reach consensus.
+    pub components: Vec<Vec<Rank>>,
+}
+
+impl Surviving {
+    /// Whether the survivors still form one connected graph.
+    pub fn is_connected(&self) -> bool {
+        self.components.len() <= 1
+    }
+}
+
 /// Results of the structural checks on W (see [`MixingMatrix::checks`]).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Checks {
@@ -341,5 +360,68 @@ impl MixingMatrix {
     /// step (`W = J/n`).
     pub fn spectral_gap(&self) -> f64 {
         1.0 - self.second_eigenvalue_modulus()
+    }
+
+    /// The mixing matrix after the peers in `gone` left: Metropolis–Hastings weights
+    /// (Xiao & Boyd 2004) on W's support graph without them, which every survivor can
+    /// compute from the topology and the list of departed peers alone. The result is
+    /// symmetric and doubly stochastic over the survivors (departed peers keep an identity
+    /// row), so the survivors' average is preserved. Duplicates in `gone` are ignored.
+    ///
+    /// W' keeps the n×n shape so that ranks do not change. For an MH-weighted W the edge
+    /// weights between two survivors change only where one of them lost a neighbour (a
+    /// ring's survivors two hops away keep 1/3).
+    ///
+    /// Errors: [`TopologyError::RankOutOfRange`] for a rank ≥ n;
+    /// [`TopologyError::NotSymmetric`] if W's support is directed (the exponential graph):
+    /// Metropolis–Hastings needs an undirected graph.
+    pub fn without_peers(&self, gone: &[Rank]) -> Result<Surviving, TopologyError> {
+        let n = self.n();
+        if let Some(&rank) = gone.iter().find(|&&r| r >= n) {
+            return Err(TopologyError::RankOutOfRange { rank, n });
+        }
+        let mut alive = vec![true; n];
+        for &r in gone {
+            alive[r] = false;
+        }
+        let support = self.graph();
+        if let Some((from, to)) = support.first_asymmetric_edge() {
+            return Err(TopologyError::NotSymmetric {
+                rule: "re-weighting after a departure (metropolis-hastings weights)",
+                from,
+                to,
+            });
+        }
+        let edges: Vec<(Rank, Rank)> = (0..n)
+            .filter(|&i| alive[i])
+            .flat_map(|i| support.out_neighbors(i).iter().map(move |&j| (i, j)))
+            .filter(|&(i, j)| alive[j] && i < j)
+            .collect();
+        let surviving = Graph::undirected_unchecked(n, edges);
+        let w = Self::metropolis_hastings(&surviving)?;
+        // Components of the survivors (departed peers are isolated vertices, left out).
+        let mut component = vec![usize::MAX; n];
+        let mut components: Vec<Vec<Rank>> = Vec::new();
+        for start in (0..n).filter(|&i| alive[i]) {
+            if component[start] != usize::MAX {
+                continue;
+            }
+            let c = components.len();
+            let mut members = vec![start];
+            component[start] = c;
+            let mut k = 0;
+            while k < members.len() {
+                for &j in surviving.out_neighbors(members[k]) {
+                    if component[j] == usize::MAX {
+                        component[j] = c;
+                        members.push(j);
+                    }
+                }
+                k += 1;
+            }
+            members.sort_unstable();
+            components.push(members);
+        }
+        Ok(Surviving { w, components })
     }
 }

@@ -848,3 +848,58 @@ fn a_schedule_file_builds_the_union_graph_and_carries_the_schedule() {
         assert!(TopologySpec::parse(bad).is_err(), "{bad}");
     }
 }
+
+// ---------- departures ----------
+
+#[test]
+fn ring_without_one_peer_is_a_path_with_metropolis_weights() {
+    let w = MixingMatrix::metropolis_hastings(&Graph::ring(8).unwrap()).unwrap();
+    let s = w.without_peers(&[3]).unwrap();
+    assert!(s.is_connected());
+    assert_eq!(s.components, vec![vec![0, 1, 2, 4, 5, 6, 7]]);
+    // Peer 3 keeps an identity row and column.
+    assert_close(s.w.get(3, 3), 1.0, TOL);
+    assert!((0..8)
+        .filter(|&j| j != 3)
+        .all(|j| s.w.get(3, j) == 0.0 && s.w.get(j, 3) == 0.0));
+    // Its former neighbours have degree 1: the edge to a degree-2 peer keeps 1/(1 + 2).
+    assert_close(s.w.get(2, 1), 1.0 / 3.0, TOL);
+    assert_close(s.w.get(2, 2), 2.0 / 3.0, TOL);
+    assert_close(s.w.get(4, 5), 1.0 / 3.0, TOL);
+    // Survivors two hops away keep their weights.
+    assert_close(s.w.get(6, 7), 1.0 / 3.0, TOL);
+    assert_close(s.w.get(6, 6), 1.0 / 3.0, TOL);
+    let c = s.w.checks(TOL);
+    assert!(c.doubly_stochastic && c.symmetric && c.nonnegative);
+    // Duplicates are ignored; nobody gone gives back the MH matrix of the full graph.
+    assert_eq!(w.without_peers(&[3, 3]).unwrap(), s);
+    assert_eq!(w.without_peers(&[]).unwrap().w, w);
+}
+
+#[test]
+fn departures_that_split_the_graph_are_reported_as_components() {
+    let w = MixingMatrix::metropolis_hastings(&Graph::ring(8).unwrap()).unwrap();
+    let s = w.without_peers(&[1, 5]).unwrap();
+    assert!(!s.is_connected());
+    assert_eq!(s.components, vec![vec![0, 6, 7], vec![2, 3, 4]]);
+    assert!(s.w.checks(TOL).doubly_stochastic);
+    // A complete graph stays connected whoever leaves.
+    let k = MixingMatrix::metropolis_hastings(&Graph::complete(5).unwrap()).unwrap();
+    let s = k.without_peers(&[0, 2]).unwrap();
+    assert_eq!(s.components, vec![vec![1, 3, 4]]);
+    assert_close(s.w.get(1, 3), 1.0 / 3.0, TOL);
+}
+
+#[test]
+fn departures_are_refused_on_directed_graphs_and_for_unknown_ranks() {
+    let w = MixingMatrix::max_degree(&Graph::exponential(8).unwrap()).unwrap();
+    assert!(matches!(
+        w.without_peers(&[1]),
+        Err(TopologyError::NotSymmetric { .. })
+    ));
+    let r = MixingMatrix::metropolis_hastings(&Graph::ring(4).unwrap()).unwrap();
+    assert_eq!(
+        r.without_peers(&[4]),
+        Err(TopologyError::RankOutOfRange { rank: 4, n: 4 })
+    );
+}
