@@ -24,8 +24,10 @@ use murmur_compress::{Compressor, Identity};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use murmur_topology::MixingMatrix;
+
 use crate::exchange::{max_lead, Exchange, ExchangeParams};
-use crate::{Gossip, GossipError, Rank};
+use crate::{Gossip, GossipError, MembershipError, Rank};
 
 /// Configuration of one D-PSGD peer.
 #[derive(Debug, Clone)]
@@ -84,6 +86,9 @@ pub struct DPsgd {
     acc: Vec<f32>,
     /// Rounds, frames, deadlines, events and counters.
     ex: Exchange,
+    /// Weights (W_ii, W_ij in the order of `cfg.in_weights`) to use from the next round
+    /// on, after a departure.
+    next_weights: Option<(f64, Vec<f64>)>,
 }
 
 impl DPsgd {
@@ -115,6 +120,7 @@ impl DPsgd {
             x: x0,
             acc: vec![0.0; d],
             ex,
+            next_weights: None,
         }
     }
 
@@ -142,6 +148,12 @@ impl Gossip for DPsgd {
     fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) {
         self.ex.assert_idle();
         assert_eq!(x.len(), self.x.len(), "x must have length d");
+        if let Some((wii, wij)) = self.next_weights.take() {
+            self.cfg.self_weight = wii;
+            for ((_, w), new) in self.cfg.in_weights.iter_mut().zip(wij) {
+                *w = new;
+            }
+        }
         let d = x.len();
         self.x.copy_from_slice(x);
         // acc = W_ii x_i − η g_i; neighbours' W_ij x_j are added as they arrive.
@@ -193,5 +205,57 @@ impl Gossip for DPsgd {
         }
     }
 
+    fn peer_left(&mut self, gone: Rank, w: &MixingMatrix) -> Result<(), MembershipError> {
+        let me = self.cfg.rank;
+        let next = new_weights(me, &self.cfg.in_weights, gone, w)?;
+        if let Some(idx) = self.ex.leave(gone) {
+            // The round mixes this peer's own x_i in place of the missing W_ij x_j.
+            let wig = self.cfg.in_weights[idx].1 as f32;
+            for (a, xi) in self.acc.iter_mut().zip(&self.x) {
+                *a += wig * xi;
+            }
+            self.ex.stood_in(idx);
+            self.finish_if_complete();
+        }
+        self.next_weights = Some(next);
+        Ok(())
+    }
+
     crate::exchange::exchange_driven_gossip!();
+}
+
+/// Peer `me`'s weights in `w` after `gone` left: (W_ii, W_ij for each j of `in_weights`, in
+/// that order). Refuses a `w` of the wrong size, one that still weighs `gone`, or one that
+/// weighs a peer `me` has no link from.
+pub(crate) fn new_weights(
+    me: Rank,
+    in_weights: &[(Rank, f64)],
+    gone: Rank,
+    w: &MixingMatrix,
+) -> Result<(f64, Vec<f64>), MembershipError> {
+    let n = w.n();
+    if me >= n || gone >= n {
+        return Err(MembershipError::BadMatrix(format!(
+            "it is {n}×{n}, peers {me} and {gone} do not both fit"
+        )));
+    }
+    if w.get(me, gone) != 0.0 {
+        return Err(MembershipError::BadMatrix(format!(
+            "W[{me}][{gone}] = {} but peer {gone} has left",
+            w.get(me, gone)
+        )));
+    }
+    if let Some((j, _)) = w
+        .in_weights(me)
+        .into_iter()
+        .find(|&(j, _)| !in_weights.iter().any(|&(k, _)| k == j))
+    {
+        return Err(MembershipError::BadMatrix(format!(
+            "it gives peer {me} a weight on peer {j}, which is not an in-neighbour"
+        )));
+    }
+    Ok((
+        w.self_weight(me),
+        in_weights.iter().map(|&(j, _)| w.get(me, j)).collect(),
+    ))
 }

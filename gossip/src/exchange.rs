@@ -143,6 +143,11 @@ pub(crate) struct Exchange {
     deadline: Option<Instant>,
     /// In-neighbours (index into `in_neighbors`) still missing for the mixing round.
     missing: Vec<bool>,
+    /// In-neighbours (index into `in_neighbors`) that left the run: not waited for, their
+    /// frames refused.
+    departed: Vec<bool>,
+    /// Out-neighbours (index into `out_neighbors`) that left the run: sent nothing.
+    departed_out: Vec<bool>,
     missing_count: usize,
     /// Validated payloads for rounds not yet begun, by (round, neighbour index).
     early: BTreeMap<(u64, usize), Vec<u8>>,
@@ -163,6 +168,8 @@ impl Exchange {
             mixing: false,
             deadline: None,
             missing: vec![false; k],
+            departed: vec![false; k],
+            departed_out: vec![false; next_out],
             missing_count: 0,
             early: BTreeMap::new(),
             outgoing: Vec::new(),
@@ -208,8 +215,10 @@ impl Exchange {
 
         self.mixing = true;
         self.deadline = Some(now + self.p.round_timeout);
-        self.missing.iter_mut().for_each(|m| *m = true);
-        self.missing_count = self.missing.len();
+        for (m, gone) in self.missing.iter_mut().zip(&self.departed) {
+            *m = !gone;
+        }
+        self.missing_count = self.missing.iter().filter(|&&m| m).count();
         let later = self.early.split_off(&(self.round + 1, 0));
         std::mem::replace(&mut self.early, later)
             .into_iter()
@@ -239,6 +248,9 @@ impl Exchange {
             .iter()
             .position(|&j| j == from)
             .ok_or(GossipError::NotANeighbour(from))?;
+        if self.departed[idx] {
+            return Err(GossipError::Departed(from));
+        }
         let d = self.p.d;
         if h.dim as usize != d {
             return Err(GossipError::DimensionMismatch {
@@ -289,6 +301,12 @@ impl Exchange {
         self.count_received(frame_len);
     }
 
+    /// Records that the missing contribution of departed in-neighbour `idx` was stood in
+    /// for (nothing was received).
+    pub(crate) fn stood_in(&mut self, idx: usize) {
+        self.absorbed_early(idx);
+    }
+
     /// Records that an early payload handed out by [`Exchange::begin`] was absorbed.
     pub(crate) fn absorbed_early(&mut self, idx: usize) {
         if std::mem::replace(&mut self.missing[idx], false) {
@@ -337,7 +355,24 @@ impl Exchange {
         }
     }
 
+    /// Records that peer `gone` left the run: it is no longer waited for, sent to, or
+    /// accepted from, and its buffered frames are dropped. Returns its index in
+    /// `in_neighbors` if the mixing round was still waiting for its frame (the caller then
+    /// stands in for the missing contribution and calls [`Exchange::stood_in`]).
+    pub(crate) fn leave(&mut self, gone: Rank) -> Option<usize> {
+        if let Some(o) = self.p.out_neighbors.iter().position(|&j| j == gone) {
+            self.departed_out[o] = true;
+        }
+        let idx = self.p.in_neighbors.iter().position(|&j| j == gone)?;
+        self.departed[idx] = true;
+        self.early.retain(|&(_, i), _| i != idx);
+        (self.mixing && self.missing[idx]).then_some(idx)
+    }
+
     pub(crate) fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+        while self.departed_out.get(self.next_out) == Some(&true) {
+            self.next_out += 1;
+        }
         let to = *self.p.out_neighbors.get(self.next_out)?;
         self.next_out += 1;
         buf.clear();

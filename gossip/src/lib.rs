@@ -35,6 +35,8 @@ pub mod sim;
 
 use std::time::Instant;
 
+use murmur_topology::MixingMatrix;
+
 pub use allreduce::{chunk_range, AllReduce, AllReduceConfig};
 pub use choco::{suggested_gamma, theorem2_gamma, Choco, ChocoConfig};
 pub use dpsgd::{DPsgd, DPsgdConfig};
@@ -126,6 +128,9 @@ pub enum GossipError {
         /// Round.
         round: u64,
     },
+    /// The sender left the run; its frames are no longer mixed.
+    #[error("peer {0} has left the run; its frames are no longer accepted")]
+    Departed(Rank),
     /// The header's model dimension differs from this peer's.
     #[error("frame from peer {from} is for d = {got}, this model has d = {expected}")]
     DimensionMismatch {
@@ -158,6 +163,24 @@ pub enum GossipError {
         /// Inclusive upper bound.
         hi: f64,
     },
+}
+
+/// Why a change of membership could not be applied.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum MembershipError {
+    /// The algorithm cannot continue once a peer has left.
+    #[error("{algorithm} cannot continue without a peer: {why}")]
+    Unsupported {
+        /// The algorithm's name.
+        algorithm: &'static str,
+        /// Why not.
+        why: &'static str,
+    },
+    /// The new mixing matrix does not fit this peer (another n, or it still gives the
+    /// departed peer a weight).
+    #[error("the new mixing matrix does not fit: {0}")]
+    BadMatrix(String),
 }
 
 /// Counters kept by every state machine. Units: bytes are whole frames (header included).
@@ -229,6 +252,26 @@ pub trait Gossip: Send {
     /// Every peer that may send this peer a frame during the run, ascending, without
     /// itself: the driver waits for each one's goodbye before it shuts down.
     fn in_peers(&self) -> Vec<Rank>;
+
+    /// Peer `gone` left the run (its process died or its links were lost). `w` (n×n) is the
+    /// mixing matrix the survivors use from the next round on; every survivor must compute
+    /// the same one from the same list of departed peers
+    /// ([`murmur_topology::MixingMatrix::without_peers`]). The round that is mixing stops
+    /// waiting for `gone`: a contribution of `gone` not yet received is replaced by this
+    /// peer's own value (its weight folded onto the diagonal for that round, so the row
+    /// still sums to 1), and no frame goes to `gone` any more. A peer that is not a
+    /// neighbour changes only its weights. Frames from `gone` are refused from now on.
+    ///
+    /// # Errors
+    /// [`MembershipError::Unsupported`] if the algorithm cannot continue without a peer
+    /// (the default); [`MembershipError::BadMatrix`] if `w` does not fit.
+    fn peer_left(&mut self, gone: Rank, w: &MixingMatrix) -> Result<(), MembershipError> {
+        let _ = (gone, w);
+        Err(MembershipError::Unsupported {
+            algorithm: "this algorithm",
+            why: "it has no re-weighting after a departure",
+        })
+    }
 
     /// Whether a round's outgoing frames do not depend on its gradient, so that the driver
     /// may begin the round with `grad = None`, compute the gradient while the frames move,

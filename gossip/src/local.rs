@@ -140,6 +140,16 @@ impl Gossip for LocalSgd {
         self.inner.set_epoch(epoch);
     }
 
+    fn peer_left(
+        &mut self,
+        gone: Rank,
+        w: &murmur_topology::MixingMatrix,
+    ) -> Result<(), crate::MembershipError> {
+        let r = self.inner.peer_left(gone, w);
+        self.outer.pump(self.inner.as_mut());
+        r
+    }
+
     fn out_peers(&self) -> Vec<Rank> {
         self.inner.out_peers()
     }

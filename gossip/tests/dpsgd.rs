@@ -326,3 +326,105 @@ fn set_epoch_reaches_the_compressor_schedule() {
     assert!(sizes[0] > 2_500 * 4, "epoch 0 keeps 2,500: {sizes:?}");
     assert!(sizes[1] < 100 * 7 + 44, "epoch 4 keeps 100: {sizes:?}");
 }
+
+/// Runs one round of D-PSGD consensus (no gradient) among the peers in `alive`, delivering
+/// every frame whose destination is alive; returns who produced `Mixed`.
+fn round_among(peers: &mut [DPsgd], alive: &[bool]) -> Vec<bool> {
+    let now = Instant::now();
+    let mut buf = Vec::new();
+    let mut in_flight = Vec::new();
+    for (i, p) in peers.iter_mut().enumerate().filter(|(i, _)| alive[*i]) {
+        let x = p.params().to_vec();
+        p.begin_round(now, &x, None);
+        while let Some(t) = p.poll_transmit(&mut buf) {
+            in_flight.push((i, t.to, buf.clone()));
+        }
+    }
+    for (from, to, frame) in in_flight {
+        if alive[to] {
+            peers[to].handle_message(now, from, &frame).unwrap();
+        }
+    }
+    peers.iter_mut().map(|p| drain_mixed(p)).collect()
+}
+
+fn drain_mixed(p: &mut DPsgd) -> bool {
+    let mut mixed = false;
+    while let Some(ev) = p.poll_event() {
+        mixed |= matches!(ev, GossipEvent::Mixed { .. });
+    }
+    mixed
+}
+
+#[test]
+fn survivors_of_a_departure_finish_the_round_and_reach_their_own_average() {
+    let n = 6;
+    let w = ring_mh(n);
+    let mut peers: Vec<DPsgd> = (0..n)
+        .map(|i| {
+            let mut cfg = DPsgdConfig::from_matrix(&w, i, 0.1, 2);
+            cfg.round_timeout = Duration::from_secs(3600);
+            DPsgd::new(cfg, vec![i as f32, (i * i) as f32])
+        })
+        .collect();
+    let mut alive = vec![true; n];
+    assert!(round_among(&mut peers, &alive).iter().all(|&m| m));
+
+    // Peer 4 dies before round 1: its neighbours 3 and 5 wait for it.
+    alive[4] = false;
+    let before: Vec<Vec<f32>> = peers.iter().map(|p| p.params().to_vec()).collect();
+    let mixed = round_among(&mut peers, &alive);
+    assert_eq!(mixed, vec![true, true, true, false, false, false]);
+    let survivors = w.without_peers(&[4]).unwrap();
+    for i in (0..n).filter(|&i| alive[i]) {
+        peers[i].peer_left(4, &survivors.w).unwrap();
+    }
+    assert!(drain_mixed(&mut peers[3]) && drain_mixed(&mut peers[5]));
+    // Peer 3 mixed its own x in place of peer 4's: (x₂ + x₃ + x₃)/3.
+    let expect = (before[2][0] + 2.0 * before[3][0]) / 3.0;
+    assert!((peers[3].params()[0] - expect).abs() < 1e-6);
+    // Frames from the departed peer are refused.
+    let frame = gossip_frame(4, 2, &[0.0, 0.0]);
+    assert_eq!(
+        peers[3].handle_message(Instant::now(), 4, &frame),
+        Err(GossipError::Departed(4))
+    );
+
+    // From round 2 on the survivors' W' is doubly stochastic: their average is kept and
+    // they reach it.
+    let mean = |ps: &[DPsgd]| -> Vec<f64> {
+        let live: Vec<&DPsgd> = ps
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| alive[*i])
+            .map(|(_, p)| p)
+            .collect();
+        (0..2)
+            .map(|k| live.iter().map(|p| p.params()[k] as f64).sum::<f64>() / live.len() as f64)
+            .collect()
+    };
+    let m2 = mean(&peers);
+    for _ in 0..200 {
+        assert!(round_among(&mut peers, &alive)
+            .iter()
+            .zip(&alive)
+            .all(|(&m, &a)| m == a));
+    }
+    let m = mean(&peers);
+    for k in 0..2 {
+        assert!(
+            (m[k] - m2[k]).abs() < 1e-4,
+            "average moved: {m:?} vs {m2:?}"
+        );
+        for i in (0..n).filter(|&i| alive[i]) {
+            assert!(
+                (peers[i].params()[k] as f64 - m2[k]).abs() < 1e-3,
+                "peer {i} at {} instead of {}",
+                peers[i].params()[k],
+                m2[k]
+            );
+        }
+    }
+    // A matrix that still weighs the departed peer is refused.
+    assert!(peers[3].peer_left(4, &w).is_err());
+}
