@@ -44,6 +44,8 @@ pub enum FrameKind {
     Push = 6,
     /// A parameter server's parameters for a worker (payload defined by [`crate::ps`]).
     Pull = 7,
+    /// A membership notice: a peer has left the run (payload defined by the node).
+    Leave = 8,
 }
 
 impl FrameKind {
@@ -56,6 +58,7 @@ impl FrameKind {
             5 => Some(Self::Reduce),
             6 => Some(Self::Push),
             7 => Some(Self::Pull),
+            8 => Some(Self::Leave),
             _ => None,
         }
     }

@@ -406,6 +406,12 @@ pub struct RunArgs {
     /// Seconds a round may wait for its neighbours before the peer gives up.
     #[arg(long, default_value_t = 60)]
     pub round_timeout_secs: u64,
+    /// Seconds of silence after which a data-plane connection counts as lost (the QUIC idle
+    /// timeout; keep-alives go out every third of it): how soon a killed peer is noticed.
+    /// Its neighbours then re-weight and train on without it (D-PSGD, local-SGD) or stop
+    /// with an error (the other algorithms).
+    #[arg(long, default_value_t = 15)]
+    pub peer_timeout_secs: u64,
     /// Emulated link rate of every outgoing data-plane link, e.g. `1Gbit` or `100Mbit`
     /// (a pacer in the transport; it can only slow links down). Default: unlimited.
     #[arg(long)]
@@ -446,6 +452,7 @@ impl RunArgs {
             format!("--init={}", self.init),
             format!("--device={}", self.device),
             format!("--round-timeout-secs={}", self.round_timeout_secs),
+            format!("--peer-timeout-secs={}", self.peer_timeout_secs),
             format!("--join-timeout-secs={}", self.join_timeout_secs),
         ];
         if let Some(d) = &self.data {
@@ -547,6 +554,17 @@ impl RunArgs {
                     self.epochs
                 );
             }
+        }
+        if self.peer_timeout_secs == 0 {
+            bail!("--peer-timeout-secs must be at least 1");
+        }
+        if self.round_timeout_secs <= self.peer_timeout_secs {
+            bail!(
+                "--round-timeout-secs ({}) must exceed --peer-timeout-secs ({}): a round must \
+                 wait long enough to notice a neighbour that left",
+                self.round_timeout_secs,
+                self.peer_timeout_secs
+            );
         }
         if self.rounds_per_epoch == Some(0) {
             bail!("--rounds-per-epoch must be at least 1");

@@ -78,6 +78,25 @@ pub struct EpochRow {
     pub refused_frames: u64,
     /// Peer 0's seconds since training started.
     pub wall_seconds: f64,
+    /// Peers whose reports make up this row: n, fewer after departures.
+    pub peers: usize,
+}
+
+/// A peer that left the run, as peer 0 recorded it (a line of `membership.jsonl`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Departure {
+    /// The peer that left.
+    pub peer: usize,
+    /// Peer 0's round when it learned of it.
+    pub round: u64,
+    /// Peer 0's epoch then (1-based while training).
+    pub epoch: usize,
+    /// Peer 0's seconds since training started, then.
+    pub wall_seconds: f64,
+    /// The peer that noticed the departure (a neighbour whose connection was lost).
+    pub noticed_by: usize,
+    /// What was noticed.
+    pub reason: String,
 }
 
 /// The run summary (`summary.json`).
@@ -126,6 +145,9 @@ pub struct Summary {
     /// Training samples processed per second by the whole network: n · batch · rounds /
     /// `wall_seconds`.
     pub samples_per_second: f64,
+    /// Peers that left the run, as `rank@round` (peer 0's round when it learned of it),
+    /// space-separated; empty if none. Details in `membership.jsonl`.
+    pub departures: String,
 }
 
 /// Appends one JSON line to `path`, creating it if needed.
@@ -202,7 +224,11 @@ pub fn summary_line(s: &Summary) -> String {
         100.0 * s.final_avg_model_test_accuracy,
         s.final_consensus_distance,
         s.bytes_sent_per_peer / 1e6
-    )
+    ) + &if s.departures.is_empty() {
+        String::new()
+    } else {
+        format!("; peers that left (rank@round): {}", s.departures)
+    }
 }
 
 /// CSV of serialisable rows: a header line with the field names in declaration order, then

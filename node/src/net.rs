@@ -128,7 +128,9 @@ pub struct Link {
     tx: mpsc::Sender<Bytes>,
 }
 
-fn transport_config() -> TransportConfig {
+/// Transport settings of every data-plane connection; `idle_timeout` is how long a silent
+/// connection lives (keep-alives every third of it, at most every 2 s).
+fn transport_config(idle_timeout: Duration) -> TransportConfig {
     let mut t = TransportConfig::default();
     // Windows large enough that a multi-MB parameter frame is not flow-control bound.
     t.stream_receive_window(VarInt::from_u32(64 << 20));
@@ -136,27 +138,33 @@ fn transport_config() -> TransportConfig {
     t.send_window(256 << 20);
     t.max_concurrent_uni_streams(VarInt::from_u32(1024));
     t.max_concurrent_bidi_streams(VarInt::from_u32(0));
-    t.keep_alive_interval(Some(Duration::from_secs(2)));
-    t.max_idle_timeout(Some(VarInt::from_u32(15_000).into()));
+    t.keep_alive_interval(Some((idle_timeout / 3).min(Duration::from_secs(2))));
+    t.max_idle_timeout(Some(
+        VarInt::from_u64(idle_timeout.as_millis() as u64)
+            .unwrap_or(VarInt::MAX)
+            .into(),
+    ));
     t
 }
 
 impl DataPlane {
     /// Binds peer `rank`'s QUIC endpoint at `addr` (port 0: any free port) with a fresh self-signed
     /// certificate. Frames whose declared payload exceeds `max_payload_bytes` are refused
-    /// before allocation. Returns the receiver of all [`NetEvent`]s.
+    /// before allocation; a connection silent for `peer_timeout` is reported as
+    /// [`NetEvent::Lost`]. Returns the receiver of all [`NetEvent`]s.
     ///
     /// Must be called inside a tokio runtime.
     pub fn bind(
         rank: Rank,
         addr: SocketAddr,
         max_payload_bytes: u32,
+        peer_timeout: Duration,
     ) -> anyhow::Result<(DataPlane, mpsc::Receiver<NetEvent>)> {
         let cert = rcgen::generate_simple_self_signed(vec![SERVER_NAME.to_string()])
             .context("generating the data-plane certificate")?;
         let cert_der = cert.cert.der().to_vec();
         let key = rustls::pki_types::PrivatePkcs8KeyDer::from(cert.key_pair.serialize_der());
-        let transport = Arc::new(transport_config());
+        let transport = Arc::new(transport_config(peer_timeout));
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(
             rustls::ServerConfig::builder_with_provider(crypto_provider())
                 .with_protocol_versions(&[&rustls::version::TLS13])?

@@ -16,6 +16,9 @@ use tokio::sync::mpsc;
 use crate::config::{LinkLatency, LinkRate};
 use crate::net::{DataPlane, LinkEmulation, NetEvent};
 
+/// Idle timeout of the benchmark's connections (nothing is silent for long here).
+const PEER_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// Options of `murmur netbench`.
 #[derive(Debug, Clone, Args)]
 pub struct NetBenchArgs {
@@ -138,8 +141,8 @@ async fn next_frame(events: &mut mpsc::Receiver<NetEvent>) -> anyhow::Result<()>
 async fn measure(args: &NetBenchArgs, emulation: LinkEmulation) -> anyhow::Result<NetBenchReport> {
     let any: SocketAddr = "127.0.0.1:0".parse()?;
     let limit = u32::try_from(args.frame_bytes).unwrap_or(u32::MAX);
-    let (mut sender, _sender_events) = DataPlane::bind(0, any, limit)?;
-    let (receiver, mut events) = DataPlane::bind(1, any, limit)?;
+    let (mut sender, _sender_events) = DataPlane::bind(0, any, limit, PEER_TIMEOUT)?;
+    let (receiver, mut events) = DataPlane::bind(1, any, limit, PEER_TIMEOUT)?;
     sender.emulation = emulation;
     let link = sender
         .connect(1, receiver.local_addr, &receiver.cert_der)

@@ -6,7 +6,7 @@
 //! bounded queue per destination the other way). The gossip state machine is sans-I/O:
 //! this module is its driver.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -18,6 +18,7 @@ use clap::Args;
 use murmur_compress::Compressor;
 use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use murmur_gossip::{consensus_distance, Gossip, GossipEvent, Rank};
+use murmur_topology::MixingMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::sync::mpsc;
@@ -27,7 +28,7 @@ use crate::algo;
 use crate::config::{DeviceSpec, Init, RunArgs};
 use crate::data::{partition, Batches, Dataset, RunData};
 use crate::discovery::{discover, Fingerprint, PeerInfo, Role};
-use crate::metrics::{self, EpochRow, PeerEpoch, Summary};
+use crate::metrics::{self, Departure, EpochRow, PeerEpoch, Summary};
 use crate::model::{self, Net};
 use crate::net::{DataPlane, Links, NetEvent};
 
@@ -123,6 +124,16 @@ struct Driver {
     /// Rank 0 only.
     collector: Option<Collector>,
     send_buf: Vec<u8>,
+    /// The run's mixing matrix W (n×n), re-weighted without the departed peers.
+    w: MixingMatrix,
+    /// Algorithm name, for messages.
+    algorithm: String,
+    /// Peers that left the run, as this peer learned of them.
+    departed: BTreeMap<Rank, Departure>,
+    /// The epoch being trained (0 before training).
+    epoch: usize,
+    /// When training started.
+    started: Instant,
 }
 
 fn run_on<B: AutodiffBackend>(
@@ -175,8 +186,9 @@ fn run_on<B: AutodiffBackend>(
         .build()?;
     // Payload limit: the model as f32 plus generous room for headers and the report JSON.
     let max_payload = u32::try_from(8 * d + (1 << 20)).unwrap_or(u32::MAX);
+    let peer_timeout = Duration::from_secs(args.peer_timeout_secs);
     let (mut plane, events) =
-        rt.block_on(async { DataPlane::bind(rank, peer.data_addr, max_payload) })?;
+        rt.block_on(async { DataPlane::bind(rank, peer.data_addr, max_payload, peer_timeout) })?;
     plane.emulation = args.link_emulation();
     let fingerprint = Fingerprint {
         peers: n,
@@ -239,6 +251,7 @@ fn run_on<B: AutodiffBackend>(
         n,
         dir: peer.out.clone(),
         pending: BTreeMap::new(),
+        departed: BTreeSet::new(),
         rows: Vec::new(),
         test: data.test.clone(),
         d,
@@ -258,6 +271,11 @@ fn run_on<B: AutodiffBackend>(
         refused_frames: 0,
         collector,
         send_buf: Vec::new(),
+        w: topo.w.clone(),
+        algorithm: args.algorithm_name(),
+        departed: BTreeMap::new(),
+        epoch: 0,
+        started: Instant::now(),
     };
     if rank == 0 {
         println!("{}", metrics::table_header());
@@ -265,6 +283,7 @@ fn run_on<B: AutodiffBackend>(
 
     // Training.
     let start = Instant::now();
+    drv.started = start;
     let mut batches = Batches::new(shard.len(), args.seed.wrapping_add(1 + rank as u64));
     let mut batch_images = Vec::with_capacity(args.batch_size * input.features());
     let mut grad = Vec::with_capacity(d);
@@ -277,6 +296,7 @@ fn run_on<B: AutodiffBackend>(
     for epoch in 0..=args.epochs {
         let mut loss_sum = 0.0f64;
         let rounds = if epoch == 0 { 0 } else { rounds_per_epoch };
+        drv.epoch = epoch;
         // Compressor schedules (DGC's warm-up) count training epochs from 0.
         drv.gossip.set_epoch(epoch.saturating_sub(1));
         for _ in 0..rounds {
@@ -386,7 +406,14 @@ fn run_on<B: AutodiffBackend>(
             .rows
             .last()
             .ok_or_else(|| anyhow!("no epoch was recorded"))?;
-        write_summary(&peer.out, &summary(args, &topo, d, last))?;
+        let mut s = summary(args, &topo, d, last);
+        s.departures = drv
+            .departed
+            .values()
+            .map(|d| format!("{}@{}", d.peer, d.round))
+            .collect::<Vec<_>>()
+            .join(" ");
+        write_summary(&peer.out, &s)?;
     }
     if let Some(r) = last_report {
         info!(
@@ -408,7 +435,10 @@ impl Driver {
                 .ok_or_else(|| anyhow!("no link to out-neighbour {}", t.to))?;
             // Hand the buffer over instead of copying it; the next poll_transmit refills a new one.
             let frame = Bytes::from(std::mem::take(&mut self.send_buf));
-            self.rt.block_on(link.send(frame))?;
+            if let Err(e) = self.rt.block_on(link.send(frame)) {
+                // The link's task ended: its connection was lost.
+                self.on_departure(t.to, format!("{e:#}"), self.rank)?;
+            }
         }
         Ok(())
     }
@@ -509,9 +539,76 @@ impl Driver {
         Ok(true)
     }
 
+    /// Peer `gone` left the run (`reason`, noticed by peer `noticed_by`): re-weights W
+    /// without the departed peers (Metropolis–Hastings on the surviving graph), tells the
+    /// algorithm, stops sending to and waiting for `gone`, and passes the news on to every
+    /// peer this one has a link to, so that every survivor uses the same W'. Known
+    /// departures are ignored.
+    ///
+    /// # Errors
+    /// `gone` is peer 0 (the metrics collector), W' cannot be formed (a directed topology)
+    /// or the algorithm cannot continue without a peer.
+    fn on_departure(&mut self, gone: Rank, reason: String, noticed_by: Rank) -> anyhow::Result<()> {
+        if gone == self.rank || self.departed.contains_key(&gone) {
+            return Ok(());
+        }
+        let round = self.gossip.round();
+        if gone == 0 {
+            bail!("peer 0 (the bootstrap, which collects the metrics) left the run during round {round}: {reason}");
+        }
+        warn!(
+            gone,
+            round, noticed_by, "peer {gone} left the run: {reason}"
+        );
+        let record = Departure {
+            peer: gone,
+            round,
+            epoch: self.epoch,
+            wall_seconds: self.started.elapsed().as_secs_f64(),
+            noticed_by,
+            reason: reason.clone(),
+        };
+        self.departed.insert(gone, record.clone());
+        let all_gone: Vec<Rank> = self.departed.keys().copied().collect();
+        let surviving = self.w.without_peers(&all_gone).map_err(|e| {
+            anyhow!("peer {gone} left the run during round {round} ({reason}) and the survivors cannot re-weight: {e}")
+        })?;
+        if !surviving.is_connected() {
+            warn!(
+                components = ?surviving.components,
+                "the surviving graph is DISCONNECTED after peer {gone} left: each component \
+                 trains on by itself and the peers will not reach consensus"
+            );
+        }
+        self.gossip
+            .peer_left(gone, &surviving.w)
+            .map_err(|e| {
+                anyhow!(
+                    "peer {gone} left the run during round {round} ({reason}); {} cannot go on without it: {e}",
+                    self.algorithm
+                )
+            })?;
+        self.links.remove(&gone);
+        self.destinations.remove(&gone);
+        self.expected_in.remove(&gone);
+        let notice = Bytes::from(encode_leave(self.rank, round, gone, &reason));
+        for (&to, link) in &self.links {
+            if let Err(e) = self.rt.block_on(link.send(notice.clone())) {
+                debug!(to, "could not pass on the departure: {e:#}");
+            }
+        }
+        if let Some(c) = self.collector.as_mut() {
+            c.peer_left(record)?;
+        }
+        Ok(())
+    }
+
     /// Handles one network event.
     fn handle_net_event(&mut self, ev: NetEvent) -> anyhow::Result<()> {
         match ev {
+            NetEvent::Frame { from, .. } if self.departed.contains_key(&from) => {
+                debug!(from, "dropped a frame of a peer that has left");
+            }
             NetEvent::Frame {
                 from,
                 header,
@@ -539,6 +636,15 @@ impl Driver {
                         warn!(from, "dropped a report sent to a peer other than 0");
                     }
                 },
+                FrameKind::Leave => match decode_leave(&bytes[FRAME_HEADER_LEN..]) {
+                    Some((gone, reason)) if gone < self.w.n() => {
+                        self.on_departure(gone, reason, from)?;
+                    }
+                    _ => {
+                        self.refused_frames += 1;
+                        warn!(from, "dropped a malformed departure notice");
+                    }
+                },
                 other => {
                     self.refused_frames += 1;
                     warn!(from, ?other, "dropped an unexpected frame");
@@ -551,14 +657,11 @@ impl Driver {
                 self.links_done.insert(to);
             }
             NetEvent::Lost { peer, reason } => {
-                // Harmless only once nothing more is owed either way on that peer's links.
+                // Harmless once nothing more is owed either way on that peer's links.
                 let owes_us = self.expected_in.contains(&peer) && !self.finished_in.contains(&peer);
                 let we_owe = self.destinations.contains(&peer) && !self.links_done.contains(&peer);
                 if owes_us || we_owe {
-                    bail!(
-                        "peer {peer} left the run during round {}: {reason}",
-                        self.gossip.round()
-                    );
+                    self.on_departure(peer, reason, self.rank)?;
                 }
             }
             NetEvent::Refused { peer, reason } => {
@@ -605,6 +708,30 @@ impl Driver {
         self.rt.block_on(plane.shutdown(Duration::from_secs(2)));
         Ok(())
     }
+}
+
+/// A departure notice: the 24-byte frame header (kind `Leave`, round = the sender's round),
+/// then `gone: u64 LE | reason (UTF-8)`.
+fn encode_leave(sender: Rank, round: u64, gone: Rank, reason: &str) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + 8 + reason.len());
+    FrameHeader {
+        kind: FrameKind::Leave,
+        sender,
+        round,
+        dim: 0,
+        payload_len: (8 + reason.len()) as u32,
+    }
+    .emit(&mut frame);
+    frame.extend_from_slice(&(gone as u64).to_le_bytes());
+    frame.extend_from_slice(reason.as_bytes());
+    frame
+}
+
+/// Inverse of [`encode_leave`] for the payload: (gone, reason); `None` if malformed.
+fn decode_leave(payload: &[u8]) -> Option<(Rank, String)> {
+    let gone = u64::from_le_bytes(payload.get(..8)?.try_into().ok()?);
+    let reason = std::str::from_utf8(&payload[8..]).ok()?;
+    Some((usize::try_from(gone).ok()?, reason.to_string()))
 }
 
 /// A report frame: the 24-byte frame header (kind `Report`, round = epoch), then the payload
@@ -658,6 +785,8 @@ struct Collector {
     test: Dataset,
     /// Reports by epoch, one slot per peer.
     pending: BTreeMap<usize, Vec<Option<Reported>>>,
+    /// Peers that left: an epoch is complete without their reports.
+    departed: BTreeSet<Rank>,
     rows: Vec<EpochRow>,
     /// When peer 0 started training.
     started: Instant,
@@ -667,8 +796,10 @@ impl Collector {
     /// Peers whose report for the oldest incomplete epoch has not arrived.
     fn missing_reporters(&self) -> Vec<Rank> {
         match self.pending.values().next() {
-            Some(slots) => (0..self.n).filter(|&r| slots[r].is_none()).collect(),
-            None => (0..self.n).collect(),
+            Some(slots) => (0..self.n)
+                .filter(|r| slots[*r].is_none() && !self.departed.contains(r))
+                .collect(),
+            None => (0..self.n).filter(|r| !self.departed.contains(r)).collect(),
         }
     }
 
@@ -694,7 +825,32 @@ impl Collector {
             .or_insert_with(|| vec![None; self.n]);
         let p = report.peer;
         slots[p] = Some((report, x));
-        if slots.iter().all(Option::is_some) {
+        self.record_complete()
+    }
+
+    /// Records `peer`'s departure in `membership.jsonl`; the epochs that waited only for
+    /// its reports are complete now.
+    fn peer_left(&mut self, departure: Departure) -> anyhow::Result<()> {
+        metrics::append_json_line(&self.dir.join("membership.jsonl"), &departure)?;
+        self.departed.insert(departure.peer);
+        self.record_complete()
+    }
+
+    /// Aggregates, prints and writes every pending epoch that has the reports of all peers
+    /// still in the run, oldest first.
+    fn record_complete(&mut self) -> anyhow::Result<()> {
+        let complete: Vec<usize> = self
+            .pending
+            .iter()
+            .filter(|(_, slots)| {
+                slots
+                    .iter()
+                    .enumerate()
+                    .all(|(r, s)| s.is_some() || self.departed.contains(&r))
+            })
+            .map(|(&e, _)| e)
+            .collect();
+        for epoch in complete {
             let slots = self.pending.remove(&epoch).unwrap_or_default();
             let row = self.aggregate(epoch, slots.into_iter().flatten().collect())?;
             println!("{}", metrics::format_row(&row));
@@ -758,6 +914,7 @@ pub(crate) fn epoch_row(
         wait_seconds: mean(|r| r.wait_seconds),
         refused_frames: all.iter().map(|(r, _)| r.refused_frames).sum(),
         wall_seconds,
+        peers: all.len(),
     })
 }
 
@@ -810,6 +967,7 @@ pub(crate) fn summary(
         seconds_per_round: last.wall_seconds / (last.rounds.max(1) as f64),
         samples_per_second: (args.peers * args.batch_size) as f64 * last.rounds as f64
             / last.wall_seconds.max(f64::MIN_POSITIVE),
+        departures: String::new(),
     }
 }
 

@@ -282,29 +282,100 @@ fn a_single_peer_runs_alone() {
     assert_eq!(summary["final_consensus_distance"].as_f64(), Some(0.0));
 }
 
-#[test]
-fn a_killed_peer_ends_its_neighbours_with_an_error() {
-    let mut c = Cluster::new();
-    c.start(3, &args(&["--peers=3", "--epochs=100000"]));
-    // Wait until training is under way (epoch 0 has been recorded).
+/// Waits until peer 0 has recorded epoch `epoch`.
+fn wait_for_epoch(c: &Cluster, epoch: u64) {
     let t0 = Instant::now();
-    while rows(&c.out()).is_empty() {
+    while !rows(&c.out())
+        .iter()
+        .any(|r| r["epoch"].as_u64() >= Some(epoch))
+    {
         assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no epoch 0:\n{}",
+            t0.elapsed() < Duration::from_secs(120),
+            "no epoch {epoch}:\n{}",
             c.read_log(0)
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+#[test]
+fn survivors_of_a_killed_peer_reweight_and_finish_the_run() {
+    let mut c = Cluster::new();
+    let n = 5;
+    c.start(
+        n,
+        &args(&[
+            "--peers=5",
+            "--topology=ring",
+            "--algorithm=dpsgd",
+            "--epochs=5",
+            "--rounds-per-epoch=25",
+            "--peer-timeout-secs=2",
+            "--round-timeout-secs=30",
+        ]),
+    );
+    wait_for_epoch(&c, 1);
+    c.children[3].kill().unwrap(); // SIGKILL: no goodbye, the connections go silent
+    for rank in (0..n).filter(|&r| r != 3) {
+        let s = c.wait(rank, Duration::from_secs(120));
+        let log = c.read_log(rank);
+        assert!(s.success(), "peer {rank} failed:\n{log}");
+        assert!(
+            log.contains("peer 3 left the run"),
+            "peer {rank} log:\n{log}"
+        );
+        assert!(!log.contains("panicked"), "{log}");
+    }
+    let s = summary(&c.out());
+    let departures = s["departures"].as_str().unwrap();
+    assert!(departures.starts_with("3@"), "{departures}");
+    let rows = rows(&c.out());
+    assert_eq!(rows.len(), 6, "epochs 0..=5 recorded");
+    assert_eq!(rows[0]["peers"], 5);
+    assert_eq!(
+        rows.last().unwrap()["peers"],
+        4,
+        "the last epoch has 4 reporters"
+    );
+    let last = rows.last().unwrap();
+    let acc = last["mean_test_accuracy"].as_f64().unwrap();
+    assert!(acc > 0.8, "survivors' accuracy {acc}");
+    // The survivors still agree: Ξ² is small against ‖x‖² of an MLP (~100).
+    let xi2 = last["consensus_distance"].as_f64().unwrap();
+    assert!(xi2 < 0.5, "Ξ² = {xi2}");
+    let membership = std::fs::read_to_string(c.out().join("membership.jsonl")).unwrap();
+    let d: Value = serde_json::from_str(membership.lines().next().unwrap()).unwrap();
+    assert_eq!(d["peer"], 3);
+    assert!(
+        [2, 4, 0].contains(&d["noticed_by"].as_u64().unwrap()),
+        "{d}"
+    );
+}
+
+#[test]
+fn a_killed_peer_ends_an_allreduce_run_with_a_clear_error() {
+    let mut c = Cluster::new();
+    c.start(
+        3,
+        &args(&[
+            "--peers=3",
+            "--algorithm=allreduce",
+            "--epochs=100000",
+            "--peer-timeout-secs=2",
+        ]),
+    );
+    wait_for_epoch(&c, 0);
     c.children[2].kill().unwrap();
     for rank in 0..2 {
         let s = c.wait(rank, Duration::from_secs(60));
         assert!(!s.success());
         let log = c.read_log(rank);
-        assert!(
-            log.contains("peer 2 left the run"),
-            "peer {rank} log:\n{log}"
-        );
+        // Peer 0 notices peer 2 and stops; peer 1 may notice peer 0's exit first.
+        let clear = log.contains("peer 2 left the run")
+            && log.contains("allreduce cannot go on without it")
+            || rank == 1
+                && log.contains("peer 0 (the bootstrap, which collects the metrics) left the run");
+        assert!(clear, "peer {rank} log:\n{log}");
         assert!(!log.contains("panicked"), "{log}");
     }
 }
