@@ -86,9 +86,9 @@ pub struct DPsgd {
     acc: Vec<f32>,
     /// Rounds, frames, deadlines, events and counters.
     ex: Exchange,
-    /// Weights (W_ii, W_ij in the order of `cfg.in_weights`) to use from the next round
-    /// on, after a departure.
-    next_weights: Option<(f64, Vec<f64>)>,
+    /// Changes of weights after departures and returns: (first round, W_ii, W_ij in the
+    /// order of `cfg.in_weights`), by first round.
+    weight_changes: Vec<(u64, f64, Vec<f64>)>,
 }
 
 impl DPsgd {
@@ -120,7 +120,7 @@ impl DPsgd {
             x: x0,
             acc: vec![0.0; d],
             ex,
-            next_weights: None,
+            weight_changes: Vec::new(),
         }
     }
 
@@ -148,7 +148,9 @@ impl Gossip for DPsgd {
     fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) {
         self.ex.assert_idle();
         assert_eq!(x.len(), self.x.len(), "x must have length d");
-        if let Some((wii, wij)) = self.next_weights.take() {
+        let round = self.ex.round();
+        let due = self.weight_changes.partition_point(|c| c.0 <= round);
+        for (_, wii, wij) in self.weight_changes.drain(..due) {
             self.cfg.self_weight = wii;
             for ((_, w), new) in self.cfg.in_weights.iter_mut().zip(wij) {
                 *w = new;
@@ -207,7 +209,13 @@ impl Gossip for DPsgd {
 
     fn peer_left(&mut self, gone: Rank, w: &MixingMatrix) -> Result<(), MembershipError> {
         let me = self.cfg.rank;
-        let next = new_weights(me, &self.cfg.in_weights, gone, w)?;
+        let (wii, wij) = new_weights(me, &self.cfg.in_weights, w)?;
+        if w.get(me, gone) != 0.0 {
+            return Err(MembershipError::BadMatrix(format!(
+                "W[{me}][{gone}] = {} but peer {gone} has left",
+                w.get(me, gone)
+            )));
+        }
         if let Some(idx) = self.ex.leave(gone) {
             // The round mixes this peer's own x_i in place of the missing W_ij x_j.
             let wig = self.cfg.in_weights[idx].1 as f32;
@@ -217,32 +225,56 @@ impl Gossip for DPsgd {
             self.ex.stood_in(idx);
             self.finish_if_complete();
         }
-        self.next_weights = Some(next);
+        let from = self.ex.round() + u64::from(!self.ex.is_idle());
+        self.schedule_weights(from, wii, wij);
+        Ok(())
+    }
+
+    fn peer_rejoined(
+        &mut self,
+        back: Rank,
+        w: &MixingMatrix,
+        at: u64,
+    ) -> Result<(), MembershipError> {
+        let (wii, wij) = new_weights(self.cfg.rank, &self.cfg.in_weights, w)?;
+        let neighbour = self.cfg.in_weights.iter().any(|&(j, _)| j == back)
+            || self.cfg.out_neighbors.contains(&back);
+        let round = self.ex.round();
+        if neighbour && !self.ex.rejoin(back, at) {
+            return Err(MembershipError::TooLate { at, round });
+        }
+        let from = at.max(round + u64::from(!self.ex.is_idle()));
+        self.schedule_weights(from, wii, wij);
+        Ok(())
+    }
+
+    fn start_at_round(&mut self, round: u64) -> Result<(), MembershipError> {
+        self.ex.start_at(round);
         Ok(())
     }
 
     crate::exchange::exchange_driven_gossip!();
 }
 
-/// Peer `me`'s weights in `w` after `gone` left: (W_ii, W_ij for each j of `in_weights`, in
-/// that order). Refuses a `w` of the wrong size, one that still weighs `gone`, or one that
-/// weighs a peer `me` has no link from.
+impl DPsgd {
+    /// Uses (W_ii, W_ij) from round `from` on.
+    fn schedule_weights(&mut self, from: u64, wii: f64, wij: Vec<f64>) {
+        let at = self.weight_changes.partition_point(|c| c.0 <= from);
+        self.weight_changes.insert(at, (from, wii, wij));
+    }
+}
+
+/// Peer `me`'s weights in `w`: (W_ii, W_ij for each j of `in_weights`, in that order).
+/// Refuses a `w` of the wrong size or one that weighs a peer `me` has no link from.
 pub(crate) fn new_weights(
     me: Rank,
     in_weights: &[(Rank, f64)],
-    gone: Rank,
     w: &MixingMatrix,
 ) -> Result<(f64, Vec<f64>), MembershipError> {
     let n = w.n();
-    if me >= n || gone >= n {
+    if me >= n || in_weights.iter().any(|&(j, _)| j >= n) {
         return Err(MembershipError::BadMatrix(format!(
-            "it is {n}×{n}, peers {me} and {gone} do not both fit"
-        )));
-    }
-    if w.get(me, gone) != 0.0 {
-        return Err(MembershipError::BadMatrix(format!(
-            "W[{me}][{gone}] = {} but peer {gone} has left",
-            w.get(me, gone)
+            "it is {n}×{n}, too small for peer {me} and its neighbours"
         )));
     }
     if let Some((j, _)) = w

@@ -102,6 +102,9 @@ pub(crate) fn max_lead(w: &MixingMatrix, rank: Rank) -> u64 {
         .unwrap_or(1) as u64
 }
 
+/// `accept_from` / `send_from` of a peer that left: never.
+const LEFT: u64 = u64::MAX;
+
 /// Static parameters of an [`Exchange`].
 pub(crate) struct ExchangeParams {
     /// This peer's rank.
@@ -143,11 +146,12 @@ pub(crate) struct Exchange {
     deadline: Option<Instant>,
     /// In-neighbours (index into `in_neighbors`) still missing for the mixing round.
     missing: Vec<bool>,
-    /// In-neighbours (index into `in_neighbors`) that left the run: not waited for, their
-    /// frames refused.
-    departed: Vec<bool>,
-    /// Out-neighbours (index into `out_neighbors`) that left the run: sent nothing.
-    departed_out: Vec<bool>,
+    /// Per in-neighbour (index into `in_neighbors`): the first round whose frame is waited
+    /// for and accepted; earlier ones are refused. 0 normally, [`LEFT`] after the peer left,
+    /// the round of its return once a rejoin is scheduled.
+    accept_from: Vec<u64>,
+    /// Per out-neighbour (index into `out_neighbors`): the first round it is sent a frame.
+    send_from: Vec<u64>,
     missing_count: usize,
     /// Validated payloads for rounds not yet begun, by (round, neighbour index).
     early: BTreeMap<(u64, usize), Vec<u8>>,
@@ -168,8 +172,8 @@ impl Exchange {
             mixing: false,
             deadline: None,
             missing: vec![false; k],
-            departed: vec![false; k],
-            departed_out: vec![false; next_out],
+            accept_from: vec![0; k],
+            send_from: vec![0; next_out],
             missing_count: 0,
             early: BTreeMap::new(),
             outgoing: Vec::new(),
@@ -215,8 +219,8 @@ impl Exchange {
 
         self.mixing = true;
         self.deadline = Some(now + self.p.round_timeout);
-        for (m, gone) in self.missing.iter_mut().zip(&self.departed) {
-            *m = !gone;
+        for (m, &from) in self.missing.iter_mut().zip(&self.accept_from) {
+            *m = self.round >= from;
         }
         self.missing_count = self.missing.iter().filter(|&&m| m).count();
         let later = self.early.split_off(&(self.round + 1, 0));
@@ -248,9 +252,6 @@ impl Exchange {
             .iter()
             .position(|&j| j == from)
             .ok_or(GossipError::NotANeighbour(from))?;
-        if self.departed[idx] {
-            return Err(GossipError::Departed(from));
-        }
         let d = self.p.d;
         if h.dim as usize != d {
             return Err(GossipError::DimensionMismatch {
@@ -261,6 +262,9 @@ impl Exchange {
         }
         // A neighbour can be up to `max_lead_rounds` ahead of the round we mix (one less
         // while we are idle between rounds); see `DPsgdConfig::max_lead_rounds`.
+        if h.round < self.accept_from[idx] {
+            return Err(GossipError::Departed(from));
+        }
         let lo = self.round;
         let hi = self.round + self.p.max_lead_rounds.max(1) - u64::from(!self.mixing);
         if h.round < lo || h.round > hi {
@@ -361,16 +365,50 @@ impl Exchange {
     /// stands in for the missing contribution and calls [`Exchange::stood_in`]).
     pub(crate) fn leave(&mut self, gone: Rank) -> Option<usize> {
         if let Some(o) = self.p.out_neighbors.iter().position(|&j| j == gone) {
-            self.departed_out[o] = true;
+            self.send_from[o] = LEFT;
         }
         let idx = self.p.in_neighbors.iter().position(|&j| j == gone)?;
-        self.departed[idx] = true;
+        self.accept_from[idx] = LEFT;
         self.early.retain(|&(_, i), _| i != idx);
         (self.mixing && self.missing[idx]).then_some(idx)
     }
 
+    /// Schedules the return of peer `back` (which left): from round `at` on it is sent this
+    /// peer's frames and its frames are waited for and accepted (frames for `at` may arrive
+    /// before `at` begins, as any neighbour's). Returns `false` if that round has already
+    /// begun (or passed), so `back` cannot be admitted there.
+    pub(crate) fn rejoin(&mut self, back: Rank, at: u64) -> bool {
+        if at < self.round || at == self.round && self.mixing {
+            return false;
+        }
+        if let Some(o) = self.p.out_neighbors.iter().position(|&j| j == back) {
+            self.send_from[o] = at;
+        }
+        if let Some(idx) = self.p.in_neighbors.iter().position(|&j| j == back) {
+            self.accept_from[idx] = at;
+        }
+        true
+    }
+
+    /// Moves an idle exchange that has not begun any round to round `round` (a peer that
+    /// rejoins a run at that round).
+    pub(crate) fn start_at(&mut self, round: u64) {
+        self.assert_idle();
+        self.round = round;
+        self.early.clear();
+    }
+
+    /// Whether the mixing round is between rounds (no round mixing).
+    pub(crate) fn is_idle(&self) -> bool {
+        !self.mixing
+    }
+
     pub(crate) fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
-        while self.departed_out.get(self.next_out) == Some(&true) {
+        while self
+            .send_from
+            .get(self.next_out)
+            .is_some_and(|&from| self.round < from)
+        {
             self.next_out += 1;
         }
         let to = *self.p.out_neighbors.get(self.next_out)?;

@@ -181,6 +181,14 @@ pub enum MembershipError {
     /// departed peer a weight).
     #[error("the new mixing matrix does not fit: {0}")]
     BadMatrix(String),
+    /// A returning peer cannot be admitted at round `at`: this peer has already begun it.
+    #[error("round {at} has already begun here (this peer is at round {round})")]
+    TooLate {
+        /// The round asked for.
+        at: u64,
+        /// This peer's round.
+        round: u64,
+    },
 }
 
 /// Counters kept by every state machine. Units: bytes are whole frames (header included).
@@ -270,6 +278,45 @@ pub trait Gossip: Send {
         Err(MembershipError::Unsupported {
             algorithm: "this algorithm",
             why: "it has no re-weighting after a departure",
+        })
+    }
+
+    /// Peer `back`, which left, returns from round `at` on: from then on this peer uses `w`
+    /// (n×n; every peer must compute the same one from the same membership) and, if `back`
+    /// is a neighbour, sends it frames and waits for its frames again (frames for `at` may
+    /// arrive early, like any neighbour's). A peer that is not a neighbour changes only its
+    /// weights, at `at` or, if it is already past `at`, from its next round.
+    ///
+    /// # Errors
+    /// [`MembershipError::Unsupported`] (the default); [`MembershipError::BadMatrix`];
+    /// [`MembershipError::TooLate`] if `back` is a neighbour and round `at` has already begun.
+    fn peer_rejoined(
+        &mut self,
+        back: Rank,
+        w: &MixingMatrix,
+        at: u64,
+    ) -> Result<(), MembershipError> {
+        let _ = (back, w, at);
+        Err(MembershipError::Unsupported {
+            algorithm: "this algorithm",
+            why: "it cannot take a peer back",
+        })
+    }
+
+    /// Moves a state machine that has not begun any round to round `round`: a restarted peer
+    /// that rejoins a run mid-way (its neighbours admit it at that round with
+    /// [`Gossip::peer_rejoined`]).
+    ///
+    /// # Errors
+    /// [`MembershipError::Unsupported`] (the default).
+    ///
+    /// # Panics
+    /// If a round has begun (a driver bug).
+    fn start_at_round(&mut self, round: u64) -> Result<(), MembershipError> {
+        let _ = round;
+        Err(MembershipError::Unsupported {
+            algorithm: "this algorithm",
+            why: "it cannot start mid-run",
         })
     }
 

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use murmur_compress::Compressor;
 use murmur_gossip::sim::Sim;
-use murmur_gossip::{DPsgd, DPsgdConfig, Gossip, GossipError, GossipEvent};
+use murmur_gossip::{DPsgd, DPsgdConfig, Gossip, GossipError, GossipEvent, MembershipError};
 use murmur_topology::MixingMatrix;
 
 mod common;
@@ -345,7 +345,7 @@ fn round_among(peers: &mut [DPsgd], alive: &[bool]) -> Vec<bool> {
             peers[to].handle_message(now, from, &frame).unwrap();
         }
     }
-    peers.iter_mut().map(|p| drain_mixed(p)).collect()
+    peers.iter_mut().map(drain_mixed).collect()
 }
 
 fn drain_mixed(p: &mut DPsgd) -> bool {
@@ -392,7 +392,7 @@ fn survivors_of_a_departure_finish_the_round_and_reach_their_own_average() {
 
     // From round 2 on the survivors' W' is doubly stochastic: their average is kept and
     // they reach it.
-    let mean = |ps: &[DPsgd]| -> Vec<f64> {
+    let mean = |ps: &[DPsgd], alive: &[bool]| -> Vec<f64> {
         let live: Vec<&DPsgd> = ps
             .iter()
             .enumerate()
@@ -403,14 +403,14 @@ fn survivors_of_a_departure_finish_the_round_and_reach_their_own_average() {
             .map(|k| live.iter().map(|p| p.params()[k] as f64).sum::<f64>() / live.len() as f64)
             .collect()
     };
-    let m2 = mean(&peers);
+    let m2 = mean(&peers, &alive);
     for _ in 0..200 {
         assert!(round_among(&mut peers, &alive)
             .iter()
             .zip(&alive)
             .all(|(&m, &a)| m == a));
     }
-    let m = mean(&peers);
+    let m = mean(&peers, &alive);
     for k in 0..2 {
         assert!(
             (m[k] - m2[k]).abs() < 1e-4,
@@ -427,4 +427,50 @@ fn survivors_of_a_departure_finish_the_round_and_reach_their_own_average() {
     }
     // A matrix that still weighs the departed peer is refused.
     assert!(peers[3].peer_left(4, &w).is_err());
+
+    // Peer 4 returns at the survivors' next round, starting from its neighbours' mean.
+    let at = peers[0].round();
+    assert!(peers
+        .iter()
+        .enumerate()
+        .all(|(i, p)| !alive[i] || p.round() == at));
+    let x4: Vec<f32> = (0..2)
+        .map(|k| (peers[3].params()[k] + peers[5].params()[k]) / 2.0)
+        .collect();
+    let mut back = DPsgd::new(
+        {
+            let mut cfg = DPsgdConfig::from_matrix(&w, 4, 0.1, 2);
+            cfg.round_timeout = Duration::from_secs(3600);
+            cfg
+        },
+        x4,
+    );
+    back.start_at_round(at).unwrap();
+    assert_eq!(back.round(), at);
+    peers[4] = back;
+    alive[4] = true;
+    // Too late for a neighbour that is past the round: refused, not silently mis-mixed.
+    assert_eq!(
+        peers[3].peer_rejoined(4, &w, at - 1),
+        Err(MembershipError::TooLate {
+            at: at - 1,
+            round: at
+        })
+    );
+    for i in [0, 1, 2, 3, 5] {
+        peers[i].peer_rejoined(4, &w, at).unwrap();
+    }
+    // Everyone, peer 4 included, mixes with the full W again and reaches one value.
+    let received = peers[3].stats().frames_received;
+    for _ in 0..200 {
+        assert!(round_among(&mut peers, &alive).iter().all(|&m| m));
+    }
+    let m = mean(&peers, &alive);
+    for p in &peers {
+        for k in 0..2 {
+            assert!((p.params()[k] as f64 - m[k]).abs() < 1e-3);
+        }
+    }
+    // Peer 3 hears from both neighbours again, peer 4 included: 2 frames a round.
+    assert_eq!(peers[3].stats().frames_received - received, 400);
 }
