@@ -46,6 +46,15 @@ pub enum FrameKind {
     Pull = 7,
     /// A membership notice: a peer has left the run (payload defined by the node).
     Leave = 8,
+    /// A restarted peer introduces itself to a peer of the run it rejoins (payload defined
+    /// by the node).
+    Hello = 9,
+    /// The answer to `Hello`: the run's round, membership and parameters (payload defined
+    /// by the node).
+    Welcome = 10,
+    /// A membership notice: a peer returns to the run at a given round (payload defined by
+    /// the node).
+    Rejoin = 11,
 }
 
 impl FrameKind {
@@ -59,6 +68,9 @@ impl FrameKind {
             6 => Some(Self::Push),
             7 => Some(Self::Pull),
             8 => Some(Self::Leave),
+            9 => Some(Self::Hello),
+            10 => Some(Self::Welcome),
+            11 => Some(Self::Rejoin),
             _ => None,
         }
     }

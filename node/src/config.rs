@@ -412,6 +412,11 @@ pub struct RunArgs {
     /// with an error (the other algorithms).
     #[arg(long, default_value_t = 15)]
     pub peer_timeout_secs: u64,
+    /// Every peer writes a checkpoint (parameters, momentum, round, membership) to
+    /// `<run>/checkpoints/peer-<rank>.ckpt` after every this many rounds, atomically;
+    /// 0: never. A restarted peer takes it up with `murmur peer --resume`.
+    #[arg(long, default_value_t = 0, value_name = "ROUNDS")]
+    pub checkpoint_every: u64,
     /// Emulated link rate of every outgoing data-plane link, e.g. `1Gbit` or `100Mbit`
     /// (a pacer in the transport; it can only slow links down). Default: unlimited.
     #[arg(long)]
@@ -453,6 +458,7 @@ impl RunArgs {
             format!("--device={}", self.device),
             format!("--round-timeout-secs={}", self.round_timeout_secs),
             format!("--peer-timeout-secs={}", self.peer_timeout_secs),
+            format!("--checkpoint-every={}", self.checkpoint_every),
             format!("--join-timeout-secs={}", self.join_timeout_secs),
         ];
         if let Some(d) = &self.data {

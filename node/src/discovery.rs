@@ -6,7 +6,9 @@
 //! model, d — so a mis-configured peer is refused with a message saying what differs), its
 //! QUIC data-plane address and the certificate that address presents. When all n ranks have
 //! joined, the bootstrap answers every request with the directory of all peers. The swarm
-//! then keeps running in the background for liveness (ping, identify).
+//! then keeps running in the background for liveness (ping, identify), and the bootstrap
+//! goes on answering restarted peers that rejoin the running run (`--resume`): their entry
+//! is replaced by the new address and certificate and they get the directory at once.
 //!
 //! Protocol: libp2p request-response, JSON codec, protocol id `/murmur/join/1`.
 
@@ -94,6 +96,9 @@ pub struct JoinRequest {
     pub info: PeerInfo,
     /// Its view of the run.
     pub fingerprint: Fingerprint,
+    /// A restarted peer rejoining a run that is under way.
+    #[serde(default)]
+    pub rejoin: bool,
 }
 
 /// The bootstrap's answer.
@@ -126,6 +131,8 @@ pub enum Role {
     Join {
         /// The bootstrap's multiaddr.
         bootstrap: Multiaddr,
+        /// Rejoin a run under way (a restarted peer) instead of joining at the start.
+        rejoin: bool,
     },
 }
 
@@ -165,25 +172,41 @@ pub async fn discover(
     let mut swarm = build_swarm(timeout)?;
     me.peer_id = swarm.local_peer_id().to_string();
     let deadline = tokio::time::Instant::now() + timeout;
+    let bootstrap = matches!(role, Role::Bootstrap { .. });
     let directory = match role {
         Role::Bootstrap { listen, addr_file } => {
             swarm
                 .listen_on(listen.clone())
                 .with_context(|| format!("cannot listen on {listen}"))?;
-            tokio::time::timeout_at(deadline, serve(&mut swarm, me, fingerprint, addr_file))
-                .await
-                .map_err(|_| anyhow!("not all peers joined within {timeout:?}"))??
+            tokio::time::timeout_at(
+                deadline,
+                serve(&mut swarm, me, fingerprint.clone(), addr_file),
+            )
+            .await
+            .map_err(|_| anyhow!("not all peers joined within {timeout:?}"))??
         }
-        Role::Join { bootstrap } => tokio::time::timeout_at(deadline, join(&mut swarm, bootstrap.clone(), me, fingerprint))
+        Role::Join { bootstrap, rejoin } => tokio::time::timeout_at(deadline, join(&mut swarm, bootstrap.clone(), me, fingerprint.clone(), rejoin))
             .await
             .map_err(|_| {
                 anyhow!("no directory from the bootstrap {bootstrap} within {timeout:?} (is peer 0 running and reachable?)")
             })??,
     };
-    // Keep the control plane alive for liveness; log what it sees.
+    // Keep the control plane alive for liveness; the bootstrap answers rejoining peers.
+    let mut dir = directory.clone();
     tokio::spawn(async move {
         loop {
             match swarm.select_next_some().await {
+                SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
+                    peer,
+                    message:
+                        request_response::Message::Request {
+                            request, channel, ..
+                        },
+                    ..
+                })) if bootstrap => {
+                    let answer = admit_rejoin(&mut dir, &fingerprint, peer, request);
+                    let _ = swarm.behaviour_mut().join.send_response(channel, answer);
+                }
                 SwarmEvent::ConnectionClosed { peer_id, cause, .. } => {
                     debug!(%peer_id, ?cause, "control-plane connection closed")
                 }
@@ -192,6 +215,44 @@ pub async fn discover(
         }
     });
     Ok(directory)
+}
+
+/// The bootstrap's answer to a join request once the run is under way: a restarted peer
+/// (`rejoin`) with the run's fingerprint and a rank other than 0 replaces its directory
+/// entry and gets the directory; anything else is refused with the reason.
+fn admit_rejoin(
+    dir: &mut [PeerInfo],
+    fingerprint: &Fingerprint,
+    peer: PeerId,
+    request: JoinRequest,
+) -> JoinResponse {
+    let r = request.info.rank;
+    let refusal = if request.fingerprint != *fingerprint {
+        Some(format!(
+            "run options differ: {}",
+            request
+                .fingerprint
+                .differences(fingerprint, &format!("peer {r}"), "peer 0")
+        ))
+    } else if r == 0 || r >= dir.len() {
+        Some(format!(
+            "rank {r} cannot rejoin (ranks 1..{} can)",
+            dir.len()
+        ))
+    } else if !request.rejoin {
+        Some("the run is already under way; a restarted peer rejoins it with --resume".into())
+    } else {
+        None
+    };
+    if let Some(why) = refusal {
+        warn!(%peer, "refused a late join: {why}");
+        return JoinResponse::Refused(why);
+    }
+    let mut info = request.info;
+    info.peer_id = peer.to_string();
+    info!(rank = r, %peer, "peer rejoins the run");
+    dir[r] = info;
+    JoinResponse::Directory(dir.to_vec())
 }
 
 async fn serve(
@@ -254,7 +315,9 @@ async fn serve(
                 ..
             })) => {
                 let r = request.info.rank;
-                let refusal = if request.fingerprint != fingerprint {
+                let refusal = if request.rejoin {
+                    Some("the run has not started yet (not every peer has joined); start this peer without --resume".to_string())
+                } else if request.fingerprint != fingerprint {
                     Some(format!(
                         "run options differ: {}",
                         request.fingerprint.differences(
@@ -303,6 +366,7 @@ async fn join(
     bootstrap: Multiaddr,
     me: PeerInfo,
     fingerprint: Fingerprint,
+    rejoin: bool,
 ) -> anyhow::Result<Vec<PeerInfo>> {
     swarm
         .dial(bootstrap.clone())
@@ -310,6 +374,7 @@ async fn join(
     let mut request = Some(JoinRequest {
         info: me,
         fingerprint: fingerprint.clone(),
+        rejoin,
     });
     let mut boot_peer: Option<PeerId> = None;
     loop {

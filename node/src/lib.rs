@@ -6,6 +6,7 @@
 
 pub mod algo;
 pub mod bench;
+pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod discovery;

@@ -82,18 +82,23 @@ pub struct EpochRow {
     pub peers: usize,
 }
 
-/// A peer that left the run, as peer 0 recorded it (a line of `membership.jsonl`).
+/// A peer that left or rejoined the run, as peer 0 recorded it (a line of
+/// `membership.jsonl`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Departure {
-    /// The peer that left.
+pub struct MembershipEvent {
+    /// `left` or `rejoined`.
+    pub event: String,
+    /// The peer that left or rejoined.
     pub peer: usize,
-    /// Peer 0's round when it learned of it.
+    /// `left`: peer 0's round when it learned of it; `rejoined`: the round from which the
+    /// peer mixes again.
     pub round: u64,
-    /// Peer 0's epoch then (1-based while training).
+    /// Peer 0's epoch when it learned of it (1-based while training).
     pub epoch: usize,
     /// Peer 0's seconds since training started, then.
     pub wall_seconds: f64,
-    /// The peer that noticed the departure (a neighbour whose connection was lost).
+    /// The peer that noticed the departure (a neighbour whose connection was lost), or the
+    /// peer that rejoined.
     pub noticed_by: usize,
     /// What was noticed.
     pub reason: String,
@@ -148,6 +153,9 @@ pub struct Summary {
     /// Peers that left the run, as `rank@round` (peer 0's round when it learned of it),
     /// space-separated; empty if none. Details in `membership.jsonl`.
     pub departures: String,
+    /// Peers that rejoined the run, as `rank@round` (the round from which they mixed
+    /// again), space-separated; empty if none.
+    pub rejoins: String,
 }
 
 /// Appends one JSON line to `path`, creating it if needed.
@@ -228,6 +236,10 @@ pub fn summary_line(s: &Summary) -> String {
         String::new()
     } else {
         format!("; peers that left (rank@round): {}", s.departures)
+    } + &if s.rejoins.is_empty() {
+        String::new()
+    } else {
+        format!("; rejoined: {}", s.rejoins)
     }
 }
 

@@ -89,6 +89,7 @@ pub struct DataPlane {
     rank: Rank,
     /// Applied to the links opened by [`DataPlane::connect`] from then on.
     pub emulation: LinkEmulation,
+    inbound: Inbound,
 }
 
 /// A slower network emulated inside the transport, per outgoing link (the kernel here has
@@ -126,7 +127,14 @@ impl LinkEmulation {
 pub struct Link {
     to: Rank,
     tx: mpsc::Sender<Bytes>,
+    conn: Connection,
 }
+
+/// Incoming connections by the peer they are bound to (by their first frame), oldest first.
+type Inbound = Arc<std::sync::Mutex<HashMap<Rank, Vec<Connection>>>>;
+
+/// Application close code of a connection this side gave up (its peer left the run).
+const ABANDONED: u32 = 2;
 
 /// Transport settings of every data-plane connection; `idle_timeout` is how long a silent
 /// connection lives (keep-alives every third of it, at most every 2 s).
@@ -193,10 +201,12 @@ impl DataPlane {
         )?;
         let local_addr = endpoint.local_addr()?;
         let (events, rx) = mpsc::channel(EVENT_QUEUE);
+        let inbound = Inbound::default();
         tokio::spawn(accept_loop(
             endpoint.clone(),
             events.clone(),
             max_payload_bytes,
+            inbound.clone(),
         ));
         Ok((
             DataPlane {
@@ -207,6 +217,7 @@ impl DataPlane {
                 transport,
                 rank,
                 emulation: LinkEmulation::default(),
+                inbound,
             },
             rx,
         ))
@@ -240,12 +251,26 @@ impl DataPlane {
         tokio::spawn(send_loop(
             self.rank,
             to,
-            conn,
+            conn.clone(),
             rx,
             self.events.clone(),
             self.emulation,
         ));
-        Ok(Link { to, tx })
+        Ok(Link { to, tx, conn })
+    }
+
+    /// Closes the incoming connections from `peer` (which left the run) without reporting
+    /// them lost; with `keep_newest`, all but the most recent one (a restarted peer's new
+    /// connection, over which it said hello).
+    pub fn forget(&self, peer: Rank, keep_newest: bool) {
+        let mut inbound = self.inbound.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(conns) = inbound.get_mut(&peer) {
+            let keep = if keep_newest { conns.pop() } else { None };
+            for c in conns.drain(..) {
+                c.close(VarInt::from_u32(ABANDONED), b"peer left");
+            }
+            conns.extend(keep);
+        }
     }
 
     /// Closes the endpoint and waits (at most `grace`) for the close to reach the peers.
@@ -256,6 +281,12 @@ impl DataPlane {
 }
 
 impl Link {
+    /// Gives the link up (its peer left the run): the connection is closed at once, with
+    /// no goodbye and no [`NetEvent::Lost`].
+    pub fn abandon(self) {
+        self.conn.close(VarInt::from_u32(ABANDONED), b"peer left");
+    }
+
     /// Queues one frame; waits while the link's queue is full.
     pub async fn send(&self, frame: Bytes) -> anyhow::Result<()> {
         self.tx
@@ -265,8 +296,26 @@ impl Link {
     }
 }
 
-/// Reports a failed write on the link to `to` as [`NetEvent::Lost`].
-async fn send_failed(events: &mpsc::Sender<NetEvent>, to: Rank, e: anyhow::Error) {
+/// Whether this side closed `conn` (it gave the link up, or the endpoint shut down): its
+/// errors are then expected and not reported.
+fn closed_here(conn: &Connection) -> bool {
+    matches!(
+        conn.close_reason(),
+        Some(quinn::ConnectionError::LocallyClosed)
+    )
+}
+
+/// Reports a failed write on the link to `to` as [`NetEvent::Lost`], unless this side
+/// closed the connection.
+async fn send_failed(
+    events: &mpsc::Sender<NetEvent>,
+    to: Rank,
+    conn: &Connection,
+    e: anyhow::Error,
+) {
+    if closed_here(conn) {
+        return;
+    }
     let _ = events
         .send(NetEvent::Lost {
             peer: to,
@@ -334,14 +383,14 @@ async fn send_loop(
             r
         };
         if let Err(e) = result {
-            return send_failed(&events, to, e).await;
+            return send_failed(&events, to, &conn, e).await;
         }
         sent += 1;
     }
     // Every frame is written before the goodbye that counts them.
     while let Some(done) = in_flight.join_next().await {
         if let Err(e) = done.map_err(anyhow::Error::from).and_then(|w| w) {
-            return send_failed(&events, to, e).await;
+            return send_failed(&events, to, &conn, e).await;
         }
     }
     // The training loop dropped its handle: say goodbye, then wait for the receiver to
@@ -363,19 +412,14 @@ async fn send_loop(
         anyhow::Ok(())
     };
     if let Err(e) = bye.await {
-        let _ = events
-            .send(NetEvent::Lost {
-                peer: to,
-                reason: format!("saying goodbye to peer {to}: {e}"),
-            })
-            .await;
-        return;
+        return send_failed(&events, to, &conn, e.context("saying goodbye")).await;
     }
     let reason = conn.closed().await;
     let event = match reason {
         quinn::ConnectionError::ApplicationClosed(c) if c.error_code == VarInt::from_u32(0) => {
             NetEvent::LinkDone { to }
         }
+        _ if closed_here(&conn) => return,
         other => NetEvent::Lost {
             peer: to,
             reason: format!("connection to peer {to}: {other}"),
@@ -384,12 +428,18 @@ async fn send_loop(
     let _ = events.send(event).await;
 }
 
-async fn accept_loop(endpoint: Endpoint, events: mpsc::Sender<NetEvent>, max_payload_bytes: u32) {
+async fn accept_loop(
+    endpoint: Endpoint,
+    events: mpsc::Sender<NetEvent>,
+    max_payload_bytes: u32,
+    inbound: Inbound,
+) {
     while let Some(incoming) = endpoint.accept().await {
         let events = events.clone();
+        let inbound = inbound.clone();
         tokio::spawn(async move {
             match incoming.await {
-                Ok(conn) => serve_connection(conn, events, max_payload_bytes).await,
+                Ok(conn) => serve_connection(conn, events, max_payload_bytes, inbound).await,
                 Err(e) => debug!("incoming connection failed: {e}"),
             }
         });
@@ -397,7 +447,7 @@ async fn accept_loop(endpoint: Endpoint, events: mpsc::Sender<NetEvent>, max_pay
 }
 
 /// Per-connection receive state: who the sender is and how many frames arrived.
-struct Inbound {
+struct Receiving {
     peer: Option<Rank>,
     received: u64,
     expected: Option<u64>,
@@ -407,8 +457,9 @@ async fn serve_connection(
     conn: Connection,
     events: mpsc::Sender<NetEvent>,
     max_payload_bytes: u32,
+    inbound: Inbound,
 ) {
-    let state = Arc::new(tokio::sync::Mutex::new(Inbound {
+    let state = Arc::new(tokio::sync::Mutex::new(Receiving {
         peer: None,
         received: 0,
         expected: None,
@@ -418,7 +469,7 @@ async fn serve_connection(
             Ok(s) => s,
             Err(e) => {
                 let st = state.lock().await;
-                let done = st.expected.is_some_and(|n| st.received >= n);
+                let done = st.expected.is_some_and(|n| st.received >= n) || closed_here(&conn);
                 if let (Some(peer), false) = (st.peer, done) {
                     let _ = events
                         .send(NetEvent::Lost {
@@ -433,6 +484,7 @@ async fn serve_connection(
         let events = events.clone();
         let state = state.clone();
         let conn = conn.clone();
+        let inbound = inbound.clone();
         tokio::spawn(async move {
             let frame = async {
                 let mut head = [0u8; FRAME_HEADER_LEN];
@@ -466,6 +518,14 @@ async fn serve_connection(
                         true,
                     )),
                     _ => {
+                        if st.peer.is_none() {
+                            inbound
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .entry(header.sender)
+                                .or_default()
+                                .push(conn.clone());
+                        }
                         st.peer = Some(header.sender);
                         if header.kind == FrameKind::Bye {
                             let count = bytes

@@ -21,14 +21,16 @@ use murmur_gossip::{consensus_distance, Gossip, GossipEvent, Rank};
 use murmur_topology::MixingMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn};
 
 use crate::algo;
+use crate::checkpoint::{self, Checkpoint, CheckpointMeta};
 use crate::config::{DeviceSpec, Init, RunArgs};
 use crate::data::{partition, Batches, Dataset, RunData};
 use crate::discovery::{discover, Fingerprint, PeerInfo, Role};
-use crate::metrics::{self, Departure, EpochRow, PeerEpoch, Summary};
+use crate::metrics::{self, EpochRow, MembershipEvent, PeerEpoch, Summary};
 use crate::model::{self, Net};
 use crate::net::{DataPlane, Links, NetEvent};
 
@@ -58,7 +60,17 @@ pub struct PeerArgs {
     /// Run folder: metrics are written here.
     #[arg(long)]
     pub out: PathBuf,
+    /// Rejoin the run under way after this peer was restarted (same options, same run
+    /// folder; D-PSGD): the bootstrap admits it again, its neighbours send their round and
+    /// parameters, it starts from their mean with the momentum of its last checkpoint
+    /// (`--checkpoint-every`) and mixes again from a round agreed with them.
+    #[arg(long)]
+    pub resume: bool,
 }
+
+/// Rounds between the highest round a rejoining peer hears of and the round it mixes
+/// again from: time for every neighbour to learn the round before it begins it.
+pub const REJOIN_MARGIN_ROUNDS: u64 = 20;
 
 /// Runs one peer to the end of training. Dispatches on the device.
 pub fn run(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
@@ -128,12 +140,31 @@ struct Driver {
     w: MixingMatrix,
     /// Algorithm name, for messages.
     algorithm: String,
-    /// Peers that left the run, as this peer learned of them.
-    departed: BTreeMap<Rank, Departure>,
+    /// Peers that left the run (and have not rejoined), as this peer learned of them.
+    departed: BTreeMap<Rank, MembershipEvent>,
+    /// Rejoins this peer has taken part in, as (peer, round): each is handled once.
+    rejoined: Vec<(Rank, u64)>,
     /// The epoch being trained (0 before training).
     epoch: usize,
     /// When training started.
     started: Instant,
+    /// Our QUIC endpoint: links to restarted peers are opened during the run.
+    plane: DataPlane,
+    /// A rejoining peer only: the answers to its hellos, by sender.
+    welcomes: BTreeMap<Rank, (Welcome, Vec<f32>)>,
+    /// A rejoining peer only: the round it mixes again from, and the in-neighbours whose
+    /// frame for that round has arrived.
+    first_frames: Option<(u64, HashSet<Rank>)>,
+}
+
+/// A peer's answer to a restarted peer's hello (the JSON part of a `Welcome` frame; the
+/// sender's parameters x follow).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Welcome {
+    /// The sender's round (the next to begin, or the one mixing).
+    round: u64,
+    /// Peers the sender knows to have left, the hello's sender excluded.
+    departed: Vec<Rank>,
 }
 
 fn run_on<B: AutodiffBackend>(
@@ -152,6 +183,17 @@ fn run_on<B: AutodiffBackend>(
     }
     if rank != 0 && peer.bootstrap.is_none() {
         bail!("peer {rank} needs --bootstrap <multiaddr of peer 0>");
+    }
+    if peer.resume {
+        if rank == 0 {
+            bail!("--resume: peer 0 cannot rejoin (it is the bootstrap and collects the metrics); restarting a whole run from its checkpoints is not supported yet");
+        }
+        if args.algorithms() != [crate::config::Algorithm::Dpsgd] {
+            bail!(
+                "--resume: a restarted peer can rejoin a D-PSGD run only, not {}",
+                args.algorithm_name()
+            );
+        }
     }
     let topo = args.topology()?;
     std::fs::create_dir_all(peer.out.join("peers"))
@@ -216,10 +258,30 @@ fn run_on<B: AutodiffBackend>(
         },
         Some(b) => Role::Join {
             bootstrap: b.clone(),
+            rejoin: peer.resume,
         },
     };
+    let checkpoint_path = checkpoint::path(&peer.out, rank);
+    let resumed = if peer.resume {
+        let c = Checkpoint::load(&checkpoint_path, &fingerprint, d)?;
+        match &c {
+            Some(c) => info!(round = c.meta.round, "loaded the checkpoint"),
+            None => warn!(
+                path = %checkpoint_path.display(),
+                "no checkpoint: the momentum starts from zero"
+            ),
+        }
+        Some(c)
+    } else {
+        None
+    };
     let join_timeout = Duration::from_secs(args.join_timeout_secs);
-    let directory = rt.block_on(discover(role, me, fingerprint, join_timeout))?;
+    let directory = rt.block_on(discover(
+        role,
+        me.clone(),
+        fingerprint.clone(),
+        join_timeout,
+    ))?;
 
     let gossip = algo::build(
         args,
@@ -237,11 +299,21 @@ fn run_on<B: AutodiffBackend>(
         destinations.push(0);
     }
     let mut links = Links::new();
+    // A rejoining peer may find some destinations gone; the run's answer says which.
+    let mut unreachable = BTreeMap::new();
     for &to in &destinations {
         let info = &directory[to];
-        let link = rt.block_on(plane.connect(to, info.data_addr, &info.cert_der))?;
-        links.insert(to, link);
+        match rt.block_on(plane.connect(to, info.data_addr, &info.cert_der)) {
+            Ok(link) => {
+                links.insert(to, link);
+            }
+            Err(e) if peer.resume => {
+                unreachable.insert(to, e);
+            }
+            Err(e) => return Err(e),
+        }
     }
+    let destinations: HashSet<Rank> = links.keys().copied().collect();
     let mut expected_in: HashSet<Rank> = gossip.in_peers().into_iter().collect();
     if rank == 0 {
         expected_in.extend(1..n);
@@ -251,7 +323,9 @@ fn run_on<B: AutodiffBackend>(
         n,
         dir: peer.out.clone(),
         pending: BTreeMap::new(),
-        departed: BTreeSet::new(),
+        absent: BTreeMap::new(),
+        history: Vec::new(),
+        rounds_per_epoch,
         rows: Vec::new(),
         test: data.test.clone(),
         d,
@@ -266,7 +340,7 @@ fn run_on<B: AutodiffBackend>(
         gossip,
         expected_in,
         finished_in: HashSet::new(),
-        destinations: destinations.into_iter().collect(),
+        destinations,
         links_done: HashSet::new(),
         refused_frames: 0,
         collector,
@@ -274,28 +348,64 @@ fn run_on<B: AutodiffBackend>(
         w: topo.w.clone(),
         algorithm: args.algorithm_name(),
         departed: BTreeMap::new(),
+        rejoined: Vec::new(),
         epoch: 0,
         started: Instant::now(),
+        plane,
+        welcomes: BTreeMap::new(),
+        first_frames: None,
     };
     if rank == 0 {
         println!("{}", metrics::table_header());
     }
 
+    // A restarted peer agrees on a round with its neighbours and starts from their mean.
+    let mut velocity = vec![0.0f32; d];
+    let mut first_round = 0;
+    if let Some(checkpoint) = resumed {
+        let (at, mean) = drv.rejoin(
+            &me,
+            unreachable,
+            rounds_per_epoch * args.epochs as u64,
+            join_timeout,
+        )?;
+        x = mean;
+        net = model::unflatten(net, &x)?;
+        if let Some(c) = checkpoint {
+            velocity = c.velocity;
+        }
+        first_round = at;
+    }
+    let first_epoch = if first_round == 0 {
+        0
+    } else {
+        (first_round / rounds_per_epoch) as usize + 1
+    };
+
     // Training.
     let start = Instant::now();
     drv.started = start;
-    let mut batches = Batches::new(shard.len(), args.seed.wrapping_add(1 + rank as u64));
+    let mut batches = Batches::new(
+        shard.len(),
+        args.seed
+            .wrapping_add(1 + rank as u64)
+            .wrapping_add(first_round.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+    );
     let mut batch_images = Vec::with_capacity(args.batch_size * input.features());
     let mut grad = Vec::with_capacity(d);
-    let mut velocity = vec![0.0f32; d];
     let mut batch_labels = Vec::with_capacity(args.batch_size);
     let (mut compute_s, mut communicate_s, mut wait_s) = (0.0f64, 0.0f64, 0.0f64);
     let peer_log = peer.out.join("peers").join(format!("peer-{rank}.jsonl"));
     let mut last_report = None;
-    // Epoch 0 trains nothing: it records the starting point (x⁰, Ξ²(0)).
-    for epoch in 0..=args.epochs {
+    // Epoch 0 trains nothing: it records the starting point (x⁰, Ξ²(0)). A peer that
+    // rejoined starts within the epoch of its first round.
+    for epoch in first_epoch..=args.epochs {
         let mut loss_sum = 0.0f64;
-        let rounds = if epoch == 0 { 0 } else { rounds_per_epoch };
+        let rounds = match epoch {
+            0 => 0,
+            e if e == first_epoch => rounds_per_epoch - first_round % rounds_per_epoch,
+            _ => rounds_per_epoch,
+        };
         drv.epoch = epoch;
         // Compressor schedules (DGC's warm-up) count training epochs from 0.
         drv.gossip.set_epoch(epoch.saturating_sub(1));
@@ -345,6 +455,20 @@ fn run_on<B: AutodiffBackend>(
             wait_s += t1.elapsed().as_secs_f64();
             x.copy_from_slice(drv.gossip.params());
             net = model::unflatten(net, &x)?;
+            let round = drv.gossip.round();
+            if args.checkpoint_every > 0 && round % args.checkpoint_every == 0 {
+                Checkpoint {
+                    meta: CheckpointMeta {
+                        rank,
+                        round,
+                        fingerprint: fingerprint.clone(),
+                        departed: drv.departed.keys().copied().collect(),
+                    },
+                    x: x.clone(),
+                    velocity: velocity.clone(),
+                }
+                .save(&checkpoint_path)?;
+            }
             if args.inject_bad_frames == Some(rank) {
                 drv.inject_bad_frames(drv.gossip.round(), d)?;
             }
@@ -399,7 +523,7 @@ fn run_on<B: AutodiffBackend>(
         // A parameter server still answers workers that are finishing their last rounds.
         drv.transmit()?;
     }
-    drv.finish(&plane)?;
+    drv.finish()?;
 
     if let Some(c) = &drv.collector {
         let last = c
@@ -407,12 +531,14 @@ fn run_on<B: AutodiffBackend>(
             .last()
             .ok_or_else(|| anyhow!("no epoch was recorded"))?;
         let mut s = summary(args, &topo, d, last);
-        s.departures = drv
-            .departed
-            .values()
-            .map(|d| format!("{}@{}", d.peer, d.round))
-            .collect::<Vec<_>>()
-            .join(" ");
+        let list = |events: &mut dyn Iterator<Item = &MembershipEvent>| {
+            events
+                .map(|e| format!("{}@{}", e.peer, e.round))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        s.departures = list(&mut c.history.iter().filter(|e| e.event == "left"));
+        s.rejoins = list(&mut c.history.iter().filter(|e| e.event == "rejoined"));
         write_summary(&peer.out, &s)?;
     }
     if let Some(r) = last_report {
@@ -437,7 +563,8 @@ impl Driver {
             let frame = Bytes::from(std::mem::take(&mut self.send_buf));
             if let Err(e) = self.rt.block_on(link.send(frame)) {
                 // The link's task ended: its connection was lost.
-                self.on_departure(t.to, format!("{e:#}"), self.rank)?;
+                let round = self.gossip.round();
+                self.on_departure(t.to, format!("{e:#}"), self.rank, round)?;
             }
         }
         Ok(())
@@ -548,8 +675,24 @@ impl Driver {
     /// # Errors
     /// `gone` is peer 0 (the metrics collector), W' cannot be formed (a directed topology)
     /// or the algorithm cannot continue without a peer.
-    fn on_departure(&mut self, gone: Rank, reason: String, noticed_by: Rank) -> anyhow::Result<()> {
-        if gone == self.rank || self.departed.contains_key(&gone) {
+    fn on_departure(
+        &mut self,
+        gone: Rank,
+        reason: String,
+        noticed_by: Rank,
+        noticed_round: u64,
+    ) -> anyhow::Result<()> {
+        // A notice older than the peer's latest return is about its previous process.
+        let back_at = self
+            .rejoined
+            .iter()
+            .filter(|(r, _)| *r == gone)
+            .map(|(_, at)| *at)
+            .max();
+        if gone == self.rank
+            || self.departed.contains_key(&gone)
+            || back_at.is_some_and(|at| noticed_round < at)
+        {
             return Ok(());
         }
         let round = self.gossip.round();
@@ -560,7 +703,8 @@ impl Driver {
             gone,
             round, noticed_by, "peer {gone} left the run: {reason}"
         );
-        let record = Departure {
+        let record = MembershipEvent {
+            event: "left".into(),
             peer: gone,
             round,
             epoch: self.epoch,
@@ -588,24 +732,311 @@ impl Driver {
                     self.algorithm
                 )
             })?;
-        self.links.remove(&gone);
+        if let Some(link) = self.links.remove(&gone) {
+            link.abandon();
+        }
+        self.plane.forget(gone, false);
         self.destinations.remove(&gone);
         self.expected_in.remove(&gone);
-        let notice = Bytes::from(encode_leave(self.rank, round, gone, &reason));
-        for (&to, link) in &self.links {
-            if let Err(e) = self.rt.block_on(link.send(notice.clone())) {
-                debug!(to, "could not pass on the departure: {e:#}");
-            }
-        }
+        self.broadcast(&encode_leave(self.rank, noticed_round, gone, &reason), &[]);
         if let Some(c) = self.collector.as_mut() {
-            c.peer_left(record)?;
+            c.membership(record, None)?;
         }
         Ok(())
+    }
+
+    /// Sends `frame` on every link except those to `skip` (best effort: a failing link is
+    /// reported by the data plane on its own).
+    fn broadcast(&self, frame: &[u8], skip: &[Rank]) {
+        let frame = Bytes::copy_from_slice(frame);
+        for (&to, link) in self.links.iter().filter(|(to, _)| !skip.contains(to)) {
+            if let Err(e) = self.rt.block_on(link.send(frame.clone())) {
+                debug!(to, "could not send a membership notice: {e:#}");
+            }
+        }
+    }
+
+    /// A restarted peer `from` says hello with its new data-plane address: if it was still
+    /// counted as a member it has left (its old process is gone); open a link to it and
+    /// answer with this peer's round, the departed peers and x.
+    fn on_hello(&mut self, from: Rank, payload: &[u8]) -> anyhow::Result<()> {
+        let info: PeerInfo = match serde_json::from_slice(payload) {
+            Ok(i @ PeerInfo { rank, .. }) if rank == from => i,
+            _ => {
+                self.refused_frames += 1;
+                warn!(from, "dropped a malformed hello");
+                return Ok(());
+            }
+        };
+        let round = self.gossip.round();
+        self.on_departure(
+            from,
+            "it restarted: a new process said hello".into(),
+            self.rank,
+            round,
+        )?;
+        // The old process's connections are closed; the hello came on the newest one.
+        self.plane.forget(from, true);
+        let link = match self
+            .rt
+            .block_on(self.plane.connect(from, info.data_addr, &info.cert_der))
+        {
+            Ok(l) => l,
+            Err(e) => {
+                warn!(from, "cannot connect back to the restarted peer: {e:#}");
+                return Ok(());
+            }
+        };
+        self.links.insert(from, link);
+        self.destinations.insert(from);
+        self.links_done.remove(&from);
+        let welcome = Welcome {
+            round: self.gossip.round(),
+            departed: self
+                .departed
+                .keys()
+                .copied()
+                .filter(|&r| r != from)
+                .collect(),
+        };
+        let frame = encode_with_params(
+            FrameKind::Welcome,
+            self.rank,
+            welcome.round,
+            &welcome,
+            self.gossip.params(),
+        )?;
+        info!(from, round = welcome.round, "welcomed a restarted peer");
+        self.send_to(from, frame)
+    }
+
+    /// Sends one frame on the link to `to`.
+    fn send_to(&self, to: Rank, frame: Vec<u8>) -> anyhow::Result<()> {
+        let link = self
+            .links
+            .get(&to)
+            .ok_or_else(|| anyhow!("no link to peer {to}"))?;
+        self.rt.block_on(link.send(Bytes::from(frame)))
+    }
+
+    /// Peer `back` mixes again from round `at` (told by `from`): re-weight with it, admit
+    /// it if it is a neighbour, and pass the news on. Handled once per (peer, round).
+    fn on_rejoin(&mut self, back: Rank, at: u64, from: Rank) -> anyhow::Result<()> {
+        if back == self.rank || self.rejoined.contains(&(back, at)) {
+            return Ok(());
+        }
+        self.rejoined.push((back, at));
+        let still_gone: Vec<Rank> = self
+            .departed
+            .keys()
+            .copied()
+            .filter(|&r| r != back)
+            .collect();
+        let w = self.w.without_peers(&still_gone)?.w;
+        if let Err(e) = self.gossip.peer_rejoined(back, &w, at) {
+            warn!(
+                back,
+                at, "peer {back} asked to mix again from round {at} and was not admitted: {e}"
+            );
+            return Ok(());
+        }
+        info!(back, at, "peer {back} rejoins the run from round {at}");
+        self.departed.remove(&back);
+        if self.gossip.in_peers().contains(&back) || self.rank == 0 {
+            self.expected_in.insert(back);
+            self.finished_in.remove(&back);
+        }
+        self.broadcast(&encode_rejoin(self.rank, back, at), &[back, from]);
+        if let Some(c) = self.collector.as_mut() {
+            let record = MembershipEvent {
+                event: "rejoined".into(),
+                peer: back,
+                round: at,
+                epoch: self.epoch,
+                wall_seconds: self.started.elapsed().as_secs_f64(),
+                noticed_by: back,
+                reason: format!("restarted; mixes again from round {at}"),
+            };
+            c.membership(record, Some(at))?;
+        }
+        Ok(())
+    }
+
+    /// A restarted peer's way back into the run: hello to every peer it has a link to
+    /// (`me`: its new directory entry), their welcomes (round, departed peers, x), then the
+    /// round it mixes again from — the highest round heard plus [`REJOIN_MARGIN_ROUNDS`],
+    /// so that every neighbour learns it before beginning it — announced to all, and a wait
+    /// until every in-neighbour has sent its frame for that round. Destinations it could not
+    /// connect to (`unreachable`) must be among the departed peers of the welcomes.
+    /// Returns that round and the mean x of the in-neighbours that answered.
+    ///
+    /// # Errors
+    /// No welcome within `timeout`, a peer unreachable that the run still counts, the run
+    /// ending before the agreed round (`total_rounds`), or no in-neighbour answering.
+    fn rejoin(
+        &mut self,
+        me: &PeerInfo,
+        unreachable: BTreeMap<Rank, anyhow::Error>,
+        total_rounds: u64,
+        timeout: Duration,
+    ) -> anyhow::Result<(u64, Vec<f32>)> {
+        let hello = encode_hello(self.rank, me)?;
+        for &to in self.links.keys() {
+            self.send_to(to, hello.clone())?;
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let waiting: Vec<Rank> = self
+                .links
+                .keys()
+                .copied()
+                .filter(|r| !self.welcomes.contains_key(r))
+                .collect();
+            if waiting.is_empty() {
+                break;
+            }
+            if !self.next_event(deadline)? {
+                bail!("--resume: no answer from peers {waiting:?} within {timeout:?}");
+            }
+        }
+        let departed: BTreeSet<Rank> = self
+            .welcomes
+            .values()
+            .flat_map(|(w, _)| w.departed.iter().copied())
+            .filter(|&r| r != self.rank)
+            .collect();
+        if let Some((r, e)) = unreachable.iter().find(|(r, _)| !departed.contains(r)) {
+            bail!("--resume: cannot reach peer {r}, which the run still counts as a member: {e:#}");
+        }
+        let at = self
+            .welcomes
+            .values()
+            .map(|(w, _)| w.round)
+            .max()
+            .unwrap_or(0)
+            + REJOIN_MARGIN_ROUNDS;
+        if at >= total_rounds {
+            bail!(
+                "--resume: the run ends at round {total_rounds}, too soon to rejoin at round {at}"
+            );
+        }
+        // This peer's view of the membership: the departed peers are forgotten.
+        let survivors = self
+            .w
+            .without_peers(&departed.iter().copied().collect::<Vec<_>>())?;
+        for &g in &departed {
+            self.gossip.peer_left(g, &survivors.w)?;
+            if let Some(link) = self.links.remove(&g) {
+                link.abandon();
+            }
+            self.destinations.remove(&g);
+            self.expected_in.remove(&g);
+            self.departed.insert(
+                g,
+                MembershipEvent {
+                    event: "left".into(),
+                    peer: g,
+                    round: at,
+                    epoch: 0,
+                    wall_seconds: 0.0,
+                    noticed_by: self.rank,
+                    reason: "gone when this peer rejoined".into(),
+                },
+            );
+        }
+        self.gossip.start_at_round(at)?;
+        let in_peers: Vec<Rank> = self
+            .gossip
+            .in_peers()
+            .into_iter()
+            .filter(|r| !departed.contains(r))
+            .collect();
+        let xs: Vec<&[f32]> = in_peers
+            .iter()
+            .filter_map(|r| self.welcomes.get(r).map(|(_, x)| x.as_slice()))
+            .collect();
+        if xs.is_empty() {
+            bail!("--resume: none of the in-neighbours {in_peers:?} answered");
+        }
+        let (_, mean) = consensus_distance(xs.iter().copied());
+        self.rejoined.push((self.rank, at));
+        self.first_frames = Some((at, HashSet::new()));
+        self.broadcast(&encode_rejoin(self.rank, self.rank, at), &[]);
+        info!(at, neighbours = ?in_peers, "rejoining: mixing again from round {at}");
+        // Begin only when every in-neighbour is at that round: its frame for it is here.
+        loop {
+            let arrived = self
+                .first_frames
+                .as_ref()
+                .map(|(_, f)| f.clone())
+                .unwrap_or_default();
+            if in_peers
+                .iter()
+                .all(|r| arrived.contains(r) || self.departed.contains_key(r))
+            {
+                break;
+            }
+            let deadline = Instant::now() + timeout;
+            if !self.next_event(deadline)? {
+                bail!("--resume: in-neighbours {in_peers:?} did not reach round {at} within {timeout:?}");
+            }
+        }
+        self.first_frames = None;
+        Ok((at, mean))
+    }
+
+    /// Handles a `Hello`, `Welcome` or `Rejoin` frame from `from`.
+    fn on_membership_frame(
+        &mut self,
+        from: Rank,
+        header: FrameHeader,
+        frame: &[u8],
+    ) -> anyhow::Result<()> {
+        let payload = &frame[FRAME_HEADER_LEN..];
+        match header.kind {
+            FrameKind::Hello => self.on_hello(from, payload),
+            FrameKind::Welcome if self.first_frames.is_none() => {
+                match decode_with_params::<Welcome>(payload, self.gossip.params().len()) {
+                    Ok(w) => {
+                        self.welcomes.insert(from, w);
+                    }
+                    Err(e) => {
+                        self.refused_frames += 1;
+                        warn!(from, "dropped a malformed welcome: {e:#}");
+                    }
+                }
+                Ok(())
+            }
+            FrameKind::Rejoin => match decode_rejoin(payload) {
+                Some((back, at)) if back < self.w.n() => self.on_rejoin(back, at, from),
+                _ => {
+                    self.refused_frames += 1;
+                    warn!(from, "dropped a malformed rejoin notice");
+                    Ok(())
+                }
+            },
+            other => {
+                self.refused_frames += 1;
+                warn!(from, ?other, "dropped an unexpected frame");
+                Ok(())
+            }
+        }
     }
 
     /// Handles one network event.
     fn handle_net_event(&mut self, ev: NetEvent) -> anyhow::Result<()> {
         match ev {
+            NetEvent::Frame {
+                from,
+                header,
+                bytes,
+            } if matches!(
+                header.kind,
+                FrameKind::Hello | FrameKind::Welcome | FrameKind::Rejoin
+            ) =>
+            {
+                self.on_membership_frame(from, header, &bytes)?;
+            }
             NetEvent::Frame { from, .. } if self.departed.contains_key(&from) => {
                 debug!(from, "dropped a frame of a peer that has left");
             }
@@ -619,6 +1050,11 @@ impl Driver {
                 | FrameKind::Reduce
                 | FrameKind::Push
                 | FrameKind::Pull => {
+                    if let Some((at, arrived)) = self.first_frames.as_mut() {
+                        if header.round == *at {
+                            arrived.insert(from);
+                        }
+                    }
                     if let Err(e) = self.gossip.handle_message(Instant::now(), from, &bytes) {
                         self.refused_frames += 1;
                         warn!(from, "dropped an algorithm frame: {e}");
@@ -638,7 +1074,7 @@ impl Driver {
                 },
                 FrameKind::Leave => match decode_leave(&bytes[FRAME_HEADER_LEN..]) {
                     Some((gone, reason)) if gone < self.w.n() => {
-                        self.on_departure(gone, reason, from)?;
+                        self.on_departure(gone, reason, from, header.round)?;
                     }
                     _ => {
                         self.refused_frames += 1;
@@ -661,7 +1097,8 @@ impl Driver {
                 let owes_us = self.expected_in.contains(&peer) && !self.finished_in.contains(&peer);
                 let we_owe = self.destinations.contains(&peer) && !self.links_done.contains(&peer);
                 if owes_us || we_owe {
-                    self.on_departure(peer, reason, self.rank)?;
+                    let round = self.gossip.round();
+                    self.on_departure(peer, reason, self.rank, round)?;
                 }
             }
             NetEvent::Refused { peer, reason } => {
@@ -687,7 +1124,7 @@ impl Driver {
 
     /// Says goodbye on every link and waits until every expected peer said goodbye to us
     /// and every link was closed by its receiver.
-    fn finish(&mut self, plane: &DataPlane) -> anyhow::Result<()> {
+    fn finish(&mut self) -> anyhow::Result<()> {
         self.links.clear(); // each sender task now sends its goodbye
         let deadline = Instant::now() + Duration::from_secs(30);
         while !(self.destinations.is_subset(&self.links_done)
@@ -705,13 +1142,15 @@ impl Driver {
                 break;
             }
         }
-        self.rt.block_on(plane.shutdown(Duration::from_secs(2)));
+        self.rt
+            .block_on(self.plane.shutdown(Duration::from_secs(2)));
         Ok(())
     }
 }
 
-/// A departure notice: the 24-byte frame header (kind `Leave`, round = the sender's round),
-/// then `gone: u64 LE | reason (UTF-8)`.
+/// A departure notice: the 24-byte frame header (kind `Leave`, round = the round at which the
+/// departure was first noticed, kept as the notice is passed on), then
+/// `gone: u64 LE | reason (UTF-8)`.
 fn encode_leave(sender: Rank, round: u64, gone: Rank, reason: &str) -> Vec<u8> {
     let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + 8 + reason.len());
     FrameHeader {
@@ -734,10 +1173,66 @@ fn decode_leave(payload: &[u8]) -> Option<(Rank, String)> {
     Some((usize::try_from(gone).ok()?, reason.to_string()))
 }
 
-/// A report frame: the 24-byte frame header (kind `Report`, round = epoch), then the payload
-/// `json_len: u32 LE | JSON of PeerEpoch | a murmur_compress identity message of x: [d]`.
+/// A hello: the 24-byte frame header (kind `Hello`), then the JSON of the sender's new
+/// directory entry.
+fn encode_hello(sender: Rank, me: &PeerInfo) -> anyhow::Result<Vec<u8>> {
+    let json = serde_json::to_vec(me)?;
+    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + json.len());
+    FrameHeader {
+        kind: FrameKind::Hello,
+        sender,
+        round: 0,
+        dim: 0,
+        payload_len: json.len() as u32,
+    }
+    .emit(&mut frame);
+    frame.extend_from_slice(&json);
+    Ok(frame)
+}
+
+/// A rejoin notice: the 24-byte frame header (kind `Rejoin`), then `back: u64 LE | at: u64
+/// LE` (peer `back` mixes again from round `at`).
+fn encode_rejoin(sender: Rank, back: Rank, at: u64) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + 16);
+    FrameHeader {
+        kind: FrameKind::Rejoin,
+        sender,
+        round: at,
+        dim: 0,
+        payload_len: 16,
+    }
+    .emit(&mut frame);
+    frame.extend_from_slice(&(back as u64).to_le_bytes());
+    frame.extend_from_slice(&at.to_le_bytes());
+    frame
+}
+
+/// Inverse of [`encode_rejoin`] for the payload: (back, at); `None` if malformed.
+fn decode_rejoin(payload: &[u8]) -> Option<(Rank, u64)> {
+    if payload.len() != 16 {
+        return None;
+    }
+    let back = u64::from_le_bytes(payload[..8].try_into().ok()?);
+    let at = u64::from_le_bytes(payload[8..].try_into().ok()?);
+    Some((usize::try_from(back).ok()?, at))
+}
+
+/// A report frame (kind `Report`, round = epoch): see [`encode_with_params`].
 fn encode_report(sender: Rank, report: &PeerEpoch, x: &[f32]) -> anyhow::Result<Vec<u8>> {
-    let json = serde_json::to_vec(report)?;
+    encode_with_params(FrameKind::Report, sender, report.epoch as u64, report, x)
+}
+
+/// A frame of `kind` carrying a JSON value and parameters: the 24-byte frame header, then
+/// the payload `json_len: u32 LE | JSON of value | a murmur_compress identity message of
+/// x: [d]` (reports, welcomes).
+fn encode_with_params<T: Serialize>(
+    kind: FrameKind,
+    sender: Rank,
+    round: u64,
+    value: &T,
+    x: &[f32],
+) -> anyhow::Result<Vec<u8>> {
+    let json = serde_json::to_vec(value)?;
     let mut payload = Vec::with_capacity(4 + json.len() + 16 + 4 * x.len());
     payload.extend_from_slice(&(json.len() as u32).to_le_bytes());
     payload.extend_from_slice(&json);
@@ -745,9 +1240,9 @@ fn encode_report(sender: Rank, report: &PeerEpoch, x: &[f32]) -> anyhow::Result<
     let mut rng = StdRng::seed_from_u64(0);
     murmur_compress::Identity.compress(x, &mut rng, &mut payload);
     let mut frame = FrameHeader {
-        kind: FrameKind::Report,
+        kind,
         sender,
-        round: report.epoch as u64,
+        round,
         dim: x.len() as u32,
         payload_len: payload.len() as u32,
     }
@@ -757,9 +1252,17 @@ fn encode_report(sender: Rank, report: &PeerEpoch, x: &[f32]) -> anyhow::Result<
     Ok(frame)
 }
 
-/// Inverse of [`encode_report`] for the payload; refuses truncation, bad JSON, a
-/// parameter vector of another length than `d` and non-finite values.
+/// Inverse of [`encode_report`] for the payload (see [`decode_with_params`]).
 fn decode_report(payload: &[u8], d: usize) -> anyhow::Result<(PeerEpoch, Vec<f32>)> {
+    decode_with_params(payload, d)
+}
+
+/// Inverse of [`encode_with_params`] for the payload; refuses truncation, bad JSON, a
+/// parameter vector of another length than `d` and non-finite values.
+fn decode_with_params<T: serde::de::DeserializeOwned>(
+    payload: &[u8],
+    d: usize,
+) -> anyhow::Result<(T, Vec<f32>)> {
     let json_len = payload
         .get(..4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
@@ -767,10 +1270,10 @@ fn decode_report(payload: &[u8], d: usize) -> anyhow::Result<(PeerEpoch, Vec<f32
     let json = payload
         .get(4..4 + json_len)
         .ok_or_else(|| anyhow!("report truncated"))?;
-    let report: PeerEpoch = serde_json::from_slice(json).context("report JSON")?;
+    let value: T = serde_json::from_slice(json).context("JSON part")?;
     let mut x = vec![0.0f32; d];
-    murmur_compress::decode_into(&payload[4 + json_len..], &mut x).context("report parameters")?;
-    Ok((report, x))
+    murmur_compress::decode_into(&payload[4 + json_len..], &mut x).context("parameters")?;
+    Ok((value, x))
 }
 
 /// A peer's report for an epoch and its parameters x: [d].
@@ -785,8 +1288,13 @@ struct Collector {
     test: Dataset,
     /// Reports by epoch, one slot per peer.
     pending: BTreeMap<usize, Vec<Option<Reported>>>,
-    /// Peers that left: an epoch is complete without their reports.
-    departed: BTreeSet<Rank>,
+    /// Peers that left, with the epoch from which their reports are awaited again
+    /// (`usize::MAX` until they rejoin): an epoch is complete without the others.
+    absent: BTreeMap<Rank, usize>,
+    /// The membership events, in order.
+    history: Vec<MembershipEvent>,
+    /// Rounds per epoch, to place a rejoin round in its epoch.
+    rounds_per_epoch: u64,
     rows: Vec<EpochRow>,
     /// When peer 0 started training.
     started: Instant,
@@ -795,11 +1303,11 @@ struct Collector {
 impl Collector {
     /// Peers whose report for the oldest incomplete epoch has not arrived.
     fn missing_reporters(&self) -> Vec<Rank> {
-        match self.pending.values().next() {
-            Some(slots) => (0..self.n)
-                .filter(|r| slots[*r].is_none() && !self.departed.contains(r))
+        match self.pending.iter().next() {
+            Some((&e, slots)) => (0..self.n)
+                .filter(|&r| slots[r].is_none() && self.awaits(r, e))
                 .collect(),
-            None => (0..self.n).filter(|r| !self.departed.contains(r)).collect(),
+            None => (0..self.n).collect(),
         }
     }
 
@@ -819,6 +1327,12 @@ impl Collector {
         if report.peer >= self.n {
             bail!("report from unknown peer {}", report.peer);
         }
+        if self.rows.last().is_some_and(|r| r.epoch >= epoch) {
+            bail!(
+                "report of peer {} for epoch {epoch}, which is already recorded",
+                report.peer
+            );
+        }
         let slots = self
             .pending
             .entry(epoch)
@@ -828,11 +1342,23 @@ impl Collector {
         self.record_complete()
     }
 
-    /// Records `peer`'s departure in `membership.jsonl`; the epochs that waited only for
-    /// its reports are complete now.
-    fn peer_left(&mut self, departure: Departure) -> anyhow::Result<()> {
-        metrics::append_json_line(&self.dir.join("membership.jsonl"), &departure)?;
-        self.departed.insert(departure.peer);
+    /// Whether epoch `epoch` waits for peer `r`'s report.
+    fn awaits(&self, r: Rank, epoch: usize) -> bool {
+        self.absent.get(&r).is_none_or(|&from| epoch >= from)
+    }
+
+    /// Records a departure (`back_at: None`) or a rejoin from round `back_at` in
+    /// `membership.jsonl`. After a departure the epochs that waited only for the peer's
+    /// reports are complete; after a rejoin its reports are awaited from the epoch of
+    /// that round on.
+    fn membership(&mut self, event: MembershipEvent, back_at: Option<u64>) -> anyhow::Result<()> {
+        metrics::append_json_line(&self.dir.join("membership.jsonl"), &event)?;
+        let from = match back_at {
+            None => usize::MAX,
+            Some(at) => (at / self.rounds_per_epoch.max(1)) as usize + 1,
+        };
+        self.absent.insert(event.peer, from);
+        self.history.push(event);
         self.record_complete()
     }
 
@@ -842,11 +1368,11 @@ impl Collector {
         let complete: Vec<usize> = self
             .pending
             .iter()
-            .filter(|(_, slots)| {
+            .filter(|(&e, slots)| {
                 slots
                     .iter()
                     .enumerate()
-                    .all(|(r, s)| s.is_some() || self.departed.contains(&r))
+                    .all(|(r, s)| s.is_some() || !self.awaits(r, e))
             })
             .map(|(&e, _)| e)
             .collect();
@@ -968,6 +1494,7 @@ pub(crate) fn summary(
         samples_per_second: (args.peers * args.batch_size) as f64 * last.rounds as f64
             / last.wall_seconds.max(f64::MIN_POSITIVE),
         departures: String::new(),
+        rejoins: String::new(),
     }
 }
 

@@ -353,6 +353,79 @@ fn survivors_of_a_killed_peer_reweight_and_finish_the_run() {
 }
 
 #[test]
+fn a_killed_peer_restarted_with_resume_rejoins_the_run() {
+    let mut c = Cluster::new();
+    let n = 5;
+    let run = args(&[
+        "--peers=5",
+        "--topology=ring",
+        "--algorithm=dpsgd",
+        "--epochs=16",
+        "--rounds-per-epoch=25",
+        "--peer-timeout-secs=2",
+        "--round-timeout-secs=30",
+        "--checkpoint-every=5",
+    ]);
+    let boot = c.start_bootstrap(&run);
+    let mut joined = run.clone();
+    joined.push(format!("--bootstrap={boot}"));
+    for rank in 1..n {
+        c.spawn(rank, &joined);
+    }
+    wait_for_epoch(&c, 1);
+    c.children[3].kill().unwrap();
+    c.children[3].wait().unwrap();
+    let ckpt = c.out().join("checkpoints").join("peer-3.ckpt");
+    assert!(ckpt.exists(), "no checkpoint of peer 3");
+    // Restart it once the survivors have dropped it.
+    let membership = c.out().join("membership.jsonl");
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&membership).is_ok_and(|m| m.contains("left")) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{}", c.read_log(0));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut again = joined.clone();
+    again.push("--resume".into());
+    c.spawn(3, &again); // children[5]
+    for (rank, child) in [(0, 0), (1, 1), (2, 2), (4, 4), (3, 5)] {
+        let s = c.wait(child, Duration::from_secs(180));
+        let log = c.read_log(rank);
+        assert!(s.success(), "peer {rank} failed:\n{log}");
+        assert!(!log.contains("panicked"), "{log}");
+    }
+    let log3 = c.read_log(3);
+    assert!(log3.contains("loaded the checkpoint"), "{log3}");
+    assert!(log3.contains("mixing again from round"), "{log3}");
+    let s = summary(&c.out());
+    assert!(s["departures"].as_str().unwrap().starts_with("3@"), "{s}");
+    let rejoins = s["rejoins"].as_str().unwrap();
+    assert!(rejoins.starts_with("3@"), "{s}");
+    let at: u64 = rejoins[2..].parse().unwrap();
+    let rows = rows(&c.out());
+    assert_eq!(rows.len(), 17, "epochs 0..=16 recorded");
+    let from_epoch = (at / 25 + 1) as usize;
+    for r in &rows[from_epoch..] {
+        assert_eq!(
+            r["peers"], 5,
+            "peer 3 reports again from epoch {from_epoch}: {r}"
+        );
+    }
+    let last = rows.last().unwrap();
+    assert!(last["min_test_accuracy"].as_f64().unwrap() > 0.8, "{last}");
+    // Peer 3 is back in consensus: Ξ² over all five at the end is at the level of before
+    // the kill (D-PSGD's Ξ² sits at a level set by η and the gradient noise, not at 0).
+    let xi2: Vec<f64> = rows
+        .iter()
+        .map(|r| r["consensus_distance"].as_f64().unwrap())
+        .collect();
+    let (before, end) = (xi2[1], xi2[16]);
+    assert!(
+        end <= 1.5 * before,
+        "Ξ² {end} at the end vs {before} before the kill: {xi2:?}"
+    );
+}
+
+#[test]
 fn a_killed_peer_ends_an_allreduce_run_with_a_clear_error() {
     let mut c = Cluster::new();
     c.start(

@@ -1,0 +1,244 @@
+//! Per-peer checkpoints: the state a restarted peer needs to continue.
+//!
+//! With `--checkpoint-every K` every peer writes `<run>/checkpoints/peer-<rank>.ckpt` after
+//! every K-th round: its parameters x (`[d]`, the model's parameter vector in the fixed
+//! order that is also mixed, so the model is rebuilt from it exactly, except BatchNorm
+//! running statistics, which are not parameters), its optimizer state (the heavy-ball
+//! velocity `[d]`), its round, and the peers it knows to have left. D-PSGD — the algorithm
+//! that can take a peer back — has no state beyond x and the round. The file is written to
+//! a temporary name, flushed to disk and renamed, so a kill at any moment leaves either the
+//! previous checkpoint or the new one, never a torn file: a kill -9 loses only the rounds
+//! since the last checkpoint.
+//!
+//! Format (little-endian): `b"MURMURCK" | version: u32 | json_len: u32 | JSON of`
+//! [`CheckpointMeta`] `| x: d × f32 | velocity: d × f32`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use murmur_gossip::Rank;
+use serde::{Deserialize, Serialize};
+
+use crate::discovery::Fingerprint;
+
+const MAGIC: &[u8; 8] = b"MURMURCK";
+const VERSION: u32 = 1;
+
+/// What a checkpoint says about itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointMeta {
+    /// The peer's rank.
+    pub rank: Rank,
+    /// Rounds completed when it was written.
+    pub round: u64,
+    /// The run it belongs to: a checkpoint of another run is refused.
+    pub fingerprint: Fingerprint,
+    /// Peers this peer knew to have left, ascending.
+    pub departed: Vec<Rank>,
+}
+
+/// One peer's saved state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    /// Rank, round, run and membership.
+    pub meta: CheckpointMeta,
+    /// Parameters x: `[d]`.
+    pub x: Vec<f32>,
+    /// Heavy-ball velocity (the optimizer state): `[d]`.
+    pub velocity: Vec<f32>,
+}
+
+/// `<run>/checkpoints/peer-<rank>.ckpt`.
+pub fn path(run_dir: &Path, rank: Rank) -> PathBuf {
+    run_dir
+        .join("checkpoints")
+        .join(format!("peer-{rank}.ckpt"))
+}
+
+impl Checkpoint {
+    /// The file's bytes.
+    pub fn to_bytes(&self) -> anyhow::Result<Vec<u8>> {
+        let json = serde_json::to_vec(&self.meta)?;
+        let mut out = Vec::with_capacity(16 + json.len() + 8 * self.x.len());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+        out.extend_from_slice(&json);
+        for v in self.x.iter().chain(&self.velocity) {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        Ok(out)
+    }
+
+    /// Parses a checkpoint's bytes and checks it against the run: `fingerprint` and `d`
+    /// must match and every value must be finite.
+    ///
+    /// # Errors
+    /// Not a checkpoint, another version, truncated, another run or another d, non-finite
+    /// values.
+    pub fn from_bytes(bytes: &[u8], fingerprint: &Fingerprint, d: usize) -> anyhow::Result<Self> {
+        if bytes.get(..8) != Some(MAGIC.as_slice()) {
+            bail!("not a murmur checkpoint");
+        }
+        let word = |at: usize| {
+            bytes
+                .get(at..at + 4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        let version = word(8).context("truncated header")?;
+        if version != VERSION {
+            bail!("checkpoint version {version}; this murmur reads version {VERSION}");
+        }
+        let json_len = word(12).context("truncated header")? as usize;
+        let json = bytes.get(16..16 + json_len).context("truncated metadata")?;
+        let meta: CheckpointMeta = serde_json::from_slice(json).context("checkpoint metadata")?;
+        if meta.fingerprint != *fingerprint {
+            bail!(
+                "it belongs to another run: {}",
+                meta.fingerprint
+                    .differences(fingerprint, "the checkpoint", "this run")
+            );
+        }
+        let values = &bytes[16 + json_len..];
+        if values.len() != 8 * d {
+            bail!(
+                "it holds {} bytes of values, expected {} for d = {d}",
+                values.len(),
+                8 * d
+            );
+        }
+        let floats: Vec<f32> = values
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        if let Some(i) = floats.iter().position(|v| !v.is_finite()) {
+            bail!("value {i} is not finite ({})", floats[i]);
+        }
+        let (x, velocity) = floats.split_at(d);
+        Ok(Checkpoint {
+            meta,
+            x: x.to_vec(),
+            velocity: velocity.to_vec(),
+        })
+    }
+
+    /// Writes the checkpoint to `path` atomically and durably: a temporary file in the same
+    /// folder, flushed to disk, then renamed over `path`.
+    pub fn save(&self, path: &Path) -> anyhow::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let tmp = path.with_extension("ckpt.tmp");
+        let mut f =
+            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        f.write_all(&self.to_bytes()?)
+            .and_then(|()| f.sync_all())
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+    }
+
+    /// Reads and checks the checkpoint at `path` (see [`Checkpoint::from_bytes`]); `None`
+    /// if there is no file.
+    pub fn load(path: &Path, fingerprint: &Fingerprint, d: usize) -> anyhow::Result<Option<Self>> {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        Self::from_bytes(&bytes, fingerprint, d)
+            .map(Some)
+            .with_context(|| format!("checkpoint {}", path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fingerprint() -> Fingerprint {
+        Fingerprint {
+            peers: 4,
+            topology: "ring".into(),
+            model: "mlp".into(),
+            dim: 3,
+            algorithm: "dpsgd".into(),
+            compressor: "identity".into(),
+            epochs: 2,
+            rounds_per_epoch: 10,
+            seed: 1,
+            partition: "iid".into(),
+            protocol: String::new(),
+        }
+    }
+
+    fn checkpoint() -> Checkpoint {
+        Checkpoint {
+            meta: CheckpointMeta {
+                rank: 2,
+                round: 40,
+                fingerprint: fingerprint(),
+                departed: vec![3],
+            },
+            x: vec![1.0, -2.0, 0.5],
+            velocity: vec![0.25, 0.0, -1.0],
+        }
+    }
+
+    #[test]
+    fn checkpoints_round_trip_through_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = path(dir.path(), 2);
+        assert_eq!(Checkpoint::load(&p, &fingerprint(), 3).unwrap(), None);
+        checkpoint().save(&p).unwrap();
+        assert_eq!(
+            Checkpoint::load(&p, &fingerprint(), 3).unwrap(),
+            Some(checkpoint())
+        );
+        // Saving again replaces it and leaves no temporary file behind.
+        let mut later = checkpoint();
+        later.meta.round = 50;
+        later.save(&p).unwrap();
+        assert_eq!(
+            Checkpoint::load(&p, &fingerprint(), 3)
+                .unwrap()
+                .unwrap()
+                .meta
+                .round,
+            50
+        );
+        let files: Vec<_> = std::fs::read_dir(p.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(files, vec![std::ffi::OsString::from("peer-2.ckpt")]);
+    }
+
+    #[test]
+    fn damaged_or_foreign_checkpoints_are_refused() {
+        let bytes = checkpoint().to_bytes().unwrap();
+        let f = fingerprint();
+        let err =
+            |b: &[u8], d: usize| format!("{:#}", Checkpoint::from_bytes(b, &f, d).unwrap_err());
+        assert!(err(&bytes[..bytes.len() - 1], 3).contains("bytes of values"));
+        assert!(err(&bytes[..20], 3).contains("truncated metadata"));
+        assert!(err(b"GARBAGE!xxxxxxxx", 3).contains("not a murmur checkpoint"));
+        assert!(err(&bytes, 4).contains("d = 4"));
+        let mut other = fingerprint();
+        other.seed = 2;
+        let foreign = Checkpoint {
+            meta: CheckpointMeta {
+                fingerprint: other,
+                ..checkpoint().meta
+            },
+            ..checkpoint()
+        };
+        assert!(err(&foreign.to_bytes().unwrap(), 3).contains("another run"));
+        let mut nan = checkpoint();
+        nan.velocity[1] = f32::NAN;
+        assert!(err(&nan.to_bytes().unwrap(), 3).contains("not finite"));
+        let mut v2 = bytes.clone();
+        v2[8] = 2;
+        assert!(err(&v2, 3).contains("version 2"));
+    }
+}
