@@ -7,6 +7,7 @@
 
 mod consensus;
 mod convergence;
+mod faults;
 mod plot;
 mod runner;
 mod scaling;
@@ -25,7 +26,7 @@ use crate::runner::Ctx;
 #[command(
     name = "murmur-experiments",
     version,
-    about = "Experiment drivers of murmur: consensus, convergence, scaling and topology, with CSV files and plots",
+    about = "Experiment drivers of murmur: consensus, convergence, scaling, topology and faults, with CSV files and plots",
     after_help = "Results go to <OUT>/<experiment>/ (CSV, PNG, SVG, and summary.md with the tables). \
                   `experiments/run_all` builds the binaries and runs `all`."
 )]
@@ -62,6 +63,9 @@ enum Experiment {
     Convergence,
     /// Time per round and samples/s vs peers (simulated and real), C2C ratio per model.
     Scaling,
+    /// Real processes: a peer killed with SIGKILL, the survivors training on, the peer
+    /// restarted with --resume and rejoining.
+    Faults,
     /// All of the above, in that order.
     All,
 }
@@ -96,6 +100,7 @@ fn main() -> anyhow::Result<()> {
             Experiment::Consensus,
             Experiment::Convergence,
             Experiment::Scaling,
+            Experiment::Faults,
         ],
         ref one => std::slice::from_ref(one),
     };
@@ -106,6 +111,7 @@ fn main() -> anyhow::Result<()> {
             Experiment::Consensus => consensus::run(&ctx)?,
             Experiment::Convergence => convergence::run(&ctx)?,
             Experiment::Scaling => scaling::run(&ctx)?,
+            Experiment::Faults => faults::run(&ctx)?,
             Experiment::All => unreachable!("expanded above"),
         }
         eprintln!(

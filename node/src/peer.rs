@@ -682,6 +682,19 @@ impl Driver {
         noticed_by: Rank,
         noticed_round: u64,
     ) -> anyhow::Result<()> {
+        self.departure(gone, reason, noticed_by, noticed_round, false)
+    }
+
+    /// [`Driver::on_departure`]; with `hello`, the departure is noticed through the hello of
+    /// the peer's new process, whose connection (the newest from it) stays open.
+    fn departure(
+        &mut self,
+        gone: Rank,
+        reason: String,
+        noticed_by: Rank,
+        noticed_round: u64,
+        hello: bool,
+    ) -> anyhow::Result<()> {
         // A notice older than the peer's latest return is about its previous process.
         let back_at = self
             .rejoined
@@ -732,17 +745,23 @@ impl Driver {
                     self.algorithm
                 )
             })?;
-        if let Some(link) = self.links.remove(&gone) {
-            link.abandon();
-        }
-        self.plane.forget(gone, false);
-        self.destinations.remove(&gone);
-        self.expected_in.remove(&gone);
+        self.drop_links(gone, hello);
         self.broadcast(&encode_leave(self.rank, noticed_round, gone, &reason), &[]);
         if let Some(c) = self.collector.as_mut() {
             c.membership(record, None)?;
         }
         Ok(())
+    }
+
+    /// Closes the link to `gone` and its connections to us (all, or all but the newest with
+    /// `keep_newest`), and stops expecting anything of it.
+    fn drop_links(&mut self, gone: Rank, keep_newest: bool) {
+        if let Some(link) = self.links.remove(&gone) {
+            link.abandon();
+        }
+        self.plane.forget(gone, keep_newest);
+        self.destinations.remove(&gone);
+        self.expected_in.remove(&gone);
     }
 
     /// Sends `frame` on every link except those to `skip` (best effort: a failing link is
@@ -768,15 +787,14 @@ impl Driver {
                 return Ok(());
             }
         };
-        let round = self.gossip.round();
-        self.on_departure(
-            from,
-            "it restarted: a new process said hello".into(),
-            self.rank,
-            round,
-        )?;
         // The old process's connections are closed; the hello came on the newest one.
-        self.plane.forget(from, true);
+        if self.departed.contains_key(&from) {
+            self.plane.forget(from, true);
+        } else {
+            let round = self.gossip.round();
+            let reason = "it restarted: a new process said hello".to_string();
+            self.departure(from, reason, self.rank, round, true)?;
+        }
         let link = match self
             .rt
             .block_on(self.plane.connect(from, info.data_addr, &info.cert_der))
@@ -926,11 +944,7 @@ impl Driver {
             .without_peers(&departed.iter().copied().collect::<Vec<_>>())?;
         for &g in &departed {
             self.gossip.peer_left(g, &survivors.w)?;
-            if let Some(link) = self.links.remove(&g) {
-                link.abandon();
-            }
-            self.destinations.remove(&g);
-            self.expected_in.remove(&g);
+            self.drop_links(g, false);
             self.departed.insert(
                 g,
                 MembershipEvent {
@@ -945,6 +959,14 @@ impl Driver {
             );
         }
         self.gossip.start_at_round(at)?;
+        // Every peer that welcomed us opened a link to us and says goodbye on it at the end.
+        let welcomed: Vec<Rank> = self
+            .welcomes
+            .keys()
+            .copied()
+            .filter(|r| !departed.contains(r))
+            .collect();
+        self.expected_in.extend(welcomed);
         let in_peers: Vec<Rank> = self
             .gossip
             .in_peers()
@@ -1091,6 +1113,14 @@ impl Driver {
             }
             NetEvent::LinkDone { to } => {
                 self.links_done.insert(to);
+            }
+            NetEvent::Lost { peer, reason } if self.departed.contains_key(&peer) => {
+                // The new process of a peer that was restarting is gone as well.
+                debug!(
+                    peer,
+                    "lost the connection to a departed peer's new process: {reason}"
+                );
+                self.drop_links(peer, false);
             }
             NetEvent::Lost { peer, reason } => {
                 // Harmless once nothing more is owed either way on that peer's links.
@@ -1276,6 +1306,31 @@ fn decode_with_params<T: serde::de::DeserializeOwned>(
     Ok((value, x))
 }
 
+/// Each peer's squared distance to the mean of the reporting peers at the end of an epoch (a
+/// line of `distances.jsonl`, written by peer 0): the per-peer terms of Ξ².
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct PeerDistances {
+    epoch: usize,
+    /// ‖x_i − x̄‖² by rank; `null` for a peer that did not report (it had left).
+    distances: Vec<Option<f64>>,
+}
+
+/// ‖x_i − x̄‖² for each present slot, x̄ the mean of the present ones.
+fn peer_distances(slots: &[Option<Reported>]) -> Vec<Option<f64>> {
+    let (_, mean) = consensus_distance(slots.iter().flatten().map(|(_, x)| x.as_slice()));
+    slots
+        .iter()
+        .map(|s| {
+            s.as_ref().map(|(_, x)| {
+                x.iter()
+                    .zip(&mean)
+                    .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+                    .sum()
+            })
+        })
+        .collect()
+}
+
 /// A peer's report for an epoch and its parameters x: [d].
 pub(crate) type Reported = (PeerEpoch, Vec<f32>);
 
@@ -1378,6 +1433,13 @@ impl Collector {
             .collect();
         for epoch in complete {
             let slots = self.pending.remove(&epoch).unwrap_or_default();
+            metrics::append_json_line(
+                &self.dir.join("distances.jsonl"),
+                &PeerDistances {
+                    epoch,
+                    distances: peer_distances(&slots),
+                },
+            )?;
             let row = self.aggregate(epoch, slots.into_iter().flatten().collect())?;
             println!("{}", metrics::format_row(&row));
             metrics::append_json_line(&self.dir.join("epochs.jsonl"), &row)?;

@@ -1,0 +1,559 @@
+//! Fault tolerance with real processes: 8 peers on loopback, ring, D-PSGD. One peer is
+//! killed with SIGKILL at round R; its neighbours notice the silence (`--peer-timeout-secs`),
+//! every survivor re-weights (Metropolis–Hastings on the surviving graph) and trains on.
+//! Once the survivors have trained a while without it, the peer is restarted with
+//! `murmur peer --resume`: it rejoins from its checkpoint and its neighbours' parameters.
+//!
+//! Bars (full run): the 7 survivors finish with ≥ 90% test accuracy each; the restarted
+//! peer reports again, and its consensus distance returns to its pre-crash level: its
+//! distance to the peers' mean, ‖x_i − x̄‖², relative to the other peers' mean distance at
+//! the end is at most 1.5× that ratio at the last epoch before the kill. (The ratio, not
+//! the raw distance: D-PSGD's Ξ² sits at a level set by the step size and the gradient
+//! noise, which changes over training for every peer alike.) The quick run checks the same
+//! sequence of events with a lower accuracy bar (80%).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use plotters::prelude::SeriesLabelPosition;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::plot::{Chart, Series, Stroke};
+use crate::runner::{json_f64, parse_json, Ctx};
+use crate::table::{markdown, write_checked_csv};
+
+/// Peers, the killed one, and the seconds of silence after which a peer counts as gone.
+const PEERS: usize = 8;
+const VICTIM: usize = 3;
+const PEER_TIMEOUT_SECS: u64 = 3;
+
+/// The run's shape: full or `--quick`.
+struct Plan {
+    epochs: usize,
+    rounds_per_epoch: u64,
+    /// Kill when the victim's checkpoint has reached this round.
+    kill_round: u64,
+    checkpoint_every: u64,
+    /// Accuracy every survivor must reach.
+    accuracy_bar: f64,
+}
+
+/// One epoch of the run as peer 0 recorded it.
+#[derive(Debug, Serialize)]
+struct EpochLine {
+    epoch: usize,
+    peers: usize,
+    mean_test_accuracy: f64,
+    min_test_accuracy: f64,
+    avg_model_test_accuracy: f64,
+    consensus_distance: f64,
+}
+
+/// ‖x_i − x̄‖² of one peer at the end of one epoch.
+#[derive(Debug, Serialize)]
+struct DistanceLine {
+    epoch: usize,
+    peer: usize,
+    distance: f64,
+}
+
+/// Peer processes, killed if the driver stops early.
+struct Peers {
+    children: Vec<(usize, Child)>,
+}
+
+impl Drop for Peers {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Peers {
+    fn spawn(&mut self, ctx: &Ctx, rank: usize, args: &[String], log: &Path) -> anyhow::Result<()> {
+        let file =
+            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let child = Command::new(&ctx.murmur)
+            .arg("peer")
+            .arg(format!("--rank={rank}"))
+            .args(args)
+            // Eight processes share the machine's cores.
+            .env("RAYON_NUM_THREADS", "1")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("starting peer {rank}"))?;
+        self.children.push((rank, child));
+        Ok(())
+    }
+}
+
+/// Polls `ready` every 50 ms until it gives a value; fails after `limit` with `what`.
+fn wait_for<T>(
+    what: &str,
+    limit: Duration,
+    mut ready: impl FnMut() -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<T> {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = ready()? {
+            return Ok(v);
+        }
+        if t0.elapsed() > limit {
+            bail!("faults: {what} did not happen within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The JSON lines of `path` (none if it does not exist yet).
+fn json_lines(path: &Path) -> anyhow::Result<Vec<Value>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    text.lines()
+        .map(|l| parse_json(l.as_bytes()))
+        .collect::<anyhow::Result<_>>()
+        .with_context(|| format!("parsing {}", path.display()))
+}
+
+/// The round of a murmur checkpoint (`MURMURCK | version | json_len | JSON …`), if the file
+/// exists.
+fn checkpoint_round(path: &Path) -> anyhow::Result<Option<u64>> {
+    let Ok(bytes) = std::fs::read(path) else {
+        return Ok(None);
+    };
+    let len = bytes
+        .get(12..16)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .context("truncated checkpoint")?;
+    let meta = parse_json(bytes.get(16..16 + len).context("truncated checkpoint")?)?;
+    Ok(Some(json_f64(&meta, "round")? as u64))
+}
+
+/// Runs the fault experiment (see the [module docs](self)).
+pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
+    let plan = if ctx.quick {
+        Plan {
+            epochs: 6,
+            rounds_per_epoch: 20,
+            kill_round: 30,
+            checkpoint_every: 5,
+            accuracy_bar: 0.80,
+        }
+    } else {
+        Plan {
+            epochs: 10,
+            rounds_per_epoch: 40,
+            kill_round: 100,
+            checkpoint_every: 10,
+            accuracy_bar: 0.90,
+        }
+    };
+    let dir = ctx.dir("faults")?;
+    let run = dir.join("runs").join("kill-and-resume");
+    if run.exists() {
+        std::fs::remove_dir_all(&run).with_context(|| format!("clearing {}", run.display()))?;
+    }
+    let logs = run.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let boot_file = run.join("bootstrap.addr");
+    let args: Vec<String> = vec![
+        format!("--peers={PEERS}"),
+        "--topology=ring".into(),
+        "--algorithm=dpsgd".into(),
+        format!("--epochs={}", plan.epochs),
+        format!("--rounds-per-epoch={}", plan.rounds_per_epoch),
+        format!("--checkpoint-every={}", plan.checkpoint_every),
+        format!("--peer-timeout-secs={PEER_TIMEOUT_SECS}"),
+        "--round-timeout-secs=120".into(),
+        format!("--out={}", run.display()),
+    ];
+    eprintln!(
+        "faults: {PEERS} peers, ring, D-PSGD, {} epochs of {} rounds; peer {VICTIM} is killed at round {} and restarted with --resume",
+        plan.epochs, plan.rounds_per_epoch, plan.kill_round
+    );
+    let started = Instant::now();
+    let mut peers = Peers {
+        children: Vec::new(),
+    };
+    let mut boot_args = args.clone();
+    boot_args.push(format!("--bootstrap-file={}", boot_file.display()));
+    peers.spawn(ctx, 0, &boot_args, &logs.join("peer-0.log"))?;
+    let boot = wait_for(
+        "peer 0 publishing its address",
+        Duration::from_secs(60),
+        || {
+            Ok(std::fs::read_to_string(&boot_file)
+                .ok()
+                .map(|s| s.trim().to_string()))
+        },
+    )?;
+    let mut joined = args.clone();
+    joined.push(format!("--bootstrap={boot}"));
+    for rank in 1..PEERS {
+        peers.spawn(ctx, rank, &joined, &logs.join(format!("peer-{rank}.log")))?;
+    }
+
+    // Kill the victim once its checkpoint has reached the round.
+    let ckpt = run.join("checkpoints").join(format!("peer-{VICTIM}.ckpt"));
+    let limit = Duration::from_secs(if ctx.quick { 300 } else { 1800 });
+    let saved_round = wait_for(
+        "the victim's checkpoint reaching the kill round",
+        limit,
+        || Ok(checkpoint_round(&ckpt)?.filter(|&r| r >= plan.kill_round)),
+    )?;
+    let at = peers
+        .children
+        .iter()
+        .position(|(r, _)| *r == VICTIM)
+        .context("victim process")?;
+    let (_, mut victim) = peers.children.remove(at);
+    victim.kill().context("killing the victim")?; // SIGKILL
+    victim.wait()?;
+    let killed_at = Instant::now();
+    let rows_before_kill = json_lines(&run.join("epochs.jsonl"))?.len();
+    eprintln!("faults: killed peer {VICTIM} (SIGKILL) after its checkpoint of round {saved_round}");
+
+    // The survivors notice and record it.
+    let membership = run.join("membership.jsonl");
+    wait_for("the departure being recorded", limit, || {
+        Ok(json_lines(&membership)?
+            .iter()
+            .any(|e| e["event"] == "left")
+            .then_some(()))
+    })?;
+    let noticed_secs = killed_at.elapsed().as_secs_f64();
+    eprintln!("faults: peer 0 recorded the departure {noticed_secs:.1} s after the kill");
+
+    // Let the survivors train a full epoch without it, then restart it.
+    let epochs_without = rows_before_kill + 1;
+    wait_for("an epoch without the victim", limit, || {
+        Ok((json_lines(&run.join("epochs.jsonl"))?.len() > epochs_without).then_some(()))
+    })?;
+    let mut again = joined.clone();
+    again.push("--resume".into());
+    peers.spawn(
+        ctx,
+        VICTIM,
+        &again,
+        &logs.join(format!("peer-{VICTIM}-restarted.log")),
+    )?;
+    let restarted_secs = killed_at.elapsed().as_secs_f64();
+    eprintln!("faults: restarted peer {VICTIM} with --resume {restarted_secs:.1} s after the kill");
+
+    // Everyone finishes.
+    for (rank, child) in &mut peers.children {
+        let t0 = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait()? {
+                break s;
+            }
+            if t0.elapsed() > limit {
+                bail!("faults: peer {rank} still running after {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        if !status.success() {
+            bail!(
+                "faults: peer {rank} failed ({status}); see {}",
+                logs.display()
+            );
+        }
+    }
+    let wall = started.elapsed().as_secs_f64();
+    report(
+        &dir,
+        &run,
+        &plan,
+        saved_round,
+        noticed_secs,
+        restarted_secs,
+        wall,
+    )
+}
+
+/// Reads the run folder, writes the CSV files, plots and summary.md, and checks the bars.
+fn report(
+    dir: &Path,
+    run: &Path,
+    plan: &Plan,
+    saved_round: u64,
+    noticed_secs: f64,
+    restarted_secs: f64,
+    wall: f64,
+) -> anyhow::Result<()> {
+    let rows = json_lines(&run.join("epochs.jsonl"))?;
+    let epochs: Vec<EpochLine> = rows
+        .iter()
+        .map(|r| {
+            Ok(EpochLine {
+                epoch: json_f64(r, "epoch")? as usize,
+                peers: json_f64(r, "peers")? as usize,
+                mean_test_accuracy: json_f64(r, "mean_test_accuracy")?,
+                min_test_accuracy: json_f64(r, "min_test_accuracy")?,
+                avg_model_test_accuracy: json_f64(r, "avg_model_test_accuracy")?,
+                consensus_distance: json_f64(r, "consensus_distance")?,
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    write_checked_csv(
+        &dir.join("epochs.csv"),
+        &epochs,
+        &[
+            "epoch",
+            "peers",
+            "mean_test_accuracy",
+            "min_test_accuracy",
+            "avg_model_test_accuracy",
+            "consensus_distance",
+        ],
+        &[],
+    )?;
+    let mut distances = Vec::new();
+    for line in json_lines(&run.join("distances.jsonl"))? {
+        let epoch = json_f64(&line, "epoch")? as usize;
+        let list = line["distances"].as_array().context("distances.jsonl")?;
+        for (peer, d) in list.iter().enumerate() {
+            if let Some(distance) = d.as_f64() {
+                distances.push(DistanceLine {
+                    epoch,
+                    peer,
+                    distance,
+                });
+            }
+        }
+    }
+    write_checked_csv(
+        &dir.join("distances.csv"),
+        &distances,
+        &["epoch", "peer", "distance"],
+        &[],
+    )?;
+    let membership = json_lines(&run.join("membership.jsonl"))?;
+    let summary = parse_json(&std::fs::read(run.join("summary.json"))?)?;
+    let event_round = |kind: &str| {
+        membership
+            .iter()
+            .find(|e| e["event"] == kind && e["peer"] == VICTIM)
+            .and_then(|e| e["round"].as_u64())
+    };
+    let (Some(left_round), Some(back_round)) = (event_round("left"), event_round("rejoined"))
+    else {
+        bail!("faults: membership.jsonl lacks the departure or the rejoin of peer {VICTIM}");
+    };
+    let left_epoch = (left_round / plan.rounds_per_epoch) as usize + 1;
+    let back_epoch = (back_round / plan.rounds_per_epoch) as usize + 1;
+
+    // Each survivor's final accuracy, from its own log.
+    let mut finals = Vec::new();
+    for rank in 0..PEERS {
+        let lines = json_lines(&run.join("peers").join(format!("peer-{rank}.jsonl")))?;
+        let last = lines.last().context("a peer wrote no epoch")?;
+        finals.push((rank, json_f64(last, "test_accuracy")?));
+    }
+    let distance_of = |epoch: usize, peer: usize| {
+        distances
+            .iter()
+            .find(|d| d.epoch == epoch && d.peer == peer)
+            .map(|d| d.distance)
+    };
+    let last_epoch = plan.epochs;
+    let before_epoch = left_epoch - 1; // the last epoch recorded with the victim before the kill
+    let victim_before =
+        distance_of(before_epoch, VICTIM).context("victim's distance before the kill")?;
+    let victim_end = distance_of(last_epoch, VICTIM).context("victim's distance at the end")?;
+    let others_mean = |epoch: usize| {
+        let ds: Vec<f64> = (0..PEERS)
+            .filter(|&p| p != VICTIM)
+            .filter_map(|p| distance_of(epoch, p))
+            .collect();
+        ds.iter().sum::<f64>() / ds.len().max(1) as f64
+    };
+    let (others_before, others_end) = (others_mean(before_epoch), others_mean(last_epoch));
+    let ratio_before = victim_before / others_before;
+    let ratio_end = victim_end / others_end;
+
+    // Plots.
+    let mark = |chart: &mut Chart, lo: f64, hi: f64| {
+        for (label, epoch, color) in [
+            ("kill", left_epoch as f64 - 0.5, 6),
+            ("rejoin", back_epoch as f64 - 0.5, 7),
+        ] {
+            chart.series.push(
+                Series::line(label, color, vec![(epoch, lo), (epoch, hi)]).stroke(Stroke::Dashed),
+            );
+        }
+    };
+    let mut acc = Chart::new(
+        format!("{PEERS} peers, ring, D-PSGD: peer {VICTIM} killed and restarted"),
+        "epoch",
+        "test accuracy",
+    );
+    acc.y_range = Some((0.0, 1.0));
+    acc.legend = SeriesLabelPosition::LowerRight;
+    let pts = |f: fn(&EpochLine) -> f64| epochs.iter().map(|e| (e.epoch as f64, f(e))).collect();
+    acc.series.push(Series::line(
+        "mean over peers",
+        0,
+        pts(|e| e.mean_test_accuracy),
+    ));
+    acc.series
+        .push(Series::line("lowest peer", 1, pts(|e| e.min_test_accuracy)));
+    acc.series.push(Series::line(
+        "averaged model x̄",
+        2,
+        pts(|e| e.avg_model_test_accuracy),
+    ));
+    mark(&mut acc, 0.0, 1.0);
+    acc.save(&dir.join("accuracy_vs_epoch"))?;
+
+    let mut dist = Chart::new(
+        format!("Distance to the peers' mean, ‖x_i − x̄‖²: peer {VICTIM} vs the others"),
+        "epoch",
+        "‖x_i − x̄‖²",
+    );
+    dist.log_y = true;
+    dist.y_floor = 1e-9;
+    let victim_pts: Vec<(f64, f64)> = distances
+        .iter()
+        .filter(|d| d.peer == VICTIM)
+        .map(|d| (d.epoch as f64, d.distance))
+        .collect();
+    let mut others: Vec<(f64, f64)> = Vec::new();
+    for e in &epochs {
+        let ds: Vec<f64> = distances
+            .iter()
+            .filter(|d| d.epoch == e.epoch && d.peer != VICTIM)
+            .map(|d| d.distance)
+            .collect();
+        if !ds.is_empty() {
+            others.push((e.epoch as f64, ds.iter().sum::<f64>() / ds.len() as f64));
+        }
+    }
+    let (lo, hi) = victim_pts
+        .iter()
+        .chain(&others)
+        .filter(|p| p.1 > 0.0)
+        .fold((f64::INFINITY, 0.0f64), |(lo, hi), p| {
+            (lo.min(p.1), hi.max(p.1))
+        });
+    dist.series
+        .push(Series::line(format!("peer {VICTIM}"), 0, victim_pts).stroke(Stroke::Points));
+    dist.series
+        .push(Series::line("mean of the other peers", 1, others));
+    mark(&mut dist, lo, hi);
+    dist.save(&dir.join("distance_vs_epoch"))?;
+
+    // The bars.
+    let survivors_ok = finals
+        .iter()
+        .filter(|(r, _)| *r != VICTIM)
+        .all(|(_, a)| *a >= plan.accuracy_bar);
+    let back_ok = ratio_end <= 1.5 * ratio_before;
+    let reports_again = epochs
+        .iter()
+        .filter(|e| e.epoch >= back_epoch)
+        .all(|e| e.peers == PEERS);
+    let verdict = |ok: bool| if ok { "yes" } else { "NO" };
+
+    let mut s = format!(
+        "# Fault tolerance: kill -9 and --resume ({PEERS} peers, ring, D-PSGD, MNIST MLP)\n\n\
+         {} epochs of {} rounds; checkpoints every {} rounds; peer timeout {PEER_TIMEOUT_SECS} s. \
+         Wall time {wall:.0} s.\n\n",
+        plan.epochs, plan.rounds_per_epoch, plan.checkpoint_every
+    );
+    s += &markdown(
+        &["event", "value"],
+        &[
+            vec![
+                format!("peer {VICTIM} killed (SIGKILL) after its checkpoint of round"),
+                saved_round.to_string(),
+            ],
+            vec![
+                "departure recorded by peer 0 (s after the kill)".into(),
+                format!("{noticed_secs:.1}"),
+            ],
+            vec![
+                "peer 0's round when it learned of it".into(),
+                left_round.to_string(),
+            ],
+            vec![
+                "restarted with --resume (s after the kill)".into(),
+                format!("{restarted_secs:.1}"),
+            ],
+            vec!["mixes again from round".into(), back_round.to_string()],
+            vec![
+                "summary: departures / rejoins".into(),
+                format!(
+                    "{} / {}",
+                    summary["departures"].as_str().unwrap_or(""),
+                    summary["rejoins"].as_str().unwrap_or("")
+                ),
+            ],
+        ],
+    );
+    s += "\nFinal test accuracy of each peer\n\n";
+    s += &markdown(
+        &["peer", "accuracy"],
+        &finals
+            .iter()
+            .map(|(r, a)| {
+                vec![
+                    if *r == VICTIM {
+                        format!("{r} (restarted)")
+                    } else {
+                        r.to_string()
+                    },
+                    format!("{:.2}%", 100.0 * a),
+                ]
+            })
+            .collect::<Vec<_>>(),
+    );
+    s += &format!(
+        "\nDistance to the peers' mean ‖x_{VICTIM} − x̄‖²: {victim_before:.3e} at epoch {before_epoch} (before the kill; \
+         the other peers' mean {others_before:.3e}, ratio {ratio_before:.2}), {victim_end:.3e} at epoch {last_epoch} \
+         (the end; the others' mean {others_end:.3e}, ratio {ratio_end:.2}). Network Ξ²: {:.3e} before the kill, \
+         {:.3e} at the last epoch without peer {VICTIM}, {:.3e} at the end.\n\n",
+        epochs[before_epoch].consensus_distance,
+        epochs[back_epoch - 1].consensus_distance,
+        epochs[last_epoch].consensus_distance,
+    );
+    s += &markdown(
+        &["bar", "met"],
+        &[
+            vec![
+                format!("every survivor ≥ {:.0}%", 100.0 * plan.accuracy_bar),
+                verdict(survivors_ok).into(),
+            ],
+            vec![
+                format!("peer {VICTIM} reports again from epoch {back_epoch}"),
+                verdict(reports_again).into(),
+            ],
+            vec![
+                format!(
+                    "peer {VICTIM}'s distance relative to the others' at the end ≤ 1.5× that ratio before the kill"
+                ),
+                verdict(back_ok).into(),
+            ],
+        ],
+    );
+    s += "\nPlots: accuracy_vs_epoch.png, distance_vs_epoch.png; per-epoch numbers in epochs.csv, distances.csv; the run folder (logs, membership.jsonl) in runs/kill-and-resume/.\n";
+    std::fs::write(dir.join("summary.md"), &s)?;
+    eprintln!("{s}");
+    if !(survivors_ok && back_ok && reports_again) {
+        bail!(
+            "faults: a bar was not met (see {})",
+            dir.join("summary.md").display()
+        );
+    }
+    Ok(())
+}
