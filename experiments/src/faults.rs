@@ -417,12 +417,10 @@ fn report(
     acc.save(&dir.join("accuracy_vs_epoch"))?;
 
     let mut dist = Chart::new(
-        format!("Distance to the peers' mean, ‖x_i − x̄‖²: peer {VICTIM} vs the others"),
+        format!("Squared distance to the peers' mean: peer {VICTIM} vs the others"),
         "epoch",
-        "‖x_i − x̄‖²",
+        "‖x_i − mean‖²",
     );
-    dist.log_y = true;
-    dist.y_floor = 1e-9;
     let victim_pts: Vec<(f64, f64)> = distances
         .iter()
         .filter(|d| d.peer == VICTIM)
@@ -439,18 +437,13 @@ fn report(
             others.push((e.epoch as f64, ds.iter().sum::<f64>() / ds.len() as f64));
         }
     }
-    let (lo, hi) = victim_pts
-        .iter()
-        .chain(&others)
-        .filter(|p| p.1 > 0.0)
-        .fold((f64::INFINITY, 0.0f64), |(lo, hi), p| {
-            (lo.min(p.1), hi.max(p.1))
-        });
+    let hi = victim_pts.iter().chain(&others).fold(0.0f64, |hi, p| hi.max(p.1));
+    dist.y_range = Some((0.0, 1.1 * hi));
     dist.series
         .push(Series::line(format!("peer {VICTIM}"), 0, victim_pts).stroke(Stroke::Points));
     dist.series
         .push(Series::line("mean of the other peers", 1, others));
-    mark(&mut dist, lo, hi);
+    mark(&mut dist, 0.0, 1.1 * hi);
     dist.save(&dir.join("distance_vs_epoch"))?;
 
     // The bars.
