@@ -437,7 +437,10 @@ fn report(
             others.push((e.epoch as f64, ds.iter().sum::<f64>() / ds.len() as f64));
         }
     }
-    let hi = victim_pts.iter().chain(&others).fold(0.0f64, |hi, p| hi.max(p.1));
+    let hi = victim_pts
+        .iter()
+        .chain(&others)
+        .fold(0.0f64, |hi, p| hi.max(p.1));
     dist.y_range = Some((0.0, 1.1 * hi));
     dist.series
         .push(Series::line(format!("peer {VICTIM}"), 0, victim_pts).stroke(Stroke::Points));

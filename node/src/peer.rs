@@ -1618,6 +1618,62 @@ mod tests {
     }
 
     #[test]
+    fn membership_notices_round_trip_and_malformed_ones_are_refused() {
+        let leave = encode_leave(2, 57, 5, "connection from peer 5: timed out");
+        let (h, payload) = FrameHeader::parse(&leave, 1 << 20).unwrap();
+        assert_eq!((h.kind, h.sender, h.round), (FrameKind::Leave, 2, 57));
+        assert_eq!(
+            decode_leave(payload),
+            Some((5, "connection from peer 5: timed out".to_string()))
+        );
+        assert_eq!(decode_leave(&payload[..7]), None, "truncated rank");
+        assert_eq!(
+            decode_leave(&[5, 0, 0, 0, 0, 0, 0, 0, 0xff]),
+            None,
+            "not UTF-8"
+        );
+
+        let rejoin = encode_rejoin(1, 3, 193);
+        let (h, payload) = FrameHeader::parse(&rejoin, 1 << 20).unwrap();
+        assert_eq!((h.kind, h.sender, h.round), (FrameKind::Rejoin, 1, 193));
+        assert_eq!(decode_rejoin(payload), Some((3, 193)));
+        assert_eq!(decode_rejoin(&payload[..15]), None);
+
+        let me = PeerInfo {
+            rank: 3,
+            peer_id: "12D3KooW".into(),
+            data_addr: "127.0.0.1:5001".parse().unwrap(),
+            cert_der: vec![1, 2, 3],
+        };
+        let hello = encode_hello(3, &me).unwrap();
+        let (h, payload) = FrameHeader::parse(&hello, 1 << 20).unwrap();
+        assert_eq!((h.kind, h.sender), (FrameKind::Hello, 3));
+        let back: PeerInfo = serde_json::from_slice(payload).unwrap();
+        assert_eq!(
+            (back.rank, back.data_addr, back.cert_der),
+            (3, me.data_addr, vec![1, 2, 3])
+        );
+
+        let welcome = Welcome {
+            round: 150,
+            departed: vec![6],
+        };
+        let frame = encode_with_params(FrameKind::Welcome, 2, 150, &welcome, &[0.5, -1.0]).unwrap();
+        let (w, x): (Welcome, Vec<f32>) =
+            decode_with_params(&frame[FRAME_HEADER_LEN..], 2).unwrap();
+        assert_eq!((w.round, w.departed, x), (150, vec![6], vec![0.5, -1.0]));
+        assert!(decode_with_params::<Welcome>(&frame[FRAME_HEADER_LEN..], 3).is_err());
+    }
+
+    #[test]
+    fn each_peer_distance_is_measured_from_the_mean_of_those_present() {
+        let present = |x: Vec<f32>| Some((report(), x));
+        let d = peer_distances(&[present(vec![0.0, 0.0]), None, present(vec![2.0, 4.0])]);
+        // Mean (1, 2): each present peer is 1 + 4 = 5 away; the absent one has none.
+        assert_eq!(d, vec![Some(5.0), None, Some(5.0)]);
+    }
+
+    #[test]
     fn bad_report_payloads_are_refused() {
         let frame = encode_report(3, &report(), &[1.0, 2.0]).unwrap();
         let payload = &frame[FRAME_HEADER_LEN..];
