@@ -467,8 +467,8 @@ fn survivors_of_a_departure_finish_the_round_and_reach_their_own_average() {
     }
     let m = mean(&peers, &alive);
     for p in &peers {
-        for k in 0..2 {
-            assert!((p.params()[k] as f64 - m[k]).abs() < 1e-3);
+        for (v, mk) in p.params().iter().zip(&m) {
+            assert!((*v as f64 - mk).abs() < 1e-3);
         }
     }
     // Peer 3 hears from both neighbours again, peer 4 included: 2 frames a round.

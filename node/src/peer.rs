@@ -456,7 +456,7 @@ fn run_on<B: AutodiffBackend>(
             x.copy_from_slice(drv.gossip.params());
             net = model::unflatten(net, &x)?;
             let round = drv.gossip.round();
-            if args.checkpoint_every > 0 && round % args.checkpoint_every == 0 {
+            if args.checkpoint_every > 0 && round.is_multiple_of(args.checkpoint_every) {
                 Checkpoint {
                     meta: CheckpointMeta {
                         rank,
