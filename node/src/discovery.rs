@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 use futures::StreamExt;
+use libp2p::identity::Keypair;
 use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
 use libp2p::{identify, ping, Multiaddr, PeerId, StreamProtocol, Swarm};
@@ -83,10 +84,8 @@ pub struct PeerInfo {
     pub rank: Rank,
     /// libp2p identity, as text.
     pub peer_id: String,
-    /// QUIC data-plane address.
+    /// QUIC data-plane address; its connections prove `peer_id` ([`crate::auth`]).
     pub data_addr: SocketAddr,
-    /// DER certificate presented by `data_addr`.
-    pub cert_der: Vec<u8>,
 }
 
 /// Sent by each peer to the bootstrap.
@@ -136,8 +135,8 @@ pub enum Role {
     },
 }
 
-fn build_swarm(timeout: Duration) -> anyhow::Result<Swarm<Behaviour>> {
-    let swarm = libp2p::SwarmBuilder::with_new_identity()
+fn build_swarm(key: Keypair, timeout: Duration) -> anyhow::Result<Swarm<Behaviour>> {
+    let swarm = libp2p::SwarmBuilder::with_existing_identity(key)
         .with_tokio()
         .with_quic()
         .with_behaviour(|key| Behaviour {
@@ -157,8 +156,8 @@ fn build_swarm(timeout: Duration) -> anyhow::Result<Swarm<Behaviour>> {
     Ok(swarm)
 }
 
-/// Runs discovery and returns the directory (n entries, indexed by rank). `me` is this
-/// peer's entry except for `peer_id`, which is filled in here.
+/// Runs discovery with the identity `key` and returns the directory (n entries, indexed by
+/// rank). `me` is this peer's entry except for `peer_id`, which is filled in here.
 ///
 /// # Errors
 /// The bootstrap cannot be reached, a peer was refused, or not all n peers joined within
@@ -168,8 +167,9 @@ pub async fn discover(
     mut me: PeerInfo,
     fingerprint: Fingerprint,
     timeout: Duration,
+    key: Keypair,
 ) -> anyhow::Result<Vec<PeerInfo>> {
-    let mut swarm = build_swarm(timeout)?;
+    let mut swarm = build_swarm(key, timeout)?;
     me.peer_id = swarm.local_peer_id().to_string();
     let deadline = tokio::time::Instant::now() + timeout;
     let bootstrap = matches!(role, Role::Bootstrap { .. });
@@ -241,6 +241,11 @@ fn admit_rejoin(
         ))
     } else if !request.rejoin {
         Some("the run is already under way; a restarted peer rejoins it with --resume".into())
+    } else if dir[r].peer_id != peer.to_string() {
+        Some(format!(
+            "rank {r} is peer {}, not {peer}: a restarted peer keeps its identity (its key file, --identity)",
+            dir[r].peer_id
+        ))
     } else {
         None
     };

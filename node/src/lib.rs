@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod algo;
+pub mod auth;
 pub mod bench;
 pub mod checkpoint;
 pub mod config;

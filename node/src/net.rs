@@ -6,9 +6,11 @@
 //! Received frames and connection losses reach the training loop through one bounded
 //! channel of [`NetEvent`]s.
 //!
-//! Server certificates are self-signed per run and pinned: each peer publishes its
-//! certificate through the libp2p discovery exchange, and a client trusts exactly the
-//! certificate published for the rank it dials.
+//! Connections are mutually authenticated with the peers' libp2p identities
+//! ([`crate::auth`]): a client accepts only the `PeerId` it dials, a server only `PeerId`s
+//! admitted to the run, and each incoming connection is bound to its peer's rank from the
+//! start — a frame on it that claims another sender is refused. Connections that fail
+//! authentication are refused and reported ([`NetEvent::Refused`]).
 //!
 //! Shutdown without losing frames: after its last frame a sender sends a `Bye` frame whose
 //! payload is the number of frames it sent before on that connection. The receiver closes
@@ -22,12 +24,16 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use bytes::Bytes;
+use libp2p::identity::Keypair;
+use libp2p::PeerId;
 use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use murmur_gossip::Rank;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Connection, Endpoint, TransportConfig, VarInt};
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::warn;
+
+use crate::auth::{self, Admitted};
 
 /// UDP socket buffer size requested from the OS (measured: ~1 GB/s on loopback with 4 MiB).
 pub const UDP_BUFFER_BYTES: usize = 4 << 20;
@@ -77,13 +83,13 @@ pub enum NetEvent {
     },
 }
 
-/// Our QUIC endpoint with its certificate.
+/// Our QUIC endpoint with our identity.
 pub struct DataPlane {
     endpoint: Endpoint,
     /// Address peers dial.
     pub local_addr: SocketAddr,
-    /// DER of our self-signed certificate (published through discovery).
-    pub cert_der: Vec<u8>,
+    /// Our identity: client certificates are made from it.
+    key: Keypair,
     events: mpsc::Sender<NetEvent>,
     transport: Arc<TransportConfig>,
     rank: Rank,
@@ -133,8 +139,11 @@ pub struct Link {
 /// Incoming connections by the peer they are bound to (by their first frame), oldest first.
 type Inbound = Arc<std::sync::Mutex<HashMap<Rank, Vec<Connection>>>>;
 
-/// Application close code of a connection this side gave up (its peer left the run).
+/// Application close code of a connection this side gave up (its peer left the run, or it
+/// is not admitted).
 const ABANDONED: u32 = 2;
+/// How long an incoming connection waits for the directory before it is refused.
+const ADMISSION_WAIT: Duration = Duration::from_secs(120);
 
 /// Transport settings of every data-plane connection; `idle_timeout` is how long a silent
 /// connection lives (keep-alives every third of it, at most every 2 s).
@@ -156,10 +165,12 @@ fn transport_config(idle_timeout: Duration) -> TransportConfig {
 }
 
 impl DataPlane {
-    /// Binds peer `rank`'s QUIC endpoint at `addr` (port 0: any free port) with a fresh self-signed
-    /// certificate. Frames whose declared payload exceeds `max_payload_bytes` are refused
-    /// before allocation; a connection silent for `peer_timeout` is reported as
-    /// [`NetEvent::Lost`]. Returns the receiver of all [`NetEvent`]s.
+    /// Binds peer `rank`'s QUIC endpoint at `addr` (port 0: any free port) with a certificate
+    /// of its identity `key`; incoming connections are accepted from `admitted` peers only
+    /// (filled in once the directory is known). Frames whose declared payload exceeds
+    /// `max_payload_bytes` are refused before allocation; a connection silent for
+    /// `peer_timeout` is reported as [`NetEvent::Lost`]. Returns the receiver of all
+    /// [`NetEvent`]s.
     ///
     /// Must be called inside a tokio runtime.
     pub fn bind(
@@ -167,17 +178,12 @@ impl DataPlane {
         addr: SocketAddr,
         max_payload_bytes: u32,
         peer_timeout: Duration,
+        key: &Keypair,
+        admitted: Admitted,
     ) -> anyhow::Result<(DataPlane, mpsc::Receiver<NetEvent>)> {
-        let cert = rcgen::generate_simple_self_signed(vec![SERVER_NAME.to_string()])
-            .context("generating the data-plane certificate")?;
-        let cert_der = cert.cert.der().to_vec();
-        let key = rustls::pki_types::PrivatePkcs8KeyDer::from(cert.key_pair.serialize_der());
         let transport = Arc::new(transport_config(peer_timeout));
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(
-            rustls::ServerConfig::builder_with_provider(crypto_provider())
-                .with_protocol_versions(&[&rustls::version::TLS13])?
-                .with_no_client_auth()
-                .with_single_cert(vec![cert.cert.der().clone()], key.into())?,
+            auth::server_config(key, crypto_provider())?,
         )?));
         server.transport_config(transport.clone());
 
@@ -207,12 +213,13 @@ impl DataPlane {
             events.clone(),
             max_payload_bytes,
             inbound.clone(),
+            admitted,
         ));
         Ok((
             DataPlane {
                 endpoint,
                 local_addr,
-                cert_der,
+                key: key.clone(),
                 events,
                 transport,
                 rank,
@@ -223,21 +230,15 @@ impl DataPlane {
         ))
     }
 
-    /// Connects to peer `to` at `addr`, trusting only `cert_der`, and starts its sender task.
+    /// Connects to peer `to` at `addr`, which must prove the identity `peer_id`, and starts
+    /// its sender task.
     pub async fn connect(
         &self,
         to: Rank,
         addr: SocketAddr,
-        cert_der: &[u8],
+        peer_id: PeerId,
     ) -> anyhow::Result<Link> {
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(rustls::pki_types::CertificateDer::from(cert_der.to_vec()))
-            .with_context(|| format!("peer {to} published an unusable certificate"))?;
-        let tls = rustls::ClientConfig::builder_with_provider(crypto_provider())
-            .with_protocol_versions(&[&rustls::version::TLS13])?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let tls = auth::client_config(&self.key, peer_id, crypto_provider())?;
         let mut client = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls)?));
         client.transport_config(self.transport.clone());
         let conn = tokio::time::timeout(
@@ -433,17 +434,54 @@ async fn accept_loop(
     events: mpsc::Sender<NetEvent>,
     max_payload_bytes: u32,
     inbound: Inbound,
+    admitted: Admitted,
 ) {
     while let Some(incoming) = endpoint.accept().await {
         let events = events.clone();
         let inbound = inbound.clone();
+        let admitted = admitted.clone();
         tokio::spawn(async move {
-            match incoming.await {
-                Ok(conn) => serve_connection(conn, events, max_payload_bytes, inbound).await,
-                Err(e) => debug!("incoming connection failed: {e}"),
+            let remote = incoming.remote_address();
+            let conn = match incoming.await {
+                Ok(conn) => conn,
+                Err(e) => return refuse_connection(&events, remote, e.to_string()).await,
+            };
+            // The handshake checked the certificate; bind the connection to its rank.
+            let peer = conn
+                .peer_identity()
+                .and_then(|id| {
+                    id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+                        .ok()
+                })
+                .and_then(|certs| auth::peer_id_of(&certs).ok());
+            let rank = match peer {
+                Some(p) => admitted.rank_when_known(&p, ADMISSION_WAIT).await,
+                None => None,
+            };
+            match rank {
+                Some(rank) => {
+                    serve_connection(conn, rank, events, max_payload_bytes, inbound).await
+                }
+                None => {
+                    conn.close(VarInt::from_u32(ABANDONED), b"not admitted");
+                    let who = peer.map_or("no identity".to_string(), |p| format!("peer {p}"));
+                    let why = format!("{who} is not admitted to this run");
+                    refuse_connection(&events, remote, why).await;
+                }
             }
         });
     }
+}
+
+/// Reports a refused incoming connection (failed authentication, or not admitted).
+async fn refuse_connection(events: &mpsc::Sender<NetEvent>, remote: SocketAddr, why: String) {
+    warn!(%remote, "refused a data-plane connection: {why}");
+    let _ = events
+        .send(NetEvent::Refused {
+            peer: None,
+            reason: format!("connection from {remote} refused: {why}"),
+        })
+        .await;
 }
 
 /// Per-connection receive state: who the sender is and how many frames arrived.
@@ -455,12 +493,19 @@ struct Receiving {
 
 async fn serve_connection(
     conn: Connection,
+    rank: Rank,
     events: mpsc::Sender<NetEvent>,
     max_payload_bytes: u32,
     inbound: Inbound,
 ) {
+    inbound
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(rank)
+        .or_default()
+        .push(conn.clone());
     let state = Arc::new(tokio::sync::Mutex::new(Receiving {
-        peer: None,
+        peer: Some(rank),
         received: 0,
         expected: None,
     }));
@@ -484,7 +529,6 @@ async fn serve_connection(
         let events = events.clone();
         let state = state.clone();
         let conn = conn.clone();
-        let inbound = inbound.clone();
         tokio::spawn(async move {
             let frame = async {
                 let mut head = [0u8; FRAME_HEADER_LEN];
@@ -509,7 +553,7 @@ async fn serve_connection(
             let refused: Option<(String, bool)> = match frame {
                 Err(e) => Some((format!("{e:#}"), true)),
                 Ok((header, bytes)) => match st.peer {
-                    // The first frame binds the connection to its sender.
+                    // The connection is bound to the rank its certificate proves.
                     Some(p) if p != header.sender => Some((
                         format!(
                             "frame claims sender {} on peer {p}'s connection",
@@ -518,15 +562,6 @@ async fn serve_connection(
                         true,
                     )),
                     _ => {
-                        if st.peer.is_none() {
-                            inbound
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .entry(header.sender)
-                                .or_default()
-                                .push(conn.clone());
-                        }
-                        st.peer = Some(header.sender);
                         if header.kind == FrameKind::Bye {
                             let count = bytes
                                 .get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + 8)
@@ -579,3 +614,87 @@ async fn serve_connection(
 
 /// Outgoing links by destination rank.
 pub type Links = HashMap<Rank, Link>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(sender: Rank) -> Bytes {
+        let mut f = Vec::new();
+        FrameHeader {
+            kind: FrameKind::Gossip,
+            sender,
+            round: 0,
+            dim: 1,
+            payload_len: 4,
+        }
+        .emit(&mut f);
+        f.extend_from_slice(&[0; 4]);
+        Bytes::from(f)
+    }
+
+    /// The next event within 10 s.
+    async fn next(events: &mut mpsc::Receiver<NetEvent>) -> NetEvent {
+        tokio::time::timeout(Duration::from_secs(10), events.recv())
+            .await
+            .expect("an event within 10 s")
+            .expect("the data plane is running")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_admitted_identities_may_connect_and_each_only_as_itself() {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let timeout = Duration::from_secs(5);
+        let (server_key, member, stranger) = (
+            Keypair::generate_ed25519(),
+            Keypair::generate_ed25519(),
+            Keypair::generate_ed25519(),
+        );
+        let admitted = Admitted::default();
+        admitted.admit_all([(member.public().to_peer_id(), 5)]);
+        let (server, mut events) =
+            DataPlane::bind(1, any, 1 << 20, timeout, &server_key, admitted).unwrap();
+        let server_id = server_key.public().to_peer_id();
+
+        // A stranger's connection is refused and counted; nothing it sends arrives.
+        let (outsider, _e) =
+            DataPlane::bind(7, any, 1 << 20, timeout, &stranger, Admitted::default()).unwrap();
+        if let Ok(link) = outsider.connect(1, server.local_addr, server_id).await {
+            let _ = link.send(frame(7)).await;
+        }
+        match next(&mut events).await {
+            NetEvent::Refused { peer: None, reason } => {
+                assert!(reason.contains("refused"), "{reason}")
+            }
+            other => panic!("expected a refused connection, got {other:?}"),
+        }
+
+        // A member that dials an identity other than the server's gives up itself.
+        let (client, _e) =
+            DataPlane::bind(5, any, 1 << 20, timeout, &member, Admitted::default()).unwrap();
+        let wrong = stranger.public().to_peer_id();
+        assert!(client.connect(1, server.local_addr, wrong).await.is_err());
+
+        // The member's connection is bound to its rank: its frames arrive from 5, and one
+        // that claims to come from peer 6 is refused.
+        let link = client
+            .connect(1, server.local_addr, server_id)
+            .await
+            .unwrap();
+        link.send(frame(5)).await.unwrap();
+        link.send(frame(6)).await.unwrap();
+        let (mut from_5, mut refused_6) = (false, false);
+        while !(from_5 && refused_6) {
+            match next(&mut events).await {
+                NetEvent::Frame { from: 5, .. } => from_5 = true,
+                NetEvent::Refused {
+                    peer: Some(5),
+                    reason,
+                } if reason.contains("claims sender 6") => refused_6 = true,
+                // The failed dial above may be reported by the server as well.
+                NetEvent::Refused { peer: None, .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+}

@@ -13,8 +13,10 @@ use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use crate::auth::Admitted;
 use crate::config::{LinkLatency, LinkRate};
 use crate::net::{DataPlane, LinkEmulation, NetEvent};
+use libp2p::identity::Keypair;
 
 /// Idle timeout of the benchmark's connections (nothing is silent for long here).
 const PEER_TIMEOUT: Duration = Duration::from_secs(15);
@@ -141,11 +143,22 @@ async fn next_frame(events: &mut mpsc::Receiver<NetEvent>) -> anyhow::Result<()>
 async fn measure(args: &NetBenchArgs, emulation: LinkEmulation) -> anyhow::Result<NetBenchReport> {
     let any: SocketAddr = "127.0.0.1:0".parse()?;
     let limit = u32::try_from(args.frame_bytes).unwrap_or(u32::MAX);
-    let (mut sender, _sender_events) = DataPlane::bind(0, any, limit, PEER_TIMEOUT)?;
-    let (receiver, mut events) = DataPlane::bind(1, any, limit, PEER_TIMEOUT)?;
+    let (sender_key, receiver_key) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+    let admitted = Admitted::default();
+    admitted.admit_all([(sender_key.public().to_peer_id(), 0)]);
+    let (mut sender, _sender_events) = DataPlane::bind(
+        0,
+        any,
+        limit,
+        PEER_TIMEOUT,
+        &sender_key,
+        Admitted::default(),
+    )?;
+    let (receiver, mut events) =
+        DataPlane::bind(1, any, limit, PEER_TIMEOUT, &receiver_key, admitted)?;
     sender.emulation = emulation;
     let link = sender
-        .connect(1, receiver.local_addr, &receiver.cert_der)
+        .connect(1, receiver.local_addr, receiver_key.public().to_peer_id())
         .await
         .context("connecting the two endpoints")?;
 

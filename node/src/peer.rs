@@ -26,6 +26,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn};
 
 use crate::algo;
+use crate::auth::{self, Admitted};
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta};
 use crate::config::{DeviceSpec, Init, RunArgs};
 use crate::data::{partition, Batches, Dataset, RunData};
@@ -60,6 +61,11 @@ pub struct PeerArgs {
     /// Run folder: metrics are written here.
     #[arg(long)]
     pub out: PathBuf,
+    /// This peer's identity key file (libp2p Ed25519 key pair; made if missing). Default:
+    /// `<out>/identity/peer-<rank>.key`, so a peer restarted with the same run folder keeps
+    /// its identity.
+    #[arg(long, value_name = "FILE")]
+    pub identity: Option<PathBuf>,
     /// Rejoin the run under way after this peer was restarted (same options, same run
     /// folder; D-PSGD): the bootstrap admits it again, its neighbours send their round and
     /// parameters, it starts from their mean with the momentum of its last checkpoint
@@ -150,6 +156,8 @@ struct Driver {
     started: Instant,
     /// Our QUIC endpoint: links to restarted peers are opened during the run.
     plane: DataPlane,
+    /// Each rank's identity (a restarted peer keeps its own).
+    peer_ids: Vec<libp2p::PeerId>,
     /// A rejoining peer only: the answers to its hellos, by sender.
     welcomes: BTreeMap<Rank, (Welcome, Vec<f32>)>,
     /// A rejoining peer only: the round it mixes again from, and the in-neighbours whose
@@ -229,8 +237,22 @@ fn run_on<B: AutodiffBackend>(
     // Payload limit: the model as f32 plus generous room for headers and the report JSON.
     let max_payload = u32::try_from(8 * d + (1 << 20)).unwrap_or(u32::MAX);
     let peer_timeout = Duration::from_secs(args.peer_timeout_secs);
-    let (mut plane, events) =
-        rt.block_on(async { DataPlane::bind(rank, peer.data_addr, max_payload, peer_timeout) })?;
+    let key_file = peer
+        .identity
+        .clone()
+        .unwrap_or_else(|| auth::key_path(&peer.out, rank));
+    let key = auth::load_or_create_identity(&key_file)?;
+    let admitted = Admitted::default();
+    let (mut plane, events) = rt.block_on(async {
+        DataPlane::bind(
+            rank,
+            peer.data_addr,
+            max_payload,
+            peer_timeout,
+            &key,
+            admitted.clone(),
+        )
+    })?;
     plane.emulation = args.link_emulation();
     let fingerprint = Fingerprint {
         peers: n,
@@ -249,7 +271,6 @@ fn run_on<B: AutodiffBackend>(
         rank,
         peer_id: String::new(),
         data_addr: plane.local_addr,
-        cert_der: plane.cert_der.clone(),
     };
     let role = match &peer.bootstrap {
         None => Role::Bootstrap {
@@ -281,7 +302,21 @@ fn run_on<B: AutodiffBackend>(
         me.clone(),
         fingerprint.clone(),
         join_timeout,
+        key.clone(),
     ))?;
+    // The data plane accepts the run's peers only, each as its rank.
+    let mut peer_ids = Vec::with_capacity(n);
+    for p in &directory {
+        let id: libp2p::PeerId = p.peer_id.parse().map_err(|e| {
+            anyhow!(
+                "peer {} has a malformed PeerId {:?}: {e}",
+                p.rank,
+                p.peer_id
+            )
+        })?;
+        peer_ids.push(id);
+    }
+    admitted.admit_all(peer_ids.iter().copied().zip(0..n));
 
     let gossip = algo::build(
         args,
@@ -303,7 +338,7 @@ fn run_on<B: AutodiffBackend>(
     let mut unreachable = BTreeMap::new();
     for &to in &destinations {
         let info = &directory[to];
-        match rt.block_on(plane.connect(to, info.data_addr, &info.cert_der)) {
+        match rt.block_on(plane.connect(to, info.data_addr, peer_ids[to])) {
             Ok(link) => {
                 links.insert(to, link);
             }
@@ -352,6 +387,7 @@ fn run_on<B: AutodiffBackend>(
         epoch: 0,
         started: Instant::now(),
         plane,
+        peer_ids,
         welcomes: BTreeMap::new(),
         first_frames: None,
     };
@@ -795,10 +831,11 @@ impl Driver {
             let reason = "it restarted: a new process said hello".to_string();
             self.departure(from, reason, self.rank, round, true)?;
         }
-        let link = match self
-            .rt
-            .block_on(self.plane.connect(from, info.data_addr, &info.cert_der))
-        {
+        let link = match self.rt.block_on(self.plane.connect(
+            from,
+            info.data_addr,
+            self.peer_ids[from],
+        )) {
             Ok(l) => l,
             Err(e) => {
                 warn!(from, "cannot connect back to the restarted peer: {e:#}");
@@ -1643,16 +1680,12 @@ mod tests {
             rank: 3,
             peer_id: "12D3KooW".into(),
             data_addr: "127.0.0.1:5001".parse().unwrap(),
-            cert_der: vec![1, 2, 3],
         };
         let hello = encode_hello(3, &me).unwrap();
         let (h, payload) = FrameHeader::parse(&hello, 1 << 20).unwrap();
         assert_eq!((h.kind, h.sender), (FrameKind::Hello, 3));
         let back: PeerInfo = serde_json::from_slice(payload).unwrap();
-        assert_eq!(
-            (back.rank, back.data_addr, back.cert_der),
-            (3, me.data_addr, vec![1, 2, 3])
-        );
+        assert_eq!((back.rank, back.data_addr), (3, me.data_addr));
 
         let welcome = Welcome {
             round: 150,
