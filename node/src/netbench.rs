@@ -1,7 +1,11 @@
 //! `murmur netbench`: the data plane's throughput and one-way delay between two endpoints
-//! on this machine (loopback QUIC, TLS 1.3 AES-GCM, the peers' transport settings), with or
-//! without the link emulation of `--link-bandwidth` / `--link-latency` — the measurement
-//! behind the emulation's documented accuracy.
+//! on this machine (loopback QUIC, TLS 1.3 AES-GCM, mutual authentication with the peers'
+//! identities, the peers' transport settings), with or without the link emulation of
+//! `--link-bandwidth` / `--link-latency` — the measurement behind the emulation's documented
+//! accuracy. With `--compare-bare` it also moves the same frames over a bare quinn
+//! connection (quinn's default transport settings and crypto, a self-signed server
+//! certificate, no client authentication, one unidirectional stream per frame) in the same
+//! run, alternating the two, and reports both throughputs and their ratio.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -39,6 +43,12 @@ pub struct NetBenchArgs {
     /// Small frames sent one at a time to measure the one-way delay.
     #[arg(long, default_value_t = 20)]
     pub pings: usize,
+    /// Also move the same frames over a bare quinn connection and report the ratio.
+    #[arg(long)]
+    pub compare_bare: bool,
+    /// With `--compare-bare`: measurements of each transport, alternating; medians reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -51,7 +61,8 @@ pub struct NetBenchReport {
     pub frames: usize,
     /// Bytes per frame (header included).
     pub frame_bytes: usize,
-    /// Seconds from the first send to the last frame received.
+    /// Seconds from the first send to the last frame received (with `--compare-bare`: of
+    /// the median measurement).
     pub seconds: f64,
     /// Measured throughput, bytes per second.
     pub bytes_per_second: f64,
@@ -63,6 +74,11 @@ pub struct NetBenchReport {
     pub delay_seconds: f64,
     /// The emulated delay, seconds.
     pub set_delay_seconds: f64,
+    /// `--compare-bare`: the same frames over a bare quinn connection, bytes per second
+    /// (median of the repeats; `bytes_per_second` is then the median of ours).
+    pub bare_bytes_per_second: Option<f64>,
+    /// `bytes_per_second / bare_bytes_per_second`.
+    pub ratio_to_bare: Option<f64>,
 }
 
 /// Runs the benchmark and prints its report.
@@ -76,6 +92,9 @@ pub fn run(args: &NetBenchArgs) -> anyhow::Result<()> {
     if args.megabytes == 0 {
         bail!("--megabytes must be at least 1");
     }
+    if args.repeat == 0 {
+        bail!("--repeat must be at least 1");
+    }
     let emulation = LinkEmulation {
         rate_bytes_per_sec: args.link_bandwidth.map(|r| r.0),
         latency: args.link_latency.map(|l| l.0).unwrap_or_default(),
@@ -84,7 +103,26 @@ pub fn run(args: &NetBenchArgs) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let report = rt.block_on(measure(args, emulation))?;
+    let mut report = rt.block_on(measure(args, emulation))?;
+    if args.compare_bare {
+        let (mut ours, mut bare) = (vec![report.bytes_per_second], Vec::new());
+        for i in 0..args.repeat {
+            let bytes = (report.frames * report.frame_bytes) as f64;
+            bare.push(bytes / rt.block_on(bare_quinn(report.frames, report.frame_bytes))?);
+            if i + 1 < args.repeat {
+                ours.push(rt.block_on(measure(args, emulation))?.bytes_per_second);
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        report.bytes_per_second = median(&mut ours);
+        report.seconds = (report.frames * report.frame_bytes) as f64 / report.bytes_per_second;
+        let b = median(&mut bare);
+        report.bare_bytes_per_second = Some(b);
+        report.ratio_to_bare = Some(report.bytes_per_second / b);
+    }
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -106,8 +144,63 @@ pub fn run(args: &NetBenchArgs) -> anyhow::Result<()> {
             report.delay_seconds * 1e3,
             report.set_delay_seconds * 1e3
         );
+        if let (Some(b), Some(r)) = (report.bare_bytes_per_second, report.ratio_to_bare) {
+            println!(
+                "bare quinn, same frames: {:.1} MB/s; murmur (authenticated) / bare = {r:.3} (medians of {})",
+                mb(b),
+                args.repeat
+            );
+        }
     }
     Ok(())
+}
+
+/// Seconds to move `frames` frames of `frame_bytes` bytes over a bare quinn connection on
+/// loopback: quinn's defaults (transport settings, rustls with ring), a self-signed server
+/// certificate trusted by the client, no client authentication, one unidirectional stream
+/// per frame, timed from the first write until the receiver has read every frame.
+async fn bare_quinn(frames: usize, frame_bytes: usize) -> anyhow::Result<f64> {
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])?;
+    let der = cert.cert.der().clone();
+    let key = rustls::pki_types::PrivatePkcs8KeyDer::from(cert.key_pair.serialize_der());
+    let server_config = quinn::ServerConfig::with_single_cert(vec![der.clone()], key.into())?;
+    let server = quinn::Endpoint::server(server_config, "127.0.0.1:0".parse()?)?;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(der)?;
+    let mut client = quinn::Endpoint::client("127.0.0.1:0".parse()?)?;
+    client.set_default_client_config(quinn::ClientConfig::with_root_certificates(
+        std::sync::Arc::new(roots),
+    )?);
+    let addr = server.local_addr()?;
+    // The server accepts (and so completes the handshake) on its own task.
+    let receive = tokio::spawn(async move {
+        let conn = server
+            .accept()
+            .await
+            .context("bare quinn: no connection")?
+            .await?;
+        for _ in 0..frames {
+            let mut s = conn.accept_uni().await?;
+            let data = s.read_to_end(frame_bytes).await?;
+            if data.len() != frame_bytes {
+                bail!("bare quinn: a frame of {} bytes arrived", data.len());
+            }
+        }
+        conn.close(0u32.into(), b"done");
+        anyhow::Ok(())
+    });
+    let conn = client.connect(addr, "localhost")?.await?;
+    let payload = Bytes::from(vec![0xA5u8; frame_bytes]);
+    let t = Instant::now();
+    for _ in 0..frames {
+        let mut s = conn.open_uni().await?;
+        s.write_all(&payload).await?;
+        s.finish()?;
+    }
+    receive.await??;
+    let seconds = t.elapsed().as_secs_f64();
+    conn.close(0u32.into(), b"done");
+    Ok(seconds)
 }
 
 /// A frame of `len` bytes (header included) from peer 0.
@@ -204,5 +297,7 @@ async fn measure(args: &NetBenchArgs, emulation: LinkEmulation) -> anyhow::Resul
         rate_ratio: emulation.rate_bytes_per_sec.map(|r| bytes_per_second / r),
         delay_seconds,
         set_delay_seconds: emulation.latency.as_secs_f64(),
+        bare_bytes_per_second: None,
+        ratio_to_bare: None,
     })
 }

@@ -655,6 +655,25 @@ fn bench_json_has_the_documented_fields_and_bad_options_are_errors() {
 }
 
 #[test]
+fn netbench_compares_the_authenticated_plane_with_bare_quinn() {
+    let v = murmur_json(&[
+        "netbench",
+        "--compare-bare",
+        "--megabytes=4",
+        "--frame-bytes=1000000",
+        "--repeat=1",
+        "--pings=2",
+        "--json",
+    ]);
+    assert_eq!(v["frames"], 4);
+    let ours = v["bytes_per_second"].as_f64().unwrap();
+    let bare = v["bare_bytes_per_second"].as_f64().unwrap();
+    let ratio = v["ratio_to_bare"].as_f64().unwrap();
+    assert!(ours > 0.0 && bare > 0.0, "{v}");
+    assert!((ratio - ours / bare).abs() < 1e-9, "{v}");
+}
+
+#[test]
 fn the_shipped_topology_files_are_valid() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/topologies");
     let mut count = 0;
