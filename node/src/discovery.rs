@@ -4,11 +4,12 @@
 //! listens on a libp2p QUIC address and every other peer dials it with one multiaddr. Each
 //! peer sends a [`JoinRequest`] carrying its rank, its run fingerprint (peers, topology,
 //! model, d — so a mis-configured peer is refused with a message saying what differs), its
-//! QUIC data-plane address and the certificate that address presents. When all n ranks have
+//! QUIC data-plane address; the bootstrap records the `PeerId` libp2p authenticated, which
+//! the data plane's certificates must then prove ([`crate::auth`]). When all n ranks have
 //! joined, the bootstrap answers every request with the directory of all peers. The swarm
 //! then keeps running in the background for liveness (ping, identify), and the bootstrap
 //! goes on answering restarted peers that rejoin the running run (`--resume`): their entry
-//! is replaced by the new address and certificate and they get the directory at once.
+//! gets the new address (the identity must stay the same) and they get the directory at once.
 //!
 //! Protocol: libp2p request-response, JSON codec, protocol id `/murmur/join/1`.
 
