@@ -673,6 +673,105 @@ fn netbench_compares_the_authenticated_plane_with_bare_quinn() {
     assert!((ratio - ours / bare).abs() < 1e-9, "{v}");
 }
 
+/// The repository's experiments/cluster/ folder.
+fn cluster_scripts() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/cluster")
+}
+
+#[test]
+fn the_ssh_launcher_runs_a_host_file_of_peers() {
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = dir.path().join("hosts.txt");
+    std::fs::write(
+        &hosts,
+        "# three peers here\n127.0.0.1\n\nlocalhost 127.0.0.1\n127.0.0.1\n",
+    )
+    .unwrap();
+    let run = dir.path().join("run");
+    let scripts = cluster_scripts();
+    let out = Command::new("bash")
+        .arg(scripts.join("launch-ssh.sh"))
+        .arg(&hosts)
+        .arg(&run)
+        .args(["--epochs=1", "--rounds-per-epoch=5"])
+        .env("SSH", scripts.join("local-ssh"))
+        .env("MURMUR", env!("CARGO_BIN_EXE_murmur"))
+        .env("LIBP2P_PORT", "0")
+        .env("DATA_PORT", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("all 3 peers finished"), "{stderr}");
+    assert_eq!(summary(&run)["peers"], 3);
+    assert!(run.join("logs").join("peer-2.log").is_file());
+    // A host file without hosts is an error, not a run.
+    std::fs::write(&hosts, "# nobody\n").unwrap();
+    let out = Command::new("bash")
+        .arg(scripts.join("launch-ssh.sh"))
+        .arg(&hosts)
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lists no host"));
+}
+
+#[test]
+fn the_slurm_script_starts_one_peer_per_task() {
+    // A stand-in for srun: FAKE_NTASKS copies of `bash -c SCRIPT NAME ARGS…`, each with
+    // SLURM_PROCID and SLURM_NTASKS set and its output in --output (%t: the task).
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(
+        bin.join("srun"),
+        r#"#!/usr/bin/env bash
+output=/dev/stdout
+while [[ $1 == --* ]]; do
+    case $1 in --output=*) output=${1#--output=} ;; esac
+    shift
+done
+pids=()
+for ((t = 0; t < FAKE_NTASKS; t++)); do
+    SLURM_PROCID=$t SLURM_NTASKS=$FAKE_NTASKS "$@" > "${output//%t/$t}" 2>&1 &
+    pids+=($!)
+done
+status=0
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+exit $status
+"#,
+    )
+    .unwrap();
+    Command::new("chmod")
+        .arg("+x")
+        .arg(bin.join("srun"))
+        .status()
+        .unwrap();
+    let run = dir.path().join("run");
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let out = Command::new("bash")
+        .arg(cluster_scripts().join("murmur.sbatch"))
+        .args(["--epochs=1", "--rounds-per-epoch=5"])
+        .env("PATH", path)
+        .env("FAKE_NTASKS", "3")
+        .env("SLURM_SUBMIT_DIR", dir.path())
+        .env("SLURM_JOB_ID", "42")
+        .env("MURMUR", env!("CARGO_BIN_EXE_murmur"))
+        .env("RUN_DIR", &run)
+        .env("LIBP2P_PORT", "0")
+        .env("DATA_PORT", "0")
+        .output()
+        .unwrap();
+    let log0 = std::fs::read_to_string(run.join("logs").join("peer-0.log")).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "{}\n{log0}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(summary(&run)["peers"], 3);
+}
+
 #[test]
 fn the_shipped_topology_files_are_valid() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/topologies");
