@@ -126,6 +126,36 @@ pub fn load_or_create_identity(path: &Path) -> anyhow::Result<Keypair> {
     }
 }
 
+/// Reads an allow-list: one `PeerId` per line (as `murmur identity` prints them); blank
+/// lines and lines starting with `#` are skipped.
+///
+/// # Errors
+/// The file cannot be read, a line is not a `PeerId` (named with its line number), or it
+/// lists nobody.
+pub fn read_allow_list(path: &Path) -> anyhow::Result<std::collections::HashSet<PeerId>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the allow-list {}", path.display()))?;
+    let mut peers = std::collections::HashSet::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let peer: PeerId = line.parse().map_err(|e| {
+            anyhow!(
+                "{} line {}: {line:?} is not a PeerId: {e}",
+                path.display(),
+                i + 1
+            )
+        })?;
+        peers.insert(peer);
+    }
+    if peers.is_empty() {
+        anyhow::bail!("the allow-list {} lists no PeerId", path.display());
+    }
+    Ok(peers)
+}
+
 /// A certificate carrying `key`'s identity and the certificate's own private key.
 fn identity_certificate(
     key: &Keypair,
@@ -353,6 +383,27 @@ mod tests {
         std::fs::write(&path, b"not a key").unwrap();
         let err = load_or_create_identity(&path).unwrap_err().to_string();
         assert!(err.contains("is not a libp2p key pair"), "{err}");
+    }
+
+    #[test]
+    fn allow_lists_are_read_with_comments_and_bad_lines_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("allow.txt");
+        let (a, b) = (
+            Keypair::generate_ed25519().public().to_peer_id(),
+            Keypair::generate_ed25519().public().to_peer_id(),
+        );
+        std::fs::write(&path, format!("# the run's peers\n{a}\n\n  {b}  \n")).unwrap();
+        let list = read_allow_list(&path).unwrap();
+        assert!(list.contains(&a) && list.contains(&b) && list.len() == 2);
+        std::fs::write(&path, format!("{a}\nnot-a-peer\n")).unwrap();
+        let err = format!("{:#}", read_allow_list(&path).unwrap_err());
+        assert!(
+            err.contains("line 2") && err.contains("not-a-peer"),
+            "{err}"
+        );
+        std::fs::write(&path, "# nobody\n").unwrap();
+        assert!(read_allow_list(&path).is_err());
     }
 
     #[test]

@@ -412,6 +412,11 @@ pub struct RunArgs {
     /// with an error (the other algorithms).
     #[arg(long, default_value_t = 15)]
     pub peer_timeout_secs: u64,
+    /// Only these peers may join (and so reach the data plane): a file of `PeerId`s, one per
+    /// line, as `murmur identity KEYFILE` prints them. Checked by peer 0 at join. Default:
+    /// any peer with the run's options.
+    #[arg(long, value_name = "FILE")]
+    pub allow_peers: Option<PathBuf>,
     /// Every peer writes a checkpoint (parameters, momentum, round, membership) to
     /// `<run>/checkpoints/peer-<rank>.ckpt` after every this many rounds, atomically;
     /// 0: never. A restarted peer takes it up with `murmur peer --resume`.
@@ -469,6 +474,9 @@ impl RunArgs {
         }
         if let Some(r) = self.link_bandwidth {
             a.push(format!("--link-bandwidth={r}"));
+        }
+        if let Some(p) = &self.allow_peers {
+            a.push(format!("--allow-peers={}", p.display()));
         }
         if let Some(r) = self.inject_bad_frames {
             a.push(format!("--inject-bad-frames={r}"));
@@ -560,6 +568,9 @@ impl RunArgs {
                     self.epochs
                 );
             }
+        }
+        if let Some(path) = &self.allow_peers {
+            crate::auth::read_allow_list(path)?;
         }
         if self.peer_timeout_secs == 0 {
             bail!("--peer-timeout-secs must be at least 1");

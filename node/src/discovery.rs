@@ -13,6 +13,7 @@
 //!
 //! Protocol: libp2p request-response, JSON codec, protocol id `/murmur/join/1`.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -158,7 +159,8 @@ fn build_swarm(key: Keypair, timeout: Duration) -> anyhow::Result<Swarm<Behaviou
 }
 
 /// Runs discovery with the identity `key` and returns the directory (n entries, indexed by
-/// rank). `me` is this peer's entry except for `peer_id`, which is filled in here.
+/// rank). `me` is this peer's entry except for `peer_id`, which is filled in here. The
+/// bootstrap admits only the peers of `allow` if it is given.
 ///
 /// # Errors
 /// The bootstrap cannot be reached, a peer was refused, or not all n peers joined within
@@ -169,6 +171,7 @@ pub async fn discover(
     fingerprint: Fingerprint,
     timeout: Duration,
     key: Keypair,
+    allow: Option<HashSet<PeerId>>,
 ) -> anyhow::Result<Vec<PeerInfo>> {
     let mut swarm = build_swarm(key, timeout)?;
     me.peer_id = swarm.local_peer_id().to_string();
@@ -181,7 +184,7 @@ pub async fn discover(
                 .with_context(|| format!("cannot listen on {listen}"))?;
             tokio::time::timeout_at(
                 deadline,
-                serve(&mut swarm, me, fingerprint.clone(), addr_file),
+                serve(&mut swarm, me, fingerprint.clone(), addr_file, &allow),
             )
             .await
             .map_err(|_| anyhow!("not all peers joined within {timeout:?}"))??
@@ -266,6 +269,7 @@ async fn serve(
     me: PeerInfo,
     fingerprint: Fingerprint,
     addr_file: Option<PathBuf>,
+    allow: &Option<HashSet<PeerId>>,
 ) -> anyhow::Result<Vec<PeerInfo>> {
     let n = fingerprint.peers;
     let mut slots: Vec<Option<PeerInfo>> = vec![None; n];
@@ -321,7 +325,11 @@ async fn serve(
                 ..
             })) => {
                 let r = request.info.rank;
-                let refusal = if request.rejoin {
+                let refusal = if allow.as_ref().is_some_and(|a| !a.contains(&peer)) {
+                    Some(format!(
+                        "peer {peer} is not on the run's allow-list (--allow-peers)"
+                    ))
+                } else if request.rejoin {
                     Some("the run has not started yet (not every peer has joined); start this peer without --resume".to_string())
                 } else if request.fingerprint != fingerprint {
                     Some(format!(

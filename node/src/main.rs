@@ -57,6 +57,13 @@ enum Cmd {
         #[command(flatten)]
         args: murmur::netbench::NetBenchArgs,
     },
+    /// Print the PeerId of a peer's key file, making the key pair if the file does not
+    /// exist (`<run>/identity/peer-<rank>.key` is where a peer looks by default): the lines
+    /// of an allow-list (`--allow-peers`).
+    Identity {
+        /// The key file.
+        file: std::path::PathBuf,
+    },
     /// Topology tools.
     Topology {
         #[command(subcommand)]
@@ -103,6 +110,9 @@ fn main() -> ExitCode {
         Cmd::Simulate { run, sim } => murmur::simulate::run(&run, &sim),
         Cmd::Netbench { args } => murmur::netbench::run(&args),
         Cmd::Bench(bench) => murmur::bench::run(&bench),
+        Cmd::Identity { file } => murmur::auth::load_or_create_identity(&file).map(|key| {
+            println!("{}", key.public().to_peer_id());
+        }),
         Cmd::Topology {
             command:
                 TopologyCmd::Inspect {

@@ -297,12 +297,17 @@ fn run_on<B: AutodiffBackend>(
         None
     };
     let join_timeout = Duration::from_secs(args.join_timeout_secs);
+    let allow = match (&args.allow_peers, rank) {
+        (Some(path), 0) => Some(auth::read_allow_list(path)?),
+        _ => None,
+    };
     let directory = rt.block_on(discover(
         role,
         me.clone(),
         fingerprint.clone(),
         join_timeout,
         key.clone(),
+        allow,
     ))?;
     // The data plane accepts the run's peers only, each as its rank.
     let mut peer_ids = Vec::with_capacity(n);

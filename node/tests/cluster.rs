@@ -454,6 +454,57 @@ fn a_killed_peer_ends_an_allreduce_run_with_a_clear_error() {
 }
 
 #[test]
+fn only_peers_on_the_allow_list_may_join() {
+    // Each peer's identity is made beforehand; the allow-list names them.
+    let id = |c: &Cluster, rank: usize| {
+        let key = c.out().join("identity").join(format!("peer-{rank}.key"));
+        let out = murmur().arg("identity").arg(&key).output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let mut c = Cluster::new();
+    let allow = c.dir.path().join("allow.txt");
+    std::fs::write(&allow, format!("# peer 0 only\n{}\n", id(&c, 0))).unwrap();
+    let run = args(&[
+        "--peers=2",
+        "--epochs=1",
+        "--rounds-per-epoch=5",
+        "--join-timeout-secs=10",
+        &format!("--allow-peers={}", allow.display()),
+    ]);
+    let boot = c.start_bootstrap(&run);
+    let mut joined = run.clone();
+    joined.push(format!("--bootstrap={boot}"));
+    c.spawn(1, &joined);
+    assert!(!c.wait(1, Duration::from_secs(30)).success());
+    let log = c.read_log(1);
+    assert!(log.contains("is not on the run's allow-list"), "{log}");
+
+    // With peer 1 on the list the same identities run.
+    let ids = format!("{}\n{}\n", id(&c, 0), id(&c, 1));
+    let mut c2 = Cluster::new();
+    std::fs::create_dir_all(c2.out()).unwrap();
+    std::fs::rename(c.out().join("identity"), c2.out().join("identity")).unwrap();
+    drop(c);
+    let allow = c2.dir.path().join("allow.txt");
+    std::fs::write(&allow, ids).unwrap();
+    let run = args(&[
+        "--peers=2",
+        "--epochs=1",
+        "--rounds-per-epoch=5",
+        &format!("--allow-peers={}", allow.display()),
+    ]);
+    let boot = c2.start_bootstrap(&run);
+    let mut joined = run.clone();
+    joined.push(format!("--bootstrap={boot}"));
+    c2.spawn(1, &joined);
+    for rank in 0..2 {
+        let s = c2.wait(rank, Duration::from_secs(60));
+        assert!(s.success(), "{}", c2.read_log(rank));
+    }
+}
+
+#[test]
 fn a_peer_with_another_config_is_refused() {
     let mut c = Cluster::new();
     let boot = c.start_bootstrap(&args(&["--peers=2", "--join-timeout-secs=10"]));
