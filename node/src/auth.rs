@@ -411,7 +411,7 @@ mod tests {
         let key = Keypair::generate_ed25519();
         let (cert, _) = identity_certificate(&key).unwrap();
         assert_eq!(
-            peer_id_of(&[cert.clone()]).unwrap(),
+            peer_id_of(std::slice::from_ref(&cert)).unwrap(),
             key.public().to_peer_id()
         );
         assert!(peer_id_of(&[]).is_err());

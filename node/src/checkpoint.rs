@@ -49,6 +49,11 @@ pub struct Checkpoint {
     pub velocity: Vec<f32>,
 }
 
+/// The checkpoint before the one at `path`: `peer-<rank>.prev.ckpt`.
+pub fn previous_path(path: &Path) -> PathBuf {
+    path.with_extension("prev.ckpt")
+}
+
 /// `<run>/checkpoints/peer-<rank>.ckpt`.
 pub fn path(run_dir: &Path, rank: Rank) -> PathBuf {
     run_dir
@@ -124,7 +129,9 @@ impl Checkpoint {
     }
 
     /// Writes the checkpoint to `path` atomically and durably: a temporary file in the same
-    /// folder, flushed to disk, then renamed over `path`.
+    /// folder, flushed to disk, then renamed to `path`; the checkpoint that was there is
+    /// kept as [`previous_path`] (peers killed together may have saved different rounds
+    /// last; a whole run resumes from a round all of them still hold).
     pub fn save(&self, path: &Path) -> anyhow::Result<()> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -135,7 +142,23 @@ impl Checkpoint {
         f.write_all(&self.to_bytes()?)
             .and_then(|()| f.sync_all())
             .with_context(|| format!("writing {}", tmp.display()))?;
+        if path.exists() {
+            let prev = previous_path(path);
+            std::fs::rename(path, &prev)
+                .with_context(|| format!("renaming to {}", prev.display()))?;
+        }
         std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+    }
+
+    /// The checkpoints at `path` and [`previous_path`] that exist, each checked as
+    /// [`Checkpoint::load`] does, latest first.
+    pub fn load_all(path: &Path, fingerprint: &Fingerprint, d: usize) -> anyhow::Result<Vec<Self>> {
+        let mut all = Vec::new();
+        for p in [path.to_path_buf(), previous_path(path)] {
+            all.extend(Self::load(&p, fingerprint, d)?);
+        }
+        all.sort_by_key(|c| std::cmp::Reverse(c.meta.round));
+        Ok(all)
     }
 
     /// Reads and checks the checkpoint at `path` (see [`Checkpoint::from_bytes`]); `None`
@@ -207,11 +230,19 @@ mod tests {
                 .round,
             50
         );
-        let files: Vec<_> = std::fs::read_dir(p.parent().unwrap())
+        let mut files: Vec<_> = std::fs::read_dir(p.parent().unwrap())
             .unwrap()
-            .map(|e| e.unwrap().file_name())
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
-        assert_eq!(files, vec![std::ffi::OsString::from("peer-2.ckpt")]);
+        files.sort();
+        assert_eq!(files, vec!["peer-2.ckpt", "peer-2.prev.ckpt"]);
+        // Both are there to resume from, latest first.
+        let rounds: Vec<u64> = Checkpoint::load_all(&p, &fingerprint(), 3)
+            .unwrap()
+            .iter()
+            .map(|c| c.meta.round)
+            .collect();
+        assert_eq!(rounds, vec![50, 40]);
     }
 
     #[test]

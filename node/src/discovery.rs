@@ -97,9 +97,12 @@ pub struct JoinRequest {
     pub info: PeerInfo,
     /// Its view of the run.
     pub fingerprint: Fingerprint,
-    /// A restarted peer rejoining a run that is under way.
+    /// A restarted peer rejoining a run that is under way, or resuming a whole run.
     #[serde(default)]
     pub rejoin: bool,
+    /// The rounds of the checkpoints it holds (for a whole run resuming from them).
+    #[serde(default)]
+    pub checkpoint_rounds: Vec<u64>,
 }
 
 /// The bootstrap's answer.
@@ -109,6 +112,23 @@ pub enum JoinResponse {
     Directory(Vec<PeerInfo>),
     /// The join was refused; the text says why.
     Refused(String),
+    /// A whole run resumes from its checkpoints: all n peers, and the round every peer
+    /// holds a checkpoint of (the latest such), from which all continue.
+    Resume {
+        /// All n peers, indexed by rank.
+        directory: Vec<PeerInfo>,
+        /// The round to continue from.
+        round: u64,
+    },
+}
+
+/// What discovery found.
+#[derive(Debug, Clone)]
+pub struct Discovered {
+    /// All n peers, indexed by rank.
+    pub directory: Vec<PeerInfo>,
+    /// For a whole run resuming from checkpoints: the round all peers continue from.
+    pub resume_round: Option<u64>,
 }
 
 #[derive(NetworkBehaviour)]
@@ -127,13 +147,18 @@ pub enum Role {
         listen: Multiaddr,
         /// Where to write the dialable address for launchers and scripts.
         addr_file: Option<PathBuf>,
+        /// Resume the whole run from checkpoints: the rounds of peer 0's own checkpoints.
+        resume: Option<Vec<u64>>,
     },
     /// Any other peer: dial `bootstrap`.
     Join {
         /// The bootstrap's multiaddr.
         bootstrap: Multiaddr,
-        /// Rejoin a run under way (a restarted peer) instead of joining at the start.
+        /// Rejoin a run under way (a restarted peer), or resume a whole run, instead of
+        /// joining at the start.
         rejoin: bool,
+        /// The rounds of this peer's checkpoints.
+        checkpoint_rounds: Vec<u64>,
     },
 }
 
@@ -172,31 +197,42 @@ pub async fn discover(
     timeout: Duration,
     key: Keypair,
     allow: Option<HashSet<PeerId>>,
-) -> anyhow::Result<Vec<PeerInfo>> {
+) -> anyhow::Result<Discovered> {
     let mut swarm = build_swarm(key, timeout)?;
     me.peer_id = swarm.local_peer_id().to_string();
     let deadline = tokio::time::Instant::now() + timeout;
     let bootstrap = matches!(role, Role::Bootstrap { .. });
     let directory = match role {
-        Role::Bootstrap { listen, addr_file } => {
+        Role::Bootstrap {
+            listen,
+            addr_file,
+            resume,
+        } => {
             swarm
                 .listen_on(listen.clone())
                 .with_context(|| format!("cannot listen on {listen}"))?;
             tokio::time::timeout_at(
                 deadline,
-                serve(&mut swarm, me, fingerprint.clone(), addr_file, &allow),
+                serve(&mut swarm, me, fingerprint.clone(), addr_file, &allow, resume),
             )
             .await
             .map_err(|_| anyhow!("not all peers joined within {timeout:?}"))??
         }
-        Role::Join { bootstrap, rejoin } => tokio::time::timeout_at(deadline, join(&mut swarm, bootstrap.clone(), me, fingerprint.clone(), rejoin))
+        Role::Join {
+            bootstrap,
+            rejoin,
+            checkpoint_rounds,
+        } => tokio::time::timeout_at(
+            deadline,
+            join(&mut swarm, bootstrap.clone(), me, fingerprint.clone(), rejoin, checkpoint_rounds),
+        )
             .await
             .map_err(|_| {
                 anyhow!("no directory from the bootstrap {bootstrap} within {timeout:?} (is peer 0 running and reachable?)")
             })??,
     };
     // Keep the control plane alive for liveness; the bootstrap answers rejoining peers.
-    let mut dir = directory.clone();
+    let mut dir = directory.directory.clone();
     tokio::spawn(async move {
         loop {
             match swarm.select_next_some().await {
@@ -219,6 +255,17 @@ pub async fn discover(
         }
     });
     Ok(directory)
+}
+
+/// The latest round that every peer holds a checkpoint of (`rounds`: each peer's checkpoint
+/// rounds), if any.
+fn common_round(rounds: &[Vec<u64>]) -> Option<u64> {
+    let (first, rest) = rounds.split_first()?;
+    first
+        .iter()
+        .copied()
+        .filter(|r| rest.iter().all(|rs| rs.contains(r)))
+        .max()
 }
 
 /// The bootstrap's answer to a join request once the run is under way: a restarted peer
@@ -270,22 +317,56 @@ async fn serve(
     fingerprint: Fingerprint,
     addr_file: Option<PathBuf>,
     allow: &Option<HashSet<PeerId>>,
-) -> anyhow::Result<Vec<PeerInfo>> {
+    resume: Option<Vec<u64>>,
+) -> anyhow::Result<Discovered> {
     let n = fingerprint.peers;
     let mut slots: Vec<Option<PeerInfo>> = vec![None; n];
     let mut waiting = Vec::new();
     let r0 = me.rank;
     slots[r0] = Some(me);
+    // Resuming a whole run: each peer's checkpoint rounds, by rank.
+    let mut rounds: Vec<Vec<u64>> = vec![Vec::new(); n];
+    if let Some(own) = &resume {
+        rounds[r0] = own.clone();
+    }
     // Peers can only join once we listen; with n = 1 the address must still be published.
     let mut listening = false;
     loop {
         if listening && slots.iter().all(Option::is_some) {
             let dir: Vec<PeerInfo> = slots.into_iter().flatten().collect();
+            let resume_round = match &resume {
+                None => None,
+                Some(_) => match common_round(&rounds) {
+                    Some(r) => Some(r),
+                    None => {
+                        let why = format!(
+                            "the peers hold no checkpoint of a common round to resume from: {}",
+                            rounds
+                                .iter()
+                                .enumerate()
+                                .map(|(r, rs)| format!("peer {r} has {rs:?}"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        );
+                        for channel in waiting {
+                            let _ = swarm
+                                .behaviour_mut()
+                                .join
+                                .send_response(channel, JoinResponse::Refused(why.clone()));
+                        }
+                        bail!("{why}");
+                    }
+                },
+            };
             for channel in waiting {
-                let _ = swarm
-                    .behaviour_mut()
-                    .join
-                    .send_response(channel, JoinResponse::Directory(dir.clone()));
+                let answer = match resume_round {
+                    None => JoinResponse::Directory(dir.clone()),
+                    Some(round) => JoinResponse::Resume {
+                        directory: dir.clone(),
+                        round,
+                    },
+                };
+                let _ = swarm.behaviour_mut().join.send_response(channel, answer);
             }
             // Let the responses go out before the caller moves on.
             let flush = async {
@@ -302,7 +383,10 @@ async fn serve(
             };
             let _ = tokio::time::timeout(Duration::from_secs(10), flush).await;
             info!(peers = n, "all peers joined");
-            return Ok(dir);
+            return Ok(Discovered {
+                directory: dir,
+                resume_round,
+            });
         }
         match swarm.select_next_some().await {
             SwarmEvent::NewListenAddr { address, .. } => {
@@ -329,8 +413,10 @@ async fn serve(
                     Some(format!(
                         "peer {peer} is not on the run's allow-list (--allow-peers)"
                     ))
-                } else if request.rejoin {
+                } else if request.rejoin && resume.is_none() {
                     Some("the run has not started yet (not every peer has joined); start this peer without --resume".to_string())
+                } else if !request.rejoin && resume.is_some() {
+                    Some("the run resumes from its checkpoints (peer 0 has --resume); start this peer with --resume".to_string())
                 } else if request.fingerprint != fingerprint {
                     Some(format!(
                         "run options differ: {}",
@@ -356,6 +442,7 @@ async fn serve(
                             .send_response(channel, JoinResponse::Refused(why));
                     }
                     None => {
+                        rounds[r] = request.checkpoint_rounds;
                         let mut info = request.info;
                         info.peer_id = peer.to_string();
                         info!(rank = r, %peer, "peer joined");
@@ -381,7 +468,8 @@ async fn join(
     me: PeerInfo,
     fingerprint: Fingerprint,
     rejoin: bool,
-) -> anyhow::Result<Vec<PeerInfo>> {
+    checkpoint_rounds: Vec<u64>,
+) -> anyhow::Result<Discovered> {
     swarm
         .dial(bootstrap.clone())
         .with_context(|| format!("cannot dial the bootstrap {bootstrap}"))?;
@@ -389,6 +477,7 @@ async fn join(
         info: me,
         fingerprint: fingerprint.clone(),
         rejoin,
+        checkpoint_rounds,
     });
     let mut boot_peer: Option<PeerId> = None;
     loop {
@@ -406,18 +495,24 @@ async fn join(
                 message: request_response::Message::Response { response, .. },
                 ..
             })) => {
-                return match response {
-                    JoinResponse::Directory(dir) => {
-                        let n = fingerprint.peers;
-                        if dir.len() != n || dir.iter().enumerate().any(|(i, p)| p.rank != i) {
-                            bail!("the bootstrap sent a malformed directory ({} entries for {n} peers)", dir.len());
-                        }
-                        Ok(dir)
-                    }
+                let (dir, resume_round) = match response {
+                    JoinResponse::Directory(dir) => (dir, None),
+                    JoinResponse::Resume { directory, round } => (directory, Some(round)),
                     JoinResponse::Refused(why) => {
-                        Err(anyhow!("the bootstrap refused this peer: {why}"))
+                        bail!("the bootstrap refused this peer: {why}")
                     }
+                };
+                let n = fingerprint.peers;
+                if dir.len() != n || dir.iter().enumerate().any(|(i, p)| p.rank != i) {
+                    bail!(
+                        "the bootstrap sent a malformed directory ({} entries for {n} peers)",
+                        dir.len()
+                    );
                 }
+                return Ok(Discovered {
+                    directory: dir,
+                    resume_round,
+                });
             }
             SwarmEvent::Behaviour(BehaviourEvent::Join(
                 request_response::Event::OutboundFailure { error, .. },

@@ -30,7 +30,7 @@ use crate::auth::{self, Admitted};
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta};
 use crate::config::{DeviceSpec, Init, RunArgs};
 use crate::data::{partition, Batches, Dataset, RunData};
-use crate::discovery::{discover, Fingerprint, PeerInfo, Role};
+use crate::discovery::{discover, Discovered, Fingerprint, PeerInfo, Role};
 use crate::metrics::{self, EpochRow, MembershipEvent, PeerEpoch, Summary};
 use crate::model::{self, Net};
 use crate::net::{DataPlane, Links, NetEvent};
@@ -66,10 +66,12 @@ pub struct PeerArgs {
     /// its identity.
     #[arg(long, value_name = "FILE")]
     pub identity: Option<PathBuf>,
-    /// Rejoin the run under way after this peer was restarted (same options, same run
-    /// folder; D-PSGD): the bootstrap admits it again, its neighbours send their round and
-    /// parameters, it starts from their mean with the momentum of its last checkpoint
-    /// (`--checkpoint-every`) and mixes again from a round agreed with them.
+    /// Come back after a crash (same options, same run folder; D-PSGD). A restarted peer
+    /// rejoins the run under way: the bootstrap admits it again, its neighbours send their
+    /// round and parameters, it starts from their mean with the momentum of its last
+    /// checkpoint (`--checkpoint-every`) and mixes again from a round agreed with them.
+    /// With peer 0 also started with `--resume`, the whole run resumes: every peer (all
+    /// with `--resume`) continues from its checkpoint of the latest round all of them hold.
     #[arg(long)]
     pub resume: bool,
 }
@@ -192,16 +194,11 @@ fn run_on<B: AutodiffBackend>(
     if rank != 0 && peer.bootstrap.is_none() {
         bail!("peer {rank} needs --bootstrap <multiaddr of peer 0>");
     }
-    if peer.resume {
-        if rank == 0 {
-            bail!("--resume: peer 0 cannot rejoin (it is the bootstrap and collects the metrics); restarting a whole run from its checkpoints is not supported yet");
-        }
-        if args.algorithms() != [crate::config::Algorithm::Dpsgd] {
-            bail!(
-                "--resume: a restarted peer can rejoin a D-PSGD run only, not {}",
-                args.algorithm_name()
-            );
-        }
+    if peer.resume && args.algorithms() != [crate::config::Algorithm::Dpsgd] {
+        bail!(
+            "--resume works for D-PSGD runs only (their state is x, the momentum and the round), not {}",
+            args.algorithm_name()
+        );
     }
     let topo = args.topology()?;
     std::fs::create_dir_all(peer.out.join("peers"))
@@ -272,36 +269,38 @@ fn run_on<B: AutodiffBackend>(
         peer_id: String::new(),
         data_addr: plane.local_addr,
     };
+    // With --resume: this peer's checkpoints (the latest and the one before).
+    let checkpoint_path = checkpoint::path(&peer.out, rank);
+    let mut checkpoints = if peer.resume {
+        Checkpoint::load_all(&checkpoint_path, &fingerprint, d)?
+    } else {
+        Vec::new()
+    };
+    let checkpoint_rounds: Vec<u64> = checkpoints.iter().map(|c| c.meta.round).collect();
+    if peer.resume && checkpoints.is_empty() {
+        warn!(path = %checkpoint_path.display(), "no checkpoint");
+    }
     let role = match &peer.bootstrap {
         None => Role::Bootstrap {
             listen: peer.listen.clone(),
             addr_file: peer.bootstrap_file.clone(),
+            resume: peer.resume.then(|| checkpoint_rounds.clone()),
         },
         Some(b) => Role::Join {
             bootstrap: b.clone(),
             rejoin: peer.resume,
+            checkpoint_rounds,
         },
-    };
-    let checkpoint_path = checkpoint::path(&peer.out, rank);
-    let resumed = if peer.resume {
-        let c = Checkpoint::load(&checkpoint_path, &fingerprint, d)?;
-        match &c {
-            Some(c) => info!(round = c.meta.round, "loaded the checkpoint"),
-            None => warn!(
-                path = %checkpoint_path.display(),
-                "no checkpoint: the momentum starts from zero"
-            ),
-        }
-        Some(c)
-    } else {
-        None
     };
     let join_timeout = Duration::from_secs(args.join_timeout_secs);
     let allow = match (&args.allow_peers, rank) {
         (Some(path), 0) => Some(auth::read_allow_list(path)?),
         _ => None,
     };
-    let directory = rt.block_on(discover(
+    let Discovered {
+        directory,
+        resume_round,
+    } = rt.block_on(discover(
         role,
         me.clone(),
         fingerprint.clone(),
@@ -400,10 +399,27 @@ fn run_on<B: AutodiffBackend>(
         println!("{}", metrics::table_header());
     }
 
-    // A restarted peer agrees on a round with its neighbours and starts from their mean.
     let mut velocity = vec![0.0f32; d];
     let mut first_round = 0;
-    if let Some(checkpoint) = resumed {
+    if let Some(round) = resume_round {
+        // The whole run resumes: every peer continues from its checkpoint of that round.
+        let at = checkpoints
+            .iter()
+            .position(|c| c.meta.round == round)
+            .ok_or_else(|| anyhow!("--resume: no checkpoint of round {round}"))?;
+        let c = checkpoints.swap_remove(at);
+        info!(
+            round,
+            "resuming the run from the checkpoint of round {round}"
+        );
+        x = c.x;
+        velocity = c.velocity;
+        net = model::unflatten(net, &x)?;
+        drv.gossip.start_at_round(round)?;
+        first_round = round;
+    } else if peer.resume {
+        // A restarted peer agrees on a round with its neighbours and starts from their mean,
+        // with the momentum of its latest checkpoint.
         let (at, mean) = drv.rejoin(
             &me,
             unreachable,
@@ -412,7 +428,8 @@ fn run_on<B: AutodiffBackend>(
         )?;
         x = mean;
         net = model::unflatten(net, &x)?;
-        if let Some(c) = checkpoint {
+        if let Some(c) = checkpoints.into_iter().max_by_key(|c| c.meta.round) {
+            info!(round = c.meta.round, "loaded the checkpoint");
             velocity = c.velocity;
         }
         first_round = at;
@@ -422,6 +439,9 @@ fn run_on<B: AutodiffBackend>(
     } else {
         (first_round / rounds_per_epoch) as usize + 1
     };
+    if let (Some(c), true) = (drv.collector.as_mut(), first_epoch > 0) {
+        c.keep_rows_before(first_epoch)?;
+    }
 
     // Training.
     let start = Instant::now();
@@ -551,7 +571,7 @@ fn run_on<B: AutodiffBackend>(
     while let Some(c) = drv
         .collector
         .as_ref()
-        .filter(|c| c.rows.len() <= args.epochs)
+        .filter(|c| c.rows.last().is_none_or(|r| r.epoch < args.epochs))
     {
         if Instant::now() >= reports_deadline {
             bail!(
@@ -1437,6 +1457,34 @@ impl Collector {
         let p = report.peer;
         slots[p] = Some((report, x));
         self.record_complete()
+    }
+
+    /// A whole run resumed at `first_epoch`: keeps the rows of the epochs before it from
+    /// `epochs.jsonl` (the later ones are recorded again) and rewrites `epochs.jsonl` and
+    /// `epochs.csv` with them.
+    fn keep_rows_before(&mut self, first_epoch: usize) -> anyhow::Result<()> {
+        let path = self.dir.join("epochs.jsonl");
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let mut rows = Vec::new();
+        for line in text.lines() {
+            let row: EpochRow = serde_json::from_str(line)
+                .with_context(|| format!("reading {}", path.display()))?;
+            if row.epoch < first_epoch {
+                rows.push(row);
+            }
+        }
+        let mut jsonl = Vec::new();
+        for r in &rows {
+            jsonl.extend(serde_json::to_vec(r)?);
+            jsonl.push(b'\n');
+        }
+        metrics::write_atomic(&path, &jsonl)?;
+        metrics::write_atomic(
+            &self.dir.join("epochs.csv"),
+            metrics::to_csv(&rows)?.as_bytes(),
+        )?;
+        self.rows = rows;
+        Ok(())
     }
 
     /// Whether epoch `epoch` waits for peer `r`'s report.

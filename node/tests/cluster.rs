@@ -426,6 +426,61 @@ fn a_killed_peer_restarted_with_resume_rejoins_the_run() {
 }
 
 #[test]
+fn a_whole_run_killed_at_once_resumes_from_its_checkpoints() {
+    let mut c = Cluster::new();
+    let run = args(&[
+        "--peers=3",
+        "--topology=ring",
+        "--epochs=4",
+        "--rounds-per-epoch=10",
+        "--checkpoint-every=5",
+    ]);
+    c.start(3, &run);
+    wait_for_epoch(&c, 2);
+    for child in &mut c.children {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    let before: Vec<Value> = rows(&c.out());
+    std::fs::remove_file(c.dir.path().join("bootstrap.addr")).unwrap();
+    // Every peer again, with --resume (peer 0 too: the whole run resumes).
+    let mut again = run.clone();
+    again.push("--resume".into());
+    c.children.clear();
+    c.start(3, &again);
+    for rank in 0..3 {
+        let s = c.wait(rank, Duration::from_secs(120));
+        assert!(s.success(), "peer {rank}:\n{}", c.read_log(rank));
+    }
+    let log0 = c.read_log(0);
+    assert!(
+        log0.contains("resuming the run from the checkpoint of round"),
+        "{log0}"
+    );
+    let after = rows(&c.out());
+    let epochs: Vec<u64> = after.iter().map(|r| r["epoch"].as_u64().unwrap()).collect();
+    assert_eq!(epochs, vec![0, 1, 2, 3, 4], "each epoch recorded once");
+    // The epochs before the resumed one are the rows of the first run.
+    assert_eq!(after[1], before[1]);
+    assert!(after[4]["mean_test_accuracy"].as_f64().unwrap() > 0.8);
+    // A peer that comes without --resume into a resuming run is refused.
+    let mut c2 = Cluster::new();
+    let resume0 = vec![
+        "--peers=2".to_string(),
+        "--resume".to_string(),
+        "--join-timeout-secs=10".to_string(),
+    ];
+    let boot = c2.start_bootstrap(&resume0);
+    c2.spawn(1, &args(&["--peers=2", &format!("--bootstrap={boot}")]));
+    assert!(!c2.wait(1, Duration::from_secs(30)).success());
+    assert!(
+        c2.read_log(1).contains("start this peer with --resume"),
+        "{}",
+        c2.read_log(1)
+    );
+}
+
+#[test]
 fn a_killed_peer_ends_an_allreduce_run_with_a_clear_error() {
     let mut c = Cluster::new();
     c.start(
