@@ -196,6 +196,8 @@ impl Choco {
             round_timeout: cfg.round_timeout,
             max_payload_bytes: cfg.max_payload_bytes,
             max_lead_rounds: cfg.max_lead_rounds,
+            // Dropping a frame would leave the neighbours' copies x̂ out of step.
+            skip_after: None,
         });
         Choco {
             rng: StdRng::seed_from_u64(cfg.seed),
@@ -229,6 +231,11 @@ impl Choco {
         let (from, w) = self.cfg.in_weights[idx];
         murmur_compress::decode_add(payload, w as f32, &mut self.s)
             .map_err(|source| GossipError::Payload { from, source })
+    }
+
+    /// CHOCO runs without the straggler policy (its exchange never skips): nothing to do.
+    fn skip(&mut self, _action: crate::exchange::SkipAction) -> Result<(), GossipError> {
+        Ok(())
     }
 
     fn finish_if_complete(&mut self) {
@@ -274,7 +281,8 @@ impl Gossip for Choco {
         let (compressor, rng, diff) = (&mut self.compressor, &mut self.rng, &self.diff);
         let early = self
             .ex
-            .begin(now, |out| compressor.compress(diff, rng, out));
+            .begin(now, |out| compressor.compress(diff, rng, out))
+            .early;
         // x̂_i += q_i and s_i += w_ii q_i, decoded from the bytes the neighbours get.
         let msg = self.ex.message();
         let own = murmur_compress::decode_add(msg, 1.0, &mut self.x_hat).and_then(|()| {

@@ -18,6 +18,7 @@
 //! operator here gives "D-PSGD with compressed models", which does not converge to
 //! consensus in general (use CHOCO-SGD for that).
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use murmur_compress::{Compressor, Identity};
@@ -26,7 +27,7 @@ use rand::SeedableRng;
 
 use murmur_topology::MixingMatrix;
 
-use crate::exchange::{max_lead, Exchange, ExchangeParams};
+use crate::exchange::{max_lead, Exchange, ExchangeParams, SkipAction, SKIP_HISTORY};
 use crate::{Gossip, GossipError, MembershipError, Rank};
 
 /// Configuration of one D-PSGD peer.
@@ -54,6 +55,15 @@ pub struct DPsgdConfig {
     /// undirected graph, more on a directed one (e.g. the exponential graph). Frames up to
     /// this many rounds ahead are buffered; later ones are refused.
     pub max_lead_rounds: u64,
+    /// Straggler policy: `None` waits for every neighbour (up to `round_timeout`);
+    /// `Some(deadline)` mixes a round without the neighbours whose frame has not arrived
+    /// `deadline` after the round began ("skip"). Both ends of a skipped edge drop it for
+    /// that round — the peer that skips sends a notice, the straggler drops the skipper's
+    /// frame of that round (or, if it already mixed it, adds W_ij (x_i − x_j) of that
+    /// round afterwards) — so every round's effective W stays doubly stochastic (W with
+    /// the edge's weight moved onto both diagonals) and the network average is kept
+    /// exactly. Needs a symmetric W.
+    pub skip_after: Option<Duration>,
 }
 
 impl DPsgdConfig {
@@ -71,6 +81,7 @@ impl DPsgdConfig {
             max_payload_bytes: u32::try_from(16 * d + 1024).unwrap_or(u32::MAX),
             seed: rank as u64,
             max_lead_rounds: max_lead(w, rank),
+            skip_after: None,
         }
     }
 }
@@ -89,6 +100,10 @@ pub struct DPsgd {
     /// Changes of weights after departures and returns: (first round, W_ii, W_ij in the
     /// order of `cfg.in_weights`), by first round.
     weight_changes: Vec<(u64, f64, Vec<f64>)>,
+    /// With the skip policy: this peer's x of the last rounds, (round, x: [d]).
+    history: VecDeque<(u64, Vec<f32>)>,
+    /// A correction learned between rounds, added to x when the next round begins.
+    pending: Option<Vec<f32>>,
 }
 
 impl DPsgd {
@@ -112,6 +127,7 @@ impl DPsgd {
             round_timeout: cfg.round_timeout,
             max_payload_bytes: cfg.max_payload_bytes,
             max_lead_rounds: cfg.max_lead_rounds,
+            skip_after: cfg.skip_after,
         });
         DPsgd {
             rng: StdRng::seed_from_u64(cfg.seed),
@@ -121,12 +137,55 @@ impl DPsgd {
             acc: vec![0.0; d],
             ex,
             weight_changes: Vec::new(),
+            history: VecDeque::new(),
+            pending: None,
         }
     }
 
     /// The configuration.
     pub fn config(&self) -> &DPsgdConfig {
         &self.cfg
+    }
+
+    /// Carries out the straggler policy (see [`DPsgdConfig::skip_after`]).
+    fn skip(&mut self, action: SkipAction) -> Result<(), GossipError> {
+        match action {
+            SkipAction::Nothing => Ok(()),
+            SkipAction::StandIn(idx) => {
+                // The round mixes this peer's own x_i in place of W_ij x_j.
+                let w = self.cfg.in_weights[idx].1 as f32;
+                for (a, xi) in self.acc.iter_mut().zip(&self.x) {
+                    *a += w * xi;
+                }
+                Ok(())
+            }
+            SkipAction::Correct {
+                idx,
+                round,
+                payload,
+            } => {
+                let (from, w) = self.cfg.in_weights[idx];
+                let own = self
+                    .history
+                    .iter()
+                    .find(|(r, _)| *r == round)
+                    .map(|(_, x)| x.clone())
+                    .ok_or(GossipError::SkipTooOld { from, round })?;
+                // Add w (x_i(round) − x_j(round)): to the round that is mixing, or to x at
+                // the next round's beginning.
+                let target: &mut Vec<f32> = if self.ex.is_idle() {
+                    self.pending.get_or_insert_with(|| vec![0.0; own.len()])
+                } else {
+                    &mut self.acc
+                };
+                let w = w as f32;
+                for (t, xi) in target.iter_mut().zip(&own) {
+                    *t += w * xi;
+                }
+                murmur_compress::decode_add(&payload, -w, target)
+                    .map_err(|source| GossipError::Payload { from, source })
+            }
+        }
     }
 
     /// Adds W_ij · x_j from the payload of in-neighbour `idx`. On `Err` nothing changed.
@@ -158,29 +217,46 @@ impl Gossip for DPsgd {
         }
         let d = x.len();
         self.x.copy_from_slice(x);
+        if let Some(delta) = self.pending.take() {
+            for (xi, di) in self.x.iter_mut().zip(delta) {
+                *xi += di;
+            }
+        }
+        if self.cfg.skip_after.is_some() {
+            self.history.push_back((round, self.x.clone()));
+            if self.history.len() as u64 > SKIP_HISTORY {
+                self.history.pop_front();
+            }
+        }
         // acc = W_ii x_i − η g_i; neighbours' W_ij x_j are added as they arrive.
         let wii = self.cfg.self_weight as f32;
         match grad {
             Some(g) => {
                 assert_eq!(g.len(), d, "grad must have length d");
                 let lr = self.cfg.lr;
-                for ((a, xi), gi) in self.acc.iter_mut().zip(x).zip(g) {
+                for ((a, xi), gi) in self.acc.iter_mut().zip(&self.x).zip(g) {
                     *a = wii * xi - lr * gi;
                 }
             }
             None => {
-                for (a, xi) in self.acc.iter_mut().zip(x) {
+                for (a, xi) in self.acc.iter_mut().zip(&self.x) {
                     *a = wii * xi;
                 }
             }
         }
         // Encode x once; every out-neighbour gets the same bytes.
-        let (compressor, rng) = (&mut self.compressor, &mut self.rng);
-        let early = self.ex.begin(now, |out| compressor.compress(x, rng, out));
+        let (compressor, rng, x) = (&mut self.compressor, &mut self.rng, &self.x);
+        let begun = self.ex.begin(now, |out| compressor.compress(x, rng, out));
+        for idx in begun.stand_in {
+            let _ = self.skip(SkipAction::StandIn(idx));
+        }
         // Frames that arrived early for this round were validated then; absorb them now.
-        for (idx, payload) in early {
+        for (idx, payload) in begun.early {
             match self.absorb(idx, &payload) {
-                Ok(()) => self.ex.absorbed_early(idx),
+                Ok(()) => {
+                    self.ex.keep(idx, &payload);
+                    self.ex.absorbed_early(idx);
+                }
                 // Validated on arrival, so this cannot happen; keep the error path anyway
                 // rather than trusting that invariant with a panic.
                 Err(e) => debug_assert!(false, "early frame failed late: {e}"),

@@ -9,7 +9,7 @@
 //! counters. The algorithm owns the arithmetic: it absorbs the payloads that [`Exchange`]
 //! hands it and decides what completing a round means.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use murmur_topology::MixingMatrix;
@@ -19,7 +19,8 @@ use crate::{GossipError, GossipEvent, GossipStats, Rank, Transmit};
 
 /// The [`crate::Gossip`] methods that every exchange-driven algorithm implements the same
 /// way: frames go through [`Exchange::check`], the algorithm's `absorb(idx, payload)` mixes
-/// an accepted payload, `finish_if_complete()` ends the round; transmit, timeouts, events,
+/// an accepted payload, `skip(action)` carries out the straggler policy ([`SkipAction`]),
+/// `finish_if_complete()` ends the round; transmit, timeouts, events,
 /// the round, the counters and the neighbour sets are the exchange's, and the epoch goes to
 /// `compressor`.
 /// Expanded inside `impl Gossip for …` of a type with fields `ex` and `compressor`.
@@ -31,18 +32,25 @@ macro_rules! exchange_driven_gossip {
             from: $crate::Rank,
             frame: &[u8],
         ) -> Result<(), $crate::GossipError> {
-            if let $crate::exchange::Arrival::Current { idx, payload } =
-                self.ex.check(from, frame)?
-            {
-                self.absorb(idx, payload)?;
-                self.ex.accept(idx, frame.len());
+            match self.ex.check(from, frame)? {
+                $crate::exchange::Arrival::Current { idx, payload } => {
+                    self.absorb(idx, payload)?;
+                    self.ex.keep(idx, payload);
+                    self.ex.accept(idx, frame.len());
+                }
+                $crate::exchange::Arrival::Buffered => {}
+                $crate::exchange::Arrival::Skip(action) => self.skip(action)?,
             }
             self.finish_if_complete();
             Ok(())
         }
 
         fn handle_timeout(&mut self, now: std::time::Instant) {
-            self.ex.handle_timeout(now);
+            for idx in self.ex.handle_timeout(now) {
+                self.skip($crate::exchange::SkipAction::StandIn(idx))
+                    .expect("standing in cannot fail");
+            }
+            self.finish_if_complete();
         }
 
         fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<$crate::Transmit> {
@@ -121,6 +129,37 @@ pub(crate) struct ExchangeParams {
     pub max_payload_bytes: u32,
     /// How many rounds an in-neighbour may be ahead (treated as at least 1).
     pub max_lead_rounds: u64,
+    /// Straggler policy "skip": how long a round waits for a neighbour before mixing without
+    /// it (`None`: wait, up to `round_timeout`). Needs an undirected graph (the notice goes
+    /// back to the skipped neighbour).
+    pub skip_after: Option<Duration>,
+}
+
+/// Rounds of history kept for late straggler notices (own x, neighbours' payloads).
+pub(crate) const SKIP_HISTORY: u64 = 8;
+/// Rounds for which the skipped (round, neighbour) pairs are remembered (a few bytes each):
+/// a notice about an older round that this peer had skipped itself needs nothing.
+const SKIPPED_MEMORY: u64 = 4096;
+/// How far ahead a straggler notice may be (a slow peer's neighbours run ahead of it).
+const SKIP_AHEAD: u64 = 1 << 20;
+
+/// What a straggler notice asks of the algorithm.
+pub(crate) enum SkipAction {
+    /// Nothing (the pair already dropped each other, or the round has not begun here and
+    /// the frame will be dropped then).
+    Nothing,
+    /// The mixing round still waits for neighbour `idx`: stand in for it now.
+    StandIn(usize),
+    /// Neighbour `idx`'s frame of `round` was already mixed in: take it out again, adding
+    /// w (x_self(round) − x_idx(round)); `payload` is that frame's message.
+    Correct {
+        /// Neighbour index.
+        idx: usize,
+        /// The round.
+        round: u64,
+        /// Its message of that round.
+        payload: Vec<u8>,
+    },
 }
 
 /// Where an accepted frame goes.
@@ -135,6 +174,8 @@ pub(crate) enum Arrival<'f> {
     },
     /// A frame for a later round: validated, buffered and counted; nothing else to do.
     Buffered,
+    /// A straggler notice.
+    Skip(SkipAction),
 }
 
 /// The per-round frame exchange of one peer (see the [module docs](self)).
@@ -160,6 +201,23 @@ pub(crate) struct Exchange {
     next_out: usize,
     events: VecDeque<GossipEvent>,
     stats: GossipStats,
+    /// With the skip policy: when the mixing round stops waiting.
+    skip_deadline: Option<Instant>,
+    /// (round, neighbour index) pairs mixed without each other: that neighbour's frame of
+    /// that round is dropped (the last `SKIPPED_MEMORY` rounds, and rounds not begun yet).
+    skipped: BTreeSet<(u64, usize)>,
+    /// With the skip policy: the neighbours' messages of the last [`SKIP_HISTORY`] rounds.
+    kept: BTreeMap<(u64, usize), Vec<u8>>,
+    /// Straggler notices to send: (destination, frame).
+    notices: VecDeque<(Rank, Vec<u8>)>,
+}
+
+/// What [`Exchange::begin`] hands the algorithm.
+pub(crate) struct Begun {
+    /// Validated payloads that arrived early for this round: (neighbour index, payload).
+    pub early: Vec<(usize, Vec<u8>)>,
+    /// Neighbours this round mixes without (their straggler notice came first): stand in.
+    pub stand_in: Vec<usize>,
 }
 
 impl Exchange {
@@ -180,6 +238,10 @@ impl Exchange {
             next_out,
             events: VecDeque::new(),
             stats: GossipStats::default(),
+            skip_deadline: None,
+            skipped: BTreeSet::new(),
+            kept: BTreeMap::new(),
+            notices: VecDeque::new(),
         }
     }
 
@@ -194,14 +256,14 @@ impl Exchange {
 
     /// Starts the next round. `encode` appends this round's `murmur_compress` message to
     /// the buffer it is given and returns its length; every out-neighbour gets the same
-    /// frame. Returns the payloads that arrived early for this round, as (neighbour index,
-    /// payload), already validated; the caller absorbs each and calls
-    /// [`Exchange::absorbed_early`].
+    /// frame. Returns the payloads that arrived early for this round, already validated (the
+    /// caller absorbs each and calls [`Exchange::absorbed_early`]), and the neighbours to
+    /// stand in for (already marked received).
     pub(crate) fn begin(
         &mut self,
         now: Instant,
         encode: impl FnOnce(&mut Vec<u8>) -> usize,
-    ) -> Vec<(usize, Vec<u8>)> {
+    ) -> Begun {
         self.assert_idle();
         self.outgoing.clear();
         self.outgoing.resize(FRAME_HEADER_LEN, 0);
@@ -222,12 +284,25 @@ impl Exchange {
         for (m, &from) in self.missing.iter_mut().zip(&self.accept_from) {
             *m = self.round >= from;
         }
+        let round = self.round;
+        let stand_in: Vec<usize> = (0..self.missing.len())
+            .filter(|&idx| self.missing[idx] && self.skipped.contains(&(round, idx)))
+            .collect();
+        for &idx in &stand_in {
+            self.missing[idx] = false;
+        }
         self.missing_count = self.missing.iter().filter(|&&m| m).count();
-        let later = self.early.split_off(&(self.round + 1, 0));
-        std::mem::replace(&mut self.early, later)
+        self.skip_deadline = self.p.skip_after.map(|d| now + d);
+        let keep_from = round.saturating_sub(SKIP_HISTORY);
+        self.kept.retain(|&(r, _), _| r >= keep_from);
+        let remember_from = round.saturating_sub(SKIPPED_MEMORY);
+        self.skipped.retain(|&(r, _)| r >= remember_from);
+        let later = self.early.split_off(&(round + 1, 0));
+        let early = std::mem::replace(&mut self.early, later)
             .into_iter()
             .map(|((_, idx), payload)| (idx, payload))
-            .collect()
+            .collect();
+        Begun { early, stand_in }
     }
 
     /// This round's outgoing message (the frame without its header).
@@ -244,6 +319,13 @@ impl Exchange {
         from: Rank,
         frame: &'f [u8],
     ) -> Result<Arrival<'f>, GossipError> {
+        if self.p.skip_after.is_some()
+            && FrameHeader::parse(frame, self.p.max_payload_bytes)?.0.kind == FrameKind::Skip
+        {
+            let (h, _) =
+                crate::parse_frame(frame, self.p.max_payload_bytes, FrameKind::Skip, from)?;
+            return self.on_skip_notice(from, h.round).map(Arrival::Skip);
+        }
         let (h, payload) =
             crate::parse_frame(frame, self.p.max_payload_bytes, FrameKind::Gossip, from)?;
         let idx = self
@@ -265,8 +347,23 @@ impl Exchange {
         if h.round < self.accept_from[idx] {
             return Err(GossipError::Departed(from));
         }
+        if self.skipped.contains(&(h.round, idx)) {
+            return Err(GossipError::Skipped {
+                from,
+                round: h.round,
+            });
+        }
         let lo = self.round;
         let hi = self.round + self.p.max_lead_rounds.max(1) - u64::from(!self.mixing);
+        // Under the skip policy a round outside the window is one the pair mixes without
+        // each other: a past round completed without this frame (only a skip does that),
+        // or a round of a neighbour that runs ahead of this slow peer (it skips us there).
+        if self.p.skip_after.is_some() && (h.round < lo || h.round > hi) {
+            return Err(GossipError::Skipped {
+                from,
+                round: h.round,
+            });
+        }
         if h.round < lo || h.round > hi {
             return Err(GossipError::RoundOutOfWindow {
                 from,
@@ -311,6 +408,60 @@ impl Exchange {
         self.absorbed_early(idx);
     }
 
+    /// With the skip policy, keeps neighbour `idx`'s message of the mixing round (absorbed
+    /// now or early) for a straggler notice that may come later.
+    pub(crate) fn keep(&mut self, idx: usize, payload: &[u8]) {
+        if self.p.skip_after.is_some() {
+            self.kept.insert((self.round, idx), payload.to_vec());
+        }
+    }
+
+    /// A straggler notice from `from`: it mixed `round` without our frame, so we drop its
+    /// frame of that round as well (see [`SkipAction`]).
+    fn on_skip_notice(&mut self, from: Rank, round: u64) -> Result<SkipAction, GossipError> {
+        let idx = self
+            .p
+            .in_neighbors
+            .iter()
+            .position(|&j| j == from)
+            .ok_or(GossipError::NotANeighbour(from))?;
+        if round < self.accept_from[idx] {
+            return Err(GossipError::Departed(from));
+        }
+        if round > self.round + SKIP_AHEAD {
+            return Err(GossipError::RoundOutOfWindow {
+                from,
+                round,
+                lo: self.round.saturating_sub(SKIPPED_MEMORY),
+                hi: self.round + SKIP_AHEAD,
+            });
+        }
+        if !self.skipped.insert((round, idx)) {
+            return Ok(SkipAction::Nothing); // we had dropped it already
+        }
+        self.stats.skipped += 1;
+        if round > self.round || round == self.round && !self.mixing {
+            // Not begun here: its frame (buffered or still coming) will be dropped.
+            if self.early.remove(&(round, idx)).is_some() {
+                self.stats.frames_received -= 1;
+            }
+            return Ok(SkipAction::Nothing);
+        }
+        if round == self.round && self.missing[idx] {
+            self.missing[idx] = false;
+            self.missing_count -= 1;
+            return Ok(SkipAction::StandIn(idx));
+        }
+        match self.kept.get(&(round, idx)) {
+            Some(payload) => Ok(SkipAction::Correct {
+                idx,
+                round,
+                payload: payload.clone(),
+            }),
+            None => Err(GossipError::SkipTooOld { from, round }),
+        }
+    }
+
     /// Records that an early payload handed out by [`Exchange::begin`] was absorbed.
     pub(crate) fn absorbed_early(&mut self, idx: usize) {
         if std::mem::replace(&mut self.missing[idx], false) {
@@ -338,7 +489,37 @@ impl Exchange {
         self.round += 1;
     }
 
-    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+    /// Tells the exchange the time. Returns the in-neighbours (indices) that the straggler
+    /// policy drops from the mixing round now (its skip deadline passed): the caller stands
+    /// in for each; their notices are queued.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) -> Vec<usize> {
+        let mut dropped = Vec::new();
+        if let Some(at) = self.skip_deadline.filter(|&at| self.mixing && now >= at) {
+            let _ = at;
+            self.skip_deadline = None;
+            let round = self.round;
+            for idx in 0..self.missing.len() {
+                if !self.missing[idx] {
+                    continue;
+                }
+                self.missing[idx] = false;
+                self.missing_count -= 1;
+                self.skipped.insert((round, idx));
+                self.stats.skipped += 1;
+                let to = self.p.in_neighbors[idx];
+                let mut notice = Vec::with_capacity(FRAME_HEADER_LEN);
+                FrameHeader {
+                    kind: FrameKind::Skip,
+                    sender: self.p.rank,
+                    round,
+                    dim: self.p.d as u32,
+                    payload_len: 0,
+                }
+                .emit(&mut notice);
+                self.notices.push_back((to, notice));
+                dropped.push(idx);
+            }
+        }
         if let Some(deadline) = self.deadline {
             if self.mixing && now >= deadline {
                 let missing = self
@@ -357,6 +538,7 @@ impl Exchange {
                 self.deadline = None;
             }
         }
+        dropped
     }
 
     /// Records that peer `gone` left the run: it is no longer waited for, sent to, or
@@ -404,6 +586,13 @@ impl Exchange {
     }
 
     pub(crate) fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+        if let Some((to, notice)) = self.notices.pop_front() {
+            buf.clear();
+            buf.extend_from_slice(&notice);
+            self.stats.frames_sent += 1;
+            self.stats.bytes_sent += buf.len() as u64;
+            return Some(Transmit { to });
+        }
         while self
             .send_from
             .get(self.next_out)
@@ -421,7 +610,10 @@ impl Exchange {
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        self.deadline
+        match (self.deadline, self.skip_deadline.filter(|_| self.mixing)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     pub(crate) fn poll_event(&mut self) -> Option<GossipEvent> {

@@ -55,6 +55,10 @@ pub enum FrameKind {
     /// A membership notice: a peer returns to the run at a given round (payload defined by
     /// the node).
     Rejoin = 11,
+    /// A straggler notice: the sender mixed round `round` without the receiver's frame, so
+    /// the receiver drops the sender's frame of that round too (no payload; see
+    /// [`crate::DPsgd`]).
+    Skip = 12,
 }
 
 impl FrameKind {
@@ -71,6 +75,7 @@ impl FrameKind {
             9 => Some(Self::Hello),
             10 => Some(Self::Welcome),
             11 => Some(Self::Rejoin),
+            12 => Some(Self::Skip),
             _ => None,
         }
     }

@@ -128,6 +128,24 @@ pub enum GossipError {
         /// Round.
         round: u64,
     },
+    /// A frame of a round in which the pair drops each other under the straggler policy:
+    /// late (the round was mixed without it), or from a neighbour that runs ahead of this
+    /// slow peer (it mixes those rounds without us). Not an error of the sender.
+    #[error("frame from peer {from} for round {round}, which was mixed without it")]
+    Skipped {
+        /// Sender.
+        from: Rank,
+        /// The round.
+        round: u64,
+    },
+    /// A straggler notice for a round whose values this peer no longer keeps.
+    #[error("skip notice from peer {from} for round {round}, older than the rounds kept")]
+    SkipTooOld {
+        /// Sender.
+        from: Rank,
+        /// The round.
+        round: u64,
+    },
     /// The sender left the run; its frames are no longer mixed.
     #[error("peer {0} has left the run; its frames are no longer accepted")]
     Departed(Rank),
@@ -202,6 +220,9 @@ pub struct GossipStats {
     pub frames_received: u64,
     /// Bytes of accepted frames.
     pub bytes_received: u64,
+    /// Neighbour contributions this peer dropped under the straggler policy (its own
+    /// deadline, or a neighbour's notice), one per (round, neighbour).
+    pub skipped: u64,
 }
 
 /// One peer's side of a decentralized algorithm. Performs no I/O and reads no clock.

@@ -117,6 +117,7 @@ impl Phased {
         self.past.bytes_sent += s.bytes_sent;
         self.past.frames_received += s.frames_received;
         self.past.bytes_received += s.bytes_received;
+        self.past.skipped += s.skipped;
         self.current += 1;
         self.phase_start = self.outer.round;
         for (from, frame) in std::mem::take(&mut self.held) {
@@ -195,6 +196,7 @@ impl Gossip for Phased {
             bytes_sent: self.past.bytes_sent + s.bytes_sent,
             frames_received: self.past.frames_received + s.frames_received,
             bytes_received: self.past.bytes_received + s.bytes_received,
+            skipped: self.past.skipped + s.skipped,
         }
     }
 

@@ -474,3 +474,154 @@ fn survivors_of_a_departure_finish_the_round_and_reach_their_own_average() {
     // Peer 3 hears from both neighbours again, peer 4 included: 2 frames a round.
     assert_eq!(peers[3].stats().frames_received - received, 400);
 }
+
+/// D-PSGD peers on the MH ring of `n`, x_i = (i, i²), with the skip policy after 10 ms.
+fn skipping_ring(n: usize) -> Vec<DPsgd> {
+    let w = ring_mh(n);
+    (0..n)
+        .map(|i| {
+            let mut cfg = DPsgdConfig::from_matrix(&w, i, 0.1, 2);
+            cfg.round_timeout = Duration::from_secs(3600);
+            cfg.skip_after = Some(Duration::from_millis(10));
+            DPsgd::new(cfg, vec![i as f32, (i * i) as f32])
+        })
+        .collect()
+}
+
+/// Σ_i x_i, per coordinate.
+fn total(peers: &[DPsgd]) -> Vec<f64> {
+    (0..2)
+        .map(|k| peers.iter().map(|p| p.params()[k] as f64).sum())
+        .collect()
+}
+
+/// Begins peer `i`'s round from its own parameters; returns its frames as (from, to, frame).
+fn begin(p: &mut DPsgd, i: usize, now: Instant) -> Vec<(usize, usize, Vec<u8>)> {
+    let x = p.params().to_vec();
+    p.begin_round(now, &x, None);
+    frames_of(p, i)
+}
+
+fn frames_of(p: &mut DPsgd, i: usize) -> Vec<(usize, usize, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let mut out = Vec::new();
+    while let Some(t) = p.poll_transmit(&mut buf) {
+        out.push((i, t.to, buf.clone()));
+    }
+    out
+}
+
+#[test]
+fn a_skipped_straggler_mixes_without_its_skippers_and_the_average_is_kept() {
+    let mut peers = skipping_ring(4);
+    let before = total(&peers);
+    let t0 = Instant::now();
+    // Peer 2 is late for round 0: 0, 1 and 3 begin and exchange; frames to 2 wait there.
+    let mut frames = Vec::new();
+    for i in [0, 1, 3] {
+        frames.extend(begin(&mut peers[i], i, t0));
+    }
+    for (from, to, f) in frames {
+        peers[to].handle_message(t0, from, &f).unwrap();
+    }
+    assert!(drain_mixed(&mut peers[0]), "peer 0 has all its neighbours");
+    // Peers 1 and 3 wait for 2 until the deadline, then mix without it and tell it.
+    let later = t0 + Duration::from_millis(20);
+    let mut notices = Vec::new();
+    for i in [1, 3] {
+        assert!(peers[i].poll_timeout().unwrap() <= later);
+        peers[i].handle_timeout(later);
+        assert!(drain_mixed(&mut peers[i]));
+        notices.extend(frames_of(&mut peers[i], i));
+    }
+    assert_eq!(notices.len(), 2);
+    for (from, to, f) in notices {
+        assert_eq!(to, 2);
+        peers[2].handle_message(later, from, &f).unwrap();
+    }
+    // Peer 2 begins round 0 at last: both its neighbours dropped it, so it mixes alone.
+    let x2 = peers[2].params().to_vec();
+    let late = begin(&mut peers[2], 2, later);
+    assert!(drain_mixed(&mut peers[2]));
+    for (a, b) in peers[2].params().iter().zip(&x2) {
+        assert!((a - b).abs() < 1e-5, "peer 2 mixed only itself: {a} vs {b}");
+    }
+    // Its frames of round 0 arrive late and are dropped, not refused as bad.
+    for (from, to, f) in late {
+        assert!(matches!(
+            peers[to].handle_message(later, from, &f),
+            Err(GossipError::Skipped { from: 2, round: 0 })
+        ));
+    }
+    // W of round 0 was doubly stochastic: the network's sum is what it was.
+    let after = total(&peers);
+    for k in 0..2 {
+        assert!(
+            (after[k] - before[k]).abs() < 1e-5,
+            "{after:?} vs {before:?}"
+        );
+    }
+    assert_eq!(peers[1].stats().skipped, 1);
+    assert_eq!(peers[2].stats().skipped, 2);
+    // The next round runs as usual.
+    let mut frames = Vec::new();
+    for (i, p) in peers.iter_mut().enumerate() {
+        frames.extend(begin(p, i, later));
+    }
+    for (from, to, f) in frames {
+        peers[to].handle_message(later, from, &f).unwrap();
+    }
+    assert!(peers.iter_mut().all(drain_mixed));
+}
+
+#[test]
+fn a_straggler_that_already_mixed_the_skippers_frame_corrects_afterwards() {
+    let mut peers = skipping_ring(4);
+    let before = total(&peers);
+    let t0 = Instant::now();
+    // Round 0: every frame arrives except peer 2's to peer 1.
+    let mut frames = Vec::new();
+    for (i, p) in peers.iter_mut().enumerate() {
+        frames.extend(begin(p, i, t0));
+    }
+    let mut delayed = None;
+    for (from, to, f) in frames {
+        if (from, to) == (2, 1) {
+            delayed = Some(f);
+        } else {
+            peers[to].handle_message(t0, from, &f).unwrap();
+        }
+    }
+    assert!(
+        drain_mixed(&mut peers[2]),
+        "peer 2 got both frames and mixed"
+    );
+    // Peer 1 gives up on peer 2 and tells it; peer 2 has mixed peer 1's x already.
+    let later = t0 + Duration::from_millis(20);
+    peers[1].handle_timeout(later);
+    assert!(drain_mixed(&mut peers[1]));
+    for (from, to, f) in frames_of(&mut peers[1], 1) {
+        peers[to].handle_message(later, from, &f).unwrap();
+    }
+    assert!(matches!(
+        peers[1].handle_message(later, 2, &delayed.unwrap()),
+        Err(GossipError::Skipped { from: 2, round: 0 })
+    ));
+    // Peer 2 takes peer 1's contribution back when round 1 begins: after round 1 the
+    // network's sum is what it was.
+    let mut frames = Vec::new();
+    for (i, p) in peers.iter_mut().enumerate() {
+        frames.extend(begin(p, i, later));
+    }
+    for (from, to, f) in frames {
+        peers[to].handle_message(later, from, &f).unwrap();
+    }
+    assert!(peers.iter_mut().all(drain_mixed));
+    let after = total(&peers);
+    for k in 0..2 {
+        assert!(
+            (after[k] - before[k]).abs() < 1e-5,
+            "{after:?} vs {before:?}"
+        );
+    }
+}

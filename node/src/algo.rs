@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use murmur_gossip::{
     AllReduce, AllReduceConfig, Choco, ChocoConfig, DPsgd, DPsgdConfig, Gossip, LocalSgd,
     ParameterServer, Phase, Phased, PsConfig, Rank, Sgp, SgpConfig,
 };
 use murmur_topology::Topology;
 
-use crate::config::{Algorithm, RunArgs};
+use crate::config::{Algorithm, RunArgs, StragglerPolicy};
 
 /// Peer `rank`'s state machine for the run `args` on `topo`, starting from `x0: [d]`.
 /// `tensor_lengths` are the model's tensor sizes (for layer-wise compressors; they sum to
@@ -55,11 +55,25 @@ pub fn build(
         .context("--compressor")?;
     let round_timeout = Duration::from_secs(args.round_timeout_secs);
     let seed = args.seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let skip_after = match (args.straggler_policy, args.straggler_deadline_ms) {
+        (StragglerPolicy::Skip, Some(ms)) => {
+            // The skip notice goes back along the edge it drops.
+            if !topo.w.graph().is_symmetric() {
+                bail!(
+                    "--straggler-policy skip needs an undirected topology; {} is directed",
+                    topo.name
+                );
+            }
+            Some(Duration::from_millis(ms))
+        }
+        _ => None,
+    };
     let dpsgd = |lr: f32, compressor| {
         let mut cfg = DPsgdConfig::from_matrix(&topo.w, rank, lr, d);
         cfg.round_timeout = round_timeout;
         cfg.max_payload_bytes = max_payload;
         cfg.seed = seed;
+        cfg.skip_after = skip_after;
         DPsgd::with_compressor(cfg, x0.clone(), compressor)
     };
     let allreduce = |lr: f32| {

@@ -279,6 +279,27 @@ pub enum Init {
     Independent,
 }
 
+/// What a round does about a neighbour whose frame is late (`--straggler-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum StragglerPolicy {
+    /// Wait for every neighbour, up to `--round-timeout-secs`.
+    #[default]
+    Wait,
+    /// Mix without a neighbour whose frame has not arrived `--straggler-deadline-ms` after
+    /// the round began; both ends drop the edge for that round, so W stays doubly
+    /// stochastic (D-PSGD and local-SGD, undirected topologies).
+    Skip,
+}
+
+impl std::fmt::Display for StragglerPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StragglerPolicy::Wait => "wait",
+            StragglerPolicy::Skip => "skip",
+        })
+    }
+}
+
 impl std::fmt::Display for Init {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -429,6 +450,17 @@ pub struct RunArgs {
     /// Emulated one-way delay of every data-plane frame, e.g. `2ms`. Default: none.
     #[arg(long)]
     pub link_latency: Option<LinkLatency>,
+    /// Straggler policy: `wait` for every neighbour (up to the round timeout) or `skip` one
+    /// whose frame is later than `--straggler-deadline-ms` for that round.
+    #[arg(long, default_value_t = StragglerPolicy::Wait)]
+    pub straggler_policy: StragglerPolicy,
+    /// With `--straggler-policy skip`: milliseconds a round waits for a neighbour's frame.
+    #[arg(long, value_name = "MS")]
+    pub straggler_deadline_ms: Option<u64>,
+    /// Fault injection for tests: peer RANK sleeps MS milliseconds before each round's
+    /// gradient (a straggler), given as `RANK:MS`.
+    #[arg(long, value_name = "RANK:MS", value_parser = parse_slow_peer)]
+    pub slow_peer: Option<(usize, u64)>,
     /// Fault injection for tests: peer RANK also sends five malformed frames to every
     /// destination each round (garbage bytes, a truncated frame, an oversized declared
     /// length, NaN parameters, a round far out of the window). Every receiver must refuse
@@ -442,6 +474,16 @@ pub struct RunArgs {
     /// Seconds to wait for all peers to join.
     #[arg(long, default_value_t = 60)]
     pub join_timeout_secs: u64,
+}
+
+/// Parses `RANK:MS` of `--slow-peer`.
+fn parse_slow_peer(s: &str) -> Result<(usize, u64), String> {
+    let (rank, ms) = s
+        .split_once(':')
+        .ok_or_else(|| format!("expected RANK:MS, got {s:?}"))?;
+    let rank = rank.parse().map_err(|_| format!("bad rank {rank:?}"))?;
+    let ms = ms.parse().map_err(|_| format!("bad milliseconds {ms:?}"))?;
+    Ok((rank, ms))
 }
 
 impl RunArgs {
@@ -477,6 +519,13 @@ impl RunArgs {
         }
         if let Some(p) = &self.allow_peers {
             a.push(format!("--allow-peers={}", p.display()));
+        }
+        a.push(format!("--straggler-policy={}", self.straggler_policy));
+        if let Some(ms) = self.straggler_deadline_ms {
+            a.push(format!("--straggler-deadline-ms={ms}"));
+        }
+        if let Some((rank, ms)) = self.slow_peer {
+            a.push(format!("--slow-peer={rank}:{ms}"));
         }
         if let Some(r) = self.inject_bad_frames {
             a.push(format!("--inject-bad-frames={r}"));
@@ -571,6 +620,27 @@ impl RunArgs {
         }
         if let Some(path) = &self.allow_peers {
             crate::auth::read_allow_list(path)?;
+        }
+        match (self.straggler_policy, self.straggler_deadline_ms) {
+            (StragglerPolicy::Skip, None | Some(0)) => {
+                bail!("--straggler-policy skip needs --straggler-deadline-ms (at least 1)")
+            }
+            (StragglerPolicy::Wait, Some(_)) => {
+                bail!("--straggler-deadline-ms applies to --straggler-policy skip")
+            }
+            (StragglerPolicy::Skip, Some(_))
+                if self.phases.is_some()
+                    || !matches!(self.algorithm, Algorithm::Dpsgd | Algorithm::LocalSgd) =>
+            {
+                bail!(
+                    "--straggler-policy skip works with dpsgd and local-sgd, not {}",
+                    self.algorithm_name()
+                )
+            }
+            _ => {}
+        }
+        if let Some((r, _)) = self.slow_peer.filter(|&(r, _)| r >= self.peers) {
+            bail!("--slow-peer {r}: there is no peer {r} among {}", self.peers);
         }
         if self.peer_timeout_secs == 0 {
             bail!("--peer-timeout-secs must be at least 1");

@@ -43,6 +43,9 @@ pub struct PeerEpoch {
     pub wall_seconds: f64,
     /// Frames this peer refused so far (malformed, wrong sender, out of window, …).
     pub refused_frames: u64,
+    /// Neighbour contributions this peer dropped under the straggler policy so far.
+    #[serde(default)]
+    pub skipped: u64,
 }
 
 /// One printed row: the network's state at the end of an epoch (a line of `epochs.jsonl`).
@@ -80,6 +83,9 @@ pub struct EpochRow {
     pub wall_seconds: f64,
     /// Peers whose reports make up this row: n, fewer after departures.
     pub peers: usize,
+    /// Neighbour contributions dropped by the straggler policy so far, all peers together
+    /// (each skipped edge of a round counts at both ends).
+    pub skipped: u64,
 }
 
 /// A peer that left or rejoined the run, as peer 0 recorded it (a line of

@@ -736,6 +736,7 @@ fn train(
                 communicate_seconds: totals.communicate_secs,
                 wait_seconds: totals.wait_secs,
                 refused_frames: 0,
+                skipped: stats.skipped,
                 wall_seconds: sim_net.now_secs(),
             };
             metrics::append_json_line(

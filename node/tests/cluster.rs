@@ -236,6 +236,63 @@ fn four_peers_mix_over_quic() {
 /// `launch` end to end on a directed topology, where an in-neighbour can run several rounds
 /// ahead (exponential graph on 6 peers: i sends to i+1, i+2, i+4).
 #[test]
+fn a_slow_peer_is_skipped_under_the_skip_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    launch_ok(
+        dir.path(),
+        &[
+            "--peers=4",
+            "--topology=ring",
+            "--epochs=2",
+            "--rounds-per-epoch=10",
+            "--straggler-policy=skip",
+            "--straggler-deadline-ms=20",
+            "--slow-peer=2:120",
+            "--run-id=s",
+        ],
+    );
+    let rows = rows(&dir.path().join("s"));
+    let last = rows.last().unwrap();
+    assert!(
+        last["skipped"].as_u64().unwrap() > 0,
+        "no contribution was skipped: {last}"
+    );
+    // Late frames of skipped rounds are dropped quietly, not counted as refused.
+    assert_eq!(last["refused_frames"], 0, "{last}");
+    // Skipping keeps W doubly stochastic: the peers still train together.
+    assert!(
+        last["avg_model_test_accuracy"].as_f64().unwrap() > 0.5,
+        "{last}"
+    );
+    // The policy is refused where it cannot keep W doubly stochastic.
+    for bad in [
+        vec!["--straggler-policy=skip"],
+        vec![
+            "--straggler-policy=skip",
+            "--straggler-deadline-ms=20",
+            "--algorithm=choco",
+        ],
+        vec![
+            "--straggler-policy=skip",
+            "--straggler-deadline-ms=20",
+            "--topology=exponential",
+        ],
+        vec!["--straggler-deadline-ms=20"],
+    ] {
+        let out = murmur()
+            .arg("launch")
+            .args(&bad)
+            .arg("--peers=4")
+            .arg(format!("--out={}", dir.path().display()))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("straggler"), "{bad:?}: {err}");
+    }
+}
+
+#[test]
 fn launch_trains_on_the_exponential_graph() {
     let dir = tempfile::tempdir().unwrap();
     let stdout = launch_ok(
