@@ -511,6 +511,18 @@ fn frames_of(p: &mut DPsgd, i: usize) -> Vec<(usize, usize, Vec<u8>)> {
     out
 }
 
+/// One round of every peer with every frame delivered; each must mix.
+fn full_round(peers: &mut [DPsgd], now: Instant) {
+    let mut frames = Vec::new();
+    for (i, p) in peers.iter_mut().enumerate() {
+        frames.extend(begin(p, i, now));
+    }
+    for (from, to, f) in frames {
+        peers[to].handle_message(now, from, &f).unwrap();
+    }
+    assert!(peers.iter_mut().all(drain_mixed));
+}
+
 #[test]
 fn a_skipped_straggler_mixes_without_its_skippers_and_the_average_is_kept() {
     let mut peers = skipping_ring(4);
@@ -564,14 +576,7 @@ fn a_skipped_straggler_mixes_without_its_skippers_and_the_average_is_kept() {
     assert_eq!(peers[1].stats().skipped, 1);
     assert_eq!(peers[2].stats().skipped, 2);
     // The next round runs as usual.
-    let mut frames = Vec::new();
-    for (i, p) in peers.iter_mut().enumerate() {
-        frames.extend(begin(p, i, later));
-    }
-    for (from, to, f) in frames {
-        peers[to].handle_message(later, from, &f).unwrap();
-    }
-    assert!(peers.iter_mut().all(drain_mixed));
+    full_round(&mut peers, later);
 }
 
 #[test]
@@ -609,14 +614,7 @@ fn a_straggler_that_already_mixed_the_skippers_frame_corrects_afterwards() {
     ));
     // Peer 2 takes peer 1's contribution back when round 1 begins: after round 1 the
     // network's sum is what it was.
-    let mut frames = Vec::new();
-    for (i, p) in peers.iter_mut().enumerate() {
-        frames.extend(begin(p, i, later));
-    }
-    for (from, to, f) in frames {
-        peers[to].handle_message(later, from, &f).unwrap();
-    }
-    assert!(peers.iter_mut().all(drain_mixed));
+    full_round(&mut peers, later);
     let after = total(&peers);
     for k in 0..2 {
         assert!(
