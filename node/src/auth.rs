@@ -277,6 +277,13 @@ impl IdentityVerifier {
         Ok(HandshakeSignatureValid::assertion())
     }
 
+    /// QUIC runs TLS 1.3 only; a TLS 1.2 signature is never checked.
+    fn tls12_refused() -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::PeerIncompatible(
+            rustls::PeerIncompatible::Tls13RequiredForQuic,
+        ))
+    }
+
     /// The schemes identity certificates are signed with (libp2p-tls makes ECDSA P-256 ones).
     fn schemes() -> Vec<SignatureScheme> {
         vec![
@@ -306,9 +313,7 @@ impl ServerCertVerifier for IdentityVerifier {
         _cert: &CertificateDer<'_>,
         _dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::PeerIncompatible(
-            rustls::PeerIncompatible::Tls13RequiredForQuic,
-        ))
+        Self::tls12_refused()
     }
 
     fn verify_tls13_signature(
@@ -350,9 +355,7 @@ impl ClientCertVerifier for IdentityVerifier {
         _cert: &CertificateDer<'_>,
         _dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::PeerIncompatible(
-            rustls::PeerIncompatible::Tls13RequiredForQuic,
-        ))
+        Self::tls12_refused()
     }
 
     fn verify_tls13_signature(
