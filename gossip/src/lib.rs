@@ -282,6 +282,23 @@ pub trait Gossip: Send {
     /// itself: the driver waits for each one's goodbye before it shuts down.
     fn in_peers(&self) -> Vec<Rank>;
 
+    /// Whether [`Gossip::peer_left`] and [`Gossip::peer_rejoined`] use their mixing matrix:
+    /// `true` (the default) for algorithms on a doubly stochastic W, which the survivors
+    /// must re-weight ([`murmur_topology::MixingMatrix::without_peers`]); `false` for
+    /// push-sum ([`Sgp`]), which only stops pushing to a departed peer, so a directed graph
+    /// (where Metropolis–Hastings re-weighting is impossible) can lose a peer too.
+    fn reweights(&self) -> bool {
+        true
+    }
+
+    /// The peers that send this peer a frame for round `round`, ascending, without itself
+    /// (a subset of [`Gossip::in_peers`]; the default is all of them). A returning peer
+    /// waits for these frames of its first round before it begins it.
+    fn in_peers_at(&self, round: u64) -> Vec<Rank> {
+        let _ = round;
+        self.in_peers()
+    }
+
     /// Peer `gone` left the run (its process died or its links were lost). `w` (n×n) is the
     /// mixing matrix the survivors use from the next round on; every survivor must compute
     /// the same one from the same list of departed peers

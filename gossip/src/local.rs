@@ -140,6 +140,10 @@ impl Gossip for LocalSgd {
         self.inner.set_epoch(epoch);
     }
 
+    fn reweights(&self) -> bool {
+        self.inner.reweights()
+    }
+
     fn peer_left(
         &mut self,
         gone: Rank,

@@ -95,6 +95,21 @@
 //! the sender keeps p_ii·x_i, so mass is only conserved in expectation for an unbiased
 //! operator, and not at all for a biased one.
 //!
+//! # Departures and returns
+//!
+//! Push-sum needs no re-weighting when a peer leaves (Assran et al. 2019 §3: only column
+//! stochasticity matters): after [`Gossip::peer_left`] this peer stops pushing to the
+//! departed peer — from the next round its share stays here, so this peer keeps
+//! 1 − p·|out-peers still there| of its mass and every push still carries the schedule's
+//! p — and stops waiting for its frames. A frame of the mixing round not yet handed to the
+//! transport is taken back (its share kept). The mass the departed peer held, and shares
+//! already pushed to it, leave the network with it; x_i and w_i lose in proportion, so the
+//! survivors' z_i still reach a common value (a weighted average of the survivors' mass),
+//! provided the schedule stays strongly connected without it
+//! ([`murmur_topology::Graph::strongly_connected_without`] on its union graph). A returning
+//! peer ([`Gossip::peer_rejoined`]) is pushed to and waited for again from the round it
+//! mixes from; it starts with push-sum weight 1 ([`Gossip::start_at_round`]).
+//!
 //! # Cost
 //!
 //! Per round: one compression of x_i, |out_k(i)| frames of 24 + 16 + message bytes
@@ -266,6 +281,13 @@ pub struct Sgp {
     next_out: usize,
     events: VecDeque<GossipEvent>,
     stats: GossipStats,
+    /// Peers that left: peer → the first round it mixes in again (`u64::MAX` while gone).
+    absent: BTreeMap<Rank, u64>,
+    /// The mixing round's push weight p and the fraction of the round's mass kept here.
+    share: (f64, f64),
+    /// The first round this state machine mixed (0, or where a returning peer started):
+    /// frames of earlier rounds are neither awaited nor accepted.
+    start_round: u64,
 }
 
 impl Sgp {
@@ -303,6 +325,9 @@ impl Sgp {
             next_out: 0,
             events: VecDeque::new(),
             stats: GossipStats::default(),
+            absent: BTreeMap::new(),
+            share: (1.0, 1.0),
+            start_round: 0,
             cfg,
         }
     }
@@ -354,9 +379,17 @@ impl Sgp {
         }
     }
 
+    /// Whether `peer` is out of the run in round `round` (it left and is not back yet).
+    fn is_absent(&self, peer: Rank, round: u64) -> bool {
+        self.absent.get(&peer).is_some_and(|&back| round < back)
+    }
+
     /// Lowest and highest round accepted now (see the module docs).
     fn window(&self) -> (u64, u64) {
-        let lo = self.round.saturating_sub(self.cfg.tau);
+        let lo = self
+            .round
+            .saturating_sub(self.cfg.tau)
+            .max(self.start_round);
         let hi = self
             .round
             .saturating_add(self.cfg.max_lead_rounds.max(1))
@@ -366,7 +399,9 @@ impl Sgp {
 
     /// The round whose in-peers' frames the mixing round waits for, if any.
     fn awaited_round(&self) -> Option<u64> {
-        self.round.checked_sub(self.cfg.tau)
+        self.round
+            .checked_sub(self.cfg.tau)
+            .filter(|&s| s >= self.start_round)
     }
 
     /// In-peers of the awaited round whose frame has not been absorbed, ascending.
@@ -378,7 +413,7 @@ impl Sgp {
                 .schedule
                 .in_peers(s, self.cfg.rank)
                 .into_iter()
-                .filter(|&j| !self.absorbed.contains(&(s, j)))
+                .filter(|&j| !self.absorbed.contains(&(s, j)) && !self.is_absent(j, s))
                 .collect(),
         }
     }
@@ -489,7 +524,19 @@ impl Gossip for Sgp {
         let t = self.round;
         let rank = self.cfg.rank;
         let p = self.cfg.schedule.push_weight(t, rank);
-        self.out_now = self.cfg.schedule.out_peers(t, rank);
+        let scheduled = self.cfg.schedule.out_peers(t, rank);
+        let pushes = scheduled.len();
+        self.out_now = scheduled
+            .into_iter()
+            .filter(|&j| !self.is_absent(j, t))
+            .collect();
+        // Keep p_ii = p, plus the share of every out-peer that has left.
+        let keep = if self.out_now.len() == pushes {
+            p
+        } else {
+            1.0 - p * self.out_now.len() as f64
+        };
+        self.share = (p, keep);
         self.next_out = 0;
         self.outgoing.clear();
         if !self.out_now.is_empty() {
@@ -509,9 +556,9 @@ impl Gossip for Sgp {
             self.outgoing[..FRAME_HEADER_LEN].copy_from_slice(&header.to_bytes());
         }
         // Keep p_ii of the mass; each out-peer adds p_ji = p of what was encoded.
-        let keep = p as f32;
-        self.x.iter_mut().for_each(|v| *v *= keep);
-        self.weight *= p;
+        let keep32 = keep as f32;
+        self.x.iter_mut().for_each(|v| *v *= keep32);
+        self.weight *= keep;
 
         self.mixing = true;
         self.deadline = Some(now + self.cfg.round_timeout);
@@ -537,6 +584,9 @@ impl Gossip for Sgp {
             crate::parse_frame(frame, self.cfg.max_payload_bytes, FrameKind::PushSum, from)?;
         if self.in_all.binary_search(&from).is_err() {
             return Err(GossipError::NotANeighbour(from));
+        }
+        if self.is_absent(from, h.round) {
+            return Err(GossipError::Departed(from));
         }
         let d = self.d();
         if h.dim as usize != d {
@@ -644,6 +694,82 @@ impl Gossip for Sgp {
     /// hides communication behind computation and takes its gradient in `begin_round`.
     fn overlaps_gradient(&self) -> bool {
         self.cfg.tau == 0
+    }
+
+    /// The in-peers of round `round` of the schedule.
+    fn in_peers_at(&self, round: u64) -> Vec<Rank> {
+        crate::peer_set(
+            self.cfg.rank,
+            self.cfg.schedule.in_peers(round, self.cfg.rank),
+        )
+    }
+
+    /// Push-sum does not re-weight: `w` is not used (see the [module docs](self)).
+    fn reweights(&self) -> bool {
+        false
+    }
+
+    /// Stops pushing to `gone` and waiting for it (see the [module docs](self)); `w` is not
+    /// used. Never fails.
+    fn peer_left(
+        &mut self,
+        gone: Rank,
+        _w: &murmur_topology::MixingMatrix,
+    ) -> Result<(), crate::MembershipError> {
+        self.absent.insert(gone, u64::MAX);
+        if self.mixing {
+            if let Some(pos) = self.out_now[self.next_out..]
+                .iter()
+                .position(|&j| j == gone)
+            {
+                // Not handed out yet: keep its share p instead.
+                self.out_now.remove(self.next_out + pos);
+                let (p, keep) = self.share;
+                let factor = (keep + p) / keep;
+                let f32_factor = factor as f32;
+                self.x.iter_mut().for_each(|v| *v *= f32_factor);
+                self.weight *= factor;
+                self.share = (p, keep + p);
+            }
+        }
+        self.finish_if_complete();
+        Ok(())
+    }
+
+    /// `back` is pushed to and waited for again from round `at`; `w` is not used.
+    ///
+    /// # Errors
+    /// [`crate::MembershipError::TooLate`] if `back` is a neighbour and round `at` has begun.
+    fn peer_rejoined(
+        &mut self,
+        back: Rank,
+        _w: &murmur_topology::MixingMatrix,
+        at: u64,
+    ) -> Result<(), crate::MembershipError> {
+        let neighbour = self.in_all.contains(&back) || self.out_peers().contains(&back);
+        if neighbour && (at < self.round || at == self.round && self.mixing) {
+            return Err(crate::MembershipError::TooLate {
+                at,
+                round: self.round,
+            });
+        }
+        self.absent.insert(back, at);
+        Ok(())
+    }
+
+    /// Starts at round `round` with the parameters given at construction and push-sum
+    /// weight 1; frames of earlier rounds are neither awaited nor accepted.
+    fn start_at_round(&mut self, round: u64) -> Result<(), crate::MembershipError> {
+        assert!(
+            !self.mixing,
+            "start_at_round while round {} is mixing",
+            self.round
+        );
+        self.round = round;
+        self.start_round = round;
+        self.early.clear();
+        self.absorbed.clear();
+        Ok(())
     }
 
     /// x_i ← x_i − γ·grad on the mixed numerator (`grad: [d]`), then z_i = x_i / w_i.

@@ -831,3 +831,142 @@ fn a_driver_that_changes_z_moves_the_numerator_by_w_times_the_change() {
     p.begin_round(now, &[2.0], None);
     assert!((p.numerator()[0] - 0.375).abs() < 1e-7);
 }
+
+/// One synchronous round among the peers in `alive` (no gradient): each begins, its frames
+/// are delivered to live destinations (frames to dead ones are lost). Returns who mixed.
+fn push_round(peers: &mut [Sgp], alive: &[bool]) -> Vec<bool> {
+    let now = Instant::now();
+    let mut buf = Vec::new();
+    let mut in_flight = Vec::new();
+    for (i, p) in peers.iter_mut().enumerate().filter(|(i, _)| alive[*i]) {
+        let z = p.params().to_vec();
+        p.begin_round(now, &z, None);
+        while let Some(t) = p.poll_transmit(&mut buf) {
+            in_flight.push((i, t.to, buf.clone()));
+        }
+    }
+    for (from, to, frame) in in_flight {
+        if alive[to] {
+            peers[to].handle_message(now, from, &frame).unwrap();
+        }
+    }
+    peers.iter_mut().map(mixed).collect()
+}
+
+fn mixed(p: &mut Sgp) -> bool {
+    let mut m = false;
+    while let Some(ev) = p.poll_event() {
+        m |= matches!(ev, GossipEvent::Mixed { .. });
+    }
+    m
+}
+
+/// (Σ x_i, Σ w_i) over the live peers, in f64.
+fn live_mass(peers: &[Sgp], alive: &[bool]) -> (Vec<f64>, f64) {
+    let d = peers[0].params().len();
+    let mut x = vec![0.0; d];
+    let mut w = 0.0;
+    for (p, _) in peers.iter().zip(alive).filter(|(_, &a)| a) {
+        let (px, pw) = p.held_mass();
+        for (a, v) in x.iter_mut().zip(px) {
+            *a += v;
+        }
+        w += pw;
+    }
+    (x, w)
+}
+
+#[test]
+fn push_sum_survivors_of_a_departure_stop_pushing_to_it_and_agree() {
+    let n = 8;
+    let schedule = PushSchedule::one_peer_exponential(n).unwrap();
+    let xs = uniform_vectors(n, 3, 10.0, 7);
+    let mut ps = peers(&schedule, &xs, 0.0, 0);
+    let w = common::ring_mh(n); // not used by push-sum
+    assert!(!ps[0].reweights());
+    let mut alive = vec![true; n];
+    for _ in 0..2 {
+        assert!(push_round(&mut ps, &alive).iter().all(|&m| m));
+    }
+    // Peer 3 dies before round 2 (offset 4: 7 → 3 → 7). Peer 7 waits for its frame; peer
+    // 7's own push to 3 is lost.
+    alive[3] = false;
+    let mixed_now = push_round(&mut ps, &alive);
+    assert!(!mixed_now[7] && mixed_now[0] && mixed_now[6]);
+    for i in (0..n).filter(|&i| alive[i]) {
+        ps[i].peer_left(3, &w).unwrap();
+    }
+    assert!(mixed(&mut ps[7]), "peer 7 stops waiting for peer 3");
+    assert_eq!(
+        ps[7].handle_message(Instant::now(), 3, &push_frame(3, 3, 0.5, 1.0, &[0.0; 3])),
+        Err(GossipError::Departed(3))
+    );
+    // From now on no mass leaves the survivors: Σx and Σw are kept, and every z_i reaches
+    // Σx / Σw. No survivor waits for peer 3 (every round completes).
+    let (x_sum, w_sum) = live_mass(&ps, &alive);
+    assert!(w_sum < n as f64 && w_sum > 6.0, "Σw = {w_sum}");
+    for _ in 0..60 {
+        let m = push_round(&mut ps, &alive);
+        assert!((0..n).all(|i| m[i] == alive[i]), "{m:?}");
+    }
+    let (x_end, w_end) = live_mass(&ps, &alive);
+    assert!((w_end - w_sum).abs() < 1e-9, "{w_end} vs {w_sum}");
+    assert!(max_diff(&x_end, &x_sum) < 1e-3, "{x_end:?} vs {x_sum:?}");
+    let target: Vec<f64> = x_sum.iter().map(|v| v / w_sum).collect();
+    let live = (0..n).filter(|&i| alive[i]).map(|i| ps[i].params());
+    assert!(max_err(live, &target) < 1e-4);
+
+    // Peer 3 returns at the next round with push-sum weight 1, from its in-peers' mean.
+    let at = ps[0].round();
+    let start: Vec<f32> = target.iter().map(|&v| v as f32).collect();
+    let mut back = Sgp::new(SgpConfig::new(schedule.clone(), 3, 0.0, 3), start);
+    back.start_at_round(at).unwrap();
+    assert_eq!(
+        ps[7].peer_rejoined(3, &w, at - 1),
+        Err(murmur_gossip::MembershipError::TooLate {
+            at: at - 1,
+            round: at
+        })
+    );
+    for i in (0..n).filter(|&i| alive[i]) {
+        ps[i].peer_rejoined(3, &w, at).unwrap();
+    }
+    ps[3] = back;
+    alive[3] = true;
+    let (x_all, w_all) = live_mass(&ps, &alive);
+    for _ in 0..60 {
+        assert!(push_round(&mut ps, &alive).iter().all(|&m| m));
+    }
+    let target: Vec<f64> = x_all.iter().map(|v| v / w_all).collect();
+    assert!(max_err(ps.iter().map(|p| p.params()), &target) < 1e-4);
+}
+
+#[test]
+fn a_push_not_yet_handed_out_to_a_departed_peer_is_taken_back() {
+    let schedule = PushSchedule::one_peer_exponential(4).unwrap();
+    let x0 = vec![1.0f32, -2.0, 3.5];
+    let mut p = Sgp::new(SgpConfig::new(schedule, 0, 0.0, 3), x0.clone());
+    p.begin_round(Instant::now(), &x0, None);
+    // Round 0: peer 0 keeps ½ and pushes ½ to peer 1, which leaves before the frame goes.
+    assert_eq!(p.weight(), 0.5);
+    p.peer_left(1, &common::ring_mh(4)).unwrap();
+    assert_eq!(p.poll_transmit(&mut Vec::new()), None);
+    assert_eq!(p.weight(), 1.0);
+    assert_eq!(p.numerator(), x0.as_slice());
+    // Peer 0 still waits for its in-peer of round 0 (peer 3).
+    assert!(!mixed(&mut p));
+    // Peer 3 leaves too: round 0 completes without its share. With peer 2 gone as well,
+    // peer 0, alone, keeps all its mass every round and never pushes or waits.
+    let w = common::ring_mh(4);
+    p.peer_left(3, &w).unwrap();
+    assert!(mixed(&mut p));
+    p.peer_left(2, &w).unwrap();
+    for round in 1..6 {
+        let z = p.params().to_vec();
+        p.begin_round(Instant::now(), &z, None);
+        assert_eq!(p.poll_transmit(&mut Vec::new()), None, "round {round}");
+        assert!(mixed(&mut p), "round {round}");
+        assert_eq!(p.weight(), 1.0);
+    }
+    assert_eq!(p.params(), x0.as_slice());
+}

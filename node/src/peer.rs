@@ -194,9 +194,14 @@ fn run_on<B: AutodiffBackend>(
     if rank != 0 && peer.bootstrap.is_none() {
         bail!("peer {rank} needs --bootstrap <multiaddr of peer 0>");
     }
-    if peer.resume && args.algorithms() != [crate::config::Algorithm::Dpsgd] {
+    if peer.resume
+        && !matches!(
+            args.algorithms().as_slice(),
+            [crate::config::Algorithm::Dpsgd | crate::config::Algorithm::Sgp]
+        )
+    {
         bail!(
-            "--resume works for D-PSGD runs only (their state is x, the momentum and the round), not {}",
+            "--resume works for D-PSGD and SGP runs only, not {}",
             args.algorithm_name()
         );
     }
@@ -792,18 +797,17 @@ impl Driver {
         };
         self.departed.insert(gone, record.clone());
         let all_gone: Vec<Rank> = self.departed.keys().copied().collect();
-        let surviving = self.w.without_peers(&all_gone).map_err(|e| {
+        let (surviving, components) = self.surviving(&all_gone).map_err(|e| {
             anyhow!("peer {gone} left the run during round {round} ({reason}) and the survivors cannot re-weight: {e}")
         })?;
-        if !surviving.is_connected() {
+        if let Some(split) = components {
             warn!(
-                components = ?surviving.components,
-                "the surviving graph is DISCONNECTED after peer {gone} left: each component \
-                 trains on by itself and the peers will not reach consensus"
+                "the surviving graph is DISCONNECTED after peer {gone} left ({split}): each \
+                 part trains on by itself and the peers will not reach consensus"
             );
         }
         self.gossip
-            .peer_left(gone, &surviving.w)
+            .peer_left(gone, &surviving)
             .map_err(|e| {
                 anyhow!(
                     "peer {gone} left the run during round {round} ({reason}); {} cannot go on without it: {e}",
@@ -816,6 +820,30 @@ impl Driver {
             c.membership(record, None)?;
         }
         Ok(())
+    }
+
+    /// The mixing matrix for the survivors once the peers in `gone` have left, and, if the
+    /// surviving graph is not (strongly) connected, a description of its parts. Algorithms that re-weight get
+    /// Metropolis–Hastings on the surviving graph; push-sum keeps W (it only stops pushing
+    /// to the departed), and its parts are told by strong connectivity of W's support.
+    ///
+    /// # Errors
+    /// A re-weighting algorithm on a directed topology.
+    fn surviving(
+        &self,
+        gone: &[Rank],
+    ) -> Result<(MixingMatrix, Option<String>), murmur_topology::TopologyError> {
+        if self.gossip.reweights() {
+            let s = self.w.without_peers(gone)?;
+            let split = (!s.is_connected()).then(|| format!("components {:?}", s.components));
+            Ok((s.w, split))
+        } else {
+            let split = (!self.w.graph().strongly_connected_without(gone)).then(|| {
+                let alive: Vec<Rank> = (0..self.w.n()).filter(|r| !gone.contains(r)).collect();
+                format!("the survivors {alive:?} are not strongly connected: push-sum shares cannot reach every one of them")
+            });
+            Ok((self.w.clone(), split))
+        }
     }
 
     /// Closes the link to `gone` and its connections to us (all, or all but the newest with
@@ -860,20 +888,9 @@ impl Driver {
             let reason = "it restarted: a new process said hello".to_string();
             self.departure(from, reason, self.rank, round, true)?;
         }
-        let link = match self.rt.block_on(self.plane.connect(
-            from,
-            info.data_addr,
-            self.peer_ids[from],
-        )) {
-            Ok(l) => l,
-            Err(e) => {
-                warn!(from, "cannot connect back to the restarted peer: {e:#}");
-                return Ok(());
-            }
-        };
-        self.links.insert(from, link);
-        self.destinations.insert(from);
-        self.links_done.remove(&from);
+        if !self.link_to(from, info.data_addr) {
+            return Ok(());
+        }
         let welcome = Welcome {
             round: self.gossip.round(),
             departed: self
@@ -894,6 +911,27 @@ impl Driver {
         self.send_to(from, frame)
     }
 
+    /// Opens a link to the restarted peer `to` at its new data-plane address `addr` (its
+    /// PeerId is checked) and counts it as a destination again. `false` (logged) if the
+    /// connection failed.
+    fn link_to(&mut self, to: Rank, addr: SocketAddr) -> bool {
+        match self
+            .rt
+            .block_on(self.plane.connect(to, addr, self.peer_ids[to]))
+        {
+            Ok(link) => {
+                self.links.insert(to, link);
+                self.destinations.insert(to);
+                self.links_done.remove(&to);
+                true
+            }
+            Err(e) => {
+                warn!(to, "cannot connect to the restarted peer: {e:#}");
+                false
+            }
+        }
+    }
+
     /// Sends one frame on the link to `to`.
     fn send_to(&self, to: Rank, frame: Vec<u8>) -> anyhow::Result<()> {
         let link = self
@@ -904,8 +942,16 @@ impl Driver {
     }
 
     /// Peer `back` mixes again from round `at` (told by `from`): re-weight with it, admit
-    /// it if it is a neighbour, and pass the news on. Handled once per (peer, round).
-    fn on_rejoin(&mut self, back: Rank, at: u64, from: Rank) -> anyhow::Result<()> {
+    /// it if it is a neighbour (opening a link to its new address `addr` if this peer sends
+    /// to it and its hello did not come here: a directed graph), and pass the news on.
+    /// Handled once per (peer, round).
+    fn on_rejoin(
+        &mut self,
+        back: Rank,
+        at: u64,
+        addr: SocketAddr,
+        from: Rank,
+    ) -> anyhow::Result<()> {
         if back == self.rank || self.rejoined.contains(&(back, at)) {
             return Ok(());
         }
@@ -916,7 +962,7 @@ impl Driver {
             .copied()
             .filter(|&r| r != back)
             .collect();
-        let w = self.w.without_peers(&still_gone)?.w;
+        let (w, _) = self.surviving(&still_gone)?;
         if let Err(e) = self.gossip.peer_rejoined(back, &w, at) {
             warn!(
                 back,
@@ -926,11 +972,14 @@ impl Driver {
         }
         info!(back, at, "peer {back} rejoins the run from round {at}");
         self.departed.remove(&back);
+        if self.gossip.out_peers().contains(&back) && !self.links.contains_key(&back) {
+            self.link_to(back, addr);
+        }
         if self.gossip.in_peers().contains(&back) || self.rank == 0 {
             self.expected_in.insert(back);
             self.finished_in.remove(&back);
         }
-        self.broadcast(&encode_rejoin(self.rank, back, at), &[back, from]);
+        self.broadcast(&encode_rejoin(self.rank, back, at, addr), &[back, from]);
         if let Some(c) = self.collector.as_mut() {
             let record = MembershipEvent {
                 event: "rejoined".into(),
@@ -1005,11 +1054,9 @@ impl Driver {
             );
         }
         // This peer's view of the membership: the departed peers are forgotten.
-        let survivors = self
-            .w
-            .without_peers(&departed.iter().copied().collect::<Vec<_>>())?;
+        let (survivors, _) = self.surviving(&departed.iter().copied().collect::<Vec<_>>())?;
         for &g in &departed {
-            self.gossip.peer_left(g, &survivors.w)?;
+            self.gossip.peer_left(g, &survivors)?;
             self.drop_links(g, false);
             self.departed.insert(
                 g,
@@ -1049,9 +1096,10 @@ impl Driver {
         let (_, mean) = consensus_distance(xs.iter().copied());
         self.rejoined.push((self.rank, at));
         self.first_frames = Some((at, HashSet::new()));
-        self.broadcast(&encode_rejoin(self.rank, self.rank, at), &[]);
+        self.broadcast(&encode_rejoin(self.rank, self.rank, at, me.data_addr), &[]);
         info!(at, neighbours = ?in_peers, "rejoining: mixing again from round {at}");
-        // Begin only when every in-neighbour is at that round: its frame for it is here.
+        // Begin only when every in-neighbour of that round is at it: its frame for it is here.
+        let in_peers = self.gossip.in_peers_at(at);
         loop {
             let arrived = self
                 .first_frames
@@ -1096,7 +1144,7 @@ impl Driver {
                 Ok(())
             }
             FrameKind::Rejoin => match decode_rejoin(payload) {
-                Some((back, at)) if back < self.w.n() => self.on_rejoin(back, at, from),
+                Some((back, at, addr)) if back < self.w.n() => self.on_rejoin(back, at, addr, from),
                 _ => {
                     self.refused_frames += 1;
                     warn!(from, "dropped a malformed rejoin notice");
@@ -1295,30 +1343,34 @@ fn encode_hello(sender: Rank, me: &PeerInfo) -> anyhow::Result<Vec<u8>> {
 }
 
 /// A rejoin notice: the 24-byte frame header (kind `Rejoin`), then `back: u64 LE | at: u64
-/// LE` (peer `back` mixes again from round `at`).
-fn encode_rejoin(sender: Rank, back: Rank, at: u64) -> Vec<u8> {
-    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + 16);
+/// LE | addr: UTF-8` (peer `back` mixes again from round `at`; its new data-plane address
+/// `addr`, e.g. `127.0.0.1:5001`, for peers that push to it but were not told by a hello).
+fn encode_rejoin(sender: Rank, back: Rank, at: u64, addr: SocketAddr) -> Vec<u8> {
+    let addr = addr.to_string();
+    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + 16 + addr.len());
     FrameHeader {
         kind: FrameKind::Rejoin,
         sender,
         round: at,
         dim: 0,
-        payload_len: 16,
+        payload_len: (16 + addr.len()) as u32,
     }
     .emit(&mut frame);
     frame.extend_from_slice(&(back as u64).to_le_bytes());
     frame.extend_from_slice(&at.to_le_bytes());
+    frame.extend_from_slice(addr.as_bytes());
     frame
 }
 
-/// Inverse of [`encode_rejoin`] for the payload: (back, at); `None` if malformed.
-fn decode_rejoin(payload: &[u8]) -> Option<(Rank, u64)> {
-    if payload.len() != 16 {
+/// Inverse of [`encode_rejoin`] for the payload: (back, at, addr); `None` if malformed.
+fn decode_rejoin(payload: &[u8]) -> Option<(Rank, u64, SocketAddr)> {
+    if payload.len() < 16 || payload.len() > 16 + 64 {
         return None;
     }
     let back = u64::from_le_bytes(payload[..8].try_into().ok()?);
-    let at = u64::from_le_bytes(payload[8..].try_into().ok()?);
-    Some((usize::try_from(back).ok()?, at))
+    let at = u64::from_le_bytes(payload[8..16].try_into().ok()?);
+    let addr = std::str::from_utf8(&payload[16..]).ok()?.parse().ok()?;
+    Some((usize::try_from(back).ok()?, at, addr))
 }
 
 /// A report frame (kind `Report`, round = epoch): see [`encode_with_params`].
@@ -1737,11 +1789,13 @@ mod tests {
             "not UTF-8"
         );
 
-        let rejoin = encode_rejoin(1, 3, 193);
+        let addr: SocketAddr = "127.0.0.1:5001".parse().unwrap();
+        let rejoin = encode_rejoin(1, 3, 193, addr);
         let (h, payload) = FrameHeader::parse(&rejoin, 1 << 20).unwrap();
         assert_eq!((h.kind, h.sender, h.round), (FrameKind::Rejoin, 1, 193));
-        assert_eq!(decode_rejoin(payload), Some((3, 193)));
+        assert_eq!(decode_rejoin(payload), Some((3, 193, addr)));
         assert_eq!(decode_rejoin(&payload[..15]), None);
+        assert_eq!(decode_rejoin(&payload[..20]), None, "a cut address");
 
         let me = PeerInfo {
             rank: 3,

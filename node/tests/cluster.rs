@@ -483,6 +483,71 @@ fn a_killed_peer_restarted_with_resume_rejoins_the_run() {
 }
 
 #[test]
+fn sgp_on_a_directed_graph_survives_a_killed_peer_which_then_rejoins() {
+    // One-peer exponential on 6: directed, time-varying; no Metropolis–Hastings possible,
+    // push-sum survivors only stop pushing to the departed peer.
+    let mut c = Cluster::new();
+    let n = 6;
+    let run = args(&[
+        "--peers=6",
+        "--topology=one-peer-exponential",
+        "--algorithm=sgp",
+        "--epochs=14",
+        "--rounds-per-epoch=25",
+        "--peer-timeout-secs=2",
+        "--round-timeout-secs=30",
+        "--checkpoint-every=5",
+    ]);
+    let boot = c.start_bootstrap(&run);
+    let mut joined = run.clone();
+    joined.push(format!("--bootstrap={boot}"));
+    for rank in 1..n {
+        c.spawn(rank, &joined);
+    }
+    wait_for_epoch(&c, 1);
+    c.children[3].kill().unwrap();
+    c.children[3].wait().unwrap();
+    let membership = c.out().join("membership.jsonl");
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&membership).is_ok_and(|m| m.contains("left")) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{}", c.read_log(0));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Two epochs without it, then it comes back.
+    let left_at = rows(&c.out()).len() as u64;
+    wait_for_epoch(&c, left_at + 1);
+    let mut again = joined.clone();
+    again.push("--resume".into());
+    c.spawn(3, &again); // children[6]
+    for (rank, child) in [(0, 0), (1, 1), (2, 2), (4, 4), (5, 5), (3, 6)] {
+        let s = c.wait(child, Duration::from_secs(180));
+        let log = c.read_log(rank);
+        assert!(s.success(), "peer {rank} failed:\n{log}");
+        assert!(!log.contains("panicked"), "{log}");
+        assert!(!log.contains("DISCONNECTED"), "{log}");
+    }
+    assert!(c.read_log(1).contains("peer 3 left the run"));
+    assert!(c.read_log(3).contains("mixing again from round"));
+    let s = summary(&c.out());
+    assert!(s["departures"].as_str().unwrap().starts_with("3@"), "{s}");
+    assert!(s["rejoins"].as_str().unwrap().starts_with("3@"), "{s}");
+    let rows = rows(&c.out());
+    assert_eq!(rows.len(), 15, "epochs 0..=14 recorded");
+    assert!(
+        rows.iter().any(|r| r["peers"] == 5),
+        "some epoch without peer 3"
+    );
+    let last = rows.last().unwrap();
+    assert_eq!(last["peers"], 6, "{last}");
+    assert!(last["min_test_accuracy"].as_f64().unwrap() > 0.8, "{last}");
+    let xi2: Vec<f64> = rows
+        .iter()
+        .map(|r| r["consensus_distance"].as_f64().unwrap())
+        .collect();
+    assert!(xi2[14] <= 1.5 * xi2[1], "Ξ² {xi2:?}");
+}
+
+#[test]
 fn a_whole_run_killed_at_once_resumes_from_its_checkpoints() {
     let mut c = Cluster::new();
     let run = args(&[

@@ -289,6 +289,34 @@ impl Graph {
         self.first_unconnected().is_none()
     }
 
+    /// Whether the graph without the peers in `gone` (and their edges) is strongly connected
+    /// (for undirected graphs: connected): push-sum survivors still reach one value.
+    /// `true` when at most one peer is left; ranks ≥ n in `gone` are ignored.
+    pub fn strongly_connected_without(&self, gone: &[Rank]) -> bool {
+        let n = self.n();
+        let alive: Vec<bool> = (0..n).map(|i| !gone.contains(&i)).collect();
+        let Some(start) = alive.iter().position(|&a| a) else {
+            return true;
+        };
+        let keep = |adj: &[Vec<Rank>]| -> Vec<Vec<Rank>> {
+            adj.iter()
+                .enumerate()
+                .map(|(i, out)| {
+                    if alive[i] {
+                        out.iter().copied().filter(|&j| alive[j]).collect()
+                    } else {
+                        Vec::new()
+                    }
+                })
+                .collect()
+        };
+        let (fwd, bwd) = (
+            reach_from(&keep(&self.out_adj), start),
+            reach_from(&keep(&self.in_adj), start),
+        );
+        (0..n).all(|i| !alive[i] || fwd[i] && bwd[i])
+    }
+
     /// Smallest peer that is not mutually reachable with peer 0, if any.
     pub(crate) fn first_unconnected(&self) -> Option<Rank> {
         let fwd = reach(&self.out_adj);
@@ -299,12 +327,17 @@ impl Graph {
 
 /// Peers reachable from peer 0 following `adj`.
 fn reach(adj: &[Vec<Rank>]) -> Vec<bool> {
+    reach_from(adj, 0)
+}
+
+/// Peers reachable from `start` following `adj` (none for an empty graph).
+fn reach_from(adj: &[Vec<Rank>], start: Rank) -> Vec<bool> {
     let mut seen = vec![false; adj.len()];
     if adj.is_empty() {
         return seen;
     }
-    let mut stack = vec![0];
-    seen[0] = true;
+    let mut stack = vec![start];
+    seen[start] = true;
     while let Some(v) = stack.pop() {
         for &w in &adj[v] {
             if !seen[w] {

@@ -903,3 +903,27 @@ fn departures_are_refused_on_directed_graphs_and_for_unknown_ranks() {
         Err(TopologyError::RankOutOfRange { rank: 4, n: 4 })
     );
 }
+
+#[test]
+fn strong_connectivity_without_departed_peers() {
+    // Directed ring 0 → 1 → … → 5 → 0: losing any peer breaks the cycle.
+    let cycle = Graph::from_edges(
+        6,
+        &(0..6).map(|i| (i, (i + 1) % 6)).collect::<Vec<_>>(),
+        true,
+    )
+    .unwrap();
+    assert!(cycle.strongly_connected_without(&[]));
+    assert!(!cycle.strongly_connected_without(&[3]));
+    // The exponential graph on 8 (i → i+1, i+2, i+4) survives one departure, and two.
+    let e = Graph::exponential(8).unwrap();
+    assert!(e.strongly_connected_without(&[3]));
+    assert!(e.strongly_connected_without(&[0, 5]));
+    // Undirected path 0 – 1 – 2: the middle peer's departure splits it, an end's does not.
+    let path = Graph::from_edges(3, &[(0, 1), (1, 2)], false).unwrap();
+    assert!(!path.strongly_connected_without(&[1]));
+    assert!(path.strongly_connected_without(&[0]));
+    // Nobody or one peer left: nothing to connect.
+    assert!(path.strongly_connected_without(&[0, 1, 2]));
+    assert!(path.strongly_connected_without(&[0, 1]));
+}
