@@ -410,6 +410,41 @@ fn survivors_of_a_killed_peer_reweight_and_finish_the_run() {
 }
 
 #[test]
+fn choco_survivors_of_a_killed_peer_reweight_and_finish_the_run() {
+    let mut c = Cluster::new();
+    let n = 4;
+    c.start(
+        n,
+        &args(&[
+            "--peers=4",
+            "--topology=ring",
+            "--algorithm=choco",
+            "--epochs=5",
+            "--rounds-per-epoch=25",
+            "--peer-timeout-secs=2",
+            "--round-timeout-secs=30",
+        ]),
+    );
+    wait_for_epoch(&c, 1);
+    c.children[2].kill().unwrap();
+    for rank in [0, 1, 3] {
+        let s = c.wait(rank, Duration::from_secs(120));
+        let log = c.read_log(rank);
+        assert!(s.success(), "peer {rank} failed:\n{log}");
+        assert!(
+            log.contains("peer 2 left the run"),
+            "peer {rank} log:\n{log}"
+        );
+    }
+    let s = summary(&c.out());
+    assert!(s["departures"].as_str().unwrap().starts_with("2@"), "{s}");
+    let rows = rows(&c.out());
+    let last = rows.last().unwrap();
+    assert_eq!(last["peers"], 3, "{last}");
+    assert!(last["min_test_accuracy"].as_f64().unwrap() > 0.8, "{last}");
+}
+
+#[test]
 fn a_killed_peer_restarted_with_resume_rejoins_the_run() {
     let mut c = Cluster::new();
     let n = 5;
