@@ -177,6 +177,31 @@ impl Compressor for ErrorFeedback {
     fn set_epoch(&mut self, epoch: usize) {
         self.inner.set_epoch(epoch)
     }
+
+    /// `[("residual", e)]` after the first call; empty before it.
+    fn state(&self) -> Vec<(&'static str, Vec<f32>)> {
+        match self.dim {
+            Some(_) => vec![("residual", self.residual.clone())],
+            None => Vec::new(),
+        }
+    }
+
+    /// Sets the residual `e` (and d) from `[("residual", e)]`.
+    fn restore_state(
+        &mut self,
+        d: usize,
+        state: &[(String, Vec<f32>)],
+    ) -> Result<(), crate::StateError> {
+        if state.is_empty() {
+            return Ok(());
+        }
+        crate::check_state(state, &["residual"], d)?;
+        self.dim = Some(d);
+        self.residual.clone_from(&state[0].1);
+        self.decoded.clear();
+        self.decoded.resize(d, 0.0);
+        Ok(())
+    }
 }
 
 /// Settings of [`Dgc`] (Lin et al. 2018). The defaults are the paper's: ratio 0.001
@@ -415,5 +440,29 @@ impl Compressor for Dgc {
     /// Sets the density to [`DgcConfig::density`]`(epoch)`.
     fn set_epoch(&mut self, epoch: usize) {
         self.density = self.cfg.density(epoch);
+    }
+
+    /// `[("u", u), ("v", v)]` after the first call; empty before it.
+    fn state(&self) -> Vec<(&'static str, Vec<f32>)> {
+        match self.dim {
+            Some(_) => vec![("u", self.u.clone()), ("v", self.v.clone())],
+            None => Vec::new(),
+        }
+    }
+
+    /// Sets `u`, `v` (and d) from `[("u", u), ("v", v)]`; the epoch stays as set.
+    fn restore_state(
+        &mut self,
+        d: usize,
+        state: &[(String, Vec<f32>)],
+    ) -> Result<(), crate::StateError> {
+        if state.is_empty() {
+            return Ok(());
+        }
+        crate::check_state(state, &["u", "v"], d)?;
+        self.dim = Some(d);
+        self.u.clone_from(&state[0].1);
+        self.v.clone_from(&state[1].1);
+        Ok(())
     }
 }

@@ -169,6 +169,68 @@ pub trait Compressor: Send {
     /// Tells the operator the current epoch (0-based), for schedules such as DGC's warm-up.
     /// The default does nothing.
     fn set_epoch(&mut self, _epoch: usize) {}
+
+    /// The state this operator carries from call to call, as named vectors `[d]`, for a
+    /// checkpoint: error feedback's residual `e`, DGC's `u` and `v`. Empty for stateless
+    /// operators (the default) and before the first call.
+    fn state(&self) -> Vec<(&'static str, Vec<f32>)> {
+        Vec::new()
+    }
+
+    /// Restores what [`Compressor::state`] returned for vectors of length `d`, so that the
+    /// next call continues as the saved operator would have. An empty `state` leaves the
+    /// operator as it is.
+    ///
+    /// # Errors
+    /// [`StateError`] if the names are not this operator's, a vector's length is not `d`,
+    /// or a value is not finite; the operator is unchanged then.
+    fn restore_state(&mut self, d: usize, state: &[(String, Vec<f32>)]) -> Result<(), StateError> {
+        let _ = d;
+        match state.first() {
+            None => Ok(()),
+            Some((name, _)) => Err(StateError(format!(
+                "{:?} keeps no state, but the saved state has {name:?}",
+                self.id()
+            ))),
+        }
+    }
+}
+
+/// A saved compressor or algorithm state that does not fit the operator or algorithm it is
+/// restored into.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot restore the saved state: {0}")]
+pub struct StateError(pub String);
+
+/// Checks a saved state of named vectors: exactly the names `want`, in that order, each of
+/// length `d` and finite.
+///
+/// # Errors
+/// [`StateError`] naming what differs.
+pub fn check_state(
+    state: &[(String, Vec<f32>)],
+    want: &[&str],
+    d: usize,
+) -> Result<(), StateError> {
+    let names: Vec<&str> = state.iter().map(|(n, _)| n.as_str()).collect();
+    if names != want {
+        return Err(StateError(format!("expected {want:?}, got {names:?}")));
+    }
+    for (name, v) in state {
+        if v.len() != d {
+            return Err(StateError(format!(
+                "{name:?} has {} values, expected d = {d}",
+                v.len()
+            )));
+        }
+        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            return Err(StateError(format!(
+                "{name:?}[{i}] = {} is not finite",
+                v[i]
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -214,6 +276,12 @@ impl<C: Compressor + ?Sized> Compressor for Box<C> {
     }
     fn set_epoch(&mut self, epoch: usize) {
         (**self).set_epoch(epoch)
+    }
+    fn state(&self) -> Vec<(&'static str, Vec<f32>)> {
+        (**self).state()
+    }
+    fn restore_state(&mut self, d: usize, state: &[(String, Vec<f32>)]) -> Result<(), StateError> {
+        (**self).restore_state(d, state)
     }
 }
 

@@ -73,7 +73,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::exchange::{max_lead, Exchange, ExchangeParams};
-use crate::{Gossip, GossipError, GossipEvent, MembershipError, Rank};
+use crate::{AlgorithmState, Gossip, GossipError, GossipEvent, MembershipError, Rank, StateError};
 
 /// Configuration of one CHOCO peer.
 #[derive(Debug, Clone)]
@@ -386,6 +386,41 @@ impl Gossip for Choco {
         let from = self.ex.round() + u64::from(!self.ex.is_idle());
         let at = self.weight_changes.partition_point(|c| c.0 <= from);
         self.weight_changes.insert(at, (from, wii, wij));
+        Ok(())
+    }
+
+    fn start_at_round(&mut self, round: u64) -> Result<(), MembershipError> {
+        self.ex.start_at(round);
+        Ok(())
+    }
+
+    /// x̂_i as `x_hat`, the copies as `x_hat_in.<j>` (in-neighbour j), and the compressor's
+    /// state.
+    fn state(&self) -> AlgorithmState {
+        let mut vectors = vec![("x_hat".to_string(), self.x_hat.clone())];
+        for ((j, _), c) in self.cfg.in_weights.iter().zip(&self.copies) {
+            vectors.push((format!("x_hat_in.{j}"), c.clone()));
+        }
+        AlgorithmState {
+            scalars: Vec::new(),
+            vectors,
+        }
+        .with_compressor(&*self.compressor)
+    }
+
+    fn restore_state(&mut self, state: &AlgorithmState) -> Result<(), StateError> {
+        let mut names = vec!["x_hat".to_string()];
+        names.extend(
+            self.cfg
+                .in_weights
+                .iter()
+                .map(|(j, _)| format!("x_hat_in.{j}")),
+        );
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let d = self.x.len();
+        let (_, mut vectors) = state.restore_into(&[], &names, d, &mut *self.compressor)?;
+        self.copies = vectors.split_off(1);
+        self.x_hat = vectors.pop().expect("x_hat was checked");
         Ok(())
     }
 

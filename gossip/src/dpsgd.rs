@@ -28,7 +28,7 @@ use rand::SeedableRng;
 use murmur_topology::MixingMatrix;
 
 use crate::exchange::{max_lead, Exchange, ExchangeParams, SkipAction, SKIP_HISTORY};
-use crate::{Gossip, GossipError, MembershipError, Rank};
+use crate::{AlgorithmState, Gossip, GossipError, MembershipError, Rank, StateError};
 
 /// Configuration of one D-PSGD peer.
 #[derive(Debug, Clone)]
@@ -326,6 +326,17 @@ impl Gossip for DPsgd {
 
     fn start_at_round(&mut self, round: u64) -> Result<(), MembershipError> {
         self.ex.start_at(round);
+        Ok(())
+    }
+
+    /// The compressor's state (error feedback's residual), if any.
+    fn state(&self) -> AlgorithmState {
+        AlgorithmState::default().with_compressor(&*self.compressor)
+    }
+
+    fn restore_state(&mut self, state: &AlgorithmState) -> Result<(), StateError> {
+        let d = self.x.len();
+        state.restore_into(&[], &[], d, &mut *self.compressor)?;
         Ok(())
     }
 

@@ -209,6 +209,75 @@ pub enum MembershipError {
     },
 }
 
+/// An algorithm's state beyond the parameters x and the round: what a checkpoint keeps so
+/// that a resumed run continues where it stopped (CHOCO's copies x̂, SGP's push-sum weight
+/// and numerator, a compressor's error-feedback residual). Vectors are `[d]`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AlgorithmState {
+    /// Named scalars, e.g. `("push_sum_weight", w_i)`.
+    pub scalars: Vec<(String, f64)>,
+    /// Named vectors `[d]`, e.g. `("x_hat", x̂_i)`, `("compressor.residual", e)`.
+    pub vectors: Vec<(String, Vec<f32>)>,
+}
+
+impl AlgorithmState {
+    /// Whether there is nothing to save.
+    pub fn is_empty(&self) -> bool {
+        self.scalars.is_empty() && self.vectors.is_empty()
+    }
+
+    /// Adds the compressor's state under the prefix `compressor.`.
+    pub(crate) fn with_compressor(mut self, c: &dyn murmur_compress::Compressor) -> Self {
+        self.vectors.extend(
+            c.state()
+                .into_iter()
+                .map(|(name, v)| (format!("{COMPRESSOR_PREFIX}{name}"), v)),
+        );
+        self
+    }
+
+    /// Checks the state against what an algorithm saves — exactly the scalars `scalars`
+    /// and the vectors `vectors` (each `[d]`, finite), in that order, plus any compressor
+    /// state — and restores the compressor part into `compressor`. Returns the scalars'
+    /// and the vectors' values. Nothing changes on `Err`.
+    pub(crate) fn restore_into(
+        &self,
+        scalars: &[&str],
+        vectors: &[&str],
+        d: usize,
+        compressor: &mut dyn murmur_compress::Compressor,
+    ) -> Result<(Vec<f64>, Vec<Vec<f32>>), StateError> {
+        let names: Vec<&str> = self.scalars.iter().map(|(n, _)| n.as_str()).collect();
+        if names != scalars {
+            return Err(StateError(format!(
+                "expected the scalars {scalars:?}, got {names:?}"
+            )));
+        }
+        if let Some((n, v)) = self.scalars.iter().find(|(_, v)| !v.is_finite()) {
+            return Err(StateError(format!("{n:?} = {v} is not finite")));
+        }
+        let (theirs, own): (Vec<_>, Vec<_>) = self
+            .vectors
+            .iter()
+            .cloned()
+            .partition(|(n, _)| n.starts_with(COMPRESSOR_PREFIX));
+        murmur_compress::check_state(&own, vectors, d)?;
+        let theirs: Vec<(String, Vec<f32>)> = theirs
+            .into_iter()
+            .map(|(n, v)| (n[COMPRESSOR_PREFIX.len()..].to_string(), v))
+            .collect();
+        compressor.restore_state(d, &theirs)?;
+        Ok((
+            self.scalars.iter().map(|(_, v)| *v).collect(),
+            own.into_iter().map(|(_, v)| v).collect(),
+        ))
+    }
+}
+
+const COMPRESSOR_PREFIX: &str = "compressor.";
+
+pub use murmur_compress::StateError;
+
 /// Counters kept by every state machine. Units: bytes are whole frames (header included).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GossipStats {
@@ -356,6 +425,30 @@ pub trait Gossip: Send {
             algorithm: "this algorithm",
             why: "it cannot start mid-run",
         })
+    }
+
+    /// The algorithm's state beyond x and the round, for a checkpoint (see
+    /// [`AlgorithmState`]). Read between rounds. The default is the compressor-free empty
+    /// state.
+    fn state(&self) -> AlgorithmState {
+        AlgorithmState::default()
+    }
+
+    /// Restores a state saved by [`Gossip::state`] of the same algorithm and d, after
+    /// [`Gossip::start_at_round`] and before the first round; the parameters come in
+    /// through [`Gossip::begin_round`] as usual. An empty state changes nothing.
+    ///
+    /// # Errors
+    /// [`StateError`] if the state is not this algorithm's (names, lengths, values); the
+    /// state machine is unchanged then.
+    fn restore_state(&mut self, state: &AlgorithmState) -> Result<(), StateError> {
+        if state.is_empty() {
+            Ok(())
+        } else {
+            Err(StateError(
+                "this algorithm keeps no state beyond x and the round".into(),
+            ))
+        }
     }
 
     /// Whether a round's outgoing frames do not depend on its gradient, so that the driver

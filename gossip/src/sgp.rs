@@ -757,6 +757,44 @@ impl Gossip for Sgp {
         Ok(())
     }
 
+    /// The push-sum weight w_i as `push_sum_weight`, the numerator x_i as `numerator`, and
+    /// the compressor's state. Shares buffered for later rounds are not part of it (they
+    /// were in flight).
+    fn state(&self) -> crate::AlgorithmState {
+        crate::AlgorithmState {
+            scalars: vec![("push_sum_weight".into(), self.weight)],
+            vectors: vec![("numerator".into(), self.x.clone())],
+        }
+        .with_compressor(&*self.compressor)
+    }
+
+    /// Sets w_i and x_i (and z_i = x_i / w_i, so a driver that hands back z keeps x_i
+    /// bit-exactly).
+    ///
+    /// # Errors
+    /// As [`Gossip::restore_state`], and a push-sum weight outside (0, n].
+    fn restore_state(&mut self, state: &crate::AlgorithmState) -> Result<(), crate::StateError> {
+        let n = self.cfg.schedule.n() as f64;
+        if let Some((_, w)) = state.scalars.first() {
+            if !(*w > 0.0 && *w <= n * (1.0 + 1e-6)) {
+                return Err(crate::StateError(format!(
+                    "push-sum weight {w} is outside (0, {n}]"
+                )));
+            }
+        }
+        let d = self.d();
+        let (scalars, mut vectors) = state.restore_into(
+            &["push_sum_weight"],
+            &["numerator"],
+            d,
+            &mut *self.compressor,
+        )?;
+        self.weight = scalars[0];
+        self.x = vectors.pop().expect("numerator was checked");
+        self.refresh_z();
+        Ok(())
+    }
+
     /// Starts at round `round` with the parameters given at construction and push-sum
     /// weight 1; frames of earlier rounds are neither awaited nor accepted.
     fn start_at_round(&mut self, round: u64) -> Result<(), crate::MembershipError> {

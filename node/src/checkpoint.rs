@@ -4,14 +4,18 @@
 //! every K-th round: its parameters x (`[d]`, the model's parameter vector in the fixed
 //! order that is also mixed, so the model is rebuilt from it exactly, except BatchNorm
 //! running statistics, which are not parameters), its optimizer state (the heavy-ball
-//! velocity `[d]`), its round, and the peers it knows to have left. D-PSGD — the algorithm
-//! that can take a peer back — has no state beyond x and the round. The file is written to
-//! a temporary name, flushed to disk and renamed, so a kill at any moment leaves either the
-//! previous checkpoint or the new one, never a torn file: a kill -9 loses only the rounds
-//! since the last checkpoint.
+//! velocity `[d]`), its round, the peers it knows to have left, and the algorithm's own
+//! state ([`AlgorithmState`]: CHOCO's x̂_i and copies x̂_j, SGP's push-sum weight and
+//! numerator, a compressor's error-feedback residual or DGC buffers). The file is written
+//! to a temporary name, flushed to disk and renamed, so a kill at any moment leaves either
+//! the previous checkpoint or the new one, never a torn file: a kill -9 loses only the
+//! rounds since the last checkpoint.
 //!
-//! Format (little-endian): `b"MURMURCK" | version: u32 | json_len: u32 | JSON of`
-//! [`CheckpointMeta`] `| x: d × f32 | velocity: d × f32`.
+//! Format (little-endian): `b"MURMURCK" | version: u32 | json_len: u32 | JSON | x: d × f32 |
+//! velocity: d × f32 | one d × f32 block per state vector`, where the JSON holds the fields
+//! of [`CheckpointMeta`] plus `scalars` (the state's named scalars) and `vectors` (the
+//! state vectors' names, in the order of their blocks). Version 1 files (before the state
+//! was saved) are read with an empty state.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -20,10 +24,12 @@ use anyhow::{bail, Context};
 use murmur_gossip::Rank;
 use serde::{Deserialize, Serialize};
 
+use murmur_gossip::AlgorithmState;
+
 use crate::discovery::Fingerprint;
 
 const MAGIC: &[u8; 8] = b"MURMURCK";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 /// What a checkpoint says about itself.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -47,6 +53,19 @@ pub struct Checkpoint {
     pub x: Vec<f32>,
     /// Heavy-ball velocity (the optimizer state): `[d]`.
     pub velocity: Vec<f32>,
+    /// The algorithm's state beyond x and the round (vectors `[d]`).
+    pub state: AlgorithmState,
+}
+
+/// The JSON part of the file: the metadata and the names of the state.
+#[derive(Serialize, Deserialize)]
+struct Header {
+    #[serde(flatten)]
+    meta: CheckpointMeta,
+    #[serde(default)]
+    scalars: Vec<(String, f64)>,
+    #[serde(default)]
+    vectors: Vec<String>,
 }
 
 /// The checkpoint before the one at `path`: `peer-<rank>.prev.ckpt`.
@@ -64,13 +83,26 @@ pub fn path(run_dir: &Path, rank: Rank) -> PathBuf {
 impl Checkpoint {
     /// The file's bytes.
     pub fn to_bytes(&self) -> anyhow::Result<Vec<u8>> {
-        let json = serde_json::to_vec(&self.meta)?;
-        let mut out = Vec::with_capacity(16 + json.len() + 8 * self.x.len());
+        let d = self.x.len();
+        if self.velocity.len() != d || self.state.vectors.iter().any(|(_, v)| v.len() != d) {
+            bail!("every vector of a checkpoint must have d = {d} values");
+        }
+        if let Some((n, v)) = self.state.scalars.iter().find(|(_, v)| !v.is_finite()) {
+            bail!("state scalar {n:?} = {v} is not finite (JSON cannot hold it)");
+        }
+        let json = serde_json::to_vec(&Header {
+            meta: self.meta.clone(),
+            scalars: self.state.scalars.clone(),
+            vectors: self.state.vectors.iter().map(|(n, _)| n.clone()).collect(),
+        })?;
+        let blocks = 2 + self.state.vectors.len();
+        let mut out = Vec::with_capacity(16 + json.len() + 4 * d * blocks);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
         out.extend_from_slice(&(json.len() as u32).to_le_bytes());
         out.extend_from_slice(&json);
-        for v in self.x.iter().chain(&self.velocity) {
+        let state = self.state.vectors.iter().flat_map(|(_, v)| v);
+        for v in self.x.iter().chain(&self.velocity).chain(state) {
             out.extend_from_slice(&v.to_le_bytes());
         }
         Ok(out)
@@ -92,12 +124,16 @@ impl Checkpoint {
                 .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         };
         let version = word(8).context("truncated header")?;
-        if version != VERSION {
-            bail!("checkpoint version {version}; this murmur reads version {VERSION}");
+        if version != VERSION && version != 1 {
+            bail!("checkpoint version {version}; this murmur reads versions 1 and {VERSION}");
         }
         let json_len = word(12).context("truncated header")? as usize;
         let json = bytes.get(16..16 + json_len).context("truncated metadata")?;
-        let meta: CheckpointMeta = serde_json::from_slice(json).context("checkpoint metadata")?;
+        let Header {
+            meta,
+            scalars,
+            vectors: names,
+        } = serde_json::from_slice(json).context("checkpoint metadata")?;
         if meta.fingerprint != *fingerprint {
             bail!(
                 "it belongs to another run: {}",
@@ -106,11 +142,12 @@ impl Checkpoint {
             );
         }
         let values = &bytes[16 + json_len..];
-        if values.len() != 8 * d {
+        let blocks = 2 + names.len();
+        if values.len() != 4 * d * blocks {
             bail!(
-                "it holds {} bytes of values, expected {} for d = {d}",
+                "it holds {} bytes of values, expected {} for d = {d} and {blocks} vectors",
                 values.len(),
-                8 * d
+                4 * d * blocks
             );
         }
         let floats: Vec<f32> = values
@@ -120,11 +157,15 @@ impl Checkpoint {
         if let Some(i) = floats.iter().position(|v| !v.is_finite()) {
             bail!("value {i} is not finite ({})", floats[i]);
         }
-        let (x, velocity) = floats.split_at(d);
+        let mut blocks = floats.chunks_exact(d.max(1));
+        let mut next = || blocks.next().map(<[f32]>::to_vec).unwrap_or_default();
+        let (x, velocity) = (next(), next());
+        let vectors = names.into_iter().map(|n| (n, next())).collect();
         Ok(Checkpoint {
             meta,
-            x: x.to_vec(),
-            velocity: velocity.to_vec(),
+            x,
+            velocity,
+            state: AlgorithmState { scalars, vectors },
         })
     }
 
@@ -205,6 +246,13 @@ mod tests {
             },
             x: vec![1.0, -2.0, 0.5],
             velocity: vec![0.25, 0.0, -1.0],
+            state: AlgorithmState {
+                scalars: vec![("push_sum_weight".into(), 0.75)],
+                vectors: vec![
+                    ("numerator".into(), vec![0.75, -1.5, 0.375]),
+                    ("compressor.residual".into(), vec![0.0, 1e-3, -2.0]),
+                ],
+            },
         }
     }
 
@@ -268,8 +316,23 @@ mod tests {
         let mut nan = checkpoint();
         nan.velocity[1] = f32::NAN;
         assert!(err(&nan.to_bytes().unwrap(), 3).contains("not finite"));
-        let mut v2 = bytes.clone();
-        v2[8] = 2;
-        assert!(err(&v2, 3).contains("version 2"));
+        let mut v3 = bytes.clone();
+        v3[8] = 3;
+        assert!(err(&v3, 3).contains("version 3"));
+        let mut nan_state = checkpoint();
+        nan_state.state.vectors[1].1[0] = f32::INFINITY;
+        assert!(err(&nan_state.to_bytes().unwrap(), 3).contains("not finite"));
+        nan_state = checkpoint();
+        nan_state.state.scalars[0].1 = f64::NAN;
+        assert!(nan_state.to_bytes().is_err());
+        let mut ragged = checkpoint();
+        ragged.state.vectors[0].1.pop();
+        assert!(ragged.to_bytes().is_err());
+        // A version-1 file (no state) is read with an empty state.
+        let mut v1 = checkpoint();
+        v1.state = AlgorithmState::default();
+        let mut old = v1.to_bytes().unwrap();
+        old[8] = 1;
+        assert_eq!(Checkpoint::from_bytes(&old, &f, 3).unwrap(), v1);
     }
 }

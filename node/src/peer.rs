@@ -194,14 +194,15 @@ fn run_on<B: AutodiffBackend>(
     if rank != 0 && peer.bootstrap.is_none() {
         bail!("peer {rank} needs --bootstrap <multiaddr of peer 0>");
     }
-    if peer.resume
-        && !matches!(
-            args.algorithms().as_slice(),
-            [crate::config::Algorithm::Dpsgd | crate::config::Algorithm::Sgp]
-        )
-    {
+    use crate::config::Algorithm;
+    let resumable = match args.algorithms().as_slice() {
+        [Algorithm::Dpsgd | Algorithm::Sgp] => Resumable::Rejoin,
+        [Algorithm::Choco] => Resumable::WholeRun,
+        _ => Resumable::No,
+    };
+    if peer.resume && resumable == Resumable::No {
         bail!(
-            "--resume works for D-PSGD and SGP runs only, not {}",
+            "--resume works for D-PSGD, SGP and CHOCO-SGD runs, not {}",
             args.algorithm_name()
         );
     }
@@ -421,8 +422,22 @@ fn run_on<B: AutodiffBackend>(
         velocity = c.velocity;
         net = model::unflatten(net, &x)?;
         drv.gossip.start_at_round(round)?;
+        drv.gossip.restore_state(&c.state).with_context(|| {
+            format!(
+                "--resume: the checkpoint of round {round} does not fit {}",
+                args.algorithm_name()
+            )
+        })?;
         first_round = round;
     } else if peer.resume {
+        if resumable != Resumable::Rejoin {
+            bail!(
+                "--resume: {} cannot take one restarted peer back into a running run (its \
+                 copies x̂ and its neighbours' copy of it would disagree); restart the whole \
+                 run with --resume, peer 0 included, to continue from the checkpoints",
+                args.algorithm_name()
+            );
+        }
         // A restarted peer agrees on a round with its neighbours and starts from their mean,
         // with the momentum of its latest checkpoint.
         let (at, mean) = drv.rejoin(
@@ -535,6 +550,7 @@ fn run_on<B: AutodiffBackend>(
                     },
                     x: x.clone(),
                     velocity: velocity.clone(),
+                    state: drv.gossip.state(),
                 }
                 .save(&checkpoint_path)?;
             }
@@ -1340,6 +1356,17 @@ fn encode_hello(sender: Rank, me: &PeerInfo) -> anyhow::Result<Vec<u8>> {
     .emit(&mut frame);
     frame.extend_from_slice(&json);
     Ok(frame)
+}
+
+/// What `--resume` can do for an algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resumable {
+    /// One restarted peer rejoins a running run, or the whole run resumes.
+    Rejoin,
+    /// Only the whole run resumes from its checkpoints.
+    WholeRun,
+    /// Neither.
+    No,
 }
 
 /// A rejoin notice: the 24-byte frame header (kind `Rejoin`), then `back: u64 LE | at: u64

@@ -584,14 +584,53 @@ fn sgp_on_a_directed_graph_survives_a_killed_peer_which_then_rejoins() {
 
 #[test]
 fn a_whole_run_killed_at_once_resumes_from_its_checkpoints() {
-    let mut c = Cluster::new();
+    whole_run_resumes(&[]);
+}
+
+/// CHOCO's copies x̂ and the compressor's state come back from the checkpoints.
+#[test]
+fn a_whole_choco_run_resumes_from_its_checkpoints_with_its_copies() {
+    let c = whole_run_resumes(&["--algorithm=choco"]);
+    let ckpt = std::fs::read(c.out().join("checkpoints").join("peer-1.ckpt")).unwrap();
+    let text = String::from_utf8_lossy(&ckpt);
+    assert!(
+        text.contains("x_hat_in.0") && text.contains("x_hat_in.2"),
+        "{text:.300}"
+    );
+    // One restarted CHOCO peer cannot rejoin a running run: a clear refusal.
+    let mut c2 = Cluster::new();
     let run = args(&[
+        "--peers=2",
+        "--algorithm=choco",
+        "--epochs=200",
+        "--peer-timeout-secs=2",
+    ]);
+    let boot = c2.start_bootstrap(&run);
+    let mut joined = run.clone();
+    joined.push(format!("--bootstrap={boot}"));
+    c2.spawn(1, &joined);
+    wait_for_epoch(&c2, 0);
+    c2.children[1].kill().unwrap();
+    c2.children[1].wait().unwrap();
+    joined.push("--resume".into());
+    c2.spawn(1, &joined);
+    assert!(!c2.wait(2, Duration::from_secs(60)).success());
+    let log = c2.read_log(1);
+    assert!(log.contains("restart the whole run with --resume"), "{log}");
+}
+
+/// Runs 3 peers (ring, 4 epochs × 10 rounds, checkpoints every 5) with `extra`, kills them
+/// all after epoch 2, restarts all with --resume and checks the run completes once.
+fn whole_run_resumes(extra: &[&str]) -> Cluster {
+    let mut c = Cluster::new();
+    let mut run = args(&[
         "--peers=3",
         "--topology=ring",
         "--epochs=4",
         "--rounds-per-epoch=10",
         "--checkpoint-every=5",
     ]);
+    run.extend(args(extra));
     c.start(3, &run);
     wait_for_epoch(&c, 2);
     for child in &mut c.children {
@@ -620,6 +659,9 @@ fn a_whole_run_killed_at_once_resumes_from_its_checkpoints() {
     // The epochs before the resumed one are the rows of the first run.
     assert_eq!(after[1], before[1]);
     assert!(after[4]["mean_test_accuracy"].as_f64().unwrap() > 0.8);
+    if !extra.is_empty() {
+        return c;
+    }
     // A peer that comes without --resume into a resuming run is refused.
     let mut c2 = Cluster::new();
     let resume0 = vec![
@@ -635,6 +677,7 @@ fn a_whole_run_killed_at_once_resumes_from_its_checkpoints() {
         "{}",
         c2.read_log(1)
     );
+    c
 }
 
 #[test]
