@@ -59,6 +59,9 @@ pub enum FrameKind {
     /// the receiver drops the sender's frame of that round too (no payload; see
     /// [`crate::DPsgd`]).
     Skip = 12,
+    /// A membership notice: a new peer took an empty rank of the running run, with this
+    /// identity (payload defined by the node).
+    Admit = 13,
 }
 
 impl FrameKind {
@@ -76,6 +79,7 @@ impl FrameKind {
             10 => Some(Self::Welcome),
             11 => Some(Self::Rejoin),
             12 => Some(Self::Skip),
+            13 => Some(Self::Admit),
             _ => None,
         }
     }

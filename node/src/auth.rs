@@ -45,6 +45,9 @@ pub struct Admitted(Arc<AdmittedInner>);
 struct AdmittedInner {
     ranks: RwLock<HashMap<PeerId, Rank>>,
     ready: tokio::sync::watch::Sender<bool>,
+    /// Whether ranks are still empty (an elastic run), so that a peer not admitted yet
+    /// may be admitted later.
+    open: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Admitted {
@@ -52,6 +55,7 @@ impl Default for Admitted {
         Admitted(Arc::new(AdmittedInner {
             ranks: RwLock::new(HashMap::new()),
             ready: tokio::sync::watch::channel(false).0,
+            open: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 }
@@ -67,6 +71,15 @@ impl Admitted {
         self.0.ready.send_replace(true);
     }
 
+    /// Marks whether some ranks are still empty (an elastic run): then a connection from an
+    /// identity not admitted yet waits [`LATE_ADMISSION_WAIT`] for its admission instead of
+    /// being refused at once.
+    pub fn set_open(&self, open: bool) {
+        self.0
+            .open
+            .store(open, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The rank of `peer`, if it is admitted (`None` also while the set is not known).
     pub fn rank(&self, peer: &PeerId) -> Option<Rank> {
         self.0
@@ -77,16 +90,36 @@ impl Admitted {
             .copied()
     }
 
-    /// [`Admitted::rank`] once the set is known, waiting for it at most `wait`.
+    /// [`Admitted::rank`] once the set is known, waiting for it at most `wait`. While some
+    /// ranks are empty ([`Admitted::set_open`]), a peer not in the set then is waited for
+    /// [`LATE_ADMISSION_WAIT`] more (within `wait`): a new peer of an elastic run may dial
+    /// before peer 0's notice admitting it arrives.
     pub async fn rank_when_known(&self, peer: &PeerId, wait: std::time::Duration) -> Option<Rank> {
+        let deadline = tokio::time::Instant::now() + wait;
         let mut ready = self.0.ready.subscribe();
-        tokio::time::timeout(wait, ready.wait_for(|known| *known))
+        tokio::time::timeout_at(deadline, ready.wait_for(|known| *known))
             .await
             .ok()?
             .ok()?;
-        self.rank(peer)
+        let late = deadline.min(tokio::time::Instant::now() + LATE_ADMISSION_WAIT);
+        loop {
+            if let Some(rank) = self.rank(peer) {
+                return Some(rank);
+            }
+            if !self.0.open.load(std::sync::atomic::Ordering::Relaxed) {
+                return None;
+            }
+            tokio::time::timeout_at(late, ready.changed())
+                .await
+                .ok()?
+                .ok()?;
+        }
     }
 }
+
+/// How long a connection from an identity that is not (yet) admitted waits for its
+/// admission once the directory is known, before it is refused.
+pub const LATE_ADMISSION_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// `<run>/identity/peer-<rank>.key`: where a peer keeps its key pair by default.
 pub fn key_path(run_dir: &Path, rank: Rank) -> PathBuf {

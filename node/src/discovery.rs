@@ -6,10 +6,14 @@
 //! model, d — so a mis-configured peer is refused with a message saying what differs), its
 //! QUIC data-plane address; the bootstrap records the `PeerId` libp2p authenticated, which
 //! the data plane's certificates must then prove ([`crate::auth`]). When all n ranks have
-//! joined, the bootstrap answers every request with the directory of all peers. The swarm
-//! then keeps running in the background for liveness (ping, identify), and the bootstrap
-//! goes on answering restarted peers that rejoin the running run (`--resume`): their entry
-//! gets the new address (the identity must stay the same) and they get the directory at once.
+//! joined (or the `--initial-peers` of an elastic run), the bootstrap answers every request
+//! with the directory: an entry per rank, empty for the ranks that have not joined. The
+//! swarm then keeps running in the background for liveness (ping, identify), and the
+//! bootstrap goes on answering peers that join the running run: restarted peers
+//! (`--resume`; their entry gets the new address, the identity must stay the same) and new
+//! peers taking an empty rank (`--join-running`; allow-list permitting), whose entry it
+//! passes to the data plane as [`crate::net::NetEvent::Joined`] so that every peer admits
+//! the new identity. Both get the directory at once.
 //!
 //! Protocol: libp2p request-response, JSON codec, protocol id `/murmur/join/1`.
 
@@ -105,18 +109,22 @@ pub struct JoinRequest {
     pub checkpoint_rounds: Vec<u64>,
 }
 
+/// The run's peers, indexed by rank: `None` for a rank nobody has taken yet (an elastic
+/// run started with fewer peers, `--initial-peers`).
+pub type Directory = Vec<Option<PeerInfo>>;
+
 /// The bootstrap's answer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum JoinResponse {
-    /// All n peers, indexed by rank.
-    Directory(Vec<PeerInfo>),
+    /// The directory (n entries).
+    Directory(Directory),
     /// The join was refused; the text says why.
     Refused(String),
-    /// A whole run resumes from its checkpoints: all n peers, and the round every peer
+    /// A whole run resumes from its checkpoints: the directory, and the round every peer
     /// holds a checkpoint of (the latest such), from which all continue.
     Resume {
-        /// All n peers, indexed by rank.
-        directory: Vec<PeerInfo>,
+        /// The directory (n entries).
+        directory: Directory,
         /// The round to continue from.
         round: u64,
     },
@@ -125,8 +133,8 @@ pub enum JoinResponse {
 /// What discovery found.
 #[derive(Debug, Clone)]
 pub struct Discovered {
-    /// All n peers, indexed by rank.
-    pub directory: Vec<PeerInfo>,
+    /// The directory (n entries, `None` for ranks not taken yet).
+    pub directory: Directory,
     /// For a whole run resuming from checkpoints: the round all peers continue from.
     pub resume_round: Option<u64>,
 }
@@ -145,6 +153,11 @@ pub enum Role {
     Bootstrap {
         /// Listen address, e.g. `/ip4/127.0.0.1/udp/0/quic-v1`.
         listen: Multiaddr,
+        /// How many peers (peer 0 included) start the run; the other ranks join it later
+        /// with `--join-running`. n for a run that starts complete.
+        initial: usize,
+        /// Where peers that take an empty rank of the running run are announced.
+        joined: tokio::sync::mpsc::Sender<crate::net::NetEvent>,
         /// Where to write the dialable address for launchers and scripts.
         addr_file: Option<PathBuf>,
         /// Resume the whole run from checkpoints: the rounds of peer 0's own checkpoints.
@@ -201,10 +214,15 @@ pub async fn discover(
     let mut swarm = build_swarm(key, timeout)?;
     me.peer_id = swarm.local_peer_id().to_string();
     let deadline = tokio::time::Instant::now() + timeout;
-    let bootstrap = matches!(role, Role::Bootstrap { .. });
+    let announce = match &role {
+        Role::Bootstrap { joined, .. } => Some(joined.clone()),
+        Role::Join { .. } => None,
+    };
     let directory = match role {
         Role::Bootstrap {
             listen,
+            initial,
+            joined: _,
             addr_file,
             resume,
         } => {
@@ -213,7 +231,7 @@ pub async fn discover(
                 .with_context(|| format!("cannot listen on {listen}"))?;
             tokio::time::timeout_at(
                 deadline,
-                serve(&mut swarm, me, fingerprint.clone(), addr_file, &allow, resume),
+                serve(&mut swarm, me, fingerprint.clone(), addr_file, &allow, resume, initial),
             )
             .await
             .map_err(|_| anyhow!("not all peers joined within {timeout:?}"))??
@@ -243,9 +261,22 @@ pub async fn discover(
                             request, channel, ..
                         },
                     ..
-                })) if bootstrap => {
-                    let answer = admit_rejoin(&mut dir, &fingerprint, peer, request);
+                })) if announce.is_some() => {
+                    let (answer, new) = admit_rejoin(&mut dir, &fingerprint, &allow, peer, request);
                     let _ = swarm.behaviour_mut().join.send_response(channel, answer);
+                    if let (Some(info), Some(tx)) = (new, &announce) {
+                        match info.data_addr_and_id() {
+                            Ok((data_addr, peer_id)) => {
+                                let ev = crate::net::NetEvent::Joined {
+                                    rank: info.rank,
+                                    peer_id,
+                                    data_addr,
+                                };
+                                let _ = tx.send(ev).await;
+                            }
+                            Err(e) => warn!("{e:#}"),
+                        }
+                    }
                 }
                 SwarmEvent::ConnectionClosed { peer_id, cause, .. } => {
                     debug!(%peer_id, ?cause, "control-plane connection closed")
@@ -270,14 +301,18 @@ fn common_round(rounds: &[Vec<u64>]) -> Option<u64> {
 
 /// The bootstrap's answer to a join request once the run is under way: a restarted peer
 /// (`rejoin`) with the run's fingerprint and a rank other than 0 replaces its directory
-/// entry and gets the directory; anything else is refused with the reason.
+/// entry, a new peer (on the allow-list, if there is one) takes an empty rank, and either
+/// gets the directory; anything else is refused with the reason. Returns the new peer's
+/// entry too, for the data plane to admit.
 fn admit_rejoin(
-    dir: &mut [PeerInfo],
+    dir: &mut [Option<PeerInfo>],
     fingerprint: &Fingerprint,
+    allow: &Option<HashSet<PeerId>>,
     peer: PeerId,
     request: JoinRequest,
-) -> JoinResponse {
+) -> (JoinResponse, Option<PeerInfo>) {
     let r = request.info.rank;
+    let current = dir.get(r).cloned().flatten();
     let refusal = if request.fingerprint != *fingerprint {
         Some(format!(
             "run options differ: {}",
@@ -291,24 +326,51 @@ fn admit_rejoin(
             dir.len()
         ))
     } else if !request.rejoin {
-        Some("the run is already under way; a restarted peer rejoins it with --resume".into())
-    } else if dir[r].peer_id != peer.to_string() {
+        Some("the run is already under way; a restarted peer rejoins it with --resume, a new peer takes an empty rank with --join-running".into())
+    } else if current.is_none() && allow.as_ref().is_some_and(|a| !a.contains(&peer)) {
         Some(format!(
-            "rank {r} is peer {}, not {peer}: a restarted peer keeps its identity (its key file, --identity)",
-            dir[r].peer_id
+            "peer {peer} is not on the run's allow-list (--allow-peers)"
         ))
     } else {
-        None
+        current
+            .as_ref()
+            .filter(|old| old.peer_id != peer.to_string())
+            .map(|old| format!(
+                "rank {r} is peer {}, not {peer}: a restarted peer keeps its identity (its key file, --identity)",
+                old.peer_id
+            ))
     };
     if let Some(why) = refusal {
         warn!(%peer, "refused a late join: {why}");
-        return JoinResponse::Refused(why);
+        return (JoinResponse::Refused(why), None);
     }
     let mut info = request.info;
     info.peer_id = peer.to_string();
-    info!(rank = r, %peer, "peer rejoins the run");
-    dir[r] = info;
-    JoinResponse::Directory(dir.to_vec())
+    let new = current.is_none().then(|| info.clone());
+    if new.is_some() {
+        info!(rank = r, %peer, "a new peer takes rank {r} of the running run");
+    } else {
+        info!(rank = r, %peer, "peer rejoins the run");
+    }
+    dir[r] = Some(info);
+    (JoinResponse::Directory(dir.to_vec()), new)
+}
+
+impl PeerInfo {
+    /// The data-plane address and the parsed PeerId.
+    ///
+    /// # Errors
+    /// A malformed PeerId.
+    pub fn data_addr_and_id(&self) -> anyhow::Result<(SocketAddr, PeerId)> {
+        let id = self.peer_id.parse().map_err(|e| {
+            anyhow!(
+                "peer {} has a malformed PeerId {:?}: {e}",
+                self.rank,
+                self.peer_id
+            )
+        })?;
+        Ok((self.data_addr, id))
+    }
 }
 
 async fn serve(
@@ -318,6 +380,7 @@ async fn serve(
     addr_file: Option<PathBuf>,
     allow: &Option<HashSet<PeerId>>,
     resume: Option<Vec<u64>>,
+    initial: usize,
 ) -> anyhow::Result<Discovered> {
     let n = fingerprint.peers;
     let mut slots: Vec<Option<PeerInfo>> = vec![None; n];
@@ -332,11 +395,18 @@ async fn serve(
     // Peers can only join once we listen; with n = 1 the address must still be published.
     let mut listening = false;
     loop {
-        if listening && slots.iter().all(Option::is_some) {
-            let dir: Vec<PeerInfo> = slots.into_iter().flatten().collect();
+        let present = slots.iter().filter(|s| s.is_some()).count();
+        if listening && present >= initial {
+            let joined: Vec<Vec<u64>> = rounds
+                .iter()
+                .zip(&slots)
+                .filter(|(_, s)| s.is_some())
+                .map(|(r, _)| r.clone())
+                .collect();
+            let dir = slots;
             let resume_round = match &resume {
                 None => None,
-                Some(_) => match common_round(&rounds) {
+                Some(_) => match common_round(&joined) {
                     Some(r) => Some(r),
                     None => {
                         let why = format!(
@@ -370,7 +440,7 @@ async fn serve(
             }
             // Let the responses go out before the caller moves on.
             let flush = async {
-                let mut pending = n - 1;
+                let mut pending = present - 1;
                 while pending > 0 {
                     if let SwarmEvent::Behaviour(BehaviourEvent::Join(
                         request_response::Event::ResponseSent { .. }
@@ -382,7 +452,15 @@ async fn serve(
                 }
             };
             let _ = tokio::time::timeout(Duration::from_secs(10), flush).await;
-            info!(peers = n, "all peers joined");
+            if present < n {
+                info!(
+                    peers = present,
+                    of = n,
+                    "the initial peers joined; the other ranks may join the running run"
+                );
+            } else {
+                info!(peers = n, "all peers joined");
+            }
             return Ok(Discovered {
                 directory: dir,
                 resume_round,
@@ -503,7 +581,11 @@ async fn join(
                     }
                 };
                 let n = fingerprint.peers;
-                if dir.len() != n || dir.iter().enumerate().any(|(i, p)| p.rank != i) {
+                let misplaced = dir
+                    .iter()
+                    .enumerate()
+                    .any(|(i, p)| p.as_ref().is_some_and(|p| p.rank != i));
+                if dir.len() != n || misplaced {
                     bail!(
                         "the bootstrap sent a malformed directory ({} entries for {n} peers)",
                         dir.len()

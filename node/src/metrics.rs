@@ -49,7 +49,7 @@ pub struct PeerEpoch {
 }
 
 /// One printed row: the network's state at the end of an epoch (a line of `epochs.jsonl`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct EpochRow {
     /// Epoch; 0 is the starting point before any training round.
     pub epoch: usize,
@@ -162,6 +162,10 @@ pub struct Summary {
     /// Peers that rejoined the run, as `rank@round` (the round from which they mixed
     /// again), space-separated; empty if none.
     pub rejoins: String,
+    /// New peers that took an empty rank of an elastic run (`--initial-peers`), as
+    /// `rank@round` (the round from which they mixed), space-separated; empty if none.
+    #[serde(default)]
+    pub joins: String,
 }
 
 /// Appends one JSON line to `path`, creating it if needed.
@@ -246,6 +250,10 @@ pub fn summary_line(s: &Summary) -> String {
         String::new()
     } else {
         format!("; rejoined: {}", s.rejoins)
+    } + &if s.joins.is_empty() {
+        String::new()
+    } else {
+        format!("; joined: {}", s.joins)
     }
 }
 

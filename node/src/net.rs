@@ -74,6 +74,16 @@ pub enum NetEvent {
         /// What happened.
         reason: String,
     },
+    /// The bootstrap admitted a new peer into an empty rank of the running run (peer 0
+    /// only; see [`crate::discovery`]).
+    Joined {
+        /// Its rank.
+        rank: Rank,
+        /// Its identity.
+        peer_id: libp2p::PeerId,
+        /// Its data-plane address.
+        data_addr: SocketAddr,
+    },
     /// A frame was refused (malformed, wrong sender…); the connection stays up.
     Refused {
         /// The sender if known.
@@ -96,6 +106,13 @@ pub struct DataPlane {
     /// Applied to the links opened by [`DataPlane::connect`] from then on.
     pub emulation: LinkEmulation,
     inbound: Inbound,
+}
+
+impl DataPlane {
+    /// A sender into this data plane's event stream (for the control plane's news).
+    pub fn event_sender(&self) -> mpsc::Sender<NetEvent> {
+        self.events.clone()
+    }
 }
 
 /// A slower network emulated inside the transport, per outgoing link (the kernel here has

@@ -74,6 +74,18 @@ pub struct PeerArgs {
     /// with `--resume`) continues from its checkpoint of the latest round all of them hold.
     #[arg(long)]
     pub resume: bool,
+    /// Peer 0 of an elastic run: start training once M peers (peer 0 included) have
+    /// joined; the other ranks take their place later with `--join-running` (D-PSGD, SGP).
+    /// Until then the peers mix without them (Metropolis–Hastings on the graph of the
+    /// present peers; push-sum simply does not push to them). Default: all `--peers`.
+    #[arg(long, value_name = "M")]
+    pub initial_peers: Option<usize>,
+    /// A new peer taking its (empty) rank in a run under way (started with
+    /// `--initial-peers`): the bootstrap admits its identity (allow-list permitting), its
+    /// neighbours send their round and parameters, it starts from their mean and mixes from
+    /// a round agreed with them, as a restarted peer does.
+    #[arg(long, conflicts_with = "resume")]
+    pub join_running: bool,
 }
 
 /// Rounds between the highest round a rejoining peer hears of and the round it mixes
@@ -159,7 +171,10 @@ struct Driver {
     /// Our QUIC endpoint: links to restarted peers are opened during the run.
     plane: DataPlane,
     /// Each rank's identity (a restarted peer keeps its own).
-    peer_ids: Vec<libp2p::PeerId>,
+    /// Each rank's identity (`None`: an empty rank of an elastic run).
+    peer_ids: Vec<Option<libp2p::PeerId>>,
+    /// The identities the data plane accepts, each as its rank.
+    admitted: Admitted,
     /// A rejoining peer only: the answers to its hellos, by sender.
     welcomes: BTreeMap<Rank, (Welcome, Vec<f32>)>,
     /// A rejoining peer only: the round it mixes again from, and the in-neighbours whose
@@ -205,6 +220,23 @@ fn run_on<B: AutodiffBackend>(
             "--resume works for D-PSGD, SGP and CHOCO-SGD runs, not {}",
             args.algorithm_name()
         );
+    }
+    let initial = peer.initial_peers.unwrap_or(n);
+    if peer.initial_peers.is_some() && rank != 0 {
+        bail!("--initial-peers is peer 0's option (the bootstrap decides when the run starts)");
+    }
+    if initial == 0 || initial > n {
+        bail!("--initial-peers {initial} must be in 1..={n} (--peers)");
+    }
+    let elastic = initial < n || peer.join_running;
+    if elastic && resumable != Resumable::Rejoin {
+        bail!(
+            "an elastic run (--initial-peers, --join-running) needs an algorithm that takes a peer in mid-run: D-PSGD or SGP, not {}",
+            args.algorithm_name()
+        );
+    }
+    if peer.join_running && rank == 0 {
+        bail!("--join-running: peer 0 starts the run; it cannot join it");
     }
     let topo = args.topology()?;
     std::fs::create_dir_all(peer.out.join("peers"))
@@ -289,12 +321,16 @@ fn run_on<B: AutodiffBackend>(
     let role = match &peer.bootstrap {
         None => Role::Bootstrap {
             listen: peer.listen.clone(),
+            initial,
+            joined: plane.event_sender(),
             addr_file: peer.bootstrap_file.clone(),
-            resume: peer.resume.then(|| checkpoint_rounds.clone()),
+            resume: peer
+                .resume
+                .then(|| resumable_rounds(&checkpoint_rounds, &peer.out, rounds_per_epoch)),
         },
         Some(b) => Role::Join {
             bootstrap: b.clone(),
-            rejoin: peer.resume,
+            rejoin: peer.resume || peer.join_running,
             checkpoint_rounds,
         },
     };
@@ -315,18 +351,24 @@ fn run_on<B: AutodiffBackend>(
         allow,
     ))?;
     // The data plane accepts the run's peers only, each as its rank.
-    let mut peer_ids = Vec::with_capacity(n);
+    let mut peer_ids: Vec<Option<libp2p::PeerId>> = Vec::with_capacity(n);
     for p in &directory {
-        let id: libp2p::PeerId = p.peer_id.parse().map_err(|e| {
-            anyhow!(
-                "peer {} has a malformed PeerId {:?}: {e}",
-                p.rank,
-                p.peer_id
-            )
-        })?;
-        peer_ids.push(id);
+        peer_ids.push(match p {
+            Some(p) => Some(p.data_addr_and_id()?.1),
+            None => None,
+        });
     }
-    admitted.admit_all(peer_ids.iter().copied().zip(0..n));
+    admitted.admit_all(
+        peer_ids
+            .iter()
+            .enumerate()
+            .filter_map(|(r, id)| id.map(|id| (id, r))),
+    );
+    if directory.get(rank).is_none_or(Option::is_none) {
+        bail!("the bootstrap's directory has no entry for this peer (rank {rank})");
+    }
+    let empty: Vec<Rank> = (0..n).filter(|&r| directory[r].is_none()).collect();
+    admitted.set_open(!empty.is_empty());
 
     let gossip = algo::build(
         args,
@@ -347,12 +389,14 @@ fn run_on<B: AutodiffBackend>(
     // A rejoining peer may find some destinations gone; the run's answer says which.
     let mut unreachable = BTreeMap::new();
     for &to in &destinations {
-        let info = &directory[to];
-        match rt.block_on(plane.connect(to, info.data_addr, peer_ids[to])) {
+        let (Some(info), Some(id)) = (&directory[to], peer_ids[to]) else {
+            continue; // an empty rank of an elastic run
+        };
+        match rt.block_on(plane.connect(to, info.data_addr, id)) {
             Ok(link) => {
                 links.insert(to, link);
             }
-            Err(e) if peer.resume => {
+            Err(e) if peer.resume || peer.join_running => {
                 unreachable.insert(to, e);
             }
             Err(e) => return Err(e),
@@ -398,9 +442,16 @@ fn run_on<B: AutodiffBackend>(
         started: Instant::now(),
         plane,
         peer_ids,
+        admitted,
         welcomes: BTreeMap::new(),
         first_frames: None,
     };
+    // Peers that take part from the start mix without the empty ranks of an elastic run; a
+    // peer joining the run under way learns them from its neighbours' welcomes.
+    let joins_under_way = peer.join_running || peer.resume && resume_round.is_none();
+    if !joins_under_way {
+        drv.start_without(&empty)?;
+    }
     if rank == 0 {
         println!("{}", metrics::table_header());
     }
@@ -429,7 +480,7 @@ fn run_on<B: AutodiffBackend>(
             )
         })?;
         first_round = round;
-    } else if peer.resume {
+    } else if peer.resume || peer.join_running {
         if resumable != Resumable::Rejoin {
             bail!(
                 "--resume: {} cannot take one restarted peer back into a running run (its \
@@ -454,10 +505,14 @@ fn run_on<B: AutodiffBackend>(
         }
         first_round = at;
     }
-    let first_epoch = if first_round == 0 {
-        0
-    } else {
-        (first_round / rounds_per_epoch) as usize + 1
+    // A whole run resumed at an epoch's last round records that epoch's row again (its
+    // reports may not all have reached peer 0 before the run stopped).
+    let first_epoch = match first_round {
+        0 => 0,
+        r if resume_round.is_some() && r.is_multiple_of(rounds_per_epoch) => {
+            (r / rounds_per_epoch) as usize
+        }
+        r => (r / rounds_per_epoch) as usize + 1,
     };
     if let (Some(c), true) = (drv.collector.as_mut(), first_epoch > 0) {
         c.keep_rows_before(first_epoch)?;
@@ -482,10 +537,10 @@ fn run_on<B: AutodiffBackend>(
     // rejoined starts within the epoch of its first round.
     for epoch in first_epoch..=args.epochs {
         let mut loss_sum = 0.0f64;
-        let rounds = match epoch {
+        // Epoch e trains rounds (e − 1)·R ..< e·R, those not done before a resume.
+        let rounds = match epoch as u64 {
             0 => 0,
-            e if e == first_epoch => rounds_per_epoch - first_round % rounds_per_epoch,
-            _ => rounds_per_epoch,
+            e => (e * rounds_per_epoch).saturating_sub(first_round.max((e - 1) * rounds_per_epoch)),
         };
         drv.epoch = epoch;
         // Compressor schedules (DGC's warm-up) count training epochs from 0.
@@ -564,7 +619,7 @@ fn run_on<B: AutodiffBackend>(
             &model::inference_copy(&net),
             &data.test,
             &shard,
-            (epoch > 0).then(|| loss_sum / rounds as f64),
+            (rounds > 0).then(|| loss_sum / rounds as f64),
             &device,
         )?;
         let stats = drv.gossip.stats();
@@ -625,6 +680,7 @@ fn run_on<B: AutodiffBackend>(
         };
         s.departures = list(&mut c.history.iter().filter(|e| e.event == "left"));
         s.rejoins = list(&mut c.history.iter().filter(|e| e.event == "rejoined"));
+        s.joins = list(&mut c.history.iter().filter(|e| e.event == "joined"));
         write_summary(&peer.out, &s)?;
     }
     if let Some(r) = last_report {
@@ -927,14 +983,79 @@ impl Driver {
         self.send_to(from, frame)
     }
 
+    /// The ranks of an elastic run that nobody has taken yet (`empty`) are out of the run
+    /// from the start: the algorithm mixes without them, nothing is sent to or awaited from
+    /// them, and peer 0 records them in `membership.jsonl` (event `empty`). They come in
+    /// later through [`Driver::on_admit`] and a rejoin.
+    ///
+    /// # Errors
+    /// The algorithm cannot go on without a peer, or W cannot be re-weighted.
+    fn start_without(&mut self, empty: &[Rank]) -> anyhow::Result<()> {
+        if empty.is_empty() {
+            return Ok(());
+        }
+        let (w, split) = self.surviving(empty)?;
+        if let Some(split) = split {
+            warn!("the graph of the initial peers is DISCONNECTED ({split}): the parts train apart until the empty ranks join");
+        }
+        for &g in empty {
+            self.gossip
+                .peer_left(g, &w)
+                .map_err(|e| anyhow!("{} cannot start without peer {g}: {e}", self.algorithm))?;
+            self.expected_in.remove(&g);
+            let record = MembershipEvent {
+                event: "empty".into(),
+                peer: g,
+                round: 0,
+                epoch: 0,
+                wall_seconds: 0.0,
+                noticed_by: self.rank,
+                reason: "not taken yet: the run started with --initial-peers".into(),
+            };
+            self.departed.insert(g, record.clone());
+            if let Some(c) = self.collector.as_mut() {
+                c.membership(record, None)?;
+            }
+        }
+        info!(empty = ?empty, "elastic run: starting without the empty ranks");
+        Ok(())
+    }
+
+    /// A new peer with identity `id` took the empty rank `rank` (told by peer `from`; by
+    /// peer 0's bootstrap when `from` is this peer): admit its identity to the data plane
+    /// and pass the news on once. Refused (counted) for a rank that is not empty here.
+    fn on_admit(&mut self, rank: Rank, id: libp2p::PeerId, from: Rank) -> anyhow::Result<()> {
+        if self.peer_ids.get(rank).copied().flatten() == Some(id) {
+            return Ok(());
+        }
+        let empty = self.departed.get(&rank).is_some_and(|e| e.event == "empty");
+        if !empty || rank == self.rank {
+            self.refused_frames += 1;
+            warn!(
+                from,
+                rank, "dropped an admission for rank {rank}, which is not an empty rank here"
+            );
+            return Ok(());
+        }
+        info!(rank, %id, "a new peer takes rank {rank}");
+        self.peer_ids[rank] = Some(id);
+        self.admitted.admit_all([(id, rank)]);
+        self.broadcast(&encode_admit(self.rank, rank, id), &[from]);
+        Ok(())
+    }
+
     /// Opens a link to the restarted peer `to` at its new data-plane address `addr` (its
     /// PeerId is checked) and counts it as a destination again. `false` (logged) if the
     /// connection failed.
     fn link_to(&mut self, to: Rank, addr: SocketAddr) -> bool {
-        match self
-            .rt
-            .block_on(self.plane.connect(to, addr, self.peer_ids[to]))
-        {
+        let Some(id) = self.peer_ids[to] else {
+            warn!(
+                to,
+                "cannot connect to peer {to}: its identity is not known here"
+            );
+            return false;
+        };
+        match self.rt.block_on(self.plane.connect(to, addr, id)) {
             Ok(link) => {
                 self.links.insert(to, link);
                 self.destinations.insert(to);
@@ -987,7 +1108,10 @@ impl Driver {
             return Ok(());
         }
         info!(back, at, "peer {back} rejoins the run from round {at}");
-        self.departed.remove(&back);
+        let new = self
+            .departed
+            .remove(&back)
+            .is_some_and(|e| e.event == "empty");
         if self.gossip.out_peers().contains(&back) && !self.links.contains_key(&back) {
             self.link_to(back, addr);
         }
@@ -998,13 +1122,17 @@ impl Driver {
         self.broadcast(&encode_rejoin(self.rank, back, at, addr), &[back, from]);
         if let Some(c) = self.collector.as_mut() {
             let record = MembershipEvent {
-                event: "rejoined".into(),
+                event: if new { "joined" } else { "rejoined" }.into(),
                 peer: back,
                 round: at,
                 epoch: self.epoch,
                 wall_seconds: self.started.elapsed().as_secs_f64(),
                 noticed_by: back,
-                reason: format!("restarted; mixes again from round {at}"),
+                reason: if new {
+                    format!("a new peer; mixes from round {at}")
+                } else {
+                    format!("restarted; mixes again from round {at}")
+                },
             };
             c.membership(record, Some(at))?;
         }
@@ -1159,6 +1287,14 @@ impl Driver {
                 }
                 Ok(())
             }
+            FrameKind::Admit => match decode_admit(payload) {
+                Some((rank, id)) if rank < self.w.n() => self.on_admit(rank, id, from),
+                _ => {
+                    self.refused_frames += 1;
+                    warn!(from, "dropped a malformed admission notice");
+                    Ok(())
+                }
+            },
             FrameKind::Rejoin => match decode_rejoin(payload) {
                 Some((back, at, addr)) if back < self.w.n() => self.on_rejoin(back, at, addr, from),
                 _ => {
@@ -1184,11 +1320,16 @@ impl Driver {
                 bytes,
             } if matches!(
                 header.kind,
-                FrameKind::Hello | FrameKind::Welcome | FrameKind::Rejoin
+                FrameKind::Hello | FrameKind::Welcome | FrameKind::Rejoin | FrameKind::Admit
             ) =>
             {
                 self.on_membership_frame(from, header, &bytes)?;
             }
+            NetEvent::Joined {
+                rank,
+                peer_id,
+                data_addr: _,
+            } => self.on_admit(rank, peer_id, self.rank)?,
             NetEvent::Frame { from, .. } if self.departed.contains_key(&from) => {
                 debug!(from, "dropped a frame of a peer that has left");
             }
@@ -1356,6 +1497,61 @@ fn encode_hello(sender: Rank, me: &PeerInfo) -> anyhow::Result<Vec<u8>> {
     .emit(&mut frame);
     frame.extend_from_slice(&json);
     Ok(frame)
+}
+
+/// An admission notice: the 24-byte frame header (kind `Admit`), then `rank: u64 LE |
+/// peer_id: UTF-8` (a new peer with that libp2p identity took that empty rank).
+fn encode_admit(sender: Rank, rank: Rank, id: libp2p::PeerId) -> Vec<u8> {
+    let id = id.to_string();
+    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + 8 + id.len());
+    FrameHeader {
+        kind: FrameKind::Admit,
+        sender,
+        round: 0,
+        dim: 0,
+        payload_len: (8 + id.len()) as u32,
+    }
+    .emit(&mut frame);
+    frame.extend_from_slice(&(rank as u64).to_le_bytes());
+    frame.extend_from_slice(id.as_bytes());
+    frame
+}
+
+/// Inverse of [`encode_admit`] for the payload: (rank, identity); `None` if malformed.
+fn decode_admit(payload: &[u8]) -> Option<(Rank, libp2p::PeerId)> {
+    if payload.len() < 8 || payload.len() > 8 + 128 {
+        return None;
+    }
+    let rank = u64::from_le_bytes(payload[..8].try_into().ok()?);
+    let id = std::str::from_utf8(&payload[8..]).ok()?.parse().ok()?;
+    Some((usize::try_from(rank).ok()?, id))
+}
+
+/// The rounds of peer 0's checkpoints (`rounds`) that a whole run can resume from without a
+/// hole in its record: a round R in an epoch whose predecessors' rows are all in
+/// `<run>/epochs.jsonl` (R / `rpe` ≤ the last recorded epoch E), or the last round of
+/// epoch E + 1, whose row the resumed run records again. All of `rounds`, with a warning,
+/// if none qualifies.
+fn resumable_rounds(rounds: &[u64], run_dir: &Path, rpe: u64) -> Vec<u64> {
+    let recorded = std::fs::read_to_string(run_dir.join("epochs.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<EpochRow>(l).ok())
+        .map(|r| r.epoch as u64)
+        .max();
+    let ok = |r: u64| {
+        recorded.is_some_and(|e| r / rpe <= e || r.is_multiple_of(rpe) && r / rpe == e + 1)
+    };
+    let good: Vec<u64> = rounds.iter().copied().filter(|&r| ok(r)).collect();
+    if good.is_empty() && !rounds.is_empty() {
+        warn!(
+            ?rounds,
+            ?recorded,
+            "no checkpoint fits the recorded epochs: the record will lack the rows of the epochs in between"
+        );
+        return rounds.to_vec();
+    }
+    good
 }
 
 /// What `--resume` can do for an algorithm.
@@ -1739,6 +1935,7 @@ pub(crate) fn summary(
             / last.wall_seconds.max(f64::MIN_POSITIVE),
         departures: String::new(),
         rejoins: String::new(),
+        joins: String::new(),
     }
 }
 
@@ -1765,6 +1962,33 @@ pub fn bootstrap_file(run_dir: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_whole_run_resumes_from_a_round_that_leaves_no_hole_in_the_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let rows: String = (0..=2)
+            .map(|epoch| {
+                serde_json::to_string(&EpochRow {
+                    epoch,
+                    ..EpochRow::default()
+                })
+                .unwrap()
+                    + "\n"
+            })
+            .collect();
+        std::fs::write(dir.path().join("epochs.jsonl"), rows).unwrap();
+        // Epochs 0..=2 recorded, 10 rounds each. Round 35 would skip epoch 3's row; round
+        // 30 ends epoch 3, whose row the resumed run records again; 25 is inside epoch 3.
+        assert_eq!(resumable_rounds(&[35, 30], dir.path(), 10), vec![30]);
+        assert_eq!(resumable_rounds(&[30, 25], dir.path(), 10), vec![30, 25]);
+        assert_eq!(
+            resumable_rounds(&[45, 40], dir.path(), 10),
+            vec![45, 40],
+            "none fits: all"
+        );
+        std::fs::remove_file(dir.path().join("epochs.jsonl")).unwrap();
+        assert_eq!(resumable_rounds(&[5], dir.path(), 10), vec![5]);
+    }
 
     fn report() -> PeerEpoch {
         PeerEpoch {

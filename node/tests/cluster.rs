@@ -583,6 +583,77 @@ fn sgp_on_a_directed_graph_survives_a_killed_peer_which_then_rejoins() {
 }
 
 #[test]
+fn a_new_peer_takes_an_empty_rank_of_an_elastic_run() {
+    // A ring of 5 started with 4 peers (rank 4 empty: ranks 3 and 0 are its neighbours and
+    // the 4 train on the path 0 – 1 – 2 – 3); a new peer takes rank 4 after two epochs.
+    let mut c = Cluster::new();
+    let run = args(&[
+        "--peers=5",
+        "--topology=ring",
+        "--algorithm=dpsgd",
+        "--epochs=10",
+        "--rounds-per-epoch=25",
+        "--peer-timeout-secs=3",
+        "--round-timeout-secs=30",
+    ]);
+    let mut first = run.clone();
+    first.push("--initial-peers=4".into());
+    let boot = c.start_bootstrap(&first);
+    let mut joined = run.clone();
+    joined.push(format!("--bootstrap={boot}"));
+    for rank in 1..4 {
+        c.spawn(rank, &joined);
+    }
+    wait_for_epoch(&c, 2);
+    // A peer started without --join-running is refused by the running run.
+    c.spawn(4, &joined); // children[4]
+    assert!(!c.wait(4, Duration::from_secs(60)).success());
+    assert!(
+        c.read_log(4).contains("--join-running"),
+        "{}",
+        c.read_log(4)
+    );
+    let mut late = joined.clone();
+    late.push("--join-running".into());
+    c.spawn(4, &late); // children[5]
+    for (rank, child) in [(0, 0), (1, 1), (2, 2), (3, 3), (4, 5)] {
+        let s = c.wait(child, Duration::from_secs(180));
+        let log = c.read_log(rank);
+        assert!(s.success(), "peer {rank} failed:\n{log}");
+        assert!(!log.contains("panicked"), "{log}");
+    }
+    assert!(c.read_log(4).contains("mixing again from round"));
+    let s = summary(&c.out());
+    let joins = s["joins"].as_str().unwrap();
+    assert!(joins.starts_with("4@"), "{s}");
+    assert_eq!(
+        s["departures"].as_str(),
+        Some(""),
+        "an empty rank is no departure"
+    );
+    let membership = std::fs::read_to_string(c.out().join("membership.jsonl")).unwrap();
+    assert!(membership.contains("\"empty\"") && membership.contains("\"joined\""));
+    let rows = rows(&c.out());
+    assert_eq!(rows.len(), 11, "epochs 0..=10 recorded");
+    assert_eq!(rows[1]["peers"], 4);
+    let at: u64 = joins[2..].parse().unwrap();
+    let from_epoch = (at / 25 + 1) as usize;
+    for r in &rows[from_epoch..] {
+        assert_eq!(r["peers"], 5, "peer 4 reports from epoch {from_epoch}: {r}");
+    }
+    let last = rows.last().unwrap();
+    assert!(last["min_test_accuracy"].as_f64().unwrap() > 0.8, "{last}");
+    let xi2: Vec<f64> = rows
+        .iter()
+        .map(|r| r["consensus_distance"].as_f64().unwrap())
+        .collect();
+    assert!(
+        xi2[10] <= 1.5 * xi2[1],
+        "the new peer is in consensus: Ξ² {xi2:?}"
+    );
+}
+
+#[test]
 fn a_whole_run_killed_at_once_resumes_from_its_checkpoints() {
     whole_run_resumes(&[]);
 }
