@@ -207,6 +207,18 @@ impl SgpConfig {
 /// # Panics
 /// If `rank >= schedule.n()`.
 pub fn max_lead(schedule: &PushSchedule, rank: Rank, tau: u64) -> u64 {
+    max_lead_without(schedule, rank, tau, &[])
+}
+
+/// [`max_lead`] once the peers in `gone` have left: they hold nobody back any more, so the
+/// survivors' time-respecting paths are longer and an in-peer can run further ahead (on
+/// the one-peer exponential graph of 6, peer 2's bound is 3 rounds, 4 without peer 3; a
+/// frame 3 rounds ahead was refused in a run before this was accounted for, and the round
+/// it belonged to never completed). Departed in-peers are left out.
+///
+/// # Panics
+/// If `rank >= schedule.n()`.
+pub fn max_lead_without(schedule: &PushSchedule, rank: Rank, tau: u64, gone: &[Rank]) -> u64 {
     let n = schedule.n();
     assert!(rank < n, "rank {rank} out of range for n = {n}");
     let period = schedule.period();
@@ -224,6 +236,9 @@ pub fn max_lead(schedule: &PushSchedule, rank: Rank, tau: u64) -> u64 {
             }
             for s in b..b + period {
                 for v in schedule.out_peers(s, u) {
+                    if gone.contains(&v) {
+                        continue;
+                    }
                     let cand = s + 1 + tau;
                     if cand < blocked[v] {
                         blocked[v] = cand;
@@ -232,7 +247,7 @@ pub fn max_lead(schedule: &PushSchedule, rank: Rank, tau: u64) -> u64 {
                 }
             }
         }
-        for &j in &in_peers {
+        for &j in in_peers.iter().filter(|j| !gone.contains(j)) {
             // j's frames can be for rounds up to blocked[j] − 1.
             let l = match blocked[j] {
                 u64::MAX => fallback,
@@ -717,6 +732,15 @@ impl Gossip for Sgp {
         _w: &murmur_topology::MixingMatrix,
     ) -> Result<(), crate::MembershipError> {
         self.absent.insert(gone, u64::MAX);
+        // The survivors can now run further ahead of this peer; never shrink the window.
+        let gone_now: Vec<Rank> = self
+            .absent
+            .iter()
+            .filter(|(_, &back)| back == u64::MAX)
+            .map(|(&r, _)| r)
+            .collect();
+        let lead = max_lead_without(&self.cfg.schedule, self.cfg.rank, self.cfg.tau, &gone_now);
+        self.cfg.max_lead_rounds = self.cfg.max_lead_rounds.max(lead);
         if self.mixing {
             if let Some(pos) = self.out_now[self.next_out..]
                 .iter()

@@ -970,3 +970,13 @@ fn a_push_not_yet_handed_out_to_a_departed_peer_is_taken_back() {
     }
     assert_eq!(p.params(), x0.as_slice());
 }
+
+#[test]
+fn a_departure_lets_the_survivors_run_further_ahead() {
+    let one = PushSchedule::one_peer_exponential(6).unwrap();
+    let full = max_lead(&one, 2, 0);
+    let without = murmur_gossip::sgp::max_lead_without(&one, 2, 0, &[3]);
+    eprintln!("one-peer exponential of 6, peer 2: lead {full}, without peer 3: {without}");
+    assert!(without > full, "{without} vs {full}");
+    assert_eq!(murmur_gossip::sgp::max_lead_without(&one, 2, 0, &[]), full);
+}
