@@ -57,6 +57,30 @@ fn check_dim(operator: &str, dim: &mut Option<usize>, d: usize) -> bool {
     }
 }
 
+/// Sets an operator's buffers `bufs` (in the order of `names`) and its dimension `dim` from
+/// a saved state of vectors of length `d`. Returns whether it did; an empty state changes
+/// nothing (`false`).
+///
+/// # Errors
+/// [`crate::StateError`] from [`crate::check_state`]; nothing changed then.
+fn restore_buffers<const K: usize>(
+    dim: &mut Option<usize>,
+    d: usize,
+    state: &[(String, Vec<f32>)],
+    names: &[&str; K],
+    bufs: [&mut Vec<f32>; K],
+) -> Result<bool, crate::StateError> {
+    if state.is_empty() {
+        return Ok(false);
+    }
+    crate::check_state(state, names, d)?;
+    *dim = Some(d);
+    for (buf, (_, saved)) in bufs.into_iter().zip(state) {
+        buf.clone_from(saved);
+    }
+    Ok(true)
+}
+
 /// Error feedback around any operator (see the module docs): the residual `e: [d]` of what
 /// earlier messages did not carry is added to the next input before compressing.
 ///
@@ -192,14 +216,10 @@ impl Compressor for ErrorFeedback {
         d: usize,
         state: &[(String, Vec<f32>)],
     ) -> Result<(), crate::StateError> {
-        if state.is_empty() {
-            return Ok(());
+        if restore_buffers(&mut self.dim, d, state, &["residual"], [&mut self.residual])? {
+            self.decoded.clear();
+            self.decoded.resize(d, 0.0);
         }
-        crate::check_state(state, &["residual"], d)?;
-        self.dim = Some(d);
-        self.residual.clone_from(&state[0].1);
-        self.decoded.clear();
-        self.decoded.resize(d, 0.0);
         Ok(())
     }
 }
@@ -456,13 +476,13 @@ impl Compressor for Dgc {
         d: usize,
         state: &[(String, Vec<f32>)],
     ) -> Result<(), crate::StateError> {
-        if state.is_empty() {
-            return Ok(());
-        }
-        crate::check_state(state, &["u", "v"], d)?;
-        self.dim = Some(d);
-        self.u.clone_from(&state[0].1);
-        self.v.clone_from(&state[1].1);
+        restore_buffers(
+            &mut self.dim,
+            d,
+            state,
+            &["u", "v"],
+            [&mut self.u, &mut self.v],
+        )?;
         Ok(())
     }
 }

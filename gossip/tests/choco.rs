@@ -10,7 +10,7 @@ use murmur_gossip::{Choco, ChocoConfig, Gossip, GossipError, GossipEvent, Rank};
 use murmur_topology::{Graph, MixingMatrix};
 
 mod common;
-use common::{raw_frame, ring_mh};
+use common::{raw_frame, ring_mh, round_among};
 
 /// Runs `sim` until Ξ² ≤ `target` · Ξ²(0), at most `max_rounds` rounds. Returns the rounds
 /// taken and the largest deviation |x̄_k(t) − x̄_k(0)| of the network average seen on the way.
@@ -476,36 +476,6 @@ fn a_non_finite_state_is_reported_as_divergence_not_a_panic() {
     }
 }
 
-/// One CHOCO-Gossip round among the peers in `alive`; frames to dead peers are lost.
-/// Returns who mixed.
-fn choco_round(peers: &mut [Choco], alive: &[bool]) -> Vec<bool> {
-    let now = Instant::now();
-    let mut buf = Vec::new();
-    let mut in_flight = Vec::new();
-    for (i, p) in peers.iter_mut().enumerate().filter(|(i, _)| alive[*i]) {
-        let x = p.params().to_vec();
-        p.begin_round(now, &x, None);
-        while let Some(t) = p.poll_transmit(&mut buf) {
-            in_flight.push((i, t.to, buf.clone()));
-        }
-    }
-    for (from, to, frame) in in_flight {
-        if alive[to] {
-            peers[to].handle_message(now, from, &frame).unwrap();
-        }
-    }
-    peers
-        .iter_mut()
-        .map(|p| {
-            let mut m = false;
-            while let Some(ev) = p.poll_event() {
-                m |= matches!(ev, GossipEvent::Mixed { .. });
-            }
-            m
-        })
-        .collect()
-}
-
 #[test]
 fn choco_survivors_of_a_departure_reweight_from_their_copies_and_agree() {
     let (n, d) = (6, 40);
@@ -519,13 +489,13 @@ fn choco_survivors_of_a_departure_reweight_from_their_copies_and_agree() {
         .collect();
     let mut alive = vec![true; n];
     for _ in 0..5 {
-        assert!(choco_round(&mut peers, &alive).iter().all(|&m| m));
+        assert!(round_among(&mut peers, &alive).iter().all(|&m| m));
     }
     // The copies are what the neighbours hold: peer 3's copy of peer 4 is peer 4's x̂.
     assert_eq!(peers[3].copies()[1], peers[4].x_hat());
     // Peer 4 dies before round 5: peers 3 and 5 wait for it until told.
     alive[4] = false;
-    let m = choco_round(&mut peers, &alive);
+    let m = round_among(&mut peers, &alive);
     assert_eq!(m, vec![true, true, true, false, false, false]);
     let survivors = w.without_peers(&[4]).unwrap();
     for i in (0..n).filter(|&i| alive[i]) {
@@ -544,11 +514,11 @@ fn choco_survivors_of_a_departure_reweight_from_their_copies_and_agree() {
     };
     // Peer 3 and 5 finish round 5 without peer 4's q; from round 6 the survivors mix with
     // W' (symmetric, doubly stochastic), so their average is kept and they reach it.
-    let m = choco_round(&mut peers, &alive);
+    let m = round_among(&mut peers, &alive);
     assert!((0..n).all(|i| m[i] == alive[i]), "{m:?}");
     let avg = mean(&peers);
     for _ in 0..2000 {
-        let m = choco_round(&mut peers, &alive);
+        let m = round_among(&mut peers, &alive);
         assert!((0..n).all(|i| m[i] == alive[i]));
     }
     let end = mean(&peers);
@@ -589,7 +559,7 @@ fn choco_gossip_keeps_the_average_after_consensus() {
         .collect();
     let alive = vec![true; n];
     for _ in 0..2000 {
-        assert!(choco_round(&mut peers, &alive).iter().all(|&m| m));
+        assert!(round_among(&mut peers, &alive).iter().all(|&m| m));
     }
     for k in 0..d {
         let start = x0.iter().map(|x| f64::from(x[k])).sum::<f64>() / n as f64;

@@ -8,7 +8,7 @@ use murmur_gossip::{DPsgd, DPsgdConfig, Gossip, GossipError, GossipEvent, Member
 use murmur_topology::MixingMatrix;
 
 mod common;
-use common::{raw_frame, ring_mh};
+use common::{drain_mixed, raw_frame, ring_mh, round_among};
 
 /// A gossip frame from `sender` for `round` carrying `x` identity-compressed.
 fn gossip_frame(sender: usize, round: u64, x: &[f32]) -> Vec<u8> {
@@ -325,35 +325,6 @@ fn set_epoch_reaches_the_compressor_schedule() {
     // densities or u16) and k values.
     assert!(sizes[0] > 2_500 * 4, "epoch 0 keeps 2,500: {sizes:?}");
     assert!(sizes[1] < 100 * 7 + 44, "epoch 4 keeps 100: {sizes:?}");
-}
-
-/// Runs one round of D-PSGD consensus (no gradient) among the peers in `alive`, delivering
-/// every frame whose destination is alive; returns who produced `Mixed`.
-fn round_among(peers: &mut [DPsgd], alive: &[bool]) -> Vec<bool> {
-    let now = Instant::now();
-    let mut buf = Vec::new();
-    let mut in_flight = Vec::new();
-    for (i, p) in peers.iter_mut().enumerate().filter(|(i, _)| alive[*i]) {
-        let x = p.params().to_vec();
-        p.begin_round(now, &x, None);
-        while let Some(t) = p.poll_transmit(&mut buf) {
-            in_flight.push((i, t.to, buf.clone()));
-        }
-    }
-    for (from, to, frame) in in_flight {
-        if alive[to] {
-            peers[to].handle_message(now, from, &frame).unwrap();
-        }
-    }
-    peers.iter_mut().map(drain_mixed).collect()
-}
-
-fn drain_mixed(p: &mut DPsgd) -> bool {
-    let mut mixed = false;
-    while let Some(ev) = p.poll_event() {
-        mixed |= matches!(ev, GossipEvent::Mixed { .. });
-    }
-    mixed
 }
 
 #[test]

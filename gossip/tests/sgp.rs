@@ -14,7 +14,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 mod common;
-use common::{kind_frame, serial_mean, uniform_vectors};
+use common::{drain_mixed, kind_frame, round_among, serial_mean, uniform_vectors};
 
 /// One SGP peer per start vector, all on `schedule` with learning rate `lr` and overlap `tau`.
 fn peers(schedule: &PushSchedule, xs: &[Vec<f32>], lr: f32, tau: u64) -> Vec<Sgp> {
@@ -832,35 +832,6 @@ fn a_driver_that_changes_z_moves_the_numerator_by_w_times_the_change() {
     assert!((p.numerator()[0] - 0.375).abs() < 1e-7);
 }
 
-/// One synchronous round among the peers in `alive` (no gradient): each begins, its frames
-/// are delivered to live destinations (frames to dead ones are lost). Returns who mixed.
-fn push_round(peers: &mut [Sgp], alive: &[bool]) -> Vec<bool> {
-    let now = Instant::now();
-    let mut buf = Vec::new();
-    let mut in_flight = Vec::new();
-    for (i, p) in peers.iter_mut().enumerate().filter(|(i, _)| alive[*i]) {
-        let z = p.params().to_vec();
-        p.begin_round(now, &z, None);
-        while let Some(t) = p.poll_transmit(&mut buf) {
-            in_flight.push((i, t.to, buf.clone()));
-        }
-    }
-    for (from, to, frame) in in_flight {
-        if alive[to] {
-            peers[to].handle_message(now, from, &frame).unwrap();
-        }
-    }
-    peers.iter_mut().map(mixed).collect()
-}
-
-fn mixed(p: &mut Sgp) -> bool {
-    let mut m = false;
-    while let Some(ev) = p.poll_event() {
-        m |= matches!(ev, GossipEvent::Mixed { .. });
-    }
-    m
-}
-
 /// (Σ x_i, Σ w_i) over the live peers, in f64.
 fn live_mass(peers: &[Sgp], alive: &[bool]) -> (Vec<f64>, f64) {
     let d = peers[0].params().len();
@@ -886,17 +857,17 @@ fn push_sum_survivors_of_a_departure_stop_pushing_to_it_and_agree() {
     assert!(!ps[0].reweights());
     let mut alive = vec![true; n];
     for _ in 0..2 {
-        assert!(push_round(&mut ps, &alive).iter().all(|&m| m));
+        assert!(round_among(&mut ps, &alive).iter().all(|&m| m));
     }
     // Peer 3 dies before round 2 (offset 4: 7 → 3 → 7). Peer 7 waits for its frame; peer
     // 7's own push to 3 is lost.
     alive[3] = false;
-    let mixed_now = push_round(&mut ps, &alive);
+    let mixed_now = round_among(&mut ps, &alive);
     assert!(!mixed_now[7] && mixed_now[0] && mixed_now[6]);
     for i in (0..n).filter(|&i| alive[i]) {
         ps[i].peer_left(3, &w).unwrap();
     }
-    assert!(mixed(&mut ps[7]), "peer 7 stops waiting for peer 3");
+    assert!(drain_mixed(&mut ps[7]), "peer 7 stops waiting for peer 3");
     assert_eq!(
         ps[7].handle_message(Instant::now(), 3, &push_frame(3, 3, 0.5, 1.0, &[0.0; 3])),
         Err(GossipError::Departed(3))
@@ -906,7 +877,7 @@ fn push_sum_survivors_of_a_departure_stop_pushing_to_it_and_agree() {
     let (x_sum, w_sum) = live_mass(&ps, &alive);
     assert!(w_sum < n as f64 && w_sum > 6.0, "Σw = {w_sum}");
     for _ in 0..60 {
-        let m = push_round(&mut ps, &alive);
+        let m = round_among(&mut ps, &alive);
         assert!((0..n).all(|i| m[i] == alive[i]), "{m:?}");
     }
     let (x_end, w_end) = live_mass(&ps, &alive);
@@ -935,7 +906,7 @@ fn push_sum_survivors_of_a_departure_stop_pushing_to_it_and_agree() {
     alive[3] = true;
     let (x_all, w_all) = live_mass(&ps, &alive);
     for _ in 0..60 {
-        assert!(push_round(&mut ps, &alive).iter().all(|&m| m));
+        assert!(round_among(&mut ps, &alive).iter().all(|&m| m));
     }
     let target: Vec<f64> = x_all.iter().map(|v| v / w_all).collect();
     assert!(max_err(ps.iter().map(|p| p.params()), &target) < 1e-4);
@@ -954,18 +925,18 @@ fn a_push_not_yet_handed_out_to_a_departed_peer_is_taken_back() {
     assert_eq!(p.weight(), 1.0);
     assert_eq!(p.numerator(), x0.as_slice());
     // Peer 0 still waits for its in-peer of round 0 (peer 3).
-    assert!(!mixed(&mut p));
+    assert!(!drain_mixed(&mut p));
     // Peer 3 leaves too: round 0 completes without its share. With peer 2 gone as well,
     // peer 0, alone, keeps all its mass every round and never pushes or waits.
     let w = common::ring_mh(4);
     p.peer_left(3, &w).unwrap();
-    assert!(mixed(&mut p));
+    assert!(drain_mixed(&mut p));
     p.peer_left(2, &w).unwrap();
     for round in 1..6 {
         let z = p.params().to_vec();
         p.begin_round(Instant::now(), &z, None);
         assert_eq!(p.poll_transmit(&mut Vec::new()), None, "round {round}");
-        assert!(mixed(&mut p), "round {round}");
+        assert!(drain_mixed(&mut p), "round {round}");
         assert_eq!(p.weight(), 1.0);
     }
     assert_eq!(p.params(), x0.as_slice());

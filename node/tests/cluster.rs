@@ -77,6 +77,42 @@ impl Cluster {
         }
     }
 
+    /// Starts rank 0 with `first` (its own options) and ranks `1..n` with `args`; returns
+    /// `args` with the bootstrap address, for peers started later.
+    fn start_joinable(&mut self, n: usize, first: &[String], args: &[String]) -> Vec<String> {
+        let boot = self.start_bootstrap(first);
+        let mut joined = args.to_vec();
+        joined.push(format!("--bootstrap={boot}"));
+        for rank in 1..n {
+            self.spawn(rank, &joined);
+        }
+        joined
+    }
+
+    /// Waits until peer 0 has recorded a departure in `membership.jsonl`.
+    fn wait_for_departure(&self) {
+        let membership = self.out().join("membership.jsonl");
+        let t0 = Instant::now();
+        while !std::fs::read_to_string(&membership).is_ok_and(|m| m.contains("\"left\"")) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "{}",
+                self.read_log(0)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits for each (rank, child index) and checks it ended well, without a panic.
+    fn all_succeed(&mut self, peers: &[(usize, usize)]) {
+        for &(rank, child) in peers {
+            let s = self.wait(child, Duration::from_secs(180));
+            let log = self.read_log(rank);
+            assert!(s.success(), "peer {rank} failed:\n{log}");
+            assert!(!log.contains("panicked"), "{log}");
+        }
+    }
+
     fn start(&mut self, n: usize, args: &[String]) {
         let boot = self.start_bootstrap(args);
         for rank in 1..n {
@@ -355,16 +391,17 @@ fn wait_for_epoch(c: &Cluster, epoch: u64) {
     }
 }
 
-#[test]
-fn survivors_of_a_killed_peer_reweight_and_finish_the_run() {
+/// Runs `n` peers of `algorithm` on the ring for 5 epochs of 25 rounds, SIGKILLs peer
+/// `victim` after epoch 1 (no goodbye: its connections go silent), and checks that the
+/// survivors notice, finish, record the departure and end above 80% with n − 1 reporters.
+fn survivors_finish_without(algorithm: &str, n: usize, victim: usize) -> Cluster {
     let mut c = Cluster::new();
-    let n = 5;
     c.start(
         n,
         &args(&[
-            "--peers=5",
+            &format!("--peers={n}"),
             "--topology=ring",
-            "--algorithm=dpsgd",
+            &format!("--algorithm={algorithm}"),
             "--epochs=5",
             "--rounds-per-epoch=25",
             "--peer-timeout-secs=2",
@@ -372,33 +409,42 @@ fn survivors_of_a_killed_peer_reweight_and_finish_the_run() {
         ]),
     );
     wait_for_epoch(&c, 1);
-    c.children[3].kill().unwrap(); // SIGKILL: no goodbye, the connections go silent
-    for rank in (0..n).filter(|&r| r != 3) {
-        let s = c.wait(rank, Duration::from_secs(120));
+    c.children[victim].kill().unwrap();
+    let survivors: Vec<(usize, usize)> = (0..n).filter(|&r| r != victim).map(|r| (r, r)).collect();
+    c.all_succeed(&survivors);
+    for &(rank, _) in &survivors {
         let log = c.read_log(rank);
-        assert!(s.success(), "peer {rank} failed:\n{log}");
         assert!(
-            log.contains("peer 3 left the run"),
+            log.contains(&format!("peer {victim} left the run")),
             "peer {rank} log:\n{log}"
         );
-        assert!(!log.contains("panicked"), "{log}");
     }
     let s = summary(&c.out());
     let departures = s["departures"].as_str().unwrap();
-    assert!(departures.starts_with("3@"), "{departures}");
+    assert!(
+        departures.starts_with(&format!("{victim}@")),
+        "{departures}"
+    );
     let rows = rows(&c.out());
     assert_eq!(rows.len(), 6, "epochs 0..=5 recorded");
-    assert_eq!(rows[0]["peers"], 5);
-    assert_eq!(
-        rows.last().unwrap()["peers"],
-        4,
-        "the last epoch has 4 reporters"
-    );
+    assert_eq!(rows[0]["peers"], n);
     let last = rows.last().unwrap();
-    let acc = last["mean_test_accuracy"].as_f64().unwrap();
+    assert_eq!(
+        last["peers"],
+        n - 1,
+        "the last epoch has n − 1 reporters: {last}"
+    );
+    let acc = last["min_test_accuracy"].as_f64().unwrap();
     assert!(acc > 0.8, "survivors' accuracy {acc}");
+    c
+}
+
+#[test]
+fn survivors_of_a_killed_peer_reweight_and_finish_the_run() {
+    let c = survivors_finish_without("dpsgd", 5, 3);
     // The survivors still agree: Ξ² is small against ‖x‖² of an MLP (~100).
-    let xi2 = last["consensus_distance"].as_f64().unwrap();
+    let rows = rows(&c.out());
+    let xi2 = rows.last().unwrap()["consensus_distance"].as_f64().unwrap();
     assert!(xi2 < 0.5, "Ξ² = {xi2}");
     let membership = std::fs::read_to_string(c.out().join("membership.jsonl")).unwrap();
     let d: Value = serde_json::from_str(membership.lines().next().unwrap()).unwrap();
@@ -411,37 +457,7 @@ fn survivors_of_a_killed_peer_reweight_and_finish_the_run() {
 
 #[test]
 fn choco_survivors_of_a_killed_peer_reweight_and_finish_the_run() {
-    let mut c = Cluster::new();
-    let n = 4;
-    c.start(
-        n,
-        &args(&[
-            "--peers=4",
-            "--topology=ring",
-            "--algorithm=choco",
-            "--epochs=5",
-            "--rounds-per-epoch=25",
-            "--peer-timeout-secs=2",
-            "--round-timeout-secs=30",
-        ]),
-    );
-    wait_for_epoch(&c, 1);
-    c.children[2].kill().unwrap();
-    for rank in [0, 1, 3] {
-        let s = c.wait(rank, Duration::from_secs(120));
-        let log = c.read_log(rank);
-        assert!(s.success(), "peer {rank} failed:\n{log}");
-        assert!(
-            log.contains("peer 2 left the run"),
-            "peer {rank} log:\n{log}"
-        );
-    }
-    let s = summary(&c.out());
-    assert!(s["departures"].as_str().unwrap().starts_with("2@"), "{s}");
-    let rows = rows(&c.out());
-    let last = rows.last().unwrap();
-    assert_eq!(last["peers"], 3, "{last}");
-    assert!(last["min_test_accuracy"].as_f64().unwrap() > 0.8, "{last}");
+    survivors_finish_without("choco", 4, 2);
 }
 
 #[test]
@@ -458,33 +474,18 @@ fn a_killed_peer_restarted_with_resume_rejoins_the_run() {
         "--round-timeout-secs=30",
         "--checkpoint-every=5",
     ]);
-    let boot = c.start_bootstrap(&run);
-    let mut joined = run.clone();
-    joined.push(format!("--bootstrap={boot}"));
-    for rank in 1..n {
-        c.spawn(rank, &joined);
-    }
+    let joined = c.start_joinable(n, &run, &run);
     wait_for_epoch(&c, 1);
     c.children[3].kill().unwrap();
     c.children[3].wait().unwrap();
     let ckpt = c.out().join("checkpoints").join("peer-3.ckpt");
     assert!(ckpt.exists(), "no checkpoint of peer 3");
     // Restart it once the survivors have dropped it.
-    let membership = c.out().join("membership.jsonl");
-    let t0 = Instant::now();
-    while !std::fs::read_to_string(&membership).is_ok_and(|m| m.contains("left")) {
-        assert!(t0.elapsed() < Duration::from_secs(60), "{}", c.read_log(0));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    c.wait_for_departure();
     let mut again = joined.clone();
     again.push("--resume".into());
     c.spawn(3, &again); // children[5]
-    for (rank, child) in [(0, 0), (1, 1), (2, 2), (4, 4), (3, 5)] {
-        let s = c.wait(child, Duration::from_secs(180));
-        let log = c.read_log(rank);
-        assert!(s.success(), "peer {rank} failed:\n{log}");
-        assert!(!log.contains("panicked"), "{log}");
-    }
+    c.all_succeed(&[(0, 0), (1, 1), (2, 2), (4, 4), (3, 5)]);
     let log3 = c.read_log(3);
     assert!(log3.contains("loaded the checkpoint"), "{log3}");
     assert!(log3.contains("mixing again from round"), "{log3}");
@@ -533,33 +534,20 @@ fn sgp_on_a_directed_graph_survives_a_killed_peer_which_then_rejoins() {
         "--round-timeout-secs=30",
         "--checkpoint-every=5",
     ]);
-    let boot = c.start_bootstrap(&run);
-    let mut joined = run.clone();
-    joined.push(format!("--bootstrap={boot}"));
-    for rank in 1..n {
-        c.spawn(rank, &joined);
-    }
+    let joined = c.start_joinable(n, &run, &run);
     wait_for_epoch(&c, 1);
     c.children[3].kill().unwrap();
     c.children[3].wait().unwrap();
-    let membership = c.out().join("membership.jsonl");
-    let t0 = Instant::now();
-    while !std::fs::read_to_string(&membership).is_ok_and(|m| m.contains("left")) {
-        assert!(t0.elapsed() < Duration::from_secs(60), "{}", c.read_log(0));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    c.wait_for_departure();
     // Two epochs without it, then it comes back.
     let left_at = rows(&c.out()).len() as u64;
     wait_for_epoch(&c, left_at + 1);
     let mut again = joined.clone();
     again.push("--resume".into());
     c.spawn(3, &again); // children[6]
-    for (rank, child) in [(0, 0), (1, 1), (2, 2), (4, 4), (5, 5), (3, 6)] {
-        let s = c.wait(child, Duration::from_secs(180));
-        let log = c.read_log(rank);
-        assert!(s.success(), "peer {rank} failed:\n{log}");
-        assert!(!log.contains("panicked"), "{log}");
-        assert!(!log.contains("DISCONNECTED"), "{log}");
+    c.all_succeed(&[(0, 0), (1, 1), (2, 2), (4, 4), (5, 5), (3, 6)]);
+    for rank in 0..n {
+        assert!(!c.read_log(rank).contains("DISCONNECTED"));
     }
     assert!(c.read_log(1).contains("peer 3 left the run"));
     assert!(c.read_log(3).contains("mixing again from round"));
@@ -598,12 +586,7 @@ fn a_new_peer_takes_an_empty_rank_of_an_elastic_run() {
     ]);
     let mut first = run.clone();
     first.push("--initial-peers=4".into());
-    let boot = c.start_bootstrap(&first);
-    let mut joined = run.clone();
-    joined.push(format!("--bootstrap={boot}"));
-    for rank in 1..4 {
-        c.spawn(rank, &joined);
-    }
+    let joined = c.start_joinable(4, &first, &run);
     wait_for_epoch(&c, 2);
     // A peer started without --join-running is refused by the running run.
     c.spawn(4, &joined); // children[4]
@@ -616,12 +599,7 @@ fn a_new_peer_takes_an_empty_rank_of_an_elastic_run() {
     let mut late = joined.clone();
     late.push("--join-running".into());
     c.spawn(4, &late); // children[5]
-    for (rank, child) in [(0, 0), (1, 1), (2, 2), (3, 3), (4, 5)] {
-        let s = c.wait(child, Duration::from_secs(180));
-        let log = c.read_log(rank);
-        assert!(s.success(), "peer {rank} failed:\n{log}");
-        assert!(!log.contains("panicked"), "{log}");
-    }
+    c.all_succeed(&[(0, 0), (1, 1), (2, 2), (3, 3), (4, 5)]);
     assert!(c.read_log(4).contains("mixing again from round"));
     let s = summary(&c.out());
     let joins = s["joins"].as_str().unwrap();
@@ -676,10 +654,7 @@ fn a_whole_choco_run_resumes_from_its_checkpoints_with_its_copies() {
         "--epochs=200",
         "--peer-timeout-secs=2",
     ]);
-    let boot = c2.start_bootstrap(&run);
-    let mut joined = run.clone();
-    joined.push(format!("--bootstrap={boot}"));
-    c2.spawn(1, &joined);
+    let mut joined = c2.start_joinable(2, &run, &run);
     wait_for_epoch(&c2, 0);
     c2.children[1].kill().unwrap();
     c2.children[1].wait().unwrap();

@@ -189,3 +189,34 @@ pub fn kind_frame(kind: FrameKind, sender: Rank, round: u64, dim: u32, payload: 
 pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
+
+/// One round among the peers in `alive` (no gradient): each begins from its own
+/// parameters, and its frames are delivered to the live destinations (frames to dead
+/// peers are lost, as to a crashed process). Returns which peers produced `Mixed`.
+pub fn round_among<G: Gossip>(peers: &mut [G], alive: &[bool]) -> Vec<bool> {
+    let now = Instant::now();
+    let mut buf = Vec::new();
+    let mut in_flight = Vec::new();
+    for (i, p) in peers.iter_mut().enumerate().filter(|(i, _)| alive[*i]) {
+        let x = p.params().to_vec();
+        p.begin_round(now, &x, None);
+        while let Some(t) = p.poll_transmit(&mut buf) {
+            in_flight.push((i, t.to, buf.clone()));
+        }
+    }
+    for (from, to, frame) in in_flight {
+        if alive[to] {
+            peers[to].handle_message(now, from, &frame).unwrap();
+        }
+    }
+    peers.iter_mut().map(|p| drain_mixed(p)).collect()
+}
+
+/// Drains `p`'s events; whether one was `Mixed`.
+pub fn drain_mixed<G: Gossip + ?Sized>(p: &mut G) -> bool {
+    let mut mixed = false;
+    while let Some(ev) = p.poll_event() {
+        mixed |= matches!(ev, GossipEvent::Mixed { .. });
+    }
+    mixed
+}
