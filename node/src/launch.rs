@@ -27,6 +27,19 @@ pub struct LaunchArgs {
     /// Name of the run folder (default: time, algorithm, topology and n).
     #[arg(long)]
     pub run_id: Option<String>,
+    /// An elastic run: start with ranks 0..M only; the other ranks join the running run
+    /// (`murmur peer --join-running`) once epoch `--join-at-epoch` is recorded, one at a
+    /// time: the next once the one before reports (D-PSGD, SGP).
+    #[arg(long, value_name = "M")]
+    pub initial_peers: Option<usize>,
+    /// With `--initial-peers`: the epoch after which the other ranks join.
+    #[arg(
+        long,
+        value_name = "E",
+        default_value_t = 1,
+        requires = "initial_peers"
+    )]
+    pub join_at_epoch: usize,
 }
 
 struct Peers {
@@ -107,14 +120,29 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
             .with_context(|| format!("cannot start peer {rank}"))
     };
 
+    let initial = launch.initial_peers.unwrap_or(args.peers);
+    if initial == 0 || initial > args.peers {
+        bail!(
+            "--initial-peers {initial} must be in 1..={} (--peers)",
+            args.peers
+        );
+    }
+    if initial < args.peers && !(1..args.epochs).contains(&launch.join_at_epoch) {
+        bail!(
+            "--join-at-epoch {} must be in 1..{} (--epochs): the new peers need rounds left to join",
+            launch.join_at_epoch,
+            args.epochs
+        );
+    }
     let mut peers = Peers {
         children: Vec::new(),
     };
     let addr_file = crate::peer::bootstrap_file(&run_dir);
-    peers.children.push((
-        0,
-        spawn(0, vec![format!("--bootstrap-file={}", addr_file.display())])?,
-    ));
+    let mut first = vec![format!("--bootstrap-file={}", addr_file.display())];
+    if initial < args.peers {
+        first.push(format!("--initial-peers={initial}"));
+    }
+    peers.children.push((0, spawn(0, first)?));
     let t0 = Instant::now();
     let bootstrap = loop {
         if let Ok(a) = std::fs::read_to_string(&addr_file) {
@@ -129,11 +157,12 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    for rank in 1..args.peers {
+    for rank in 1..initial {
         peers
             .children
             .push((rank, spawn(rank, vec![format!("--bootstrap={bootstrap}")])?));
     }
+    let mut to_join: Vec<usize> = (initial..args.peers).collect();
 
     let bar = ProgressBar::new(args.epochs as u64);
     bar.set_style(
@@ -163,6 +192,16 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
             bar.set_message(format!("x̄ acc {:.2}%", 100.0 * row.avg_model_test_accuracy));
         }
         shown = shown.max(rows.len());
+        // One joiner at a time: two neighbours joining at once would each take the other's
+        // hello for a restart (see the README, elastic runs).
+        let reporting = rows.last().map_or(0, |r| r.peers);
+        let due = rows.iter().any(|r| r.epoch >= launch.join_at_epoch);
+        if let Some(&rank) = to_join.first().filter(|&&r| due && reporting >= r) {
+            to_join.remove(0);
+            let extra = vec![format!("--bootstrap={bootstrap}"), "--join-running".into()];
+            peers.children.push((rank, spawn(rank, extra)?));
+            print(&bar, format!("rank {rank} joins the running run"));
+        }
         if let Err(e) = check_children(&mut peers, &run_dir) {
             bar.abandon();
             return Err(e);

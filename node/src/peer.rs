@@ -446,12 +446,10 @@ fn run_on<B: AutodiffBackend>(
         welcomes: BTreeMap::new(),
         first_frames: None,
     };
-    // Peers that take part from the start mix without the empty ranks of an elastic run; a
-    // peer joining the run under way learns them from its neighbours' welcomes.
-    let joins_under_way = peer.join_running || peer.resume && resume_round.is_none();
-    if !joins_under_way {
-        drv.start_without(&empty)?;
-    }
+    // Every peer mixes without the empty ranks of an elastic run (a peer joining the run
+    // under way learns the other departed peers from its neighbours' welcomes), and knows
+    // them as empty, so that it admits a new peer taking one.
+    drv.start_without(&empty)?;
     if rank == 0 {
         println!("{}", metrics::table_header());
     }
@@ -1202,18 +1200,16 @@ impl Driver {
         for &g in &departed {
             self.gossip.peer_left(g, &survivors)?;
             self.drop_links(g, false);
-            self.departed.insert(
-                g,
-                MembershipEvent {
-                    event: "left".into(),
-                    peer: g,
-                    round: at,
-                    epoch: 0,
-                    wall_seconds: 0.0,
-                    noticed_by: self.rank,
-                    reason: "gone when this peer rejoined".into(),
-                },
-            );
+            // An empty rank stays known as empty (a new peer may still take it).
+            self.departed.entry(g).or_insert(MembershipEvent {
+                event: "left".into(),
+                peer: g,
+                round: at,
+                epoch: 0,
+                wall_seconds: 0.0,
+                noticed_by: self.rank,
+                reason: "gone when this peer rejoined".into(),
+            });
         }
         self.gossip.start_at_round(at)?;
         // Every peer that welcomed us opened a link to us and says goodbye on it at the end.
@@ -1250,10 +1246,12 @@ impl Driver {
                 .as_ref()
                 .map(|(_, f)| f.clone())
                 .unwrap_or_default();
-            if in_peers
-                .iter()
-                .all(|r| arrived.contains(r) || self.departed.contains_key(r))
-            {
+            if in_peers.iter().all(|r| {
+                // Not waited for: a departed peer, or one that (re)joins after this round.
+                arrived.contains(r)
+                    || self.departed.contains_key(r)
+                    || self.rejoined.iter().any(|&(p, a)| p == *r && a > at)
+            }) {
                 break;
             }
             let deadline = Instant::now() + timeout;

@@ -359,6 +359,45 @@ fn launch_trains_on_the_exponential_graph() {
 }
 
 #[test]
+fn launch_grows_an_elastic_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdout = launch_ok(
+        dir.path(),
+        &[
+            "--peers=5",
+            "--initial-peers=3",
+            "--join-at-epoch=1",
+            "--epochs=7",
+            "--rounds-per-epoch=25",
+            "--run-id=grow",
+        ],
+    );
+    // One joiner at a time: rank 4 after rank 3 reports.
+    assert!(stdout.contains("rank 3 joins the running run"), "{stdout}");
+    assert!(stdout.contains("rank 4 joins the running run"), "{stdout}");
+    let run = dir.path().join("grow");
+    let s = summary(&run);
+    let joins = s["joins"].as_str().unwrap();
+    assert!(joins.starts_with("3@") && joins.contains(" 4@"), "{s}");
+    let rows = rows(&run);
+    assert_eq!(rows[0]["peers"], 3);
+    assert_eq!(rows.last().unwrap()["peers"], 5);
+    // --join-at-epoch must leave the new peers rounds to join in.
+    let out = murmur()
+        .args([
+            "launch",
+            "--peers=4",
+            "--initial-peers=3",
+            "--join-at-epoch=4",
+        ])
+        .args(["--epochs=4", &format!("--out={}", dir.path().display())])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--join-at-epoch"));
+}
+
+#[test]
 fn a_single_peer_runs_alone() {
     let dir = tempfile::tempdir().unwrap();
     launch_ok(
