@@ -35,9 +35,10 @@
 //! * **Rounding.** In `f32` the incremental s_i collects the rounding of every increment
 //!   into an offset e_i = s_i − Σ_j w_ij x̂_j that never decays; after consensus Σ_i e_i ≠ 0
 //!   acts as a constant force and the network average walks away linearly. Measured with
-//!   the memory-efficient form (6-ring, top-k 25%, γ = 0.3, d = 40): the mean of
-//!   coordinate 0 moved by 1.4·10⁻⁶ per round, 2.1·10⁻³ over 1,600 rounds, with no
-//!   gradient. Here the mix is formed every round from the copies as
+//!   the memory-efficient form (commit 98a1d5f, the set-up of the test
+//!   `choco_gossip_keeps_the_average_after_consensus`: 6-ring, top-k 25%, γ = 0.3,
+//!   d = 40, no gradient): the mean of coordinate 0 moved by 1.4·10⁻⁶ per round,
+//!   2.1·10⁻³ over 1,600 rounds. Here the mix is formed every round from the copies as
 //!   γ Σ_j w_ij (x̂_j − x̂_i), summed in `f64`, so the rounding is per round, not
 //!   accumulated (test `choco_gossip_keeps_the_average_after_consensus`).
 //! * **Departures.** When a neighbour leaves, the survivors re-weight
