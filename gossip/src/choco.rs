@@ -199,9 +199,8 @@ pub struct Choco {
     diff: Vec<f32>,
     /// x̂_j (`[d]`) of every in-neighbour, in the order of `cfg.in_weights`.
     copies: Vec<Vec<f32>>,
-    /// Changes of weights after departures: (first round, w_ii, w_ij in the order of
-    /// `cfg.in_weights`), by first round.
-    weight_changes: Vec<(u64, f64, Vec<f64>)>,
+    /// Changes of weights after departures.
+    reweighting: crate::dpsgd::Reweighting,
     /// Rounds, frames, deadlines, events and counters.
     ex: Exchange,
 }
@@ -232,7 +231,7 @@ impl Choco {
             x_hat: vec![0.0; d],
             diff: vec![0.0; d],
             copies: vec![vec![0.0; d]; cfg_in_degree],
-            weight_changes: Vec::new(),
+            reweighting: Default::default(),
             ex,
         }
     }
@@ -274,17 +273,6 @@ impl Choco {
             .map_err(|source| GossipError::Payload { from, source })
     }
 
-    /// Applies the weight changes due at `round`.
-    fn apply_weight_changes(&mut self, round: u64) {
-        let due = self.weight_changes.partition_point(|c| c.0 <= round);
-        for (_, wii, wij) in self.weight_changes.drain(..due) {
-            self.cfg.self_weight = wii;
-            for ((_, w), new) in self.cfg.in_weights.iter_mut().zip(wij) {
-                *w = new;
-            }
-        }
-    }
-
     /// CHOCO runs without the straggler policy (its exchange never skips): nothing to do.
     fn skip(&mut self, _action: crate::exchange::SkipAction) -> Result<(), GossipError> {
         Ok(())
@@ -320,7 +308,11 @@ impl Gossip for Choco {
         self.ex.assert_idle();
         let d = self.x.len();
         assert_eq!(x.len(), d, "x must have length d");
-        self.apply_weight_changes(self.ex.round());
+        self.reweighting.apply(
+            self.ex.round(),
+            &mut self.cfg.self_weight,
+            &mut self.cfg.in_weights,
+        );
         // x^(t+½) = x − η g
         match grad {
             Some(g) => {
@@ -372,21 +364,14 @@ impl Gossip for Choco {
     /// Re-weights with `w` (n×n, the survivors' W') from the next round on; the mixing
     /// round completes without `gone`'s q (see the [module docs](self#departures)).
     fn peer_left(&mut self, gone: Rank, w: &MixingMatrix) -> Result<(), MembershipError> {
-        let me = self.cfg.rank;
-        let (wii, wij) = crate::dpsgd::new_weights(me, &self.cfg.in_weights, w)?;
-        if w.get(me, gone) != 0.0 {
-            return Err(MembershipError::BadMatrix(format!(
-                "W[{me}][{gone}] = {} but peer {gone} has left",
-                w.get(me, gone)
-            )));
-        }
+        let (wii, wij) =
+            crate::dpsgd::weights_without(self.cfg.rank, &self.cfg.in_weights, w, gone)?;
         if let Some(idx) = self.ex.leave(gone) {
             self.ex.stood_in(idx);
             self.finish_if_complete();
         }
         let from = self.ex.round() + u64::from(!self.ex.is_idle());
-        let at = self.weight_changes.partition_point(|c| c.0 <= from);
-        self.weight_changes.insert(at, (from, wii, wij));
+        self.reweighting.schedule(from, wii, wij);
         Ok(())
     }
 

@@ -97,9 +97,8 @@ pub struct DPsgd {
     acc: Vec<f32>,
     /// Rounds, frames, deadlines, events and counters.
     ex: Exchange,
-    /// Changes of weights after departures and returns: (first round, W_ii, W_ij in the
-    /// order of `cfg.in_weights`), by first round.
-    weight_changes: Vec<(u64, f64, Vec<f64>)>,
+    /// Changes of weights after departures and returns.
+    reweighting: Reweighting,
     /// With the skip policy: this peer's x of the last rounds, (round, x: [d]).
     history: VecDeque<(u64, Vec<f32>)>,
     /// A correction learned between rounds, added to x when the next round begins.
@@ -136,7 +135,7 @@ impl DPsgd {
             x: x0,
             acc: vec![0.0; d],
             ex,
-            weight_changes: Vec::new(),
+            reweighting: Reweighting::default(),
             history: VecDeque::new(),
             pending: None,
         }
@@ -208,13 +207,8 @@ impl Gossip for DPsgd {
         self.ex.assert_idle();
         assert_eq!(x.len(), self.x.len(), "x must have length d");
         let round = self.ex.round();
-        let due = self.weight_changes.partition_point(|c| c.0 <= round);
-        for (_, wii, wij) in self.weight_changes.drain(..due) {
-            self.cfg.self_weight = wii;
-            for ((_, w), new) in self.cfg.in_weights.iter_mut().zip(wij) {
-                *w = new;
-            }
-        }
+        self.reweighting
+            .apply(round, &mut self.cfg.self_weight, &mut self.cfg.in_weights);
         let d = x.len();
         self.x.copy_from_slice(x);
         if let Some(delta) = self.pending.take() {
@@ -284,14 +278,7 @@ impl Gossip for DPsgd {
     }
 
     fn peer_left(&mut self, gone: Rank, w: &MixingMatrix) -> Result<(), MembershipError> {
-        let me = self.cfg.rank;
-        let (wii, wij) = new_weights(me, &self.cfg.in_weights, w)?;
-        if w.get(me, gone) != 0.0 {
-            return Err(MembershipError::BadMatrix(format!(
-                "W[{me}][{gone}] = {} but peer {gone} has left",
-                w.get(me, gone)
-            )));
-        }
+        let (wii, wij) = weights_without(self.cfg.rank, &self.cfg.in_weights, w, gone)?;
         if let Some(idx) = self.ex.leave(gone) {
             // The round mixes this peer's own x_i in place of the missing W_ij x_j.
             let wig = self.cfg.in_weights[idx].1 as f32;
@@ -302,7 +289,7 @@ impl Gossip for DPsgd {
             self.finish_if_complete();
         }
         let from = self.ex.round() + u64::from(!self.ex.is_idle());
-        self.schedule_weights(from, wii, wij);
+        self.reweighting.schedule(from, wii, wij);
         Ok(())
     }
 
@@ -320,7 +307,7 @@ impl Gossip for DPsgd {
             return Err(MembershipError::TooLate { at, round });
         }
         let from = at.max(round + u64::from(!self.ex.is_idle()));
-        self.schedule_weights(from, wii, wij);
+        self.reweighting.schedule(from, wii, wij);
         Ok(())
     }
 
@@ -343,12 +330,51 @@ impl Gossip for DPsgd {
     crate::exchange::exchange_driven_gossip!();
 }
 
-impl DPsgd {
+/// A peer's changes of weights after departures and returns: (first round, W_ii, W_ij in
+/// the order of its `in_weights`), by first round. Shared by [`DPsgd`] and
+/// [`crate::Choco`].
+#[derive(Debug, Default)]
+pub(crate) struct Reweighting(Vec<(u64, f64, Vec<f64>)>);
+
+impl Reweighting {
     /// Uses (W_ii, W_ij) from round `from` on.
-    fn schedule_weights(&mut self, from: u64, wii: f64, wij: Vec<f64>) {
-        let at = self.weight_changes.partition_point(|c| c.0 <= from);
-        self.weight_changes.insert(at, (from, wii, wij));
+    pub(crate) fn schedule(&mut self, from: u64, wii: f64, wij: Vec<f64>) {
+        let at = self.0.partition_point(|c| c.0 <= from);
+        self.0.insert(at, (from, wii, wij));
     }
+
+    /// Applies the changes due by round `round` to `self_weight` and `in_weights`.
+    pub(crate) fn apply(
+        &mut self,
+        round: u64,
+        self_weight: &mut f64,
+        in_weights: &mut [(Rank, f64)],
+    ) {
+        let due = self.0.partition_point(|c| c.0 <= round);
+        for (_, wii, wij) in self.0.drain(..due) {
+            *self_weight = wii;
+            for ((_, w), new) in in_weights.iter_mut().zip(wij) {
+                *w = new;
+            }
+        }
+    }
+}
+
+/// [`new_weights`] for a `w` formed after peer `gone` left, which must give it no weight.
+pub(crate) fn weights_without(
+    me: Rank,
+    in_weights: &[(Rank, f64)],
+    w: &MixingMatrix,
+    gone: Rank,
+) -> Result<(f64, Vec<f64>), MembershipError> {
+    let weights = new_weights(me, in_weights, w)?;
+    if w.get(me, gone) != 0.0 {
+        return Err(MembershipError::BadMatrix(format!(
+            "W[{me}][{gone}] = {} but peer {gone} has left",
+            w.get(me, gone)
+        )));
+    }
+    Ok(weights)
 }
 
 /// Peer `me`'s weights in `w`: (W_ii, W_ij for each j of `in_weights`, in that order).
