@@ -676,10 +676,11 @@ fn a_whole_run_killed_at_once_resumes_from_its_checkpoints() {
     whole_run_resumes(&[]);
 }
 
-/// CHOCO's copies x̂ and the compressor's state come back from the checkpoints.
+/// CHOCO's copies x̂ and the compressor's state come back from the checkpoints. Top-10%:
+/// with the default top-1% the 40 rounds sometimes end below 80% (seen once in CI).
 #[test]
 fn a_whole_choco_run_resumes_from_its_checkpoints_with_its_copies() {
-    let c = whole_run_resumes(&["--algorithm=choco"]);
+    let c = whole_run_resumes(&["--algorithm=choco", "--compressor=topk:0.1"]);
     let ckpt = std::fs::read(c.out().join("checkpoints").join("peer-1.ckpt")).unwrap();
     let text = String::from_utf8_lossy(&ckpt);
     assert!(
