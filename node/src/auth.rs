@@ -137,26 +137,34 @@ pub fn load_or_create_identity(path: &Path) -> anyhow::Result<Keypair> {
             .map_err(|e| anyhow!("{} is not a libp2p key pair: {e}", path.display())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let key = Keypair::generate_ed25519();
-            let bytes = key
-                .to_protobuf_encoding()
-                .map_err(|e| anyhow!("encoding the key pair: {e}"))?;
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("creating {}", dir.display()))?;
-            }
-            let tmp = path.with_extension("key.tmp");
-            std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
-            }
-            std::fs::rename(&tmp, path)
-                .with_context(|| format!("renaming to {}", path.display()))?;
+            save_identity(path, &key)?;
             Ok(key)
         }
         Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
     }
+}
+
+/// Writes `key` to `path` atomically (temp file + rename; libp2p's protobuf encoding,
+/// readable by its owner only on Unix), replacing any key there.
+///
+/// # Errors
+/// The file cannot be written.
+pub fn save_identity(path: &Path, key: &Keypair) -> anyhow::Result<()> {
+    let bytes = key
+        .to_protobuf_encoding()
+        .map_err(|e| anyhow!("encoding the key pair: {e}"))?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let tmp = path.with_extension("key.tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
 }
 
 /// Reads an allow-list: one `PeerId` per line (as `murmur identity` prints them); blank

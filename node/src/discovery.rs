@@ -107,6 +107,11 @@ pub struct JoinRequest {
     /// The rounds of the checkpoints it holds (for a whole run resuming from them).
     #[serde(default)]
     pub checkpoint_rounds: Vec<u64>,
+    /// The peer was started without `--rank`: the bootstrap gives it the lowest rank not
+    /// taken (at the start), or the lowest empty rank (joining a running elastic run), and
+    /// `info.rank` is ignored.
+    #[serde(default)]
+    pub any_rank: bool,
 }
 
 /// The run's peers, indexed by rank: `None` for a rank nobody has taken yet (an elastic
@@ -133,6 +138,8 @@ pub enum JoinResponse {
 /// What discovery found.
 #[derive(Debug, Clone)]
 pub struct Discovered {
+    /// This peer's rank: its own, or the one the bootstrap gave it ([`JoinRequest::any_rank`]).
+    pub rank: Rank,
     /// The directory (n entries, `None` for ranks not taken yet).
     pub directory: Directory,
     /// For a whole run resuming from checkpoints: the round all peers continue from.
@@ -147,7 +154,7 @@ struct Behaviour {
 }
 
 /// How this peer takes part in discovery.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum Role {
     /// Peer 0: listen on `listen` and write the full bootstrap multiaddr to `addr_file` (if any).
     Bootstrap {
@@ -158,6 +165,11 @@ pub enum Role {
         initial: usize,
         /// Where peers that take an empty rank of the running run are announced.
         joined: tokio::sync::mpsc::Sender<crate::net::NetEvent>,
+        /// Peer 0's training loop sends here the rank of each new peer once it mixes with
+        /// the run (peer 0 has reached the new peer's first round) or has left. New peers
+        /// are admitted one at a time: the next waits for that news (or for the join
+        /// timeout), so that it learns the one before as a member, not as an empty rank.
+        settled: tokio::sync::mpsc::UnboundedReceiver<Rank>,
         /// Where to write the dialable address for launchers and scripts.
         addr_file: Option<PathBuf>,
         /// Resume the whole run from checkpoints: the rounds of peer 0's own checkpoints.
@@ -172,6 +184,8 @@ pub enum Role {
         rejoin: bool,
         /// The rounds of this peer's checkpoints.
         checkpoint_rounds: Vec<u64>,
+        /// No `--rank`: the bootstrap assigns one ([`JoinRequest::any_rank`]).
+        any_rank: bool,
     },
 }
 
@@ -214,78 +228,190 @@ pub async fn discover(
     let mut swarm = build_swarm(key, timeout)?;
     me.peer_id = swarm.local_peer_id().to_string();
     let deadline = tokio::time::Instant::now() + timeout;
-    let announce = match &role {
-        Role::Bootstrap { joined, .. } => Some(joined.clone()),
-        Role::Join { .. } => None,
-    };
-    let directory = match role {
+    let (directory, late) = match role {
         Role::Bootstrap {
             listen,
             initial,
-            joined: _,
+            joined,
+            settled,
             addr_file,
             resume,
         } => {
             swarm
                 .listen_on(listen.clone())
                 .with_context(|| format!("cannot listen on {listen}"))?;
-            tokio::time::timeout_at(
+            let directory = tokio::time::timeout_at(
                 deadline,
-                serve(&mut swarm, me, fingerprint.clone(), addr_file, &allow, resume, initial),
+                serve(
+                    &mut swarm,
+                    me,
+                    fingerprint.clone(),
+                    addr_file,
+                    &allow,
+                    resume,
+                    initial,
+                ),
             )
             .await
-            .map_err(|_| anyhow!("not all peers joined within {timeout:?}"))??
+            .map_err(|_| anyhow!("not all peers joined within {timeout:?}"))??;
+            (directory, Some((joined, settled)))
         }
         Role::Join {
             bootstrap,
             rejoin,
             checkpoint_rounds,
-        } => tokio::time::timeout_at(
-            deadline,
-            join(&mut swarm, bootstrap.clone(), me, fingerprint.clone(), rejoin, checkpoint_rounds),
-        )
-            .await
-            .map_err(|_| {
-                anyhow!("no directory from the bootstrap {bootstrap} within {timeout:?} (is peer 0 running and reachable?)")
-            })??,
+            any_rank,
+        } => {
+            let request = JoinRequest {
+                info: me,
+                fingerprint: fingerprint.clone(),
+                rejoin,
+                checkpoint_rounds,
+                any_rank,
+            };
+            let directory = tokio::time::timeout_at(deadline, join(&mut swarm, bootstrap.clone(), request))
+                .await
+                .map_err(|_| {
+                    anyhow!("no directory from the bootstrap {bootstrap} within {timeout:?} (is peer 0 running and reachable? a new peer waits for the one joining before it)")
+                })??;
+            (directory, None)
+        }
     };
-    // Keep the control plane alive for liveness; the bootstrap answers rejoining peers.
-    let mut dir = directory.directory.clone();
+    // Keep the control plane alive for liveness; the bootstrap answers late joins.
+    let dir = directory.directory.clone();
     tokio::spawn(async move {
-        loop {
-            match swarm.select_next_some().await {
-                SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
-                    peer,
-                    message:
-                        request_response::Message::Request {
-                            request, channel, ..
-                        },
-                    ..
-                })) if announce.is_some() => {
-                    let (answer, new) = admit_rejoin(&mut dir, &fingerprint, &allow, peer, request);
-                    let _ = swarm.behaviour_mut().join.send_response(channel, answer);
-                    if let (Some(info), Some(tx)) = (new, &announce) {
-                        match info.data_addr_and_id() {
-                            Ok((data_addr, peer_id)) => {
-                                let ev = crate::net::NetEvent::Joined {
-                                    rank: info.rank,
-                                    peer_id,
-                                    data_addr,
-                                };
-                                let _ = tx.send(ev).await;
-                            }
-                            Err(e) => warn!("{e:#}"),
-                        }
-                    }
-                }
-                SwarmEvent::ConnectionClosed { peer_id, cause, .. } => {
-                    debug!(%peer_id, ?cause, "control-plane connection closed")
-                }
-                other => debug!(?other, "control plane"),
+        match late {
+            Some((joined, settled)) => {
+                let mut late = LateJoins {
+                    dir,
+                    fingerprint,
+                    allow,
+                    joined,
+                    pending: None,
+                    waiting: std::collections::VecDeque::new(),
+                    limit: timeout,
+                };
+                late.run(swarm, settled).await
             }
+            None => loop {
+                log_event(swarm.select_next_some().await);
+            },
         }
     });
     Ok(directory)
+}
+
+/// Logs a control-plane event nobody acts on.
+fn log_event(event: SwarmEvent<BehaviourEvent>) {
+    match event {
+        SwarmEvent::ConnectionClosed { peer_id, cause, .. } => {
+            debug!(%peer_id, ?cause, "control-plane connection closed")
+        }
+        other => debug!(?other, "control plane"),
+    }
+}
+
+/// A join request waiting for an answer.
+type Waiting = (
+    PeerId,
+    JoinRequest,
+    request_response::ResponseChannel<JoinResponse>,
+);
+
+/// The bootstrap's side of the running run: restarted peers are answered at once, new
+/// peers (taking an empty rank) one at a time.
+struct LateJoins {
+    /// The directory as the bootstrap knows it.
+    dir: Directory,
+    fingerprint: Fingerprint,
+    allow: Option<HashSet<PeerId>>,
+    /// Where new peers are announced to peer 0's data plane.
+    joined: tokio::sync::mpsc::Sender<crate::net::NetEvent>,
+    /// The new peer being taken in, and since when.
+    pending: Option<(Rank, tokio::time::Instant)>,
+    /// New peers waiting for it, in order of arrival.
+    waiting: std::collections::VecDeque<Waiting>,
+    /// How long a new peer may take to settle before the next is let in anyway.
+    limit: Duration,
+}
+
+impl LateJoins {
+    async fn run(
+        &mut self,
+        mut swarm: Swarm<Behaviour>,
+        mut settled: tokio::sync::mpsc::UnboundedReceiver<Rank>,
+    ) {
+        loop {
+            let until = self.pending.map(|(_, since)| since + self.limit);
+            tokio::select! {
+                event = swarm.select_next_some() => match event {
+                    SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
+                        peer,
+                        message: request_response::Message::Request { request, channel, .. },
+                        ..
+                    })) => {
+                        if self.pending.is_some() && takes_empty_rank(&self.dir, &request) {
+                            info!(%peer, "a new peer waits until the one joining before it mixes with the run");
+                            self.waiting.push_back((peer, request, channel));
+                        } else {
+                            self.answer(&mut swarm, (peer, request, channel)).await;
+                        }
+                    }
+                    other => log_event(other),
+                },
+                Some(rank) = settled.recv() => {
+                    if self.pending.is_some_and(|(p, _)| p == rank) {
+                        debug!(rank, "the new peer settled");
+                        self.pending = None;
+                    }
+                }
+                _ = tokio::time::sleep_until(until.unwrap_or_else(tokio::time::Instant::now)), if until.is_some() => {
+                    if let Some((rank, _)) = self.pending.take() {
+                        warn!(rank, "the new peer {rank} did not reach its first round within {:?}; admitting the next", self.limit);
+                    }
+                }
+            }
+            while self.pending.is_none() {
+                let Some(next) = self.waiting.pop_front() else {
+                    break;
+                };
+                self.answer(&mut swarm, next).await;
+            }
+        }
+    }
+
+    /// Answers one late join; a new peer admitted becomes the pending one and is announced.
+    async fn answer(&mut self, swarm: &mut Swarm<Behaviour>, (peer, request, channel): Waiting) {
+        let (answer, new) =
+            admit_rejoin(&mut self.dir, &self.fingerprint, &self.allow, peer, request);
+        let _ = swarm.behaviour_mut().join.send_response(channel, answer);
+        let Some(info) = new else {
+            return;
+        };
+        self.pending = Some((info.rank, tokio::time::Instant::now()));
+        match info.data_addr_and_id() {
+            Ok((data_addr, peer_id)) => {
+                let ev = crate::net::NetEvent::Joined {
+                    rank: info.rank,
+                    peer_id,
+                    data_addr,
+                };
+                let _ = self.joined.send(ev).await;
+            }
+            Err(e) => warn!("{e:#}"),
+        }
+    }
+}
+
+/// Whether `request` would take an empty rank of the running run (a new peer, not a
+/// restarted one).
+fn takes_empty_rank(dir: &Directory, request: &JoinRequest) -> bool {
+    request.any_rank || dir.get(request.info.rank).is_some_and(Option::is_none)
+}
+
+/// The lowest rank other than 0 that nobody has taken in `dir`.
+fn free_rank(dir: &[Option<PeerInfo>]) -> Option<Rank> {
+    (1..dir.len()).find(|&r| dir[r].is_none())
 }
 
 /// The latest round that every peer holds a checkpoint of (`rounds`: each peer's checkpoint
@@ -309,8 +435,19 @@ fn admit_rejoin(
     fingerprint: &Fingerprint,
     allow: &Option<HashSet<PeerId>>,
     peer: PeerId,
-    request: JoinRequest,
+    mut request: JoinRequest,
 ) -> (JoinResponse, Option<PeerInfo>) {
+    if request.any_rank {
+        match free_rank(dir) {
+            Some(r) => request.info.rank = r,
+            None => {
+                let why =
+                    "every rank of the run is taken: there is no empty rank to join".to_string();
+                warn!(%peer, "refused a late join: {why}");
+                return (JoinResponse::Refused(why), None);
+            }
+        }
+    }
     let r = request.info.rank;
     let current = dir.get(r).cloned().flatten();
     let refusal = if request.fingerprint != *fingerprint {
@@ -462,6 +599,7 @@ async fn serve(
                 info!(peers = n, "all peers joined");
             }
             return Ok(Discovered {
+                rank: r0,
                 directory: dir,
                 resume_round,
             });
@@ -486,6 +624,11 @@ async fn serve(
                     },
                 ..
             })) => {
+                let mut request = request;
+                if request.any_rank {
+                    // Past n: refused below as out of range.
+                    request.info.rank = free_rank(&slots).unwrap_or(n);
+                }
                 let r = request.info.rank;
                 let refusal = if allow.as_ref().is_some_and(|a| !a.contains(&peer)) {
                     Some(format!(
@@ -504,6 +647,8 @@ async fn serve(
                             "peer 0"
                         )
                     ))
+                } else if r >= n && request.any_rank {
+                    Some(format!("all {n} ranks have joined"))
                 } else if r >= n {
                     Some(format!("rank {r} out of range for {n} peers"))
                 } else if slots[r].is_some() {
@@ -543,20 +688,14 @@ async fn serve(
 async fn join(
     swarm: &mut Swarm<Behaviour>,
     bootstrap: Multiaddr,
-    me: PeerInfo,
-    fingerprint: Fingerprint,
-    rejoin: bool,
-    checkpoint_rounds: Vec<u64>,
+    request: JoinRequest,
 ) -> anyhow::Result<Discovered> {
     swarm
         .dial(bootstrap.clone())
         .with_context(|| format!("cannot dial the bootstrap {bootstrap}"))?;
-    let mut request = Some(JoinRequest {
-        info: me,
-        fingerprint: fingerprint.clone(),
-        rejoin,
-        checkpoint_rounds,
-    });
+    let me = request.info.peer_id.clone();
+    let n = request.fingerprint.peers;
+    let mut request = Some(request);
     let mut boot_peer: Option<PeerId> = None;
     loop {
         match swarm.select_next_some().await {
@@ -580,7 +719,6 @@ async fn join(
                         bail!("the bootstrap refused this peer: {why}")
                     }
                 };
-                let n = fingerprint.peers;
                 let misplaced = dir
                     .iter()
                     .enumerate()
@@ -591,7 +729,14 @@ async fn join(
                         dir.len()
                     );
                 }
+                let Some(rank) = dir
+                    .iter()
+                    .position(|p| p.as_ref().is_some_and(|p| p.peer_id == me))
+                else {
+                    bail!("the bootstrap's directory has no entry for this peer ({me})");
+                };
                 return Ok(Discovered {
+                    rank,
                     directory: dir,
                     resume_round,
                 });
@@ -603,5 +748,75 @@ async fn join(
             }
             other => debug!(?other, "join"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fingerprint(peers: usize) -> Fingerprint {
+        Fingerprint {
+            peers,
+            topology: "ring".into(),
+            model: "mlp".into(),
+            dim: 10,
+            algorithm: "dpsgd".into(),
+            compressor: "none".into(),
+            epochs: 1,
+            rounds_per_epoch: 1,
+            seed: 0,
+            partition: "iid".into(),
+            protocol: String::new(),
+        }
+    }
+
+    fn info(rank: Rank, id: PeerId) -> PeerInfo {
+        PeerInfo {
+            rank,
+            peer_id: id.to_string(),
+            data_addr: "127.0.0.1:1".parse().unwrap(),
+        }
+    }
+
+    fn request(rank: Rank, id: PeerId, any_rank: bool) -> JoinRequest {
+        JoinRequest {
+            info: info(rank, id),
+            fingerprint: fingerprint(4),
+            rejoin: true,
+            checkpoint_rounds: Vec::new(),
+            any_rank,
+        }
+    }
+
+    #[test]
+    fn a_peer_without_a_rank_takes_the_lowest_empty_one_until_none_is_left() {
+        let ids: Vec<PeerId> = (0..4).map(|_| PeerId::random()).collect();
+        // Ranks 1 and 3 are empty.
+        let mut dir = vec![Some(info(0, ids[0])), None, Some(info(2, ids[2])), None];
+        let fp = fingerprint(4);
+        let restarted = request(2, ids[2], false);
+        assert!(
+            !takes_empty_rank(&dir, &restarted),
+            "a restart takes no empty rank"
+        );
+        let new = request(0, ids[1], true);
+        assert!(takes_empty_rank(&dir, &new));
+        let (answer, admitted) = admit_rejoin(&mut dir, &fp, &None, ids[1], new);
+        assert!(matches!(answer, JoinResponse::Directory(_)));
+        assert_eq!(admitted.map(|i| i.rank), Some(1));
+        let (_, admitted) = admit_rejoin(&mut dir, &fp, &None, ids[3], request(0, ids[3], true));
+        assert_eq!(admitted.map(|i| i.rank), Some(3));
+        assert_eq!(free_rank(&dir), None);
+        let late = PeerId::random();
+        let (answer, admitted) = admit_rejoin(&mut dir, &fp, &None, late, request(0, late, true));
+        assert!(admitted.is_none());
+        match answer {
+            JoinResponse::Refused(why) => assert!(why.contains("no empty rank"), "{why}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        // The restarted peer keeps its rank and is no new peer.
+        let (answer, admitted) = admit_rejoin(&mut dir, &fp, &None, ids[2], restarted);
+        assert!(matches!(answer, JoinResponse::Directory(_)) && admitted.is_none());
     }
 }

@@ -113,6 +113,12 @@ impl DataPlane {
     pub fn event_sender(&self) -> mpsc::Sender<NetEvent> {
         self.events.clone()
     }
+
+    /// Sets the rank this plane's frames are sent as: for a peer that learns its rank from
+    /// the bootstrap after binding. Links opened before keep the old one.
+    pub fn set_rank(&mut self, rank: Rank) {
+        self.rank = rank;
+    }
 }
 
 /// A slower network emulated inside the transport, per outgoing link (the kernel here has

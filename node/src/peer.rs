@@ -43,8 +43,12 @@ pub(crate) const EVAL_BATCH: usize = 500;
 #[derive(Debug, Clone, Args)]
 pub struct PeerArgs {
     /// This peer's rank in 0..peers. Rank 0 is the bootstrap and collects the metrics.
+    /// Without it, a peer with `--bootstrap` gets the lowest rank not taken yet from the
+    /// bootstrap (with `--join-running`: the lowest empty rank), and one without is rank 0.
+    /// Its identity key is then kept as `<out>/identity/peer-<rank>.key`, so that it can be
+    /// restarted with `--rank <rank> --resume`.
     #[arg(long)]
-    pub rank: Rank,
+    pub rank: Option<Rank>,
     /// The bootstrap's libp2p multiaddr (required for ranks other than 0),
     /// e.g. /ip4/10.0.0.1/udp/4001/quic-v1.
     #[arg(long)]
@@ -170,7 +174,6 @@ struct Driver {
     started: Instant,
     /// Our QUIC endpoint: links to restarted peers are opened during the run.
     plane: DataPlane,
-    /// Each rank's identity (a restarted peer keeps its own).
     /// Each rank's identity (`None`: an empty rank of an elastic run).
     peer_ids: Vec<Option<libp2p::PeerId>>,
     /// The identities the data plane accepts, each as its rank.
@@ -180,6 +183,10 @@ struct Driver {
     /// A rejoining peer only: the round it mixes again from, and the in-neighbours whose
     /// frame for that round has arrived.
     first_frames: Option<(u64, HashSet<Rank>)>,
+    /// Peer 0 only: where its bootstrap learns that a new peer mixes with the run, and the
+    /// new peers not there yet, as (rank, first round).
+    settle: Option<tokio::sync::mpsc::UnboundedSender<Rank>>,
+    settling: Vec<(Rank, u64)>,
 }
 
 /// A peer's answer to a restarted peer's hello (the JSON part of a `Welcome` frame; the
@@ -197,9 +204,19 @@ fn run_on<B: AutodiffBackend>(
     peer: &PeerArgs,
     device: B::Device,
 ) -> anyhow::Result<()> {
-    let rank = peer.rank;
     let n = args.peers;
-    let _span = info_span!("peer", peer = rank).entered();
+    // Without --rank, a joining peer learns its rank from the bootstrap; until then it
+    // goes by a placeholder that nothing keeps.
+    let assigned = peer.rank.is_none() && peer.bootstrap.is_some();
+    let mut rank = peer.rank.unwrap_or(if assigned { 1 } else { 0 });
+    let span = info_span!("peer", peer = tracing::field::Empty);
+    if !assigned {
+        span.record("peer", rank);
+    }
+    let _span = span.enter();
+    if assigned && n == 1 {
+        bail!("a run of one peer has only rank 0: start it without --bootstrap");
+    }
     if rank >= n {
         bail!(
             "--rank {rank} is out of range for --peers {n} (ranks are 0..{})",
@@ -208,6 +225,11 @@ fn run_on<B: AutodiffBackend>(
     }
     if rank != 0 && peer.bootstrap.is_none() {
         bail!("peer {rank} needs --bootstrap <multiaddr of peer 0>");
+    }
+    if assigned && peer.resume {
+        bail!(
+            "--resume needs --rank: the rank this peer had (its log and membership.jsonl say it)"
+        );
     }
     use crate::config::Algorithm;
     let resumable = match args.algorithms().as_slice() {
@@ -222,7 +244,7 @@ fn run_on<B: AutodiffBackend>(
         );
     }
     let initial = peer.initial_peers.unwrap_or(n);
-    if peer.initial_peers.is_some() && rank != 0 {
+    if peer.initial_peers.is_some() && peer.bootstrap.is_some() {
         bail!("--initial-peers is peer 0's option (the bootstrap decides when the run starts)");
     }
     if initial == 0 || initial > n {
@@ -242,28 +264,31 @@ fn run_on<B: AutodiffBackend>(
     std::fs::create_dir_all(peer.out.join("peers"))
         .with_context(|| format!("cannot create the run folder {}", peer.out.display()))?;
 
-    // Data: the same seeded split on every peer; this peer keeps its shard.
+    // Data: the same seeded split on every peer; this peer keeps its shard (once its rank
+    // is known).
     let data = RunData::load(args.model, args.data.as_deref(), args.seed)?;
     let shards = partition(&data.train.labels, n, args.partition, args.seed)?;
-    let shard = data.train.subset(&shards[rank]);
     let rounds_per_epoch = args
         .rounds_per_epoch
         .unwrap_or_else(|| (data.train.len() as u64).div_ceil((n * args.batch_size) as u64));
 
     // Model: with `--init same` every peer draws the same x⁰ from the same seed.
-    B::seed(
-        &device,
-        match args.init {
-            Init::Same => args.seed,
-            Init::Independent => args.seed.wrapping_add(rank as u64),
-        },
-    );
-    let mut net = Net::<B>::new(args.model, &device);
+    let init = |rank: Rank| {
+        B::seed(
+            &device,
+            match args.init {
+                Init::Same => args.seed,
+                Init::Independent => args.seed.wrapping_add(rank as u64),
+            },
+        );
+        let net = Net::<B>::new(args.model, &device);
+        let mut x = Vec::new();
+        model::flatten(&net, &mut x);
+        (net, x)
+    };
+    let (mut net, mut x) = init(rank);
     let input = net.input();
-    let mut x = Vec::new();
-    model::flatten(&net, &mut x);
     let d = x.len();
-    info!(d, shard = shard.len(), rounds_per_epoch, topology = %topo.name, "peer starting");
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -272,11 +297,12 @@ fn run_on<B: AutodiffBackend>(
     // Payload limit: the model as f32 plus generous room for headers and the report JSON.
     let max_payload = u32::try_from(8 * d + (1 << 20)).unwrap_or(u32::MAX);
     let peer_timeout = Duration::from_secs(args.peer_timeout_secs);
-    let key_file = peer
-        .identity
-        .clone()
-        .unwrap_or_else(|| auth::key_path(&peer.out, rank));
-    let key = auth::load_or_create_identity(&key_file)?;
+    // A peer without --rank makes a new identity and keeps it once it knows its rank.
+    let key = match (&peer.identity, assigned) {
+        (Some(file), _) => auth::load_or_create_identity(file)?,
+        (None, true) => libp2p::identity::Keypair::generate_ed25519(),
+        (None, false) => auth::load_or_create_identity(&auth::key_path(&peer.out, rank))?,
+    };
     let admitted = Admitted::default();
     let (mut plane, events) = rt.block_on(async {
         DataPlane::bind(
@@ -302,13 +328,13 @@ fn run_on<B: AutodiffBackend>(
         partition: args.partition.to_string(),
         protocol: args.protocol_options(),
     };
-    let me = PeerInfo {
+    let mut me = PeerInfo {
         rank,
         peer_id: String::new(),
         data_addr: plane.local_addr,
     };
     // With --resume: this peer's checkpoints (the latest and the one before).
-    let checkpoint_path = checkpoint::path(&peer.out, rank);
+    let mut checkpoint_path = checkpoint::path(&peer.out, rank);
     let mut checkpoints = if peer.resume {
         Checkpoint::load_all(&checkpoint_path, &fingerprint, d)?
     } else {
@@ -318,11 +344,14 @@ fn run_on<B: AutodiffBackend>(
     if peer.resume && checkpoints.is_empty() {
         warn!(path = %checkpoint_path.display(), "no checkpoint");
     }
+    // Peer 0 tells its bootstrap when a new peer mixes with the run (or left).
+    let (settle, settled) = tokio::sync::mpsc::unbounded_channel();
     let role = match &peer.bootstrap {
         None => Role::Bootstrap {
             listen: peer.listen.clone(),
             initial,
             joined: plane.event_sender(),
+            settled,
             addr_file: peer.bootstrap_file.clone(),
             resume: peer
                 .resume
@@ -332,6 +361,7 @@ fn run_on<B: AutodiffBackend>(
             bootstrap: b.clone(),
             rejoin: peer.resume || peer.join_running,
             checkpoint_rounds,
+            any_rank: assigned,
         },
     };
     let join_timeout = Duration::from_secs(args.join_timeout_secs);
@@ -340,6 +370,7 @@ fn run_on<B: AutodiffBackend>(
         _ => None,
     };
     let Discovered {
+        rank: given,
         directory,
         resume_round,
     } = rt.block_on(discover(
@@ -350,6 +381,25 @@ fn run_on<B: AutodiffBackend>(
         key.clone(),
         allow,
     ))?;
+    if assigned {
+        rank = given;
+        span.record("peer", rank);
+        me.rank = rank;
+        plane.set_rank(rank);
+        checkpoint_path = checkpoint::path(&peer.out, rank);
+        let key_file = auth::key_path(&peer.out, rank);
+        if peer.identity.is_none() {
+            auth::save_identity(&key_file, &key)?;
+        }
+        info!(rank, "the bootstrap gave this peer rank {rank}");
+        if args.init == Init::Independent {
+            (net, x) = init(rank);
+        }
+    } else if given != rank {
+        bail!("the bootstrap's directory has this peer as rank {given}, not {rank}");
+    }
+    let shard = data.train.subset(&shards[rank]);
+    info!(d, shard = shard.len(), rounds_per_epoch, topology = %topo.name, "peer starting");
     // The data plane accepts the run's peers only, each as its rank.
     let mut peer_ids: Vec<Option<libp2p::PeerId>> = Vec::with_capacity(n);
     for p in &directory {
@@ -364,9 +414,6 @@ fn run_on<B: AutodiffBackend>(
             .enumerate()
             .filter_map(|(r, id)| id.map(|id| (id, r))),
     );
-    if directory.get(rank).is_none_or(Option::is_none) {
-        bail!("the bootstrap's directory has no entry for this peer (rank {rank})");
-    }
     let empty: Vec<Rank> = (0..n).filter(|&r| directory[r].is_none()).collect();
     admitted.set_open(!empty.is_empty());
 
@@ -445,6 +492,8 @@ fn run_on<B: AutodiffBackend>(
         admitted,
         welcomes: BTreeMap::new(),
         first_frames: None,
+        settle: (rank == 0).then_some(settle),
+        settling: Vec::new(),
     };
     // Every peer mixes without the empty ranks of an elastic run (a peer joining the run
     // under way learns the other departed peers from its neighbours' welcomes), and knows
@@ -612,6 +661,7 @@ fn run_on<B: AutodiffBackend>(
             }
             // Serve what arrived meanwhile (a parameter server answers its workers here).
             drv.serve_ready()?;
+            drv.settle_joins();
         }
         let (test_accuracy, test_loss, train_loss) = evaluate_epoch(
             &model::inference_copy(&net),
@@ -692,6 +742,22 @@ fn run_on<B: AutodiffBackend>(
 }
 
 impl Driver {
+    /// Peer 0: tells the bootstrap of each new peer whose first round this peer has
+    /// reached, so that it lets the next new peer in.
+    fn settle_joins(&mut self) {
+        let round = self.gossip.round();
+        let Some(tx) = &self.settle else {
+            return;
+        };
+        self.settling.retain(|&(rank, at)| {
+            let done = round >= at;
+            if done {
+                let _ = tx.send(rank);
+            }
+            !done
+        });
+    }
+
     /// Sends every frame the state machine has queued.
     fn transmit(&mut self) -> anyhow::Result<()> {
         while let Some(t) = self.gossip.poll_transmit(&mut self.send_buf) {
@@ -1110,6 +1176,9 @@ impl Driver {
             .departed
             .remove(&back)
             .is_some_and(|e| e.event == "empty");
+        if new && self.settle.is_some() {
+            self.settling.push((back, at));
+        }
         if self.gossip.out_peers().contains(&back) && !self.links.contains_key(&back) {
             self.link_to(back, addr);
         }

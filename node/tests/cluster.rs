@@ -42,10 +42,21 @@ impl Cluster {
     }
 
     fn spawn(&mut self, rank: usize, args: &[String]) {
-        let log = std::fs::File::create(self.log(rank)).unwrap();
+        let mut a = vec![format!("--rank={rank}")];
+        a.extend_from_slice(args);
+        self.spawn_logged(&self.log(rank), &a);
+    }
+
+    /// Starts a peer without `--rank`, logging to `peer-<label>.log`.
+    fn spawn_unranked(&mut self, label: &str, args: &[String]) {
+        let log = self.dir.path().join(format!("peer-{label}.log"));
+        self.spawn_logged(&log, args);
+    }
+
+    fn spawn_logged(&mut self, log: &Path, args: &[String]) {
+        let log = std::fs::File::create(log).unwrap();
         let child = murmur()
             .arg("peer")
-            .arg(format!("--rank={rank}"))
             .arg(format!("--out={}", self.out().display()))
             .args(args)
             .env("RAYON_NUM_THREADS", "1")
@@ -669,6 +680,72 @@ fn a_new_peer_takes_an_empty_rank_of_an_elastic_run() {
         xi2[10] <= 1.5 * xi2[1],
         "the new peer is in consensus: Ξ² {xi2:?}"
     );
+}
+
+#[test]
+fn peers_without_a_rank_get_one_and_two_new_neighbours_join_at_once() {
+    // A ring of 5 started with 3 peers, two of them without --rank; two new peers, also
+    // without --rank, start at the same moment after epoch 2 and take ranks 3 and 4 (each
+    // other's neighbours): the bootstrap lets the second in once the first mixes. Peer 0
+    // sleeps 40 ms a round, so that the first new peer takes ≥ 0.8 s (its 20 rounds of
+    // margin) to mix and the second surely asks while it is pending.
+    let mut c = Cluster::new();
+    let run = args(&[
+        "--peers=5",
+        "--topology=ring",
+        "--algorithm=dpsgd",
+        "--epochs=8",
+        "--rounds-per-epoch=25",
+        "--peer-timeout-secs=3",
+        "--round-timeout-secs=30",
+        "--slow-peer=0:40",
+    ]);
+    let mut first = run.clone();
+    first.push("--initial-peers=3".into());
+    let boot = c.start_bootstrap(&first);
+    let mut joined = run.clone();
+    joined.push(format!("--bootstrap={boot}"));
+    c.spawn_unranked("a", &joined); // children[1]
+    c.spawn_unranked("b", &joined); // children[2]
+    wait_for_epoch(&c, 2);
+    let mut late = joined.clone();
+    late.push("--join-running".into());
+    c.spawn_unranked("c", &late); // children[3]
+    c.spawn_unranked("d", &late); // children[4]
+    for (label, child) in [("a", 1), ("b", 2), ("c", 3), ("d", 4)] {
+        let s = c.wait(child, Duration::from_secs(180));
+        let log = std::fs::read_to_string(c.dir.path().join(format!("peer-{label}.log"))).unwrap();
+        assert!(
+            s.success() && !log.contains("panicked"),
+            "peer {label}:\n{log}"
+        );
+        assert!(log.contains("the bootstrap gave this peer rank"), "{log}");
+    }
+    c.all_succeed(&[(0, 0)]);
+    let log0 = c.read_log(0);
+    assert!(
+        log0.contains("a new peer waits until the one joining before it mixes"),
+        "the second new peer waited for the first:\n{log0}"
+    );
+    let s = summary(&c.out());
+    let mut joins: Vec<&str> = s["joins"].as_str().unwrap().split(' ').collect();
+    joins.sort();
+    assert!(
+        joins.len() == 2 && joins[0].starts_with("3@") && joins[1].starts_with("4@"),
+        "{s}"
+    );
+    assert_eq!(s["departures"].as_str(), Some(""), "{s}");
+    for r in 0..5 {
+        assert!(
+            c.out().join(format!("identity/peer-{r}.key")).exists(),
+            "key of {r}"
+        );
+    }
+    let rows = rows(&c.out());
+    assert_eq!(rows.len(), 9, "epochs 0..=8 recorded");
+    let last = rows.last().unwrap();
+    assert_eq!(last["peers"], 5, "{last}");
+    assert!(last["min_test_accuracy"].as_f64().unwrap() > 0.8, "{last}");
 }
 
 #[test]
