@@ -59,11 +59,27 @@
 //! [`Gossip::params`] never changes between [`GossipEvent::Mixed`] and the next
 //! `begin_round` (the driver computes its gradient at that z and hands it back).
 //!
+//! # Stragglers: the skip policy
+//!
+//! With [`SgpConfig::skip_after`] = Δ, round k waits Δ for the shares of its awaited round
+//! k − τ and then completes without those that have not arrived; they are *late*, not
+//! dropped: a late share is absorbed whenever it comes, in a later round. Push-sum stays
+//! exact for the same reason as OSGP — Σ_i x_i + in-flight shares is invariant whenever a
+//! share is added, so each P^(k) stays column stochastic on the graph with delayed edges
+//! (Assran et al. 2019 analyse SGP with bounded delays) — and no notice goes back to the
+//! straggler, so directed and time-varying graphs can skip as well. The delay is bounded:
+//! round k waits (up to the round timeout) for every late share of rounds
+//! ≤ k − τ − [`SKIP_STALENESS`], so a peer runs at most τ + 8 rounds ahead of an in-peer
+//! and the in-peers' lead bound [`max_lead`] is taken with τ + 8. A late share counts once
+//! in [`GossipStats::skipped`] when its round gives up waiting for it.
+//!
 //! # Accepted rounds
 //!
-//! With r = [`Gossip::round`] (the mixing round, or the next round when idle) and
-//! L = [`SgpConfig::max_lead_rounds`], a frame for round s is accepted iff
-//! `r − τ ≤ s ≤ r + L` while mixing (`r + L − 1` when idle; the lower end saturates at 0).
+//! With r = [`Gossip::round`] (the mixing round, or the next round when idle),
+//! L = [`SgpConfig::max_lead_rounds`] and S = τ (τ + [`SKIP_STALENESS`] under the skip
+//! policy), a frame for round s is accepted iff `r − S ≤ s ≤ r + L` while mixing
+//! (`r + L − 1` when idle; the lower end saturates at 0), and for s < r − τ only if it is a
+//! late share.
 //! Refused with [`GossipError::RoundOutOfWindow`]: rounds below `r − τ` (every frame of those
 //! rounds was already absorbed, so such a frame is a replay or forged) and rounds above the
 //! lead an honest in-peer can have (see [`max_lead`]). A sender that is an in-peer of some
@@ -115,7 +131,7 @@
 //! Per round: one compression of x_i, |out_k(i)| frames of 24 + 16 + message bytes
 //! (identity: 52 + 4d bytes each, one frame per round on the one-peer schedule), one
 //! [`murmur_compress::decode_add`] per received frame, O(d) for the split and for z.
-//! Memory: x_i and z_i (2d `f32`), the outgoing frame, and at most (τ + L) × in-degree
+//! Memory: x_i and z_i (2d `f32`), the outgoing frame, and at most (S + L) × in-degree
 //! buffered payloads.
 
 use std::cmp::Reverse;
@@ -156,7 +172,15 @@ pub struct SgpConfig {
     /// ahead are refused. [`SgpConfig::new`] and [`SgpConfig::with_tau`] set it to
     /// [`max_lead`], the most an honest in-peer can be ahead.
     pub max_lead_rounds: u64,
+    /// Straggler policy "skip": how long a round waits for the in-peers' shares before it
+    /// completes without the late ones (`None`: wait, up to `round_timeout`). Set with
+    /// [`SgpConfig::with_skip`]; see the [module docs](self#stragglers-the-skip-policy).
+    pub skip_after: Option<Duration>,
 }
+
+/// Under the skip policy, the most rounds a share may be late: round k waits (up to the
+/// round timeout) for every share of rounds ≤ k − τ − `SKIP_STALENESS`.
+pub const SKIP_STALENESS: u64 = 8;
 
 impl SgpConfig {
     /// The synchronous (τ = 0) configuration of peer `rank` on `schedule` with γ = `lr`, a
@@ -181,6 +205,7 @@ impl SgpConfig {
             seed: rank as u64,
             tau: 0,
             max_lead_rounds,
+            skip_after: None,
         }
     }
 
@@ -188,8 +213,23 @@ impl SgpConfig {
     /// `max_lead_rounds` recomputed for it.
     pub fn with_tau(mut self, tau: u64) -> Self {
         self.tau = tau;
-        self.max_lead_rounds = max_lead(&self.schedule, self.rank, tau);
+        self.max_lead_rounds = max_lead(&self.schedule, self.rank, self.slack());
         self
+    }
+
+    /// The same configuration with the straggler policy `skip_after` (`Some`: skip after
+    /// that long), and `max_lead_rounds` recomputed for it: a peer may then run up to
+    /// τ + [`SKIP_STALENESS`] rounds ahead of an in-peer instead of τ.
+    pub fn with_skip(mut self, skip_after: Option<Duration>) -> Self {
+        self.skip_after = skip_after;
+        self.max_lead_rounds = max_lead(&self.schedule, self.rank, self.slack());
+        self
+    }
+
+    /// How many rounds old a share may be when a round completes: τ, plus
+    /// [`SKIP_STALENESS`] under the skip policy.
+    fn slack(&self) -> u64 {
+        self.tau + if self.skip_after.is_some() { SKIP_STALENESS } else { 0 }
     }
 }
 
@@ -303,6 +343,10 @@ pub struct Sgp {
     /// The first round this state machine mixed (0, or where a returning peer started):
     /// frames of earlier rounds are neither awaited nor accepted.
     start_round: u64,
+    /// Skip policy: when the mixing round stops waiting for the awaited round's shares.
+    skip_deadline: Option<Instant>,
+    /// Skip policy: (round, in-peer) shares a round completed without, not absorbed yet.
+    late: BTreeSet<(u64, Rank)>,
 }
 
 impl Sgp {
@@ -343,6 +387,8 @@ impl Sgp {
             absent: BTreeMap::new(),
             share: (1.0, 1.0),
             start_round: 0,
+            skip_deadline: None,
+            late: BTreeSet::new(),
             cfg,
         }
     }
@@ -399,11 +445,12 @@ impl Sgp {
         self.absent.get(&peer).is_some_and(|&back| round < back)
     }
 
-    /// Lowest and highest round accepted now (see the module docs).
+    /// Lowest and highest round accepted now (see the module docs; below round − τ, only
+    /// late shares are accepted).
     fn window(&self) -> (u64, u64) {
         let lo = self
             .round
-            .saturating_sub(self.cfg.tau)
+            .saturating_sub(self.cfg.slack())
             .max(self.start_round);
         let hi = self
             .round
@@ -419,18 +466,30 @@ impl Sgp {
             .filter(|&s| s >= self.start_round)
     }
 
-    /// In-peers of the awaited round whose frame has not been absorbed, ascending.
+    /// The in-peers the mixing round waits for, ascending: those of the awaited round whose
+    /// share has not been absorbed (and was not given up as late), and under the skip
+    /// policy those of a late share [`SKIP_STALENESS`] rounds older than the awaited round.
     fn missing(&self) -> Vec<Rank> {
-        match self.awaited_round() {
-            None => Vec::new(),
-            Some(s) => self
-                .cfg
-                .schedule
-                .in_peers(s, self.cfg.rank)
-                .into_iter()
-                .filter(|&j| !self.absorbed.contains(&(s, j)) && !self.is_absent(j, s))
-                .collect(),
+        let Some(s) = self.awaited_round() else {
+            return Vec::new();
+        };
+        let mut missing: Vec<Rank> = self
+            .cfg
+            .schedule
+            .in_peers(s, self.cfg.rank)
+            .into_iter()
+            .filter(|&j| {
+                !self.absorbed.contains(&(s, j))
+                    && !self.is_absent(j, s)
+                    && !self.late.contains(&(s, j))
+            })
+            .collect();
+        if let Some(stale) = s.checked_sub(SKIP_STALENESS) {
+            missing.extend(self.late.range(..=(stale, Rank::MAX)).map(|&(_, j)| j));
+            missing.sort_unstable();
+            missing.dedup();
         }
+        missing
     }
 
     /// Adds p·x_j and p·w_j. The message was validated, so this cannot fail half-way; on
@@ -440,6 +499,7 @@ impl Sgp {
             .map_err(|source| GossipError::Payload { from, source })?;
         self.weight += share.p * share.weight;
         self.absorbed.insert((round, from));
+        self.late.remove(&(round, from));
         Ok(())
     }
 
@@ -449,12 +509,13 @@ impl Sgp {
         }
         self.mixing = false;
         self.deadline = None;
+        self.skip_deadline = None;
         self.refresh_z();
         self.events
             .push_back(GossipEvent::Mixed { round: self.round });
         self.round += 1;
         // Frames of rounds below the new window's low end can no longer be accepted.
-        let lo = self.round.saturating_sub(self.cfg.tau);
+        let lo = self.round.saturating_sub(self.cfg.slack());
         self.absorbed = self.absorbed.split_off(&(lo, 0));
     }
 
@@ -577,6 +638,7 @@ impl Gossip for Sgp {
 
         self.mixing = true;
         self.deadline = Some(now + self.cfg.round_timeout);
+        self.skip_deadline = self.cfg.skip_after.map(|after| now + after);
         // Shares buffered for this round or earlier ones: absorb them now, oldest first.
         let later = self.early.split_off(&(t + 1, 0));
         for ((s, from), share) in std::mem::replace(&mut self.early, later) {
@@ -630,6 +692,15 @@ impl Gossip for Sgp {
                 round: h.round,
             });
         }
+        // Below round − τ only a share a round completed without (skip policy) is owed.
+        if h.round < self.round.saturating_sub(self.cfg.tau) && !self.late.contains(&key) {
+            return Err(GossipError::RoundOutOfWindow {
+                from,
+                round: h.round,
+                lo: self.round.saturating_sub(self.cfg.tau),
+                hi,
+            });
+        }
         let share = self.parse_share(from, payload)?;
         if self.mixing && h.round <= self.round {
             self.absorb(h.round, from, &share)?;
@@ -643,6 +714,24 @@ impl Gossip for Sgp {
     }
 
     fn handle_timeout(&mut self, now: Instant) {
+        if let (Some(at), true) = (self.skip_deadline, self.mixing) {
+            if now >= at {
+                // Complete without the awaited round's late shares; they are absorbed when
+                // they come.
+                self.skip_deadline = None;
+                if let Some(s) = self.awaited_round() {
+                    for j in self.cfg.schedule.in_peers(s, self.cfg.rank) {
+                        if !self.absorbed.contains(&(s, j))
+                            && !self.is_absent(j, s)
+                            && self.late.insert((s, j))
+                        {
+                            self.stats.skipped += 1;
+                        }
+                    }
+                }
+                self.finish_if_complete();
+            }
+        }
         if let Some(deadline) = self.deadline {
             if self.mixing && now >= deadline {
                 self.events.push_back(GossipEvent::RoundTimedOut {
@@ -666,7 +755,10 @@ impl Gossip for Sgp {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        self.deadline
+        match (self.deadline, self.skip_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn poll_event(&mut self) -> Option<GossipEvent> {
@@ -732,6 +824,8 @@ impl Gossip for Sgp {
         _w: &murmur_topology::MixingMatrix,
     ) -> Result<(), crate::MembershipError> {
         self.absent.insert(gone, u64::MAX);
+        // Its late shares will not come.
+        self.late.retain(|&(_, j)| j != gone);
         // The survivors can now run further ahead of this peer; never shrink the window.
         let gone_now: Vec<Rank> = self
             .absent
@@ -739,7 +833,7 @@ impl Gossip for Sgp {
             .filter(|(_, &back)| back == u64::MAX)
             .map(|(&r, _)| r)
             .collect();
-        let lead = max_lead_without(&self.cfg.schedule, self.cfg.rank, self.cfg.tau, &gone_now);
+        let lead = max_lead_without(&self.cfg.schedule, self.cfg.rank, self.cfg.slack(), &gone_now);
         self.cfg.max_lead_rounds = self.cfg.max_lead_rounds.max(lead);
         if self.mixing {
             if let Some(pos) = self.out_now[self.next_out..]
@@ -831,6 +925,7 @@ impl Gossip for Sgp {
         self.start_round = round;
         self.early.clear();
         self.absorbed.clear();
+        self.late.clear();
         Ok(())
     }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use murmur_compress::Compressor;
 use murmur_gossip::frame::{FrameHeader, FrameKind};
-use murmur_gossip::sgp::{max_lead, PUSH_SUM_PREFIX_LEN};
+use murmur_gossip::sgp::{max_lead, PUSH_SUM_PREFIX_LEN, SKIP_STALENESS};
 use murmur_gossip::sim::Sim;
 use murmur_gossip::{Gossip, GossipError, GossipEvent, GossipStats, Rank, Sgp, SgpConfig};
 use murmur_topology::{Graph, PushSchedule};
@@ -950,4 +950,126 @@ fn a_departure_lets_the_survivors_run_further_ahead() {
     eprintln!("one-peer exponential of 6, peer 2: lead {full}, without peer 3: {without}");
     assert!(without > full, "{without} vs {full}");
     assert_eq!(murmur_gossip::sgp::max_lead_without(&one, 2, 0, &[]), full);
+}
+
+// Straggler policy "skip" ------------------------------------------------------------------
+
+/// n peers on the one-peer exponential graph with the skip policy (Δ = 5 ms, γ = 0); the
+/// frames of `straggler` arrive `delay` rounds late. Every round completes on time (the
+/// late shares are skipped), the mass is kept exactly in every round, and once the
+/// straggler catches up every z_i reaches the average.
+fn skipping_a_straggler_keeps_the_mass(n: usize, straggler: Rank, delay: u64) -> u64 {
+    let d = 24;
+    let xs = uniform_vectors(n, d, 1.0, 5);
+    let mean = serial_mean(&xs);
+    let total0: Vec<f64> = mean.iter().map(|m| m * n as f64).collect();
+    let schedule = PushSchedule::one_peer_exponential(n).unwrap();
+    let skip = Duration::from_millis(5);
+    let ps: Vec<Sgp> = xs
+        .iter()
+        .enumerate()
+        .map(|(i, x0)| {
+            let cfg = SgpConfig::new(schedule.clone(), i, 0.0, d).with_skip(Some(skip));
+            Sgp::new(cfg, x0.clone())
+        })
+        .collect();
+    let mut net = Net::new(ps, 0, 1);
+    let rounds = 60;
+    let mut buf = Vec::new();
+    for t in 0..rounds + delay + 20 {
+        // The straggler's frames are late for the first `rounds` rounds only.
+        let late = if t < rounds { delay } else { 0 };
+        for (i, p) in net.peers.iter_mut().enumerate() {
+            let z = p.params().to_vec();
+            p.begin_round(net.now, &z, None);
+            while let Some(tr) = p.poll_transmit(&mut buf) {
+                let at = if i == straggler { t + late } else { t };
+                net.queue.push((at, i, tr.to, buf.clone()));
+            }
+        }
+        let (due, rest): (Vec<_>, Vec<_>) = net.queue.drain(..).partition(|f| f.0 <= t);
+        net.queue = rest;
+        for (_, from, to, frame) in due {
+            net.peers[to]
+                .handle_message(net.now, from, &frame)
+                .unwrap_or_else(|e| panic!("round {t}: peer {to} refused peer {from}: {e}"));
+        }
+        for (i, p) in net.peers.iter_mut().enumerate() {
+            p.handle_timeout(net.now + skip);
+            let mut mixed = false;
+            while let Some(ev) = p.poll_event() {
+                mixed |= ev == GossipEvent::Mixed { round: t };
+            }
+            assert!(mixed, "peer {i} did not complete round {t} after the skip deadline");
+        }
+        let (x, w) = net.total_mass();
+        assert!((w - n as f64).abs() < 1e-9, "round {t}: Σw + in flight = {w}");
+        let drift = max_diff(&x, &total0);
+        assert!(drift < 1e-4, "round {t}: Σx + in flight drifted by {drift}");
+        net.now += Duration::from_millis(10);
+        net.t += 1;
+    }
+    assert!(net.queue.is_empty());
+    let e = net.err(&mean);
+    assert!(e < 1e-5, "max |z_i − x̄| = {e} once the straggler caught up");
+    net.peers.iter().map(|p| p.stats().skipped).sum()
+}
+
+#[test]
+fn skipping_a_straggler_keeps_the_mass_and_every_peer_reaches_the_average() {
+    let skipped = skipping_a_straggler_keeps_the_mass(8, 3, 3);
+    // Peer 3 pushes to one peer a round; each of its 60 late shares is skipped once.
+    assert_eq!(skipped, 60);
+    // As late as the staleness bound allows, on a graph where n is not a power of 2.
+    let skipped = skipping_a_straggler_keeps_the_mass(6, 0, SKIP_STALENESS);
+    assert_eq!(skipped, 60);
+}
+
+#[test]
+fn a_share_later_than_the_staleness_bound_is_waited_for() {
+    // Directed ring 0 → 1 → 2 → 0: peer 1's only in-peer is 0, whose frames do not come.
+    let g = Graph::from_edges(3, &[(0, 1), (1, 2), (2, 0)], true).unwrap();
+    let schedule = PushSchedule::fixed(g).unwrap();
+    let skip = Duration::from_millis(5);
+    let mut cfg = SgpConfig::new(schedule, 1, 0.0, 2).with_skip(Some(skip));
+    cfg.round_timeout = Duration::from_secs(5);
+    let mut p = Sgp::new(cfg, vec![0.0, 0.0]);
+    let mut now = Instant::now();
+    let mut buf = Vec::new();
+    let mut begin = |p: &mut Sgp, now: Instant| {
+        let z = p.params().to_vec();
+        p.begin_round(now, &z, None);
+        while p.poll_transmit(&mut buf).is_some() {}
+    };
+    for k in 0..SKIP_STALENESS {
+        begin(&mut p, now);
+        assert_eq!(p.poll_timeout(), Some(now + skip));
+        p.handle_timeout(now + skip);
+        assert_eq!(p.poll_event(), Some(GossipEvent::Mixed { round: k }));
+        now += Duration::from_millis(10);
+    }
+    // Round 8: the share of round 0 is now 8 rounds late and is waited for.
+    begin(&mut p, now);
+    p.handle_timeout(now + skip);
+    assert_eq!(p.poll_event(), None, "round 8 must wait for the share of round 0");
+    p.handle_timeout(now + Duration::from_secs(5));
+    assert_eq!(
+        p.poll_event(),
+        Some(GossipEvent::RoundTimedOut {
+            round: SKIP_STALENESS,
+            missing: vec![0]
+        })
+    );
+    // The late share of round 0 comes: absorbed, and the round completes.
+    let late = push_frame(0, 0, 0.5, 1.0, &[2.0, 2.0]);
+    p.handle_message(now, 0, &late).unwrap();
+    assert_eq!(p.poll_event(), Some(GossipEvent::Mixed { round: SKIP_STALENESS }));
+    assert!(
+        p.handle_message(now, 0, &late).is_err(),
+        "a late share counts once"
+    );
+    // Peer 1 kept 1/2 of its weight each of 9 rounds and got 1/2 of peer 0's weight 1.
+    let expected = 0.5f64.powi(9) + 0.5;
+    assert!((p.weight() - expected).abs() < 1e-12, "w = {}", p.weight());
+    assert_eq!(p.stats().skipped, SKIP_STALENESS + 1);
 }

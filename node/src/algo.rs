@@ -57,8 +57,8 @@ pub fn build(
     let seed = args.seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let skip_after = match (args.straggler_policy, args.straggler_deadline_ms) {
         (StragglerPolicy::Skip, Some(ms)) => {
-            // The skip notice goes back along the edge it drops.
-            if !topo.w.graph().is_symmetric() {
+            // D-PSGD's skip notice goes back along the edge it drops; push-sum sends none.
+            if !matches!(args.algorithm, Algorithm::Sgp) && !topo.w.graph().is_symmetric() {
                 bail!(
                     "--straggler-policy skip needs an undirected topology; {} is directed",
                     topo.name
@@ -93,7 +93,9 @@ pub fn build(
         Algorithm::Sgp => {
             let schedule = args.push_schedule(topo)?;
             let mut cfg =
-                SgpConfig::new(schedule, rank, args.lr, d).with_tau(args.tau.unwrap_or(0));
+                SgpConfig::new(schedule, rank, args.lr, d)
+                    .with_tau(args.tau.unwrap_or(0))
+                    .with_skip(skip_after);
             cfg.round_timeout = round_timeout;
             cfg.max_payload_bytes = max_payload;
             cfg.seed = seed;

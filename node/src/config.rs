@@ -630,10 +630,13 @@ impl RunArgs {
             }
             (StragglerPolicy::Skip, Some(_))
                 if self.phases.is_some()
-                    || !matches!(self.algorithm, Algorithm::Dpsgd | Algorithm::LocalSgd) =>
+                    || !matches!(
+                        self.algorithm,
+                        Algorithm::Dpsgd | Algorithm::LocalSgd | Algorithm::Sgp
+                    ) =>
             {
                 bail!(
-                    "--straggler-policy skip works with dpsgd and local-sgd, not {}",
+                    "--straggler-policy skip works with dpsgd, local-sgd and sgp, not {}",
                     self.algorithm_name()
                 )
             }

@@ -340,6 +340,38 @@ fn a_slow_peer_is_skipped_under_the_skip_policy() {
 }
 
 #[test]
+fn sgp_skips_a_slow_peer_on_a_time_varying_graph_and_absorbs_its_late_shares() {
+    // Push-sum under the skip policy sends no notice: it works on a directed,
+    // time-varying graph, and the late shares are absorbed, not refused.
+    let dir = tempfile::tempdir().unwrap();
+    launch_ok(
+        dir.path(),
+        &[
+            "--peers=4",
+            "--algorithm=sgp",
+            "--topology=one-peer-exponential",
+            "--epochs=2",
+            "--rounds-per-epoch=12",
+            "--straggler-policy=skip",
+            "--straggler-deadline-ms=20",
+            "--slow-peer=2:120",
+            "--run-id=s",
+        ],
+    );
+    let rows = rows(&dir.path().join("s"));
+    let last = rows.last().unwrap();
+    assert!(
+        last["skipped"].as_u64().unwrap() > 0,
+        "no share was late: {last}"
+    );
+    assert_eq!(last["refused_frames"], 0, "{last}");
+    assert!(
+        last["avg_model_test_accuracy"].as_f64().unwrap() > 0.5,
+        "{last}"
+    );
+}
+
+#[test]
 fn launch_trains_on_the_exponential_graph() {
     let dir = tempfile::tempdir().unwrap();
     let stdout = launch_ok(
