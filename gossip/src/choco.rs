@@ -57,6 +57,22 @@
 //! every survivor the network average over the survivors is kept, as before. A returning
 //! peer is not taken back: its copies and its neighbours' copy of it would disagree.
 //!
+//! # Stragglers: the skip policy
+//!
+//! With [`ChocoConfig::skip_after`] = Δ, round t waits Δ for the in-neighbours' q_j^(t)
+//! and then mixes with the copies it has: a late q_j leaves x̂_j one message behind. The
+//! message is not dropped (the copies held by j's neighbours and j's own x̂_j would part for
+//! good): when q_j^(t) comes, k rounds later, x̂_j += q_j^(t) and, to make up for the k
+//! mixes that used the stale copy, x_i += γ w_ij k q_j^(t). Each of those mixes added
+//! γ w_ij (x̂_j − q_j − x̂_i) instead of γ w_ij (x̂_j − x̂_i), so after the make-up the sum
+//! Σ_i x_i is what it would have been without the delay, and the network average is kept
+//! (test `choco_skipping_a_straggler_keeps_the_average`). No notice goes back. A message
+//! may be late by at most [`crate::SKIP_STALENESS`] rounds: round t waits (up to the round
+//! timeout) for the late messages of rounds ≤ t − 8, so the in-neighbours' lead bound
+//! grows by 8 rounds. The make-up uses the weight w_ij of the round it arrives in (they
+//! differ only if a departure re-weighted W in between). Late messages are not part of a
+//! checkpoint, so a run under the skip policy cannot resume from one.
+//!
 //! # Choosing γ
 //!
 //! The paper's Theorem 2 proves linear convergence of CHOCO-Gossip for
@@ -101,6 +117,10 @@ pub struct ChocoConfig {
     /// many rounds ahead are buffered, later ones refused. See
     /// [`crate::DPsgdConfig::max_lead_rounds`].
     pub max_lead_rounds: u64,
+    /// Straggler policy "skip": how long a round waits for the in-neighbours' messages
+    /// before it mixes with the stale copies of the late ones (`None`: wait, up to
+    /// `round_timeout`); see the [module docs](self#stragglers-the-skip-policy).
+    pub skip_after: Option<Duration>,
 }
 
 impl ChocoConfig {
@@ -120,6 +140,7 @@ impl ChocoConfig {
             max_payload_bytes: u32::try_from(16 * d + 1024).unwrap_or(u32::MAX),
             seed: rank as u64,
             max_lead_rounds: max_lead(w, rank),
+            skip_after: None,
         }
     }
 }
@@ -203,6 +224,9 @@ pub struct Choco {
     reweighting: crate::dpsgd::Reweighting,
     /// Rounds, frames, deadlines, events and counters.
     ex: Exchange,
+    /// Skip policy: make-up for late messages that came between rounds, added to x when
+    /// the next round begins (the driver hands x back then): `[d]`.
+    pending: Option<Vec<f32>>,
 }
 
 impl Choco {
@@ -219,9 +243,17 @@ impl Choco {
             d,
             round_timeout: cfg.round_timeout,
             max_payload_bytes: cfg.max_payload_bytes,
-            max_lead_rounds: cfg.max_lead_rounds,
-            // Dropping a frame would leave the neighbours' copies x̂ out of step.
-            skip_after: None,
+            // A late message lets its sender's neighbours run SKIP_STALENESS rounds further.
+            max_lead_rounds: cfg.max_lead_rounds
+                + if cfg.skip_after.is_some() {
+                    crate::SKIP_STALENESS
+                } else {
+                    0
+                },
+            // Dropping a frame would leave the neighbours' copies x̂ out of step: late ones
+            // are absorbed when they come.
+            skip_after: cfg.skip_after,
+            skip_mode: crate::exchange::SkipMode::Late,
         });
         Choco {
             rng: StdRng::seed_from_u64(cfg.seed),
@@ -233,6 +265,7 @@ impl Choco {
             copies: vec![vec![0.0; d]; cfg_in_degree],
             reweighting: Default::default(),
             ex,
+            pending: None,
         }
     }
 
@@ -273,9 +306,40 @@ impl Choco {
             .map_err(|source| GossipError::Payload { from, source })
     }
 
-    /// CHOCO runs without the straggler policy (its exchange never skips): nothing to do.
-    fn skip(&mut self, _action: crate::exchange::SkipAction) -> Result<(), GossipError> {
-        Ok(())
+    /// The skip policy (see the [module docs](self#stragglers-the-skip-policy)): a round
+    /// that stops waiting mixes the stale copy (nothing to do); a late message is absorbed
+    /// into its copy, and x_i makes up for the mixes that went without it. On `Err`
+    /// nothing changed.
+    fn skip(&mut self, action: crate::exchange::SkipAction) -> Result<(), GossipError> {
+        use crate::exchange::SkipAction;
+        match action {
+            SkipAction::Late {
+                idx,
+                stale_mixes,
+                payload,
+            } => {
+                let (from, w) = self.cfg.in_weights[idx];
+                // Validated on arrival, so neither can fail half-way.
+                murmur_compress::decode_add(&payload, 1.0, &mut self.copies[idx])
+                    .map_err(|source| GossipError::Payload { from, source })?;
+                let make_up = (f64::from(self.cfg.gamma) * w * stale_mixes as f64) as f32;
+                if make_up != 0.0 {
+                    // Into x^(t+½) of the mixing round, or into x when the next one begins.
+                    let d = self.x.len();
+                    let target = if self.ex.is_idle() {
+                        self.pending.get_or_insert_with(|| vec![0.0; d])
+                    } else {
+                        &mut self.x
+                    };
+                    murmur_compress::decode_add(&payload, make_up, target)
+                        .map_err(|source| GossipError::Payload { from, source })?;
+                }
+                Ok(())
+            }
+            // CHOCO's exchange never drops a frame (SkipMode::Late): nothing to stand in for
+            // or correct.
+            SkipAction::Nothing | SkipAction::StandIn(_) | SkipAction::Correct { .. } => Ok(()),
+        }
     }
 
     fn finish_if_complete(&mut self) {
@@ -323,6 +387,11 @@ impl Gossip for Choco {
                 }
             }
             None => self.x.copy_from_slice(x),
+        }
+        if let Some(make_up) = self.pending.take() {
+            for (xi, m) in self.x.iter_mut().zip(make_up) {
+                *xi += m;
+            }
         }
         for ((q, xh), h) in self.diff.iter_mut().zip(&self.x).zip(&self.x_hat) {
             *q = xh - h;

@@ -127,6 +127,7 @@ impl DPsgd {
             max_payload_bytes: cfg.max_payload_bytes,
             max_lead_rounds: cfg.max_lead_rounds,
             skip_after: cfg.skip_after,
+            skip_mode: crate::exchange::SkipMode::Drop,
         });
         DPsgd {
             rng: StdRng::seed_from_u64(cfg.seed),
@@ -184,6 +185,11 @@ impl DPsgd {
                 murmur_compress::decode_add(&payload, -w, target)
                     .map_err(|source| GossipError::Payload { from, source })
             }
+            // D-PSGD's exchange drops skipped frames (SkipMode::Drop): none is ever late.
+            SkipAction::Late { idx, .. } => Err(GossipError::Skipped {
+                from: self.cfg.in_weights[idx].0,
+                round: self.ex.round(),
+            }),
         }
     }
 

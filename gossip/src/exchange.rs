@@ -130,9 +130,23 @@ pub(crate) struct ExchangeParams {
     /// How many rounds an in-neighbour may be ahead (treated as at least 1).
     pub max_lead_rounds: u64,
     /// Straggler policy "skip": how long a round waits for a neighbour before mixing without
-    /// it (`None`: wait, up to `round_timeout`). Needs an undirected graph (the notice goes
-    /// back to the skipped neighbour).
+    /// it (`None`: wait, up to `round_timeout`). With [`SkipMode::Drop`] it needs an
+    /// undirected graph (the notice goes back to the skipped neighbour).
     pub skip_after: Option<Duration>,
+    /// What becomes of a frame a round did not wait for.
+    pub skip_mode: SkipMode,
+}
+
+/// What the skip policy does with a frame that missed its round's deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SkipMode {
+    /// Both ends drop it: a notice goes back to the sender, which drops this peer's frame
+    /// of that round too ([`crate::DPsgd`]).
+    Drop,
+    /// It is late, not dropped: accepted for up to [`crate::SKIP_STALENESS`] rounds after
+    /// its round and handed to the algorithm as [`SkipAction::Late`]; a round waits for the
+    /// late frames that many rounds old. No notice ([`crate::Choco`]).
+    Late,
 }
 
 /// Rounds of history kept for late straggler notices (own x, neighbours' payloads).
@@ -158,6 +172,17 @@ pub(crate) enum SkipAction {
         /// The round.
         round: u64,
         /// Its message of that round.
+        payload: Vec<u8>,
+    },
+    /// [`SkipMode::Late`]: neighbour `idx`'s frame of `round`, which rounds `round` ..
+    /// `stale_mixes` later completed without, has come (validated); the algorithm absorbs
+    /// it now and makes up for the `stale_mixes` mixes that went without it.
+    Late {
+        /// Neighbour index.
+        idx: usize,
+        /// Mixes completed without it (the current round − its round).
+        stale_mixes: u64,
+        /// Its message.
         payload: Vec<u8>,
     },
 }
@@ -210,6 +235,9 @@ pub(crate) struct Exchange {
     kept: BTreeMap<(u64, usize), Vec<u8>>,
     /// Straggler notices to send: (destination, frame).
     notices: VecDeque<(Rank, Vec<u8>)>,
+    /// [`SkipMode::Late`]: (round, neighbour index) frames a round completed without that
+    /// have not come yet.
+    late: BTreeSet<(u64, usize)>,
 }
 
 /// What [`Exchange::begin`] hands the algorithm.
@@ -242,6 +270,7 @@ impl Exchange {
             skipped: BTreeSet::new(),
             kept: BTreeMap::new(),
             notices: VecDeque::new(),
+            late: BTreeSet::new(),
         }
     }
 
@@ -320,6 +349,7 @@ impl Exchange {
         frame: &'f [u8],
     ) -> Result<Arrival<'f>, GossipError> {
         if self.p.skip_after.is_some()
+            && self.p.skip_mode == SkipMode::Drop
             && FrameHeader::parse(frame, self.p.max_payload_bytes)?.0.kind == FrameKind::Skip
         {
             let (h, _) =
@@ -347,6 +377,17 @@ impl Exchange {
         if h.round < self.accept_from[idx] {
             return Err(GossipError::Departed(from));
         }
+        if self.late.contains(&(h.round, idx)) {
+            murmur_compress::validate(payload, d)
+                .map_err(|source| GossipError::Payload { from, source })?;
+            self.late.remove(&(h.round, idx));
+            self.count_received(frame.len());
+            return Ok(Arrival::Skip(SkipAction::Late {
+                idx,
+                stale_mixes: self.round - h.round,
+                payload: payload.to_vec(),
+            }));
+        }
         if self.skipped.contains(&(h.round, idx)) {
             return Err(GossipError::Skipped {
                 from,
@@ -358,7 +399,10 @@ impl Exchange {
         // Under the skip policy a round outside the window is one the pair mixes without
         // each other: a past round completed without this frame (only a skip does that),
         // or a round of a neighbour that runs ahead of this slow peer (it skips us there).
-        if self.p.skip_after.is_some() && (h.round < lo || h.round > hi) {
+        if self.p.skip_after.is_some()
+            && self.p.skip_mode == SkipMode::Drop
+            && (h.round < lo || h.round > hi)
+        {
             return Err(GossipError::Skipped {
                 from,
                 round: h.round,
@@ -476,7 +520,19 @@ impl Exchange {
 
     /// Whether the mixing round has every in-neighbour's frame.
     pub(crate) fn is_complete(&self) -> bool {
-        self.mixing && self.missing_count == 0
+        self.mixing && self.missing_count == 0 && self.stale_late().is_empty()
+    }
+
+    /// [`SkipMode::Late`]: the neighbours (indices) whose late frame is
+    /// [`crate::SKIP_STALENESS`] rounds old or more, which the mixing round waits for.
+    fn stale_late(&self) -> Vec<usize> {
+        let Some(bound) = self.round.checked_sub(crate::SKIP_STALENESS) else {
+            return Vec::new();
+        };
+        self.late
+            .range(..=(bound, usize::MAX))
+            .map(|&(_, idx)| idx)
+            .collect()
     }
 
     /// Ends the mixing round: emits [`GossipEvent::Mixed`] and moves to the next round.
@@ -504,8 +560,13 @@ impl Exchange {
                 }
                 self.missing[idx] = false;
                 self.missing_count -= 1;
-                self.skipped.insert((round, idx));
                 self.stats.skipped += 1;
+                if self.p.skip_mode == SkipMode::Late {
+                    // The algorithm mixes its stale copy; the frame is absorbed when it comes.
+                    self.late.insert((round, idx));
+                    continue;
+                }
+                self.skipped.insert((round, idx));
                 let to = self.p.in_neighbors[idx];
                 let mut notice = Vec::with_capacity(FRAME_HEADER_LEN);
                 FrameHeader {
@@ -522,14 +583,16 @@ impl Exchange {
         }
         if let Some(deadline) = self.deadline {
             if self.mixing && now >= deadline {
-                let missing = self
+                let stale = self.stale_late();
+                let mut missing: Vec<Rank> = self
                     .p
                     .in_neighbors
                     .iter()
-                    .zip(&self.missing)
-                    .filter(|(_, m)| **m)
-                    .map(|(j, _)| *j)
+                    .enumerate()
+                    .filter(|&(idx, _)| self.missing[idx] || stale.contains(&idx))
+                    .map(|(_, j)| *j)
                     .collect();
+                missing.sort_unstable();
                 self.events.push_back(GossipEvent::RoundTimedOut {
                     round: self.round,
                     missing,
@@ -552,6 +615,7 @@ impl Exchange {
         let idx = self.p.in_neighbors.iter().position(|&j| j == gone)?;
         self.accept_from[idx] = LEFT;
         self.early.retain(|&(_, i), _| i != idx);
+        self.late.retain(|&(_, i)| i != idx);
         (self.mixing && self.missing[idx]).then_some(idx)
     }
 
@@ -578,6 +642,7 @@ impl Exchange {
         self.assert_idle();
         self.round = round;
         self.early.clear();
+        self.late.clear();
     }
 
     /// Whether the mixing round is between rounds (no round mixing).

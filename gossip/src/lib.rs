@@ -49,6 +49,13 @@ pub use netsim::{
 pub use phased::{Phase, Phased};
 pub use ps::{ParameterServer, PsConfig, PsMode};
 pub use sgp::{Sgp, SgpConfig};
+
+/// Under the skip straggler policy of the algorithms that absorb a late message instead of
+/// dropping it ([`Sgp`], [`Choco`]): the most rounds a message may be late. Round k waits
+/// (up to the round timeout) for every message of rounds ≤ k − `SKIP_STALENESS` (k − τ −
+/// `SKIP_STALENESS` for SGP), so a peer runs at most that many rounds further ahead of an
+/// in-neighbour than without the policy, and buffers that many more rounds of frames.
+pub const SKIP_STALENESS: u64 = 8;
 use thiserror::Error;
 
 /// A frame the state machine wants sent. The bytes were written into the caller's buffer

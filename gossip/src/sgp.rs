@@ -178,9 +178,7 @@ pub struct SgpConfig {
     pub skip_after: Option<Duration>,
 }
 
-/// Under the skip policy, the most rounds a share may be late: round k waits (up to the
-/// round timeout) for every share of rounds ≤ k − τ − `SKIP_STALENESS`.
-pub const SKIP_STALENESS: u64 = 8;
+pub use crate::SKIP_STALENESS;
 
 impl SgpConfig {
     /// The synchronous (τ = 0) configuration of peer `rank` on `schedule` with γ = `lr`, a
@@ -229,7 +227,12 @@ impl SgpConfig {
     /// How many rounds old a share may be when a round completes: τ, plus
     /// [`SKIP_STALENESS`] under the skip policy.
     fn slack(&self) -> u64 {
-        self.tau + if self.skip_after.is_some() { SKIP_STALENESS } else { 0 }
+        self.tau
+            + if self.skip_after.is_some() {
+                SKIP_STALENESS
+            } else {
+                0
+            }
     }
 }
 
@@ -833,7 +836,12 @@ impl Gossip for Sgp {
             .filter(|(_, &back)| back == u64::MAX)
             .map(|(&r, _)| r)
             .collect();
-        let lead = max_lead_without(&self.cfg.schedule, self.cfg.rank, self.cfg.slack(), &gone_now);
+        let lead = max_lead_without(
+            &self.cfg.schedule,
+            self.cfg.rank,
+            self.cfg.slack(),
+            &gone_now,
+        );
         self.cfg.max_lead_rounds = self.cfg.max_lead_rounds.max(lead);
         if self.mixing {
             if let Some(pos) = self.out_now[self.next_out..]

@@ -2,7 +2,7 @@
 //!
 //! Run with `--nocapture` to see the measured rounds and bits.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use murmur_compress::{Compressor, Identity, TopK};
 use murmur_gossip::sim::Sim;
@@ -569,4 +569,153 @@ fn choco_gossip_keeps_the_average_after_consensus() {
             assert!((f64::from(p.params()[k]) - start).abs() < 1e-4);
         }
     }
+}
+
+/// CHOCO-Gossip on the 6-ring (top-k 25%, γ = 0.3, d = 40) under the skip policy
+/// (Δ = 5 ms): peer 2's messages arrive `delay` rounds late for the first 60 rounds. Every
+/// round completes at its skip deadline; once the late messages are in, the network
+/// average is the starting one and the peers reach it. Returns the skipped count.
+fn choco_skipping_keeps_the_average(delay: u64) -> u64 {
+    let (n, d, straggler) = (6, 40, 2);
+    let w = ring_mh(n);
+    let x0: Vec<Vec<f32>> = (0..n)
+        .map(|i| (0..d).map(|k| ((i * 7 + k * 3) % 11) as f32).collect())
+        .collect();
+    let skip = Duration::from_millis(5);
+    let mut peers: Vec<Choco> = (0..n)
+        .map(|i| {
+            let mut cfg = ChocoConfig::from_matrix(&w, i, 0.0, 0.3, d);
+            cfg.skip_after = Some(skip);
+            Choco::new(cfg, x0[i].clone(), Box::new(TopK::new(0.25)))
+        })
+        .collect();
+    let mean = |peers: &[Choco], k: usize| {
+        peers.iter().map(|p| f64::from(p.params()[k])).sum::<f64>() / n as f64
+    };
+    let start: Vec<f64> = (0..d)
+        .map(|k| x0.iter().map(|x| f64::from(x[k])).sum::<f64>() / n as f64)
+        .collect();
+    let mut now = Instant::now();
+    let mut queue: Vec<(u64, Rank, Rank, Vec<u8>)> = Vec::new();
+    let mut buf = Vec::new();
+    let mut moved = 0.0f64;
+    for t in 0..1500u64 {
+        let late = if t < 60 { delay } else { 0 };
+        for (i, p) in peers.iter_mut().enumerate() {
+            let x = p.params().to_vec();
+            p.begin_round(now, &x, None);
+            while let Some(tr) = p.poll_transmit(&mut buf) {
+                let at = if i == straggler { t + late } else { t };
+                queue.push((at, i, tr.to, buf.clone()));
+            }
+        }
+        let (due, rest): (Vec<_>, Vec<_>) = queue.drain(..).partition(|f| f.0 <= t);
+        queue = rest;
+        for (_, from, to, frame) in due {
+            peers[to]
+                .handle_message(now, from, &frame)
+                .unwrap_or_else(|e| panic!("round {t}: peer {to} refused peer {from}: {e}"));
+        }
+        for (i, p) in peers.iter_mut().enumerate() {
+            p.handle_timeout(now + skip);
+            let mut mixed = false;
+            while let Some(ev) = p.poll_event() {
+                mixed |= ev == GossipEvent::Mixed { round: t };
+            }
+            assert!(mixed, "peer {i} did not complete round {t}");
+        }
+        if t < 60 {
+            moved = moved.max((mean(&peers, 0) - start[0]).abs());
+        }
+        now += Duration::from_millis(10);
+    }
+    assert!(queue.is_empty());
+    assert!(
+        moved > 1e-3,
+        "while messages are late the average moves ({moved}); the make-up brings it back"
+    );
+    for k in 0..d {
+        let end = mean(&peers, k);
+        assert!(
+            (end - start[k]).abs() < 1e-4,
+            "mean[{k}]: {} → {end}",
+            start[k]
+        );
+        for p in &peers {
+            assert!((f64::from(p.params()[k]) - start[k]).abs() < 1e-3);
+        }
+    }
+    peers.iter().map(|p| p.stats().skipped).sum()
+}
+
+#[test]
+fn choco_skipping_a_straggler_keeps_the_average() {
+    // Each of peer 2's 60 late messages is skipped by its two neighbours.
+    assert_eq!(choco_skipping_keeps_the_average(3), 120);
+    assert_eq!(
+        choco_skipping_keeps_the_average(murmur_gossip::SKIP_STALENESS),
+        120
+    );
+}
+
+#[test]
+fn choco_waits_for_a_message_later_than_the_staleness_bound() {
+    // Path 0 – 1 – 2; peer 1 hears from nobody: rounds 0..8 complete at the skip deadline,
+    // round 8 waits for peer 0's and peer 2's messages of round 0.
+    let w = path3();
+    let skip = Duration::from_millis(5);
+    let mut cfg = ChocoConfig::from_matrix(&w, 1, 0.0, 0.5, 4);
+    cfg.skip_after = Some(skip);
+    cfg.round_timeout = Duration::from_secs(5);
+    let mut p = Choco::new(cfg, vec![1.0; 4], Box::new(Identity));
+    let mut now = Instant::now();
+    let mut buf = Vec::new();
+    for t in 0..=murmur_gossip::SKIP_STALENESS {
+        let x = p.params().to_vec();
+        p.begin_round(now, &x, None);
+        while p.poll_transmit(&mut buf).is_some() {}
+        p.handle_timeout(now + skip);
+        if t < murmur_gossip::SKIP_STALENESS {
+            assert_eq!(p.poll_event(), Some(GossipEvent::Mixed { round: t }));
+            now += Duration::from_millis(10);
+        }
+    }
+    assert_eq!(
+        p.poll_event(),
+        None,
+        "round 8 waits for the messages of round 0"
+    );
+    p.handle_timeout(now + Duration::from_secs(5));
+    assert_eq!(
+        p.poll_event(),
+        Some(GossipEvent::RoundTimedOut {
+            round: 8,
+            missing: vec![0, 2]
+        })
+    );
+    // Peer 0's x̂ after round 0 is q = x = [3; 4]: peer 1 takes it into its copy and makes
+    // up 8 mixes of γ w_10 q = 0.5 · (1/3) · 3 per coordinate, plus round 8's own mix.
+    let before = p.params().to_vec();
+    let late = raw_frame(0, 0, 4, &identity_message(&[3.0; 4]));
+    p.handle_message(now, 0, &late).unwrap();
+    assert_eq!(p.poll_event(), None, "still waiting for peer 2");
+    assert!(
+        p.handle_message(now, 0, &late).is_err(),
+        "a late message counts once"
+    );
+    let late2 = raw_frame(2, 0, 4, &identity_message(&[0.0; 4]));
+    p.handle_message(now, 2, &late2).unwrap();
+    assert_eq!(p.poll_event(), Some(GossipEvent::Mixed { round: 8 }));
+    let w10 = w.get(1, 0);
+    // make-up 8 · γ w10 · 3, then round 8 mixes γ w10 (x̂_0 − x̂_1) + γ w12 (x̂_2 − x̂_1).
+    let x_hat_1 = p.x_hat()[0];
+    let w12 = w.get(1, 2);
+    let want = f64::from(before[0])
+        + 8.0 * 0.5 * w10 * 3.0
+        + 0.5 * (w10 * (3.0 - f64::from(x_hat_1)) + w12 * (0.0 - f64::from(x_hat_1)));
+    assert!(
+        (f64::from(p.params()[0]) - want).abs() < 1e-5,
+        "x_1 = {} want {want}",
+        p.params()[0]
+    );
 }

@@ -1000,10 +1000,16 @@ fn skipping_a_straggler_keeps_the_mass(n: usize, straggler: Rank, delay: u64) ->
             while let Some(ev) = p.poll_event() {
                 mixed |= ev == GossipEvent::Mixed { round: t };
             }
-            assert!(mixed, "peer {i} did not complete round {t} after the skip deadline");
+            assert!(
+                mixed,
+                "peer {i} did not complete round {t} after the skip deadline"
+            );
         }
         let (x, w) = net.total_mass();
-        assert!((w - n as f64).abs() < 1e-9, "round {t}: Σw + in flight = {w}");
+        assert!(
+            (w - n as f64).abs() < 1e-9,
+            "round {t}: Σw + in flight = {w}"
+        );
         let drift = max_diff(&x, &total0);
         assert!(drift < 1e-4, "round {t}: Σx + in flight drifted by {drift}");
         net.now += Duration::from_millis(10);
@@ -1051,7 +1057,11 @@ fn a_share_later_than_the_staleness_bound_is_waited_for() {
     // Round 8: the share of round 0 is now 8 rounds late and is waited for.
     begin(&mut p, now);
     p.handle_timeout(now + skip);
-    assert_eq!(p.poll_event(), None, "round 8 must wait for the share of round 0");
+    assert_eq!(
+        p.poll_event(),
+        None,
+        "round 8 must wait for the share of round 0"
+    );
     p.handle_timeout(now + Duration::from_secs(5));
     assert_eq!(
         p.poll_event(),
@@ -1063,7 +1073,12 @@ fn a_share_later_than_the_staleness_bound_is_waited_for() {
     // The late share of round 0 comes: absorbed, and the round completes.
     let late = push_frame(0, 0, 0.5, 1.0, &[2.0, 2.0]);
     p.handle_message(now, 0, &late).unwrap();
-    assert_eq!(p.poll_event(), Some(GossipEvent::Mixed { round: SKIP_STALENESS }));
+    assert_eq!(
+        p.poll_event(),
+        Some(GossipEvent::Mixed {
+            round: SKIP_STALENESS
+        })
+    );
     assert!(
         p.handle_message(now, 0, &late).is_err(),
         "a late share counts once"

@@ -92,10 +92,9 @@ pub fn build(
         }
         Algorithm::Sgp => {
             let schedule = args.push_schedule(topo)?;
-            let mut cfg =
-                SgpConfig::new(schedule, rank, args.lr, d)
-                    .with_tau(args.tau.unwrap_or(0))
-                    .with_skip(skip_after);
+            let mut cfg = SgpConfig::new(schedule, rank, args.lr, d)
+                .with_tau(args.tau.unwrap_or(0))
+                .with_skip(skip_after);
             cfg.round_timeout = round_timeout;
             cfg.max_payload_bytes = max_payload;
             cfg.seed = seed;
