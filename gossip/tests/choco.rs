@@ -634,15 +634,11 @@ fn choco_skipping_keeps_the_average(delay: u64) -> u64 {
         moved > 1e-3,
         "while messages are late the average moves ({moved}); the make-up brings it back"
     );
-    for k in 0..d {
+    for (k, &s) in start.iter().enumerate() {
         let end = mean(&peers, k);
-        assert!(
-            (end - start[k]).abs() < 1e-4,
-            "mean[{k}]: {} → {end}",
-            start[k]
-        );
+        assert!((end - s).abs() < 1e-4, "mean[{k}]: {s} → {end}");
         for p in &peers {
-            assert!((f64::from(p.params()[k]) - start[k]).abs() < 1e-3);
+            assert!((f64::from(p.params()[k]) - s).abs() < 1e-3);
         }
     }
     peers.iter().map(|p| p.stats().skipped).sum()

@@ -57,8 +57,10 @@ pub fn build(
     let seed = args.seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let skip_after = match (args.straggler_policy, args.straggler_deadline_ms) {
         (StragglerPolicy::Skip, Some(ms)) => {
-            // D-PSGD's skip notice goes back along the edge it drops; push-sum sends none.
-            if !matches!(args.algorithm, Algorithm::Sgp) && !topo.w.graph().is_symmetric() {
+            // D-PSGD's skip notice goes back along the edge it drops; SGP and CHOCO send none.
+            if matches!(args.algorithm, Algorithm::Dpsgd | Algorithm::LocalSgd)
+                && !topo.w.graph().is_symmetric()
+            {
                 bail!(
                     "--straggler-policy skip needs an undirected topology; {} is directed",
                     topo.name
@@ -88,6 +90,7 @@ pub fn build(
             cfg.round_timeout = round_timeout;
             cfg.max_payload_bytes = max_payload;
             cfg.seed = seed;
+            cfg.skip_after = skip_after;
             Box::new(Choco::new(cfg, x0, compressor))
         }
         Algorithm::Sgp => {

@@ -286,8 +286,10 @@ pub enum StragglerPolicy {
     #[default]
     Wait,
     /// Mix without a neighbour whose frame has not arrived `--straggler-deadline-ms` after
-    /// the round began; both ends drop the edge for that round, so W stays doubly
-    /// stochastic (D-PSGD and local-SGD, undirected topologies).
+    /// the round began. D-PSGD and local-SGD (undirected topologies): both ends drop the
+    /// edge for that round, so W stays doubly stochastic. SGP and CHOCO-SGD: the late
+    /// message is absorbed when it comes (at most 8 rounds late), which keeps the
+    /// push-sum mass and CHOCO's network average.
     Skip,
 }
 
@@ -632,11 +634,11 @@ impl RunArgs {
                 if self.phases.is_some()
                     || !matches!(
                         self.algorithm,
-                        Algorithm::Dpsgd | Algorithm::LocalSgd | Algorithm::Sgp
+                        Algorithm::Dpsgd | Algorithm::LocalSgd | Algorithm::Sgp | Algorithm::Choco
                     ) =>
             {
                 bail!(
-                    "--straggler-policy skip works with dpsgd, local-sgd and sgp, not {}",
+                    "--straggler-policy skip works with dpsgd, local-sgd, sgp and choco, not {}",
                     self.algorithm_name()
                 )
             }

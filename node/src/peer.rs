@@ -237,6 +237,16 @@ fn run_on<B: AutodiffBackend>(
         [Algorithm::Choco] => Resumable::WholeRun,
         _ => Resumable::No,
     };
+    if peer.resume
+        && resumable == Resumable::WholeRun
+        && args.straggler_policy == crate::config::StragglerPolicy::Skip
+    {
+        bail!(
+            "--resume: a CHOCO-SGD run under --straggler-policy skip cannot resume from its \
+             checkpoints (the messages still late when they were written are not in them, \
+             so the copies x̂ would disagree for good)"
+        );
+    }
     if peer.resume && resumable == Resumable::No {
         bail!(
             "--resume works for D-PSGD, SGP and CHOCO-SGD runs, not {}",
