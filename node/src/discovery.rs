@@ -15,6 +15,12 @@
 //! passes to the data plane as [`crate::net::NetEvent::Joined`] so that every peer admits
 //! the new identity. Both get the directory at once.
 //!
+//! On a LAN the bootstrap can also be found without its address: with `--mdns` peer 0
+//! answers mDNS queries (libp2p-mdns, `_p2p._udp.local`) with its listen addresses, and a
+//! peer started with `--mdns` and no `--bootstrap` asks every listening libp2p node it
+//! discovers to let it join, until one takes it (nodes of other runs refuse it; peers that
+//! are not bootstraps do not listen, so they are not discovered).
+//!
 //! Protocol: libp2p request-response, JSON codec, protocol id `/murmur/join/1`.
 
 use std::collections::HashSet;
@@ -26,6 +32,7 @@ use anyhow::{anyhow, bail, Context};
 use futures::StreamExt;
 use libp2p::identity::Keypair;
 use libp2p::request_response::{self, ProtocolSupport};
+use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
 use libp2p::{identify, ping, Multiaddr, PeerId, StreamProtocol, Swarm};
 use murmur_gossip::Rank;
@@ -151,6 +158,8 @@ struct Behaviour {
     join: request_response::json::Behaviour<JoinRequest, JoinResponse>,
     ping: ping::Behaviour,
     identify: identify::Behaviour,
+    /// With `--mdns` only.
+    mdns: Toggle<libp2p::mdns::tokio::Behaviour>,
 }
 
 /// How this peer takes part in discovery.
@@ -177,8 +186,8 @@ pub enum Role {
     },
     /// Any other peer: dial `bootstrap`.
     Join {
-        /// The bootstrap's multiaddr.
-        bootstrap: Multiaddr,
+        /// The bootstrap's multiaddr; `None`: find it with mDNS.
+        bootstrap: Option<Multiaddr>,
         /// Rejoin a run under way (a restarted peer), or resume a whole run, instead of
         /// joining at the start.
         rejoin: bool,
@@ -189,22 +198,40 @@ pub enum Role {
     },
 }
 
-fn build_swarm(key: Keypair, timeout: Duration) -> anyhow::Result<Swarm<Behaviour>> {
+fn build_swarm(key: Keypair, timeout: Duration, mdns: bool) -> anyhow::Result<Swarm<Behaviour>> {
     let swarm = libp2p::SwarmBuilder::with_existing_identity(key)
         .with_tokio()
         .with_quic()
-        .with_behaviour(|key| Behaviour {
-            join: request_response::json::Behaviour::new(
-                [(StreamProtocol::new("/murmur/join/1"), ProtocolSupport::Full)],
-                request_response::Config::default().with_request_timeout(timeout),
-            ),
-            ping: ping::Behaviour::new(ping::Config::new()),
-            identify: identify::Behaviour::new(identify::Config::new(
-                "/murmur/1.0.0".into(),
-                key.public(),
-            )),
+        .with_behaviour(|key| {
+            let mdns = if mdns {
+                let config = libp2p::mdns::Config {
+                    // A joining peer asks again every few seconds until the bootstrap listens.
+                    query_interval: Duration::from_secs(5),
+                    ..Default::default()
+                };
+                Some(libp2p::mdns::tokio::Behaviour::new(
+                    config,
+                    key.public().to_peer_id(),
+                )?)
+            } else {
+                None
+            };
+            Ok(Behaviour {
+                join: request_response::json::Behaviour::new(
+                    [(StreamProtocol::new("/murmur/join/1"), ProtocolSupport::Full)],
+                    request_response::Config::default().with_request_timeout(timeout),
+                ),
+                ping: ping::Behaviour::new(ping::Config::new()),
+                identify: identify::Behaviour::new(identify::Config::new(
+                    "/murmur/1.0.0".into(),
+                    key.public(),
+                )),
+                mdns: Toggle::from(mdns),
+            })
         })
-        .map_err(|e| anyhow!("building the libp2p behaviour: {e}"))?
+        .map_err(|e| {
+            anyhow!("building the libp2p behaviour (mDNS needs a multicast-capable interface): {e}")
+        })?
         .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(24 * 3600)))
         .build();
     Ok(swarm)
@@ -224,8 +251,9 @@ pub async fn discover(
     timeout: Duration,
     key: Keypair,
     allow: Option<HashSet<PeerId>>,
+    mdns: bool,
 ) -> anyhow::Result<Discovered> {
-    let mut swarm = build_swarm(key, timeout)?;
+    let mut swarm = build_swarm(key, timeout, mdns)?;
     me.peer_id = swarm.local_peer_id().to_string();
     let deadline = tokio::time::Instant::now() + timeout;
     let (directory, late) = match role {
@@ -269,10 +297,16 @@ pub async fn discover(
                 checkpoint_rounds,
                 any_rank,
             };
-            let directory = tokio::time::timeout_at(deadline, join(&mut swarm, bootstrap.clone(), request))
+            let refusals = std::sync::Mutex::new(Vec::new());
+            let directory = tokio::time::timeout_at(deadline, join(&mut swarm, bootstrap.clone(), request, &refusals))
                 .await
                 .map_err(|_| {
-                    anyhow!("no directory from the bootstrap {bootstrap} within {timeout:?} (is peer 0 running and reachable? a new peer waits for the one joining before it)")
+                    let refused = refusals.lock().map(|r| r.join("; ")).unwrap_or_default();
+                    match &bootstrap {
+                        Some(b) => anyhow!("no directory from the bootstrap {b} within {timeout:?} (is peer 0 running and reachable? a new peer waits for the one joining before it)"),
+                        None if refused.is_empty() => anyhow!("--mdns: found no bootstrap on the local network within {timeout:?} (is peer 0 running with --mdns, listening on an address of this LAN, e.g. --listen /ip4/0.0.0.0/udp/4001/quic-v1?)"),
+                        None => anyhow!("--mdns: no bootstrap on the local network took this peer within {timeout:?}; refused by: {refused}"),
+                    }
                 })??;
             (directory, None)
         }
@@ -687,34 +721,81 @@ async fn serve(
 
 async fn join(
     swarm: &mut Swarm<Behaviour>,
-    bootstrap: Multiaddr,
+    bootstrap: Option<Multiaddr>,
     request: JoinRequest,
+    refusals: &std::sync::Mutex<Vec<String>>,
 ) -> anyhow::Result<Discovered> {
-    swarm
-        .dial(bootstrap.clone())
-        .with_context(|| format!("cannot dial the bootstrap {bootstrap}"))?;
+    if let Some(b) = &bootstrap {
+        swarm
+            .dial(b.clone())
+            .with_context(|| format!("cannot dial the bootstrap {b}"))?;
+    }
     let me = request.info.peer_id.clone();
     let n = request.fingerprint.peers;
-    let mut request = Some(request);
-    let mut boot_peer: Option<PeerId> = None;
+    // The nodes dialled (the bootstrap, or each node mDNS found) and those asked.
+    let mut dialled: HashSet<PeerId> = HashSet::new();
+    let mut asked: HashSet<PeerId> = HashSet::new();
     loop {
         match swarm.select_next_some().await {
-            SwarmEvent::ConnectionEstablished { peer_id, .. } if boot_peer.is_none() => {
-                boot_peer = Some(peer_id);
-                if let Some(req) = request.take() {
-                    swarm.behaviour_mut().join.send_request(&peer_id, req);
+            SwarmEvent::Behaviour(BehaviourEvent::Mdns(libp2p::mdns::Event::Discovered(found)))
+                if bootstrap.is_none() =>
+            {
+                let mut by_peer: std::collections::BTreeMap<PeerId, Vec<Multiaddr>> =
+                    Default::default();
+                for (peer, addr) in found {
+                    by_peer.entry(peer).or_default().push(addr);
+                }
+                for (peer, addrs) in by_peer {
+                    if !dialled.insert(peer) {
+                        continue;
+                    }
+                    info!(%peer, ?addrs, "mDNS found a libp2p node; asking it to join");
+                    let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
+                        .addresses(addrs)
+                        .build();
+                    if let Err(e) = swarm.dial(opts) {
+                        refusals
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(format!("{peer}: cannot dial: {e}"));
+                    }
                 }
             }
-            SwarmEvent::OutgoingConnectionError { error, .. } => {
-                bail!("cannot reach the bootstrap {bootstrap}: {error}")
+            SwarmEvent::ConnectionEstablished { peer_id, .. }
+                if (bootstrap.is_some() && asked.is_empty()) || dialled.contains(&peer_id) =>
+            {
+                if asked.insert(peer_id) {
+                    swarm
+                        .behaviour_mut()
+                        .join
+                        .send_request(&peer_id, request.clone());
+                }
+            }
+            SwarmEvent::OutgoingConnectionError { error, .. } if bootstrap.is_some() => {
+                bail!(
+                    "cannot reach the bootstrap {}: {error}",
+                    bootstrap
+                        .as_ref()
+                        .map(ToString::to_string)
+                        .unwrap_or_default()
+                )
             }
             SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
+                peer,
                 message: request_response::Message::Response { response, .. },
                 ..
             })) => {
                 let (dir, resume_round) = match response {
                     JoinResponse::Directory(dir) => (dir, None),
                     JoinResponse::Resume { directory, round } => (directory, Some(round)),
+                    JoinResponse::Refused(why) if bootstrap.is_none() => {
+                        warn!(%peer, "refused by a node found with mDNS: {why}");
+                        refusals
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(format!("{peer}: {why}"));
+                        continue;
+                    }
                     JoinResponse::Refused(why) => {
                         bail!("the bootstrap refused this peer: {why}")
                     }
@@ -735,6 +816,9 @@ async fn join(
                 else {
                     bail!("the bootstrap's directory has no entry for this peer ({me})");
                 };
+                if bootstrap.is_none() {
+                    info!(bootstrap = %peer, "joined the run of the bootstrap found with mDNS");
+                }
                 return Ok(Discovered {
                     rank,
                     directory: dir,
@@ -742,9 +826,18 @@ async fn join(
                 });
             }
             SwarmEvent::Behaviour(BehaviourEvent::Join(
-                request_response::Event::OutboundFailure { error, .. },
+                request_response::Event::OutboundFailure { peer, error, .. },
             )) => {
-                bail!("join request to the bootstrap {bootstrap} failed: {error}")
+                if bootstrap.is_none() {
+                    // Not a murmur bootstrap (or gone): try the others.
+                    debug!(%peer, "join request failed: {error}");
+                    refusals
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(format!("{peer}: {error}"));
+                    continue;
+                }
+                bail!("join request to the bootstrap failed: {error}")
             }
             other => debug!(?other, "join"),
         }

@@ -49,10 +49,16 @@ pub struct PeerArgs {
     /// restarted with `--rank <rank> --resume`.
     #[arg(long)]
     pub rank: Option<Rank>,
-    /// The bootstrap's libp2p multiaddr (required for ranks other than 0),
-    /// e.g. /ip4/10.0.0.1/udp/4001/quic-v1.
+    /// The bootstrap's libp2p multiaddr (required for ranks other than 0, unless `--mdns`
+    /// finds it), e.g. /ip4/10.0.0.1/udp/4001/quic-v1.
     #[arg(long)]
     pub bootstrap: Option<libp2p::Multiaddr>,
+    /// On a LAN: peer 0 (`--rank 0 --mdns`) answers mDNS queries with its listen address;
+    /// any other peer with `--mdns` and no `--bootstrap` finds it that way and asks every
+    /// libp2p node it discovers to let it join, until one takes it. Peer 0 must then listen
+    /// on an address of the LAN, e.g. `--listen /ip4/0.0.0.0/udp/4001/quic-v1`.
+    #[arg(long)]
+    pub mdns: bool,
     /// libp2p listen address of the bootstrap (rank 0).
     #[arg(long, default_value = "/ip4/127.0.0.1/udp/0/quic-v1")]
     pub listen: libp2p::Multiaddr,
@@ -207,7 +213,9 @@ fn run_on<B: AutodiffBackend>(
     let n = args.peers;
     // Without --rank, a joining peer learns its rank from the bootstrap; until then it
     // goes by a placeholder that nothing keeps.
-    let assigned = peer.rank.is_none() && peer.bootstrap.is_some();
+    // A peer joins through a bootstrap it is given or finds with mDNS; peer 0 is one.
+    let joins = peer.bootstrap.is_some() || peer.mdns && peer.rank != Some(0);
+    let assigned = peer.rank.is_none() && joins;
     let mut rank = peer.rank.unwrap_or(if assigned { 1 } else { 0 });
     let span = info_span!("peer", peer = tracing::field::Empty);
     if !assigned {
@@ -215,7 +223,7 @@ fn run_on<B: AutodiffBackend>(
     }
     let _span = span.enter();
     if assigned && n == 1 {
-        bail!("a run of one peer has only rank 0: start it without --bootstrap");
+        bail!("a run of one peer has only rank 0: start it without --bootstrap or --mdns");
     }
     if rank >= n {
         bail!(
@@ -223,8 +231,11 @@ fn run_on<B: AutodiffBackend>(
             n - 1
         );
     }
-    if rank != 0 && peer.bootstrap.is_none() {
-        bail!("peer {rank} needs --bootstrap <multiaddr of peer 0>");
+    if rank != 0 && !joins {
+        bail!("peer {rank} needs --bootstrap <multiaddr of peer 0> (or --mdns on a LAN)");
+    }
+    if rank == 0 && peer.bootstrap.is_some() {
+        bail!("peer 0 is the bootstrap: it takes --listen, not --bootstrap");
     }
     if assigned && peer.resume {
         bail!(
@@ -254,7 +265,7 @@ fn run_on<B: AutodiffBackend>(
         );
     }
     let initial = peer.initial_peers.unwrap_or(n);
-    if peer.initial_peers.is_some() && peer.bootstrap.is_some() {
+    if peer.initial_peers.is_some() && joins {
         bail!("--initial-peers is peer 0's option (the bootstrap decides when the run starts)");
     }
     if initial == 0 || initial > n {
@@ -356,8 +367,8 @@ fn run_on<B: AutodiffBackend>(
     }
     // Peer 0 tells its bootstrap when a new peer mixes with the run (or left).
     let (settle, settled) = tokio::sync::mpsc::unbounded_channel();
-    let role = match &peer.bootstrap {
-        None => Role::Bootstrap {
+    let role = match joins {
+        false => Role::Bootstrap {
             listen: peer.listen.clone(),
             initial,
             joined: plane.event_sender(),
@@ -367,8 +378,8 @@ fn run_on<B: AutodiffBackend>(
                 .resume
                 .then(|| resumable_rounds(&checkpoint_rounds, &peer.out, rounds_per_epoch)),
         },
-        Some(b) => Role::Join {
-            bootstrap: b.clone(),
+        true => Role::Join {
+            bootstrap: peer.bootstrap.clone(),
             rejoin: peer.resume || peer.join_running,
             checkpoint_rounds,
             any_rank: assigned,
@@ -390,6 +401,7 @@ fn run_on<B: AutodiffBackend>(
         join_timeout,
         key.clone(),
         allow,
+        peer.mdns,
     ))?;
     if assigned {
         rank = given;

@@ -803,6 +803,47 @@ fn peers_without_a_rank_get_one_and_two_new_neighbours_join_at_once() {
 }
 
 #[test]
+fn peers_find_the_bootstrap_of_their_run_with_mdns() {
+    // Two runs on the LAN (different seeds), each bootstrap answering mDNS; each run's
+    // second peer has neither --bootstrap nor --rank: it asks both bootstraps, is refused
+    // by the other run's and joins its own.
+    let (mut a, mut b) = (Cluster::new(), Cluster::new());
+    for (c, seed) in [(&mut a, "--seed=1"), (&mut b, "--seed=2")] {
+        let run = args(&[
+            "--peers=2",
+            "--epochs=1",
+            "--rounds-per-epoch=10",
+            "--join-timeout-secs=60",
+            "--mdns",
+            seed,
+        ]);
+        let mut first = run.clone();
+        first.push("--listen=/ip4/0.0.0.0/udp/0/quic-v1".into());
+        c.start_bootstrap(&first);
+        c.spawn_unranked("1", &run);
+    }
+    for c in [&mut a, &mut b] {
+        for child in [0, 1] {
+            let s = c.wait(child, Duration::from_secs(120));
+            let log = if child == 0 {
+                c.read_log(0)
+            } else {
+                std::fs::read_to_string(c.dir.path().join("peer-1.log")).unwrap()
+            };
+            assert!(s.success() && !log.contains("panicked"), "{log}");
+            if child == 1 {
+                assert!(
+                    log.contains("joined the run of the bootstrap found with mDNS"),
+                    "{log}"
+                );
+            }
+        }
+        let rows = rows(&c.out());
+        assert_eq!(rows.last().unwrap()["peers"], 2, "{rows:?}");
+    }
+}
+
+#[test]
 fn a_whole_run_killed_at_once_resumes_from_its_checkpoints() {
     whole_run_resumes(&[]);
 }
