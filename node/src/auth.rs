@@ -197,6 +197,79 @@ pub fn read_allow_list(path: &Path) -> anyhow::Result<std::collections::HashSet<
     Ok(peers)
 }
 
+/// Shortest run key accepted, in bytes.
+pub const RUN_KEY_MIN_BYTES: usize = 16;
+
+/// A run key (`--run-key FILE`): a secret every peer of the run holds. A joining peer
+/// proves it to the bootstrap and the bootstrap proves it back, each with an HMAC-SHA256
+/// tag over both libp2p identities (so a tag is good for one pair of identities and one
+/// direction only, and the key itself never travels). It admits peers whose identities
+/// are not known in advance (ranks given at join, `--mdns`), where an allow-list cannot be
+/// written, and keeps a node that answers mDNS but lacks the key from handing out a
+/// directory.
+pub struct RunKey(ring::hmac::Key);
+
+impl std::fmt::Debug for RunKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RunKey(..)")
+    }
+}
+
+impl RunKey {
+    /// The key in `path`: its bytes as they are (e.g. `head -c 32 /dev/urandom > run.key`).
+    ///
+    /// # Errors
+    /// The file cannot be read or holds fewer than [`RUN_KEY_MIN_BYTES`] bytes.
+    pub fn read(path: &Path) -> anyhow::Result<RunKey> {
+        let secret = std::fs::read(path)
+            .with_context(|| format!("reading the run key {}", path.display()))?;
+        if secret.len() < RUN_KEY_MIN_BYTES {
+            anyhow::bail!(
+                "the run key {} has {} bytes; it needs at least {RUN_KEY_MIN_BYTES} (e.g. head -c 32 /dev/urandom > {})",
+                path.display(),
+                secret.len(),
+                path.display()
+            );
+        }
+        Ok(RunKey(ring::hmac::Key::new(
+            ring::hmac::HMAC_SHA256,
+            &secret,
+        )))
+    }
+
+    fn message(direction: &str, from: &PeerId, to: &PeerId) -> Vec<u8> {
+        let mut m = format!("murmur run key v1 {direction}\n").into_bytes();
+        m.extend_from_slice(&from.to_bytes());
+        m.push(b'\n');
+        m.extend_from_slice(&to.to_bytes());
+        m
+    }
+
+    /// The tag peer `from` sends to peer `to` in `direction` (`join` or `answer`), as hex
+    /// (64 characters).
+    pub fn tag(&self, direction: &str, from: &PeerId, to: &PeerId) -> String {
+        ring::hmac::sign(&self.0, &Self::message(direction, from, to))
+            .as_ref()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// Whether `tag` (hex) is the tag of `from` to `to` in `direction`; compared in
+    /// constant time.
+    pub fn verify(&self, tag: Option<&str>, direction: &str, from: &PeerId, to: &PeerId) -> bool {
+        let Some(tag) = tag.filter(|t| t.len() == 64 && t.is_ascii()) else {
+            return false;
+        };
+        let bytes: Option<Vec<u8>> = (0..32)
+            .map(|i| u8::from_str_radix(&tag[2 * i..2 * i + 2], 16).ok())
+            .collect();
+        bytes.is_some_and(|b| {
+            ring::hmac::verify(&self.0, &Self::message(direction, from, to), &b).is_ok()
+        })
+    }
+}
+
 /// A certificate carrying `key`'s identity and the certificate's own private key.
 fn identity_certificate(
     key: &Keypair,
@@ -415,6 +488,42 @@ impl ClientCertVerifier for IdentityVerifier {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_run_key_tag_is_good_for_one_key_one_pair_and_one_direction() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, bytes: &[u8]| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, bytes).unwrap();
+            p
+        };
+        let key = super::RunKey::read(&write("a", &[7u8; 32])).unwrap();
+        let other = super::RunKey::read(&write("b", &[8u8; 32])).unwrap();
+        let err = super::RunKey::read(&write("c", &[7u8; 15])).unwrap_err();
+        assert!(format!("{err:#}").contains("at least 16"), "{err:#}");
+        let (a, b) = (libp2p::PeerId::random(), libp2p::PeerId::random());
+        let tag = key.tag("join", &a, &b);
+        assert_eq!(tag.len(), 64);
+        assert!(key.verify(Some(&tag), "join", &a, &b));
+        assert!(!other.verify(Some(&tag), "join", &a, &b), "another key");
+        assert!(
+            !key.verify(Some(&tag), "join", &b, &a),
+            "the other way round"
+        );
+        assert!(
+            !key.verify(Some(&tag), "answer", &a, &b),
+            "the other direction"
+        );
+        assert!(!key.verify(None, "join", &a, &b));
+        assert!(!key.verify(Some("zz"), "join", &a, &b));
+        let mut forged = tag.clone().into_bytes();
+        forged[0] = if forged[0] == b'0' { b'1' } else { b'0' };
+        assert!(!key.verify(Some(std::str::from_utf8(&forged).unwrap()), "join", &a, &b));
+        assert!(
+            !key.verify(Some(&"é".repeat(32)), "join", &a, &b),
+            "non-ASCII refused, no panic"
+        );
+    }
+
     use super::*;
 
     #[test]

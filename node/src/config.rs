@@ -440,6 +440,12 @@ pub struct RunArgs {
     /// any peer with the run's options.
     #[arg(long, value_name = "FILE")]
     pub allow_peers: Option<PathBuf>,
+    /// A secret shared by the run's peers (a file of at least 16 bytes, e.g. `head -c 32
+    /// /dev/urandom > run.key`): a joining peer and the bootstrap prove to each other that
+    /// they hold it (HMAC over both identities); peers without it are refused. For runs
+    /// whose identities are not known in advance (no `--rank`, `--mdns`).
+    #[arg(long, value_name = "FILE")]
+    pub run_key: Option<PathBuf>,
     /// Every peer writes a checkpoint (parameters, momentum, round, membership) to
     /// `<run>/checkpoints/peer-<rank>.ckpt` after every this many rounds, atomically;
     /// 0: never. A restarted peer takes it up with `murmur peer --resume`.
@@ -521,6 +527,9 @@ impl RunArgs {
         }
         if let Some(p) = &self.allow_peers {
             a.push(format!("--allow-peers={}", p.display()));
+        }
+        if let Some(p) = &self.run_key {
+            a.push(format!("--run-key={}", p.display()));
         }
         a.push(format!("--straggler-policy={}", self.straggler_policy));
         if let Some(ms) = self.straggler_deadline_ms {
@@ -622,6 +631,9 @@ impl RunArgs {
         }
         if let Some(path) = &self.allow_peers {
             crate::auth::read_allow_list(path)?;
+        }
+        if let Some(path) = &self.run_key {
+            crate::auth::RunKey::read(path)?;
         }
         match (self.straggler_policy, self.straggler_deadline_ms) {
             (StragglerPolicy::Skip, None | Some(0)) => {

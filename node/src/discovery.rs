@@ -36,6 +36,8 @@ use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
 use libp2p::{identify, ping, Multiaddr, PeerId, StreamProtocol, Swarm};
 use murmur_gossip::Rank;
+
+use crate::auth::RunKey;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
@@ -119,6 +121,51 @@ pub struct JoinRequest {
     /// `info.rank` is ignored.
     #[serde(default)]
     pub any_rank: bool,
+    /// With a run key: the joining peer's tag ([`RunKey::tag`], direction `join`, from it to
+    /// the bootstrap), hex.
+    #[serde(default)]
+    pub proof: Option<String>,
+}
+
+/// Who may join besides the run options: the bootstrap's checks, and what a joining peer
+/// asks of the bootstrap.
+#[derive(Debug, Default)]
+pub struct Gate {
+    /// Only these identities may join (`--allow-peers`; checked by peer 0).
+    pub allow: Option<HashSet<PeerId>>,
+    /// The run key (`--run-key`): a joining peer and the bootstrap prove it to each other.
+    pub key: Option<RunKey>,
+}
+
+impl Gate {
+    /// Why bootstrap `local` refuses `peer` with the tag `proof`, if it does; a `new` peer
+    /// (not a restarted one, whose identity was admitted before) must be on the allow-list.
+    fn refusal(
+        &self,
+        local: &PeerId,
+        peer: &PeerId,
+        proof: Option<&str>,
+        new: bool,
+    ) -> Option<String> {
+        if new && self.allow.as_ref().is_some_and(|a| !a.contains(peer)) {
+            return Some(format!(
+                "peer {peer} is not on the run's allow-list (--allow-peers)"
+            ));
+        }
+        if let Some(key) = &self.key {
+            if !key.verify(proof, "join", peer, local) {
+                return Some(format!(
+                    "peer {peer} did not prove the run key (--run-key): it lacks the key or holds another run's"
+                ));
+            }
+        }
+        None
+    }
+
+    /// The bootstrap `local`'s tag for `joiner`, with a run key.
+    fn answer(&self, local: &PeerId, joiner: &PeerId) -> Option<String> {
+        self.key.as_ref().map(|k| k.tag("answer", local, joiner))
+    }
 }
 
 /// The run's peers, indexed by rank: `None` for a rank nobody has taken yet (an elastic
@@ -128,8 +175,15 @@ pub type Directory = Vec<Option<PeerInfo>>;
 /// The bootstrap's answer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum JoinResponse {
-    /// The directory (n entries).
-    Directory(Directory),
+    /// The directory (n entries), and with a run key the bootstrap's tag ([`RunKey::tag`],
+    /// direction `answer`, from the bootstrap to the joining peer), hex.
+    Directory {
+        /// The directory.
+        directory: Directory,
+        /// The bootstrap's tag.
+        #[serde(default)]
+        proof: Option<String>,
+    },
     /// The join was refused; the text says why.
     Refused(String),
     /// A whole run resumes from its checkpoints: the directory, and the round every peer
@@ -139,6 +193,9 @@ pub enum JoinResponse {
         directory: Directory,
         /// The round to continue from.
         round: u64,
+        /// The bootstrap's tag, as for [`JoinResponse::Directory`].
+        #[serde(default)]
+        proof: Option<String>,
     },
 }
 
@@ -239,7 +296,8 @@ fn build_swarm(key: Keypair, timeout: Duration, mdns: bool) -> anyhow::Result<Sw
 
 /// Runs discovery with the identity `key` and returns the directory (n entries, indexed by
 /// rank). `me` is this peer's entry except for `peer_id`, which is filled in here. The
-/// bootstrap admits only the peers of `allow` if it is given.
+/// bootstrap admits only the peers `gate` lets in; a joining peer takes a directory only
+/// from a bootstrap that proves the run key, if there is one.
 ///
 /// # Errors
 /// The bootstrap cannot be reached, a peer was refused, or not all n peers joined within
@@ -250,7 +308,7 @@ pub async fn discover(
     fingerprint: Fingerprint,
     timeout: Duration,
     key: Keypair,
-    allow: Option<HashSet<PeerId>>,
+    gate: Gate,
     mdns: bool,
 ) -> anyhow::Result<Discovered> {
     let mut swarm = build_swarm(key, timeout, mdns)?;
@@ -275,7 +333,7 @@ pub async fn discover(
                     me,
                     fingerprint.clone(),
                     addr_file,
-                    &allow,
+                    &gate,
                     resume,
                     initial,
                 ),
@@ -296,9 +354,10 @@ pub async fn discover(
                 rejoin,
                 checkpoint_rounds,
                 any_rank,
+                proof: None,
             };
             let refusals = std::sync::Mutex::new(Vec::new());
-            let directory = tokio::time::timeout_at(deadline, join(&mut swarm, bootstrap.clone(), request, &refusals))
+            let directory = tokio::time::timeout_at(deadline, join(&mut swarm, bootstrap.clone(), request, &gate, &refusals))
                 .await
                 .map_err(|_| {
                     let refused = refusals.lock().map(|r| r.join("; ")).unwrap_or_default();
@@ -319,7 +378,7 @@ pub async fn discover(
                 let mut late = LateJoins {
                     dir,
                     fingerprint,
-                    allow,
+                    gate,
                     joined,
                     pending: None,
                     waiting: std::collections::VecDeque::new(),
@@ -358,7 +417,7 @@ struct LateJoins {
     /// The directory as the bootstrap knows it.
     dir: Directory,
     fingerprint: Fingerprint,
-    allow: Option<HashSet<PeerId>>,
+    gate: Gate,
     /// Where new peers are announced to peer 0's data plane.
     joined: tokio::sync::mpsc::Sender<crate::net::NetEvent>,
     /// The new peer being taken in, and since when.
@@ -416,8 +475,15 @@ impl LateJoins {
 
     /// Answers one late join; a new peer admitted becomes the pending one and is announced.
     async fn answer(&mut self, swarm: &mut Swarm<Behaviour>, (peer, request, channel): Waiting) {
-        let (answer, new) =
-            admit_rejoin(&mut self.dir, &self.fingerprint, &self.allow, peer, request);
+        let local = *swarm.local_peer_id();
+        let (answer, new) = admit_rejoin(
+            &mut self.dir,
+            &self.fingerprint,
+            &self.gate,
+            local,
+            peer,
+            request,
+        );
         let _ = swarm.behaviour_mut().join.send_response(channel, answer);
         let Some(info) = new else {
             return;
@@ -467,7 +533,8 @@ fn common_round(rounds: &[Vec<u64>]) -> Option<u64> {
 fn admit_rejoin(
     dir: &mut [Option<PeerInfo>],
     fingerprint: &Fingerprint,
-    allow: &Option<HashSet<PeerId>>,
+    gate: &Gate,
+    local: PeerId,
     peer: PeerId,
     mut request: JoinRequest,
 ) -> (JoinResponse, Option<PeerInfo>) {
@@ -498,10 +565,10 @@ fn admit_rejoin(
         ))
     } else if !request.rejoin {
         Some("the run is already under way; a restarted peer rejoins it with --resume, a new peer takes an empty rank with --join-running".into())
-    } else if current.is_none() && allow.as_ref().is_some_and(|a| !a.contains(&peer)) {
-        Some(format!(
-            "peer {peer} is not on the run's allow-list (--allow-peers)"
-        ))
+    } else if let Some(why) =
+        gate.refusal(&local, &peer, request.proof.as_deref(), current.is_none())
+    {
+        Some(why)
     } else {
         current
             .as_ref()
@@ -524,7 +591,11 @@ fn admit_rejoin(
         info!(rank = r, %peer, "peer rejoins the run");
     }
     dir[r] = Some(info);
-    (JoinResponse::Directory(dir.to_vec()), new)
+    let answer = JoinResponse::Directory {
+        directory: dir.to_vec(),
+        proof: gate.answer(&local, &peer),
+    };
+    (answer, new)
 }
 
 impl PeerInfo {
@@ -549,7 +620,7 @@ async fn serve(
     me: PeerInfo,
     fingerprint: Fingerprint,
     addr_file: Option<PathBuf>,
-    allow: &Option<HashSet<PeerId>>,
+    gate: &Gate,
     resume: Option<Vec<u64>>,
     initial: usize,
 ) -> anyhow::Result<Discovered> {
@@ -589,7 +660,7 @@ async fn serve(
                                 .collect::<Vec<_>>()
                                 .join(", ")
                         );
-                        for channel in waiting {
+                        for (_, channel) in waiting {
                             let _ = swarm
                                 .behaviour_mut()
                                 .join
@@ -599,12 +670,18 @@ async fn serve(
                     }
                 },
             };
-            for channel in waiting {
+            let local = *swarm.local_peer_id();
+            for (peer, channel) in waiting {
+                let proof = gate.answer(&local, &peer);
                 let answer = match resume_round {
-                    None => JoinResponse::Directory(dir.clone()),
+                    None => JoinResponse::Directory {
+                        directory: dir.clone(),
+                        proof,
+                    },
                     Some(round) => JoinResponse::Resume {
                         directory: dir.clone(),
                         round,
+                        proof,
                     },
                 };
                 let _ = swarm.behaviour_mut().join.send_response(channel, answer);
@@ -664,10 +741,11 @@ async fn serve(
                     request.info.rank = free_rank(&slots).unwrap_or(n);
                 }
                 let r = request.info.rank;
-                let refusal = if allow.as_ref().is_some_and(|a| !a.contains(&peer)) {
-                    Some(format!(
-                        "peer {peer} is not on the run's allow-list (--allow-peers)"
-                    ))
+                let local = *swarm.local_peer_id();
+                let refusal = if let Some(why) =
+                    gate.refusal(&local, &peer, request.proof.as_deref(), true)
+                {
+                    Some(why)
                 } else if request.rejoin && resume.is_none() {
                     Some("the run has not started yet (not every peer has joined); start this peer without --resume".to_string())
                 } else if !request.rejoin && resume.is_some() {
@@ -704,7 +782,7 @@ async fn serve(
                         info.peer_id = peer.to_string();
                         info!(rank = r, %peer, "peer joined");
                         slots[r] = Some(info);
-                        waiting.push(channel);
+                        waiting.push((peer, channel));
                     }
                 }
             }
@@ -723,8 +801,10 @@ async fn join(
     swarm: &mut Swarm<Behaviour>,
     bootstrap: Option<Multiaddr>,
     request: JoinRequest,
+    gate: &Gate,
     refusals: &std::sync::Mutex<Vec<String>>,
 ) -> anyhow::Result<Discovered> {
+    let me_id = *swarm.local_peer_id();
     if let Some(b) = &bootstrap {
         swarm
             .dial(b.clone())
@@ -765,10 +845,9 @@ async fn join(
                 if (bootstrap.is_some() && asked.is_empty()) || dialled.contains(&peer_id) =>
             {
                 if asked.insert(peer_id) {
-                    swarm
-                        .behaviour_mut()
-                        .join
-                        .send_request(&peer_id, request.clone());
+                    let mut request = request.clone();
+                    request.proof = gate.key.as_ref().map(|k| k.tag("join", &me_id, &peer_id));
+                    swarm.behaviour_mut().join.send_request(&peer_id, request);
                 }
             }
             SwarmEvent::OutgoingConnectionError { error, .. } if bootstrap.is_some() => {
@@ -785,9 +864,13 @@ async fn join(
                 message: request_response::Message::Response { response, .. },
                 ..
             })) => {
-                let (dir, resume_round) = match response {
-                    JoinResponse::Directory(dir) => (dir, None),
-                    JoinResponse::Resume { directory, round } => (directory, Some(round)),
+                let (dir, resume_round, proof) = match response {
+                    JoinResponse::Directory { directory, proof } => (directory, None, proof),
+                    JoinResponse::Resume {
+                        directory,
+                        round,
+                        proof,
+                    } => (directory, Some(round), proof),
                     JoinResponse::Refused(why) if bootstrap.is_none() => {
                         warn!(%peer, "refused by a node found with mDNS: {why}");
                         refusals
@@ -800,6 +883,17 @@ async fn join(
                         bail!("the bootstrap refused this peer: {why}")
                     }
                 };
+                if let Some(key) = &gate.key {
+                    if !key.verify(proof.as_deref(), "answer", &peer, &me_id) {
+                        let why = format!("{peer} did not prove the run key (--run-key)");
+                        if bootstrap.is_none() {
+                            warn!("{why}; not its directory");
+                            refusals.lock().unwrap_or_else(|e| e.into_inner()).push(why);
+                            continue;
+                        }
+                        bail!("the bootstrap {why}: is this the run's bootstrap, and does it have the same key?");
+                    }
+                }
                 let misplaced = dir
                     .iter()
                     .enumerate()
@@ -879,6 +973,7 @@ mod tests {
             rejoin: true,
             checkpoint_rounds: Vec::new(),
             any_rank,
+            proof: None,
         }
     }
 
@@ -888,6 +983,7 @@ mod tests {
         // Ranks 1 and 3 are empty.
         let mut dir = vec![Some(info(0, ids[0])), None, Some(info(2, ids[2])), None];
         let fp = fingerprint(4);
+        let local = ids[0];
         let restarted = request(2, ids[2], false);
         assert!(
             !takes_empty_rank(&dir, &restarted),
@@ -895,21 +991,36 @@ mod tests {
         );
         let new = request(0, ids[1], true);
         assert!(takes_empty_rank(&dir, &new));
-        let (answer, admitted) = admit_rejoin(&mut dir, &fp, &None, ids[1], new);
-        assert!(matches!(answer, JoinResponse::Directory(_)));
+        let (answer, admitted) = admit_rejoin(&mut dir, &fp, &Gate::default(), local, ids[1], new);
+        assert!(matches!(answer, JoinResponse::Directory { .. }));
         assert_eq!(admitted.map(|i| i.rank), Some(1));
-        let (_, admitted) = admit_rejoin(&mut dir, &fp, &None, ids[3], request(0, ids[3], true));
+        let (_, admitted) = admit_rejoin(
+            &mut dir,
+            &fp,
+            &Gate::default(),
+            local,
+            ids[3],
+            request(0, ids[3], true),
+        );
         assert_eq!(admitted.map(|i| i.rank), Some(3));
         assert_eq!(free_rank(&dir), None);
         let late = PeerId::random();
-        let (answer, admitted) = admit_rejoin(&mut dir, &fp, &None, late, request(0, late, true));
+        let (answer, admitted) = admit_rejoin(
+            &mut dir,
+            &fp,
+            &Gate::default(),
+            local,
+            late,
+            request(0, late, true),
+        );
         assert!(admitted.is_none());
         match answer {
             JoinResponse::Refused(why) => assert!(why.contains("no empty rank"), "{why}"),
             other => panic!("expected a refusal, got {other:?}"),
         }
         // The restarted peer keeps its rank and is no new peer.
-        let (answer, admitted) = admit_rejoin(&mut dir, &fp, &None, ids[2], restarted);
-        assert!(matches!(answer, JoinResponse::Directory(_)) && admitted.is_none());
+        let (answer, admitted) =
+            admit_rejoin(&mut dir, &fp, &Gate::default(), local, ids[2], restarted);
+        assert!(matches!(answer, JoinResponse::Directory { .. }) && admitted.is_none());
     }
 }

@@ -30,7 +30,7 @@ use crate::auth::{self, Admitted};
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta};
 use crate::config::{DeviceSpec, Init, RunArgs};
 use crate::data::{partition, Batches, Dataset, RunData};
-use crate::discovery::{discover, Discovered, Fingerprint, PeerInfo, Role};
+use crate::discovery::{discover, Discovered, Fingerprint, Gate, PeerInfo, Role};
 use crate::metrics::{self, EpochRow, MembershipEvent, PeerEpoch, Summary};
 use crate::model::{self, Net};
 use crate::net::{DataPlane, Links, NetEvent};
@@ -386,9 +386,16 @@ fn run_on<B: AutodiffBackend>(
         },
     };
     let join_timeout = Duration::from_secs(args.join_timeout_secs);
-    let allow = match (&args.allow_peers, rank) {
-        (Some(path), 0) => Some(auth::read_allow_list(path)?),
-        _ => None,
+    let gate = Gate {
+        allow: match (&args.allow_peers, rank) {
+            (Some(path), 0) => Some(auth::read_allow_list(path)?),
+            _ => None,
+        },
+        key: args
+            .run_key
+            .as_deref()
+            .map(auth::RunKey::read)
+            .transpose()?,
     };
     let Discovered {
         rank: given,
@@ -400,7 +407,7 @@ fn run_on<B: AutodiffBackend>(
         fingerprint.clone(),
         join_timeout,
         key.clone(),
-        allow,
+        gate,
         peer.mdns,
     ))?;
     if assigned {

@@ -968,6 +968,76 @@ fn a_killed_peer_ends_an_allreduce_run_with_a_clear_error() {
 }
 
 #[test]
+fn only_peers_holding_the_run_key_may_join_and_the_bootstrap_must_hold_it_too() {
+    let mut c = Cluster::new();
+    let key = |name: &str, bytes: &[u8]| {
+        let path = c.dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    };
+    let (good, other, short) = (
+        key("run.key", b"0123456789abcdef0123456789abcdef"),
+        key("other.key", b"fedcba9876543210fedcba9876543210"),
+        key("short.key", b"too short"),
+    );
+    let run = |k: &Path| {
+        args(&[
+            "--peers=2",
+            "--epochs=1",
+            "--rounds-per-epoch=5",
+            "--join-timeout-secs=30",
+            &format!("--run-key={}", k.display()),
+        ])
+    };
+    // A key shorter than 16 bytes is a clear error before anything starts.
+    let out = murmur()
+        .args(["peer", "--peers=2"])
+        .args(run(&short))
+        .arg(format!("--out={}", c.out().display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16"));
+
+    let boot = c.start_bootstrap(&run(&good)); // children[0]
+                                               // Another run's key: refused (no --rank: it would take rank 1).
+    let mut stranger = run(&other);
+    stranger.push(format!("--bootstrap={boot}"));
+    c.spawn_unranked("stranger", &stranger); // children[1]
+    assert!(!c.wait(1, Duration::from_secs(30)).success());
+    let log = std::fs::read_to_string(c.dir.path().join("peer-stranger.log")).unwrap();
+    assert!(log.contains("did not prove the run key"), "{log}");
+    // The right key: joins and the run completes.
+    let mut member = run(&good);
+    member.push(format!("--bootstrap={boot}"));
+    c.spawn_unranked("member", &member); // children[2]
+    for child in [0, 2] {
+        let s = c.wait(child, Duration::from_secs(60));
+        assert!(s.success(), "{}", c.read_log(0));
+    }
+    assert!(c.read_log(0).contains("did not prove the run key"));
+
+    // A peer with a key takes no directory from a bootstrap without it.
+    let mut c2 = Cluster::new();
+    let keyless = args(&[
+        "--peers=2",
+        "--epochs=1",
+        "--rounds-per-epoch=5",
+        "--join-timeout-secs=30",
+    ]);
+    let boot = c2.start_bootstrap(&keyless);
+    member.pop();
+    member.push(format!("--bootstrap={boot}"));
+    c2.spawn_unranked("member", &member); // children[1]
+    assert!(!c2.wait(1, Duration::from_secs(30)).success());
+    let log = std::fs::read_to_string(c2.dir.path().join("peer-member.log")).unwrap();
+    assert!(
+        log.contains("the bootstrap") && log.contains("did not prove the run key"),
+        "{log}"
+    );
+}
+
+#[test]
 fn only_peers_on_the_allow_list_may_join() {
     // Each peer's identity is made beforehand; the allow-list names them.
     let id = |c: &Cluster, rank: usize| {
