@@ -2,20 +2,21 @@
 //!
 //! With `--checkpoint-every K` every peer writes `<run>/checkpoints/peer-<rank>.ckpt` after
 //! every K-th round: its parameters x (`[d]`, the model's parameter vector in the fixed
-//! order that is also mixed, so the model is rebuilt from it exactly, except BatchNorm
-//! running statistics, which are not parameters), its optimizer state (the heavy-ball
-//! velocity `[d]`), its round, the peers it knows to have left, and the algorithm's own
-//! state ([`AlgorithmState`]: CHOCO's x̂_i and copies x̂_j, SGP's push-sum weight and
+//! order that is also mixed), the model's state that is not a parameter (BatchNorm running
+//! means and variances, `[s]`, s = 0 without BatchNorm; with x it rebuilds the model
+//! exactly), its optimizer state (the heavy-ball velocity `[d]`), its round, the peers it
+//! knows to have left, and the algorithm's own state ([`AlgorithmState`]: CHOCO's x̂_i and copies x̂_j, SGP's push-sum weight and
 //! numerator, a compressor's error-feedback residual or DGC buffers). The file is written
 //! to a temporary name, flushed to disk and renamed, so a kill at any moment leaves either
 //! the previous checkpoint or the new one, never a torn file: a kill -9 loses only the
 //! rounds since the last checkpoint.
 //!
 //! Format (little-endian): `b"MURMURCK" | version: u32 | json_len: u32 | JSON | x: d × f32 |
-//! velocity: d × f32 | one d × f32 block per state vector`, where the JSON holds the fields
-//! of [`CheckpointMeta`] plus `scalars` (the state's named scalars) and `vectors` (the
-//! state vectors' names, in the order of their blocks). Version 1 files (before the state
-//! was saved) are read with an empty state.
+//! velocity: d × f32 | one d × f32 block per state vector | model state: s × f32`, where
+//! the JSON holds the fields of [`CheckpointMeta`] plus `scalars` (the state's named
+//! scalars), `vectors` (the state vectors' names, in the order of their blocks) and
+//! `model_state` (s). Version 1 files (before the algorithm state was saved) are read with
+//! an empty state, versions 1 and 2 (before the model state) with an empty model state.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -29,7 +30,7 @@ use murmur_gossip::AlgorithmState;
 use crate::discovery::Fingerprint;
 
 const MAGIC: &[u8; 8] = b"MURMURCK";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 
 /// What a checkpoint says about itself.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -55,6 +56,9 @@ pub struct Checkpoint {
     pub velocity: Vec<f32>,
     /// The algorithm's state beyond x and the round (vectors `[d]`).
     pub state: AlgorithmState,
+    /// The model's state that is not a parameter: BatchNorm running statistics, `[s]`
+    /// ([`crate::model::flatten_running_state`]); empty without BatchNorm.
+    pub model_state: Vec<f32>,
 }
 
 /// The JSON part of the file: the metadata and the names of the state.
@@ -66,6 +70,9 @@ struct Header {
     scalars: Vec<(String, f64)>,
     #[serde(default)]
     vectors: Vec<String>,
+    /// s, the length of the model state.
+    #[serde(default)]
+    model_state: usize,
 }
 
 /// The checkpoint before the one at `path`: `peer-<rank>.prev.ckpt`.
@@ -94,15 +101,18 @@ impl Checkpoint {
             meta: self.meta.clone(),
             scalars: self.state.scalars.clone(),
             vectors: self.state.vectors.iter().map(|(n, _)| n.clone()).collect(),
+            model_state: self.model_state.len(),
         })?;
         let blocks = 2 + self.state.vectors.len();
-        let mut out = Vec::with_capacity(16 + json.len() + 4 * d * blocks);
+        let mut out =
+            Vec::with_capacity(16 + json.len() + 4 * (d * blocks + self.model_state.len()));
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
         out.extend_from_slice(&(json.len() as u32).to_le_bytes());
         out.extend_from_slice(&json);
         let state = self.state.vectors.iter().flat_map(|(_, v)| v);
-        for v in self.x.iter().chain(&self.velocity).chain(state) {
+        let values = self.x.iter().chain(&self.velocity).chain(state);
+        for v in values.chain(&self.model_state) {
             out.extend_from_slice(&v.to_le_bytes());
         }
         Ok(out)
@@ -124,8 +134,8 @@ impl Checkpoint {
                 .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         };
         let version = word(8).context("truncated header")?;
-        if version != VERSION && version != 1 {
-            bail!("checkpoint version {version}; this murmur reads versions 1 and {VERSION}");
+        if !(1..=VERSION).contains(&version) {
+            bail!("checkpoint version {version}; this murmur reads versions 1 to {VERSION}");
         }
         let json_len = word(12).context("truncated header")? as usize;
         let json = bytes.get(16..16 + json_len).context("truncated metadata")?;
@@ -133,6 +143,7 @@ impl Checkpoint {
             meta,
             scalars,
             vectors: names,
+            model_state: s,
         } = serde_json::from_slice(json).context("checkpoint metadata")?;
         if meta.fingerprint != *fingerprint {
             bail!(
@@ -143,11 +154,15 @@ impl Checkpoint {
         }
         let values = &bytes[16 + json_len..];
         let blocks = 2 + names.len();
-        if values.len() != 4 * d * blocks {
+        let expected = d
+            .checked_mul(blocks)
+            .and_then(|v| v.checked_add(s))
+            .and_then(|v| v.checked_mul(4));
+        if Some(values.len()) != expected {
             bail!(
-                "it holds {} bytes of values, expected {} for d = {d} and {blocks} vectors",
+                "it holds {} bytes of values, expected {} for d = {d}, {blocks} vectors and {s} values of model state",
                 values.len(),
-                4 * d * blocks
+                4 * (d * blocks).saturating_add(s)
             );
         }
         let floats: Vec<f32> = values
@@ -157,7 +172,8 @@ impl Checkpoint {
         if let Some(i) = floats.iter().position(|v| !v.is_finite()) {
             bail!("value {i} is not finite ({})", floats[i]);
         }
-        let mut blocks = floats.chunks_exact(d.max(1));
+        let (vector_values, model_state) = floats.split_at(floats.len() - s);
+        let mut blocks = vector_values.chunks_exact(d.max(1));
         let mut next = || blocks.next().map(<[f32]>::to_vec).unwrap_or_default();
         let (x, velocity) = (next(), next());
         let vectors = names.into_iter().map(|n| (n, next())).collect();
@@ -166,6 +182,7 @@ impl Checkpoint {
             x,
             velocity,
             state: AlgorithmState { scalars, vectors },
+            model_state: model_state.to_vec(),
         })
     }
 
@@ -253,6 +270,7 @@ mod tests {
                     ("compressor.residual".into(), vec![0.0, 1e-3, -2.0]),
                 ],
             },
+            model_state: vec![0.5, 1.5, -0.25, 2.0, 0.0],
         }
     }
 
@@ -316,9 +334,12 @@ mod tests {
         let mut nan = checkpoint();
         nan.velocity[1] = f32::NAN;
         assert!(err(&nan.to_bytes().unwrap(), 3).contains("not finite"));
-        let mut v3 = bytes.clone();
-        v3[8] = 3;
-        assert!(err(&v3, 3).contains("version 3"));
+        let mut v4 = bytes.clone();
+        v4[8] = 4;
+        assert!(err(&v4, 3).contains("version 4"));
+        let mut nan_model = checkpoint();
+        nan_model.model_state[4] = f32::NAN;
+        assert!(err(&nan_model.to_bytes().unwrap(), 3).contains("not finite"));
         let mut nan_state = checkpoint();
         nan_state.state.vectors[1].1[0] = f32::INFINITY;
         assert!(err(&nan_state.to_bytes().unwrap(), 3).contains("not finite"));
@@ -328,11 +349,17 @@ mod tests {
         let mut ragged = checkpoint();
         ragged.state.vectors[0].1.pop();
         assert!(ragged.to_bytes().is_err());
-        // A version-1 file (no state) is read with an empty state.
+        // Version-1 and 2 files (no algorithm state, no model state) are read with empty ones.
         let mut v1 = checkpoint();
         v1.state = AlgorithmState::default();
+        v1.model_state.clear();
         let mut old = v1.to_bytes().unwrap();
         old[8] = 1;
         assert_eq!(Checkpoint::from_bytes(&old, &f, 3).unwrap(), v1);
+        let mut v2 = checkpoint();
+        v2.model_state.clear();
+        let mut old = v2.to_bytes().unwrap();
+        old[8] = 2;
+        assert_eq!(Checkpoint::from_bytes(&old, &f, 3).unwrap(), v2);
     }
 }

@@ -805,6 +805,7 @@ async fn join(
     refusals: &std::sync::Mutex<Vec<String>>,
 ) -> anyhow::Result<Discovered> {
     let me_id = *swarm.local_peer_id();
+    let refused = |why: String| refusals.lock().unwrap_or_else(|e| e.into_inner()).push(why);
     if let Some(b) = &bootstrap {
         swarm
             .dial(b.clone())
@@ -834,10 +835,7 @@ async fn join(
                         .addresses(addrs)
                         .build();
                     if let Err(e) = swarm.dial(opts) {
-                        refusals
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(format!("{peer}: cannot dial: {e}"));
+                        refused(format!("{peer}: cannot dial: {e}"));
                     }
                 }
             }
@@ -873,10 +871,7 @@ async fn join(
                     } => (directory, Some(round), proof),
                     JoinResponse::Refused(why) if bootstrap.is_none() => {
                         warn!(%peer, "refused by a node found with mDNS: {why}");
-                        refusals
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(format!("{peer}: {why}"));
+                        refused(format!("{peer}: {why}"));
                         continue;
                     }
                     JoinResponse::Refused(why) => {
@@ -888,7 +883,7 @@ async fn join(
                         let why = format!("{peer} did not prove the run key (--run-key)");
                         if bootstrap.is_none() {
                             warn!("{why}; not its directory");
-                            refusals.lock().unwrap_or_else(|e| e.into_inner()).push(why);
+                            refused(why);
                             continue;
                         }
                         bail!("the bootstrap {why}: is this the run's bootstrap, and does it have the same key?");
@@ -925,10 +920,7 @@ async fn join(
                 if bootstrap.is_none() {
                     // Not a murmur bootstrap (or gone): try the others.
                     debug!(%peer, "join request failed: {error}");
-                    refusals
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(format!("{peer}: {error}"));
+                    refused(format!("{peer}: {error}"));
                     continue;
                 }
                 bail!("join request to the bootstrap failed: {error}")

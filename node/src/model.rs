@@ -547,6 +547,40 @@ pub fn unflatten<B: Backend, M: Module<B>>(model: M, x: &[f32]) -> anyhow::Resul
     Ok(model)
 }
 
+/// Flattens the module state of `model` that is not a parameter — the running mean and
+/// variance of every BatchNorm, in the module's visiting order — into `out` (cleared
+/// first): `[s]`, empty for a model without BatchNorm. Not mixed, but saved in checkpoints.
+pub fn flatten_running_state<B: Backend, M: Module<B>>(model: &M, out: &mut Vec<f32>) {
+    out.clear();
+    model.visit(&mut ParamFlattener {
+        out,
+        state: StateFilter::running(),
+    });
+}
+
+/// Writes `s: [s]` back into the running state of `model`, in the order of
+/// [`flatten_running_state`].
+///
+/// # Errors
+/// If `s.len()` differs from the model's (the model is then unusable and dropped).
+pub fn unflatten_running_state<B: Backend, M: Module<B>>(model: M, s: &[f32]) -> anyhow::Result<M> {
+    let mut mapper = ParamWriter {
+        x: s,
+        pos: 0,
+        short: false,
+        state: StateFilter::running(),
+    };
+    let model = model.map(&mut mapper);
+    if mapper.short || mapper.pos != s.len() {
+        bail!(
+            "running-state vector has {} values, the model has {}",
+            s.len(),
+            mapper.pos
+        );
+    }
+    Ok(model)
+}
+
 /// The non-autodiff copy of a model, for evaluation.
 pub fn inference_copy<B: AutodiffBackend>(model: &Net<B>) -> Net<B::InnerBackend> {
     model.valid()
@@ -564,6 +598,8 @@ fn is_running_state(name: &str, container_type: &str) -> bool {
 #[derive(Debug, Default)]
 struct StateFilter {
     depth: usize,
+    /// Select the running state instead of the parameters.
+    running: bool,
 }
 
 impl StateFilter {
@@ -579,9 +615,18 @@ impl StateFilter {
         }
     }
 
-    /// Whether the tensor visited now is not a parameter.
+    /// Whether the tensor visited now is not selected: not a parameter (or, selecting the
+    /// running state, not running state).
     fn skip(&self) -> bool {
-        self.depth > 0
+        (self.depth > 0) != self.running
+    }
+
+    /// A filter that selects the running state instead of the parameters.
+    fn running() -> Self {
+        StateFilter {
+            depth: 0,
+            running: true,
+        }
     }
 }
 
@@ -742,25 +787,11 @@ mod tests {
         )
     }
 
-    /// Visits BatchNorm's running statistics only (what the flat vector leaves out).
+    /// BatchNorm's running statistics only (what the flat vector leaves out).
     fn running_state<BB: Backend, M: Module<BB>>(model: &M) -> Vec<f32> {
-        struct States(Vec<f32>, StateFilter);
-        impl<BB: Backend> ModuleVisitor<BB> for States {
-            fn enter_module(&mut self, name: &str, container_type: &str) {
-                self.1.enter(name, container_type);
-            }
-            fn exit_module(&mut self, name: &str, container_type: &str) {
-                self.1.exit(name, container_type);
-            }
-            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<BB, D>>) {
-                if self.1.skip() {
-                    self.0.extend(param.val().into_data().iter::<f32>());
-                }
-            }
-        }
-        let mut s = States(Vec::new(), StateFilter::default());
-        model.visit(&mut s);
-        s.0
+        let mut s = Vec::new();
+        flatten_running_state(model, &mut s);
+        s
     }
 
     #[test]
@@ -1054,6 +1085,20 @@ mod tests {
         let mut y = Vec::new();
         flatten(&eval, &mut y);
         assert_eq!(x, y, "and the parameters are what was written");
+        // What a checkpoint keeps of them goes back into a fresh model, parameters untouched.
+        let fresh = small_resnet();
+        let mut x0 = Vec::new();
+        flatten(&fresh, &mut x0);
+        let fresh = unflatten_running_state(fresh, &after).unwrap();
+        assert_eq!(running_state(&inference_copy(&fresh)), after);
+        let mut x1 = Vec::new();
+        flatten(&fresh, &mut x1);
+        assert_eq!(x0, x1);
+        assert!(unflatten_running_state(small_resnet(), &after[1..]).is_err());
+        // A model without BatchNorm has none.
+        let mlp = Net::<B>::new(ModelKind::Mlp, &Default::default());
+        assert!(running_state(&mlp).is_empty());
+        assert!(unflatten_running_state(mlp, &[]).is_ok());
     }
 
     /// Changing token t changes no logit at a position before t.

@@ -365,6 +365,15 @@ fn run_on<B: AutodiffBackend>(
     if peer.resume && checkpoints.is_empty() {
         warn!(path = %checkpoint_path.display(), "no checkpoint");
     }
+    if peer.mdns
+        && !joins
+        && peer.listen.iter().any(|p| {
+            matches!(p, libp2p::multiaddr::Protocol::Ip4(a) if a.is_loopback())
+                || matches!(p, libp2p::multiaddr::Protocol::Ip6(a) if a.is_loopback())
+        })
+    {
+        warn!(listen = %peer.listen, "--mdns with a loopback --listen address: only peers on this machine can reach the bootstrap (listen on the LAN, e.g. /ip4/0.0.0.0/udp/4001/quic-v1)");
+    }
     // Peer 0 tells its bootstrap when a new peer mixes with the run (or left).
     let (settle, settled) = tokio::sync::mpsc::unbounded_channel();
     let role = match joins {
@@ -548,6 +557,7 @@ fn run_on<B: AutodiffBackend>(
         x = c.x;
         velocity = c.velocity;
         net = model::unflatten(net, &x)?;
+        net = restore_running_state(net, &c.model_state)?;
         drv.gossip.start_at_round(round)?;
         drv.gossip.restore_state(&c.state).with_context(|| {
             format!(
@@ -578,6 +588,7 @@ fn run_on<B: AutodiffBackend>(
         if let Some(c) = checkpoints.into_iter().max_by_key(|c| c.meta.round) {
             info!(round = c.meta.round, "loaded the checkpoint");
             velocity = c.velocity;
+            net = restore_running_state(net, &c.model_state)?;
         }
         first_round = at;
     }
@@ -682,6 +693,12 @@ fn run_on<B: AutodiffBackend>(
                     x: x.clone(),
                     velocity: velocity.clone(),
                     state: drv.gossip.state(),
+                    model_state: {
+                        // Burn folds a step's statistics in when the inference copy is made.
+                        let mut s = Vec::new();
+                        model::flatten_running_state(&model::inference_copy(&net), &mut s);
+                        s
+                    },
                 }
                 .save(&checkpoint_path)?;
             }
@@ -768,6 +785,19 @@ fn run_on<B: AutodiffBackend>(
         );
     }
     Ok(())
+}
+
+/// Puts a checkpoint's BatchNorm running statistics (`[s]`; none saved before checkpoint
+/// version 3: the model keeps its own) back into `net`.
+///
+/// # Errors
+/// They do not fit the model.
+fn restore_running_state<B: AutodiffBackend>(net: Net<B>, s: &[f32]) -> anyhow::Result<Net<B>> {
+    if s.is_empty() {
+        return Ok(net);
+    }
+    model::unflatten_running_state(net, s)
+        .context("--resume: the checkpoint's BatchNorm statistics do not fit the model")
 }
 
 impl Driver {
