@@ -1238,6 +1238,10 @@ impl Driver {
         if new && self.settle.is_some() {
             self.settling.push((back, at));
         }
+        if new && !self.departed.values().any(|e| e.event == "empty") {
+            // Every rank is taken: a stranger is refused at once again.
+            self.admitted.set_open(false);
+        }
         if self.gossip.out_peers().contains(&back) && !self.links.contains_key(&back) {
             self.link_to(back, addr);
         }
