@@ -5,9 +5,11 @@
 //! [`Exchange`] owns everything that does not depend on what the payload means: the
 //! outgoing frame and its fan-out, header checks (kind, sender, neighbourhood, dimension,
 //! round window), duplicates, frames that arrive for a later round (validated on arrival,
-//! buffered, handed back when that round begins), the round deadline, events and traffic
-//! counters. The algorithm owns the arithmetic: it absorbs the payloads that [`Exchange`]
-//! hands it and decides what completing a round means.
+//! buffered, handed back when that round begins), the round deadline, the straggler
+//! policy's bookkeeping ([`SkipMode`]: frames dropped by both ends with a notice for
+//! D-PSGD, late frames absorbed when they come for CHOCO), events and traffic counters. The
+//! algorithm owns the arithmetic: it absorbs the payloads that [`Exchange`] hands it and
+//! decides what completing a round means.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
