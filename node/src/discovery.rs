@@ -243,8 +243,9 @@ pub enum Role {
     },
     /// Any other peer: dial `bootstrap`.
     Join {
-        /// The bootstrap's multiaddr; `None`: find it with mDNS.
-        bootstrap: Option<Multiaddr>,
+        /// The bootstrap's multiaddrs (peer 0 on several interfaces, or candidate hosts;
+        /// each is tried and the first that answers is asked); none: find it with mDNS.
+        bootstrap: Vec<Multiaddr>,
         /// Rejoin a run under way (a restarted peer), or resume a whole run, instead of
         /// joining at the start.
         rejoin: bool,
@@ -361,10 +362,10 @@ pub async fn discover(
                 .await
                 .map_err(|_| {
                     let refused = refusals.lock().map(|r| r.join("; ")).unwrap_or_default();
-                    match &bootstrap {
-                        Some(b) => anyhow!("no directory from the bootstrap {b} within {timeout:?} (is peer 0 running and reachable? a new peer waits for the one joining before it)"),
-                        None if refused.is_empty() => anyhow!("--mdns: found no bootstrap on the local network within {timeout:?} (is peer 0 running with --mdns, listening on an address of this LAN, e.g. --listen /ip4/0.0.0.0/udp/4001/quic-v1?)"),
-                        None => anyhow!("--mdns: no bootstrap on the local network took this peer within {timeout:?}; refused by: {refused}"),
+                    match bootstrap.as_slice() {
+                        [] if refused.is_empty() => anyhow!("--mdns: found no bootstrap on the local network within {timeout:?} (is peer 0 running with --mdns, listening on an address of this LAN, e.g. --listen /ip4/0.0.0.0/udp/4001/quic-v1?)"),
+                        [] => anyhow!("--mdns: no bootstrap on the local network took this peer within {timeout:?}; refused by: {refused}"),
+                        b => anyhow!("no directory from the bootstrap {} within {timeout:?} (is peer 0 running and reachable? a new peer waits for the one joining before it)", list(b)),
                     }
                 })??;
             (directory, None)
@@ -507,6 +508,15 @@ impl LateJoins {
 /// restarted one).
 fn takes_empty_rank(dir: &Directory, request: &JoinRequest) -> bool {
     request.any_rank || dir.get(request.info.rank).is_some_and(Option::is_none)
+}
+
+/// Multiaddrs for a message: `a`, or `a, b`.
+fn list(addrs: &[Multiaddr]) -> String {
+    addrs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The lowest rank other than 0 that nobody has taken in `dir`.
@@ -799,17 +809,31 @@ async fn serve(
 
 async fn join(
     swarm: &mut Swarm<Behaviour>,
-    bootstrap: Option<Multiaddr>,
+    bootstrap: Vec<Multiaddr>,
     request: JoinRequest,
     gate: &Gate,
     refusals: &std::sync::Mutex<Vec<String>>,
 ) -> anyhow::Result<Discovered> {
     let me_id = *swarm.local_peer_id();
     let refused = |why: String| refusals.lock().unwrap_or_else(|e| e.into_inner()).push(why);
-    if let Some(b) = &bootstrap {
-        swarm
-            .dial(b.clone())
-            .with_context(|| format!("cannot dial the bootstrap {b}"))?;
+    // No address: find the bootstrap with mDNS. Else every address is dialled; this peer
+    // fails once all of them failed.
+    let mdns = bootstrap.is_empty();
+    let mut unreachable = Vec::new();
+    for b in &bootstrap {
+        if let Err(e) = swarm.dial(b.clone()) {
+            unreachable.push(format!("cannot dial {b}: {e}"));
+        }
+    }
+    let all_failed = |unreachable: &[String]| {
+        anyhow!(
+            "cannot reach the bootstrap {}: {}",
+            list(&bootstrap),
+            unreachable.join("; ")
+        )
+    };
+    if !mdns && unreachable.len() == bootstrap.len() {
+        return Err(all_failed(&unreachable));
     }
     let me = request.info.peer_id.clone();
     let n = request.fingerprint.peers;
@@ -819,7 +843,7 @@ async fn join(
     loop {
         match swarm.select_next_some().await {
             SwarmEvent::Behaviour(BehaviourEvent::Mdns(libp2p::mdns::Event::Discovered(found)))
-                if bootstrap.is_none() =>
+                if mdns =>
             {
                 let mut by_peer: std::collections::BTreeMap<PeerId, Vec<Multiaddr>> =
                     Default::default();
@@ -840,7 +864,7 @@ async fn join(
                 }
             }
             SwarmEvent::ConnectionEstablished { peer_id, .. }
-                if (bootstrap.is_some() && asked.is_empty()) || dialled.contains(&peer_id) =>
+                if !mdns || dialled.contains(&peer_id) =>
             {
                 if asked.insert(peer_id) {
                     let mut request = request.clone();
@@ -848,14 +872,11 @@ async fn join(
                     swarm.behaviour_mut().join.send_request(&peer_id, request);
                 }
             }
-            SwarmEvent::OutgoingConnectionError { error, .. } if bootstrap.is_some() => {
-                bail!(
-                    "cannot reach the bootstrap {}: {error}",
-                    bootstrap
-                        .as_ref()
-                        .map(ToString::to_string)
-                        .unwrap_or_default()
-                )
+            SwarmEvent::OutgoingConnectionError { error, .. } if !mdns => {
+                unreachable.push(error.to_string());
+                if unreachable.len() == bootstrap.len() {
+                    return Err(all_failed(&unreachable));
+                }
             }
             SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
                 peer,
@@ -869,7 +890,7 @@ async fn join(
                         round,
                         proof,
                     } => (directory, Some(round), proof),
-                    JoinResponse::Refused(why) if bootstrap.is_none() => {
+                    JoinResponse::Refused(why) if mdns => {
                         warn!(%peer, "refused by a node found with mDNS: {why}");
                         refused(format!("{peer}: {why}"));
                         continue;
@@ -881,7 +902,7 @@ async fn join(
                 if let Some(key) = &gate.key {
                     if !key.verify(proof.as_deref(), "answer", &peer, &me_id) {
                         let why = format!("{peer} did not prove the run key (--run-key)");
-                        if bootstrap.is_none() {
+                        if mdns {
                             warn!("{why}; not its directory");
                             refused(why);
                             continue;
@@ -905,7 +926,7 @@ async fn join(
                 else {
                     bail!("the bootstrap's directory has no entry for this peer ({me})");
                 };
-                if bootstrap.is_none() {
+                if mdns {
                     info!(bootstrap = %peer, "joined the run of the bootstrap found with mDNS");
                 }
                 return Ok(Discovered {
@@ -917,7 +938,7 @@ async fn join(
             SwarmEvent::Behaviour(BehaviourEvent::Join(
                 request_response::Event::OutboundFailure { peer, error, .. },
             )) => {
-                if bootstrap.is_none() {
+                if mdns {
                     // Not a murmur bootstrap (or gone): try the others.
                     debug!(%peer, "join request failed: {error}");
                     refused(format!("{peer}: {error}"));

@@ -50,9 +50,11 @@ pub struct PeerArgs {
     #[arg(long)]
     pub rank: Option<Rank>,
     /// The bootstrap's libp2p multiaddr (required for ranks other than 0, unless `--mdns`
-    /// finds it), e.g. /ip4/10.0.0.1/udp/4001/quic-v1.
+    /// finds it), e.g. /ip4/10.0.0.1/udp/4001/quic-v1. Repeat it for several addresses
+    /// (peer 0 on several networks, or candidate hosts): each is dialled, the first that
+    /// answers is asked, and the peer fails only if none can be reached.
     #[arg(long)]
-    pub bootstrap: Option<libp2p::Multiaddr>,
+    pub bootstrap: Vec<libp2p::Multiaddr>,
     /// On a LAN: peer 0 (`--rank 0 --mdns`) answers mDNS queries with its listen address;
     /// any other peer with `--mdns` and no `--bootstrap` finds it that way and asks every
     /// libp2p node it discovers to let it join, until one takes it. Peer 0 must then listen
@@ -214,7 +216,7 @@ fn run_on<B: AutodiffBackend>(
     // Without --rank, a joining peer learns its rank from the bootstrap; until then it
     // goes by a placeholder that nothing keeps.
     // A peer joins through a bootstrap it is given or finds with mDNS; peer 0 is one.
-    let joins = peer.bootstrap.is_some() || peer.mdns && peer.rank != Some(0);
+    let joins = !peer.bootstrap.is_empty() || peer.mdns && peer.rank != Some(0);
     let assigned = peer.rank.is_none() && joins;
     let mut rank = peer.rank.unwrap_or(if assigned { 1 } else { 0 });
     let span = info_span!("peer", peer = tracing::field::Empty);
@@ -234,7 +236,7 @@ fn run_on<B: AutodiffBackend>(
     if rank != 0 && !joins {
         bail!("peer {rank} needs --bootstrap <multiaddr of peer 0> (or --mdns on a LAN)");
     }
-    if rank == 0 && peer.bootstrap.is_some() {
+    if rank == 0 && !peer.bootstrap.is_empty() {
         bail!("peer 0 is the bootstrap: it takes --listen, not --bootstrap");
     }
     if assigned && peer.resume {

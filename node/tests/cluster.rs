@@ -1162,18 +1162,32 @@ fn an_unreachable_bootstrap_is_a_clear_error() {
         .unwrap()
         .port();
     let dir = tempfile::tempdir().unwrap();
+    let dead = format!("--bootstrap=/ip4/127.0.0.1/udp/{port}/quic-v1");
     let t0 = Instant::now();
     let out = murmur()
         .args(["peer", "--rank=1", "--peers=2", "--join-timeout-secs=20"])
-        .arg(format!("--bootstrap=/ip4/127.0.0.1/udp/{port}/quic-v1"))
+        .args([&dead, "--bootstrap=/ip6/::1/udp/9/quic-v1"])
         .arg(format!("--out={}", dir.path().display()))
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("bootstrap"), "{err}");
+    assert!(err.contains("cannot reach the bootstrap"), "{err}");
+    assert!(
+        err.contains(&port.to_string()) && err.contains("::1"),
+        "both addresses named: {err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(30));
+
+    // With a dead address and the real one, the peer joins through the real one.
+    let mut c = Cluster::new();
+    let run = args(&["--peers=2", "--epochs=1", "--rounds-per-epoch=5"]);
+    let boot = c.start_bootstrap(&run);
+    let mut joined = run.clone();
+    joined.extend([dead, format!("--bootstrap={boot}")]);
+    c.spawn(1, &joined);
+    c.all_succeed(&[(0, 0), (1, 1)]);
 }
 
 #[test]
