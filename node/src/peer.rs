@@ -191,6 +191,8 @@ struct Driver {
     /// A rejoining peer only: the round it mixes again from, and the in-neighbours whose
     /// frame for that round has arrived.
     first_frames: Option<(u64, HashSet<Rank>)>,
+    /// Peer 0 only: its key, to sign the admission of a new peer ([`Driver::on_admit`]).
+    admit_signer: Option<libp2p::identity::Keypair>,
     /// Peer 0 only: where its bootstrap learns that a new peer mixes with the run, and the
     /// new peers not there yet, as (rank, first round).
     settle: Option<tokio::sync::mpsc::UnboundedSender<Rank>>,
@@ -533,6 +535,7 @@ fn run_on<B: AutodiffBackend>(
         welcomes: BTreeMap::new(),
         first_frames: None,
         settle: (rank == 0).then_some(settle),
+        admit_signer: (rank == 0).then(|| key.clone()),
         settling: Vec::new(),
     };
     // Every peer mixes without the empty ranks of an elastic run (a peer joining the run
@@ -1147,10 +1150,36 @@ impl Driver {
     }
 
     /// A new peer with identity `id` took the empty rank `rank` (told by peer `from`; by
-    /// peer 0's bootstrap when `from` is this peer): admit its identity to the data plane
-    /// and pass the news on once. Refused (counted) for a rank that is not empty here.
-    fn on_admit(&mut self, rank: Rank, id: libp2p::PeerId, from: Rank) -> anyhow::Result<()> {
+    /// peer 0's bootstrap when `from` is this peer, which then signs the notice): admit its
+    /// identity to the data plane and pass the notice on once. Refused (counted) for a rank
+    /// that is not empty here, or without peer 0's signature (`signature`, Ed25519 over
+    /// [`admit_message`]): a member cannot admit an identity on its own.
+    fn on_admit(
+        &mut self,
+        rank: Rank,
+        id: libp2p::PeerId,
+        signature: Vec<u8>,
+        from: Rank,
+    ) -> anyhow::Result<()> {
         if self.peer_ids.get(rank).copied().flatten() == Some(id) {
+            return Ok(());
+        }
+        let signature = match &self.admit_signer {
+            Some(key) if from == self.rank => key
+                .sign(&admit_message(rank, &id))
+                .map_err(|e| anyhow!("signing an admission: {e}"))?,
+            _ => signature,
+        };
+        let signed = self.peer_ids[0]
+            .as_ref()
+            .and_then(public_key)
+            .is_some_and(|k| k.verify(&admit_message(rank, &id), &signature));
+        if !signed {
+            self.refused_frames += 1;
+            warn!(
+                from,
+                rank, "dropped an admission for rank {rank} that peer 0 did not sign"
+            );
             return Ok(());
         }
         let empty = self.departed.get(&rank).is_some_and(|e| e.event == "empty");
@@ -1165,7 +1194,7 @@ impl Driver {
         info!(rank, %id, "a new peer takes rank {rank}");
         self.peer_ids[rank] = Some(id);
         self.admitted.admit_all([(id, rank)]);
-        self.broadcast(&encode_admit(self.rank, rank, id), &[from]);
+        self.broadcast(&encode_admit(self.rank, rank, id, &signature), &[from]);
         Ok(())
     }
 
@@ -1420,7 +1449,9 @@ impl Driver {
                 Ok(())
             }
             FrameKind::Admit => match decode_admit(payload) {
-                Some((rank, id)) if rank < self.w.n() => self.on_admit(rank, id, from),
+                Some((rank, id, signature)) if rank < self.w.n() => {
+                    self.on_admit(rank, id, signature, from)
+                }
                 _ => {
                     self.refused_frames += 1;
                     warn!(from, "dropped a malformed admission notice");
@@ -1461,7 +1492,7 @@ impl Driver {
                 rank,
                 peer_id,
                 data_addr: _,
-            } => self.on_admit(rank, peer_id, self.rank)?,
+            } => self.on_admit(rank, peer_id, Vec::new(), self.rank)?,
             NetEvent::Frame { from, .. } if self.departed.contains_key(&from) => {
                 debug!(from, "dropped a frame of a peer that has left");
             }
@@ -1633,30 +1664,53 @@ fn encode_hello(sender: Rank, me: &PeerInfo) -> anyhow::Result<Vec<u8>> {
 
 /// An admission notice: the 24-byte frame header (kind `Admit`), then `rank: u64 LE |
 /// peer_id: UTF-8` (a new peer with that libp2p identity took that empty rank).
-fn encode_admit(sender: Rank, rank: Rank, id: libp2p::PeerId) -> Vec<u8> {
-    let id = id.to_string();
-    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + 8 + id.len());
+fn encode_admit(sender: Rank, rank: Rank, id: libp2p::PeerId, signature: &[u8]) -> Vec<u8> {
+    let id = id.to_bytes();
+    let len = 8 + 2 + id.len() + signature.len();
+    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + len);
     FrameHeader {
         kind: FrameKind::Admit,
         sender,
         round: 0,
         dim: 0,
-        payload_len: (8 + id.len()) as u32,
+        payload_len: len as u32,
     }
     .emit(&mut frame);
     frame.extend_from_slice(&(rank as u64).to_le_bytes());
-    frame.extend_from_slice(id.as_bytes());
+    frame.extend_from_slice(&(id.len() as u16).to_le_bytes());
+    frame.extend_from_slice(&id);
+    frame.extend_from_slice(signature);
     frame
 }
 
-/// Inverse of [`encode_admit`] for the payload: (rank, identity); `None` if malformed.
-fn decode_admit(payload: &[u8]) -> Option<(Rank, libp2p::PeerId)> {
-    if payload.len() < 8 || payload.len() > 8 + 128 {
+/// Inverse of [`encode_admit`] for the payload `rank: u64 | id_len: u16 | PeerId bytes |
+/// peer 0's signature`: (rank, identity, signature); `None` if malformed.
+fn decode_admit(payload: &[u8]) -> Option<(Rank, libp2p::PeerId, Vec<u8>)> {
+    if payload.len() < 10 || payload.len() > 10 + 128 + 128 {
         return None;
     }
     let rank = u64::from_le_bytes(payload[..8].try_into().ok()?);
-    let id = std::str::from_utf8(&payload[8..]).ok()?.parse().ok()?;
-    Some((usize::try_from(rank).ok()?, id))
+    let id_len = u16::from_le_bytes(payload[8..10].try_into().ok()?) as usize;
+    let id = libp2p::PeerId::from_bytes(payload.get(10..10 + id_len)?).ok()?;
+    let signature = payload[10 + id_len..].to_vec();
+    Some((usize::try_from(rank).ok()?, id, signature))
+}
+
+/// What peer 0 signs to admit identity `id` to rank `rank`.
+fn admit_message(rank: Rank, id: &libp2p::PeerId) -> Vec<u8> {
+    let mut m = b"murmur admit v1\n".to_vec();
+    m.extend_from_slice(&(rank as u64).to_le_bytes());
+    m.extend_from_slice(&id.to_bytes());
+    m
+}
+
+/// The public key inside `id` (Ed25519 PeerIds inline it: identity multihash); `None` for a
+/// PeerId that only hashes its key.
+fn public_key(id: &libp2p::PeerId) -> Option<libp2p::identity::PublicKey> {
+    let hash: &libp2p::multihash::Multihash<64> = id.as_ref();
+    (hash.code() == 0)
+        .then(|| libp2p::identity::PublicKey::try_decode_protobuf(hash.digest()).ok())
+        .flatten()
 }
 
 /// The rounds of peer 0's checkpoints (`rounds`) that a whole run can resume from without a
@@ -2154,6 +2208,34 @@ mod tests {
         let (r, y) = decode_report(payload, 3).unwrap();
         assert_eq!((r.peer, r.epoch, r.bytes_sent), (3, 2, 1000));
         assert_eq!(y, x);
+    }
+
+    #[test]
+    fn an_admission_holds_only_with_peer_0s_signature() {
+        let peer0 = libp2p::identity::Keypair::generate_ed25519();
+        let member = libp2p::identity::Keypair::generate_ed25519();
+        let new = libp2p::PeerId::random();
+        let key0 =
+            public_key(&peer0.public().to_peer_id()).expect("Ed25519 PeerIds inline the key");
+        let signature = peer0.sign(&admit_message(3, &new)).unwrap();
+        let frame = encode_admit(2, 3, new, &signature);
+        let h = FrameHeader::parse(&frame, 1 << 20).unwrap().0;
+        assert_eq!((h.kind, h.sender), (FrameKind::Admit, 2));
+        let (rank, id, sig) = decode_admit(&frame[FRAME_HEADER_LEN..]).unwrap();
+        assert_eq!((rank, id), (3, new));
+        assert!(key0.verify(&admit_message(rank, &id), &sig));
+        // A member's own signature, another rank, or no signature: refused.
+        let forged = member.sign(&admit_message(3, &new)).unwrap();
+        assert!(!key0.verify(&admit_message(3, &new), &forged));
+        assert!(!key0.verify(&admit_message(4, &new), &sig));
+        assert!(!key0.verify(&admit_message(3, &new), &[]));
+        // Malformed payloads.
+        let payload = &frame[FRAME_HEADER_LEN..];
+        assert!(decode_admit(&payload[..9]).is_none());
+        let mut long_id = payload.to_vec();
+        long_id[8..10].copy_from_slice(&500u16.to_le_bytes());
+        assert!(decode_admit(&long_id).is_none());
+        assert!(decode_admit(&[0u8; 300]).is_none());
     }
 
     #[test]
