@@ -496,11 +496,37 @@ pub fn evaluate<B: Backend>(
 
 /// Flattens the parameters of `model` into `out` (cleared first): `x: [d]`.
 pub fn flatten<B: Backend, M: Module<B>>(model: &M, out: &mut Vec<f32>) {
+    flatten_selected(model, out, StateFilter::default());
+}
+
+/// The tensors `state` selects, flattened into `out` (cleared first).
+fn flatten_selected<B: Backend, M: Module<B>>(model: &M, out: &mut Vec<f32>, state: StateFilter) {
     out.clear();
-    model.visit(&mut ParamFlattener {
-        out,
-        state: StateFilter::default(),
-    });
+    model.visit(&mut ParamFlattener { out, state });
+}
+
+/// Writes `x` into the tensors `state` selects; `what` names them in the error.
+fn unflatten_selected<B: Backend, M: Module<B>>(
+    model: M,
+    x: &[f32],
+    state: StateFilter,
+    what: &str,
+) -> anyhow::Result<M> {
+    let mut mapper = ParamWriter {
+        x,
+        pos: 0,
+        short: false,
+        state,
+    };
+    let model = model.map(&mut mapper);
+    if mapper.short || mapper.pos != x.len() {
+        bail!(
+            "{what} vector has {} values, the model has {}",
+            x.len(),
+            mapper.pos
+        );
+    }
+    Ok(model)
 }
 
 /// The number of values of each parameter tensor, in the order of [`flatten`] (they sum
@@ -530,32 +556,14 @@ pub fn tensor_lengths<B: Backend, M: Module<B>>(model: &M) -> Vec<usize> {
 /// # Errors
 /// If `x.len()` differs from the model's d (the model is then unusable and dropped).
 pub fn unflatten<B: Backend, M: Module<B>>(model: M, x: &[f32]) -> anyhow::Result<M> {
-    let mut mapper = ParamWriter {
-        x,
-        pos: 0,
-        short: false,
-        state: StateFilter::default(),
-    };
-    let model = model.map(&mut mapper);
-    if mapper.short || mapper.pos != x.len() {
-        bail!(
-            "parameter vector has {} values, the model has {}",
-            x.len(),
-            mapper.pos
-        );
-    }
-    Ok(model)
+    unflatten_selected(model, x, StateFilter::default(), "parameter")
 }
 
 /// Flattens the module state of `model` that is not a parameter — the running mean and
 /// variance of every BatchNorm, in the module's visiting order — into `out` (cleared
 /// first): `[s]`, empty for a model without BatchNorm. Not mixed, but saved in checkpoints.
 pub fn flatten_running_state<B: Backend, M: Module<B>>(model: &M, out: &mut Vec<f32>) {
-    out.clear();
-    model.visit(&mut ParamFlattener {
-        out,
-        state: StateFilter::running(),
-    });
+    flatten_selected(model, out, StateFilter::running());
 }
 
 /// Writes `s: [s]` back into the running state of `model`, in the order of
@@ -564,21 +572,7 @@ pub fn flatten_running_state<B: Backend, M: Module<B>>(model: &M, out: &mut Vec<
 /// # Errors
 /// If `s.len()` differs from the model's (the model is then unusable and dropped).
 pub fn unflatten_running_state<B: Backend, M: Module<B>>(model: M, s: &[f32]) -> anyhow::Result<M> {
-    let mut mapper = ParamWriter {
-        x: s,
-        pos: 0,
-        short: false,
-        state: StateFilter::running(),
-    };
-    let model = model.map(&mut mapper);
-    if mapper.short || mapper.pos != s.len() {
-        bail!(
-            "running-state vector has {} values, the model has {}",
-            s.len(),
-            mapper.pos
-        );
-    }
-    Ok(model)
+    unflatten_selected(model, s, StateFilter::running(), "running-state")
 }
 
 /// The non-autodiff copy of a model, for evaluation.

@@ -314,6 +314,12 @@ fn run_on<B: AutodiffBackend>(
     let (mut net, mut x) = init(rank);
     let input = net.input();
     let d = x.len();
+    // Whether the model keeps state beyond its parameters (BatchNorm statistics).
+    let has_running_state = {
+        let mut s = Vec::new();
+        model::flatten_running_state(&net, &mut s);
+        !s.is_empty()
+    };
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -699,9 +705,12 @@ fn run_on<B: AutodiffBackend>(
                     velocity: velocity.clone(),
                     state: drv.gossip.state(),
                     model_state: {
-                        // Burn folds a step's statistics in when the inference copy is made.
+                        // Burn folds a step's statistics in when the inference copy is made;
+                        // a model without BatchNorm needs no copy.
                         let mut s = Vec::new();
-                        model::flatten_running_state(&model::inference_copy(&net), &mut s);
+                        if has_running_state {
+                            model::flatten_running_state(&model::inference_copy(&net), &mut s);
+                        }
                         s
                     },
                 }
