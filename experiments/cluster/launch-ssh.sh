@@ -16,8 +16,9 @@
 # --peers is set from the host file.
 #
 # Environment: MURMUR (the binary on the hosts; default `murmur` on their PATH), SSH (the
-# ssh command; default `ssh -o BatchMode=yes`), LIBP2P_PORT (peer 0's libp2p UDP port;
-# default 4001), DATA_PORT (first data-plane UDP port; peer r uses DATA_PORT + r; default
+# ssh command; default `ssh -o BatchMode=yes`), LIBP2P_PORT (peer r's libp2p UDP port is
+# LIBP2P_PORT + r, default 4001; every peer writes its multiaddr to RUN_DIR/addrs/peer-<r>.addr
+# on its host, so a peer added later with --join-running may enter through any of them), DATA_PORT (first data-plane UDP port; peer r uses DATA_PORT + r; default
 # 5001; 0: any free port). Open those UDP ports between the hosts.
 #
 # Exit status: 0 if every peer finished, else 1 (the failed peers' logs are named).
@@ -58,6 +59,7 @@ mkdir -p "$run_dir/logs"
 
 quote() { printf '%q ' "$@"; }
 data_port() { if [[ $DATA_PORT -eq 0 ]]; then echo 0; else echo $((DATA_PORT + $1)); fi; }
+p2p_port() { if [[ $LIBP2P_PORT -eq 0 ]]; then echo 0; else echo $((LIBP2P_PORT + $1)); fi; }
 
 pids=()
 stop() {
@@ -93,8 +95,9 @@ fi
 echo "launch-ssh: $n peers; bootstrap $boot" >&2
 
 for ((r = 1; r < n; r++)); do
-    "${ssh_cmd[@]}" "${hosts[$r]}" "mkdir -p $(quote "$run_dir") && exec $(quote "$MURMUR" peer --rank "$r" --peers "$n" \
-        --bootstrap "$boot" --data-addr "${addrs[$r]}:$(data_port "$r")" --out "$run_dir" "$@")" \
+    "${ssh_cmd[@]}" "${hosts[$r]}" "mkdir -p $(quote "$run_dir/addrs") && exec $(quote "$MURMUR" peer --rank "$r" --peers "$n" \
+        --bootstrap "$boot" --data-addr "${addrs[$r]}:$(data_port "$r")" --out "$run_dir" \
+        --listen "/ip4/${addrs[$r]}/udp/$(p2p_port "$r")/quic-v1" --address-file "$run_dir/addrs/peer-$r.addr" "$@")" \
         < /dev/null > "$run_dir/logs/peer-$r.log" 2>&1 &
     pids+=($!)
 done

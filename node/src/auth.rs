@@ -270,6 +270,16 @@ impl RunKey {
     }
 }
 
+/// The public key inside `id` (Ed25519 PeerIds inline it: identity multihash); `None` for a
+/// PeerId that only hashes its key. Used to check what peer 0 signed (admissions, its DHT
+/// record) against its PeerId alone.
+pub fn public_key(id: &PeerId) -> Option<libp2p::identity::PublicKey> {
+    let hash: &libp2p::multihash::Multihash<64> = id.as_ref();
+    (hash.code() == 0)
+        .then(|| libp2p::identity::PublicKey::try_decode_protobuf(hash.digest()).ok())
+        .flatten()
+}
+
 /// A certificate carrying `key`'s identity and the certificate's own private key.
 fn identity_certificate(
     key: &Keypair,

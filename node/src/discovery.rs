@@ -15,11 +15,21 @@
 //! passes to the data plane as [`crate::net::NetEvent::Joined`] so that every peer admits
 //! the new identity. Both get the directory at once.
 //!
+//! Every peer also listens on libp2p (`--listen`) and takes part in the run's Kademlia DHT
+//! (protocol `/murmur/kad/1`, kept apart from public DHTs; every node a server, routing
+//! table fed by identify). Peer 0 publishes a [`BootstrapRecord`] there under
+//! [`BOOTSTRAP_KEY`]: its PeerId and listen addresses, signed with its key. So a peer can
+//! enter the run through any member: a node that is not the bootstrap answers a join
+//! request with [`JoinResponse::NotBootstrap`], and the joining peer looks the record up
+//! through it (Maymounkov & Mazières 2002, `GET_VALUE`), checks the signature against the
+//! PeerId, dials the bootstrap at the addresses found and asks it as usual. Run options,
+//! admission and the run key are checked by the bootstrap exactly as for a direct join.
+//!
 //! On a LAN the bootstrap can also be found without its address: with `--mdns` peer 0
 //! answers mDNS queries (libp2p-mdns, `_p2p._udp.local`) with its listen addresses, and a
 //! peer started with `--mdns` and no `--bootstrap` asks every listening libp2p node it
-//! discovers to let it join, until one takes it (nodes of other runs refuse it; peers that
-//! are not bootstraps do not listen, so they are not discovered).
+//! discovers to let it join, until one takes it (nodes of other runs refuse it; members it
+//! finds point it at the DHT, as above).
 //!
 //! Protocol: libp2p request-response, JSON codec, protocol id `/murmur/join/1`.
 
@@ -31,8 +41,10 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use futures::StreamExt;
 use libp2p::identity::Keypair;
+use libp2p::kad;
 use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
+use libp2p::swarm::ConnectionId;
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
 use libp2p::{identify, ping, Multiaddr, PeerId, StreamProtocol, Swarm};
 use murmur_gossip::Rank;
@@ -89,6 +101,74 @@ impl Fingerprint {
             })
             .collect::<Vec<_>>()
             .join(", ")
+    }
+}
+
+/// The DHT key of peer 0's [`BootstrapRecord`].
+pub const BOOTSTRAP_KEY: &[u8] = b"/murmur/bootstrap/1";
+
+/// Kademlia protocol id of a run's DHT.
+pub const KAD_PROTOCOL: &str = "/murmur/kad/1";
+
+/// Between two DHT lookups of the bootstrap record that found nothing (the routing table of
+/// a node that just connected may still be filling).
+const LOOKUP_RETRY: Duration = Duration::from_secs(1);
+
+/// Peer 0's record in the DHT, under [`BOOTSTRAP_KEY`]: where to ask to join.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BootstrapRecord {
+    /// Peer 0's PeerId, as text.
+    pub peer_id: String,
+    /// Its libp2p listen addresses (multiaddrs, as text).
+    pub addrs: Vec<String>,
+    /// Ed25519 signature by `peer_id`'s key over [`BootstrapRecord::message`] (64 bytes):
+    /// a node relaying the record cannot change the addresses of peer 0's identity.
+    pub signature: Vec<u8>,
+}
+
+impl BootstrapRecord {
+    /// What peer 0 signs: a domain tag, its PeerId, and each address on its own line.
+    fn message(peer_id: &str, addrs: &[String]) -> Vec<u8> {
+        let mut m = format!("murmur bootstrap record v1\n{peer_id}\n").into_bytes();
+        for a in addrs {
+            m.extend_from_slice(a.as_bytes());
+            m.push(b'\n');
+        }
+        m
+    }
+
+    /// The record of the node with identity `key`, listening on `addrs`.
+    ///
+    /// # Errors
+    /// The key cannot sign (not an Ed25519/ECDSA/RSA key pair).
+    pub fn signed(key: &Keypair, addrs: &[Multiaddr]) -> anyhow::Result<Self> {
+        let peer_id = key.public().to_peer_id().to_string();
+        let addrs: Vec<String> = addrs.iter().map(ToString::to_string).collect();
+        let signature = key
+            .sign(&Self::message(&peer_id, &addrs))
+            .map_err(|e| anyhow!("signing the bootstrap record: {e}"))?;
+        Ok(BootstrapRecord {
+            peer_id,
+            addrs,
+            signature,
+        })
+    }
+
+    /// The bootstrap's PeerId and addresses, if the record parses and `peer_id`'s key signed
+    /// it; `None` otherwise (a forged, altered or malformed record).
+    pub fn verify(&self) -> Option<(PeerId, Vec<Multiaddr>)> {
+        let id: PeerId = self.peer_id.parse().ok()?;
+        let key = crate::auth::public_key(&id)?;
+        if !key.verify(&Self::message(&self.peer_id, &self.addrs), &self.signature) {
+            return None;
+        }
+        let addrs = self
+            .addrs
+            .iter()
+            .map(|a| a.parse())
+            .collect::<Result<Vec<Multiaddr>, _>>()
+            .ok()?;
+        Some((id, addrs))
     }
 }
 
@@ -197,6 +277,9 @@ pub enum JoinResponse {
         #[serde(default)]
         proof: Option<String>,
     },
+    /// The node asked is not the run's bootstrap (a member, or a peer still joining): look
+    /// the bootstrap up in the DHT through it ([`BootstrapRecord`]).
+    NotBootstrap,
 }
 
 /// What discovery found.
@@ -217,15 +300,26 @@ struct Behaviour {
     identify: identify::Behaviour,
     /// With `--mdns` only.
     mdns: Toggle<libp2p::mdns::tokio::Behaviour>,
+    /// The run's DHT.
+    kad: kad::Behaviour<kad::store::MemoryStore>,
+}
+
+/// Where this peer's libp2p node listens, and where it publishes its address.
+#[derive(Debug, Clone)]
+pub struct Listen {
+    /// Listen address, e.g. `/ip4/127.0.0.1/udp/0/quic-v1` (port 0: any free port).
+    pub addr: Multiaddr,
+    /// Where to write the full dialable multiaddr (with `/p2p/<PeerId>`) once it listens:
+    /// peer 0's, for launchers and scripts; any other peer's, for a later peer that enters
+    /// the run through it (`--bootstrap`).
+    pub files: Vec<PathBuf>,
 }
 
 /// How this peer takes part in discovery.
 #[derive(Debug)]
 pub enum Role {
-    /// Peer 0: listen on `listen` and write the full bootstrap multiaddr to `addr_file` (if any).
+    /// Peer 0: answer join requests and publish its [`BootstrapRecord`] in the DHT.
     Bootstrap {
-        /// Listen address, e.g. `/ip4/127.0.0.1/udp/0/quic-v1`.
-        listen: Multiaddr,
         /// How many peers (peer 0 included) start the run; the other ranks join it later
         /// with `--join-running`. n for a run that starts complete.
         initial: usize,
@@ -236,15 +330,14 @@ pub enum Role {
         /// are admitted one at a time: the next waits for that news (or for the join
         /// timeout), so that it learns the one before as a member, not as an empty rank.
         settled: tokio::sync::mpsc::UnboundedReceiver<Rank>,
-        /// Where to write the dialable address for launchers and scripts.
-        addr_file: Option<PathBuf>,
         /// Resume the whole run from checkpoints: the rounds of peer 0's own checkpoints.
         resume: Option<Vec<u64>>,
     },
     /// Any other peer: dial `bootstrap`.
     Join {
         /// The bootstrap's multiaddrs (peer 0 on several interfaces, or candidate hosts;
-        /// each is tried and the first that answers is asked); none: find it with mDNS.
+        /// each is tried and the first that answers is asked), or any member's (the
+        /// bootstrap is then looked up in the DHT through it); none: find it with mDNS.
         bootstrap: Vec<Multiaddr>,
         /// Rejoin a run under way (a restarted peer), or resume a whole run, instead of
         /// joining at the start.
@@ -257,7 +350,7 @@ pub enum Role {
 }
 
 fn build_swarm(key: Keypair, timeout: Duration, mdns: bool) -> anyhow::Result<Swarm<Behaviour>> {
-    let swarm = libp2p::SwarmBuilder::with_existing_identity(key)
+    let mut swarm = libp2p::SwarmBuilder::with_existing_identity(key)
         .with_tokio()
         .with_quic()
         .with_behaviour(|key| {
@@ -285,6 +378,18 @@ fn build_swarm(key: Keypair, timeout: Duration, mdns: bool) -> anyhow::Result<Sw
                     key.public(),
                 )),
                 mdns: Toggle::from(mdns),
+                kad: {
+                    let id = key.public().to_peer_id();
+                    let mut config = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
+                    // A run may last days; peer 0 republishes its record (kad's default
+                    // interval) while it lives.
+                    config.set_record_ttl(None);
+                    config.set_query_timeout(Duration::from_secs(10));
+                    // The routing table is fed by identify and by the lookups that follow
+                    // each insertion; a timed refresh would only warn while it is empty.
+                    config.set_periodic_bootstrap_interval(None);
+                    kad::Behaviour::with_config(id, kad::store::MemoryStore::new(id), config)
+                },
             })
         })
         .map_err(|e| {
@@ -292,19 +397,79 @@ fn build_swarm(key: Keypair, timeout: Duration, mdns: bool) -> anyhow::Result<Sw
         })?
         .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(24 * 3600)))
         .build();
+    // Every peer serves the DHT: a node without confirmed external addresses would stay a
+    // client, and a run on one machine or a private network has none.
+    swarm.behaviour_mut().kad.set_mode(Some(kad::Mode::Server));
     Ok(swarm)
 }
 
-/// Runs discovery with the identity `key` and returns the directory (n entries, indexed by
-/// rank). `me` is this peer's entry except for `peer_id`, which is filled in here. The
-/// bootstrap admits only the peers `gate` lets in; a joining peer takes a directory only
-/// from a bootstrap that proves the run key, if there is one.
+/// Feeds Kademlia's routing table from identify: a node that speaks the run's DHT protocol
+/// is routable at the listen addresses it reports.
+fn route(swarm: &mut Swarm<Behaviour>, event: &SwarmEvent<BehaviourEvent>) {
+    if let SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
+        peer_id,
+        info,
+        ..
+    })) = event
+    {
+        if info.protocols.iter().any(|p| p.as_ref() == KAD_PROTOCOL) {
+            for addr in &info.listen_addrs {
+                swarm.behaviour_mut().kad.add_address(peer_id, addr.clone());
+            }
+        }
+    }
+}
+
+/// Writes `address` (a new listen address of this node, completed with its PeerId) to
+/// each of `files`; returns the full address.
 ///
 /// # Errors
-/// The bootstrap cannot be reached, a peer was refused, or not all n peers joined within
-/// `timeout`.
+/// The file cannot be written.
+fn publish_address(
+    local: PeerId,
+    address: Multiaddr,
+    files: &[PathBuf],
+) -> anyhow::Result<Multiaddr> {
+    let full = address
+        .with_p2p(local)
+        .map_err(|a| anyhow!("bad listen address {a}"))?;
+    for path in files {
+        crate::metrics::write_atomic(path, full.to_string().as_bytes())
+            .with_context(|| format!("publishing this peer's address to {}", path.display()))?;
+    }
+    Ok(full)
+}
+
+/// Stores peer 0's signed record (PeerId, `addrs`) locally and offers it to the nodes of the
+/// DHT closest to [`BOOTSTRAP_KEY`] (none yet at the start: then only the local store holds
+/// it, and lookups reach it through the members' routing tables).
+fn publish_record(swarm: &mut Swarm<Behaviour>, key: &Keypair, addrs: &[Multiaddr]) {
+    let record = BootstrapRecord::signed(key, addrs).and_then(|r| Ok(serde_json::to_vec(&r)?));
+    let stored = record.and_then(|value| {
+        let record = kad::Record::new(kad::RecordKey::new(&BOOTSTRAP_KEY), value);
+        swarm
+            .behaviour_mut()
+            .kad
+            .put_record(record, kad::Quorum::One)
+            .map_err(|e| anyhow!("{e}"))
+    });
+    if let Err(e) = stored {
+        warn!("cannot publish the bootstrap record in the DHT: {e:#}");
+    }
+}
+
+/// Runs discovery with the identity `key`, listening on `listen`, and returns the directory
+/// (n entries, indexed by rank). `me` is this peer's entry except for `peer_id`, which is
+/// filled in here. The bootstrap admits only the peers `gate` lets in; a joining peer takes
+/// a directory only from a bootstrap that proves the run key, if there is one.
+///
+/// # Errors
+/// This node cannot listen, the bootstrap cannot be reached (nor found in the DHT), a peer
+/// was refused, or not all n peers joined within `timeout`.
+#[allow(clippy::too_many_arguments)]
 pub async fn discover(
     role: Role,
+    listen: Listen,
     mut me: PeerInfo,
     fingerprint: Fingerprint,
     timeout: Duration,
@@ -312,28 +477,26 @@ pub async fn discover(
     gate: Gate,
     mdns: bool,
 ) -> anyhow::Result<Discovered> {
-    let mut swarm = build_swarm(key, timeout, mdns)?;
+    let mut swarm = build_swarm(key.clone(), timeout, mdns)?;
     me.peer_id = swarm.local_peer_id().to_string();
+    swarm
+        .listen_on(listen.addr.clone())
+        .with_context(|| format!("cannot listen on {} (--listen)", listen.addr))?;
     let deadline = tokio::time::Instant::now() + timeout;
     let (directory, late) = match role {
         Role::Bootstrap {
-            listen,
             initial,
             joined,
             settled,
-            addr_file,
             resume,
         } => {
-            swarm
-                .listen_on(listen.clone())
-                .with_context(|| format!("cannot listen on {listen}"))?;
             let directory = tokio::time::timeout_at(
                 deadline,
                 serve(
                     &mut swarm,
                     me,
                     fingerprint.clone(),
-                    addr_file,
+                    (&key, &listen.files),
                     &gate,
                     resume,
                     initial,
@@ -341,6 +504,19 @@ pub async fn discover(
             )
             .await
             .map_err(|_| anyhow!("not all peers joined within {timeout:?}"))??;
+            // Offer the record again, now that the initial peers are in the routing table.
+            let stored = kad::RecordKey::new(&BOOTSTRAP_KEY);
+            let record =
+                kad::store::RecordStore::get(swarm.behaviour_mut().kad.store_mut(), &stored);
+            if let Some(record) = record.map(|r| r.into_owned()) {
+                if let Err(e) = swarm
+                    .behaviour_mut()
+                    .kad
+                    .put_record(record, kad::Quorum::One)
+                {
+                    warn!("cannot publish the bootstrap record in the DHT: {e}");
+                }
+            }
             (directory, Some((joined, settled)))
         }
         Role::Join {
@@ -358,14 +534,15 @@ pub async fn discover(
                 proof: None,
             };
             let refusals = std::sync::Mutex::new(Vec::new());
-            let directory = tokio::time::timeout_at(deadline, join(&mut swarm, bootstrap.clone(), request, &gate, &refusals))
+            let directory = tokio::time::timeout_at(deadline, join(&mut swarm, bootstrap.clone(), request, &gate, &listen.files, &refusals))
                 .await
                 .map_err(|_| {
                     let refused = refusals.lock().map(|r| r.join("; ")).unwrap_or_default();
                     match bootstrap.as_slice() {
                         [] if refused.is_empty() => anyhow!("--mdns: found no bootstrap on the local network within {timeout:?} (is peer 0 running with --mdns, listening on an address of this LAN, e.g. --listen /ip4/0.0.0.0/udp/4001/quic-v1?)"),
                         [] => anyhow!("--mdns: no bootstrap on the local network took this peer within {timeout:?}; refused by: {refused}"),
-                        b => anyhow!("no directory from the bootstrap {} within {timeout:?} (is peer 0 running and reachable? a new peer waits for the one joining before it)", list(b)),
+                        b if refused.is_empty() => anyhow!("no directory from the bootstrap {} within {timeout:?} (is peer 0 running and reachable? a new peer waits for the one joining before it)", list(b)),
+                        b => anyhow!("no directory from the bootstrap {} within {timeout:?}: {refused} (is peer 0 running, and reachable at the addresses it publishes, its --listen?)", list(b)),
                     }
                 })??;
             (directory, None)
@@ -388,7 +565,28 @@ pub async fn discover(
                 late.run(swarm, settled).await
             }
             None => loop {
-                log_event(swarm.select_next_some().await);
+                let event = swarm.select_next_some().await;
+                route(&mut swarm, &event);
+                match event {
+                    SwarmEvent::Behaviour(BehaviourEvent::Join(
+                        request_response::Event::Message {
+                            peer,
+                            message: request_response::Message::Request { channel, .. },
+                            ..
+                        },
+                    )) => {
+                        debug!(%peer, "a join request to a member: pointing it at the DHT");
+                        let answer = JoinResponse::NotBootstrap;
+                        let _ = swarm.behaviour_mut().join.send_response(channel, answer);
+                    }
+                    SwarmEvent::NewListenAddr { address, .. } => {
+                        let local = *swarm.local_peer_id();
+                        if let Err(e) = publish_address(local, address, &listen.files) {
+                            warn!("{e:#}");
+                        }
+                    }
+                    other => log_event(other),
+                }
             },
         }
     });
@@ -438,7 +636,7 @@ impl LateJoins {
         loop {
             let until = self.pending.map(|(_, since)| since + self.limit);
             tokio::select! {
-                event = swarm.select_next_some() => match event {
+                event = swarm.select_next_some() => { route(&mut swarm, &event); match event {
                     SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
                         peer,
                         message: request_response::Message::Request { request, channel, .. },
@@ -452,7 +650,7 @@ impl LateJoins {
                         }
                     }
                     other => log_event(other),
-                },
+                }},
                 Some(rank) = settled.recv() => {
                     if self.pending.is_some_and(|(p, _)| p == rank) {
                         debug!(rank, "the new peer settled");
@@ -629,11 +827,13 @@ async fn serve(
     swarm: &mut Swarm<Behaviour>,
     me: PeerInfo,
     fingerprint: Fingerprint,
-    addr_file: Option<PathBuf>,
+    (key, addr_files): (&Keypair, &[PathBuf]),
     gate: &Gate,
     resume: Option<Vec<u64>>,
     initial: usize,
 ) -> anyhow::Result<Discovered> {
+    // The listen addresses so far: peer 0's DHT record.
+    let mut addrs = Vec::new();
     let n = fingerprint.peers;
     let mut slots: Vec<Option<PeerInfo>> = vec![None; n];
     let mut waiting = Vec::new();
@@ -725,17 +925,15 @@ async fn serve(
                 resume_round,
             });
         }
-        match swarm.select_next_some().await {
+        let event = swarm.select_next_some().await;
+        route(swarm, &event);
+        match event {
             SwarmEvent::NewListenAddr { address, .. } => {
-                let full = address
-                    .with_p2p(*swarm.local_peer_id())
-                    .map_err(|a| anyhow!("bad listen address {a}"))?;
+                let full = publish_address(*swarm.local_peer_id(), address.clone(), addr_files)?;
                 info!(%full, "bootstrap listening");
                 listening = true;
-                if let Some(path) = &addr_file {
-                    crate::metrics::write_atomic(path, full.to_string().as_bytes())
-                        .context("publishing the bootstrap address")?;
-                }
+                addrs.push(address);
+                publish_record(swarm, key, &addrs);
             }
             SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
                 peer,
@@ -807,11 +1005,46 @@ async fn serve(
     }
 }
 
+/// Sends `request` (with this peer's run-key tag for `peer`) to `peer`, once.
+fn ask(
+    swarm: &mut Swarm<Behaviour>,
+    asked: &mut HashSet<PeerId>,
+    peer: PeerId,
+    request: &JoinRequest,
+    gate: &Gate,
+) {
+    if asked.insert(peer) {
+        let me = *swarm.local_peer_id();
+        let mut request = request.clone();
+        request.proof = gate.key.as_ref().map(|k| k.tag("join", &me, &peer));
+        swarm.behaviour_mut().join.send_request(&peer, request);
+    }
+}
+
+/// Dials `peer` at `addrs` on a connection of its own (whatever connection the DHT or mDNS
+/// already holds), to ask it once established; the connection goes into `dials`.
+fn dial_candidate(
+    swarm: &mut Swarm<Behaviour>,
+    dials: &mut HashSet<ConnectionId>,
+    peer: PeerId,
+    addrs: Vec<Multiaddr>,
+) -> Result<(), libp2p::swarm::DialError> {
+    let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
+        .addresses(addrs)
+        .condition(libp2p::swarm::dial_opts::PeerCondition::Always)
+        .build();
+    let id = opts.connection_id();
+    swarm.dial(opts)?;
+    dials.insert(id);
+    Ok(())
+}
+
 async fn join(
     swarm: &mut Swarm<Behaviour>,
     bootstrap: Vec<Multiaddr>,
     request: JoinRequest,
     gate: &Gate,
+    addr_files: &[PathBuf],
     refusals: &std::sync::Mutex<Vec<String>>,
 ) -> anyhow::Result<Discovered> {
     let me_id = *swarm.local_peer_id();
@@ -819,10 +1052,20 @@ async fn join(
     // No address: find the bootstrap with mDNS. Else every address is dialled; this peer
     // fails once all of them failed.
     let mdns = bootstrap.is_empty();
+    // The connections dialled to ask for a join: to the --bootstrap addresses (also in
+    // `given`), to the nodes mDNS found, to the bootstrap the DHT named.
+    let mut dials: HashSet<ConnectionId> = HashSet::new();
+    let mut given: HashSet<ConnectionId> = HashSet::new();
     let mut unreachable = Vec::new();
     for b in &bootstrap {
-        if let Err(e) = swarm.dial(b.clone()) {
-            unreachable.push(format!("cannot dial {b}: {e}"));
+        let opts = libp2p::swarm::dial_opts::DialOpts::from(b.clone());
+        let id = opts.connection_id();
+        match swarm.dial(opts) {
+            Ok(()) => {
+                dials.insert(id);
+                given.insert(id);
+            }
+            Err(e) => unreachable.push(format!("cannot dial {b}: {e}")),
         }
     }
     let all_failed = |unreachable: &[String]| {
@@ -837,47 +1080,113 @@ async fn join(
     }
     let me = request.info.peer_id.clone();
     let n = request.fingerprint.peers;
-    // The nodes dialled (the bootstrap, or each node mDNS found) and those asked.
-    let mut dialled: HashSet<PeerId> = HashSet::new();
+    // The nodes found (by mDNS or in the DHT) and those asked.
+    let mut found: HashSet<PeerId> = HashSet::new();
     let mut asked: HashSet<PeerId> = HashSet::new();
+    // The DHT lookup of the bootstrap record, started when a node says it is not the
+    // bootstrap; repeated after `LOOKUP_RETRY` while it finds none.
+    let mut looking = false;
+    let mut retry: Option<tokio::time::Instant> = None;
     loop {
-        match swarm.select_next_some().await {
-            SwarmEvent::Behaviour(BehaviourEvent::Mdns(libp2p::mdns::Event::Discovered(found)))
+        let event = tokio::select! {
+            event = swarm.select_next_some() => event,
+            _ = tokio::time::sleep_until(retry.unwrap_or_else(tokio::time::Instant::now)), if retry.is_some() => {
+                retry = None;
+                swarm.behaviour_mut().kad.get_record(kad::RecordKey::new(&BOOTSTRAP_KEY));
+                continue;
+            }
+        };
+        route(swarm, &event);
+        match event {
+            SwarmEvent::NewListenAddr { address, .. } => {
+                let full = publish_address(me_id, address, addr_files)?;
+                debug!(%full, "listening");
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Mdns(libp2p::mdns::Event::Discovered(list)))
                 if mdns =>
             {
                 let mut by_peer: std::collections::BTreeMap<PeerId, Vec<Multiaddr>> =
                     Default::default();
-                for (peer, addr) in found {
+                for (peer, addr) in list {
                     by_peer.entry(peer).or_default().push(addr);
                 }
                 for (peer, addrs) in by_peer {
-                    if !dialled.insert(peer) {
+                    if peer == me_id || !found.insert(peer) {
                         continue;
                     }
                     info!(%peer, ?addrs, "mDNS found a libp2p node; asking it to join");
-                    let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
-                        .addresses(addrs)
-                        .build();
-                    if let Err(e) = swarm.dial(opts) {
+                    if let Err(e) = dial_candidate(swarm, &mut dials, peer, addrs) {
                         refused(format!("{peer}: cannot dial: {e}"));
                     }
                 }
             }
-            SwarmEvent::ConnectionEstablished { peer_id, .. }
-                if !mdns || dialled.contains(&peer_id) =>
-            {
-                if asked.insert(peer_id) {
-                    let mut request = request.clone();
-                    request.proof = gate.key.as_ref().map(|k| k.tag("join", &me_id, &peer_id));
-                    swarm.behaviour_mut().join.send_request(&peer_id, request);
+            SwarmEvent::ConnectionEstablished {
+                peer_id,
+                connection_id,
+                endpoint,
+                ..
+            } if dials.contains(&connection_id) => {
+                let addr = endpoint.get_remote_address().clone();
+                swarm.behaviour_mut().kad.add_address(&peer_id, addr);
+                ask(swarm, &mut asked, peer_id, &request, gate);
+            }
+            SwarmEvent::OutgoingConnectionError {
+                connection_id,
+                peer_id,
+                error,
+            } if dials.contains(&connection_id) => {
+                if given.contains(&connection_id) {
+                    unreachable.push(error.to_string());
+                    if unreachable.len() == bootstrap.len() {
+                        return Err(all_failed(&unreachable));
+                    }
+                } else {
+                    let peer = peer_id.map(|p| p.to_string()).unwrap_or_default();
+                    warn!(%peer, "cannot dial a node found: {error}");
+                    refused(format!("{peer}: cannot dial: {error}"));
                 }
             }
-            SwarmEvent::OutgoingConnectionError { error, .. } if !mdns => {
-                unreachable.push(error.to_string());
-                if unreachable.len() == bootstrap.len() {
-                    return Err(all_failed(&unreachable));
-                }
+            SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
+                peer,
+                message: request_response::Message::Request { channel, .. },
+                ..
+            })) => {
+                // Another peer asks this one, which has not joined yet.
+                debug!(%peer, "a join request to a joining peer: pointing it at the DHT");
+                let answer = JoinResponse::NotBootstrap;
+                let _ = swarm.behaviour_mut().join.send_response(channel, answer);
             }
+            SwarmEvent::Behaviour(BehaviourEvent::Kad(kad::Event::OutboundQueryProgressed {
+                result: kad::QueryResult::GetRecord(result),
+                step,
+                ..
+            })) => match result {
+                Ok(kad::GetRecordOk::FoundRecord(kad::PeerRecord { record, peer })) => {
+                    let verified = serde_json::from_slice::<BootstrapRecord>(&record.value)
+                        .ok()
+                        .and_then(|r| r.verify());
+                    let Some((boot, addrs)) = verified else {
+                        warn!(from = ?peer, "a bootstrap record in the DHT that its signer did not sign; ignored");
+                        continue;
+                    };
+                    if boot == me_id || !found.insert(boot) {
+                        continue;
+                    }
+                    info!(bootstrap = %boot, ?addrs, "found the run's bootstrap in the DHT; asking it to join");
+                    if let Err(e) = dial_candidate(swarm, &mut dials, boot, addrs) {
+                        refused(format!(
+                            "the bootstrap {boot} found in the DHT: cannot dial: {e}"
+                        ));
+                    }
+                }
+                Ok(kad::GetRecordOk::FinishedWithNoAdditionalRecord { .. }) | Err(_)
+                    if step.last && found.is_empty() =>
+                {
+                    debug!(?result, "no bootstrap record in the DHT yet");
+                    retry = Some(tokio::time::Instant::now() + LOOKUP_RETRY);
+                }
+                other => debug!(?other, "DHT lookup"),
+            },
             SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
                 peer,
                 message: request_response::Message::Response { response, .. },
@@ -890,6 +1199,18 @@ async fn join(
                         round,
                         proof,
                     } => (directory, Some(round), proof),
+                    JoinResponse::NotBootstrap => {
+                        info!(%peer, "not the run's bootstrap; looking the bootstrap up in the run's DHT through it");
+                        refused(format!("{peer} is not the bootstrap, and the DHT lookup through it found no bootstrap that answered"));
+                        if !looking {
+                            looking = true;
+                            swarm
+                                .behaviour_mut()
+                                .kad
+                                .get_record(kad::RecordKey::new(&BOOTSTRAP_KEY));
+                        }
+                        continue;
+                    }
                     JoinResponse::Refused(why) if mdns => {
                         warn!(%peer, "refused by a node found with mDNS: {why}");
                         refused(format!("{peer}: {why}"));
@@ -988,6 +1309,53 @@ mod tests {
             any_rank,
             proof: None,
         }
+    }
+
+    #[test]
+    fn the_bootstrap_record_verifies_only_as_its_signer_made_it() {
+        let peer0 = Keypair::generate_ed25519();
+        let addrs: Vec<Multiaddr> = vec![
+            "/ip4/10.0.0.1/udp/4001/quic-v1".parse().unwrap(),
+            "/ip4/127.0.0.1/udp/4001/quic-v1".parse().unwrap(),
+        ];
+        let record = BootstrapRecord::signed(&peer0, &addrs).unwrap();
+        let bytes = serde_json::to_vec(&record).unwrap();
+        let back: BootstrapRecord = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(
+            back.verify(),
+            Some((peer0.public().to_peer_id(), addrs.clone()))
+        );
+        // A relaying node points peer 0's identity at another address.
+        let mut moved = record.clone();
+        moved.addrs[0] = "/ip4/10.6.6.6/udp/4001/quic-v1".into();
+        assert_eq!(moved.verify(), None);
+        // Or drops one of its addresses.
+        let mut fewer = record.clone();
+        fewer.addrs.pop();
+        assert_eq!(fewer.verify(), None);
+        // Or signs peer 0's PeerId and its own address with its own key.
+        let member = Keypair::generate_ed25519();
+        let mut forged = BootstrapRecord::signed(&member, &addrs[..1]).unwrap();
+        forged.peer_id = record.peer_id.clone();
+        assert_eq!(forged.verify(), None);
+        // Malformed: no signature, a PeerId that is not one, an address that is not one.
+        let mut unsigned = record.clone();
+        unsigned.signature.clear();
+        assert_eq!(unsigned.verify(), None);
+        let mut bad_id = record.clone();
+        bad_id.peer_id = "not-a-peer-id".into();
+        assert_eq!(bad_id.verify(), None);
+        let bad_addr = BootstrapRecord {
+            addrs: vec!["not a multiaddr".into()],
+            ..record.clone()
+        };
+        let resigned = BootstrapRecord {
+            signature: peer0
+                .sign(&BootstrapRecord::message(&record.peer_id, &bad_addr.addrs))
+                .unwrap(),
+            ..bad_addr
+        };
+        assert_eq!(resigned.verify(), None, "signed, but not an address");
     }
 
     #[test]

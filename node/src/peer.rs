@@ -30,7 +30,7 @@ use crate::auth::{self, Admitted};
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta};
 use crate::config::{DeviceSpec, Init, RunArgs};
 use crate::data::{partition, Batches, Dataset, RunData};
-use crate::discovery::{discover, Discovered, Fingerprint, Gate, PeerInfo, Role};
+use crate::discovery::{discover, Discovered, Fingerprint, Gate, Listen, PeerInfo, Role};
 use crate::metrics::{self, EpochRow, MembershipEvent, PeerEpoch, Summary};
 use crate::model::{self, Net};
 use crate::net::{DataPlane, Links, NetEvent};
@@ -61,12 +61,20 @@ pub struct PeerArgs {
     /// on an address of the LAN, e.g. `--listen /ip4/0.0.0.0/udp/4001/quic-v1`.
     #[arg(long)]
     pub mdns: bool,
-    /// libp2p listen address of the bootstrap (rank 0).
+    /// libp2p listen address of this peer: for rank 0 the bootstrap's; for any other peer
+    /// the address at which it serves the run's Kademlia DHT, through which a later peer
+    /// may enter the run (`--bootstrap` with this peer's address). On a cluster listen on
+    /// the host's network, e.g. /ip4/0.0.0.0/udp/4001/quic-v1.
     #[arg(long, default_value = "/ip4/127.0.0.1/udp/0/quic-v1")]
     pub listen: libp2p::Multiaddr,
     /// Rank 0 writes its dialable multiaddr to this file once it listens.
     #[arg(long)]
     pub bootstrap_file: Option<PathBuf>,
+    /// This peer (any rank) writes its dialable libp2p multiaddr to this file once it
+    /// listens: a later peer may name it with `--bootstrap` to enter the run through this
+    /// peer (the bootstrap is then found in the DHT).
+    #[arg(long, value_name = "FILE")]
+    pub address_file: Option<PathBuf>,
     /// Address of the QUIC data plane (port 0: any free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub data_addr: SocketAddr,
@@ -388,11 +396,9 @@ fn run_on<B: AutodiffBackend>(
     let (settle, settled) = tokio::sync::mpsc::unbounded_channel();
     let role = match joins {
         false => Role::Bootstrap {
-            listen: peer.listen.clone(),
             initial,
             joined: plane.event_sender(),
             settled,
-            addr_file: peer.bootstrap_file.clone(),
             resume: peer
                 .resume
                 .then(|| resumable_rounds(&checkpoint_rounds, &peer.out, rounds_per_epoch)),
@@ -422,6 +428,16 @@ fn run_on<B: AutodiffBackend>(
         resume_round,
     } = rt.block_on(discover(
         role,
+        Listen {
+            addr: peer.listen.clone(),
+            files: [
+                peer.bootstrap_file.clone().filter(|_| !joins),
+                peer.address_file.clone(),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
+        },
         me.clone(),
         fingerprint.clone(),
         join_timeout,
@@ -1181,7 +1197,7 @@ impl Driver {
         };
         let signed = self.peer_ids[0]
             .as_ref()
-            .and_then(public_key)
+            .and_then(auth::public_key)
             .is_some_and(|k| k.verify(&admit_message(rank, &id), &signature));
         if !signed {
             self.refused_frames += 1;
@@ -1713,15 +1729,6 @@ fn admit_message(rank: Rank, id: &libp2p::PeerId) -> Vec<u8> {
     m
 }
 
-/// The public key inside `id` (Ed25519 PeerIds inline it: identity multihash); `None` for a
-/// PeerId that only hashes its key.
-fn public_key(id: &libp2p::PeerId) -> Option<libp2p::identity::PublicKey> {
-    let hash: &libp2p::multihash::Multihash<64> = id.as_ref();
-    (hash.code() == 0)
-        .then(|| libp2p::identity::PublicKey::try_decode_protobuf(hash.digest()).ok())
-        .flatten()
-}
-
 /// The rounds of peer 0's checkpoints (`rounds`) that a whole run can resume from without a
 /// hole in its record: a round R in an epoch whose predecessors' rows are all in
 /// `<run>/epochs.jsonl` (R / `rpe` ≤ the last recorded epoch E), or the last round of
@@ -2225,7 +2232,7 @@ mod tests {
         let member = libp2p::identity::Keypair::generate_ed25519();
         let new = libp2p::PeerId::random();
         let key0 =
-            public_key(&peer0.public().to_peer_id()).expect("Ed25519 PeerIds inline the key");
+            auth::public_key(&peer0.public().to_peer_id()).expect("Ed25519 PeerIds inline the key");
         let signature = peer0.sign(&admit_message(3, &new)).unwrap();
         let frame = encode_admit(2, 3, new, &signature);
         let h = FrameHeader::parse(&frame, 1 << 20).unwrap().0;

@@ -74,15 +74,20 @@ impl Cluster {
         let mut a = args.to_vec();
         a.push(format!("--bootstrap-file={}", file.display()));
         self.spawn(0, &a);
+        self.address(0, &file)
+    }
+
+    /// Waits for peer `rank` to write its libp2p address to `file`.
+    fn address(&self, rank: usize, file: &Path) -> String {
         let t0 = Instant::now();
         loop {
-            if let Ok(s) = std::fs::read_to_string(&file) {
+            if let Ok(s) = std::fs::read_to_string(file) {
                 return s.trim().to_string();
             }
             assert!(
                 t0.elapsed() < Duration::from_secs(30),
-                "peer 0 published no address:\n{}",
-                self.read_log(0)
+                "peer {rank} published no address:\n{}",
+                self.read_log(rank)
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -678,7 +683,8 @@ fn sgp_on_a_directed_graph_survives_a_killed_peer_which_then_rejoins() {
 #[test]
 fn a_new_peer_takes_an_empty_rank_of_an_elastic_run() {
     // A ring of 5 started with 4 peers (rank 4 empty: ranks 3 and 0 are its neighbours and
-    // the 4 train on the path 0 – 1 – 2 – 3); a new peer takes rank 4 after two epochs.
+    // the 4 train on the path 0 – 1 – 2 – 3); a new peer takes rank 4 after two epochs. It
+    // knows only member 2's address, not the bootstrap's: it finds peer 0 in the run's DHT.
     let mut c = Cluster::new();
     let run = args(&[
         "--peers=5",
@@ -691,7 +697,18 @@ fn a_new_peer_takes_an_empty_rank_of_an_elastic_run() {
     ]);
     let mut first = run.clone();
     first.push("--initial-peers=4".into());
-    let joined = c.start_joinable(4, &first, &run);
+    let boot = c.start_bootstrap(&first);
+    let member = c.dir.path().join("member-2.addr");
+    for rank in 1..4 {
+        let mut a = run.clone();
+        a.push(format!("--bootstrap={boot}"));
+        if rank == 2 {
+            a.push(format!("--address-file={}", member.display()));
+        }
+        c.spawn(rank, &a);
+    }
+    let mut joined = run.clone();
+    joined.push(format!("--bootstrap={}", c.address(2, &member)));
     wait_for_epoch(&c, 2);
     // A peer started without --join-running is refused by the running run.
     c.spawn(4, &joined); // children[4]
@@ -705,7 +722,12 @@ fn a_new_peer_takes_an_empty_rank_of_an_elastic_run() {
     late.push("--join-running".into());
     c.spawn(4, &late); // children[5]
     c.all_succeed(&[(0, 0), (1, 1), (2, 2), (3, 3), (4, 5)]);
-    assert!(c.read_log(4).contains("mixing again from round"));
+    let log = c.read_log(4);
+    assert!(
+        log.contains("found the run's bootstrap in the DHT"),
+        "{log}"
+    );
+    assert!(log.contains("mixing again from round"), "{log}");
     let s = summary(&c.out());
     let joins = s["joins"].as_str().unwrap();
     assert!(joins.starts_with("4@"), "{s}");
