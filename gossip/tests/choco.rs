@@ -10,7 +10,7 @@ use murmur_gossip::{Choco, ChocoConfig, Gossip, GossipError, GossipEvent, Rank};
 use murmur_topology::{Graph, MixingMatrix};
 
 mod common;
-use common::{raw_frame, ring_mh, round_among};
+use common::{raw_frame, ring_mh, round_among, skip_round};
 
 /// Runs `sim` until Ξ² ≤ `target` · Ξ²(0), at most `max_rounds` rounds. Returns the rounds
 /// taken and the largest deviation |x̄_k(t) − x̄_k(0)| of the network average seen on the way.
@@ -596,34 +596,11 @@ fn choco_skipping_keeps_the_average(delay: u64) -> u64 {
         .map(|k| x0.iter().map(|x| f64::from(x[k])).sum::<f64>() / n as f64)
         .collect();
     let mut now = Instant::now();
-    let mut queue: Vec<(u64, Rank, Rank, Vec<u8>)> = Vec::new();
-    let mut buf = Vec::new();
+    let mut queue = Vec::new();
     let mut moved = 0.0f64;
     for t in 0..1500u64 {
         let late = if t < 60 { delay } else { 0 };
-        for (i, p) in peers.iter_mut().enumerate() {
-            let x = p.params().to_vec();
-            p.begin_round(now, &x, None);
-            while let Some(tr) = p.poll_transmit(&mut buf) {
-                let at = if i == straggler { t + late } else { t };
-                queue.push((at, i, tr.to, buf.clone()));
-            }
-        }
-        let (due, rest): (Vec<_>, Vec<_>) = queue.drain(..).partition(|f| f.0 <= t);
-        queue = rest;
-        for (_, from, to, frame) in due {
-            peers[to]
-                .handle_message(now, from, &frame)
-                .unwrap_or_else(|e| panic!("round {t}: peer {to} refused peer {from}: {e}"));
-        }
-        for (i, p) in peers.iter_mut().enumerate() {
-            p.handle_timeout(now + skip);
-            let mut mixed = false;
-            while let Some(ev) = p.poll_event() {
-                mixed |= ev == GossipEvent::Mixed { round: t };
-            }
-            assert!(mixed, "peer {i} did not complete round {t}");
-        }
+        skip_round(&mut peers, &mut queue, t, (now, skip), (straggler, late));
         if t < 60 {
             moved = moved.max((mean(&peers, 0) - start[0]).abs());
         }

@@ -14,7 +14,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 mod common;
-use common::{drain_mixed, kind_frame, round_among, serial_mean, uniform_vectors};
+use common::{drain_mixed, kind_frame, round_among, serial_mean, skip_round, uniform_vectors};
 
 /// One SGP peer per start vector, all on `schedule` with learning rate `lr` and overlap `tau`.
 fn peers(schedule: &PushSchedule, xs: &[Vec<f32>], lr: f32, tau: u64) -> Vec<Sgp> {
@@ -975,36 +975,11 @@ fn skipping_a_straggler_keeps_the_mass(n: usize, straggler: Rank, delay: u64) ->
         .collect();
     let mut net = Net::new(ps, 0, 1);
     let rounds = 60;
-    let mut buf = Vec::new();
     for t in 0..rounds + delay + 20 {
         // The straggler's frames are late for the first `rounds` rounds only.
         let late = if t < rounds { delay } else { 0 };
-        for (i, p) in net.peers.iter_mut().enumerate() {
-            let z = p.params().to_vec();
-            p.begin_round(net.now, &z, None);
-            while let Some(tr) = p.poll_transmit(&mut buf) {
-                let at = if i == straggler { t + late } else { t };
-                net.queue.push((at, i, tr.to, buf.clone()));
-            }
-        }
-        let (due, rest): (Vec<_>, Vec<_>) = net.queue.drain(..).partition(|f| f.0 <= t);
-        net.queue = rest;
-        for (_, from, to, frame) in due {
-            net.peers[to]
-                .handle_message(net.now, from, &frame)
-                .unwrap_or_else(|e| panic!("round {t}: peer {to} refused peer {from}: {e}"));
-        }
-        for (i, p) in net.peers.iter_mut().enumerate() {
-            p.handle_timeout(net.now + skip);
-            let mut mixed = false;
-            while let Some(ev) = p.poll_event() {
-                mixed |= ev == GossipEvent::Mixed { round: t };
-            }
-            assert!(
-                mixed,
-                "peer {i} did not complete round {t} after the skip deadline"
-            );
-        }
+        let clock = (net.now, skip);
+        skip_round(&mut net.peers, &mut net.queue, t, clock, (straggler, late));
         let (x, w) = net.total_mass();
         assert!(
             (w - n as f64).abs() < 1e-9,

@@ -220,3 +220,49 @@ pub fn drain_mixed<G: Gossip + ?Sized>(p: &mut G) -> bool {
     }
     mixed
 }
+
+// ---- Lock-step driver with a straggler under the skip policy ----------------------------
+
+/// A frame held back: (the round it is delivered in, from, to, frame).
+pub type Delayed = (u64, Rank, Rank, Vec<u8>);
+
+/// Round `t` of a lock-step run under the skip policy: every peer begins round t with its
+/// own parameters; the frames of `straggler.0` are delivered `straggler.1` rounds late, the
+/// others' in round t; the frames due by round t are handed over; then every peer's skip
+/// deadline (`now + skip`) fires. Panics if a frame is refused or a peer did not complete
+/// round t.
+pub fn skip_round<G: Gossip>(
+    peers: &mut [G],
+    queue: &mut Vec<Delayed>,
+    t: u64,
+    (now, skip): (Instant, std::time::Duration),
+    (straggler, late): (Rank, u64),
+) {
+    let mut buf = Vec::new();
+    for (i, p) in peers.iter_mut().enumerate() {
+        let x = p.params().to_vec();
+        p.begin_round(now, &x, None);
+        while let Some(tr) = p.poll_transmit(&mut buf) {
+            let at = if i == straggler { t + late } else { t };
+            queue.push((at, i, tr.to, buf.clone()));
+        }
+    }
+    let (due, rest): (Vec<_>, Vec<_>) = queue.drain(..).partition(|f| f.0 <= t);
+    *queue = rest;
+    for (_, from, to, frame) in due {
+        peers[to]
+            .handle_message(now, from, &frame)
+            .unwrap_or_else(|e| panic!("round {t}: peer {to} refused peer {from}: {e}"));
+    }
+    for (i, p) in peers.iter_mut().enumerate() {
+        p.handle_timeout(now + skip);
+        let mut mixed = false;
+        while let Some(ev) = p.poll_event() {
+            mixed |= ev == GossipEvent::Mixed { round: t };
+        }
+        assert!(
+            mixed,
+            "peer {i} did not complete round {t} after the skip deadline"
+        );
+    }
+}
