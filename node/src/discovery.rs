@@ -20,10 +20,11 @@
 //! table fed by identify). Peer 0 publishes a [`BootstrapRecord`] there under
 //! [`BOOTSTRAP_KEY`]: its PeerId and listen addresses, signed with its key. So a peer can
 //! enter the run through any member: a node that is not the bootstrap answers a join
-//! request with [`JoinResponse::NotBootstrap`], and the joining peer looks the record up
-//! through it (Maymounkov & Mazières 2002, `GET_VALUE`), checks the signature against the
-//! PeerId, dials the bootstrap at the addresses found and asks it as usual. Run options,
-//! admission and the run key are checked by the bootstrap exactly as for a direct join.
+//! request with [`JoinResponse::NotBootstrap`] naming peer 0's PeerId, and the joining peer
+//! looks the record up through it (Maymounkov & Mazières 2002, `FIND_VALUE`), takes only a
+//! record signed by that PeerId, dials the bootstrap at the addresses found and asks it as
+//! usual. Run options, admission and the run key are checked by the bootstrap exactly as for
+//! a direct join. Nodes store only that record under that key (`serve_dht`).
 //!
 //! On a LAN the bootstrap can also be found without its address: with `--mdns` peer 0
 //! answers mDNS queries (libp2p-mdns, `_p2p._udp.local`) with its listen addresses, and a
@@ -121,8 +122,9 @@ pub struct BootstrapRecord {
     pub peer_id: String,
     /// Its libp2p listen addresses (multiaddrs, as text).
     pub addrs: Vec<String>,
-    /// Ed25519 signature by `peer_id`'s key over [`BootstrapRecord::message`] (64 bytes):
-    /// a node relaying the record cannot change the addresses of peer 0's identity.
+    /// Ed25519 signature (64 bytes) by `peer_id`'s key over `murmur bootstrap record
+    /// v1\n<peer_id>\n` followed by each address and a `\n`: a node relaying the record
+    /// cannot change the addresses of peer 0's identity.
     pub signature: Vec<u8>,
 }
 
@@ -279,7 +281,13 @@ pub enum JoinResponse {
     },
     /// The node asked is not the run's bootstrap (a member, or a peer still joining): look
     /// the bootstrap up in the DHT through it ([`BootstrapRecord`]).
-    NotBootstrap,
+    NotBootstrap {
+        /// The bootstrap's PeerId as this node knows it (a member; `None` from a peer still
+        /// joining). The joining peer accepts only a DHT record signed by this identity: as
+        /// much trust as in the node whose address it was given, none in the DHT's other
+        /// nodes.
+        bootstrap: Option<String>,
+    },
 }
 
 /// What discovery found.
@@ -388,6 +396,8 @@ fn build_swarm(key: Keypair, timeout: Duration, mdns: bool) -> anyhow::Result<Sw
                     // The routing table is fed by identify and by the lookups that follow
                     // each insertion; a timed refresh would only warn while it is empty.
                     config.set_periodic_bootstrap_interval(None);
+                    // Records others store here are checked first ([`serve_dht`]).
+                    config.set_record_filtering(kad::StoreInserts::FilterBoth);
                     kad::Behaviour::with_config(id, kad::store::MemoryStore::new(id), config)
                 },
             })
@@ -403,21 +413,59 @@ fn build_swarm(key: Keypair, timeout: Duration, mdns: bool) -> anyhow::Result<Sw
     Ok(swarm)
 }
 
-/// Feeds Kademlia's routing table from identify: a node that speaks the run's DHT protocol
-/// is routable at the listen addresses it reports.
-fn route(swarm: &mut Swarm<Behaviour>, event: &SwarmEvent<BehaviourEvent>) {
-    if let SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
-        peer_id,
-        info,
-        ..
-    })) = event
-    {
-        if info.protocols.iter().any(|p| p.as_ref() == KAD_PROTOCOL) {
-            for addr in &info.listen_addrs {
-                swarm.behaviour_mut().kad.add_address(peer_id, addr.clone());
+/// This node's part in the run's DHT, for every control-plane `event`: identify feeds
+/// Kademlia's routing table (a node that speaks the run's DHT protocol is routable at the
+/// listen addresses it reports), and a record another node asks to store here is kept only
+/// if it is the [`BootstrapRecord`] of `bootstrap` (the run's peer 0 as this node knows it;
+/// `None`, a peer still joining: nothing is kept), signed by it — so no node can overwrite
+/// the genuine record with its own, and nothing else is stored.
+fn serve_dht(
+    swarm: &mut Swarm<Behaviour>,
+    event: &SwarmEvent<BehaviourEvent>,
+    bootstrap: Option<PeerId>,
+) {
+    match event {
+        SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
+            peer_id,
+            info,
+            ..
+        })) => {
+            if info.protocols.iter().any(|p| p.as_ref() == KAD_PROTOCOL) {
+                for addr in &info.listen_addrs {
+                    swarm.behaviour_mut().kad.add_address(peer_id, addr.clone());
+                }
             }
         }
+        SwarmEvent::Behaviour(BehaviourEvent::Kad(kad::Event::InboundRequest {
+            request:
+                kad::InboundRequest::PutRecord {
+                    source,
+                    record: Some(record),
+                    ..
+                },
+        })) => {
+            let genuine = record.key.as_ref() == BOOTSTRAP_KEY
+                && bootstrap.is_some_and(|b| verified_record(&record.value) == Some(b));
+            if genuine {
+                let kept = kad::store::RecordStore::put(
+                    swarm.behaviour_mut().kad.store_mut(),
+                    record.clone(),
+                );
+                if let Err(e) = kept {
+                    debug!(%source, "cannot keep the bootstrap record: {e}");
+                }
+            } else {
+                debug!(%source, "refused to store a DHT record that is not the run bootstrap's");
+            }
+        }
+        _ => {}
     }
+}
+
+/// The PeerId that signed the [`BootstrapRecord`] in `value`, if it parses and verifies.
+fn verified_record(value: &[u8]) -> Option<PeerId> {
+    let record: BootstrapRecord = serde_json::from_slice(value).ok()?;
+    record.verify().map(|(id, _)| id)
 }
 
 /// Writes `address` (a new listen address of this node, completed with its PeerId) to
@@ -550,6 +598,10 @@ pub async fn discover(
     };
     // Keep the control plane alive for liveness; the bootstrap answers late joins.
     let dir = directory.directory.clone();
+    let boot: Option<PeerId> = dir
+        .first()
+        .and_then(|p| p.as_ref())
+        .and_then(|p| p.peer_id.parse().ok());
     tokio::spawn(async move {
         match late {
             Some((joined, settled)) => {
@@ -566,7 +618,7 @@ pub async fn discover(
             }
             None => loop {
                 let event = swarm.select_next_some().await;
-                route(&mut swarm, &event);
+                serve_dht(&mut swarm, &event, boot);
                 match event {
                     SwarmEvent::Behaviour(BehaviourEvent::Join(
                         request_response::Event::Message {
@@ -576,7 +628,9 @@ pub async fn discover(
                         },
                     )) => {
                         debug!(%peer, "a join request to a member: pointing it at the DHT");
-                        let answer = JoinResponse::NotBootstrap;
+                        let answer = JoinResponse::NotBootstrap {
+                            bootstrap: boot.map(|b| b.to_string()),
+                        };
                         let _ = swarm.behaviour_mut().join.send_response(channel, answer);
                     }
                     SwarmEvent::NewListenAddr { address, .. } => {
@@ -633,10 +687,11 @@ impl LateJoins {
         mut swarm: Swarm<Behaviour>,
         mut settled: tokio::sync::mpsc::UnboundedReceiver<Rank>,
     ) {
+        let local = *swarm.local_peer_id();
         loop {
             let until = self.pending.map(|(_, since)| since + self.limit);
             tokio::select! {
-                event = swarm.select_next_some() => { route(&mut swarm, &event); match event {
+                event = swarm.select_next_some() => { serve_dht(&mut swarm, &event, Some(local)); match event {
                     SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
                         peer,
                         message: request_response::Message::Request { request, channel, .. },
@@ -926,10 +981,11 @@ async fn serve(
             });
         }
         let event = swarm.select_next_some().await;
-        route(swarm, &event);
+        let local = *swarm.local_peer_id();
+        serve_dht(swarm, &event, Some(local));
         match event {
             SwarmEvent::NewListenAddr { address, .. } => {
-                let full = publish_address(*swarm.local_peer_id(), address.clone(), addr_files)?;
+                let full = publish_address(local, address.clone(), addr_files)?;
                 info!(%full, "bootstrap listening");
                 listening = true;
                 addrs.push(address);
@@ -1080,8 +1136,10 @@ async fn join(
     }
     let me = request.info.peer_id.clone();
     let n = request.fingerprint.peers;
-    // The nodes found (by mDNS or in the DHT) and those asked.
+    // The nodes found (by mDNS or in the DHT) and those asked; the bootstraps that the
+    // nodes asked named (only their DHT records are taken).
     let mut found: HashSet<PeerId> = HashSet::new();
+    let mut vouched: HashSet<PeerId> = HashSet::new();
     let mut asked: HashSet<PeerId> = HashSet::new();
     // The DHT lookup of the bootstrap record, started when a node says it is not the
     // bootstrap; repeated after `LOOKUP_RETRY` while it finds none.
@@ -1096,7 +1154,7 @@ async fn join(
                 continue;
             }
         };
-        route(swarm, &event);
+        serve_dht(swarm, &event, None);
         match event {
             SwarmEvent::NewListenAddr { address, .. } => {
                 let full = publish_address(me_id, address, addr_files)?;
@@ -1152,8 +1210,8 @@ async fn join(
                 ..
             })) => {
                 // Another peer asks this one, which has not joined yet.
-                debug!(%peer, "a join request to a joining peer: pointing it at the DHT");
-                let answer = JoinResponse::NotBootstrap;
+                debug!(%peer, "a join request to a joining peer, which knows no bootstrap yet");
+                let answer = JoinResponse::NotBootstrap { bootstrap: None };
                 let _ = swarm.behaviour_mut().join.send_response(channel, answer);
             }
             SwarmEvent::Behaviour(BehaviourEvent::Kad(kad::Event::OutboundQueryProgressed {
@@ -1169,7 +1227,11 @@ async fn join(
                         warn!(from = ?peer, "a bootstrap record in the DHT that its signer did not sign; ignored");
                         continue;
                     };
-                    if boot == me_id || !found.insert(boot) {
+                    if !vouched.contains(&boot) {
+                        warn!(from = ?peer, record = %boot, "a bootstrap record in the DHT for a bootstrap that no node asked named; ignored");
+                        continue;
+                    }
+                    if !found.insert(boot) {
                         continue;
                     }
                     info!(bootstrap = %boot, ?addrs, "found the run's bootstrap in the DHT; asking it to join");
@@ -1199,9 +1261,17 @@ async fn join(
                         round,
                         proof,
                     } => (directory, Some(round), proof),
-                    JoinResponse::NotBootstrap => {
-                        info!(%peer, "not the run's bootstrap; looking the bootstrap up in the run's DHT through it");
-                        refused(format!("{peer} is not the bootstrap, and the DHT lookup through it found no bootstrap that answered"));
+                    JoinResponse::NotBootstrap { bootstrap } => {
+                        let Some(boot) = bootstrap.and_then(|b| b.parse::<PeerId>().ok()) else {
+                            info!(%peer, "not a bootstrap, and not yet a member of a run");
+                            refused(format!(
+                                "{peer} is neither a bootstrap nor a member of a run"
+                            ));
+                            continue;
+                        };
+                        info!(%peer, bootstrap = %boot, "a member of the run, not its bootstrap; looking the bootstrap up in the run's DHT through it");
+                        refused(format!("{peer} is a member, not the bootstrap, and the DHT lookup of the bootstrap {boot} through it found none that answered"));
+                        vouched.insert(boot);
                         if !looking {
                             looking = true;
                             swarm
@@ -1356,6 +1426,99 @@ mod tests {
             ..bad_addr
         };
         assert_eq!(resigned.verify(), None, "signed, but not an address");
+    }
+
+    /// Polls `member` (serving the DHT for `boot`) and `sender` until `sender`'s put is
+    /// answered, then `member` a little longer (its store is written when it handles the
+    /// request, which may come after the answer reaches `sender`).
+    async fn put_to(
+        member: &mut Swarm<Behaviour>,
+        sender: &mut Swarm<Behaviour>,
+        boot: PeerId,
+        record: kad::Record,
+    ) {
+        let to = *member.local_peer_id();
+        sender
+            .behaviour_mut()
+            .kad
+            .put_record_to(record, std::iter::once(to), kad::Quorum::One);
+        let answered = async {
+            loop {
+                tokio::select! {
+                    e = member.select_next_some() => serve_dht(member, &e, Some(boot)),
+                    e = sender.select_next_some() => if let SwarmEvent::Behaviour(BehaviourEvent::Kad(
+                        kad::Event::OutboundQueryProgressed { result: kad::QueryResult::PutRecord(_), .. },
+                    )) = e {
+                        break;
+                    },
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), answered)
+            .await
+            .expect("the put was answered");
+        let settle = async {
+            loop {
+                let e = member.select_next_some().await;
+                serve_dht(member, &e, Some(boot));
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_millis(300), settle).await;
+    }
+
+    fn stored(member: &mut Swarm<Behaviour>) -> Option<PeerId> {
+        let key = kad::RecordKey::new(&BOOTSTRAP_KEY);
+        let record = kad::store::RecordStore::get(member.behaviour_mut().kad.store_mut(), &key)?;
+        verified_record(&record.value)
+    }
+
+    #[tokio::test]
+    async fn a_member_stores_only_the_record_its_bootstrap_signed() {
+        let peer0 = Keypair::generate_ed25519();
+        let boot = peer0.public().to_peer_id();
+        let other = Keypair::generate_ed25519();
+        let timeout = Duration::from_secs(10);
+        let mut member = build_swarm(Keypair::generate_ed25519(), timeout, false).unwrap();
+        member
+            .listen_on("/ip4/127.0.0.1/udp/0/quic-v1".parse().unwrap())
+            .unwrap();
+        let addr = loop {
+            if let SwarmEvent::NewListenAddr { address, .. } = member.select_next_some().await {
+                break address;
+            }
+        };
+        // Any node of the network may send puts: here one that is not peer 0.
+        let mut sender = build_swarm(other.clone(), timeout, false).unwrap();
+        let member_id = *member.local_peer_id();
+        sender
+            .behaviour_mut()
+            .kad
+            .add_address(&member_id, addr.clone());
+        let record = |r: BootstrapRecord| {
+            kad::Record::new(
+                kad::RecordKey::new(&BOOTSTRAP_KEY),
+                serde_json::to_vec(&r).unwrap(),
+            )
+        };
+        let genuine = record(BootstrapRecord::signed(&peer0, &[addr.clone()]).unwrap());
+        // Validly signed, but by another identity claiming to be the bootstrap.
+        let impostor = record(BootstrapRecord::signed(&other, &[addr.clone()]).unwrap());
+        put_to(&mut member, &mut sender, boot, impostor.clone()).await;
+        assert_eq!(stored(&mut member), None, "an impostor's record is refused");
+        put_to(&mut member, &mut sender, boot, genuine).await;
+        assert_eq!(stored(&mut member), Some(boot), "peer 0's record is kept");
+        put_to(&mut member, &mut sender, boot, impostor).await;
+        assert_eq!(
+            stored(&mut member),
+            Some(boot),
+            "and cannot be overwritten by another"
+        );
+        // Nothing else is stored either.
+        let key = kad::RecordKey::new(&b"/something/else");
+        let junk = kad::Record::new(key.clone(), b"data".to_vec());
+        put_to(&mut member, &mut sender, boot, junk).await;
+        let kept = kad::store::RecordStore::get(member.behaviour_mut().kad.store_mut(), &key);
+        assert!(kept.is_none());
     }
 
     #[test]
