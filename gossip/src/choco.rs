@@ -54,8 +54,20 @@
 //! A round waiting for a departed neighbour's q_g completes without it (x̂_g is not
 //! advanced: q_g = 0); from the next round the new weights apply and the departed peer's
 //! copy is no longer used. With the symmetric W' of
-//! every survivor the network average over the survivors is kept, as before. A returning
-//! peer is not taken back: its copies and its neighbours' copy of it would disagree.
+//! every survivor the network average over the survivors is kept, as before.
+//!
+//! # A peer returns: the copies are sent in full once
+//!
+//! A restarted (or new) peer r holds no copies, and its neighbours' copy of it belongs to
+//! its previous process. When r comes back at round a ([`Gossip::peer_rejoined`] on every
+//! peer, [`Gossip::start_at_round`] on r), r and each of its in-neighbours j send, in round
+//! a, their public copy x̂^(a+1) = x̂^(a) + q^(a) *in full* (the identity operator) instead
+//! of q^(a), to every out-neighbour; a receiver replaces its copy with it instead of adding.
+//! Every peer knows who sends in full in round a from W and the rejoin, so no flag travels.
+//! A receiver whose copy was right gets bit for bit what adding q would have given (the
+//! sender formed x̂ + q the same way); r's copies and its neighbours' copy of r agree from
+//! round a + 1, whatever r's own x̂_r was. One dense message per edge of r's in-neighbours,
+//! once. Not under the skip policy (a late message of round a could not be told apart).
 //!
 //! # Stragglers: the skip policy
 //!
@@ -227,6 +239,9 @@ pub struct Choco {
     /// Skip policy: make-up for late messages that came between rounds, added to x when
     /// the next round begins (the driver hands x back then): `[d]`.
     pending: Option<Vec<f32>>,
+    /// Rounds in which peers send their public copy in full (a peer returns, see the
+    /// [module docs](self#a-peer-returns-the-copies-are-sent-in-full-once)): round → senders.
+    resync: std::collections::BTreeMap<u64, std::collections::BTreeSet<Rank>>,
 }
 
 impl Choco {
@@ -266,7 +281,13 @@ impl Choco {
             reweighting: Default::default(),
             ex,
             pending: None,
+            resync: Default::default(),
         }
+    }
+
+    /// Whether `peer` sends its public copy in full in round `round`.
+    fn sends_in_full(&self, round: u64, peer: Rank) -> bool {
+        self.resync.get(&round).is_some_and(|s| s.contains(&peer))
     }
 
     /// The configuration.
@@ -299,11 +320,18 @@ impl Choco {
         &self.copies
     }
 
-    /// x̂_j += q_j from the payload of in-neighbour `idx`. On `Err` nothing changed.
+    /// x̂_j += q_j from the payload of in-neighbour `idx` of the mixing round, or x̂_j = the
+    /// payload when j sends its copy in full in that round. On `Err` nothing changed.
     fn absorb(&mut self, idx: usize, payload: &[u8]) -> Result<(), GossipError> {
         let from = self.cfg.in_weights[idx].0;
-        murmur_compress::decode_add(payload, 1.0, &mut self.copies[idx])
-            .map_err(|source| GossipError::Payload { from, source })
+        let in_full = self.sends_in_full(self.ex.round(), from);
+        let copy = &mut self.copies[idx];
+        if in_full {
+            murmur_compress::decode_into(payload, copy)
+        } else {
+            murmur_compress::decode_add(payload, 1.0, copy)
+        }
+        .map_err(|source| GossipError::Payload { from, source })
     }
 
     /// The skip policy (see the [module docs](self#stragglers-the-skip-policy)): a round
@@ -397,13 +425,29 @@ impl Gossip for Choco {
             *q = xh - h;
         }
         // q_i = Q(x^(t+½) − x̂_i), one message for every out-neighbour.
+        let round = self.ex.round();
+        self.resync.retain(|&r, _| r >= round);
+        let in_full = self.sends_in_full(round, self.cfg.rank);
         let (compressor, rng, diff) = (&mut self.compressor, &mut self.rng, &self.diff);
-        let early = self
-            .ex
-            .begin(now, |out| compressor.compress(diff, rng, out))
-            .early;
-        // x̂_i += q_i, decoded from the bytes the neighbours get.
-        let own = murmur_compress::decode_add(self.ex.message(), 1.0, &mut self.x_hat);
+        let (own, early) = if in_full {
+            // A peer returns: x̂_i += q_i, and x̂_i goes out in full.
+            let mut q = Vec::new();
+            compressor.compress(diff, rng, &mut q);
+            let own = murmur_compress::decode_add(&q, 1.0, &mut self.x_hat);
+            let (x_hat, rng) = (&self.x_hat, &mut self.rng);
+            let begun = self.ex.begin(now, |out| {
+                murmur_compress::Identity.compress(x_hat, rng, out)
+            });
+            (own, begun.early)
+        } else {
+            let early = self
+                .ex
+                .begin(now, |out| compressor.compress(diff, rng, out))
+                .early;
+            // x̂_i += q_i, decoded from the bytes the neighbours get.
+            let own = murmur_compress::decode_add(self.ex.message(), 1.0, &mut self.x_hat);
+            (own, early)
+        };
         if let Err(e) = own {
             let round = self.ex.round();
             self.ex.push_event(GossipEvent::Diverged {
@@ -444,8 +488,64 @@ impl Gossip for Choco {
         Ok(())
     }
 
+    /// Takes `back` in again from round `at` with `w` (n×n, W with `back`): from then on the
+    /// weights of `w`; in round `at`, `back` and its in-neighbours send their public copies
+    /// in full (see the [module docs](self#a-peer-returns-the-copies-are-sent-in-full-once)).
+    ///
+    /// # Errors
+    /// [`MembershipError::Unsupported`] under the skip policy; [`MembershipError::BadMatrix`];
+    /// [`MembershipError::TooLate`] if round `at` has begun and this peer sends or receives
+    /// a copy in full in it.
+    fn peer_rejoined(
+        &mut self,
+        back: Rank,
+        w: &MixingMatrix,
+        at: u64,
+    ) -> Result<(), MembershipError> {
+        if self.cfg.skip_after.is_some() {
+            return Err(MembershipError::Unsupported {
+                algorithm: "CHOCO-SGD",
+                why: "under the skip policy a late message could not be told from a copy sent in full",
+            });
+        }
+        let (wii, wij) = crate::dpsgd::new_weights(self.cfg.rank, &self.cfg.in_weights, w)?;
+        let senders: std::collections::BTreeSet<Rank> = std::iter::once(back)
+            .chain(w.in_weights(back).into_iter().map(|(j, _)| j))
+            .collect();
+        let me = self.cfg.rank;
+        let involved = senders.contains(&me)
+            || self
+                .cfg
+                .in_weights
+                .iter()
+                .any(|&(j, _)| senders.contains(&j))
+            || self.cfg.out_neighbors.contains(&back);
+        let round = self.ex.round();
+        if involved && !self.ex.rejoin(back, at) {
+            return Err(MembershipError::TooLate { at, round });
+        }
+        self.resync.entry(at).or_default().extend(senders);
+        let from = at.max(round + u64::from(!self.ex.is_idle()));
+        self.reweighting.schedule(from, wii, wij);
+        Ok(())
+    }
+
+    /// Starts at round `round`: a returning peer (its in-neighbours and it send their copies
+    /// in full in that round, see the
+    /// [module docs](self#a-peer-returns-the-copies-are-sent-in-full-once)) — unless the
+    /// state is restored from a checkpoint next ([`Gossip::restore_state`], a whole run
+    /// resuming: the copies agree already).
     fn start_at_round(&mut self, round: u64) -> Result<(), MembershipError> {
+        if self.cfg.skip_after.is_some() {
+            return Err(MembershipError::Unsupported {
+                algorithm: "CHOCO-SGD",
+                why: "under the skip policy a late message could not be told from a copy sent in full",
+            });
+        }
         self.ex.start_at(round);
+        let senders =
+            std::iter::once(self.cfg.rank).chain(self.cfg.in_weights.iter().map(|&(j, _)| j));
+        self.resync.entry(round).or_default().extend(senders);
         Ok(())
     }
 
@@ -476,6 +576,8 @@ impl Gossip for Choco {
         let (_, mut vectors) = state.restore_into(&[], &names, d, &mut *self.compressor)?;
         self.copies = vectors.split_off(1);
         self.x_hat = vectors.pop().expect("x_hat was checked");
+        // The copies agree with the neighbours' (a whole run resumes): nothing to resend.
+        self.resync.clear();
         Ok(())
     }
 

@@ -29,7 +29,7 @@ pub struct LaunchArgs {
     pub run_id: Option<String>,
     /// An elastic run: start with ranks 0..M only; the other ranks join the running run
     /// (`murmur peer --join-running`) once epoch `--join-at-epoch` is recorded, one at a
-    /// time: the next once the one before reports (D-PSGD, SGP).
+    /// time: the next once the one before reports (D-PSGD, SGP, CHOCO-SGD).
     #[arg(long, value_name = "M")]
     pub initial_peers: Option<usize>,
     /// With `--initial-peers`: the epoch after which the other ranks join.

@@ -86,7 +86,7 @@ pub struct PeerArgs {
     /// its identity.
     #[arg(long, value_name = "FILE")]
     pub identity: Option<PathBuf>,
-    /// Come back after a crash (same options, same run folder; D-PSGD). A restarted peer
+    /// Come back after a crash (same options, same run folder; D-PSGD, SGP, CHOCO-SGD). A restarted peer
     /// rejoins the run under way: the bootstrap admits it again, its neighbours send their
     /// round and parameters, it starts from their mean with the momentum of its last
     /// checkpoint (`--checkpoint-every`) and mixes again from a round agreed with them.
@@ -95,7 +95,8 @@ pub struct PeerArgs {
     #[arg(long)]
     pub resume: bool,
     /// Peer 0 of an elastic run: start training once M peers (peer 0 included) have
-    /// joined; the other ranks take their place later with `--join-running` (D-PSGD, SGP).
+    /// joined; the other ranks take their place later with `--join-running` (D-PSGD, SGP,
+    /// CHOCO-SGD).
     /// Until then the peers mix without them (Metropolis–Hastings on the graph of the
     /// present peers; push-sum simply does not push to them). Default: all `--peers`.
     #[arg(long, value_name = "M")]
@@ -257,6 +258,11 @@ fn run_on<B: AutodiffBackend>(
     use crate::config::Algorithm;
     let resumable = match args.algorithms().as_slice() {
         [Algorithm::Dpsgd | Algorithm::Sgp] => Resumable::Rejoin,
+        // A returning CHOCO peer and its in-neighbours send their copies in full once; a
+        // late message under the skip policy could not be told from one.
+        [Algorithm::Choco] if args.straggler_policy != crate::config::StragglerPolicy::Skip => {
+            Resumable::Rejoin
+        }
         [Algorithm::Choco] => Resumable::WholeRun,
         _ => Resumable::No,
     };
@@ -286,7 +292,7 @@ fn run_on<B: AutodiffBackend>(
     let elastic = initial < n || peer.join_running;
     if elastic && resumable != Resumable::Rejoin {
         bail!(
-            "an elastic run (--initial-peers, --join-running) needs an algorithm that takes a peer in mid-run: D-PSGD or SGP, not {}",
+            "an elastic run (--initial-peers, --join-running) needs an algorithm that takes a peer in mid-run: D-PSGD, SGP or CHOCO-SGD (without --straggler-policy skip), not {}",
             args.algorithm_name()
         );
     }
@@ -596,9 +602,8 @@ fn run_on<B: AutodiffBackend>(
     } else if peer.resume || peer.join_running {
         if resumable != Resumable::Rejoin {
             bail!(
-                "--resume: {} cannot take one restarted peer back into a running run (its \
-                 copies x̂ and its neighbours' copy of it would disagree); restart the whole \
-                 run with --resume, peer 0 included, to continue from the checkpoints",
+                "--resume: {} cannot take one restarted peer back into a running run; restart \
+                 the whole run with --resume, peer 0 included, to continue from the checkpoints",
                 args.algorithm_name()
             );
         }
