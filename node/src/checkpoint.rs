@@ -200,9 +200,20 @@ impl Checkpoint {
         f.write_all(&self.to_bytes()?)
             .and_then(|()| f.sync_all())
             .with_context(|| format!("writing {}", tmp.display()))?;
+        // The latest checkpoint stays at `path` at every instant (a kill between two
+        // renames once left only the previous one): the previous file is a link to it (a
+        // copy where links are not supported) put in place by a rename, then the new file
+        // replaces `path` by a rename.
         if path.exists() {
             let prev = previous_path(path);
-            std::fs::rename(path, &prev)
+            let prev_tmp = prev.with_extension("ckpt.tmp");
+            let _ = std::fs::remove_file(&prev_tmp);
+            if std::fs::hard_link(path, &prev_tmp).is_err() {
+                std::fs::copy(path, &prev_tmp).with_context(|| {
+                    format!("copying {} to {}", path.display(), prev_tmp.display())
+                })?;
+            }
+            std::fs::rename(&prev_tmp, &prev)
                 .with_context(|| format!("renaming to {}", prev.display()))?;
         }
         std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
