@@ -467,6 +467,30 @@ fn launch_grows_an_elastic_run() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--join-at-epoch"));
 }
 
+/// CHOCO-SGD grows too: each new peer gets its neighbours' copies in full in its first round.
+#[test]
+fn launch_grows_an_elastic_choco_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdout = launch_ok(
+        dir.path(),
+        &[
+            "--peers=4",
+            "--initial-peers=3",
+            "--join-at-epoch=1",
+            "--epochs=6",
+            "--rounds-per-epoch=25",
+            "--algorithm=choco",
+            "--compressor=topk:0.1",
+            "--run-id=grow",
+        ],
+    );
+    assert!(stdout.contains("rank 3 joins the running run"), "{stdout}");
+    let rows = rows(&dir.path().join("grow"));
+    let last = rows.last().unwrap();
+    assert_eq!(last["peers"], 4);
+    assert!(last["min_test_accuracy"].as_f64().unwrap() > 0.8, "{last}");
+}
+
 #[test]
 fn a_single_peer_runs_alone() {
     let dir = tempfile::tempdir().unwrap();
