@@ -1142,7 +1142,7 @@ async fn join(
     let mut vouched: HashSet<PeerId> = HashSet::new();
     let mut asked: HashSet<PeerId> = HashSet::new();
     // The DHT lookup of the bootstrap record, started when a node says it is not the
-    // bootstrap; repeated after `LOOKUP_RETRY` while it finds none.
+    // bootstrap; repeated after `LOOKUP_RETRY` while a bootstrap named is not found.
     let mut looking = false;
     let mut retry: Option<tokio::time::Instant> = None;
     loop {
@@ -1242,7 +1242,7 @@ async fn join(
                     }
                 }
                 Ok(kad::GetRecordOk::FinishedWithNoAdditionalRecord { .. }) | Err(_)
-                    if step.last && found.is_empty() =>
+                    if step.last && !vouched.is_subset(&found) =>
                 {
                     debug!(?result, "no bootstrap record in the DHT yet");
                     retry = Some(tokio::time::Instant::now() + LOOKUP_RETRY);
