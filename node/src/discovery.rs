@@ -429,11 +429,9 @@ fn serve_dht(
             peer_id,
             info,
             ..
-        })) => {
-            if info.protocols.iter().any(|p| p.as_ref() == KAD_PROTOCOL) {
-                for addr in &info.listen_addrs {
-                    swarm.behaviour_mut().kad.add_address(peer_id, addr.clone());
-                }
+        })) if info.protocols.iter().any(|p| p.as_ref() == KAD_PROTOCOL) => {
+            for addr in &info.listen_addrs {
+                swarm.behaviour_mut().kad.add_address(peer_id, addr.clone());
             }
         }
         SwarmEvent::Behaviour(BehaviourEvent::Kad(kad::Event::InboundRequest {
@@ -1500,9 +1498,10 @@ mod tests {
                 serde_json::to_vec(&r).unwrap(),
             )
         };
-        let genuine = record(BootstrapRecord::signed(&peer0, &[addr.clone()]).unwrap());
+        let genuine = record(BootstrapRecord::signed(&peer0, std::slice::from_ref(&addr)).unwrap());
         // Validly signed, but by another identity claiming to be the bootstrap.
-        let impostor = record(BootstrapRecord::signed(&other, &[addr.clone()]).unwrap());
+        let impostor =
+            record(BootstrapRecord::signed(&other, std::slice::from_ref(&addr)).unwrap());
         put_to(&mut member, &mut sender, boot, impostor.clone()).await;
         assert_eq!(stored(&mut member), None, "an impostor's record is refused");
         put_to(&mut member, &mut sender, boot, genuine).await;
