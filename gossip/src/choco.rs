@@ -508,7 +508,6 @@ impl Gossip for Choco {
                 why: "under the skip policy a late message could not be told from a copy sent in full",
             });
         }
-        let (wii, wij) = crate::dpsgd::new_weights(self.cfg.rank, &self.cfg.in_weights, w)?;
         let senders: std::collections::BTreeSet<Rank> = std::iter::once(back)
             .chain(w.in_weights(back).into_iter().map(|(j, _)| j))
             .collect();
@@ -520,13 +519,14 @@ impl Gossip for Choco {
                 .iter()
                 .any(|&(j, _)| senders.contains(&j))
             || self.cfg.out_neighbors.contains(&back);
-        let round = self.ex.round();
-        if involved && !self.ex.rejoin(back, at) {
-            return Err(MembershipError::TooLate { at, round });
-        }
+        self.reweighting.take_back(
+            &mut self.ex,
+            (me, &self.cfg.in_weights),
+            w,
+            (back, at),
+            involved,
+        )?;
         self.resync.entry(at).or_default().extend(senders);
-        let from = at.max(round + u64::from(!self.ex.is_idle()));
-        self.reweighting.schedule(from, wii, wij);
         Ok(())
     }
 

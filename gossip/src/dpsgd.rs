@@ -305,16 +305,11 @@ impl Gossip for DPsgd {
         w: &MixingMatrix,
         at: u64,
     ) -> Result<(), MembershipError> {
-        let (wii, wij) = new_weights(self.cfg.rank, &self.cfg.in_weights, w)?;
         let neighbour = self.cfg.in_weights.iter().any(|&(j, _)| j == back)
             || self.cfg.out_neighbors.contains(&back);
-        let round = self.ex.round();
-        if neighbour && !self.ex.rejoin(back, at) {
-            return Err(MembershipError::TooLate { at, round });
-        }
-        let from = at.max(round + u64::from(!self.ex.is_idle()));
-        self.reweighting.schedule(from, wii, wij);
-        Ok(())
+        let me = (self.cfg.rank, self.cfg.in_weights.as_slice());
+        self.reweighting
+            .take_back(&mut self.ex, me, w, (back, at), neighbour)
     }
 
     fn start_at_round(&mut self, round: u64) -> Result<(), MembershipError> {
@@ -343,6 +338,32 @@ impl Gossip for DPsgd {
 pub(crate) struct Reweighting(Vec<(u64, f64, Vec<f64>)>);
 
 impl Reweighting {
+    /// The part of [`Gossip::peer_rejoined`] that D-PSGD and CHOCO share: peer `me` =
+    /// (rank, in-weights) takes `back` in again from round `at` with `w` (n×n). If
+    /// `involved` (it exchanges frames with `back`, or must act in round `at`), round `at`
+    /// must not have begun in `ex`; the new weights apply from `at`, or from this peer's
+    /// next round if it is already past `at`.
+    ///
+    /// # Errors
+    /// [`MembershipError::BadMatrix`] ([`new_weights`]); [`MembershipError::TooLate`].
+    pub(crate) fn take_back(
+        &mut self,
+        ex: &mut crate::exchange::Exchange,
+        (me, in_weights): (Rank, &[(Rank, f64)]),
+        w: &MixingMatrix,
+        (back, at): (Rank, u64),
+        involved: bool,
+    ) -> Result<(), MembershipError> {
+        let (wii, wij) = new_weights(me, in_weights, w)?;
+        let round = ex.round();
+        if involved && !ex.rejoin(back, at) {
+            return Err(MembershipError::TooLate { at, round });
+        }
+        let from = at.max(round + u64::from(!ex.is_idle()));
+        self.schedule(from, wii, wij);
+        Ok(())
+    }
+
     /// Uses (W_ii, W_ij) from round `from` on.
     pub(crate) fn schedule(&mut self, from: u64, wii: f64, wij: Vec<f64>) {
         let at = self.0.partition_point(|c| c.0 <= from);

@@ -551,18 +551,8 @@ pub async fn discover(
             .await
             .map_err(|_| anyhow!("not all peers joined within {timeout:?}"))??;
             // Offer the record again, now that the initial peers are in the routing table.
-            let stored = kad::RecordKey::new(&BOOTSTRAP_KEY);
-            let record =
-                kad::store::RecordStore::get(swarm.behaviour_mut().kad.store_mut(), &stored);
-            if let Some(record) = record.map(|r| r.into_owned()) {
-                if let Err(e) = swarm
-                    .behaviour_mut()
-                    .kad
-                    .put_record(record, kad::Quorum::One)
-                {
-                    warn!("cannot publish the bootstrap record in the DHT: {e}");
-                }
-            }
+            let addrs: Vec<Multiaddr> = swarm.listeners().cloned().collect();
+            publish_record(&mut swarm, &key, &addrs);
             (directory, Some((joined, settled)))
         }
         Role::Join {
@@ -885,8 +875,6 @@ async fn serve(
     resume: Option<Vec<u64>>,
     initial: usize,
 ) -> anyhow::Result<Discovered> {
-    // The listen addresses so far: peer 0's DHT record.
-    let mut addrs = Vec::new();
     let n = fingerprint.peers;
     let mut slots: Vec<Option<PeerInfo>> = vec![None; n];
     let mut waiting = Vec::new();
@@ -983,10 +971,10 @@ async fn serve(
         serve_dht(swarm, &event, Some(local));
         match event {
             SwarmEvent::NewListenAddr { address, .. } => {
-                let full = publish_address(local, address.clone(), addr_files)?;
+                let full = publish_address(local, address, addr_files)?;
                 info!(%full, "bootstrap listening");
                 listening = true;
-                addrs.push(address);
+                let addrs: Vec<Multiaddr> = swarm.listeners().cloned().collect();
                 publish_record(swarm, key, &addrs);
             }
             SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
