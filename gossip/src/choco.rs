@@ -285,6 +285,18 @@ impl Choco {
         }
     }
 
+    /// A peer cannot return under the skip policy: a late message of the round in which
+    /// copies go in full could not be told from one.
+    fn refuse_under_skip(&self) -> Result<(), MembershipError> {
+        match self.cfg.skip_after {
+            Some(_) => Err(MembershipError::Unsupported {
+                algorithm: "CHOCO-SGD",
+                why: "under the skip policy a late message could not be told from a copy sent in full",
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Whether `peer` sends its public copy in full in round `round`.
     fn sends_in_full(&self, round: u64, peer: Rank) -> bool {
         self.resync.get(&round).is_some_and(|s| s.contains(&peer))
@@ -502,12 +514,7 @@ impl Gossip for Choco {
         w: &MixingMatrix,
         at: u64,
     ) -> Result<(), MembershipError> {
-        if self.cfg.skip_after.is_some() {
-            return Err(MembershipError::Unsupported {
-                algorithm: "CHOCO-SGD",
-                why: "under the skip policy a late message could not be told from a copy sent in full",
-            });
-        }
+        self.refuse_under_skip()?;
         let senders: std::collections::BTreeSet<Rank> = std::iter::once(back)
             .chain(w.in_weights(back).into_iter().map(|(j, _)| j))
             .collect();
@@ -536,12 +543,7 @@ impl Gossip for Choco {
     /// state is restored from a checkpoint next ([`Gossip::restore_state`], a whole run
     /// resuming: the copies agree already).
     fn start_at_round(&mut self, round: u64) -> Result<(), MembershipError> {
-        if self.cfg.skip_after.is_some() {
-            return Err(MembershipError::Unsupported {
-                algorithm: "CHOCO-SGD",
-                why: "under the skip policy a late message could not be told from a copy sent in full",
-            });
-        }
+        self.refuse_under_skip()?;
         self.ex.start_at(round);
         let senders =
             std::iter::once(self.cfg.rank).chain(self.cfg.in_weights.iter().map(|&(j, _)| j));

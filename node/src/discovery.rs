@@ -606,33 +606,52 @@ pub async fn discover(
             }
             None => loop {
                 let event = swarm.select_next_some().await;
-                serve_dht(&mut swarm, &event, boot);
-                match event {
-                    SwarmEvent::Behaviour(BehaviourEvent::Join(
-                        request_response::Event::Message {
-                            peer,
-                            message: request_response::Message::Request { channel, .. },
-                            ..
-                        },
-                    )) => {
-                        debug!(%peer, "a join request to a member: pointing it at the DHT");
-                        let answer = JoinResponse::NotBootstrap {
-                            bootstrap: boot.map(|b| b.to_string()),
-                        };
-                        let _ = swarm.behaviour_mut().join.send_response(channel, answer);
-                    }
-                    SwarmEvent::NewListenAddr { address, .. } => {
-                        let local = *swarm.local_peer_id();
-                        if let Err(e) = publish_address(local, address, &listen.files) {
-                            warn!("{e:#}");
-                        }
-                    }
-                    other => log_event(other),
+                match as_member(&mut swarm, event, boot, &listen.files) {
+                    Ok(Some(other)) => log_event(other),
+                    Ok(None) => {}
+                    Err(e) => warn!("{e:#}"),
                 }
             },
         }
     });
     Ok(directory)
+}
+
+/// What a node that is not the bootstrap does with a control-plane `event`, besides its own
+/// business: it serves the DHT ([`serve_dht`]), answers a join request with
+/// [`JoinResponse::NotBootstrap`] naming `bootstrap` (the run's peer 0 as it knows it; `None`
+/// while it is joining itself), and writes a new listen address to `files`. Returns the
+/// event if it was none of those.
+///
+/// # Errors
+/// A listen address cannot be written.
+fn as_member(
+    swarm: &mut Swarm<Behaviour>,
+    event: SwarmEvent<BehaviourEvent>,
+    bootstrap: Option<PeerId>,
+    files: &[PathBuf],
+) -> anyhow::Result<Option<SwarmEvent<BehaviourEvent>>> {
+    serve_dht(swarm, &event, bootstrap);
+    match event {
+        SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
+            peer,
+            message: request_response::Message::Request { channel, .. },
+            ..
+        })) => {
+            debug!(%peer, ?bootstrap, "a join request to a node that is not the bootstrap");
+            let answer = JoinResponse::NotBootstrap {
+                bootstrap: bootstrap.map(|b| b.to_string()),
+            };
+            let _ = swarm.behaviour_mut().join.send_response(channel, answer);
+            Ok(None)
+        }
+        SwarmEvent::NewListenAddr { address, .. } => {
+            let full = publish_address(*swarm.local_peer_id(), address, files)?;
+            debug!(%full, "listening");
+            Ok(None)
+        }
+        other => Ok(Some(other)),
+    }
 }
 
 /// Logs a control-plane event nobody acts on.
@@ -1140,12 +1159,11 @@ async fn join(
                 continue;
             }
         };
-        serve_dht(swarm, &event, None);
+        // Until it has joined, this peer knows no bootstrap to name.
+        let Some(event) = as_member(swarm, event, None, addr_files)? else {
+            continue;
+        };
         match event {
-            SwarmEvent::NewListenAddr { address, .. } => {
-                let full = publish_address(me_id, address, addr_files)?;
-                debug!(%full, "listening");
-            }
             SwarmEvent::Behaviour(BehaviourEvent::Mdns(libp2p::mdns::Event::Discovered(list)))
                 if mdns =>
             {
@@ -1189,16 +1207,6 @@ async fn join(
                     warn!(%peer, "cannot dial a node found: {error}");
                     refused(format!("{peer}: cannot dial: {error}"));
                 }
-            }
-            SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
-                peer,
-                message: request_response::Message::Request { channel, .. },
-                ..
-            })) => {
-                // Another peer asks this one, which has not joined yet.
-                debug!(%peer, "a join request to a joining peer, which knows no bootstrap yet");
-                let answer = JoinResponse::NotBootstrap { bootstrap: None };
-                let _ = swarm.behaviour_mut().join.send_response(channel, answer);
             }
             SwarmEvent::Behaviour(BehaviourEvent::Kad(kad::Event::OutboundQueryProgressed {
                 result: kad::QueryResult::GetRecord(result),

@@ -86,8 +86,8 @@ pub struct PeerArgs {
     /// its identity.
     #[arg(long, value_name = "FILE")]
     pub identity: Option<PathBuf>,
-    /// Come back after a crash (same options, same run folder; D-PSGD, SGP, CHOCO-SGD). A restarted peer
-    /// rejoins the run under way: the bootstrap admits it again, its neighbours send their
+    /// Come back after a crash (same options, same run folder; D-PSGD, SGP, CHOCO-SGD). A
+    /// restarted peer rejoins the run under way: the bootstrap admits it again, its neighbours send their
     /// round and parameters, it starts from their mean with the momentum of its last
     /// checkpoint (`--checkpoint-every`) and mixes again from a round agreed with them.
     /// With peer 0 also started with `--resume`, the whole run resumes: every peer (all
