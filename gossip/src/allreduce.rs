@@ -304,7 +304,10 @@ impl AllReduce {
                 hi,
             });
         }
-        let bad = |source| GossipError::Payload { from, source };
+        let bad = |source| GossipError::Payload {
+            from,
+            cause: source,
+        };
         let step_bytes: [u8; 4] = payload.get(..4).and_then(|b| b.try_into().ok()).ok_or(bad(
             DecodeError::Truncated {
                 needed: 4,

@@ -343,7 +343,10 @@ impl Choco {
         } else {
             murmur_compress::decode_add(payload, 1.0, copy)
         }
-        .map_err(|source| GossipError::Payload { from, source })
+        .map_err(|source| GossipError::Payload {
+            from,
+            cause: source,
+        })
     }
 
     /// The skip policy (see the [module docs](self#stragglers-the-skip-policy)): a round
@@ -360,8 +363,12 @@ impl Choco {
             } => {
                 let (from, w) = self.cfg.in_weights[idx];
                 // Validated on arrival, so neither can fail half-way.
-                murmur_compress::decode_add(&payload, 1.0, &mut self.copies[idx])
-                    .map_err(|source| GossipError::Payload { from, source })?;
+                murmur_compress::decode_add(&payload, 1.0, &mut self.copies[idx]).map_err(
+                    |source| GossipError::Payload {
+                        from,
+                        cause: source,
+                    },
+                )?;
                 let make_up = (f64::from(self.cfg.gamma) * w * stale_mixes as f64) as f32;
                 if make_up != 0.0 {
                     // Into x^(t+½) of the mixing round, or into x when the next one begins.
@@ -371,8 +378,12 @@ impl Choco {
                     } else {
                         &mut self.x
                     };
-                    murmur_compress::decode_add(&payload, make_up, target)
-                        .map_err(|source| GossipError::Payload { from, source })?;
+                    murmur_compress::decode_add(&payload, make_up, target).map_err(|source| {
+                        GossipError::Payload {
+                            from,
+                            cause: source,
+                        }
+                    })?;
                 }
                 Ok(())
             }

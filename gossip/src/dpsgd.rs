@@ -182,8 +182,12 @@ impl DPsgd {
                 for (t, xi) in target.iter_mut().zip(&own) {
                     *t += w * xi;
                 }
-                murmur_compress::decode_add(&payload, -w, target)
-                    .map_err(|source| GossipError::Payload { from, source })
+                murmur_compress::decode_add(&payload, -w, target).map_err(|source| {
+                    GossipError::Payload {
+                        from,
+                        cause: source,
+                    }
+                })
             }
             // D-PSGD's exchange drops skipped frames (SkipMode::Drop): none is ever late.
             SkipAction::Late { idx, .. } => Err(GossipError::Skipped {
@@ -196,8 +200,12 @@ impl DPsgd {
     /// Adds W_ij · x_j from the payload of in-neighbour `idx`. On `Err` nothing changed.
     fn absorb(&mut self, idx: usize, payload: &[u8]) -> Result<(), GossipError> {
         let (from, w) = self.cfg.in_weights[idx];
-        murmur_compress::decode_add(payload, w as f32, &mut self.acc)
-            .map_err(|source| GossipError::Payload { from, source })
+        murmur_compress::decode_add(payload, w as f32, &mut self.acc).map_err(|source| {
+            GossipError::Payload {
+                from,
+                cause: source,
+            }
+        })
     }
 
     fn finish_if_complete(&mut self) {

@@ -380,8 +380,10 @@ impl Exchange {
             return Err(GossipError::Departed(from));
         }
         if self.late.contains(&(h.round, idx)) {
-            murmur_compress::validate(payload, d)
-                .map_err(|source| GossipError::Payload { from, source })?;
+            murmur_compress::validate(payload, d).map_err(|source| GossipError::Payload {
+                from,
+                cause: source,
+            })?;
             self.late.remove(&(h.round, idx));
             self.count_received(frame.len());
             return Ok(Arrival::Skip(SkipAction::Late {
@@ -434,8 +436,10 @@ impl Exchange {
             });
         }
         // Validate now so that a bad frame is refused on arrival, not when absorbed.
-        murmur_compress::validate(payload, d)
-            .map_err(|source| GossipError::Payload { from, source })?;
+        murmur_compress::validate(payload, d).map_err(|source| GossipError::Payload {
+            from,
+            cause: source,
+        })?;
         self.early.insert((h.round, idx), payload.to_vec());
         self.count_received(frame.len());
         Ok(Arrival::Buffered)

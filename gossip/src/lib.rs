@@ -167,12 +167,14 @@ pub enum GossipError {
         got: usize,
     },
     /// The compressed payload could not be decoded.
-    #[error("payload from peer {from}: {source}")]
+    // `cause` is in the message, so it is not also a `source` (an error chain would
+    // print it twice).
+    #[error("payload from peer {from}: {cause}")]
     Payload {
         /// Sender.
         from: Rank,
         /// What was wrong.
-        source: murmur_compress::DecodeError,
+        cause: murmur_compress::DecodeError,
     },
     /// A push-sum share's mixing weight or push-sum weight is NaN or outside its range.
     #[error("push-sum share from peer {from}: {field} = {value} is outside ({lo}, {hi}]")]

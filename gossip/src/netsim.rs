@@ -449,7 +449,7 @@ pub enum NetSimError {
     #[error("invalid peers: {0}")]
     InvalidPeers(String),
     /// A peer refused a frame.
-    #[error("at {at_secs} s peer {to} refused a frame from peer {from}: {source}")]
+    #[error("at {at_secs} s peer {to} refused a frame from peer {from}: {cause}")]
     Refused {
         /// Sender.
         from: Rank,
@@ -458,7 +458,7 @@ pub enum NetSimError {
         /// Simulated time, in seconds.
         at_secs: f64,
         /// Why.
-        source: GossipError,
+        cause: GossipError,
     },
     /// A peer addressed a frame to itself or to a rank ≥ n.
     #[error("peer {from} sent a frame to {to}, which is not another peer of this simulation")]
@@ -951,7 +951,7 @@ impl NetSim {
                             from,
                             to,
                             at_secs: t,
-                            source,
+                            cause: source,
                         })
                     }
                 }

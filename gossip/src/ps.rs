@@ -334,7 +334,10 @@ impl ParameterServer {
         payload: &[u8],
         empty_ok: bool,
     ) -> Result<Option<Vec<f32>>, GossipError> {
-        let bad = |source| GossipError::Payload { from, source };
+        let bad = |source| GossipError::Payload {
+            from,
+            cause: source,
+        };
         let expected = 4 * self.x.len();
         if empty_ok && payload.is_empty() {
             return Ok(None);

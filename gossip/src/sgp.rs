@@ -498,8 +498,12 @@ impl Sgp {
     /// Adds p·x_j and p·w_j. The message was validated, so this cannot fail half-way; on
     /// `Err` nothing changed.
     fn absorb(&mut self, round: u64, from: Rank, share: &Share) -> Result<(), GossipError> {
-        murmur_compress::decode_add(&share.message, share.p as f32, &mut self.x)
-            .map_err(|source| GossipError::Payload { from, source })?;
+        murmur_compress::decode_add(&share.message, share.p as f32, &mut self.x).map_err(
+            |source| GossipError::Payload {
+                from,
+                cause: source,
+            },
+        )?;
         self.weight += share.p * share.weight;
         self.absorbed.insert((round, from));
         self.late.remove(&(round, from));
@@ -530,7 +534,7 @@ impl Sgp {
             None => {
                 return Err(GossipError::Payload {
                     from,
-                    source: DecodeError::Truncated {
+                    cause: DecodeError::Truncated {
                         needed: PUSH_SUM_PREFIX_LEN,
                         got: payload.len(),
                     },
@@ -560,8 +564,10 @@ impl Sgp {
                 hi: n,
             });
         }
-        murmur_compress::validate(message, self.d())
-            .map_err(|source| GossipError::Payload { from, source })?;
+        murmur_compress::validate(message, self.d()).map_err(|source| GossipError::Payload {
+            from,
+            cause: source,
+        })?;
         Ok(Share {
             p,
             weight,

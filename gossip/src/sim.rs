@@ -32,14 +32,14 @@ fn uniform_start(n: usize, d: usize, seed: u64) -> Vec<Vec<f32>> {
 #[non_exhaustive]
 pub enum SimError {
     /// A peer refused a frame.
-    #[error("peer {to} refused a frame from peer {from}: {source}")]
+    #[error("peer {to} refused a frame from peer {from}: {cause}")]
     Refused {
         /// Sender.
         from: Rank,
         /// Receiver.
         to: Rank,
         /// Why.
-        source: GossipError,
+        cause: GossipError,
     },
     /// A peer did not complete the round although every frame was delivered.
     #[error("peer {0} did not complete round {1}")]
@@ -131,7 +131,11 @@ impl Sim {
             for (from, to, frame) in in_flight {
                 let p = &mut self.peers[to];
                 p.handle_message(self.now, from, &frame)
-                    .map_err(|source| SimError::Refused { from, to, source })?;
+                    .map_err(|source| SimError::Refused {
+                        from,
+                        to,
+                        cause: source,
+                    })?;
                 while let Some(t) = p.poll_transmit(&mut self.buf) {
                     caused.push((to, t.to, self.buf.clone()));
                 }

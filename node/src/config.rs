@@ -351,8 +351,10 @@ pub struct RunArgs {
     /// Number of peers n.
     #[arg(long, default_value_t = 8)]
     pub peers: usize,
-    /// Topology: a name (ring, torus, complete, star, hypercube, exponential, erdos-renyi,
-    /// and for sgp the time-varying one-peer-exponential) or the path of a TOML topology
+    /// Topology: a name (ring, torus, complete, star, hypercube, exponential,
+    /// erdos-renyi:p=P[,seed=S], and for sgp the time-varying one-peer-exponential) with
+    /// optional `:key=value,...` options (rows, cols, p, seed, weights; e.g.
+    /// `torus:rows=2,cols=4`, `ring:weights=max-degree`) or the path of a TOML topology
     /// file. Ignored by allreduce, ps and local-avg.
     #[arg(long, default_value = "ring")]
     pub topology: String,
@@ -364,7 +366,7 @@ pub struct RunArgs {
     /// `dpsgd:10,allreduce`. Overrides --algorithm.
     #[arg(long)]
     pub phases: Option<PhaseSchedule>,
-    /// Compression of the gossip messages (see `murmur_compress::CompressorSpec`):
+    /// Compression of the gossip messages:
     /// `identity` (none), `fp16`, `bf16`, `qsgd[:S][,bucket=B]`, `natural`, `terngrad`,
     /// `sign`, `topk:RATIO[,layerwise]`, `approx-topk:RATIO`, `randk:RATIO[,unscaled]`,
     /// `ef+SPEC`, `dgc:RATIO`. Default: `identity` for dpsgd (which mixes the neighbours'
@@ -879,6 +881,15 @@ impl RunArgs {
             None => PushSchedule::fixed(topo.w.graph())
                 .with_context(|| format!("topology {} for SGP", topo.name))?,
         })
+    }
+}
+
+/// `n` and `noun`, plural unless n = 1: "1 peer", "8 peers".
+pub fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
     }
 }
 

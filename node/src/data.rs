@@ -70,20 +70,22 @@ pub enum DataError {
         tried: String,
     },
     /// The file exists but could not be read.
-    #[error("cannot read {path}: {source}")]
+    // `cause` is in the message, so it is not also a `source` (an error chain would
+    // print it twice).
+    #[error("cannot read {path}: {cause}")]
     Io {
         /// Path of the file.
         path: PathBuf,
         /// Underlying I/O error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The file starts like a gzip stream but does not decompress.
-    #[error("{file}: gzip decompression failed: {source}")]
+    #[error("{file}: gzip decompression failed: {cause}")]
     Gzip {
         /// File name.
         file: String,
         /// Underlying decoder error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The 4-byte big-endian IDX magic is not the expected one.
     #[error("{file}: bad IDX magic 0x{found:08x}, expected 0x{expected:08x} ({what})")]
@@ -530,7 +532,7 @@ fn read_first_existing(dir: &Path, base: &str) -> Result<(PathBuf, Vec<u8>), Dat
         match std::fs::read(&path) {
             Ok(bytes) => return Ok((path, bytes)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(source) => return Err(DataError::Io { path, source }),
+            Err(cause) => return Err(DataError::Io { path, cause }),
         }
     }
     Err(DataError::Missing {
@@ -548,7 +550,7 @@ fn maybe_gunzip<'a>(name: &str, bytes: &'a [u8]) -> Result<std::borrow::Cow<'a, 
             .read_to_end(&mut out)
             .map_err(|source| DataError::Gzip {
                 file: name.to_owned(),
-                source,
+                cause: source,
             })?;
         Ok(std::borrow::Cow::Owned(out))
     } else {

@@ -1,22 +1,42 @@
 //! `murmur launch`: starts n peers on this machine as n OS processes of this binary,
-//! talking over QUIC on 127.0.0.1, and follows the run.
+//! talking over QUIC on 127.0.0.1, and supervises them (as torchrun's elastic agent does).
 //!
 //! Peer 0 starts first and writes its libp2p address to `<run>/bootstrap.addr`; the others
 //! get it as `--bootstrap`. Each peer's stdout and stderr go to `<run>/logs/peer-<rank>.log`.
-//! The launcher prints peer 0's per-epoch rows (from `<run>/epochs.jsonl`) as they appear,
-//! with a progress bar. If any peer exits with an error, the launcher stops the others,
-//! shows the end of that peer's log and exits with an error.
+//! The launcher prints peer 0's per-epoch rows (from `<run>/epochs.jsonl`) and its
+//! membership events (`membership.jsonl`: departures, rejoins) as they appear, with a
+//! progress bar, and watches every process:
+//!
+//! - A peer of rank ≥ 1 that exits with an error, is killed, or leaves after a pause
+//!   (exit status [`crate::pause::DEPARTED_EXIT_CODE`]) is reported under the table and in
+//!   `summary.json` (`peer_failures`). The others train on without it wherever the
+//!   algorithm tolerates a departure (D-PSGD, SGP, CHOCO-SGD, local-SGD gossip). With
+//!   `--restart-failed N` it is started again with `--resume` (at most N times) and
+//!   rejoins the run (D-PSGD, SGP, CHOCO-SGD; `restarts` in `summary.json`).
+//! - A stopped peer (SIGSTOP, a debugger) is reported while it is stopped.
+//! - The run ends early when peer 0 fails (it is the bootstrap and collects the
+//!   metrics), and when the algorithm cannot go on without a departed peer (all-reduce,
+//!   the parameter server, local SGD with model averaging, phase schedules: their peers
+//!   stop with an error, peer 0 among them). The launcher then stops every peer, writes
+//!   `summary.json` from the epochs recorded with `outcome` = `stopped: <why>`, and fails
+//!   with one line that says why.
+//! - SIGINT and SIGTERM are passed on to every peer; peers still running 5 s later are
+//!   killed; the launcher exits with 130 or 143. If the launcher itself dies, its peers get
+//!   SIGTERM from the kernel (`PR_SET_PDEATHSIG`), so none outlives it.
+//! - Before anything starts, a peer count whose estimated memory does not fit the
+//!   machine's available memory is refused ([`estimated_peer_bytes`]).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{bail, Context};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::config::RunArgs;
-use crate::metrics::{self, EpochRow, Summary};
+use crate::metrics::{self, EpochRow, MembershipEvent, Summary};
 
 /// Arguments of `murmur launch` besides the run's.
 #[derive(Debug, Clone, Args)]
@@ -40,40 +60,131 @@ pub struct LaunchArgs {
         requires = "initial_peers"
     )]
     pub join_at_epoch: usize,
+    /// Restart a peer (rank ≥ 1) that fails — exits with an error, is killed, or leaves
+    /// after a pause — with `--resume`, at most N times per peer (N = 3 when the option has
+    /// no value); it rejoins the running run from its latest checkpoint (with
+    /// `--checkpoint-every`) or from its neighbours' mean. D-PSGD, SGP and CHOCO-SGD
+    /// (without `--straggler-policy skip`). Without it a failed peer stays out and the
+    /// others train on without it.
+    #[arg(
+        long,
+        value_name = "N",
+        num_args = 0..=1,
+        default_value_t = 0,
+        default_missing_value = "3"
+    )]
+    pub restart_failed: u32,
+    /// Start even if the peers' estimated memory exceeds the memory available.
+    #[arg(long)]
+    pub ignore_memory_check: bool,
 }
 
+/// `murmur launch` was interrupted by a signal (SIGINT or SIGTERM), which it passed on to
+/// every peer; its exit status is 128 + the signal number (130, 143).
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted by {}: every peer was stopped", signal_name(*.signal))]
+pub struct Interrupted {
+    /// The signal number.
+    pub signal: i32,
+}
+
+impl Interrupted {
+    /// The conventional exit status: 128 + the signal number.
+    pub fn exit_code(&self) -> u8 {
+        u8::try_from(128 + self.signal).unwrap_or(1)
+    }
+}
+
+/// How long peers get to exit after SIGTERM before they are killed.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// One peer process under supervision.
+struct Proc {
+    rank: usize,
+    child: Child,
+    /// Whether it was seen stopped (SIGSTOP) and not yet seen running again.
+    stopped: bool,
+}
+
+/// Every peer process of the run; stops them all when dropped.
 struct Peers {
-    children: Vec<(usize, Child)>,
+    procs: Vec<Proc>,
 }
 
 impl Peers {
-    fn kill_all(&mut self) {
-        for (_, c) in &mut self.children {
-            let _ = c.kill();
+    /// Sends `signal` to every peer, waits up to [`STOP_GRACE`] for them to exit, then
+    /// kills the rest.
+    fn stop_all(&mut self, signal: i32) {
+        for p in &self.procs {
+            signals::send(&p.child, signal);
+            // A stopped process acts on SIGTERM only once it continues.
+            signals::send(&p.child, libc::SIGCONT);
         }
-        for (_, c) in &mut self.children {
-            let _ = c.wait();
+        let deadline = Instant::now() + STOP_GRACE;
+        while Instant::now() < deadline
+            && self
+                .procs
+                .iter_mut()
+                .any(|p| matches!(p.child.try_wait(), Ok(None)))
+        {
+            std::thread::sleep(Duration::from_millis(50));
         }
+        for p in &mut self.procs {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+        self.procs.clear();
     }
 }
 
 impl Drop for Peers {
     fn drop(&mut self) {
-        self.kill_all();
+        self.stop_all(libc::SIGTERM);
     }
 }
 
+/// What the launcher saw of the peer processes: failures and restarts.
+#[derive(Default)]
+struct Record {
+    /// `rank:how@epoch` per failure.
+    failures: Vec<String>,
+    /// `rank@epoch` per restart.
+    restarts: Vec<String>,
+    /// Restarts so far by rank.
+    restarts_of: BTreeMap<usize, u32>,
+}
+
 /// Runs the whole launch; returns the run summary.
+///
+/// # Errors
+/// Bad options or a peer count that does not fit in memory (before anything starts); a
+/// peer that cannot be started; peer 0 failing, or the run stopping without a departed
+/// peer (after `summary.json` is written); [`Interrupted`] on SIGINT or SIGTERM.
 pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     args.validate()?;
     for w in args.warnings() {
         eprintln!("murmur: warning: {w}");
     }
     crate::peer::check_device(args.device)?;
-    // Fail fast, before any process starts, on a bad topology or peer count.
+    // Fail fast, before any process starts, on a bad topology, peer count or data file.
     let topo = args.topology()?;
+    if launch.restart_failed > 0 && crate::peer::resumable(args) != crate::peer::Resumable::Rejoin {
+        bail!(
+            "--restart-failed: a restarted peer rejoins D-PSGD, SGP and CHOCO-SGD runs \
+             (CHOCO-SGD without --straggler-policy skip), not {}",
+            args.algorithm_name()
+        );
+    }
+    let dim = crate::model::Net::<burn::backend::Flex>::new(args.model, &Default::default()).dim();
+    // Loaded once here so that a bad --data fails before any peer starts.
+    let data = crate::data::RunData::load(args.model, args.data.as_deref(), args.seed)?;
+    let data_bytes = 4 * (data.train.len() + data.test.len()) * data.train.features();
+    drop(data);
+    if !launch.ignore_memory_check {
+        check_memory(args.peers, estimated_peer_bytes(dim, data_bytes))?;
+    }
     let run_dir = run_folder(args, launch, "")?;
-    for stale in ["epochs.jsonl", "bootstrap.addr"] {
+    for stale in ["epochs.jsonl", "bootstrap.addr", "membership.jsonl"] {
         let _ = std::fs::remove_file(run_dir.join(stale));
     }
     let exe = std::env::current_exe().context("cannot find the murmur executable")?;
@@ -94,8 +205,8 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
         args.topology_label(&topo)
     };
     eprintln!(
-        "murmur: {} peers, {} with {} ({pattern}), {} on {}, {} epochs; run folder {}",
-        args.peers,
+        "murmur: {}, {} with {} ({pattern}), {} on {}, {} epochs; run folder {}",
+        crate::config::count(args.peers, "peer"),
         args.algorithm_name(),
         args.compressor(),
         args.model.with_data(),
@@ -103,11 +214,16 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
         args.epochs,
         run_dir.display()
     );
-    let spawn = |rank: usize, extra: Vec<String>| -> anyhow::Result<Child> {
-        let log = std::fs::File::create(run_dir.join("logs").join(format!("peer-{rank}.log")))?;
+    signals::install();
+    let spawn = |rank: usize, extra: Vec<String>| -> anyhow::Result<Proc> {
+        // Appended: a restarted peer's log follows its earlier process's.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(run_dir.join("logs").join(format!("peer-{rank}.log")))?;
         let log2 = log.try_clone()?;
-        Command::new(&exe)
-            .arg("peer")
+        let mut cmd = Command::new(&exe);
+        cmd.arg("peer")
             .args(args.to_args())
             .arg(format!("--rank={rank}"))
             .arg(format!("--out={}", run_dir.display()))
@@ -115,9 +231,16 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
             .env("RAYON_NUM_THREADS", threads_per_peer.to_string())
             .stdin(Stdio::null())
             .stdout(log)
-            .stderr(log2)
+            .stderr(log2);
+        signals::die_with_parent(&mut cmd);
+        let child = cmd
             .spawn()
-            .with_context(|| format!("cannot start peer {rank}"))
+            .with_context(|| format!("cannot start peer {rank}"))?;
+        Ok(Proc {
+            rank,
+            child,
+            stopped: false,
+        })
     };
 
     let initial = launch.initial_peers.unwrap_or(args.peers);
@@ -134,33 +257,45 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
             args.epochs
         );
     }
-    let mut peers = Peers {
-        children: Vec::new(),
-    };
+    let mut peers = Peers { procs: Vec::new() };
+    let mut record = Record::default();
     let addr_file = crate::peer::bootstrap_file(&run_dir);
     let mut first = vec![format!("--bootstrap-file={}", addr_file.display())];
     if initial < args.peers {
         first.push(format!("--initial-peers={initial}"));
     }
-    peers.children.push((0, spawn(0, first)?));
+    peers.procs.push(spawn(0, first)?);
     let t0 = Instant::now();
     let bootstrap = loop {
         if let Ok(a) = std::fs::read_to_string(&addr_file) {
             break a.trim().to_string();
         }
-        check_children(&mut peers, &run_dir)?;
+        if let Some(signal) = signals::received() {
+            peers.stop_all(signal);
+            return Err(Interrupted { signal }.into());
+        }
+        if let Some(p) = peers.procs.first_mut() {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                bail!(
+                    "peer 0 failed before the run started ({}). End of {}:\n{}",
+                    how(status),
+                    log_path(&run_dir, 0).display(),
+                    log_tail(&run_dir, 0, 8)
+                );
+            }
+        }
         if t0.elapsed() > Duration::from_secs(30) {
             bail!(
                 "peer 0 did not publish its address within 30 s; see {}",
-                run_dir.join("logs/peer-0.log").display()
+                log_path(&run_dir, 0).display()
             );
         }
         std::thread::sleep(Duration::from_millis(50));
     };
     for rank in 1..initial {
         peers
-            .children
-            .push((rank, spawn(rank, vec![format!("--bootstrap={bootstrap}")])?));
+            .procs
+            .push(spawn(rank, vec![format!("--bootstrap={bootstrap}")])?);
     }
     let mut to_join: Vec<usize> = (initial..args.peers).collect();
 
@@ -174,24 +309,39 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     );
     bar.enable_steady_tick(Duration::from_millis(200));
     // indicatif hides the bar when stderr is not a terminal; the table must show anyway.
-    let print = |bar: &ProgressBar, line: String| {
+    let print = |line: String| {
         if bar.is_hidden() {
             println!("{line}");
         } else {
             bar.println(line);
         }
     };
-    print(&bar, metrics::table_header());
+    print(metrics::table_header());
     let epochs_file = run_dir.join("epochs.jsonl");
-    let mut shown = 0usize;
-    loop {
-        let rows = read_rows(&epochs_file);
+    let membership_file = run_dir.join("membership.jsonl");
+    let (mut shown, mut events_shown) = (0usize, 0usize);
+    let ended: Option<String> = loop {
+        let rows: Vec<EpochRow> = read_lines(&epochs_file);
         for row in rows.iter().skip(shown) {
-            print(&bar, metrics::format_row(row));
+            print(metrics::format_row(row));
             bar.set_position(row.epoch as u64);
             bar.set_message(format!("x̄ acc {:.2}%", 100.0 * row.avg_model_test_accuracy));
         }
         shown = shown.max(rows.len());
+        let events: Vec<MembershipEvent> = read_lines(&membership_file);
+        for e in events.iter().skip(events_shown) {
+            print(membership_line(e));
+        }
+        events_shown = events_shown.max(events.len());
+        let epoch = rows.last().map_or(0, |r| r.epoch);
+
+        if let Some(signal) = signals::received() {
+            bar.abandon();
+            peers.stop_all(signal);
+            let why = format!("interrupted by {}", signal_name(signal));
+            save_partial(args, &topo, dim, &run_dir, &rows, &record, why)?;
+            return Err(Interrupted { signal }.into());
+        }
         // One joiner at a time: two neighbours joining at once would each take the other's
         // hello for a restart (see the README, elastic runs).
         let reporting = rows.last().map_or(0, |r| r.peers);
@@ -199,66 +349,264 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
         if let Some(&rank) = to_join.first().filter(|&&r| due && reporting >= r) {
             to_join.remove(0);
             let extra = vec![format!("--bootstrap={bootstrap}"), "--join-running".into()];
-            peers.children.push((rank, spawn(rank, extra)?));
-            print(&bar, format!("rank {rank} joins the running run"));
+            peers.procs.push(spawn(rank, extra)?);
+            print(format!("rank {rank} joins the running run"));
         }
-        if let Err(e) = check_children(&mut peers, &run_dir) {
-            bar.abandon();
-            return Err(e);
+
+        // Processes: paused, continued, exited.
+        let mut exited = Vec::new();
+        peers.procs.retain_mut(|p| match p.child.try_wait() {
+            Ok(None) => {
+                let stopped = signals::is_stopped(&p.child);
+                if stopped != p.stopped {
+                    p.stopped = stopped;
+                    print(if stopped {
+                        format!(
+                            "peer {} is stopped (SIGSTOP or a debugger) at epoch {epoch}; after \
+                             --peer-timeout-secs {} s the others go on without it",
+                            p.rank, args.peer_timeout_secs
+                        )
+                    } else {
+                        format!("peer {} continues", p.rank)
+                    });
+                }
+                true
+            }
+            Ok(Some(status)) => {
+                exited.push((p.rank, Some(status)));
+                false
+            }
+            Err(_) => {
+                exited.push((p.rank, None));
+                false
+            }
+        });
+        let mut stop = None;
+        for (rank, status) in exited {
+            let how = status.map_or_else(|| "lost".to_string(), how);
+            if how == "exit-0" {
+                continue;
+            }
+            record.failures.push(format!("{rank}:{how}@{epoch}"));
+            let cause = last_error(&run_dir, rank);
+            if rank == 0 {
+                stop.get_or_insert(format!(
+                    "peer 0 (the bootstrap, which collects the metrics) failed ({how}) at epoch \
+                     {epoch}{}",
+                    cause.map(|c| format!(": {c}")).unwrap_or_default()
+                ));
+                continue;
+            }
+            let done = record.restarts_of.entry(rank).or_insert(0);
+            let restart = *done < launch.restart_failed && epoch < args.epochs;
+            if !restart && !goes_on_without_a_peer(args) {
+                stop.get_or_insert(format!(
+                    "peer {rank} failed ({how}) at epoch {epoch}{}, and {} cannot go on without \
+                     a peer (D-PSGD, SGP, CHOCO-SGD and local-SGD gossip can)",
+                    cause.map(|c| format!(": {c}")).unwrap_or_default(),
+                    args.algorithm_name()
+                ));
+                continue;
+            }
+            print(format!(
+                "peer {rank} failed ({how}) at epoch {epoch}{}; {}",
+                cause.map(|c| format!(": {c}")).unwrap_or_default(),
+                if restart {
+                    format!(
+                        "restarting it with --resume ({} of {})",
+                        *done + 1,
+                        launch.restart_failed
+                    )
+                } else {
+                    "the others go on without it".to_string()
+                }
+            ));
+            if restart {
+                *done += 1;
+                record.restarts.push(format!("{rank}@{epoch}"));
+                let extra = vec![format!("--bootstrap={bootstrap}"), "--resume".into()];
+                peers.procs.push(spawn(rank, extra)?);
+            }
         }
-        if peers.children.is_empty() {
-            break;
+        if let Some(why) = stop {
+            break Some(why);
+        }
+        if peers.procs.is_empty() {
+            break None;
         }
         std::thread::sleep(Duration::from_millis(100));
+    };
+    if let Some(why) = ended {
+        bar.abandon();
+        peers.stop_all(libc::SIGTERM);
+        let rows: Vec<EpochRow> = read_lines(&epochs_file);
+        save_partial(
+            args,
+            &topo,
+            dim,
+            &run_dir,
+            &rows,
+            &record,
+            format!("stopped: {why}"),
+        )?;
+        bail!(
+            "the run stopped: {why}. Every peer was stopped; summary.json covers the {} \
+             recorded; logs in {}",
+            crate::config::count(rows.len(), "epoch row"),
+            run_dir.join("logs").display()
+        );
     }
     bar.finish_and_clear();
-    for row in read_rows(&epochs_file).iter().skip(shown) {
+    let rows: Vec<EpochRow> = read_lines(&epochs_file);
+    for row in rows.iter().skip(shown) {
         println!("{}", metrics::format_row(row));
     }
-    let summary: Summary = serde_json::from_slice(
+    let events: Vec<MembershipEvent> = read_lines(&membership_file);
+    for e in events.iter().skip(events_shown) {
+        println!("{}", membership_line(e));
+    }
+    let mut summary: Summary = serde_json::from_slice(
         &std::fs::read(run_dir.join("summary.json")).context("peer 0 wrote no summary.json")?,
     )?;
+    if !record.failures.is_empty() {
+        summary.peer_failures = record.failures.join(" ");
+        summary.restarts = record.restarts.join(" ");
+        metrics::save_summary(&run_dir, &summary)?;
+    }
     println!("{}", metrics::summary_line(&summary));
+    if !summary.peer_failures.is_empty() {
+        println!(
+            "failed peer processes (rank:how@epoch): {}; restarted (rank@epoch): {}",
+            summary.peer_failures,
+            or_none(&summary.restarts)
+        );
+    }
     println!("run folder: {}", run_dir.display());
     Ok(summary)
 }
 
-/// Removes peers that exited successfully; on a failure, stops the rest and explains.
-fn check_children(peers: &mut Peers, run_dir: &Path) -> anyhow::Result<()> {
-    let mut failed = None;
-    peers
-        .children
-        .retain_mut(|(rank, child)| match child.try_wait() {
-            Ok(Some(status)) if status.success() => false,
-            Ok(Some(status)) => {
-                failed.get_or_insert((*rank, status.to_string()));
-                false
-            }
-            Ok(None) => true,
-            Err(e) => {
-                failed.get_or_insert((*rank, e.to_string()));
-                false
-            }
-        });
-    if let Some((rank, status)) = failed {
-        peers.kill_all();
-        peers.children.clear();
-        let log = run_dir.join("logs").join(format!("peer-{rank}.log"));
-        let tail = std::fs::read_to_string(&log)
-            .map(|t| {
-                let lines: Vec<&str> = t.lines().collect();
-                lines[lines.len().saturating_sub(8)..].join("\n")
-            })
-            .unwrap_or_default();
-        return Err(anyhow!(
-            "peer {rank} failed ({status}); the other peers were stopped. End of {}:\n{tail}",
-            log.display()
-        ));
-    }
-    Ok(())
+/// Whether the survivors train on when a peer leaves: the algorithms that re-weight W
+/// (D-PSGD, CHOCO-SGD, local-SGD gossip) or push around the gap (SGP), without phases.
+fn goes_on_without_a_peer(args: &RunArgs) -> bool {
+    use crate::config::Algorithm;
+    matches!(
+        args.algorithms().as_slice(),
+        [Algorithm::Dpsgd | Algorithm::Sgp | Algorithm::Choco | Algorithm::LocalSgd]
+    )
 }
 
-fn read_rows(path: &Path) -> Vec<EpochRow> {
+fn or_none(s: &str) -> &str {
+    if s.is_empty() {
+        "none"
+    } else {
+        s
+    }
+}
+
+/// Writes `summary.json` of a run the launcher ended early, from its last recorded row
+/// (none if no epoch was recorded).
+fn save_partial(
+    args: &RunArgs,
+    topo: &murmur_topology::Topology,
+    dim: usize,
+    run_dir: &Path,
+    rows: &[EpochRow],
+    record: &Record,
+    outcome: String,
+) -> anyhow::Result<()> {
+    let Some(last) = rows.last() else {
+        return Ok(());
+    };
+    let mut s = crate::peer::summary(args, topo, dim, last);
+    s.epochs = last.epoch;
+    let events: Vec<MembershipEvent> = read_lines(&run_dir.join("membership.jsonl"));
+    let list = |kind: &str| {
+        events
+            .iter()
+            .filter(|e| e.event == kind)
+            .map(|e| format!("{}@{}", e.peer, e.round))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    s.departures = list("left");
+    s.rejoins = list("rejoined");
+    s.joins = list("joined");
+    s.outcome = outcome;
+    s.peer_failures = record.failures.join(" ");
+    s.restarts = record.restarts.join(" ");
+    metrics::save_summary(run_dir, &s)
+}
+
+/// A membership event as a line under the table.
+fn membership_line(e: &MembershipEvent) -> String {
+    match e.event.as_str() {
+        "left" => format!(
+            "peer {} left the run at round {} (epoch {}): {}",
+            e.peer, e.round, e.epoch, e.reason
+        ),
+        "rejoined" => format!(
+            "peer {} rejoined the run, mixing from round {}",
+            e.peer, e.round
+        ),
+        "joined" => format!(
+            "peer {} joined the run, mixing from round {}",
+            e.peer, e.round
+        ),
+        other => format!("peer {}: {other} at round {}", e.peer, e.round),
+    }
+}
+
+/// An exit status as `exit-N` or the signal's name (`SIGKILL`).
+fn how(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exit-{c}"),
+        (None, Some(s)) => signal_name(s),
+        (None, None) => status.to_string(),
+    }
+}
+
+/// `SIGTERM` for 15, etc.
+fn signal_name(signal: i32) -> String {
+    match signal {
+        libc::SIGINT => "SIGINT".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        libc::SIGKILL => "SIGKILL".into(),
+        libc::SIGHUP => "SIGHUP".into(),
+        libc::SIGSEGV => "SIGSEGV".into(),
+        libc::SIGABRT => "SIGABRT".into(),
+        libc::SIGBUS => "SIGBUS".into(),
+        libc::SIGQUIT => "SIGQUIT".into(),
+        other => format!("signal {other}"),
+    }
+}
+
+fn log_path(run_dir: &Path, rank: usize) -> PathBuf {
+    run_dir.join("logs").join(format!("peer-{rank}.log"))
+}
+
+/// The last `n` lines of peer `rank`'s log.
+fn log_tail(run_dir: &Path, rank: usize, n: usize) -> String {
+    std::fs::read_to_string(log_path(run_dir, rank))
+        .map(|t| {
+            let lines: Vec<&str> = t.lines().collect();
+            lines[lines.len().saturating_sub(n)..].join("\n")
+        })
+        .unwrap_or_default()
+}
+
+/// The last `error: …` line of peer `rank`'s log (what `murmur peer` printed as it failed),
+/// without the prefix.
+fn last_error(run_dir: &Path, rank: usize) -> Option<String> {
+    let log = std::fs::read_to_string(log_path(run_dir, rank)).ok()?;
+    log.lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("error: "))
+        .map(str::to_string)
+}
+
+/// The JSON lines of `path` that parse (a line being written is skipped).
+fn read_lines<T: serde::de::DeserializeOwned>(path: &Path) -> Vec<T> {
     std::fs::read_to_string(path)
         .map(|t| {
             t.lines()
@@ -266,6 +614,135 @@ fn read_rows(path: &Path) -> Vec<EpochRow> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// A rough estimate of one peer process's resident memory, in bytes, for a model of `dim`
+/// parameters and a data set of `data_bytes` (as f32): 40 MB for the runtime (Burn, the
+/// tokio and rayon threads, QUIC and libp2p), twice the data set (each peer holds all of
+/// it while it cuts its shard) and 16 vectors of d f32 (the model, its gradient, momentum,
+/// the inference copy, the algorithm's buffers and messages in flight).
+pub fn estimated_peer_bytes(dim: usize, data_bytes: usize) -> u64 {
+    const RUNTIME: u64 = 40 << 20;
+    RUNTIME + 2 * data_bytes as u64 + 16 * 4 * dim as u64
+}
+
+/// Refuses `peers` processes of `per_peer` bytes each when they exceed the memory
+/// available (`MemAvailable` of /proc/meminfo; no check where that cannot be read).
+fn check_memory(peers: usize, per_peer: u64) -> anyhow::Result<()> {
+    let Some(available) = available_memory() else {
+        return Ok(());
+    };
+    let need = per_peer.saturating_mul(peers as u64);
+    if need > available {
+        let fits = available / per_peer.max(1);
+        bail!(
+            "--peers {peers}: {peers} processes of about {:.0} MB each need about {:.1} GB, but \
+             this machine has {:.1} GB available (about {fits} such peers fit). For many peers \
+             on one machine use `murmur simulate` (n virtual peers in one process); \
+             --ignore-memory-check starts anyway",
+            per_peer as f64 / 1e6,
+            need as f64 / 1e9,
+            available as f64 / 1e9,
+        );
+    }
+    Ok(())
+}
+
+/// `MemAvailable` of /proc/meminfo in bytes.
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Signals: the launcher's handler for SIGINT and SIGTERM, passing signals to peers, and
+/// peers dying with the launcher.
+mod signals {
+    use std::os::unix::process::CommandExt;
+    use std::process::{Child, Command};
+    use std::sync::atomic::{AtomicI32, Ordering};
+
+    /// The last SIGINT/SIGTERM received (0: none).
+    static RECEIVED: AtomicI32 = AtomicI32::new(0);
+
+    extern "C" fn on_signal(signal: libc::c_int) {
+        // Only an atomic store: async-signal-safe.
+        RECEIVED.store(signal, Ordering::SeqCst);
+    }
+
+    /// Installs the handler for SIGINT and SIGTERM (the launcher then stops its peers and
+    /// exits by itself).
+    pub(super) fn install() {
+        for signal in [libc::SIGINT, libc::SIGTERM] {
+            // SAFETY: a zeroed sigaction with a handler that only stores to an atomic; the
+            // pointers passed are valid for the call.
+            unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+                libc::sigemptyset(&mut action.sa_mask);
+                libc::sigaction(signal, &action, std::ptr::null_mut());
+            }
+        }
+    }
+
+    /// The signal received since [`install`], if any.
+    pub(super) fn received() -> Option<i32> {
+        match RECEIVED.load(Ordering::SeqCst) {
+            0 => None,
+            s => Some(s),
+        }
+    }
+
+    /// Sends `signal` to `child` (nothing if it has exited and been reaped).
+    pub(super) fn send(child: &Child, signal: i32) {
+        if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+            // SAFETY: kill(2) on a pid this process spawned and has not reaped.
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+    }
+
+    /// Whether `child` is stopped (state `T` or `t` in /proc/<pid>/stat).
+    pub(super) fn is_stopped(child: &Child) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", child.id()))
+            .ok()
+            .and_then(|s| {
+                // The state follows the command name, which is in parentheses.
+                let after = s.rsplit_once(')')?.1;
+                after
+                    .split_whitespace()
+                    .next()
+                    .map(|st| st == "T" || st == "t")
+            })
+            .unwrap_or(false)
+    }
+
+    /// Makes the process `cmd` starts get SIGTERM when the launcher dies, even by SIGKILL
+    /// (Linux `PR_SET_PDEATHSIG`; elsewhere nothing).
+    pub(super) fn die_with_parent(cmd: &mut Command) {
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and
+            // exec.
+            let parent = unsafe { libc::getpid() };
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // The launcher died before prctl took effect.
+                    if libc::getppid() != parent {
+                        libc::_exit(1);
+                    }
+                    Ok(())
+                });
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = cmd;
+    }
 }
 
 /// Creates the run folder `<out>/<run-id>` (with `logs/`) for `args` and returns it. The
@@ -348,6 +825,8 @@ fn utc_stamp(secs: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn utc_stamp_matches_known_dates() {
         assert_eq!(super::utc_stamp(0), "19700101-000000");
@@ -355,5 +834,27 @@ mod tests {
         assert_eq!(super::utc_stamp(1_795_264_496), "20261121-123456");
         // 2000-02-29 (leap day)
         assert_eq!(super::utc_stamp(951_782_400), "20000229-000000");
+    }
+
+    #[test]
+    fn exit_statuses_read_as_codes_or_signal_names() {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(how(ExitStatus::from_raw(0)), "exit-0");
+        assert_eq!(how(ExitStatus::from_raw(75 << 8)), "exit-75");
+        assert_eq!(how(ExitStatus::from_raw(libc::SIGKILL)), "SIGKILL");
+        assert_eq!(
+            Interrupted {
+                signal: libc::SIGTERM
+            }
+            .exit_code(),
+            143
+        );
+        assert_eq!(
+            Interrupted {
+                signal: libc::SIGINT
+            }
+            .exit_code(),
+            130
+        );
     }
 }

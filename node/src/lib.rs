@@ -16,5 +16,6 @@ pub mod metrics;
 pub mod model;
 pub mod net;
 pub mod netbench;
+pub mod pause;
 pub mod peer;
 pub mod simulate;

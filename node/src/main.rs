@@ -88,14 +88,24 @@ enum TopologyCmd {
 }
 
 fn main() -> ExitCode {
-    let args = match murmur::config::expand_config_args(std::env::args_os().collect()) {
+    let given: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let args = match murmur::config::expand_config_args(given.clone()) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("error: {e:#}");
             return ExitCode::FAILURE;
         }
     };
-    let cli = Cli::parse_from(args);
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            if let Some(msg) = unknown_config_key(&e, &given) {
+                eprintln!("error: {msg}");
+                return ExitCode::from(2);
+            }
+            e.exit()
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("MURMUR_LOG")
@@ -126,9 +136,46 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            if e.downcast_ref::<murmur::pause::Departed>().is_some() {
+                ExitCode::from(murmur::pause::DEPARTED_EXIT_CODE)
+            } else if let Some(s) = e.downcast_ref::<murmur::launch::Interrupted>() {
+                ExitCode::from(s.exit_code())
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
+}
+
+/// The message for an unknown option that came from a run config (`--config FILE`) rather
+/// than the command line: clap alone would name the option but not the file.
+fn unknown_config_key(e: &clap::Error, given: &[std::ffi::OsString]) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if e.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let flag = arg.split('=').next().unwrap_or(arg);
+    let given: Vec<&str> = given.iter().filter_map(|a| a.to_str()).collect();
+    if given.iter().any(|a| a.split('=').next() == Some(flag)) {
+        return None;
+    }
+    let file = given
+        .iter()
+        .enumerate()
+        .find_map(|(i, a)| match a.strip_prefix("--config") {
+            Some("") => given.get(i + 1).copied(),
+            Some(rest) => rest.strip_prefix('='),
+            None => None,
+        })?;
+    let sub = given.get(1).copied().unwrap_or("launch");
+    Some(format!(
+        "run config {file}: unknown key `{}` (the keys are the long options of `murmur {sub}`, \
+         with - or _; see `murmur {sub} --help`)",
+        flag.trim_start_matches("--")
+    ))
 }
 
 fn inspect(topology: &str, nodes: Option<usize>, json: bool) -> anyhow::Result<()> {

@@ -166,6 +166,37 @@ pub struct Summary {
     /// `rank@round` (the round from which they mixed), space-separated; empty if none.
     #[serde(default)]
     pub joins: String,
+    /// How the run ended: `completed`, or — written by `murmur launch` when it ended the
+    /// run early — `stopped: <why>` or `interrupted by SIGINT/SIGTERM`; the numbers are
+    /// then those of the last epoch recorded.
+    #[serde(default = "completed")]
+    pub outcome: String,
+    /// Peer processes that failed under `murmur launch` (exited with an error, were killed,
+    /// or left after a pause), as `rank:how@epoch` with `how` an exit status (`exit-1`;
+    /// `exit-75`: declared departed, may rejoin) or a signal (`SIGKILL`) and the last epoch
+    /// recorded before, space-separated; empty if none.
+    #[serde(default)]
+    pub peer_failures: String,
+    /// Peers that `murmur launch --restart-failed` restarted with `--resume`, as
+    /// `rank@epoch`, space-separated; empty if none (their return is in `rejoins`).
+    #[serde(default)]
+    pub restarts: String,
+}
+
+/// [`Summary::outcome`] of a run that ran to its end.
+pub const COMPLETED: &str = "completed";
+
+fn completed() -> String {
+    COMPLETED.to_string()
+}
+
+/// Writes `summary.json` and `summary.csv` into the run folder `dir` (each replaced at once).
+pub fn save_summary(dir: &Path, summary: &Summary) -> anyhow::Result<()> {
+    write_atomic(
+        &dir.join("summary.json"),
+        &serde_json::to_vec_pretty(summary)?,
+    )?;
+    write_atomic(&dir.join("summary.csv"), to_csv(&[summary])?.as_bytes())
 }
 
 /// Appends one JSON line to `path`, creating it if needed.
@@ -229,13 +260,13 @@ pub fn format_row(r: &EpochRow) -> String {
 /// The one-line summary printed at the end of a run.
 pub fn summary_line(s: &Summary) -> String {
     format!(
-        "{} with {} on {} ({} peers, {}): {} epochs in {:.1} s, mean accuracy {:.2}% (min {:.2}%, x̄ {:.2}%), Ξ² {:.3e}, {:.1} MB sent per peer",
+        "{} with {} on {} ({}, {}): {} in {:.1} s, mean accuracy {:.2}% (min {:.2}%, x̄ {:.2}%), Ξ² {:.3e}, {:.1} MB sent per peer",
         s.algorithm,
         s.compressor,
         s.topology,
-        s.peers,
+        crate::config::count(s.peers, "peer"),
         s.model,
-        s.epochs,
+        crate::config::count(s.epochs, "epoch"),
         s.wall_seconds,
         100.0 * s.final_mean_test_accuracy,
         100.0 * s.final_min_test_accuracy,

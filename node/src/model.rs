@@ -43,10 +43,10 @@ pub enum ModelKind {
     /// to 10 classes, on MNIST (d = 20,490).
     Cnn,
     /// ResNet-20 for 3×32×32 images and 10 classes (He et al. 2016; d = 272,474), on
-    /// synthetic images. See [`resnet`].
+    /// synthetic images.
     Resnet20,
     /// Decoder-only transformer language model: vocabulary 256, context 128, d_model 128,
-    /// 4 heads, 2 layers (d = 478,976), on synthetic token sequences. See [`transformer`].
+    /// 4 heads, 2 layers (d = 478,976), on synthetic token sequences.
     Transformer,
 }
 

@@ -114,9 +114,29 @@ pub struct PeerArgs {
 pub const REJOIN_MARGIN_ROUNDS: u64 = 20;
 
 /// Runs one peer to the end of training. Dispatches on the device.
+///
+/// A peer that was paused for longer than the peer timeout (and so declared departed by
+/// the others) fails with [`crate::pause::Departed`] once it continues; peer 0 cannot be
+/// taken back, so its error only says that it was paused.
 pub fn run(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
     args.validate()?;
     check_device(args.device)?;
+    let watch = crate::pause::PauseWatch::start();
+    let timeout = Duration::from_secs(args.peer_timeout_secs);
+    train(args, peer).map_err(|e| match peer.rank {
+        Some(0) if watch.longest_pause() >= timeout => e.context(format!(
+            "peer 0 was paused for {:.1} s (longer than --peer-timeout-secs {}): the others \
+             stopped without the bootstrap",
+            watch.longest_pause().as_secs_f64(),
+            args.peer_timeout_secs
+        )),
+        Some(0) => e,
+        _ => watch.explain(e, timeout),
+    })
+}
+
+/// [`run`] on the device the run asks for.
+fn train(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
     match args.device {
         DeviceSpec::Cpu => {
             run_on::<burn::backend::Autodiff<burn::backend::Flex>>(args, peer, Default::default())
@@ -240,8 +260,11 @@ fn run_on<B: AutodiffBackend>(
     }
     if rank >= n {
         bail!(
-            "--rank {rank} is out of range for --peers {n} (ranks are 0..{})",
-            n - 1
+            "--rank {rank} is out of range for --peers {n} ({})",
+            match n {
+                1 => "the only rank is 0".to_string(),
+                _ => format!("ranks are 0 to {}", n - 1),
+            }
         );
     }
     if rank != 0 && !joins {
@@ -255,17 +278,7 @@ fn run_on<B: AutodiffBackend>(
             "--resume needs --rank: the rank this peer had (its log and membership.jsonl say it)"
         );
     }
-    use crate::config::Algorithm;
-    let resumable = match args.algorithms().as_slice() {
-        [Algorithm::Dpsgd | Algorithm::Sgp] => Resumable::Rejoin,
-        // A returning CHOCO peer and its in-neighbours send their copies in full once; a
-        // late message under the skip policy could not be told from one.
-        [Algorithm::Choco] if args.straggler_policy != crate::config::StragglerPolicy::Skip => {
-            Resumable::Rejoin
-        }
-        [Algorithm::Choco] => Resumable::WholeRun,
-        _ => Resumable::No,
-    };
+    let resumable = resumable(args);
     if peer.resume
         && resumable == Resumable::WholeRun
         && args.straggler_policy == crate::config::StragglerPolicy::Skip
@@ -533,6 +546,7 @@ fn run_on<B: AutodiffBackend>(
         history: Vec::new(),
         rounds_per_epoch,
         rows: Vec::new(),
+        carried: None,
         test: data.test.clone(),
         d,
         kind: args.model,
@@ -1605,7 +1619,8 @@ impl Driver {
             }
             NetEvent::Refused { peer, reason } => {
                 self.refused_frames += 1;
-                warn!(?peer, "refused a frame: {reason}");
+                // The data plane logged it when it refused it.
+                debug!(?peer, "refused a frame: {reason}");
             }
         }
         Ok(())
@@ -1761,9 +1776,24 @@ fn resumable_rounds(rounds: &[u64], run_dir: &Path, rpe: u64) -> Vec<u64> {
     good
 }
 
+/// What `--resume` can do for the run's algorithm.
+pub(crate) fn resumable(args: &RunArgs) -> Resumable {
+    use crate::config::Algorithm;
+    match args.algorithms().as_slice() {
+        [Algorithm::Dpsgd | Algorithm::Sgp] => Resumable::Rejoin,
+        // A returning CHOCO peer and its in-neighbours send their copies in full once; a
+        // late message under the skip policy could not be told from one.
+        [Algorithm::Choco] if args.straggler_policy != crate::config::StragglerPolicy::Skip => {
+            Resumable::Rejoin
+        }
+        [Algorithm::Choco] => Resumable::WholeRun,
+        _ => Resumable::No,
+    }
+}
+
 /// What `--resume` can do for an algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Resumable {
+pub(crate) enum Resumable {
     /// One restarted peer rejoins a running run, or the whole run resumes.
     Rejoin,
     /// Only the whole run resumes from its checkpoints.
@@ -1907,6 +1937,11 @@ struct Collector {
     /// Rounds per epoch, to place a rejoin round in its epoch.
     rounds_per_epoch: u64,
     rows: Vec<EpochRow>,
+    /// A whole run resumed: the last row the earlier process(es) recorded, whose running
+    /// totals (bytes, seconds, refused and skipped frames, wall time) the new rows continue
+    /// from, so that the record and the summary cover the whole run. The rounds between
+    /// that row and the checkpoint resumed from are not counted twice, nor at all.
+    carried: Option<EpochRow>,
     /// When peer 0 started training.
     started: Instant,
 }
@@ -1977,6 +2012,7 @@ impl Collector {
             &self.dir.join("epochs.csv"),
             metrics::to_csv(&rows)?.as_bytes(),
         )?;
+        self.carried = rows.last().cloned();
         self.rows = rows;
         Ok(())
     }
@@ -2037,14 +2073,32 @@ impl Collector {
     }
 
     fn aggregate(&self, epoch: usize, all: Vec<Reported>) -> anyhow::Result<EpochRow> {
-        epoch_row(
+        let row = epoch_row(
             epoch,
             &all,
             &self.test,
             self.kind,
             self.started.elapsed().as_secs_f64(),
-        )
+        )?;
+        Ok(match &self.carried {
+            Some(before) => continue_totals(before, row),
+            None => row,
+        })
     }
+}
+
+/// `row` of a resumed run with the running totals of `before` (the last row recorded before
+/// the resume) added: bytes sent, compute / communicate / wait seconds, refused and skipped
+/// frames and wall time continue instead of starting again from 0.
+fn continue_totals(before: &EpochRow, mut row: EpochRow) -> EpochRow {
+    row.bytes_sent_per_peer += before.bytes_sent_per_peer;
+    row.compute_seconds += before.compute_seconds;
+    row.communicate_seconds += before.communicate_seconds;
+    row.wait_seconds += before.wait_seconds;
+    row.refused_frames += before.refused_frames;
+    row.skipped += before.skipped;
+    row.wall_seconds += before.wall_seconds;
+    row
 }
 
 /// The network's row for `epoch` from every peer's report and parameters: accuracy
@@ -2143,19 +2197,15 @@ pub(crate) fn summary(
         departures: String::new(),
         rejoins: String::new(),
         joins: String::new(),
+        outcome: metrics::COMPLETED.to_string(),
+        peer_failures: String::new(),
+        restarts: String::new(),
     }
 }
 
 /// Writes `summary.json` and `summary.csv` into `dir` and prints the summary line.
 pub(crate) fn write_summary(dir: &Path, summary: &Summary) -> anyhow::Result<()> {
-    metrics::write_atomic(
-        &dir.join("summary.json"),
-        &serde_json::to_vec_pretty(summary)?,
-    )?;
-    metrics::write_atomic(
-        &dir.join("summary.csv"),
-        metrics::to_csv(&[summary])?.as_bytes(),
-    )?;
+    metrics::save_summary(dir, summary)?;
     println!("{}", metrics::summary_line(summary));
     println!("run folder: {}", dir.display());
     Ok(())
@@ -2169,6 +2219,54 @@ pub fn bootstrap_file(run_dir: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resumed_run_continues_the_running_totals_of_its_record() {
+        let before = EpochRow {
+            epoch: 3,
+            rounds: 30,
+            bytes_sent_per_peer: 300.0,
+            compute_seconds: 3.0,
+            communicate_seconds: 6.0,
+            wait_seconds: 2.0,
+            refused_frames: 1,
+            skipped: 4,
+            wall_seconds: 9.0,
+            mean_test_accuracy: 0.5,
+            ..EpochRow::default()
+        };
+        let after = EpochRow {
+            epoch: 4,
+            rounds: 40,
+            bytes_sent_per_peer: 100.0,
+            compute_seconds: 1.0,
+            communicate_seconds: 2.0,
+            wait_seconds: 0.5,
+            refused_frames: 2,
+            skipped: 1,
+            wall_seconds: 3.5,
+            mean_test_accuracy: 0.75,
+            ..EpochRow::default()
+        };
+        let row = continue_totals(&before, after);
+        assert_eq!(
+            (row.epoch, row.rounds),
+            (4, 40),
+            "counters, not totals, stay"
+        );
+        assert_eq!(row.mean_test_accuracy, 0.75, "a measurement is not summed");
+        assert_eq!(row.bytes_sent_per_peer, 400.0);
+        assert_eq!(
+            (
+                row.compute_seconds,
+                row.communicate_seconds,
+                row.wait_seconds
+            ),
+            (4.0, 8.0, 2.5)
+        );
+        assert_eq!((row.refused_frames, row.skipped), (3, 5));
+        assert_eq!(row.wall_seconds, 12.5);
+    }
 
     #[test]
     fn a_whole_run_resumes_from_a_round_that_leaves_no_hole_in_the_record() {

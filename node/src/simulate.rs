@@ -549,8 +549,8 @@ fn print_header(
     dir: &Path,
 ) {
     eprintln!(
-        "murmur simulate: {what}{} peers, {} with {} ({}), {} d = {d}, {} epochs of {rounds_per_epoch} rounds; {}; compute {:.3} ms per step{}; run folder {}",
-        args.peers,
+        "murmur simulate: {what}{}, {} with {} ({}), {} d = {d}, {} epochs of {rounds_per_epoch} rounds; {}; compute {:.3} ms per step{}; run folder {}",
+        crate::config::count(args.peers, "peer"),
         args.algorithm_name(),
         args.compressor(),
         args.topology_label(topo),

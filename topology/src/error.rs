@@ -160,8 +160,9 @@ pub enum TopologyError {
         message: String,
     },
 
-    /// A well-formed topology file whose keys do not make sense together.
-    #[error("invalid topology file: {message}")]
+    /// A well-formed topology file (or `NAME:key=value` options) whose keys do not make
+    /// sense together.
+    #[error("invalid topology: {message}")]
     Spec {
         /// What is wrong.
         message: String,
@@ -186,7 +187,7 @@ pub enum TopologyError {
     },
 
     /// Neither the topology file nor the caller fixed the number of peers.
-    #[error("no peer count: set `nodes` in the topology file or pass the peer count (--peers)")]
+    #[error("no peer count: set `nodes` in the topology file or give the peer count (--peers; --nodes for `murmur topology inspect`)")]
     MissingNodeCount,
 
     /// The topology file fixes a peer count that differs from the caller's.

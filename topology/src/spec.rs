@@ -306,7 +306,8 @@ impl TopologySpec {
                 )?;
             } else if raw.p.is_none() {
                 return Err(spec_err(
-                    "topology \"erdos-renyi\" needs the edge probability `p`",
+                    "topology \"erdos-renyi\" needs the edge probability `p` (`p = 0.3` in a \
+                     file; `erdos-renyi:p=0.3` on the command line)",
                 ));
             }
             if let (Some(r), Some(c), Some(n)) = (raw.rows, raw.cols, raw.nodes) {
@@ -358,24 +359,58 @@ impl TopologySpec {
         })
     }
 
-    /// A named topology with every option unset (peer count from the caller, default
-    /// weights; erdos-renyi still needs `p` set in [`SpecSource::Named`] before building).
+    /// A named topology as the command line gives it: `NAME` or `NAME:key=value,...` with
+    /// the keys of a topology file's named form — `rows`, `cols` (torus), `p`, `seed`
+    /// (erdos-renyi) and `weights` — e.g. `erdos-renyi:p=0.3,seed=7`, `torus:rows=2,cols=4`,
+    /// `ring:weights=max-degree`. The peer count comes from the caller. Checked exactly as
+    /// the same keys in a file ([`TopologySpec::parse`]): erdos-renyi without `p` is refused.
     ///
-    /// Errors: [`TopologyError::UnknownTopology`] listing the valid names.
-    pub fn named(kind: &str) -> Result<TopologySpec, TopologyError> {
+    /// Errors: [`TopologyError::UnknownTopology`] listing the valid names;
+    /// [`TopologyError::Spec`] for an option that is not `key=value`, an unknown key, a value
+    /// of the wrong type, or a key that does not apply to the topology.
+    pub fn named(text: &str) -> Result<TopologySpec, TopologyError> {
+        let (kind, options) = match text.split_once(':') {
+            Some((k, o)) => (k.trim(), Some(o)),
+            None => (text.trim(), None),
+        };
         let kind = NamedKind::parse(kind)?;
-        Ok(TopologySpec {
-            name: None,
-            nodes: None,
-            weights: None,
-            source: SpecSource::Named {
-                kind,
-                rows: None,
-                cols: None,
-                p: None,
-                seed: None,
-            },
-        })
+        // The options become the keys of a topology file, so one set of checks serves both.
+        let mut toml_text = format!("topology = \"{kind}\"\n");
+        for option in options.into_iter().flat_map(|o| o.split(',')) {
+            let (key, value) = option.split_once('=').ok_or_else(|| {
+                spec_err(format!(
+                    "topology {text:?}: option {option:?} is not key=value (e.g. {kind}:p=0.3)"
+                ))
+            })?;
+            let (key, value) = (key.trim(), value.trim());
+            let bad = |what: &str| {
+                spec_err(format!(
+                    "topology {text:?}: `{key}` must be {what}, got {value:?}"
+                ))
+            };
+            let literal = match key {
+                "rows" | "cols" | "seed" => value
+                    .parse::<u64>()
+                    .map_err(|_| bad("a non-negative integer"))?
+                    .to_string(),
+                "p" => {
+                    let p = value.parse::<f64>().map_err(|_| bad("a number"))?;
+                    if !p.is_finite() {
+                        return Err(bad("a finite number"));
+                    }
+                    format!("{p:?}")
+                }
+                "weights" => format!("\"{}\"", WeightRule::parse(value)?),
+                _ => {
+                    return Err(spec_err(format!(
+                        "topology {text:?}: unknown option `{key}` (options: rows, cols, p, \
+                         seed, weights)"
+                    )))
+                }
+            };
+            toml_text.push_str(&format!("{key} = {literal}\n"));
+        }
+        TopologySpec::parse(&toml_text)
     }
 
     /// The peer count the spec itself fixes: `nodes`, else torus `rows × cols`, else the

@@ -927,3 +927,62 @@ fn strong_connectivity_without_departed_peers() {
     assert!(path.strongly_connected_without(&[0, 1, 2]));
     assert!(path.strongly_connected_without(&[0, 1]));
 }
+
+/// The command line's `NAME:key=value,...` form: the same keys and checks as a file.
+#[test]
+fn named_topology_options_on_the_command_line() {
+    let er = TopologySpec::named("erdos-renyi:p=0.5,seed=7")
+        .unwrap()
+        .build(Some(10))
+        .unwrap();
+    let file = TopologySpec::parse("topology = \"erdos-renyi\"\np = 0.5\nseed = 7")
+        .unwrap()
+        .build(Some(10))
+        .unwrap();
+    assert_eq!(er.name, file.name);
+    assert_eq!(er.w, file.w);
+    // Another seed draws another graph (the option is not ignored).
+    let other = TopologySpec::named("erdos-renyi:p=0.5,seed=8")
+        .unwrap()
+        .build(Some(10))
+        .unwrap();
+    assert_ne!(er.w, other.w);
+
+    let torus = TopologySpec::named("torus:rows=2,cols=4")
+        .unwrap()
+        .build(Some(8))
+        .unwrap();
+    assert!(
+        torus.name.contains("2x4") || torus.name.contains("2×4"),
+        "{}",
+        torus.name
+    );
+    // On a star the two weight rules differ (on a ring every degree is 2 and they agree).
+    let md = TopologySpec::named("star:weights=max-degree")
+        .unwrap()
+        .build(Some(6))
+        .unwrap();
+    let mh = TopologySpec::named("star").unwrap().build(Some(6)).unwrap();
+    assert_ne!(md.w, mh.w);
+
+    for (bad, needle) in [
+        ("erdos-renyi", "erdos-renyi:p=0.3"),
+        ("erdos-renyi:p", "not key=value"),
+        ("erdos-renyi:p=often", "must be a number"),
+        ("erdos-renyi:p=inf", "finite"),
+        ("erdos-renyi:p=0.3,q=1", "unknown option `q`"),
+        ("ring:p=0.3", "`p` is not valid"),
+        ("torus:rows=-2", "non-negative integer"),
+        ("ring:weights=uniformish", "max-degree"),
+    ] {
+        let err = TopologySpec::named(bad)
+            .and_then(|s| s.build(Some(8)))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(needle), "{bad}: {err}");
+    }
+    assert!(matches!(
+        TopologySpec::named("erdos-renyi:p=1.5").and_then(|s| s.build(Some(8))),
+        Err(TopologyError::InvalidProbability { .. })
+    ));
+}

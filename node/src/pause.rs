@@ -1,0 +1,147 @@
+//! Telling that this process was paused (SIGSTOP, a debugger, a suspended VM or a frozen
+//! container) for longer than its neighbours wait, and the error a peer leaves with then.
+//!
+//! While a peer is paused its neighbours hear nothing; after `--peer-timeout-secs` they
+//! declare it departed and train on without it. When it continues, every connection it
+//! had times out or was given up on the other side, which looks, from inside, exactly like
+//! every other peer leaving — the wrong diagnosis ("peer 0 left the run") that a paused
+//! peer used to give. [`PauseWatch`] notices the pause itself: a thread that wakes every
+//! [`TICK`] and records the longest gap between two wake-ups (a paused process's threads
+//! all stop, and the monotonic clock goes on). A peer that fails right after such a gap
+//! leaves with [`Departed`], which `murmur peer` reports with exit status
+//! [`DEPARTED_EXIT_CODE`]: a supervisor (`murmur launch --restart-failed`, the Slurm and
+//! ssh scripts) restarts it with `--resume`, and it rejoins like a restarted peer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often the watch thread wakes up.
+pub const TICK: Duration = Duration::from_millis(250);
+
+/// The exit status of a peer that left the run but may rejoin it with `--resume`
+/// (`EX_TEMPFAIL` of sysexits.h): it was declared departed by the others.
+pub const DEPARTED_EXIT_CODE: u8 = 75;
+
+/// This peer was declared departed by the run (it was paused or cut off for longer than
+/// the peer timeout) and has left it; restarting it with `--resume` takes it back.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "this peer was paused for {paused:.1} s (longer than --peer-timeout-secs {timeout_secs}: \
+     SIGSTOP, a debugger or a suspended machine), so the other peers went on without it and \
+     it has left the run; restart it with --resume to rejoin (murmur launch --restart-failed \
+     does). What failed on its return: {cause}"
+)]
+pub struct Departed {
+    /// Seconds the process was paused.
+    pub paused: f64,
+    /// The peer timeout in force, in seconds.
+    pub timeout_secs: u64,
+    /// The error the peer met when it continued.
+    pub cause: String,
+}
+
+/// The pause detector: a background thread that records the longest gap between its
+/// wake-ups (milliseconds), and the time of its last wake-up.
+#[derive(Clone)]
+pub struct PauseWatch {
+    start: Instant,
+    /// Milliseconds since `start` of the last wake-up.
+    last_tick_ms: Arc<AtomicU64>,
+    /// Longest gap between two wake-ups so far, in milliseconds.
+    longest_gap_ms: Arc<AtomicU64>,
+}
+
+impl PauseWatch {
+    /// Starts the watch thread (it runs until the process exits).
+    pub fn start() -> PauseWatch {
+        let watch = PauseWatch {
+            start: Instant::now(),
+            last_tick_ms: Arc::new(AtomicU64::new(0)),
+            longest_gap_ms: Arc::new(AtomicU64::new(0)),
+        };
+        let w = watch.clone();
+        let spawned = std::thread::Builder::new()
+            .name("pause-watch".into())
+            .spawn(move || loop {
+                std::thread::sleep(TICK);
+                w.tick();
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start the pause watch thread: {e}");
+        }
+        watch
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn tick(&self) {
+        let now = self.now_ms();
+        let last = self.last_tick_ms.swap(now, Ordering::Relaxed);
+        self.longest_gap_ms
+            .fetch_max(now.saturating_sub(last), Ordering::Relaxed);
+    }
+
+    /// The longest time this process was paused so far, in seconds: the longest gap
+    /// between two wake-ups of the watch thread, or the time since its last wake-up if it
+    /// has not woken since (it may not have run yet after the process continued). Up to
+    /// [`TICK`] (plus scheduling delay) even when nothing paused the process.
+    pub fn longest_pause(&self) -> Duration {
+        let since_last = self
+            .now_ms()
+            .saturating_sub(self.last_tick_ms.load(Ordering::Relaxed));
+        Duration::from_millis(self.longest_gap_ms.load(Ordering::Relaxed).max(since_last))
+    }
+
+    /// `error`, turned into [`Departed`] if this process was paused for at least the peer
+    /// timeout (`timeout`): the others then surely declared it departed, and `error` is
+    /// what that did to it.
+    pub fn explain(&self, error: anyhow::Error, timeout: Duration) -> anyhow::Error {
+        let paused = self.longest_pause();
+        if paused >= timeout {
+            Departed {
+                paused: paused.as_secs_f64(),
+                timeout_secs: timeout.as_secs(),
+                cause: format!("{error:#}"),
+            }
+            .into()
+        } else {
+            error
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gap_between_ticks_is_a_pause() {
+        let w = PauseWatch {
+            start: Instant::now(),
+            last_tick_ms: Arc::new(AtomicU64::new(0)),
+            longest_gap_ms: Arc::new(AtomicU64::new(0)),
+        };
+        std::thread::sleep(Duration::from_millis(30));
+        w.tick();
+        assert!(w.longest_pause() >= Duration::from_millis(30));
+        assert!(w.longest_pause() < Duration::from_secs(5));
+        let e = w.explain(
+            anyhow::anyhow!("sending to peer 0 failed"),
+            Duration::from_secs(15),
+        );
+        assert!(e.downcast_ref::<Departed>().is_none(), "30 ms is no pause");
+        // The watch thread not having run since the process continued counts too.
+        w.last_tick_ms.store(0, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(20));
+        let e = w.explain(anyhow::anyhow!("timed out"), Duration::from_millis(10));
+        let d = e
+            .downcast_ref::<Departed>()
+            .expect("a pause longer than the timeout");
+        assert!(d.paused >= 0.04, "{}", d.paused);
+        assert!(e.to_string().contains("--resume"), "{e}");
+        assert!(e.to_string().contains("timed out"), "{e}");
+    }
+}
