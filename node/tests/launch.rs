@@ -1,0 +1,329 @@
+//! `murmur launch` as a supervisor, tested as a user meets it: the real launcher with real
+//! peer processes on 127.0.0.1, and real signals — kill -9 of a peer, SIGSTOP/SIGCONT of a
+//! peer, SIGTERM to the launcher.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A `murmur launch` process with its run folder; killed when the test ends.
+struct Launch {
+    dir: tempfile::TempDir,
+    child: Child,
+}
+
+impl Drop for Launch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // Its peers die with it (PR_SET_PDEATHSIG); any left are this test's.
+        for pid in peers_of(&self.run()) {
+            signal(pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Options that keep a run short and notice a silent peer within seconds.
+const SHORT: &[&str] = &[
+    "--peers=4",
+    "--rounds-per-epoch=16",
+    "--peer-timeout-secs=3",
+    "--round-timeout-secs=20",
+];
+
+impl Launch {
+    /// Starts `murmur launch` with `args` (and [`SHORT`]) into a fresh folder.
+    fn start(args: &[&str]) -> Launch {
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_murmur"))
+            .arg("launch")
+            .args(SHORT)
+            .args(args)
+            .arg(format!("--out={}", dir.path().display()))
+            .arg("--run-id=run")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Launch { dir, child }
+    }
+
+    fn run(&self) -> PathBuf {
+        self.dir.path().join("run")
+    }
+
+    /// Waits until epoch `epoch` is recorded.
+    fn wait_for_epoch(&mut self, epoch: u64) {
+        let t0 = Instant::now();
+        loop {
+            let last = std::fs::read_to_string(self.run().join("epochs.jsonl"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter_map(|r| r["epoch"].as_u64())
+                .max();
+            if last.is_some_and(|e| e >= epoch) {
+                return;
+            }
+            if let Ok(Some(s)) = self.child.try_wait() {
+                panic!(
+                    "launch ended ({s}) before epoch {epoch}: {}",
+                    self.output().1
+                );
+            }
+            assert!(t0.elapsed() < Duration::from_secs(120), "no epoch {epoch}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The pid of peer `rank`'s current process.
+    fn peer(&self, rank: usize) -> i32 {
+        let flag = format!("--rank={rank}");
+        let t0 = Instant::now();
+        loop {
+            if let Some(pid) = peers_of(&self.run())
+                .into_iter()
+                .find(|&pid| cmdline(pid).iter().any(|a| *a == flag))
+            {
+                return pid;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "no peer {rank}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits for the launcher to exit; its status, stdout and stderr.
+    fn finish(&mut self, within: Duration) -> (ExitStatus, String, String) {
+        let t0 = Instant::now();
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                t0.elapsed() < within,
+                "launch still running after {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let (out, err) = self.output();
+        (status, out, err)
+    }
+
+    /// What the launcher printed (read once it has exited).
+    fn output(&mut self) -> (String, String) {
+        let (mut out, mut err) = (String::new(), String::new());
+        if let Some(s) = self.child.stdout.as_mut() {
+            let _ = s.read_to_string(&mut out);
+        }
+        if let Some(s) = self.child.stderr.as_mut() {
+            let _ = s.read_to_string(&mut err);
+        }
+        (out, err)
+    }
+
+    fn summary(&self) -> Value {
+        serde_json::from_slice(&std::fs::read(self.run().join("summary.json")).unwrap()).unwrap()
+    }
+
+    fn log(&self, rank: usize) -> String {
+        std::fs::read_to_string(self.run().join(format!("logs/peer-{rank}.log"))).unwrap()
+    }
+}
+
+/// The command line of process `pid`.
+fn cmdline(pid: i32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| {
+            b.split(|&c| c == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The live `murmur peer` processes writing into `run`.
+fn peers_of(run: &Path) -> Vec<i32> {
+    let out = format!("--out={}", run.display());
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| {
+            let c = cmdline(pid);
+            c.get(1).is_some_and(|a| a == "peer") && c.contains(&out) && !is_zombie(pid)
+        })
+        .collect()
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: kill(2) with a pid read from /proc just before.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+fn text(v: &Value) -> &str {
+    v.as_str().unwrap_or_default()
+}
+
+#[test]
+fn a_killed_peer_is_restarted_and_rejoins_under_restart_failed() {
+    let mut l = Launch::start(&["--epochs=8", "--checkpoint-every=16", "--restart-failed"]);
+    l.wait_for_epoch(2);
+    let victim = l.peer(2);
+    signal(victim, libc::SIGKILL);
+    let (status, out, err) = l.finish(Duration::from_secs(240));
+    assert!(status.success(), "{out}\n{err}");
+    assert!(
+        out.contains("peer 2 failed (SIGKILL)") && out.contains("restarting it with --resume"),
+        "{out}"
+    );
+    let s = l.summary();
+    assert_eq!(text(&s["outcome"]), "completed");
+    assert!(text(&s["peer_failures"]).starts_with("2:SIGKILL@"), "{s}");
+    assert!(text(&s["restarts"]).starts_with("2@"), "{s}");
+    assert!(text(&s["rejoins"]).starts_with("2@"), "{s}");
+    // The restarted process logged after the first one, in the same file.
+    let log = l.log(2);
+    assert!(log.contains("loaded the checkpoint"), "{log}");
+    assert!(s["final_min_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");
+    assert_eq!(s["epochs"].as_u64(), Some(8));
+}
+
+#[test]
+fn a_paused_peer_leaves_with_an_accurate_message_and_the_run_finishes() {
+    // No --restart-failed: the paused peer leaves for good and the others finish.
+    let mut l = Launch::start(&["--epochs=8"]);
+    l.wait_for_epoch(1);
+    let paused = l.peer(1);
+    signal(paused, libc::SIGSTOP);
+    // Longer than --peer-timeout-secs (3 s): the others declare it departed.
+    std::thread::sleep(Duration::from_secs(7));
+    signal(paused, libc::SIGCONT);
+    let (status, out, err) = l.finish(Duration::from_secs(240));
+    assert!(status.success(), "{out}\n{err}");
+    assert!(out.contains("peer 1 is stopped"), "{out}");
+    assert!(out.contains("peer 1 left the run at round"), "{out}");
+    assert!(out.contains("peer 1 failed (exit-75)"), "{out}");
+    let log = l.log(1);
+    assert!(log.contains("this peer was paused for"), "{log}");
+    assert!(
+        !log.contains("error: peer 0 (the bootstrap"),
+        "the old, wrong diagnosis: {log}"
+    );
+    let s = l.summary();
+    assert_eq!(text(&s["outcome"]), "completed");
+    assert!(text(&s["departures"]).starts_with("1@"), "{s}");
+    assert!(text(&s["peer_failures"]).starts_with("1:exit-75@"), "{s}");
+    assert_eq!(text(&s["restarts"]), "");
+    assert!(s["final_mean_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");
+}
+
+#[test]
+fn sigterm_to_launch_reaches_every_peer() {
+    let mut l = Launch::start(&["--epochs=200"]);
+    l.wait_for_epoch(1);
+    assert_eq!(peers_of(&l.run()).len(), 4);
+    signal(l.child.id() as i32, libc::SIGTERM);
+    let t0 = Instant::now();
+    let (status, _, err) = l.finish(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(143), "{err}");
+    assert!(err.contains("interrupted by SIGTERM"), "{err}");
+    // Every peer is gone by the time the launcher exits, well before the run would end.
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert_eq!(peers_of(&l.run()), Vec::<i32>::new());
+    let s = l.summary();
+    assert_eq!(text(&s["outcome"]), "interrupted by SIGTERM");
+    assert!(s["epochs"].as_u64().unwrap() >= 1, "{s}");
+}
+
+#[test]
+fn peers_die_with_a_killed_launcher() {
+    let mut l = Launch::start(&["--epochs=200"]);
+    l.wait_for_epoch(1);
+    assert_eq!(peers_of(&l.run()).len(), 4);
+    l.child.kill().unwrap();
+    l.child.wait().unwrap();
+    let t0 = Instant::now();
+    while !peers_of(&l.run()).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "peers outlived the launcher: {:?}",
+            peers_of(&l.run())
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_killed_peer_stops_an_allreduce_run_at_once_with_a_summary() {
+    let mut l = Launch::start(&["--epochs=200", "--algorithm=allreduce"]);
+    l.wait_for_epoch(1);
+    signal(l.peer(3), libc::SIGKILL);
+    let t0 = Instant::now();
+    let (status, out, err) = l.finish(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(1), "{out}\n{err}");
+    // At once: not after the peer timeout of the others.
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    assert!(
+        err.contains("the run stopped: peer 3 failed (SIGKILL)")
+            && err.contains("allreduce cannot go on without a peer"),
+        "{err}"
+    );
+    let s = l.summary();
+    assert!(
+        text(&s["outcome"]).starts_with("stopped: peer 3 failed"),
+        "{s}"
+    );
+    assert!(peers_of(&l.run()).is_empty());
+}
+
+#[test]
+fn a_peer_count_that_cannot_fit_in_memory_is_refused_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_murmur"))
+        .args(["launch", "--peers=4000"])
+        .arg(format!("--out={}", dir.path().display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("GB available") && err.contains("murmur simulate"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "no run folder"
+    );
+}
+
+#[test]
+fn restart_failed_is_refused_for_an_algorithm_that_cannot_take_a_peer_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_murmur"))
+        .args(["launch", "--algorithm=allreduce", "--restart-failed=2"])
+        .arg(format!("--out={}", dir.path().display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--restart-failed") && err.contains("allreduce"),
+        "{err}"
+    );
+}
