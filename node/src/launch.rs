@@ -320,6 +320,9 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     let epochs_file = run_dir.join("epochs.jsonl");
     let membership_file = run_dir.join("membership.jsonl");
     let (mut shown, mut events_shown) = (0usize, 0usize);
+    // Restarts waiting for the departure to be noticed: (rank, failed at, its departures
+    // recorded by then).
+    let mut pending: Vec<(usize, Instant, usize)> = Vec::new();
     let ended: Option<String> = loop {
         let rows: Vec<EpochRow> = read_lines(&epochs_file);
         for row in rows.iter().skip(shown) {
@@ -413,7 +416,7 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
                 cause.map(|c| format!(": {c}")).unwrap_or_default(),
                 if restart {
                     format!(
-                        "restarting it with --resume ({} of {})",
+                        "restarting it with --resume once the others have noticed ({} of {})",
                         *done + 1,
                         launch.restart_failed
                     )
@@ -424,8 +427,25 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
             if restart {
                 *done += 1;
                 record.restarts.push(format!("{rank}@{epoch}"));
+                pending.push((rank, Instant::now(), departures_of(&events, rank)));
+            }
+        }
+        // A restarted process says hello to peers that may not have noticed yet that its
+        // predecessor is gone; it is started once peer 0 has recorded the departure (the
+        // survivors agree on it), or after the peer timeout and a margin at the latest.
+        // (Started at once, a restarted peer was seen to be cut off by peer 0 in the round
+        // it rejoined, and needed a second restart.)
+        let noticed = Duration::from_secs(args.peer_timeout_secs) + Duration::from_secs(5);
+        let mut i = 0;
+        while i < pending.len() {
+            let (rank, since, before) = pending[i];
+            if departures_of(&events, rank) > before || since.elapsed() > noticed {
+                pending.remove(i);
                 let extra = vec![format!("--bootstrap={bootstrap}"), "--resume".into()];
                 peers.procs.push(spawn(rank, extra)?);
+                print(format!("peer {rank} restarted with --resume"));
+            } else {
+                i += 1;
             }
         }
         if let Some(why) = stop {
@@ -483,6 +503,14 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     }
     println!("run folder: {}", run_dir.display());
     Ok(summary)
+}
+
+/// How many departures of `rank` peer 0 has recorded in `events`.
+fn departures_of(events: &[MembershipEvent], rank: usize) -> usize {
+    events
+        .iter()
+        .filter(|e| e.peer == rank && e.event == "left")
+        .count()
 }
 
 /// Whether the survivors train on when a peer leaves: the algorithms that re-weight W
