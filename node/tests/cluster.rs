@@ -1000,6 +1000,11 @@ fn whole_run_resumes(extra: &[&str]) -> Cluster {
     assert_eq!(epochs, vec![0, 1, 2, 3, 4], "each epoch recorded once");
     // The epochs before the resumed one are the rows of the first run.
     assert_eq!(after[1], before[1]);
+    // The record covers the whole run: its running totals go on across the resume.
+    for key in ["bytes_sent_per_peer", "wall_seconds", "compute_seconds"] {
+        let v: Vec<f64> = after.iter().map(|r| r[key].as_f64().unwrap()).collect();
+        assert!(v.windows(2).all(|w| w[1] >= w[0]), "{key}: {v:?}");
+    }
     assert!(after[4]["mean_test_accuracy"].as_f64().unwrap() > 0.8);
     if !extra.is_empty() {
         return c;
