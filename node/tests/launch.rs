@@ -30,7 +30,7 @@ impl Drop for Launch {
 const SHORT: &[&str] = &[
     "--peers=4",
     "--rounds-per-epoch=16",
-    "--peer-timeout-secs=3",
+    "--peer-timeout-secs=5",
     "--round-timeout-secs=20",
 ];
 
@@ -210,8 +210,8 @@ fn a_paused_peer_leaves_with_an_accurate_message_and_the_run_finishes() {
     l.wait_for_epoch(1);
     let paused = l.peer(1);
     signal(paused, libc::SIGSTOP);
-    // Longer than --peer-timeout-secs (3 s): the others declare it departed.
-    std::thread::sleep(Duration::from_secs(7));
+    // Longer than --peer-timeout-secs (5 s): the others declare it departed.
+    std::thread::sleep(Duration::from_secs(10));
     signal(paused, libc::SIGCONT);
     let (status, out, err) = l.finish(Duration::from_secs(240));
     assert!(status.success(), "{out}\n{err}");
@@ -270,7 +270,14 @@ fn peers_die_with_a_killed_launcher() {
 
 #[test]
 fn a_killed_peer_stops_an_allreduce_run_at_once_with_a_summary() {
-    let mut l = Launch::start(&["--epochs=200", "--algorithm=allreduce"]);
+    // A peer timeout far longer than the check below: the survivors would notice only
+    // after it; the launcher stops the run when it sees the process die.
+    let mut l = Launch::start(&[
+        "--epochs=200",
+        "--algorithm=allreduce",
+        "--peer-timeout-secs=30",
+        "--round-timeout-secs=60",
+    ]);
     l.wait_for_epoch(1);
     signal(l.peer(3), libc::SIGKILL);
     let t0 = Instant::now();
