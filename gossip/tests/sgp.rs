@@ -557,7 +557,7 @@ fn bad_frames_are_refused_and_change_nothing() {
                 e,
                 GossipError::Payload {
                     from: 0,
-                    source: murmur_compress::DecodeError::Truncated {
+                    cause: murmur_compress::DecodeError::Truncated {
                         needed: 16,
                         got: 10
                     }
