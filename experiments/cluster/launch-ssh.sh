@@ -5,28 +5,33 @@
 #   experiments/cluster/launch-ssh.sh HOSTFILE RUN_DIR [run options…]
 #
 # HOSTFILE: one peer per line, `HOST [ADDRESS]` — HOST is what ssh connects to, ADDRESS the
-# IP address the other peers reach it on (default: HOST, which must then be an IPv4
-# address). Blank lines and lines starting with # are skipped. A host may appear on
-# several lines (several peers on one host).
-# RUN_DIR: the run folder on every host (each peer writes its own files there; peer 0 also
-# the epochs, summary and membership files). The same path on every host; a shared
-# filesystem is not needed. Each peer's log comes back to RUN_DIR/logs/peer-<rank>.log
-# on this machine.
+# IPv4 address the other peers reach it on. Without ADDRESS: HOST if it is an IPv4 address,
+# else the host's first IPv4 address of global scope, asked over ssh (`ip -o -4 addr show
+# scope global`; of interface MURMUR_IFACE if set) — never its host name, which
+# Debian/Ubuntu map to 127.0.1.1. Blank lines and lines starting with # are skipped. A host
+# may appear on several lines (several peers on one host).
+# RUN_DIR: the run folder on every host (the same path on each; no shared filesystem
+# needed). Each peer writes its files there and its libp2p multiaddr to
+# RUN_DIR/addrs/peer-<r>.addr (a peer added later with --join-running may enter the run
+# through any of them); peer 0 also bootstrap.addr, the epochs, the summary and the
+# membership. Back on this machine, in RUN_DIR: every peer's log (logs/peer-<r>.log) and,
+# from peer 0's host, summary.json, summary.csv, epochs.csv, epochs.jsonl, membership.jsonl
+# and distances.jsonl (those that exist); peer 0's table and summary line are printed.
 # Run options: passed to every peer (e.g. --epochs 20 --topology ring --checkpoint-every 50);
 # --peers is set from the host file.
 #
 # Environment: MURMUR (the binary on the hosts; default `murmur` on their PATH), SSH (the
-# ssh command; default `ssh -o BatchMode=yes`), LIBP2P_PORT (peer r's libp2p UDP port is
-# LIBP2P_PORT + r, default 4001; every peer writes its multiaddr to RUN_DIR/addrs/peer-<r>.addr
-# on its host, so a peer added later with --join-running may enter through any of them), DATA_PORT (first data-plane UDP port; peer r uses DATA_PORT + r; default
-# 5001; 0: any free port). Open those UDP ports between the hosts.
+# ssh command; default `ssh -o BatchMode=yes`), LIBP2P_PORT and DATA_PORT (default 4001 and
+# 5001): the l-th peer on an address (l = 0, 1, …) listens for libp2p on UDP LIBP2P_PORT + l
+# and for the data plane on UDP DATA_PORT + l; 0: any free port. Open those UDP ports
+# between the hosts. MURMUR_IFACE: see ADDRESS.
 #
 # Exit status: 0 if every peer finished, else 1 (the failed peers' logs are named).
 # Ctrl-C stops every peer.
 set -euo pipefail
 
 if [[ $# -lt 2 ]]; then
-    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 hostfile=$1
@@ -37,12 +42,34 @@ read -r -a ssh_cmd <<< "${SSH:-ssh -o BatchMode=yes}"
 LIBP2P_PORT=${LIBP2P_PORT:-4001}
 DATA_PORT=${DATA_PORT:-5001}
 
+quote() { printf '%q ' "$@"; }
+on() { # on HOST COMMAND: runs COMMAND (one shell string) on HOST
+    "${ssh_cmd[@]}" "$1" "$2" < /dev/null
+}
+is_ipv4() { [[ $1 =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; }
+
 hosts=()
 addrs=()
 while read -r host addr _; do
     [[ -z "${host:-}" || "$host" == \#* ]] && continue
+    if [[ -z ${addr:-} ]]; then
+        if is_ipv4 "$host"; then
+            addr=$host
+        else
+            if [[ -n ${MURMUR_IFACE:-} ]]; then
+                which="dev $(quote "$MURMUR_IFACE")"
+            else
+                which="scope global"
+            fi
+            addr=$(on "$host" "ip -o -4 addr show $which" | awk '{ sub("/.*", "", $4); print $4; exit }') || true
+            if [[ -z $addr ]]; then
+                echo "launch-ssh: no IPv4 address found on $host (ip -o -4 addr show $which); give it as the second field of its line" >&2
+                exit 2
+            fi
+        fi
+    fi
     hosts+=("$host")
-    addrs+=("${addr:-$host}")
+    addrs+=("$addr")
 done < "$hostfile"
 n=${#hosts[@]}
 if [[ $n -eq 0 ]]; then
@@ -50,16 +77,23 @@ if [[ $n -eq 0 ]]; then
     exit 2
 fi
 for a in "${addrs[@]}"; do
-    if ! [[ "$a" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
+    if ! is_ipv4 "$a"; then
         echo "launch-ssh: '$a' is not an IPv4 address; give it as the second field of its line" >&2
         exit 2
     fi
 done
 mkdir -p "$run_dir/logs"
 
-quote() { printf '%q ' "$@"; }
-data_port() { if [[ $DATA_PORT -eq 0 ]]; then echo 0; else echo $((DATA_PORT + $1)); fi; }
-p2p_port() { if [[ $LIBP2P_PORT -eq 0 ]]; then echo 0; else echo $((LIBP2P_PORT + $1)); fi; }
+# Ports: the l-th peer on an address gets base + l.
+declare -A seen=()
+data_ports=()
+p2p_ports=()
+for ((r = 0; r < n; r++)); do
+    l=${seen[${addrs[$r]}]:-0}
+    seen[${addrs[$r]}]=$((l + 1))
+    data_ports+=($((DATA_PORT == 0 ? 0 : DATA_PORT + l)))
+    p2p_ports+=($((LIBP2P_PORT == 0 ? 0 : LIBP2P_PORT + l)))
+done
 
 pids=()
 stop() {
@@ -67,18 +101,24 @@ stop() {
 }
 trap 'stop; exit 130' INT TERM
 
+# Peer r's command line (one shell string for ssh); the rest are options of its own.
+peer_command() {
+    local r=$1
+    shift
+    echo "mkdir -p $(quote "$run_dir/addrs") && exec $(quote "$MURMUR" peer --rank "$r" --peers "$n" \
+        --listen "/ip4/${addrs[$r]}/udp/${p2p_ports[$r]}/quic-v1" --address-file "$run_dir/addrs/peer-$r.addr" \
+        --data-addr "${addrs[$r]}:${data_ports[$r]}" --out "$run_dir" "$@")"
+}
+
 # Peer 0: the bootstrap. It writes its multiaddr (with its PeerId) to RUN_DIR/bootstrap.addr
 # on its host; this script reads it from there.
 boot_file="$run_dir/bootstrap.addr"
-"${ssh_cmd[@]}" "${hosts[0]}" "rm -f $(quote "$boot_file")" < /dev/null
-"${ssh_cmd[@]}" "${hosts[0]}" "mkdir -p $(quote "$run_dir") && exec $(quote "$MURMUR" peer --rank 0 --peers "$n" \
-    --listen "/ip4/${addrs[0]}/udp/$LIBP2P_PORT/quic-v1" --bootstrap-file "$boot_file" \
-    --data-addr "${addrs[0]}:$(data_port 0)" --out "$run_dir" "$@")" \
-    < /dev/null > "$run_dir/logs/peer-0.log" 2>&1 &
+on "${hosts[0]}" "rm -f $(quote "$boot_file")"
+on "${hosts[0]}" "$(peer_command 0 --bootstrap-file "$boot_file" "$@")" > "$run_dir/logs/peer-0.log" 2>&1 &
 pids+=($!)
 boot=""
 for _ in $(seq 1 600); do
-    boot=$("${ssh_cmd[@]}" "${hosts[0]}" "cat $(quote "$boot_file") 2>/dev/null" < /dev/null || true)
+    boot=$(on "${hosts[0]}" "cat $(quote "$boot_file") 2>/dev/null" || true)
     [[ -n "$boot" ]] && break
     if ! kill -0 "${pids[0]}" 2>/dev/null; then
         echo "launch-ssh: peer 0 exited before listening; its log:" >&2
@@ -95,10 +135,7 @@ fi
 echo "launch-ssh: $n peers; bootstrap $boot" >&2
 
 for ((r = 1; r < n; r++)); do
-    "${ssh_cmd[@]}" "${hosts[$r]}" "mkdir -p $(quote "$run_dir/addrs") && exec $(quote "$MURMUR" peer --rank "$r" --peers "$n" \
-        --bootstrap "$boot" --data-addr "${addrs[$r]}:$(data_port "$r")" --out "$run_dir" \
-        --listen "/ip4/${addrs[$r]}/udp/$(p2p_port "$r")/quic-v1" --address-file "$run_dir/addrs/peer-$r.addr" "$@")" \
-        < /dev/null > "$run_dir/logs/peer-$r.log" 2>&1 &
+    on "${hosts[$r]}" "$(peer_command "$r" --bootstrap "$boot" "$@")" > "$run_dir/logs/peer-$r.log" 2>&1 &
     pids+=($!)
 done
 
@@ -108,6 +145,24 @@ for ((r = 0; r < n; r++)); do
         failed+=("$r")
     fi
 done
+
+# Peer 0's results, from its host into the local run folder (through a temporary file: the
+# two folders may be one, on one machine or a shared filesystem).
+fetched=()
+for f in summary.json summary.csv epochs.csv epochs.jsonl membership.jsonl distances.jsonl; do
+    if on "${hosts[0]}" "cat $(quote "$run_dir/$f") 2>/dev/null" > "$run_dir/$f.fetch"; then
+        mv "$run_dir/$f.fetch" "$run_dir/$f"
+        fetched+=("$f")
+    else
+        rm -f "$run_dir/$f.fetch"
+    fi
+done
+# Peer 0's table and summary line.
+grep -v '^[0-9TZ:.-]* *\(INFO\|WARN\|DEBUG\)' "$run_dir/logs/peer-0.log" || true
+if [[ ${#fetched[@]} -gt 0 ]]; then
+    echo "launch-ssh: from ${hosts[0]} into $run_dir: ${fetched[*]}" >&2
+fi
+
 if [[ ${#failed[@]} -gt 0 ]]; then
     for r in "${failed[@]}"; do
         echo "launch-ssh: peer $r failed; end of $run_dir/logs/peer-$r.log:" >&2
@@ -115,6 +170,4 @@ if [[ ${#failed[@]} -gt 0 ]]; then
     done
     exit 1
 fi
-# Peer 0's table and summary.
-grep -v '^[0-9TZ:.-]* *\(INFO\|WARN\|DEBUG\)' "$run_dir/logs/peer-0.log" || true
-echo "launch-ssh: all $n peers finished; run folder $run_dir on ${hosts[0]}" >&2
+echo "launch-ssh: all $n peers finished; run folder $run_dir (here and on ${hosts[0]})" >&2

@@ -1425,13 +1425,29 @@ fn the_ssh_launcher_runs_a_host_file_of_peers() {
     )
     .unwrap();
     let run = dir.path().join("run");
+    let remote = dir.path().join("remote");
+    // The "hosts" keep the run folder at another path than this machine's (as on other
+    // hosts): a stand-in for ssh that maps the one onto the other, then runs local-ssh.
     let scripts = cluster_scripts();
+    let ssh = dir.path().join("ssh");
+    std::fs::write(
+        &ssh,
+        format!(
+            "#!/usr/bin/env bash\nfrom='{}'\nto='{}'\nhost=$1\nshift\ncmd=\"$*\"\n\
+             exec {} \"$host\" \"${{cmd//\"$from\"/\"$to\"}}\"\n",
+            run.display(),
+            remote.display(),
+            scripts.join("local-ssh").display()
+        ),
+    )
+    .unwrap();
+    Command::new("chmod").arg("+x").arg(&ssh).status().unwrap();
     let out = Command::new("bash")
         .arg(scripts.join("launch-ssh.sh"))
         .arg(&hosts)
         .arg(&run)
         .args(["--epochs=1", "--rounds-per-epoch=5"])
-        .env("SSH", scripts.join("local-ssh"))
+        .env("SSH", &ssh)
         .env("MURMUR", env!("CARGO_BIN_EXE_murmur"))
         .env("LIBP2P_PORT", "0")
         .env("DATA_PORT", "0")
@@ -1440,8 +1456,28 @@ fn the_ssh_launcher_runs_a_host_file_of_peers() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("all 3 peers finished"), "{stderr}");
+    // Every peer (peer 0 too) wrote its address on its host; the logs and peer 0's results
+    // came back here, and the summary line was printed.
+    for r in 0..3 {
+        assert!(remote
+            .join("addrs")
+            .join(format!("peer-{r}.addr"))
+            .is_file());
+        assert!(run.join("logs").join(format!("peer-{r}.log")).is_file());
+    }
     assert_eq!(summary(&run)["peers"], 3);
-    assert!(run.join("logs").join("peer-2.log").is_file());
+    for f in ["summary.csv", "epochs.csv", "epochs.jsonl"] {
+        assert_eq!(
+            std::fs::read(run.join(f)).unwrap(),
+            std::fs::read(remote.join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("mean accuracy"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     // A host file without hosts is an error, not a run.
     std::fs::write(&hosts, "# nobody\n").unwrap();
     let out = Command::new("bash")
@@ -1455,9 +1491,9 @@ fn the_ssh_launcher_runs_a_host_file_of_peers() {
 }
 
 #[test]
-fn the_slurm_script_starts_one_peer_per_task() {
-    // A stand-in for srun: FAKE_NTASKS copies of `bash -c SCRIPT NAME ARGS…`, each with
-    // SLURM_PROCID and SLURM_NTASKS set and its output in --output (%t: the task).
+fn the_sbatch_script_starts_one_peer_per_task() {
+    // A stand-in for srun: SLURM_NTASKS copies of `bash -c SCRIPT NAME ARGS…`, each with
+    // SLURM_PROCID and SLURM_LOCALID set and its output in --output (%t: the task).
     let dir = tempfile::tempdir().unwrap();
     let bin = dir.path().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
@@ -1470,8 +1506,8 @@ while [[ $1 == --* ]]; do
     shift
 done
 pids=()
-for ((t = 0; t < FAKE_NTASKS; t++)); do
-    SLURM_PROCID=$t SLURM_NTASKS=$FAKE_NTASKS "$@" > "${output//%t/$t}" 2>&1 &
+for ((t = 0; t < SLURM_NTASKS; t++)); do
+    SLURM_PROCID=$t SLURM_LOCALID=$t "$@" >> "${output//%t/$t}" 2>&1 &
     pids+=($!)
 done
 status=0
@@ -1487,26 +1523,45 @@ exit $status
         .unwrap();
     let run = dir.path().join("run");
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
-    let out = Command::new("bash")
-        .arg(cluster_scripts().join("murmur.sbatch"))
-        .args(["--epochs=1", "--rounds-per-epoch=5"])
-        .env("PATH", path)
-        .env("FAKE_NTASKS", "3")
-        .env("SLURM_SUBMIT_DIR", dir.path())
-        .env("SLURM_JOB_ID", "42")
-        .env("MURMUR", env!("CARGO_BIN_EXE_murmur"))
-        .env("RUN_DIR", &run)
-        .env("LIBP2P_PORT", "0")
-        .env("DATA_PORT", "0")
-        .output()
-        .unwrap();
+    let sbatch = |iface: &str| {
+        Command::new("bash")
+            .arg(cluster_scripts().join("murmur.sbatch"))
+            .args(["--epochs=1", "--rounds-per-epoch=5"])
+            .env("PATH", &path)
+            .env("SLURM_NTASKS", "3")
+            .env("SLURM_SUBMIT_DIR", dir.path())
+            .env("SLURM_JOB_ID", "42")
+            .env("MURMUR", env!("CARGO_BIN_EXE_murmur"))
+            .env("RUN_DIR", &run)
+            .env("LIBP2P_PORT", "0")
+            .env("DATA_PORT", "0")
+            // The address of an interface (the default, the first global one, may not
+            // exist in a sandbox).
+            .env("MURMUR_IFACE", iface)
+            .output()
+            .unwrap()
+    };
+    let out = sbatch("lo");
     let log0 = std::fs::read_to_string(run.join("logs").join("peer-0.log")).unwrap_or_default();
     assert!(
         out.status.success(),
         "{}\n{log0}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(log0.contains("address 127.0.0.1"), "{log0}");
     assert_eq!(summary(&run)["peers"], 3);
+    for r in 0..3 {
+        let status = run.join("status").join(format!("peer-{r}.exit"));
+        assert_eq!(std::fs::read_to_string(status).unwrap().trim(), "0");
+    }
+    // No address on the interface: a clear error, and the job fails at once.
+    let out = sbatch("no-such-interface");
+    assert!(!out.status.success());
+    let log0 = std::fs::read_to_string(run.join("logs").join("peer-0.log")).unwrap();
+    assert!(
+        log0.contains("no IPv4 address on interface MURMUR_IFACE=no-such-interface"),
+        "{log0}"
+    );
 }
 
 #[test]
