@@ -183,6 +183,24 @@ pub struct Summary {
     pub restarts: String,
 }
 
+impl Summary {
+    /// Fills `departures`, `rejoins` and `joins` from peer 0's membership events (in the
+    /// order recorded) as `rank@round` lists.
+    pub fn set_membership(&mut self, events: &[MembershipEvent]) {
+        let list = |kind: &str| {
+            events
+                .iter()
+                .filter(|e| e.event == kind)
+                .map(|e| format!("{}@{}", e.peer, e.round))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        self.departures = list("left");
+        self.rejoins = list("rejoined");
+        self.joins = list("joined");
+    }
+}
+
 /// [`Summary::outcome`] of a run that ran to its end.
 pub const COMPLETED: &str = "completed";
 

@@ -815,15 +815,7 @@ fn run_on<B: AutodiffBackend>(
             .last()
             .ok_or_else(|| anyhow!("no epoch was recorded"))?;
         let mut s = summary(args, &topo, d, last);
-        let list = |events: &mut dyn Iterator<Item = &MembershipEvent>| {
-            events
-                .map(|e| format!("{}@{}", e.peer, e.round))
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
-        s.departures = list(&mut c.history.iter().filter(|e| e.event == "left"));
-        s.rejoins = list(&mut c.history.iter().filter(|e| e.event == "rejoined"));
-        s.joins = list(&mut c.history.iter().filter(|e| e.event == "joined"));
+        s.set_membership(&c.history);
         write_summary(&peer.out, &s)?;
     }
     if let Some(r) = last_report {

@@ -298,16 +298,23 @@ fn a_killed_peer_stops_an_allreduce_run_at_once_with_a_summary() {
     assert!(peers_of(&l.run()).is_empty());
 }
 
-#[test]
-fn a_peer_count_that_cannot_fit_in_memory_is_refused_before_anything_starts() {
+/// Runs `murmur launch ARGS` into a fresh folder, which it must refuse; its stderr and the
+/// folder.
+fn launch_refused(args: &[&str]) -> (String, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_murmur"))
-        .args(["launch", "--peers=4000"])
+        .arg("launch")
+        .args(args)
         .arg(format!("--out={}", dir.path().display()))
         .output()
         .unwrap();
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    (String::from_utf8_lossy(&out.stderr).into_owned(), dir)
+}
+
+#[test]
+fn a_peer_count_that_cannot_fit_in_memory_is_refused_before_anything_starts() {
+    let (err, dir) = launch_refused(&["--peers=4000"]);
     assert!(
         err.contains("GB available") && err.contains("murmur simulate"),
         "{err}"
@@ -321,14 +328,7 @@ fn a_peer_count_that_cannot_fit_in_memory_is_refused_before_anything_starts() {
 
 #[test]
 fn restart_failed_is_refused_for_an_algorithm_that_cannot_take_a_peer_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_murmur"))
-        .args(["launch", "--algorithm=allreduce", "--restart-failed=2"])
-        .arg(format!("--out={}", dir.path().display()))
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (err, _dir) = launch_refused(&["--algorithm=allreduce", "--restart-failed=2"]);
     assert!(
         err.contains("--restart-failed") && err.contains("allreduce"),
         "{err}"
