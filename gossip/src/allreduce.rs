@@ -455,6 +455,42 @@ impl Gossip for AllReduce {
     }
 }
 
+
+/// Ring all-reduce in the [`crate::registry`]: synchronous data-parallel SGD.
+pub struct AllReduceAlgorithm;
+
+/// The registry's entry for all-reduce.
+pub const ALLREDUCE: AllReduceAlgorithm = AllReduceAlgorithm;
+
+impl crate::registry::Algorithm for AllReduceAlgorithm {
+    fn name(&self) -> &'static str {
+        "allreduce"
+    }
+    fn about(&self) -> &'static str {
+        "Synchronous data-parallel SGD: ring all-reduce of the gradients every round, so all \
+         peers hold the same model (the centralized baseline)"
+    }
+    fn uses_topology(&self) -> bool {
+        false
+    }
+    fn fixed_pattern(&self) -> Option<&'static str> {
+        Some("ring all-reduce")
+    }
+    fn build(
+        &self,
+        ctx: &crate::BuildContext<'_>,
+    ) -> Result<Box<dyn Gossip>, crate::BuildError> {
+        Ok(Box::new(build(ctx, ctx.lr)))
+    }
+}
+
+/// An all-reduce peer for `ctx` with step size `lr` (0: exact averaging of the parameters).
+pub(crate) fn build(ctx: &crate::BuildContext<'_>, lr: f32) -> AllReduce {
+    let mut cfg = AllReduceConfig::new(ctx.rank, ctx.peers(), lr, ctx.dim());
+    cfg.round_timeout = ctx.round_timeout;
+    AllReduce::new(cfg, ctx.x0.clone())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -233,7 +233,7 @@ pub struct Choco {
     /// x̂_j (`[d]`) of every in-neighbour, in the order of `cfg.in_weights`.
     copies: Vec<Vec<f32>>,
     /// Changes of weights after departures.
-    reweighting: crate::dpsgd::Reweighting,
+    reweighting: crate::reweight::Reweighting,
     /// Rounds, frames, deadlines, events and counters.
     ex: Exchange,
     /// Skip policy: make-up for late messages that came between rounds, added to x when
@@ -501,7 +501,7 @@ impl Gossip for Choco {
     /// round completes without `gone`'s q (see the [module docs](self#departures)).
     fn peer_left(&mut self, gone: Rank, w: &MixingMatrix) -> Result<(), MembershipError> {
         let (wii, wij) =
-            crate::dpsgd::weights_without(self.cfg.rank, &self.cfg.in_weights, w, gone)?;
+            crate::reweight::weights_without(self.cfg.rank, &self.cfg.in_weights, w, gone)?;
         if let Some(idx) = self.ex.leave(gone) {
             self.ex.stood_in(idx);
             self.finish_if_complete();
@@ -595,6 +595,59 @@ impl Gossip for Choco {
     }
 
     crate::exchange::exchange_driven_gossip!();
+}
+
+
+/// CHOCO-SGD in the [`crate::registry`].
+pub struct ChocoAlgorithm;
+
+/// The registry's entry for CHOCO-SGD.
+pub const CHOCO: ChocoAlgorithm = ChocoAlgorithm;
+
+impl crate::registry::Algorithm for ChocoAlgorithm {
+    fn name(&self) -> &'static str {
+        "choco"
+    }
+    fn about(&self) -> &'static str {
+        "CHOCO-SGD (Koloskova, Stich & Jaggi 2019): gossip of compressed differences \
+         Q(x_i − x̂_i), consensus step size γ (--gamma)"
+    }
+    fn default_compressor(&self) -> murmur_compress::CompressorSpec {
+        murmur_compress::CompressorSpec::TopK {
+            ratio: 0.01,
+            layerwise: false,
+        }
+    }
+    fn options(&self) -> &'static [crate::ProtocolOption] {
+        &[crate::ProtocolOption::Gamma]
+    }
+    fn skips_stragglers(&self) -> bool {
+        true
+    }
+    fn survives_departure(&self) -> bool {
+        true
+    }
+    fn resumable(&self, skip_policy: bool) -> crate::Resumable {
+        // A returning peer and its in-neighbours send their copies in full once; a late
+        // message under the skip policy could not be told from one.
+        if skip_policy {
+            crate::Resumable::WholeRun
+        } else {
+            crate::Resumable::Rejoin
+        }
+    }
+    fn build(
+        &self,
+        ctx: &crate::BuildContext<'_>,
+    ) -> Result<Box<dyn Gossip>, crate::BuildError> {
+        let gamma = ctx.options.gamma(self);
+        let mut cfg = ChocoConfig::from_matrix(&ctx.topology.w, ctx.rank, ctx.lr, gamma, ctx.dim());
+        cfg.round_timeout = ctx.round_timeout;
+        cfg.max_payload_bytes = ctx.max_payload_bytes;
+        cfg.seed = ctx.seed;
+        cfg.skip_after = ctx.skip_after;
+        Ok(Box::new(Choco::new(cfg, ctx.x0.clone(), ctx.compressor(self)?)))
+    }
 }
 
 #[cfg(test)]

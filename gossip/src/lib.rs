@@ -29,7 +29,9 @@ pub mod local;
 pub mod netsim;
 pub mod phased;
 pub mod ps;
+pub mod registry;
 mod relay;
+mod reweight;
 pub mod sgp;
 pub mod sim;
 
@@ -48,6 +50,9 @@ pub use netsim::{
 };
 pub use phased::{Phase, Phased};
 pub use ps::{ParameterServer, PsConfig, PsMode};
+pub use registry::{
+    Algorithm, AlgorithmOptions, AlgorithmSpec, BuildContext, BuildError, ProtocolOption, Resumable,
+};
 pub use sgp::{Sgp, SgpConfig};
 
 /// Under the skip straggler policy of the algorithms that absorb a late message instead of

@@ -162,3 +162,82 @@ impl Gossip for LocalSgd {
         self.inner.in_peers()
     }
 }
+
+/// Local-SGD gossip in the [`crate::registry`]: H local steps, then one D-PSGD mixing round.
+pub struct LocalSgdAlgorithm;
+
+/// The registry's entry for local-SGD gossip.
+pub const LOCAL_SGD: LocalSgdAlgorithm = LocalSgdAlgorithm;
+
+impl crate::registry::Algorithm for LocalSgdAlgorithm {
+    fn name(&self) -> &'static str {
+        "local-sgd"
+    }
+    fn about(&self) -> &'static str {
+        "Local-SGD gossip (Koloskova et al. 2020): H local SGD steps (--local-steps), then \
+         one D-PSGD mixing round on W (H = 1 is D-PSGD)"
+    }
+    fn has_local_steps(&self) -> bool {
+        true
+    }
+    fn mixes_compressed_parameters(&self) -> bool {
+        true
+    }
+    fn options(&self) -> &'static [crate::ProtocolOption] {
+        &[crate::ProtocolOption::LocalSteps]
+    }
+    fn skips_stragglers(&self) -> bool {
+        true
+    }
+    fn skip_needs_undirected_graph(&self) -> bool {
+        true
+    }
+    fn survives_departure(&self) -> bool {
+        true
+    }
+    fn build(
+        &self,
+        ctx: &crate::BuildContext<'_>,
+    ) -> Result<Box<dyn Gossip>, crate::BuildError> {
+        // The inner gossip only mixes (η = 0); the wrapper takes the local steps.
+        let inner = crate::dpsgd::build(ctx, 0.0, ctx.compressor(self)?)?;
+        Ok(Box::new(LocalSgd::new(Box::new(inner), ctx.options.local_steps(self), ctx.lr)))
+    }
+}
+
+/// Local SGD / model averaging in the [`crate::registry`]: H local steps, then exact
+/// averaging by ring all-reduce.
+pub struct LocalAvgAlgorithm;
+
+/// The registry's entry for local SGD with model averaging.
+pub const LOCAL_AVG: LocalAvgAlgorithm = LocalAvgAlgorithm;
+
+impl crate::registry::Algorithm for LocalAvgAlgorithm {
+    fn name(&self) -> &'static str {
+        "local-avg"
+    }
+    fn about(&self) -> &'static str {
+        "Local SGD / model averaging (Stich 2019): H local steps, then exact global averaging \
+         of the parameters by ring all-reduce"
+    }
+    fn uses_topology(&self) -> bool {
+        false
+    }
+    fn has_local_steps(&self) -> bool {
+        true
+    }
+    fn options(&self) -> &'static [crate::ProtocolOption] {
+        &[crate::ProtocolOption::LocalSteps]
+    }
+    fn fixed_pattern(&self) -> Option<&'static str> {
+        Some("ring all-reduce")
+    }
+    fn build(
+        &self,
+        ctx: &crate::BuildContext<'_>,
+    ) -> Result<Box<dyn Gossip>, crate::BuildError> {
+        // All-reduce begun without a gradient averages the parameters exactly.
+        let inner = crate::allreduce::build(ctx, 0.0);
+        Ok(Box::new(LocalSgd::new(Box::new(inner), ctx.options.local_steps(self), ctx.lr)))
+    }
+}

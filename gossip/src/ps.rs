@@ -507,3 +507,36 @@ impl Gossip for ParameterServer {
         self.out_peers()
     }
 }
+
+/// The parameter server in the [`crate::registry`].
+pub struct PsAlgorithm;
+
+/// The registry's entry for the parameter server.
+pub const PS: PsAlgorithm = PsAlgorithm;
+
+impl crate::registry::Algorithm for PsAlgorithm {
+    fn name(&self) -> &'static str {
+        "ps"
+    }
+    fn about(&self) -> &'static str {
+        "Parameter server on peer 0 (also a worker): workers push gradients, the server \
+         updates and answers with the parameters; --ps-mode bsp, ssp:S or asp"
+    }
+    fn uses_topology(&self) -> bool {
+        false
+    }
+    fn options(&self) -> &'static [crate::ProtocolOption] {
+        &[crate::ProtocolOption::PsMode]
+    }
+    fn fixed_pattern(&self) -> Option<&'static str> {
+        Some("parameter server on peer 0")
+    }
+    fn build(
+        &self,
+        ctx: &crate::BuildContext<'_>,
+    ) -> Result<Box<dyn Gossip>, crate::BuildError> {
+        let mut cfg = PsConfig::new(ctx.rank, ctx.peers(), ctx.lr, ctx.options.ps_mode, ctx.dim());
+        cfg.round_timeout = ctx.round_timeout;
+        Ok(Box::new(ParameterServer::new(cfg, ctx.x0.clone())))
+    }
+}

@@ -965,3 +965,46 @@ impl Gossip for Sgp {
         self.refresh_z();
     }
 }
+
+/// SGP in the [`crate::registry`].
+pub struct SgpAlgorithm;
+
+/// The registry's entry for SGP.
+pub const SGP: SgpAlgorithm = SgpAlgorithm;
+
+impl crate::registry::Algorithm for SgpAlgorithm {
+    fn name(&self) -> &'static str {
+        "sgp"
+    }
+    fn about(&self) -> &'static str {
+        "SGP (Assran et al. 2019): push-sum gossip with column-stochastic weights on a \
+         directed or time-varying graph (--topology one-peer-exponential), overlap bound --tau"
+    }
+    fn takes_push_schedule(&self) -> bool {
+        true
+    }
+    fn options(&self) -> &'static [crate::ProtocolOption] {
+        &[crate::ProtocolOption::Tau]
+    }
+    fn skips_stragglers(&self) -> bool {
+        true
+    }
+    fn survives_departure(&self) -> bool {
+        true
+    }
+    fn resumable(&self, _skip_policy: bool) -> crate::Resumable {
+        crate::Resumable::Rejoin
+    }
+    fn build(
+        &self,
+        ctx: &crate::BuildContext<'_>,
+    ) -> Result<Box<dyn Gossip>, crate::BuildError> {
+        let mut cfg = SgpConfig::new(ctx.push_schedule()?, ctx.rank, ctx.lr, ctx.dim())
+            .with_tau(ctx.options.tau.unwrap_or(0))
+            .with_skip(ctx.skip_after);
+        cfg.round_timeout = ctx.round_timeout;
+        cfg.max_payload_bytes = ctx.max_payload_bytes;
+        cfg.seed = ctx.seed;
+        Ok(Box::new(Sgp::with_compressor(cfg, ctx.x0.clone(), ctx.compressor(self)?)))
+    }
+}

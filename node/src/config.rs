@@ -13,124 +13,24 @@ pub use murmur_topology::ONE_PEER_EXPONENTIAL;
 use crate::data::Partition;
 use crate::model::ModelKind;
 
-/// Which decentralized algorithm the peers run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Algorithm {
-    /// D-PSGD (Lian et al. 2017): x_i ← Σ_j W_ij x_j − η ∇F_i(x_i).
-    Dpsgd,
-    /// CHOCO-SGD (Koloskova, Stich & Jaggi 2019): gossip of compressed differences
-    /// Q(x_i − x̂_i), consensus step size γ (`--gamma`).
-    Choco,
-    /// SGP (Assran et al. 2019): push-sum gossip with column-stochastic weights on a directed
-    /// or time-varying graph (`--topology one-peer-exponential`), overlap bound `--tau`.
-    Sgp,
-    /// Local-SGD gossip: H local SGD steps (`--local-steps`), then one D-PSGD mixing round
-    /// on W (Koloskova et al. 2020; H = 1 is D-PSGD).
-    LocalSgd,
-    /// Local SGD / model averaging (Stich 2019): H local steps, then exact global averaging
-    /// of the parameters by ring all-reduce.
-    LocalAvg,
-    /// Synchronous data-parallel SGD: ring all-reduce of the gradients every round, so all
-    /// peers hold the same model (the centralized baseline).
-    Allreduce,
-    /// Parameter server on peer 0 (also a worker): workers push gradients, the server
-    /// updates and answers with the parameters; `--ps-mode` bsp, ssp:S or asp.
-    Ps,
-}
+pub use murmur_gossip::AlgorithmSpec;
+use murmur_gossip::{AlgorithmOptions, PsMode, Resumable};
 
-impl std::fmt::Display for Algorithm {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Algorithm::Dpsgd => "dpsgd",
-            Algorithm::Choco => "choco",
-            Algorithm::Sgp => "sgp",
-            Algorithm::LocalSgd => "local-sgd",
-            Algorithm::LocalAvg => "local-avg",
-            Algorithm::Allreduce => "allreduce",
-            Algorithm::Ps => "ps",
-        })
-    }
-}
-
-impl Algorithm {
-    /// Whether the algorithm takes H local steps per communication round.
-    pub fn has_local_steps(self) -> bool {
-        matches!(self, Algorithm::LocalSgd | Algorithm::LocalAvg)
-    }
-
-    /// Whether the algorithm mixes on the topology's graph (the centralized baselines
-    /// ignore `--topology`).
-    pub fn uses_topology(self) -> bool {
-        !matches!(
-            self,
-            Algorithm::LocalAvg | Algorithm::Allreduce | Algorithm::Ps
-        )
-    }
-
-    /// Whether the algorithm compresses its messages with `--compressor` (the centralized
-    /// baselines send raw `f32`).
-    pub fn compresses(self) -> bool {
-        self.uses_topology()
-    }
-}
-
-/// The parameter server's synchronisation (`--ps-mode`): `bsp`, `ssp:S` or `asp`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PsModeArg(pub murmur_gossip::PsMode);
-
-impl std::str::FromStr for PsModeArg {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        use murmur_gossip::PsMode;
-        Ok(PsModeArg(match s {
-            "bsp" => PsMode::Bsp,
-            "asp" => PsMode::Asp,
-            other => match other.strip_prefix("ssp:").map(str::parse) {
-                Some(Ok(staleness)) => PsMode::Ssp { staleness },
-                _ => {
-                    return Err(format!(
-                        "unknown parameter-server mode {other:?}: expected bsp, asp or ssp:S \
-                         (S = allowed staleness in rounds)"
-                    ))
-                }
-            },
-        }))
-    }
-}
-
-impl std::fmt::Display for PsModeArg {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use murmur_gossip::PsMode;
-        match self.0 {
-            PsMode::Bsp => f.write_str("bsp"),
-            PsMode::Asp => f.write_str("asp"),
-            PsMode::Ssp { staleness } => write!(f, "ssp:{staleness}"),
-            _ => f.write_str("unknown"),
-        }
-    }
-}
-
-impl std::str::FromStr for Algorithm {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        <Algorithm as ValueEnum>::from_str(s, false).map_err(|_| {
-            let names: Vec<String> = Algorithm::value_variants()
-                .iter()
-                .map(|a| a.to_string())
-                .collect();
-            format!(
-                "unknown algorithm {s:?}: expected one of {}",
-                names.join(", ")
-            )
-        })
-    }
+/// `--algorithm`'s parser: the registry's names, each with its one-line description in
+/// `--help`.
+fn algorithm_parser() -> impl clap::builder::TypedValueParser<Value = AlgorithmSpec> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(
+        AlgorithmSpec::all().map(|a| PossibleValue::new(a.name()).help(a.about())),
+    )
+    .try_map(|name| name.parse::<AlgorithmSpec>())
 }
 
 /// A phase schedule: algorithms run one after the other, each for a number of epochs but
 /// the last, e.g. `allreduce:2,dpsgd` (all-reduce for 2 epochs, then D-PSGD) or
 /// `dpsgd:10,allreduce` (post-local SGD in reverse).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PhaseSchedule(pub Vec<(Algorithm, Option<usize>)>);
+pub struct PhaseSchedule(pub Vec<(AlgorithmSpec, Option<usize>)>);
 
 impl std::str::FromStr for PhaseSchedule {
     type Err = String;
@@ -162,7 +62,7 @@ impl std::str::FromStr for PhaseSchedule {
                     "the last phase {part:?} runs to the end: write it without `:epochs`"
                 ));
             }
-            phases.push((name.parse::<Algorithm>()?, epochs));
+            phases.push((name.parse::<AlgorithmSpec>()?, epochs));
         }
         if phases.len() < 2 {
             return Err(
@@ -359,8 +259,8 @@ pub struct RunArgs {
     #[arg(long, default_value = "ring")]
     pub topology: String,
     /// Decentralized algorithm.
-    #[arg(long, value_enum, default_value_t = Algorithm::Dpsgd)]
-    pub algorithm: Algorithm,
+    #[arg(long, default_value = "dpsgd", value_parser = algorithm_parser())]
+    pub algorithm: AlgorithmSpec,
     /// Phase schedule instead of one algorithm: `ALGO:EPOCHS,...,ALGO`, e.g.
     /// `allreduce:2,dpsgd` (all-reduce for the first 2 epochs, then D-PSGD) or
     /// `dpsgd:10,allreduce`. Overrides --algorithm.
@@ -386,8 +286,8 @@ pub struct RunArgs {
     pub tau: Option<u64>,
     /// The parameter server's synchronisation: bsp, ssp:S (at most S rounds ahead of the
     /// slowest worker) or asp.
-    #[arg(long, default_value = "bsp")]
-    pub ps_mode: PsModeArg,
+    #[arg(long, default_value = "bsp", value_parser = murmur_gossip::registry::parse_ps_mode)]
+    pub ps_mode: PsMode,
     /// Model to train: mlp and cnn on MNIST, resnet20 (3×32×32 images) and transformer
     /// (byte-level language model) on synthetic data.
     #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
@@ -555,14 +455,11 @@ impl RunArgs {
         if let Some(t) = self.tau {
             a.push(format!("--tau={t}"));
         }
-        if self.uses(Algorithm::Ps) {
-            a.push(format!("--ps-mode={}", self.ps_mode));
-        }
-        if self.uses(Algorithm::Choco) {
-            a.push(format!("--gamma={}", self.gamma()));
-        }
-        if self.algorithms().iter().any(|a| a.has_local_steps()) {
-            a.push(format!("--local-steps={}", self.local_steps()));
+        // Each protocol option the run's algorithms take, with its value (given or default).
+        for o in murmur_gossip::ProtocolOption::ALL {
+            if let Some(alg) = self.algorithms().into_iter().find(|a| a.options().contains(&o)) {
+                a.push(format!("{}={}", o.flag(), self.algorithm_options().value(o, &*alg)));
+            }
         }
         a
     }
@@ -584,42 +481,15 @@ impl RunArgs {
         if !(0.0..1.0).contains(&self.momentum) {
             bail!("--momentum must be in [0, 1), got {}", self.momentum);
         }
-        if !(self.gamma() > 0.0 && self.gamma() <= 1.0) {
-            bail!("--gamma must be in (0, 1], got {}", self.gamma());
-        }
-        if self.gamma.is_some() && !self.uses(Algorithm::Choco) {
-            bail!("--gamma is CHOCO-SGD's consensus step size; it needs --algorithm choco");
-        }
-        if self.local_steps.is_some() && !self.algorithms().iter().any(|a| a.has_local_steps()) {
-            bail!("--local-steps needs --algorithm local-sgd");
-        }
+        self.algorithm_options().validate(&self.algorithms())?;
         if let Some(r) = self.inject_bad_frames.filter(|&r| r >= self.peers) {
             bail!(
                 "--inject-bad-frames {r}: there is no peer {r} among {}",
                 self.peers
             );
         }
-        if self.tau.is_some() && !self.uses(Algorithm::Sgp) {
-            bail!("--tau is SGP's overlap bound; it needs --algorithm sgp");
-        }
-        if self.ps_mode.0 != murmur_gossip::PsMode::Bsp && !self.uses(Algorithm::Ps) {
-            bail!("--ps-mode needs --algorithm ps");
-        }
-        if let Some(c) = &self.compressor {
-            // In a phase schedule the baselines' phases send raw f32 and the others compress.
-            if !self.algorithms().iter().any(|a| a.compresses()) && *c != CompressorSpec::Identity {
-                bail!(
-                    "--compressor {c}: {} sends raw f32 (an uncompressed baseline); \
-                     compression applies to dpsgd, choco, sgp and local-sgd",
-                    self.algorithm_name()
-                );
-            }
-        }
         if self.topology == ONE_PEER_EXPONENTIAL {
             self.refuse_schedule_for_static_algorithms()?;
-        }
-        if self.local_steps == Some(0) {
-            bail!("--local-steps must be at least 1");
         }
         if let Some(p) = &self.phases {
             let before_last: usize = p.0.iter().filter_map(|(_, e)| *e).sum();
@@ -645,14 +515,15 @@ impl RunArgs {
                 bail!("--straggler-deadline-ms applies to --straggler-policy skip")
             }
             (StragglerPolicy::Skip, Some(_))
-                if self.phases.is_some()
-                    || !matches!(
-                        self.algorithm,
-                        Algorithm::Dpsgd | Algorithm::LocalSgd | Algorithm::Sgp | Algorithm::Choco
-                    ) =>
+                if self.phases.is_some() || !self.algorithm.skips_stragglers() =>
             {
+                let names: Vec<&str> = AlgorithmSpec::all()
+                    .filter(|a| a.skips_stragglers())
+                    .map(|a| a.name())
+                    .collect();
                 bail!(
-                    "--straggler-policy skip works with dpsgd, local-sgd, sgp and choco, not {}",
+                    "--straggler-policy skip works with {}, not {}",
+                    names.join(", "),
                     self.algorithm_name()
                 )
             }
@@ -699,33 +570,43 @@ impl RunArgs {
         Ok(())
     }
 
+    /// The protocol options as given (`--compressor`, `--gamma`, `--local-steps`, `--tau`,
+    /// `--ps-mode`), for the registry.
+    pub fn algorithm_options(&self) -> AlgorithmOptions {
+        AlgorithmOptions {
+            compressor: self.compressor.clone(),
+            gamma: self.gamma,
+            local_steps: self.local_steps,
+            tau: self.tau,
+            ps_mode: self.ps_mode,
+        }
+    }
+
     /// H: `--local-steps`, else 4 (1 for algorithms without local steps).
     pub fn local_steps(&self) -> u64 {
-        match self.local_steps {
-            Some(h) => h,
-            None if self.algorithm.has_local_steps() => 4,
-            None => 1,
-        }
+        self.algorithm_options().local_steps(&*self.algorithm)
     }
 
     /// The algorithm options that peers must share (they change the protocol or the
     /// update), as `name=value` pairs: γ for CHOCO, H for local SGD, τ for SGP, the
     /// parameter server's mode.
     pub fn protocol_options(&self) -> String {
-        let mut o = Vec::new();
-        if self.uses(Algorithm::Choco) {
-            o.push(format!("gamma={}", self.gamma()));
+        self.algorithm_options()
+            .protocol_fingerprint(&self.algorithms())
+    }
+
+    /// What `--resume` can do for the run: a phase schedule resumes neither way.
+    pub fn resumable(&self) -> Resumable {
+        match self.algorithms().as_slice() {
+            [a] => a.resumable(self.straggler_policy == StragglerPolicy::Skip),
+            _ => Resumable::No,
         }
-        if self.algorithms().iter().any(|a| a.has_local_steps()) {
-            o.push(format!("local_steps={}", self.local_steps()));
-        }
-        if self.uses(Algorithm::Sgp) {
-            o.push(format!("tau={}", self.tau.unwrap_or(0)));
-        }
-        if self.uses(Algorithm::Ps) {
-            o.push(format!("ps_mode={}", self.ps_mode));
-        }
-        o.join(" ")
+    }
+
+    /// Whether the other peers train on when a peer leaves (no phase schedule, and an
+    /// algorithm that re-weights W or pushes around the gap).
+    pub fn survives_departure(&self) -> bool {
+        matches!(self.algorithms().as_slice(), [a] if a.survives_departure())
     }
 
     /// The link emulation of `--link-bandwidth` and `--link-latency`.
@@ -737,16 +618,11 @@ impl RunArgs {
     }
 
     /// The algorithms of the run: the phases of `--phases`, else `--algorithm`.
-    pub fn algorithms(&self) -> Vec<Algorithm> {
+    pub fn algorithms(&self) -> Vec<AlgorithmSpec> {
         match &self.phases {
             Some(p) => p.0.iter().map(|(a, _)| *a).collect(),
             None => vec![self.algorithm],
         }
-    }
-
-    /// Whether some phase of the run uses `a`.
-    pub fn uses(&self, a: Algorithm) -> bool {
-        self.algorithms().contains(&a)
     }
 
     /// The run's algorithm as text: the phase schedule, or the algorithm's name.
@@ -759,7 +635,7 @@ impl RunArgs {
 
     /// The algorithm that trains epoch `epoch` (1-based; epoch 0 trains nothing and is
     /// reported under the first phase).
-    pub fn algorithm_at(&self, epoch: usize) -> Algorithm {
+    pub fn algorithm_at(&self, epoch: usize) -> AlgorithmSpec {
         let Some(p) = &self.phases else {
             return self.algorithm;
         };
@@ -779,7 +655,7 @@ impl RunArgs {
     }
 
     /// The run for one phase's algorithm: these options with `algorithm` and no phases.
-    pub fn for_phase(&self, algorithm: Algorithm) -> RunArgs {
+    pub fn for_phase(&self, algorithm: AlgorithmSpec) -> RunArgs {
         RunArgs {
             algorithm,
             phases: None,
@@ -789,21 +665,12 @@ impl RunArgs {
 
     /// The compressor: `--compressor`, else the algorithm's default.
     pub fn compressor(&self) -> CompressorSpec {
-        self.compressor.clone().unwrap_or(match self.algorithm {
-            Algorithm::Choco => CompressorSpec::TopK {
-                ratio: 0.01,
-                layerwise: false,
-            },
-            _ => CompressorSpec::Identity,
-        })
+        self.algorithm_options().compressor(&*self.algorithm)
     }
 
     /// CHOCO-SGD's γ: `--gamma`, else a default for the compressor.
     pub fn gamma(&self) -> f32 {
-        self.gamma.unwrap_or(match self.compressor() {
-            CompressorSpec::Identity | CompressorSpec::Fp16 | CompressorSpec::Bf16 => 0.5,
-            _ => 0.1,
-        })
+        self.algorithm_options().gamma(&*self.algorithm)
     }
 
     /// Warnings about options that run but are unlikely to be what the user wants.
@@ -813,7 +680,7 @@ impl RunArgs {
             self.compressor(),
             CompressorSpec::Identity | CompressorSpec::Fp16 | CompressorSpec::Bf16
         );
-        if matches!(self.algorithm, Algorithm::Dpsgd | Algorithm::LocalSgd) && !casts {
+        if self.algorithm.mixes_compressed_parameters() && !casts {
             w.push(format!(
                 "D-PSGD mixes the neighbours' compressed parameters directly, so the error of \
                  `{}` enters the models every round (sparsifiers and sign pull them towards 0); \
@@ -830,7 +697,7 @@ impl RunArgs {
         let static_users: Vec<String> = self
             .algorithms()
             .into_iter()
-            .filter(|a| a.uses_topology() && *a != Algorithm::Sgp)
+            .filter(|a| a.uses_topology() && !a.takes_push_schedule())
             .map(|a| a.to_string())
             .collect();
         if !static_users.is_empty() {
@@ -863,10 +730,9 @@ impl RunArgs {
     /// or the centralized baselines' fixed pattern (which ignores `--topology`).
     pub fn topology_label(&self, topo: &Topology) -> String {
         let algs = self.algorithms();
-        let pattern = |a: &Algorithm| match a {
-            Algorithm::Allreduce | Algorithm::LocalAvg => "ring all-reduce".to_string(),
-            Algorithm::Ps => "parameter server on peer 0".to_string(),
-            _ => topo.name.clone(),
+        let pattern = |a: &AlgorithmSpec| match a.fixed_pattern() {
+            Some(p) => p.to_string(),
+            None => topo.name.clone(),
         };
         let mut labels: Vec<String> = algs.iter().map(pattern).collect();
         labels.dedup();

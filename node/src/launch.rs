@@ -168,7 +168,7 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     crate::peer::check_device(args.device)?;
     // Fail fast, before any process starts, on a bad topology, peer count or data file.
     let topo = args.topology()?;
-    if launch.restart_failed > 0 && crate::peer::resumable(args) != crate::peer::Resumable::Rejoin {
+    if launch.restart_failed > 0 && args.resumable() != murmur_gossip::Resumable::Rejoin {
         bail!(
             "--restart-failed: a restarted peer rejoins D-PSGD, SGP and CHOCO-SGD runs \
              (CHOCO-SGD without --straggler-policy skip), not {}",
@@ -403,7 +403,7 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
             }
             let done = record.restarts_of.entry(rank).or_insert(0);
             let restart = *done < launch.restart_failed && epoch < args.epochs;
-            if !restart && !goes_on_without_a_peer(args) {
+            if !restart && !args.survives_departure() {
                 stop.get_or_insert(format!(
                     "peer {rank} failed ({how}) at epoch {epoch}{cause}, and {} cannot go on \
                      without a peer (D-PSGD, SGP, CHOCO-SGD and local-SGD gossip can)",
@@ -514,16 +514,6 @@ fn departures_of(events: &[MembershipEvent], rank: usize) -> usize {
         .iter()
         .filter(|e| e.peer == rank && e.event == "left")
         .count()
-}
-
-/// Whether the survivors train on when a peer leaves: the algorithms that re-weight W
-/// (D-PSGD, CHOCO-SGD, local-SGD gossip) or push around the gap (SGP), without phases.
-fn goes_on_without_a_peer(args: &RunArgs) -> bool {
-    use crate::config::Algorithm;
-    matches!(
-        args.algorithms().as_slice(),
-        [Algorithm::Dpsgd | Algorithm::Sgp | Algorithm::Choco | Algorithm::LocalSgd]
-    )
 }
 
 fn or_none(s: &str) -> &str {

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use clap::Args;
 use murmur_compress::Compressor;
 use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
-use murmur_gossip::{consensus_distance, Gossip, GossipEvent, Rank};
+use murmur_gossip::{consensus_distance, Gossip, GossipEvent, Rank, Resumable};
 use murmur_topology::MixingMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -278,7 +278,7 @@ fn run_on<B: AutodiffBackend>(
             "--resume needs --rank: the rank this peer had (its log and membership.jsonl say it)"
         );
     }
-    let resumable = resumable(args);
+    let resumable = args.resumable();
     if peer.resume
         && resumable == Resumable::WholeRun
         && args.straggler_policy == crate::config::StragglerPolicy::Skip
@@ -1766,32 +1766,6 @@ fn resumable_rounds(rounds: &[u64], run_dir: &Path, rpe: u64) -> Vec<u64> {
         return rounds.to_vec();
     }
     good
-}
-
-/// What `--resume` can do for the run's algorithm.
-pub(crate) fn resumable(args: &RunArgs) -> Resumable {
-    use crate::config::Algorithm;
-    match args.algorithms().as_slice() {
-        [Algorithm::Dpsgd | Algorithm::Sgp] => Resumable::Rejoin,
-        // A returning CHOCO peer and its in-neighbours send their copies in full once; a
-        // late message under the skip policy could not be told from one.
-        [Algorithm::Choco] if args.straggler_policy != crate::config::StragglerPolicy::Skip => {
-            Resumable::Rejoin
-        }
-        [Algorithm::Choco] => Resumable::WholeRun,
-        _ => Resumable::No,
-    }
-}
-
-/// What `--resume` can do for an algorithm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Resumable {
-    /// One restarted peer rejoins a running run, or the whole run resumes.
-    Rejoin,
-    /// Only the whole run resumes from its checkpoints.
-    WholeRun,
-    /// Neither.
-    No,
 }
 
 /// A rejoin notice: the 24-byte frame header (kind `Rejoin`), then `back: u64 LE | at: u64

@@ -87,7 +87,7 @@ impl Launch {
         loop {
             if let Some(pid) = peers_of(&self.run())
                 .into_iter()
-                .find(|&pid| cmdline(pid).iter().any(|a| *a == flag))
+                .find(|&pid| cmdline(pid).contains(&flag))
             {
                 return pid;
             }

@@ -1,0 +1,568 @@
+//! The algorithm registry: every algorithm the peers can run, by name.
+//!
+//! Each algorithm describes itself in its own module with an [`Algorithm`] implementation —
+//! its name, what it needs (a mixing matrix W, local steps, a compressor), which of the
+//! shared [`AlgorithmOptions`] it takes, whether a run survives the loss of a peer, and how
+//! to build one peer's state machine. [`ALGORITHMS`] lists them; an [`AlgorithmSpec`] is a
+//! name parsed against that list, as `murmur_compress::CompressorSpec` and
+//! `murmur_topology::TopologySpec` are for compressors and topologies.
+//!
+//! Adding an algorithm: its module with the state machine and one `impl Algorithm`, plus
+//! one line in [`ALGORITHMS`] (and, for a new protocol option, a field of
+//! [`AlgorithmOptions`] and a [`ProtocolOption`]).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use murmur_compress::{Compressor, CompressorSpec};
+use murmur_topology::{PushSchedule, Topology};
+use thiserror::Error;
+
+use crate::{Gossip, PsMode, Rank};
+
+/// Every algorithm, in the order `--help` lists them. The first is the default.
+pub const ALGORITHMS: &[&dyn Algorithm] = &[
+    &crate::dpsgd::DPSGD,
+    &crate::choco::CHOCO,
+    &crate::sgp::SGP,
+    &crate::local::LOCAL_SGD,
+    &crate::local::LOCAL_AVG,
+    &crate::allreduce::ALLREDUCE,
+    &crate::ps::PS,
+];
+
+/// One algorithm as the registry knows it. Implemented once per algorithm, in its module.
+pub trait Algorithm: Sync {
+    /// The name on the command line and in results, e.g. `dpsgd`.
+    fn name(&self) -> &'static str;
+
+    /// One line for `--help`: what it does and its source (paper, year).
+    fn about(&self) -> &'static str;
+
+    /// Whether it mixes on the topology's graph. The centralized baselines (all-reduce,
+    /// parameter server) have a fixed pattern and ignore `--topology`.
+    fn uses_topology(&self) -> bool {
+        true
+    }
+
+    /// Whether it takes a time-varying push schedule (SGP); the others need a static W.
+    fn takes_push_schedule(&self) -> bool {
+        false
+    }
+
+    /// Whether it takes H local steps per communication round (`local_steps`).
+    fn has_local_steps(&self) -> bool {
+        false
+    }
+
+    /// Whether its messages go through the compressor (the baselines send raw `f32`).
+    fn compresses(&self) -> bool {
+        self.uses_topology()
+    }
+
+    /// The compressor when none is given.
+    fn default_compressor(&self) -> CompressorSpec {
+        CompressorSpec::Identity
+    }
+
+    /// Whether it mixes the neighbours' compressed *parameters* (not differences), so that a
+    /// compressor other than a cast biases the models (D-PSGD and its local-step variant).
+    fn mixes_compressed_parameters(&self) -> bool {
+        false
+    }
+
+    /// The protocol options it takes, in [`ProtocolOption`] order.
+    fn options(&self) -> &'static [ProtocolOption] {
+        &[]
+    }
+
+    /// Whether it supports the skip straggler policy (mixing a round without a late
+    /// neighbour's frame).
+    fn skips_stragglers(&self) -> bool {
+        false
+    }
+
+    /// Whether its skip notice goes back along the dropped edge, so that the skip policy
+    /// needs an undirected graph (D-PSGD).
+    fn skip_needs_undirected_graph(&self) -> bool {
+        false
+    }
+
+    /// Whether the other peers train on when a peer leaves (re-weighting W or pushing around
+    /// the gap); otherwise a lost peer ends the run.
+    fn survives_departure(&self) -> bool {
+        false
+    }
+
+    /// What `--resume` can do: one restarted peer rejoins the running run, only the whole run
+    /// resumes from its checkpoints, or neither. `skip_policy`: whether the run uses the skip
+    /// straggler policy.
+    fn resumable(&self, skip_policy: bool) -> Resumable {
+        let _ = skip_policy;
+        Resumable::No
+    }
+
+    /// The communication pattern when it ignores the topology (e.g. `ring all-reduce`).
+    fn fixed_pattern(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// Peer `ctx.rank`'s state machine.
+    ///
+    /// # Errors
+    /// [`BuildError`] if the options or the topology do not suit the algorithm, or the
+    /// compressor cannot be built for the model.
+    fn build(&self, ctx: &BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError>;
+}
+
+/// What `--resume` can do for an algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resumable {
+    /// One restarted peer rejoins a running run, or the whole run resumes.
+    Rejoin,
+    /// Only the whole run resumes from its checkpoints.
+    WholeRun,
+    /// Neither.
+    No,
+}
+
+/// A protocol option: an algorithm's parameter that every peer of a run must share (it
+/// changes the protocol or the update), with its command-line flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ProtocolOption {
+    /// CHOCO-SGD's consensus step size γ (`--gamma`).
+    Gamma,
+    /// Local steps per communication round H (`--local-steps`).
+    LocalSteps,
+    /// SGP's overlap bound τ (`--tau`).
+    Tau,
+    /// The parameter server's synchronisation (`--ps-mode`).
+    PsMode,
+}
+
+impl ProtocolOption {
+    /// Every option, in the order the fingerprint prints them.
+    pub const ALL: [ProtocolOption; 4] = [Self::Gamma, Self::LocalSteps, Self::Tau, Self::PsMode];
+
+    /// The command-line flag, e.g. `--gamma`.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Self::Gamma => "--gamma",
+            Self::LocalSteps => "--local-steps",
+            Self::Tau => "--tau",
+            Self::PsMode => "--ps-mode",
+        }
+    }
+
+    /// The key in a run's protocol fingerprint (`gamma=0.1`).
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::Gamma => "gamma",
+            Self::LocalSteps => "local_steps",
+            Self::Tau => "tau",
+            Self::PsMode => "ps_mode",
+        }
+    }
+
+    /// What the option is, for error messages.
+    pub fn what(self) -> &'static str {
+        match self {
+            Self::Gamma => "CHOCO-SGD's consensus step size",
+            Self::LocalSteps => "the local steps per communication round",
+            Self::Tau => "SGP's overlap bound",
+            Self::PsMode => "the parameter server's synchronisation",
+        }
+    }
+}
+
+/// The protocol options as given (`None`: the algorithm's default).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AlgorithmOptions {
+    /// The compressor of the messages; `None`: [`Algorithm::default_compressor`].
+    pub compressor: Option<CompressorSpec>,
+    /// CHOCO-SGD's consensus step size γ ∈ (0, 1]; `None`: [`AlgorithmOptions::gamma`].
+    pub gamma: Option<f32>,
+    /// Local steps per communication round H ≥ 1; `None`: 4.
+    pub local_steps: Option<u64>,
+    /// SGP's overlap bound τ in rounds; `None`: 0 (synchronous SGP).
+    pub tau: Option<u64>,
+    /// The parameter server's synchronisation.
+    pub ps_mode: PsMode,
+}
+
+impl Default for AlgorithmOptions {
+    fn default() -> Self {
+        Self {
+            compressor: None,
+            gamma: None,
+            local_steps: None,
+            tau: None,
+            ps_mode: PsMode::Bsp,
+        }
+    }
+}
+
+impl AlgorithmOptions {
+    /// Whether the option was given (for the PS mode: differs from `bsp`).
+    pub fn is_set(&self, o: ProtocolOption) -> bool {
+        match o {
+            ProtocolOption::Gamma => self.gamma.is_some(),
+            ProtocolOption::LocalSteps => self.local_steps.is_some(),
+            ProtocolOption::Tau => self.tau.is_some(),
+            ProtocolOption::PsMode => self.ps_mode != PsMode::Bsp,
+        }
+    }
+
+    /// The compressor for `algorithm`: the one given, else its default.
+    pub fn compressor(&self, algorithm: &dyn Algorithm) -> CompressorSpec {
+        self.compressor
+            .clone()
+            .unwrap_or_else(|| algorithm.default_compressor())
+    }
+
+    /// γ: the one given, else 0.5 for the identity and the casts and 0.1 for the other
+    /// compressors of `algorithm` (measured on the embedded MNIST).
+    pub fn gamma(&self, algorithm: &dyn Algorithm) -> f32 {
+        self.gamma.unwrap_or(match self.compressor(algorithm) {
+            CompressorSpec::Identity | CompressorSpec::Fp16 | CompressorSpec::Bf16 => 0.5,
+            _ => 0.1,
+        })
+    }
+
+    /// H: the one given, else 4 for an algorithm with local steps and 1 for the others.
+    pub fn local_steps(&self, algorithm: &dyn Algorithm) -> u64 {
+        match self.local_steps {
+            Some(h) => h,
+            None if algorithm.has_local_steps() => 4,
+            None => 1,
+        }
+    }
+
+    /// The value of `o` for `algorithm` as the fingerprint prints it.
+    pub fn value(&self, o: ProtocolOption, algorithm: &dyn Algorithm) -> String {
+        match o {
+            ProtocolOption::Gamma => self.gamma(algorithm).to_string(),
+            ProtocolOption::LocalSteps => self.local_steps(algorithm).to_string(),
+            ProtocolOption::Tau => self.tau.unwrap_or(0).to_string(),
+            ProtocolOption::PsMode => ps_mode_name(self.ps_mode),
+        }
+    }
+
+    /// Checks the values and refuses an option that none of `algorithms` takes.
+    ///
+    /// # Errors
+    /// [`BuildError::Options`] naming the flag and what is wrong.
+    pub fn validate(&self, algorithms: &[AlgorithmSpec]) -> Result<(), BuildError> {
+        for o in ProtocolOption::ALL {
+            let users: Vec<&str> = ALGORITHMS
+                .iter()
+                .filter(|a| a.options().contains(&o))
+                .map(|a| a.name())
+                .collect();
+            if self.is_set(o) && !algorithms.iter().any(|a| a.options().contains(&o)) {
+                return Err(BuildError::Options(format!(
+                    "{} is {}; it needs --algorithm {}",
+                    o.flag(),
+                    o.what(),
+                    users.join(" or ")
+                )));
+            }
+        }
+        if let Some(g) = self.gamma {
+            if !(g > 0.0 && g <= 1.0) {
+                return Err(BuildError::Options(format!(
+                    "--gamma must be in (0, 1], got {g}"
+                )));
+            }
+        }
+        if self.local_steps == Some(0) {
+            return Err(BuildError::Options(
+                "--local-steps must be at least 1".into(),
+            ));
+        }
+        if let Some(c) = &self.compressor {
+            if !algorithms.iter().any(|a| a.compresses()) && *c != CompressorSpec::Identity {
+                let users: Vec<&str> = ALGORITHMS
+                    .iter()
+                    .filter(|a| a.compresses())
+                    .map(|a| a.name())
+                    .collect();
+                let run: Vec<String> = algorithms.iter().map(|a| a.to_string()).collect();
+                return Err(BuildError::Options(format!(
+                    "--compressor {c}: {} sends raw f32 (an uncompressed baseline); \
+                     compression applies to {}",
+                    run.join(", "),
+                    users.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The options that `algorithms` take, as `key=value` pairs joined by spaces (e.g.
+    /// `gamma=0.1 local_steps=4`): the part of a run's fingerprint that peers must share.
+    pub fn protocol_fingerprint(&self, algorithms: &[AlgorithmSpec]) -> String {
+        let mut out = Vec::new();
+        for o in ProtocolOption::ALL {
+            if let Some(a) = algorithms.iter().find(|a| a.options().contains(&o)) {
+                out.push(format!("{}={}", o.key(), self.value(o, &**a)));
+            }
+        }
+        out.join(" ")
+    }
+}
+
+/// `bsp`, `asp` or `ssp:S`.
+pub fn ps_mode_name(mode: PsMode) -> String {
+    match mode {
+        PsMode::Bsp => "bsp".into(),
+        PsMode::Asp => "asp".into(),
+        PsMode::Ssp { staleness } => format!("ssp:{staleness}"),
+    }
+}
+
+/// Parses `bsp`, `asp` or `ssp:S` (S: the allowed staleness in rounds).
+///
+/// # Errors
+/// A message naming the expected forms.
+pub fn parse_ps_mode(s: &str) -> Result<PsMode, String> {
+    Ok(match s {
+        "bsp" => PsMode::Bsp,
+        "asp" => PsMode::Asp,
+        other => match other.strip_prefix("ssp:").map(str::parse) {
+            Some(Ok(staleness)) => PsMode::Ssp { staleness },
+            _ => {
+                return Err(format!(
+                    "unknown parameter-server mode {other:?}: expected bsp, asp or ssp:S \
+                     (S = allowed staleness in rounds)"
+                ))
+            }
+        },
+    })
+}
+
+/// Everything one peer's state machine is built from.
+pub struct BuildContext<'a> {
+    /// This peer's rank.
+    pub rank: Rank,
+    /// The run's topology (W: n×n; for SGP possibly a time-varying schedule).
+    pub topology: &'a Topology,
+    /// Learning rate η.
+    pub lr: f32,
+    /// Starting parameters `x⁰: [d]`.
+    pub x0: Vec<f32>,
+    /// The model's tensor sizes, summing to d (for layer-wise compressors).
+    pub tensor_lengths: &'a [usize],
+    /// The largest frame payload accepted, in bytes.
+    pub max_payload_bytes: u32,
+    /// How long a round may wait for its neighbours.
+    pub round_timeout: Duration,
+    /// Seed of this peer's randomness (random compressors, tie-breaks).
+    pub seed: u64,
+    /// Under the skip straggler policy, how long a round waits for a neighbour's frame.
+    pub skip_after: Option<Duration>,
+    /// The protocol options.
+    pub options: &'a AlgorithmOptions,
+}
+
+impl BuildContext<'_> {
+    /// n, the number of peers.
+    pub fn peers(&self) -> usize {
+        self.topology.w.n()
+    }
+
+    /// d, the parameter count.
+    pub fn dim(&self) -> usize {
+        self.x0.len()
+    }
+
+    /// The compressor of `algorithm`, built for the model's tensors.
+    ///
+    /// # Errors
+    /// [`BuildError::Compressor`].
+    pub fn compressor(&self, algorithm: &dyn Algorithm) -> Result<Box<dyn Compressor>, BuildError> {
+        Ok(self
+            .options
+            .compressor(algorithm)
+            .build(Some(self.tensor_lengths))?)
+    }
+
+    /// SGP's push schedule: the topology's time-varying schedule if it has one, else the
+    /// static graph of W.
+    ///
+    /// # Errors
+    /// [`BuildError::Topology`] if W's graph cannot be a push schedule.
+    pub fn push_schedule(&self) -> Result<PushSchedule, BuildError> {
+        match &self.topology.schedule {
+            Some(s) => Ok(s.clone()),
+            None => PushSchedule::fixed(self.topology.w.graph()).map_err(|e| {
+                BuildError::Topology(format!("topology {} for SGP: {e}", self.topology.name))
+            }),
+        }
+    }
+}
+
+/// Why a state machine could not be built, or options were refused.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// The protocol options do not suit the run's algorithms.
+    #[error("{0}")]
+    Options(String),
+    /// The topology does not suit the algorithm.
+    #[error("{0}")]
+    Topology(String),
+    /// The compressor cannot be built for this model.
+    #[error("--compressor: {0}")]
+    Compressor(#[from] murmur_compress::SpecError),
+}
+
+/// An algorithm of the registry, by name: parses, prints, compares by name; dereferences to
+/// its [`Algorithm`] description.
+#[derive(Clone, Copy)]
+pub struct AlgorithmSpec(&'static dyn Algorithm);
+
+impl AlgorithmSpec {
+    /// The default algorithm (D-PSGD).
+    pub fn default_algorithm() -> Self {
+        AlgorithmSpec(ALGORITHMS[0])
+    }
+
+    /// Every algorithm of the registry.
+    pub fn all() -> impl Iterator<Item = AlgorithmSpec> {
+        ALGORITHMS.iter().map(|a| AlgorithmSpec(*a))
+    }
+
+    /// The algorithm named `name`, if any.
+    pub fn named(name: &str) -> Option<Self> {
+        Self::all().find(|a| a.name() == name)
+    }
+}
+
+impl Default for AlgorithmSpec {
+    fn default() -> Self {
+        Self::default_algorithm()
+    }
+}
+
+impl std::ops::Deref for AlgorithmSpec {
+    type Target = dyn Algorithm;
+    fn deref(&self) -> &Self::Target {
+        self.0
+    }
+}
+
+impl PartialEq for AlgorithmSpec {
+    fn eq(&self, other: &Self) -> bool {
+        self.name() == other.name()
+    }
+}
+
+impl Eq for AlgorithmSpec {}
+
+impl fmt::Debug for AlgorithmSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AlgorithmSpec({})", self.name())
+    }
+}
+
+impl fmt::Display for AlgorithmSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for AlgorithmSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::named(s).ok_or_else(|| {
+            let names: Vec<&str> = ALGORITHMS.iter().map(|a| a.name()).collect();
+            format!(
+                "unknown algorithm {s:?}: expected one of {}",
+                names.join(", ")
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_algorithm_parses_from_its_printed_name_and_names_are_unique() {
+        let mut names = std::collections::HashSet::new();
+        for a in AlgorithmSpec::all() {
+            assert_eq!(a.to_string().parse::<AlgorithmSpec>().unwrap(), a);
+            assert!(names.insert(a.name()), "{} listed twice", a.name());
+            assert!(!a.about().is_empty());
+        }
+        assert_eq!(names.len(), 7);
+        let err = "gossip".parse::<AlgorithmSpec>().unwrap_err();
+        assert!(err.contains("dpsgd, choco, sgp"), "{err}");
+        assert_eq!(AlgorithmSpec::default().name(), "dpsgd");
+    }
+
+    #[test]
+    fn an_option_no_algorithm_of_the_run_takes_is_refused() {
+        let dpsgd: AlgorithmSpec = "dpsgd".parse().unwrap();
+        let choco: AlgorithmSpec = "choco".parse().unwrap();
+        let o = AlgorithmOptions {
+            gamma: Some(0.3),
+            ..Default::default()
+        };
+        let err = o.validate(&[dpsgd]).unwrap_err().to_string();
+        assert!(err.contains("--gamma") && err.contains("choco"), "{err}");
+        assert!(o.validate(&[choco]).is_ok());
+        assert!(o.validate(&[dpsgd, choco]).is_ok(), "a phase uses it");
+        let o = AlgorithmOptions {
+            gamma: Some(1.5),
+            ..Default::default()
+        };
+        assert!(o.validate(&[choco]).unwrap_err().to_string().contains("(0, 1]"));
+        let o = AlgorithmOptions {
+            compressor: Some("topk:0.1".parse().unwrap()),
+            ..Default::default()
+        };
+        let allreduce: AlgorithmSpec = "allreduce".parse().unwrap();
+        let err = o.validate(&[allreduce]).unwrap_err().to_string();
+        assert!(err.contains("raw f32"), "{err}");
+        let o = AlgorithmOptions {
+            local_steps: Some(0),
+            ..Default::default()
+        };
+        let local: AlgorithmSpec = "local-sgd".parse().unwrap();
+        assert!(o.validate(&[local]).is_err());
+    }
+
+    #[test]
+    fn the_fingerprint_names_the_options_of_the_runs_algorithms_with_their_defaults() {
+        let spec = |s: &str| s.parse::<AlgorithmSpec>().unwrap();
+        let o = AlgorithmOptions::default();
+        assert_eq!(o.protocol_fingerprint(&[spec("dpsgd")]), "");
+        assert_eq!(o.protocol_fingerprint(&[spec("choco")]), "gamma=0.1");
+        assert_eq!(o.protocol_fingerprint(&[spec("local-sgd")]), "local_steps=4");
+        assert_eq!(
+            o.protocol_fingerprint(&[spec("allreduce"), spec("sgp"), spec("ps")]),
+            "tau=0 ps_mode=bsp"
+        );
+        let o = AlgorithmOptions {
+            compressor: Some(CompressorSpec::Fp16),
+            ps_mode: PsMode::Ssp { staleness: 3 },
+            ..Default::default()
+        };
+        assert_eq!(
+            o.protocol_fingerprint(&[spec("choco"), spec("ps")]),
+            "gamma=0.5 ps_mode=ssp:3"
+        );
+    }
+
+    #[test]
+    fn parameter_server_modes_round_trip() {
+        for m in ["bsp", "asp", "ssp:4"] {
+            assert_eq!(ps_mode_name(parse_ps_mode(m).unwrap()), m);
+        }
+        assert!(parse_ps_mode("ssp:x").unwrap_err().contains("ssp:S"));
+    }
+}
