@@ -1,0 +1,789 @@
+//! The control plane: peer identity and discovery with libp2p.
+//!
+//! Every peer has a libp2p identity (Ed25519 key, `PeerId`). Peer 0 is the bootstrap: it
+//! listens on a libp2p QUIC address and every other peer dials it with one multiaddr. Each
+//! peer sends a [`JoinRequest`] carrying its rank, its run fingerprint (peers, topology,
+//! model, d — so a mis-configured peer is refused with a message saying what differs), its
+//! QUIC data-plane address; the bootstrap records the `PeerId` libp2p authenticated, which
+//! the data plane's certificates must then prove ([`crate::auth`]). When all n ranks have
+//! joined (or the `--initial-peers` of an elastic run), the bootstrap answers every request
+//! with the directory: an entry per rank, empty for the ranks that have not joined. The
+//! swarm then keeps running in the background for liveness (ping, identify), and the
+//! bootstrap goes on answering peers that join the running run: restarted peers
+//! (`--resume`; their entry gets the new address, the identity must stay the same) and new
+//! peers taking an empty rank (`--join-running`; allow-list permitting), whose entry it
+//! passes to the data plane as [`crate::net::NetEvent::Joined`] so that every peer admits
+//! the new identity. Both get the directory at once.
+//!
+//! Every peer also listens on libp2p (`--listen`) and takes part in the run's Kademlia DHT
+//! (protocol `/murmur/kad/1`, kept apart from public DHTs; every node a server, routing
+//! table fed by identify). Peer 0 publishes a [`BootstrapRecord`] there under
+//! [`BOOTSTRAP_KEY`]: its PeerId and listen addresses, signed with its key. So a peer can
+//! enter the run through any member: a node that is not the bootstrap answers a join
+//! request with [`JoinResponse::NotBootstrap`] naming peer 0's PeerId, and the joining peer
+//! looks the record up through it (Maymounkov & Mazières 2002, `FIND_VALUE`), takes only a
+//! record signed by that PeerId, dials the bootstrap at the addresses found and asks it as
+//! usual. Run options, admission and the run key are checked by the bootstrap exactly as for
+//! a direct join. Nodes store only that record under that key (`serve_dht`).
+//!
+//! On a LAN the bootstrap can also be found without its address: with `--mdns` peer 0
+//! answers mDNS queries (libp2p-mdns, `_p2p._udp.local`) with its listen addresses, and a
+//! peer started with `--mdns` and no `--bootstrap` asks every listening libp2p node it
+//! discovers to let it join, until one takes it (nodes of other runs refuse it; members it
+//! finds point it at the DHT, as above).
+//!
+//! Protocol: libp2p request-response, JSON codec, protocol id `/murmur/join/1`.
+//!
+//! The module's parts: `policy.rs` holds the decisions as pure functions (who is admitted,
+//! which rank, what a node answers, what a joining peer makes of an answer), `messages.rs`
+//! the join protocol's messages, `record.rs` the DHT record, `join.rs` a joining peer's
+//! loop; this file holds the swarm, the DHT plumbing and the bootstrap's loops, which only
+//! move messages and log.
+
+mod join;
+mod messages;
+mod policy;
+mod record;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use futures::StreamExt;
+use libp2p::identity::Keypair;
+use libp2p::kad;
+use libp2p::request_response::{self, ProtocolSupport};
+use libp2p::swarm::behaviour::toggle::Toggle;
+use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
+use libp2p::{identify, ping, Multiaddr, PeerId, StreamProtocol, Swarm};
+use murmur_gossip::Rank;
+use tracing::{debug, info, warn};
+
+pub use messages::{Directory, Discovered, Fingerprint, JoinRequest, JoinResponse, PeerInfo};
+pub use policy::Gate;
+pub use record::{BootstrapRecord, BOOTSTRAP_KEY};
+
+use join::join;
+use policy::Late;
+use record::verified_record;
+
+/// Kademlia protocol id of a run's DHT.
+pub const KAD_PROTOCOL: &str = "/murmur/kad/1";
+
+/// Between two DHT lookups of the bootstrap record that found nothing (the routing table of
+/// a node that just connected may still be filling).
+const LOOKUP_RETRY: Duration = Duration::from_secs(1);
+
+#[derive(NetworkBehaviour)]
+struct Behaviour {
+    join: request_response::json::Behaviour<JoinRequest, JoinResponse>,
+    ping: ping::Behaviour,
+    identify: identify::Behaviour,
+    /// With `--mdns` only.
+    mdns: Toggle<libp2p::mdns::tokio::Behaviour>,
+    /// The run's DHT.
+    kad: kad::Behaviour<kad::store::MemoryStore>,
+}
+
+/// Where this peer's libp2p node listens, and where it publishes its address.
+#[derive(Debug, Clone)]
+pub struct Listen {
+    /// Listen address, e.g. `/ip4/127.0.0.1/udp/0/quic-v1` (port 0: any free port).
+    pub addr: Multiaddr,
+    /// Where to write the full dialable multiaddr (with `/p2p/<PeerId>`) once it listens:
+    /// peer 0's, for launchers and scripts; any other peer's, for a later peer that enters
+    /// the run through it (`--bootstrap`).
+    pub files: Vec<PathBuf>,
+}
+
+/// How this peer takes part in discovery.
+#[derive(Debug)]
+pub enum Role {
+    /// Peer 0: answer join requests and publish its [`BootstrapRecord`] in the DHT.
+    Bootstrap {
+        /// How many peers (peer 0 included) start the run; the other ranks join it later
+        /// with `--join-running`. n for a run that starts complete.
+        initial: usize,
+        /// Where peers that take an empty rank of the running run are announced.
+        joined: tokio::sync::mpsc::Sender<crate::net::NetEvent>,
+        /// Peer 0's training loop sends here the rank of each new peer once it mixes with
+        /// the run (peer 0 has reached the new peer's first round) or has left. New peers
+        /// are admitted one at a time: the next waits for that news (or for the join
+        /// timeout), so that it learns the one before as a member, not as an empty rank.
+        settled: tokio::sync::mpsc::UnboundedReceiver<Rank>,
+        /// Resume the whole run from checkpoints: the rounds of peer 0's own checkpoints.
+        resume: Option<Vec<u64>>,
+    },
+    /// Any other peer: dial `bootstrap`.
+    Join {
+        /// The bootstrap's multiaddrs (peer 0 on several interfaces, or candidate hosts;
+        /// each is tried and the first that answers is asked), or any member's (the
+        /// bootstrap is then looked up in the DHT through it); none: find it with mDNS.
+        bootstrap: Vec<Multiaddr>,
+        /// Rejoin a run under way (a restarted peer), or resume a whole run, instead of
+        /// joining at the start.
+        rejoin: bool,
+        /// The rounds of this peer's checkpoints.
+        checkpoint_rounds: Vec<u64>,
+        /// No `--rank`: the bootstrap assigns one ([`JoinRequest::any_rank`]).
+        any_rank: bool,
+    },
+}
+
+/// The libp2p node of identity `key`: join requests (answered within `timeout`), ping,
+/// identify, the run's DHT (this node a server), and mDNS if `mdns`.
+///
+/// # Errors
+/// mDNS cannot start (no multicast-capable interface).
+fn build_swarm(key: Keypair, timeout: Duration, mdns: bool) -> anyhow::Result<Swarm<Behaviour>> {
+    let mut swarm = libp2p::SwarmBuilder::with_existing_identity(key)
+        .with_tokio()
+        .with_quic()
+        .with_behaviour(|key| {
+            let mdns = if mdns {
+                let config = libp2p::mdns::Config {
+                    // A joining peer asks again every few seconds until the bootstrap listens.
+                    query_interval: Duration::from_secs(5),
+                    ..Default::default()
+                };
+                Some(libp2p::mdns::tokio::Behaviour::new(
+                    config,
+                    key.public().to_peer_id(),
+                )?)
+            } else {
+                None
+            };
+            Ok(Behaviour {
+                join: request_response::json::Behaviour::new(
+                    [(StreamProtocol::new("/murmur/join/1"), ProtocolSupport::Full)],
+                    request_response::Config::default().with_request_timeout(timeout),
+                ),
+                ping: ping::Behaviour::new(ping::Config::new()),
+                identify: identify::Behaviour::new(identify::Config::new(
+                    "/murmur/1.0.0".into(),
+                    key.public(),
+                )),
+                mdns: Toggle::from(mdns),
+                kad: {
+                    let id = key.public().to_peer_id();
+                    let mut config = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
+                    // A run may last days; peer 0 republishes its record (kad's default
+                    // interval) while it lives.
+                    config.set_record_ttl(None);
+                    config.set_query_timeout(Duration::from_secs(10));
+                    // The routing table is fed by identify and by the lookups that follow
+                    // each insertion; a timed refresh would only warn while it is empty.
+                    config.set_periodic_bootstrap_interval(None);
+                    // Records others store here are checked first ([`serve_dht`]).
+                    config.set_record_filtering(kad::StoreInserts::FilterBoth);
+                    kad::Behaviour::with_config(id, kad::store::MemoryStore::new(id), config)
+                },
+            })
+        })
+        .map_err(|e| {
+            anyhow!("building the libp2p behaviour (mDNS needs a multicast-capable interface): {e}")
+        })?
+        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(24 * 3600)))
+        .build();
+    // Every peer serves the DHT: a node without confirmed external addresses would stay a
+    // client, and a run on one machine or a private network has none.
+    swarm.behaviour_mut().kad.set_mode(Some(kad::Mode::Server));
+    Ok(swarm)
+}
+
+/// This node's part in the run's DHT, for every control-plane `event`: identify feeds
+/// Kademlia's routing table (a node that speaks the run's DHT protocol is routable at the
+/// listen addresses it reports), and a record another node asks to store here is kept only
+/// if it is the [`BootstrapRecord`] of `bootstrap` (the run's peer 0 as this node knows it;
+/// `None`, a peer still joining: nothing is kept), signed by it — so no node can overwrite
+/// the genuine record with its own, and nothing else is stored.
+fn serve_dht(
+    swarm: &mut Swarm<Behaviour>,
+    event: &SwarmEvent<BehaviourEvent>,
+    bootstrap: Option<PeerId>,
+) {
+    match event {
+        SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
+            peer_id,
+            info,
+            ..
+        })) if info.protocols.iter().any(|p| p.as_ref() == KAD_PROTOCOL) => {
+            for addr in &info.listen_addrs {
+                swarm.behaviour_mut().kad.add_address(peer_id, addr.clone());
+            }
+        }
+        SwarmEvent::Behaviour(BehaviourEvent::Kad(kad::Event::InboundRequest {
+            request:
+                kad::InboundRequest::PutRecord {
+                    source,
+                    record: Some(record),
+                    ..
+                },
+        })) => {
+            let genuine = record.key.as_ref() == BOOTSTRAP_KEY
+                && bootstrap.is_some_and(|b| verified_record(&record.value) == Some(b));
+            if genuine {
+                let kept = kad::store::RecordStore::put(
+                    swarm.behaviour_mut().kad.store_mut(),
+                    record.clone(),
+                );
+                if let Err(e) = kept {
+                    debug!(%source, "cannot keep the bootstrap record: {e}");
+                }
+            } else {
+                debug!(%source, "refused to store a DHT record that is not the run bootstrap's");
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Writes `address` (a new listen address of this node, completed with its PeerId) to
+/// each of `files`; returns the full address.
+///
+/// # Errors
+/// The file cannot be written.
+fn publish_address(
+    local: PeerId,
+    address: Multiaddr,
+    files: &[PathBuf],
+) -> anyhow::Result<Multiaddr> {
+    let full = address
+        .with_p2p(local)
+        .map_err(|a| anyhow!("bad listen address {a}"))?;
+    for path in files {
+        crate::metrics::write_atomic(path, full.to_string().as_bytes())
+            .with_context(|| format!("publishing this peer's address to {}", path.display()))?;
+    }
+    Ok(full)
+}
+
+/// Stores peer 0's signed record (PeerId, `addrs`) locally and offers it to the nodes of the
+/// DHT closest to [`BOOTSTRAP_KEY`] (none yet at the start: then only the local store holds
+/// it, and lookups reach it through the members' routing tables).
+fn publish_record(swarm: &mut Swarm<Behaviour>, key: &Keypair, addrs: &[Multiaddr]) {
+    let record = BootstrapRecord::signed(key, addrs).and_then(|r| Ok(serde_json::to_vec(&r)?));
+    let stored = record.and_then(|value| {
+        let record = kad::Record::new(kad::RecordKey::new(&BOOTSTRAP_KEY), value);
+        swarm
+            .behaviour_mut()
+            .kad
+            .put_record(record, kad::Quorum::One)
+            .map_err(|e| anyhow!("{e}"))
+    });
+    if let Err(e) = stored {
+        warn!("cannot publish the bootstrap record in the DHT: {e:#}");
+    }
+}
+
+/// Runs discovery with the identity `key`, listening on `listen`, and returns the directory
+/// (n entries, indexed by rank). `me` is this peer's entry except for `peer_id`, which is
+/// filled in here. The bootstrap admits only the peers `gate` lets in; a joining peer takes
+/// a directory only from a bootstrap that proves the run key, if there is one.
+///
+/// # Errors
+/// This node cannot listen, the bootstrap cannot be reached (nor found in the DHT), a peer
+/// was refused, or not all n peers joined within `timeout`.
+#[allow(clippy::too_many_arguments)]
+pub async fn discover(
+    role: Role,
+    listen: Listen,
+    mut me: PeerInfo,
+    fingerprint: Fingerprint,
+    timeout: Duration,
+    key: Keypair,
+    gate: Gate,
+    mdns: bool,
+) -> anyhow::Result<Discovered> {
+    let mut swarm = build_swarm(key.clone(), timeout, mdns)?;
+    me.peer_id = swarm.local_peer_id().to_string();
+    swarm
+        .listen_on(listen.addr.clone())
+        .with_context(|| format!("cannot listen on {} (--listen)", listen.addr))?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let (directory, late) = match role {
+        Role::Bootstrap {
+            initial,
+            joined,
+            settled,
+            resume,
+        } => {
+            let directory = tokio::time::timeout_at(
+                deadline,
+                serve(
+                    &mut swarm,
+                    me,
+                    fingerprint.clone(),
+                    (&key, &listen.files),
+                    &gate,
+                    resume,
+                    initial,
+                ),
+            )
+            .await
+            .map_err(|_| anyhow!("not all peers joined within {timeout:?}"))??;
+            // Offer the record again, now that the initial peers are in the routing table.
+            let addrs: Vec<Multiaddr> = swarm.listeners().cloned().collect();
+            publish_record(&mut swarm, &key, &addrs);
+            (directory, Some((joined, settled)))
+        }
+        Role::Join {
+            bootstrap,
+            rejoin,
+            checkpoint_rounds,
+            any_rank,
+        } => {
+            let request = JoinRequest {
+                info: me,
+                fingerprint: fingerprint.clone(),
+                rejoin,
+                checkpoint_rounds,
+                any_rank,
+                proof: None,
+            };
+            let refusals = std::sync::Mutex::new(Vec::new());
+            let directory = tokio::time::timeout_at(deadline, join(&mut swarm, bootstrap.clone(), request, &gate, &listen.files, &refusals))
+                .await
+                .map_err(|_| {
+                    let refused = refusals.lock().map(|r| r.join("; ")).unwrap_or_default();
+                    match bootstrap.as_slice() {
+                        [] if refused.is_empty() => anyhow!("--mdns: found no bootstrap on the local network within {timeout:?} (is peer 0 running with --mdns, listening on an address of this LAN, e.g. --listen /ip4/0.0.0.0/udp/4001/quic-v1?)"),
+                        [] => anyhow!("--mdns: no bootstrap on the local network took this peer within {timeout:?}; refused by: {refused}"),
+                        b if refused.is_empty() => anyhow!("no directory from the bootstrap {} within {timeout:?} (is peer 0 running and reachable? a new peer waits for the one joining before it)", list(b)),
+                        b => anyhow!("no directory from the bootstrap {} within {timeout:?}: {refused} (is peer 0 running, and reachable at the addresses it publishes, its --listen?)", list(b)),
+                    }
+                })??;
+            (directory, None)
+        }
+    };
+    // Keep the control plane alive for liveness; the bootstrap answers late joins.
+    let dir = directory.directory.clone();
+    let boot: Option<PeerId> = dir
+        .first()
+        .and_then(|p| p.as_ref())
+        .and_then(|p| p.peer_id.parse().ok());
+    tokio::spawn(async move {
+        match late {
+            Some((joined, settled)) => {
+                let mut late = LateJoins {
+                    dir,
+                    fingerprint,
+                    gate,
+                    joined,
+                    pending: None,
+                    waiting: std::collections::VecDeque::new(),
+                    limit: timeout,
+                };
+                late.run(swarm, settled).await
+            }
+            None => loop {
+                let event = swarm.select_next_some().await;
+                match as_member(&mut swarm, event, boot, &listen.files) {
+                    Ok(Some(other)) => log_event(other),
+                    Ok(None) => {}
+                    Err(e) => warn!("{e:#}"),
+                }
+            },
+        }
+    });
+    Ok(directory)
+}
+
+/// What a node that is not the bootstrap does with a control-plane `event`, besides its own
+/// business: it serves the DHT ([`serve_dht`]), answers a join request with
+/// [`JoinResponse::NotBootstrap`] naming `bootstrap` (the run's peer 0 as it knows it; `None`
+/// while it is joining itself), and writes a new listen address to `files`. Returns the
+/// event if it was none of those.
+///
+/// # Errors
+/// A listen address cannot be written.
+fn as_member(
+    swarm: &mut Swarm<Behaviour>,
+    event: SwarmEvent<BehaviourEvent>,
+    bootstrap: Option<PeerId>,
+    files: &[PathBuf],
+) -> anyhow::Result<Option<SwarmEvent<BehaviourEvent>>> {
+    serve_dht(swarm, &event, bootstrap);
+    match event {
+        SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
+            peer,
+            message: request_response::Message::Request { channel, .. },
+            ..
+        })) => {
+            debug!(%peer, ?bootstrap, "a join request to a node that is not the bootstrap");
+            let answer = policy::not_bootstrap(bootstrap);
+            let _ = swarm.behaviour_mut().join.send_response(channel, answer);
+            Ok(None)
+        }
+        SwarmEvent::NewListenAddr { address, .. } => {
+            let full = publish_address(*swarm.local_peer_id(), address, files)?;
+            debug!(%full, "listening");
+            Ok(None)
+        }
+        other => Ok(Some(other)),
+    }
+}
+
+/// Logs a control-plane event nobody acts on.
+fn log_event(event: SwarmEvent<BehaviourEvent>) {
+    match event {
+        SwarmEvent::ConnectionClosed { peer_id, cause, .. } => {
+            debug!(%peer_id, ?cause, "control-plane connection closed")
+        }
+        other => debug!(?other, "control plane"),
+    }
+}
+
+/// A join request waiting for an answer.
+type Waiting = (
+    PeerId,
+    JoinRequest,
+    request_response::ResponseChannel<JoinResponse>,
+);
+
+/// The bootstrap's side of the running run: restarted peers are answered at once, new
+/// peers (taking an empty rank) one at a time.
+struct LateJoins {
+    /// The directory as the bootstrap knows it.
+    dir: Directory,
+    fingerprint: Fingerprint,
+    gate: Gate,
+    /// Where new peers are announced to peer 0's data plane.
+    joined: tokio::sync::mpsc::Sender<crate::net::NetEvent>,
+    /// The new peer being taken in, and since when.
+    pending: Option<(Rank, tokio::time::Instant)>,
+    /// New peers waiting for it, in order of arrival.
+    waiting: std::collections::VecDeque<Waiting>,
+    /// How long a new peer may take to settle before the next is let in anyway.
+    limit: Duration,
+}
+
+impl LateJoins {
+    /// Answers the join requests reaching `swarm` (and serves the DHT) for as long as the
+    /// run lives; `settled` brings the rank of each new peer once it mixes with the run.
+    async fn run(
+        &mut self,
+        mut swarm: Swarm<Behaviour>,
+        mut settled: tokio::sync::mpsc::UnboundedReceiver<Rank>,
+    ) {
+        let local = *swarm.local_peer_id();
+        loop {
+            let until = self.pending.map(|(_, since)| since + self.limit);
+            tokio::select! {
+                event = swarm.select_next_some() => { serve_dht(&mut swarm, &event, Some(local)); match event {
+                    SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
+                        peer,
+                        message: request_response::Message::Request { request, channel, .. },
+                        ..
+                    })) => {
+                        if self.pending.is_some() && policy::takes_empty_rank(&self.dir, &request) {
+                            info!(%peer, "a new peer waits until the one joining before it mixes with the run");
+                            self.waiting.push_back((peer, request, channel));
+                        } else {
+                            self.answer(&mut swarm, (peer, request, channel)).await;
+                        }
+                    }
+                    other => log_event(other),
+                }},
+                Some(rank) = settled.recv() => {
+                    if self.pending.is_some_and(|(p, _)| p == rank) {
+                        debug!(rank, "the new peer settled");
+                        self.pending = None;
+                    }
+                }
+                _ = tokio::time::sleep_until(until.unwrap_or_else(tokio::time::Instant::now)), if until.is_some() => {
+                    if let Some((rank, _)) = self.pending.take() {
+                        warn!(rank, "the new peer {rank} did not reach its first round within {:?}; admitting the next", self.limit);
+                    }
+                }
+            }
+            while self.pending.is_none() {
+                let Some(next) = self.waiting.pop_front() else {
+                    break;
+                };
+                self.answer(&mut swarm, next).await;
+            }
+        }
+    }
+
+    /// Answers one late join as [`policy::admit_rejoin`] decides; a new peer admitted
+    /// becomes the pending one and is announced to the data plane.
+    async fn answer(&mut self, swarm: &mut Swarm<Behaviour>, (peer, request, channel): Waiting) {
+        let local = *swarm.local_peer_id();
+        let ids = (&local, &peer);
+        let late = policy::admit_rejoin(&mut self.dir, &self.fingerprint, &self.gate, ids, request);
+        match &late {
+            Late::Refused(why) => warn!(%peer, "refused a late join: {why}"),
+            Late::Rejoined(rank) => info!(rank, %peer, "peer rejoins the run"),
+            Late::Joined(info) => {
+                let r = info.rank;
+                info!(rank = r, %peer, "a new peer takes rank {r} of the running run");
+            }
+        }
+        let answer = policy::late_answer(&self.dir, &late, &self.gate, ids);
+        let _ = swarm.behaviour_mut().join.send_response(channel, answer);
+        let Late::Joined(info) = late else {
+            return;
+        };
+        self.pending = Some((info.rank, tokio::time::Instant::now()));
+        match info.data_addr_and_id() {
+            Ok((data_addr, peer_id)) => {
+                let ev = crate::net::NetEvent::Joined {
+                    rank: info.rank,
+                    peer_id,
+                    data_addr,
+                };
+                let _ = self.joined.send(ev).await;
+            }
+            Err(e) => warn!("{e:#}"),
+        }
+    }
+}
+
+/// Multiaddrs for a message: `a`, or `a, b`.
+fn list(addrs: &[Multiaddr]) -> String {
+    addrs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Peer 0 before the run starts: admits join requests as [`policy::admit_initial`] decides
+/// until the initial set is complete (`initial` of the n ranks, peer 0's entry `me`
+/// included) and the bootstrap listens, then answers every admitted peer at once. Each
+/// listen address is written to `addr_files`, and the record signed with `key` published in
+/// the DHT. `resume`: peer 0's own checkpoint rounds, for a whole run resuming from them.
+///
+/// # Errors
+/// The libp2p listener fails or closes, a listen address cannot be written, or (resuming)
+/// the peers hold no checkpoint of a common round (each waiting peer is refused so too).
+async fn serve(
+    swarm: &mut Swarm<Behaviour>,
+    me: PeerInfo,
+    fingerprint: Fingerprint,
+    (key, addr_files): (&Keypair, &[PathBuf]),
+    gate: &Gate,
+    resume: Option<Vec<u64>>,
+    initial: usize,
+) -> anyhow::Result<Discovered> {
+    let n = fingerprint.peers;
+    let mut slots: Vec<Option<PeerInfo>> = vec![None; n];
+    let mut waiting = Vec::new();
+    let r0 = me.rank;
+    slots[r0] = Some(me);
+    // Resuming a whole run: each peer's checkpoint rounds, by rank.
+    let mut rounds: Vec<Vec<u64>> = vec![Vec::new(); n];
+    if let Some(own) = &resume {
+        rounds[r0] = own.clone();
+    }
+    // Peers can only join once we listen; with n = 1 the address must still be published.
+    let mut listening = false;
+    loop {
+        if listening && policy::initial_complete(&slots, initial) {
+            let resume_round = match policy::resume_round(resume.is_some(), &rounds, &slots) {
+                Ok(round) => round,
+                Err(why) => {
+                    for (_, channel) in waiting {
+                        let _ = swarm
+                            .behaviour_mut()
+                            .join
+                            .send_response(channel, JoinResponse::Refused(why.clone()));
+                    }
+                    bail!("{why}");
+                }
+            };
+            answer_initial(swarm, waiting, &slots, resume_round, gate).await;
+            let present = slots.iter().filter(|s| s.is_some()).count();
+            if present < n {
+                info!(
+                    peers = present,
+                    of = n,
+                    "the initial peers joined; the other ranks may join the running run"
+                );
+            } else {
+                info!(peers = n, "all peers joined");
+            }
+            return Ok(Discovered {
+                rank: r0,
+                directory: slots,
+                resume_round,
+            });
+        }
+        let event = swarm.select_next_some().await;
+        let local = *swarm.local_peer_id();
+        serve_dht(swarm, &event, Some(local));
+        match event {
+            SwarmEvent::NewListenAddr { address, .. } => {
+                let full = publish_address(local, address, addr_files)?;
+                info!(%full, "bootstrap listening");
+                listening = true;
+                let addrs: Vec<Multiaddr> = swarm.listeners().cloned().collect();
+                publish_record(swarm, key, &addrs);
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
+                peer,
+                message:
+                    request_response::Message::Request {
+                        request, channel, ..
+                    },
+                ..
+            })) => {
+                let ids = (&local, &peer);
+                let resuming = resume.is_some();
+                match policy::admit_initial(&slots, &fingerprint, gate, ids, &request, resuming) {
+                    Err(why) => {
+                        warn!(%peer, "refused a join: {why}");
+                        let _ = swarm
+                            .behaviour_mut()
+                            .join
+                            .send_response(channel, JoinResponse::Refused(why));
+                    }
+                    Ok(info) => {
+                        let r = info.rank;
+                        rounds[r] = request.checkpoint_rounds;
+                        info!(rank = r, %peer, "peer joined");
+                        slots[r] = Some(info);
+                        waiting.push((peer, channel));
+                    }
+                }
+            }
+            SwarmEvent::ListenerError { error, .. } => {
+                bail!("the bootstrap's libp2p listener failed: {error}")
+            }
+            SwarmEvent::ListenerClosed {
+                reason: Err(error), ..
+            } => bail!("the bootstrap's libp2p listener closed: {error}"),
+            other => debug!(?other, "bootstrap"),
+        }
+    }
+}
+
+/// Sends each `waiting` peer the directory `dir` ([`policy::initial_answer`]: with the
+/// round to resume from, if any, and the bootstrap's run-key tag), then lets the responses
+/// go out (at most 10 s) before the caller moves on.
+async fn answer_initial(
+    swarm: &mut Swarm<Behaviour>,
+    waiting: Vec<(PeerId, request_response::ResponseChannel<JoinResponse>)>,
+    dir: &[Option<PeerInfo>],
+    resume_round: Option<u64>,
+    gate: &Gate,
+) {
+    let local = *swarm.local_peer_id();
+    let mut pending = waiting.len();
+    for (peer, channel) in waiting {
+        let answer = policy::initial_answer(dir, resume_round, gate.answer(&local, &peer));
+        let _ = swarm.behaviour_mut().join.send_response(channel, answer);
+    }
+    let flush = async {
+        while pending > 0 {
+            if let SwarmEvent::Behaviour(BehaviourEvent::Join(
+                request_response::Event::ResponseSent { .. }
+                | request_response::Event::InboundFailure { .. },
+            )) = swarm.select_next_some().await
+            {
+                pending -= 1;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(10), flush).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Polls `member` (serving the DHT for `boot`) and `sender` until `sender`'s put is
+    /// answered, then `member` a little longer (its store is written when it handles the
+    /// request, which may come after the answer reaches `sender`).
+    async fn put_to(
+        member: &mut Swarm<Behaviour>,
+        sender: &mut Swarm<Behaviour>,
+        boot: PeerId,
+        record: kad::Record,
+    ) {
+        let to = *member.local_peer_id();
+        sender
+            .behaviour_mut()
+            .kad
+            .put_record_to(record, std::iter::once(to), kad::Quorum::One);
+        let answered = async {
+            loop {
+                tokio::select! {
+                    e = member.select_next_some() => serve_dht(member, &e, Some(boot)),
+                    e = sender.select_next_some() => if let SwarmEvent::Behaviour(BehaviourEvent::Kad(
+                        kad::Event::OutboundQueryProgressed { result: kad::QueryResult::PutRecord(_), .. },
+                    )) = e {
+                        break;
+                    },
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), answered)
+            .await
+            .expect("the put was answered");
+        let settle = async {
+            loop {
+                let e = member.select_next_some().await;
+                serve_dht(member, &e, Some(boot));
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_millis(300), settle).await;
+    }
+
+    fn stored(member: &mut Swarm<Behaviour>) -> Option<PeerId> {
+        let key = kad::RecordKey::new(&BOOTSTRAP_KEY);
+        let record = kad::store::RecordStore::get(member.behaviour_mut().kad.store_mut(), &key)?;
+        verified_record(&record.value)
+    }
+
+    #[tokio::test]
+    async fn a_member_stores_only_the_record_its_bootstrap_signed() {
+        let peer0 = Keypair::generate_ed25519();
+        let boot = peer0.public().to_peer_id();
+        let other = Keypair::generate_ed25519();
+        let timeout = Duration::from_secs(10);
+        let mut member = build_swarm(Keypair::generate_ed25519(), timeout, false).unwrap();
+        member
+            .listen_on("/ip4/127.0.0.1/udp/0/quic-v1".parse().unwrap())
+            .unwrap();
+        let addr = loop {
+            if let SwarmEvent::NewListenAddr { address, .. } = member.select_next_some().await {
+                break address;
+            }
+        };
+        // Any node of the network may send puts: here one that is not peer 0.
+        let mut sender = build_swarm(other.clone(), timeout, false).unwrap();
+        let member_id = *member.local_peer_id();
+        sender
+            .behaviour_mut()
+            .kad
+            .add_address(&member_id, addr.clone());
+        let record = |r: BootstrapRecord| {
+            kad::Record::new(
+                kad::RecordKey::new(&BOOTSTRAP_KEY),
+                serde_json::to_vec(&r).unwrap(),
+            )
+        };
+        let genuine = record(BootstrapRecord::signed(&peer0, std::slice::from_ref(&addr)).unwrap());
+        // Validly signed, but by another identity claiming to be the bootstrap.
+        let impostor =
+            record(BootstrapRecord::signed(&other, std::slice::from_ref(&addr)).unwrap());
+        put_to(&mut member, &mut sender, boot, impostor.clone()).await;
+        assert_eq!(stored(&mut member), None, "an impostor's record is refused");
+        put_to(&mut member, &mut sender, boot, genuine).await;
+        assert_eq!(stored(&mut member), Some(boot), "peer 0's record is kept");
+        put_to(&mut member, &mut sender, boot, impostor).await;
+        assert_eq!(
+            stored(&mut member),
+            Some(boot),
+            "and cannot be overwritten by another"
+        );
+        // Nothing else is stored either.
+        let key = kad::RecordKey::new(&b"/something/else");
+        let junk = kad::Record::new(key.clone(), b"data".to_vec());
+        put_to(&mut member, &mut sender, boot, junk).await;
+        let kept = kad::store::RecordStore::get(member.behaviour_mut().kad.store_mut(), &key);
+        assert!(kept.is_none());
+    }
+}
