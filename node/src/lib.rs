@@ -2,20 +2,23 @@
 //! metrics. This is the only crate of the workspace that does I/O; the algorithms live in
 //! `murmur-gossip`, the compressors in `murmur-compress` and the graph maths in
 //! `murmur-topology`.
+//!
+//! The crate is arranged by wing:
+//! - [`config`]: the command line and run configs, parsed and checked once;
+//! - [`train`]: models, data, the local optimizer;
+//! - [`control`]: discovery, admission, identities, membership (libp2p, the control plane);
+//! - [`plane`]: the data plane that carries the parameters (QUIC);
+//! - [`peer`]: one peer's run, which drives an algorithm of `murmur-gossip` over the planes;
+//! - [`report`]: epoch rows, the collector on peer 0, summaries;
+//! - [`launch`]: n peers on one machine, supervised;
+//! - [`tools`]: the simulator and the benchmarks.
 #![warn(missing_docs)]
 
-pub mod algo;
-pub mod auth;
-pub mod bench;
-pub mod checkpoint;
 pub mod config;
-pub mod data;
-pub mod discovery;
+pub mod control;
 pub mod launch;
-pub mod metrics;
-pub mod model;
-pub mod net;
-pub mod netbench;
-pub mod pause;
 pub mod peer;
-pub mod simulate;
+pub mod plane;
+pub mod report;
+pub mod tools;
+pub mod train;

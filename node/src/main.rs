@@ -3,11 +3,11 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use murmur::bench::BenchArgs;
+use murmur::tools::bench::BenchArgs;
 use murmur::config::{load_topology, RunArgs};
 use murmur::launch::LaunchArgs;
 use murmur::peer::PeerArgs;
-use murmur::simulate::SimArgs;
+use murmur::tools::simulate::SimArgs;
 
 #[derive(Parser)]
 #[command(
@@ -55,7 +55,7 @@ enum Cmd {
     /// one-way delay), with or without link emulation.
     Netbench {
         #[command(flatten)]
-        args: murmur::netbench::NetBenchArgs,
+        args: murmur::tools::netbench::NetBenchArgs,
     },
     /// Print the PeerId of a peer's key file, making the key pair if the file does not
     /// exist (`<run>/identity/peer-<rank>.key` is where a peer looks by default): the lines
@@ -117,10 +117,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Launch { run, launch } => murmur::launch::run(&run, &launch).map(|_| ()),
         Cmd::Peer { run, peer } => murmur::peer::run(&run, &peer),
-        Cmd::Simulate { run, sim } => murmur::simulate::run(&run, &sim),
-        Cmd::Netbench { args } => murmur::netbench::run(&args),
-        Cmd::Bench(bench) => murmur::bench::run(&bench),
-        Cmd::Identity { file } => murmur::auth::load_or_create_identity(&file).map(|key| {
+        Cmd::Simulate { run, sim } => murmur::tools::simulate::run(&run, &sim),
+        Cmd::Netbench { args } => murmur::tools::netbench::run(&args),
+        Cmd::Bench(bench) => murmur::tools::bench::run(&bench),
+        Cmd::Identity { file } => murmur::control::auth::load_or_create_identity(&file).map(|key| {
             println!("{}", key.public().to_peer_id());
         }),
         Cmd::Topology {
@@ -136,8 +136,8 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            if e.downcast_ref::<murmur::pause::Departed>().is_some() {
-                ExitCode::from(murmur::pause::DEPARTED_EXIT_CODE)
+            if e.downcast_ref::<murmur::control::pause::Departed>().is_some() {
+                ExitCode::from(murmur::control::pause::DEPARTED_EXIT_CODE)
             } else if let Some(s) = e.downcast_ref::<murmur::launch::Interrupted>() {
                 ExitCode::from(s.exit_code())
             } else {

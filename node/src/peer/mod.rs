@@ -6,6 +6,9 @@
 //! bounded queue per destination the other way). The gossip state machine is sans-I/O:
 //! this module is its driver.
 
+pub mod algo;
+pub mod checkpoint;
+
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -25,15 +28,14 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn};
 
-use crate::algo;
-use crate::auth::{self, Admitted};
-use crate::checkpoint::{self, Checkpoint, CheckpointMeta};
+use crate::control::auth::{self, Admitted};
+use checkpoint::{Checkpoint, CheckpointMeta};
 use crate::config::{DeviceSpec, Init, RunArgs};
-use crate::data::{partition, Batches, Dataset, RunData};
-use crate::discovery::{discover, Discovered, Fingerprint, Gate, Listen, PeerInfo, Role};
-use crate::metrics::{self, EpochRow, MembershipEvent, PeerEpoch, Summary};
-use crate::model::{self, Net};
-use crate::net::{DataPlane, Links, NetEvent};
+use crate::train::data::{partition, Batches, Dataset, RunData};
+use crate::control::discovery::{discover, Discovered, Fingerprint, Gate, Listen, PeerInfo, Role};
+use crate::report::{self, EpochRow, MembershipEvent, PeerEpoch, Summary};
+use crate::train::model::{self, Net};
+use crate::plane::{DataPlane, Links, NetEvent};
 
 /// Samples per batch when a model is evaluated on a data set (a memory bound, not a
 /// hyperparameter).
@@ -116,12 +118,12 @@ pub const REJOIN_MARGIN_ROUNDS: u64 = 20;
 /// Runs one peer to the end of training. Dispatches on the device.
 ///
 /// A peer that was paused for longer than the peer timeout (and so declared departed by
-/// the others) fails with [`crate::pause::Departed`] once it continues; peer 0 cannot be
+/// the others) fails with [`crate::control::pause::Departed`] once it continues; peer 0 cannot be
 /// taken back, so its error only says that it was paused.
 pub fn run(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
     args.validate()?;
     check_device(args.device)?;
-    let watch = crate::pause::PauseWatch::start();
+    let watch = crate::control::pause::PauseWatch::start();
     let timeout = Duration::from_secs(args.peer_timeout_secs);
     train(args, peer).map_err(|e| match peer.rank {
         Some(0) if watch.longest_pause() >= timeout => e.context(format!(
@@ -585,7 +587,7 @@ fn run_on<B: AutodiffBackend>(
     // them as empty, so that it admits a new peer taking one.
     drv.start_without(&empty)?;
     if rank == 0 {
-        println!("{}", metrics::table_header());
+        println!("{}", report::table_header());
     }
 
     let mut velocity = vec![0.0f32; d];
@@ -784,7 +786,7 @@ fn run_on<B: AutodiffBackend>(
             wall_seconds: start.elapsed().as_secs_f64(),
         };
         info!(epoch, epochs = args.epochs, test_accuracy, "epoch done");
-        metrics::append_json_line(&peer_log, &report)?;
+        report::append_json_line(&peer_log, &report)?;
         drv.report(report.clone(), &x)?;
         last_report = Some(report);
     }
@@ -1973,10 +1975,10 @@ impl Collector {
             jsonl.extend(serde_json::to_vec(r)?);
             jsonl.push(b'\n');
         }
-        metrics::write_atomic(&path, &jsonl)?;
-        metrics::write_atomic(
+        report::write_atomic(&path, &jsonl)?;
+        report::write_atomic(
             &self.dir.join("epochs.csv"),
-            metrics::to_csv(&rows)?.as_bytes(),
+            report::to_csv(&rows)?.as_bytes(),
         )?;
         self.carried = rows.last().cloned();
         self.rows = rows;
@@ -1993,7 +1995,7 @@ impl Collector {
     /// reports are complete; after a rejoin its reports are awaited from the epoch of
     /// that round on.
     fn membership(&mut self, event: MembershipEvent, back_at: Option<u64>) -> anyhow::Result<()> {
-        metrics::append_json_line(&self.dir.join("membership.jsonl"), &event)?;
+        report::append_json_line(&self.dir.join("membership.jsonl"), &event)?;
         let from = match back_at {
             None => usize::MAX,
             Some(at) => (at / self.rounds_per_epoch.max(1)) as usize + 1,
@@ -2019,7 +2021,7 @@ impl Collector {
             .collect();
         for epoch in complete {
             let slots = self.pending.remove(&epoch).unwrap_or_default();
-            metrics::append_json_line(
+            report::append_json_line(
                 &self.dir.join("distances.jsonl"),
                 &PeerDistances {
                     epoch,
@@ -2027,12 +2029,12 @@ impl Collector {
                 },
             )?;
             let row = self.aggregate(epoch, slots.into_iter().flatten().collect())?;
-            println!("{}", metrics::format_row(&row));
-            metrics::append_json_line(&self.dir.join("epochs.jsonl"), &row)?;
+            println!("{}", report::format_row(&row));
+            report::append_json_line(&self.dir.join("epochs.jsonl"), &row)?;
             self.rows.push(row);
-            metrics::write_atomic(
+            report::write_atomic(
                 &self.dir.join("epochs.csv"),
-                metrics::to_csv(&self.rows)?.as_bytes(),
+                report::to_csv(&self.rows)?.as_bytes(),
             )?;
         }
         Ok(())
@@ -2163,7 +2165,7 @@ pub(crate) fn summary(
         departures: String::new(),
         rejoins: String::new(),
         joins: String::new(),
-        outcome: metrics::COMPLETED.to_string(),
+        outcome: report::COMPLETED.to_string(),
         peer_failures: String::new(),
         restarts: String::new(),
     }
@@ -2171,8 +2173,8 @@ pub(crate) fn summary(
 
 /// Writes `summary.json` and `summary.csv` into `dir` and prints the summary line.
 pub(crate) fn write_summary(dir: &Path, summary: &Summary) -> anyhow::Result<()> {
-    metrics::save_summary(dir, summary)?;
-    println!("{}", metrics::summary_line(summary));
+    report::save_summary(dir, summary)?;
+    println!("{}", report::summary_line(summary));
     println!("run folder: {}", dir.display());
     Ok(())
 }

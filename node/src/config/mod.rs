@@ -10,8 +10,8 @@ use murmur_topology::{PushSchedule, Topology, TopologySpec};
 /// The time-varying one-peer exponential schedule's name for `--topology`.
 pub use murmur_topology::ONE_PEER_EXPONENTIAL;
 
-use crate::data::Partition;
-use crate::model::ModelKind;
+use crate::train::data::Partition;
+use crate::train::model::ModelKind;
 
 pub use murmur_gossip::AlgorithmSpec;
 use murmur_gossip::{AlgorithmOptions, PsMode, Resumable};
@@ -502,10 +502,10 @@ impl RunArgs {
             }
         }
         if let Some(path) = &self.allow_peers {
-            crate::auth::read_allow_list(path)?;
+            crate::control::auth::read_allow_list(path)?;
         }
         if let Some(path) = &self.run_key {
-            crate::auth::RunKey::read(path)?;
+            crate::control::auth::RunKey::read(path)?;
         }
         match (self.straggler_policy, self.straggler_deadline_ms) {
             (StragglerPolicy::Skip, None | Some(0)) => {
@@ -557,7 +557,7 @@ impl RunArgs {
                 );
             }
         }
-        if matches!(self.model.input(), crate::model::Input::Tokens { .. })
+        if matches!(self.model.input(), crate::train::model::Input::Tokens { .. })
             && self.partition != Partition::Iid
         {
             bail!(
@@ -610,8 +610,8 @@ impl RunArgs {
     }
 
     /// The link emulation of `--link-bandwidth` and `--link-latency`.
-    pub fn link_emulation(&self) -> crate::net::LinkEmulation {
-        crate::net::LinkEmulation {
+    pub fn link_emulation(&self) -> crate::plane::LinkEmulation {
+        crate::plane::LinkEmulation {
             rate_bytes_per_sec: self.link_bandwidth.map(|r| r.0),
             latency: self.link_latency.map(|l| l.0).unwrap_or_default(),
         }
@@ -873,7 +873,7 @@ mod tests {
         #[command(flatten)]
         run: RunArgs,
         #[command(flatten)]
-        _sim: crate::simulate::SimArgs,
+        _sim: crate::tools::simulate::SimArgs,
     }
 
     fn parse(args: &[&str]) -> anyhow::Result<RunArgs> {

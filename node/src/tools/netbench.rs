@@ -17,9 +17,9 @@ use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::auth::Admitted;
+use crate::control::auth::Admitted;
 use crate::config::{LinkLatency, LinkRate};
-use crate::net::{DataPlane, LinkEmulation, NetEvent};
+use crate::plane::{DataPlane, LinkEmulation, NetEvent};
 use libp2p::identity::Keypair;
 
 /// Idle timeout of the benchmark's connections (nothing is silent for long here).

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use murmur_gossip::AlgorithmState;
 
-use crate::discovery::Fingerprint;
+use crate::control::discovery::Fingerprint;
 
 const MAGIC: &[u8; 8] = b"MURMURCK";
 const VERSION: u32 = 3;
@@ -57,7 +57,7 @@ pub struct Checkpoint {
     /// The algorithm's state beyond x and the round (vectors `[d]`).
     pub state: AlgorithmState,
     /// The model's state that is not a parameter: BatchNorm running statistics, `[s]`
-    /// ([`crate::model::flatten_running_state`]); empty without BatchNorm.
+    /// ([`crate::train::model::flatten_running_state`]); empty without BatchNorm.
     pub model_state: Vec<f32>,
 }
 

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 #[cfg(doc)]
 use super::BootstrapRecord;
 #[cfg(doc)]
-use crate::auth::RunKey;
+use crate::control::auth::RunKey;
 
 /// What a run's peers must agree on; compared field by field at join.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,7 +73,7 @@ pub struct PeerInfo {
     pub rank: Rank,
     /// libp2p identity, as text.
     pub peer_id: String,
-    /// QUIC data-plane address; its connections prove `peer_id` ([`crate::auth`]).
+    /// QUIC data-plane address; its connections prove `peer_id` ([`crate::control::auth`]).
     pub data_addr: SocketAddr,
 }
 

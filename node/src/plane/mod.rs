@@ -7,7 +7,7 @@
 //! channel of [`NetEvent`]s.
 //!
 //! Connections are mutually authenticated with the peers' libp2p identities
-//! ([`crate::auth`]): a client accepts only the `PeerId` it dials, a server only `PeerId`s
+//! ([`crate::control::auth`]): a client accepts only the `PeerId` it dials, a server only `PeerId`s
 //! admitted to the run, and each incoming connection is bound to its peer's rank from the
 //! start — a frame on it that claims another sender is refused. Connections that fail
 //! authentication are refused and reported ([`NetEvent::Refused`]).
@@ -33,7 +33,7 @@ use quinn::{Connection, Endpoint, TransportConfig, VarInt};
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use crate::auth::{self, Admitted};
+use crate::control::auth::{self, Admitted};
 
 /// UDP socket buffer size requested from the OS (measured: ~1 GB/s on loopback with 4 MiB).
 pub const UDP_BUFFER_BYTES: usize = 4 << 20;
@@ -75,7 +75,7 @@ pub enum NetEvent {
         reason: String,
     },
     /// The bootstrap admitted a new peer into an empty rank of the running run (peer 0
-    /// only; see [`crate::discovery`]).
+    /// only; see [`crate::control::discovery`]).
     Joined {
         /// Its rank.
         rank: Rank,

@@ -5,14 +5,14 @@
 //! peer sends a [`JoinRequest`] carrying its rank, its run fingerprint (peers, topology,
 //! model, d — so a mis-configured peer is refused with a message saying what differs), its
 //! QUIC data-plane address; the bootstrap records the `PeerId` libp2p authenticated, which
-//! the data plane's certificates must then prove ([`crate::auth`]). When all n ranks have
+//! the data plane's certificates must then prove ([`crate::control::auth`]). When all n ranks have
 //! joined (or the `--initial-peers` of an elastic run), the bootstrap answers every request
 //! with the directory: an entry per rank, empty for the ranks that have not joined. The
 //! swarm then keeps running in the background for liveness (ping, identify), and the
 //! bootstrap goes on answering peers that join the running run: restarted peers
 //! (`--resume`; their entry gets the new address, the identity must stay the same) and new
 //! peers taking an empty rank (`--join-running`; allow-list permitting), whose entry it
-//! passes to the data plane as [`crate::net::NetEvent::Joined`] so that every peer admits
+//! passes to the data plane as [`crate::plane::NetEvent::Joined`] so that every peer admits
 //! the new identity. Both get the directory at once.
 //!
 //! Every peer also listens on libp2p (`--listen`) and takes part in the run's Kademlia DHT
@@ -105,7 +105,7 @@ pub enum Role {
         /// with `--join-running`. n for a run that starts complete.
         initial: usize,
         /// Where peers that take an empty rank of the running run are announced.
-        joined: tokio::sync::mpsc::Sender<crate::net::NetEvent>,
+        joined: tokio::sync::mpsc::Sender<crate::plane::NetEvent>,
         /// Peer 0's training loop sends here the rank of each new peer once it mixes with
         /// the run (peer 0 has reached the new peer's first round) or has left. New peers
         /// are admitted one at a time: the next waits for that news (or for the join
@@ -252,7 +252,7 @@ fn publish_address(
         .with_p2p(local)
         .map_err(|a| anyhow!("bad listen address {a}"))?;
     for path in files {
-        crate::metrics::write_atomic(path, full.to_string().as_bytes())
+        crate::report::write_atomic(path, full.to_string().as_bytes())
             .with_context(|| format!("publishing this peer's address to {}", path.display()))?;
     }
     Ok(full)
@@ -449,7 +449,7 @@ struct LateJoins {
     fingerprint: Fingerprint,
     gate: Gate,
     /// Where new peers are announced to peer 0's data plane.
-    joined: tokio::sync::mpsc::Sender<crate::net::NetEvent>,
+    joined: tokio::sync::mpsc::Sender<crate::plane::NetEvent>,
     /// The new peer being taken in, and since when.
     pending: Option<(Rank, tokio::time::Instant)>,
     /// New peers waiting for it, in order of arrival.
@@ -528,7 +528,7 @@ impl LateJoins {
         self.pending = Some((info.rank, tokio::time::Instant::now()));
         match info.data_addr_and_id() {
             Ok((data_addr, peer_id)) => {
-                let ev = crate::net::NetEvent::Joined {
+                let ev = crate::plane::NetEvent::Joined {
                     rank: info.rank,
                     peer_id,
                     data_addr,

@@ -10,7 +10,7 @@ use libp2p::PeerId;
 use murmur_gossip::Rank;
 
 use super::{Discovered, Fingerprint, JoinRequest, JoinResponse, PeerInfo};
-use crate::auth::RunKey;
+use crate::control::auth::RunKey;
 
 /// Who may join besides the run options: the bootstrap's checks, and what a joining peer
 /// asks of the bootstrap.

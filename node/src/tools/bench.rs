@@ -1,7 +1,7 @@
 //! `murmur bench`: the throughput of one peer's local work for a model and batch size, and
 //! the communication-to-computation ratio it implies.
 //!
-//! Measured on synthetic samples of the model's [`Input`](crate::model::Input)
+//! Measured on synthetic samples of the model's [`Input`](crate::train::model::Input)
 //! ([`Dataset::synthetic`]; the values do not change the work), each phase as the median of
 //! `--steps` repetitions after `--warmup` untimed ones, every timing ending with a device
 //! synchronisation so that a GPU's queued kernels are counted:
@@ -31,8 +31,8 @@ use murmur_gossip::FRAME_HEADER_LEN;
 use serde::Serialize;
 
 use crate::config::DeviceSpec;
-use crate::data::Dataset;
-use crate::model::{self, ModelKind, Net};
+use crate::train::data::Dataset;
+use crate::train::model::{self, ModelKind, Net};
 use crate::peer::check_device;
 
 /// Learning rate η of the benchmarked update.

@@ -55,7 +55,7 @@ impl BootstrapRecord {
     /// it; `None` otherwise (a forged, altered or malformed record).
     pub fn verify(&self) -> Option<(PeerId, Vec<Multiaddr>)> {
         let id: PeerId = self.peer_id.parse().ok()?;
-        let key = crate::auth::public_key(&id)?;
+        let key = crate::control::auth::public_key(&id)?;
         if !key.verify(&Self::message(&self.peer_id, &self.addrs), &self.signature) {
             return None;
         }

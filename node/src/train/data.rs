@@ -24,7 +24,7 @@ use rand::{RngExt, SeedableRng};
 use rand_distr::multi::Dirichlet;
 use rand_distr::Distribution;
 
-use crate::model::{Input, ModelKind};
+use crate::train::model::{Input, ModelKind};
 
 /// IDX magic of an unsigned-byte array with 3 dimensions (images).
 const IMAGES_MAGIC: u32 = 0x0000_0803;
@@ -44,10 +44,10 @@ const FILE_NAMES: [&str; 4] = [
     "t10k-labels-idx1-ubyte",
 ];
 
-static EMBEDDED_TRAIN_IMAGES: &[u8] = include_bytes!("../data/mnist/train-images-idx3-ubyte.gz");
-static EMBEDDED_TRAIN_LABELS: &[u8] = include_bytes!("../data/mnist/train-labels-idx1-ubyte.gz");
-static EMBEDDED_TEST_IMAGES: &[u8] = include_bytes!("../data/mnist/t10k-images-idx3-ubyte.gz");
-static EMBEDDED_TEST_LABELS: &[u8] = include_bytes!("../data/mnist/t10k-labels-idx1-ubyte.gz");
+static EMBEDDED_TRAIN_IMAGES: &[u8] = include_bytes!("../../data/mnist/train-images-idx3-ubyte.gz");
+static EMBEDDED_TRAIN_LABELS: &[u8] = include_bytes!("../../data/mnist/train-labels-idx1-ubyte.gz");
+static EMBEDDED_TEST_IMAGES: &[u8] = include_bytes!("../../data/mnist/t10k-images-idx3-ubyte.gz");
+static EMBEDDED_TEST_LABELS: &[u8] = include_bytes!("../../data/mnist/t10k-labels-idx1-ubyte.gz");
 
 /// How many times [`partition`] redraws a Dirichlet split that leaves a peer
 /// without samples before it repairs the best draw instead.

@@ -8,7 +8,7 @@
 //! progress bar, and watches every process:
 //!
 //! - A peer of rank ≥ 1 that exits with an error, is killed, or leaves after a pause
-//!   (exit status [`crate::pause::DEPARTED_EXIT_CODE`]) is reported under the table and in
+//!   (exit status [`crate::control::pause::DEPARTED_EXIT_CODE`]) is reported under the table and in
 //!   `summary.json` (`peer_failures`). The others train on without it wherever the
 //!   algorithm tolerates a departure (D-PSGD, SGP, CHOCO-SGD, local-SGD gossip). With
 //!   `--restart-failed N` it is started again with `--resume` (at most N times) and
@@ -36,7 +36,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::config::RunArgs;
-use crate::metrics::{self, EpochRow, MembershipEvent, Summary};
+use crate::report::{self, EpochRow, MembershipEvent, Summary};
 
 /// Arguments of `murmur launch` besides the run's.
 #[derive(Debug, Clone, Args)]
@@ -175,9 +175,9 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
             args.algorithm_name()
         );
     }
-    let dim = crate::model::Net::<burn::backend::Flex>::new(args.model, &Default::default()).dim();
+    let dim = crate::train::model::Net::<burn::backend::Flex>::new(args.model, &Default::default()).dim();
     // Loaded once here so that a bad --data fails before any peer starts.
-    let data = crate::data::RunData::load(args.model, args.data.as_deref(), args.seed)?;
+    let data = crate::train::data::RunData::load(args.model, args.data.as_deref(), args.seed)?;
     let data_bytes = 4 * (data.train.len() + data.test.len()) * data.train.features();
     drop(data);
     if !launch.ignore_memory_check {
@@ -316,7 +316,7 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
             bar.println(line);
         }
     };
-    print(metrics::table_header());
+    print(report::table_header());
     let epochs_file = run_dir.join("epochs.jsonl");
     let membership_file = run_dir.join("membership.jsonl");
     let (mut shown, mut events_shown) = (0usize, 0usize);
@@ -326,7 +326,7 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     let ended: Option<String> = loop {
         let rows: Vec<EpochRow> = read_lines(&epochs_file);
         for row in rows.iter().skip(shown) {
-            print(metrics::format_row(row));
+            print(report::format_row(row));
             bar.set_position(row.epoch as u64);
             bar.set_message(format!("x̄ acc {:.2}%", 100.0 * row.avg_model_test_accuracy));
         }
@@ -436,7 +436,7 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
         // its hello to one peer made that peer flood a departure notice, which reached
         // another peer after the new process had connected to it but before its own hello
         // was handled, and that peer's `forget(rank, false)` closed the new connection too
-        // (peer.rs `departure`). Fixing that in the peer needs a way to tell the old
+        // (the peer driver's `departure`). Fixing that in the peer needs a way to tell the old
         // process's connections from the new one's; until then the supervisors wait.
         let noticed = Duration::from_secs(args.peer_timeout_secs) + Duration::from_secs(5);
         let mut i = 0;
@@ -482,7 +482,7 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     bar.finish_and_clear();
     let rows: Vec<EpochRow> = read_lines(&epochs_file);
     for row in rows.iter().skip(shown) {
-        println!("{}", metrics::format_row(row));
+        println!("{}", report::format_row(row));
     }
     let events: Vec<MembershipEvent> = read_lines(&membership_file);
     for e in events.iter().skip(events_shown) {
@@ -494,9 +494,9 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     if !record.failures.is_empty() {
         summary.peer_failures = record.failures.join(" ");
         summary.restarts = record.restarts.join(" ");
-        metrics::save_summary(&run_dir, &summary)?;
+        report::save_summary(&run_dir, &summary)?;
     }
-    println!("{}", metrics::summary_line(&summary));
+    println!("{}", report::summary_line(&summary));
     if !summary.peer_failures.is_empty() {
         println!(
             "failed peer processes (rank:how@epoch): {}; restarted (rank@epoch): {}",
@@ -544,7 +544,7 @@ fn save_partial(
     s.outcome = outcome;
     s.peer_failures = record.failures.join(" ");
     s.restarts = record.restarts.join(" ");
-    metrics::save_summary(run_dir, &s)
+    report::save_summary(run_dir, &s)
 }
 
 /// A membership event as a line under the table.

@@ -3,7 +3,7 @@
 //! Four networks ([`ModelKind`]): an MLP and a small CNN for MNIST digits, ResNet-20 for
 //! 32×32 colour images ([`resnet`], He et al. 2016) and a small GPT-style language model
 //! ([`transformer`], Radford et al. 2019). Each takes one kind of sample ([`Input`]); a
-//! mini-batch of samples in host memory (the rows of a [`Dataset`](crate::data::Dataset))
+//! mini-batch of samples in host memory (the rows of a [`Dataset`](crate::train::data::Dataset))
 //! becomes a [`Batch`] of tensors with [`batch_tensors`], and every model turns a batch into
 //! rows of logits and their targets ([`Net::forward`]), so that one cross-entropy loss,
 //! gradient path and evaluation serve them all.
@@ -361,7 +361,7 @@ impl<B: Backend> Net<B> {
 /// Builds the batch tensors of `b = labels.len()` samples for a model that takes `input`.
 ///
 /// # Shapes
-/// - `samples`: `[b · input.features()]` row-major (a [`Dataset`](crate::data::Dataset)'s
+/// - `samples`: `[b · input.features()]` row-major (a [`Dataset`](crate::train::data::Dataset)'s
 ///   layout); `labels`: `[b]` (classes of images; ignored for token sequences)
 ///
 /// # Errors
@@ -726,12 +726,12 @@ impl<B: Backend> ModuleMapper<B> for ParamWriter<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::Dataset;
+    use crate::train::data::Dataset;
 
     type B = burn::backend::Autodiff<burn::backend::Flex>;
 
     fn batch(n: usize) -> (Vec<f32>, Vec<u8>) {
-        let mnist = crate::data::Mnist::embedded().unwrap();
+        let mnist = crate::train::data::Mnist::embedded().unwrap();
         (
             mnist.train.images[..n * INPUTS].to_vec(),
             mnist.train.labels[..n].to_vec(),

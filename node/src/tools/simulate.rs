@@ -37,12 +37,12 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 
-use crate::algo;
+use crate::peer::algo;
 use crate::config::{DeviceSpec, Init, RunArgs};
-use crate::data::{partition, Batches, Dataset, RunData};
+use crate::train::data::{partition, Batches, Dataset, RunData};
 use crate::launch::{run_folder, LaunchArgs};
-use crate::metrics::{self, PeerEpoch};
-use crate::model::{self, Net};
+use crate::report::{self, PeerEpoch};
+use crate::train::model::{self, Net};
 use crate::peer::{epoch_row, evaluate_epoch, summary, write_summary, Reported};
 
 type B = burn::backend::Autodiff<burn::backend::Flex>;
@@ -367,9 +367,9 @@ fn consensus(
             seconds: p.at_secs,
         });
     }
-    metrics::write_atomic(
+    report::write_atomic(
         &dir.join("consensus.csv"),
-        metrics::to_csv(&rows)?.as_bytes(),
+        report::to_csv(&rows)?.as_bytes(),
     )?;
     let last = rows
         .last()
@@ -493,7 +493,7 @@ fn timing(
         });
     }
     bar.finish_and_clear();
-    metrics::write_atomic(&dir.join("timing.csv"), metrics::to_csv(&rows)?.as_bytes())?;
+    report::write_atomic(&dir.join("timing.csv"), report::to_csv(&rows)?.as_bytes())?;
     let last = rows
         .last()
         .ok_or_else(|| anyhow!("no epoch was simulated"))?;
@@ -670,7 +670,7 @@ fn train(
             bar.println(line);
         }
     };
-    print(metrics::table_header());
+    print(report::table_header());
     let mut rows = Vec::new();
     let started = Instant::now();
     for epoch in 0..=args.epochs {
@@ -739,22 +739,22 @@ fn train(
                 skipped: stats.skipped,
                 wall_seconds: sim_net.now_secs(),
             };
-            metrics::append_json_line(
+            report::append_json_line(
                 &dir.join("peers").join(format!("peer-{rank}.jsonl")),
                 &report,
             )?;
             reports.push((report, x));
         }
         let row = epoch_row(epoch, &reports, &data.test, args.model, sim_net.now_secs())?;
-        print(metrics::format_row(&row));
+        print(report::format_row(&row));
         bar.set_message(format!(
             "x̄ acc {:.2}%, {:.0} s real",
             100.0 * row.avg_model_test_accuracy,
             started.elapsed().as_secs_f64()
         ));
-        metrics::append_json_line(&dir.join("epochs.jsonl"), &row)?;
+        report::append_json_line(&dir.join("epochs.jsonl"), &row)?;
         rows.push(row);
-        metrics::write_atomic(&dir.join("epochs.csv"), metrics::to_csv(&rows)?.as_bytes())?;
+        report::write_atomic(&dir.join("epochs.csv"), report::to_csv(&rows)?.as_bytes())?;
     }
     bar.finish_and_clear();
     let last = rows

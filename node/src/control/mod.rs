@@ -1,0 +1,5 @@
+//! The control plane: who is in the run. Discovery and admission over libp2p, identities
+//! and the run's secrets, and the detection of a paused process.
+pub mod auth;
+pub mod discovery;
+pub mod pause;

@@ -1,0 +1,3 @@
+//! Training: the models (Burn), the data sets and their split across peers.
+pub mod data;
+pub mod model;
