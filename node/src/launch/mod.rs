@@ -538,7 +538,7 @@ fn save_partial(
     let Some(last) = rows.last() else {
         return Ok(());
     };
-    let mut s = crate::peer::summary(args, topo, dim, last);
+    let mut s = crate::report::collector::summary(args, topo, dim, last);
     s.epochs = last.epoch;
     s.set_membership(&read_lines(&run_dir.join("membership.jsonl")));
     s.outcome = outcome;

@@ -3,6 +3,8 @@
 //!
 //! Field names are a stable interface read by experiment scripts.
 
+pub(crate) mod collector;
+
 use std::io::Write;
 use std::path::Path;
 

@@ -43,7 +43,7 @@ use crate::train::data::{partition, Batches, Dataset, RunData};
 use crate::launch::{run_folder, LaunchArgs};
 use crate::report::{self, PeerEpoch};
 use crate::train::model::{self, Net};
-use crate::peer::{epoch_row, evaluate_epoch, summary, write_summary, Reported};
+use crate::report::collector::{epoch_row, evaluate_epoch, summary, write_summary, Reported};
 
 type B = burn::backend::Autodiff<burn::backend::Flex>;
 type Dev = <B as burn::tensor::backend::BackendTypes>::Device;

@@ -1,0 +1,401 @@
+//! Peer 0's collector: the epoch reports of every peer, aggregated into the run's rows,
+//! consensus distance and summary.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use murmur_gossip::{consensus_distance, Rank};
+use serde::{Deserialize, Serialize};
+
+
+use crate::config::RunArgs;
+use crate::train::data::Dataset;
+use crate::report::{self, EpochRow, MembershipEvent, PeerEpoch, Summary};
+use crate::train::model::{self, Net};
+
+use crate::peer::frames::*;
+use crate::peer::EVAL_BATCH;
+
+/// Each peer's squared distance to the mean of the reporting peers at the end of an epoch (a
+/// line of `distances.jsonl`, written by peer 0): the per-peer terms of Ξ².
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct PeerDistances {
+    epoch: usize,
+    /// ‖x_i − x̄‖² by rank; `null` for a peer that did not report (it had left).
+    distances: Vec<Option<f64>>,
+}
+
+/// ‖x_i − x̄‖² for each present slot, x̄ the mean of the present ones.
+pub(crate) fn peer_distances(slots: &[Option<Reported>]) -> Vec<Option<f64>> {
+    let (_, mean) = consensus_distance(slots.iter().flatten().map(|(_, x)| x.as_slice()));
+    slots
+        .iter()
+        .map(|s| {
+            s.as_ref().map(|(_, x)| {
+                x.iter()
+                    .zip(&mean)
+                    .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+                    .sum()
+            })
+        })
+        .collect()
+}
+
+/// A peer's report for an epoch and its parameters x: [d].
+pub(crate) type Reported = (PeerEpoch, Vec<f32>);
+
+/// Rank 0's aggregation of the per-epoch reports into [`EpochRow`]s.
+pub(crate) struct Collector {
+    pub(crate) n: usize,
+    pub(crate) d: usize,
+    pub(crate) dir: PathBuf,
+    pub(crate) kind: model::ModelKind,
+    pub(crate) test: Dataset,
+    /// Reports by epoch, one slot per peer.
+    pub(crate) pending: BTreeMap<usize, Vec<Option<Reported>>>,
+    /// Peers that left, with the epoch from which their reports are awaited again
+    /// (`usize::MAX` until they rejoin): an epoch is complete without the others.
+    pub(crate) absent: BTreeMap<Rank, usize>,
+    /// The membership events, in order.
+    pub(crate) history: Vec<MembershipEvent>,
+    /// Rounds per epoch, to place a rejoin round in its epoch.
+    pub(crate) rounds_per_epoch: u64,
+    pub(crate) rows: Vec<EpochRow>,
+    /// A whole run resumed: the last row the earlier process(es) recorded, whose running
+    /// totals (bytes, seconds, refused and skipped frames, wall time) the new rows continue
+    /// from, so that the record and the summary cover the whole run. The rounds between
+    /// that row and the checkpoint resumed from are not counted twice, nor at all.
+    pub(crate) carried: Option<EpochRow>,
+    /// When peer 0 started training.
+    pub(crate) started: Instant,
+}
+
+impl Collector {
+    /// Peers whose report for the oldest incomplete epoch has not arrived.
+    pub(crate) fn missing_reporters(&self) -> Vec<Rank> {
+        match self.pending.iter().next() {
+            Some((&e, slots)) => (0..self.n)
+                .filter(|&r| slots[r].is_none() && self.awaits(r, e))
+                .collect(),
+            None => (0..self.n).collect(),
+        }
+    }
+
+    pub(crate) fn add_frame(&mut self, from: Rank, payload: &[u8]) -> anyhow::Result<()> {
+        let (report, x) = decode_report(payload, self.d)?;
+        if report.peer != from {
+            bail!(
+                "report claims peer {} but came from peer {from}",
+                report.peer
+            );
+        }
+        self.add(report, x)
+    }
+
+    pub(crate) fn add(&mut self, report: PeerEpoch, x: Vec<f32>) -> anyhow::Result<()> {
+        let epoch = report.epoch;
+        if report.peer >= self.n {
+            bail!("report from unknown peer {}", report.peer);
+        }
+        if self.rows.last().is_some_and(|r| r.epoch >= epoch) {
+            bail!(
+                "report of peer {} for epoch {epoch}, which is already recorded",
+                report.peer
+            );
+        }
+        let slots = self
+            .pending
+            .entry(epoch)
+            .or_insert_with(|| vec![None; self.n]);
+        let p = report.peer;
+        slots[p] = Some((report, x));
+        self.record_complete()
+    }
+
+    /// A whole run resumed at `first_epoch`: keeps the rows of the epochs before it from
+    /// `epochs.jsonl` (the later ones are recorded again) and rewrites `epochs.jsonl` and
+    /// `epochs.csv` with them.
+    pub(crate) fn keep_rows_before(&mut self, first_epoch: usize) -> anyhow::Result<()> {
+        let path = self.dir.join("epochs.jsonl");
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let mut rows = Vec::new();
+        for line in text.lines() {
+            let row: EpochRow = serde_json::from_str(line)
+                .with_context(|| format!("reading {}", path.display()))?;
+            if row.epoch < first_epoch {
+                rows.push(row);
+            }
+        }
+        let mut jsonl = Vec::new();
+        for r in &rows {
+            jsonl.extend(serde_json::to_vec(r)?);
+            jsonl.push(b'\n');
+        }
+        report::write_atomic(&path, &jsonl)?;
+        report::write_atomic(
+            &self.dir.join("epochs.csv"),
+            report::to_csv(&rows)?.as_bytes(),
+        )?;
+        self.carried = rows.last().cloned();
+        self.rows = rows;
+        Ok(())
+    }
+
+    /// Whether epoch `epoch` waits for peer `r`'s report.
+    pub(crate) fn awaits(&self, r: Rank, epoch: usize) -> bool {
+        self.absent.get(&r).is_none_or(|&from| epoch >= from)
+    }
+
+    /// Records a departure (`back_at: None`) or a rejoin from round `back_at` in
+    /// `membership.jsonl`. After a departure the epochs that waited only for the peer's
+    /// reports are complete; after a rejoin its reports are awaited from the epoch of
+    /// that round on.
+    pub(crate) fn membership(&mut self, event: MembershipEvent, back_at: Option<u64>) -> anyhow::Result<()> {
+        report::append_json_line(&self.dir.join("membership.jsonl"), &event)?;
+        let from = match back_at {
+            None => usize::MAX,
+            Some(at) => (at / self.rounds_per_epoch.max(1)) as usize + 1,
+        };
+        self.absent.insert(event.peer, from);
+        self.history.push(event);
+        self.record_complete()
+    }
+
+    /// Aggregates, prints and writes every pending epoch that has the reports of all peers
+    /// still in the run, oldest first.
+    pub(crate) fn record_complete(&mut self) -> anyhow::Result<()> {
+        let complete: Vec<usize> = self
+            .pending
+            .iter()
+            .filter(|(&e, slots)| {
+                slots
+                    .iter()
+                    .enumerate()
+                    .all(|(r, s)| s.is_some() || !self.awaits(r, e))
+            })
+            .map(|(&e, _)| e)
+            .collect();
+        for epoch in complete {
+            let slots = self.pending.remove(&epoch).unwrap_or_default();
+            report::append_json_line(
+                &self.dir.join("distances.jsonl"),
+                &PeerDistances {
+                    epoch,
+                    distances: peer_distances(&slots),
+                },
+            )?;
+            let row = self.aggregate(epoch, slots.into_iter().flatten().collect())?;
+            println!("{}", report::format_row(&row));
+            report::append_json_line(&self.dir.join("epochs.jsonl"), &row)?;
+            self.rows.push(row);
+            report::write_atomic(
+                &self.dir.join("epochs.csv"),
+                report::to_csv(&self.rows)?.as_bytes(),
+            )?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn aggregate(&self, epoch: usize, all: Vec<Reported>) -> anyhow::Result<EpochRow> {
+        let row = epoch_row(
+            epoch,
+            &all,
+            &self.test,
+            self.kind,
+            self.started.elapsed().as_secs_f64(),
+        )?;
+        Ok(match &self.carried {
+            Some(before) => continue_totals(before, row),
+            None => row,
+        })
+    }
+}
+
+/// `row` of a resumed run with the running totals of `before` (the last row recorded before
+/// the resume) added: bytes sent, compute / communicate / wait seconds, refused and skipped
+/// frames and wall time continue instead of starting again from 0.
+pub(crate) fn continue_totals(before: &EpochRow, mut row: EpochRow) -> EpochRow {
+    row.bytes_sent_per_peer += before.bytes_sent_per_peer;
+    row.compute_seconds += before.compute_seconds;
+    row.communicate_seconds += before.communicate_seconds;
+    row.wait_seconds += before.wait_seconds;
+    row.refused_frames += before.refused_frames;
+    row.skipped += before.skipped;
+    row.wall_seconds += before.wall_seconds;
+    row
+}
+
+/// The network's row for `epoch` from every peer's report and parameters: accuracy
+/// spread, consensus distance Ξ², accuracy of the averaged model x̄ on `test`, and the
+/// per-peer means. `wall_seconds` is the run's clock (real or simulated).
+pub(crate) fn epoch_row(
+    epoch: usize,
+    all: &[Reported],
+    test: &Dataset,
+    kind: model::ModelKind,
+    wall_seconds: f64,
+) -> anyhow::Result<EpochRow> {
+    let n = all.len() as f64;
+    let (xi2, avg) = consensus_distance(all.iter().map(|(_, x)| x.as_slice()));
+    let device = Default::default();
+    // A fresh model: for resnet20 its BatchNorm running statistics are the initial ones
+    // (mean 0, variance 1), since they are not parameters and nobody mixes them.
+    let eval = model::unflatten(Net::<burn::backend::Flex>::new(kind, &device), &avg)?;
+    let (avg_acc, _) = model::evaluate(&eval, &test.images, &test.labels, EVAL_BATCH, &device)?;
+    let acc =
+        |f: fn(f64, f64) -> f64, init: f64| all.iter().map(|(r, _)| r.test_accuracy).fold(init, f);
+    let mean = |g: fn(&PeerEpoch) -> f64| all.iter().map(|(r, _)| g(r)).sum::<f64>() / n;
+    Ok(EpochRow {
+        epoch,
+        phase: all
+            .first()
+            .map(|(r, _)| r.phase.clone())
+            .unwrap_or_default(),
+        rounds: all.iter().map(|(r, _)| r.rounds).max().unwrap_or(0),
+        mean_test_accuracy: mean(|r| r.test_accuracy),
+        min_test_accuracy: acc(f64::min, f64::INFINITY),
+        max_test_accuracy: acc(f64::max, f64::NEG_INFINITY),
+        avg_model_test_accuracy: avg_acc,
+        consensus_distance: xi2,
+        mean_train_loss: mean(|r| r.train_loss),
+        bytes_sent_per_peer: mean(|r| r.bytes_sent as f64),
+        compute_seconds: mean(|r| r.compute_seconds),
+        communicate_seconds: mean(|r| r.communicate_seconds),
+        wait_seconds: mean(|r| r.wait_seconds),
+        refused_frames: all.iter().map(|(r, _)| r.refused_frames).sum(),
+        wall_seconds,
+        peers: all.len(),
+        skipped: all.iter().map(|(r, _)| r.skipped).sum(),
+    })
+}
+
+/// A peer's numbers at the end of an epoch: test accuracy and loss of `eval` on `test`, and
+/// the training loss — `batch_loss_mean` (the mean of the epoch's mini-batch losses), or,
+/// at epoch 0 where nothing was trained, the loss of `eval` on its own `shard`.
+pub(crate) fn evaluate_epoch<B: burn::tensor::backend::Backend>(
+    eval: &Net<B>,
+    test: &Dataset,
+    shard: &Dataset,
+    batch_loss_mean: Option<f64>,
+    device: &B::Device,
+) -> anyhow::Result<(f64, f64, f64)> {
+    let (accuracy, test_loss) =
+        model::evaluate(eval, &test.images, &test.labels, EVAL_BATCH, device)?;
+    let train_loss = match batch_loss_mean {
+        Some(l) => l,
+        None => model::evaluate(eval, &shard.images, &shard.labels, EVAL_BATCH, device)?.1,
+    };
+    Ok((accuracy, test_loss, train_loss))
+}
+
+/// The run summary from the last epoch row.
+pub(crate) fn summary(
+    args: &RunArgs,
+    topo: &murmur_topology::Topology,
+    d: usize,
+    last: &EpochRow,
+) -> Summary {
+    Summary {
+        algorithm: args.algorithm_name(),
+        compressor: args.compressor().to_string(),
+        topology: args.topology_label(topo),
+        peers: args.peers,
+        model: args.model.to_string(),
+        dim: d,
+        epochs: args.epochs,
+        rounds: last.rounds,
+        partition: args.partition.to_string(),
+        seed: args.seed,
+        lambda2_abs: topo.w.second_eigenvalue_modulus(),
+        spectral_gap: topo.w.spectral_gap(),
+        final_mean_test_accuracy: last.mean_test_accuracy,
+        final_min_test_accuracy: last.min_test_accuracy,
+        final_max_test_accuracy: last.max_test_accuracy,
+        final_avg_model_test_accuracy: last.avg_model_test_accuracy,
+        final_consensus_distance: last.consensus_distance,
+        bytes_sent_per_peer: last.bytes_sent_per_peer,
+        wall_seconds: last.wall_seconds,
+        seconds_per_round: last.wall_seconds / (last.rounds.max(1) as f64),
+        samples_per_second: (args.peers * args.batch_size) as f64 * last.rounds as f64
+            / last.wall_seconds.max(f64::MIN_POSITIVE),
+        departures: String::new(),
+        rejoins: String::new(),
+        joins: String::new(),
+        outcome: report::COMPLETED.to_string(),
+        peer_failures: String::new(),
+        restarts: String::new(),
+    }
+}
+
+/// Writes `summary.json` and `summary.csv` into `dir` and prints the summary line.
+pub(crate) fn write_summary(dir: &Path, summary: &Summary) -> anyhow::Result<()> {
+    report::save_summary(dir, summary)?;
+    println!("{}", report::summary_line(summary));
+    println!("run folder: {}", dir.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::peer::frames::tests::report;
+
+    #[test]
+    fn a_resumed_run_continues_the_running_totals_of_its_record() {
+        let before = EpochRow {
+            epoch: 3,
+            rounds: 30,
+            bytes_sent_per_peer: 300.0,
+            compute_seconds: 3.0,
+            communicate_seconds: 6.0,
+            wait_seconds: 2.0,
+            refused_frames: 1,
+            skipped: 4,
+            wall_seconds: 9.0,
+            mean_test_accuracy: 0.5,
+            ..EpochRow::default()
+        };
+        let after = EpochRow {
+            epoch: 4,
+            rounds: 40,
+            bytes_sent_per_peer: 100.0,
+            compute_seconds: 1.0,
+            communicate_seconds: 2.0,
+            wait_seconds: 0.5,
+            refused_frames: 2,
+            skipped: 1,
+            wall_seconds: 3.5,
+            mean_test_accuracy: 0.75,
+            ..EpochRow::default()
+        };
+        let row = continue_totals(&before, after);
+        assert_eq!(
+            (row.epoch, row.rounds),
+            (4, 40),
+            "counters, not totals, stay"
+        );
+        assert_eq!(row.mean_test_accuracy, 0.75, "a measurement is not summed");
+        assert_eq!(row.bytes_sent_per_peer, 400.0);
+        assert_eq!(
+            (
+                row.compute_seconds,
+                row.communicate_seconds,
+                row.wait_seconds
+            ),
+            (4.0, 8.0, 2.5)
+        );
+        assert_eq!((row.refused_frames, row.skipped), (3, 5));
+        assert_eq!(row.wall_seconds, 12.5);
+    }
+
+    #[test]
+    fn each_peer_distance_is_measured_from_the_mean_of_those_present() {
+        let present = |x: Vec<f32>| Some((report(), x));
+        let d = peer_distances(&[present(vec![0.0, 0.0]), None, present(vec![2.0, 4.0])]);
+        // Mean (1, 2): each present peer is 1 + 4 = 5 away; the absent one has none.
+        assert_eq!(d, vec![Some(5.0), None, Some(5.0)]);
+    }
+
+}
