@@ -26,6 +26,12 @@
 //! - Before anything starts, a peer count whose estimated memory does not fit the
 //!   machine's available memory is refused ([`estimated_peer_bytes`]).
 
+mod memory;
+mod signals;
+
+pub use memory::estimated_peer_bytes;
+use memory::check_memory;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -626,134 +632,6 @@ fn read_lines<T: serde::de::DeserializeOwned>(path: &Path) -> Vec<T> {
         .unwrap_or_default()
 }
 
-/// A rough estimate of one peer process's resident memory, in bytes, for a model of `dim`
-/// parameters and a data set of `data_bytes` (as f32): 40 MB for the runtime (Burn, the
-/// tokio and rayon threads, QUIC and libp2p), twice the data set (each peer holds all of
-/// it while it cuts its shard) and 16 vectors of d f32 (the model, its gradient, momentum,
-/// the inference copy, the algorithm's buffers and messages in flight).
-pub fn estimated_peer_bytes(dim: usize, data_bytes: usize) -> u64 {
-    const RUNTIME: u64 = 40 << 20;
-    RUNTIME + 2 * data_bytes as u64 + 16 * 4 * dim as u64
-}
-
-/// Refuses `peers` processes of `per_peer` bytes each when they exceed the memory
-/// available (`MemAvailable` of /proc/meminfo; no check where that cannot be read).
-fn check_memory(peers: usize, per_peer: u64) -> anyhow::Result<()> {
-    let Some(available) = available_memory() else {
-        return Ok(());
-    };
-    let need = per_peer.saturating_mul(peers as u64);
-    if need > available {
-        let fits = available / per_peer.max(1);
-        bail!(
-            "--peers {peers}: {peers} processes of about {:.0} MB each need about {:.1} GB, but \
-             this machine has {:.1} GB available (about {fits} such peers fit). For many peers \
-             on one machine use `murmur simulate` (n virtual peers in one process); \
-             --ignore-memory-check starts anyway",
-            per_peer as f64 / 1e6,
-            need as f64 / 1e9,
-            available as f64 / 1e9,
-        );
-    }
-    Ok(())
-}
-
-/// `MemAvailable` of /proc/meminfo in bytes.
-fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-/// Signals: the launcher's handler for SIGINT and SIGTERM, passing signals to peers, and
-/// peers dying with the launcher.
-mod signals {
-    use std::os::unix::process::CommandExt;
-    use std::process::{Child, Command};
-    use std::sync::atomic::{AtomicI32, Ordering};
-
-    /// The last SIGINT/SIGTERM received (0: none).
-    static RECEIVED: AtomicI32 = AtomicI32::new(0);
-
-    extern "C" fn on_signal(signal: libc::c_int) {
-        // Only an atomic store: async-signal-safe.
-        RECEIVED.store(signal, Ordering::SeqCst);
-    }
-
-    /// Installs the handler for SIGINT and SIGTERM (the launcher then stops its peers and
-    /// exits by itself).
-    pub(super) fn install() {
-        for signal in [libc::SIGINT, libc::SIGTERM] {
-            // SAFETY: a zeroed sigaction with a handler that only stores to an atomic; the
-            // pointers passed are valid for the call.
-            unsafe {
-                let mut action: libc::sigaction = std::mem::zeroed();
-                action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
-                libc::sigemptyset(&mut action.sa_mask);
-                libc::sigaction(signal, &action, std::ptr::null_mut());
-            }
-        }
-    }
-
-    /// The signal received since [`install`], if any.
-    pub(super) fn received() -> Option<i32> {
-        match RECEIVED.load(Ordering::SeqCst) {
-            0 => None,
-            s => Some(s),
-        }
-    }
-
-    /// Sends `signal` to `child` (nothing if it has exited and been reaped).
-    pub(super) fn send(child: &Child, signal: i32) {
-        if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-            // SAFETY: kill(2) on a pid this process spawned and has not reaped.
-            unsafe {
-                libc::kill(pid, signal);
-            }
-        }
-    }
-
-    /// Whether `child` is stopped (state `T` or `t` in /proc/<pid>/stat).
-    pub(super) fn is_stopped(child: &Child) -> bool {
-        std::fs::read_to_string(format!("/proc/{}/stat", child.id()))
-            .ok()
-            .and_then(|s| {
-                // The state follows the command name, which is in parentheses.
-                let after = s.rsplit_once(')')?.1;
-                after
-                    .split_whitespace()
-                    .next()
-                    .map(|st| st == "T" || st == "t")
-            })
-            .unwrap_or(false)
-    }
-
-    /// Makes the process `cmd` starts get SIGTERM when the launcher dies, even by SIGKILL
-    /// (Linux `PR_SET_PDEATHSIG`; elsewhere nothing).
-    pub(super) fn die_with_parent(cmd: &mut Command) {
-        #[cfg(target_os = "linux")]
-        {
-            // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and
-            // exec.
-            let parent = unsafe { libc::getpid() };
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    // The launcher died before prctl took effect.
-                    if libc::getppid() != parent {
-                        libc::_exit(1);
-                    }
-                    Ok(())
-                });
-            }
-        }
-        #[cfg(not(target_os = "linux"))]
-        let _ = cmd;
-    }
-}
 
 /// Creates the run folder `<out>/<run-id>` (with `logs/`) for `args` and returns it. The
 /// default run id is the UTC time, `tag`, algorithm, topology and n; a folder that already

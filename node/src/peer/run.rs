@@ -2,6 +2,7 @@
 
 
 use super::*;
+use crate::train::optim::{HeavyBall, Optimizer};
 
 pub(super) fn run_on<B: AutodiffBackend>(
     args: &RunArgs,
@@ -353,7 +354,7 @@ pub(super) fn run_on<B: AutodiffBackend>(
         println!("{}", report::table_header());
     }
 
-    let mut velocity = vec![0.0f32; d];
+    let mut optimizer = HeavyBall::new(args.momentum, d);
     let mut first_round = 0;
     if let Some(round) = resume_round {
         // The whole run resumes: every peer continues from its checkpoint of that round.
@@ -367,7 +368,7 @@ pub(super) fn run_on<B: AutodiffBackend>(
             "resuming the run from the checkpoint of round {round}"
         );
         x = c.x;
-        velocity = c.velocity;
+        optimizer.restore(c.velocity)?;
         net = model::unflatten(net, &x)?;
         net = restore_running_state(net, &c.model_state)?;
         drv.gossip.start_at_round(round)?;
@@ -398,7 +399,7 @@ pub(super) fn run_on<B: AutodiffBackend>(
         net = model::unflatten(net, &x)?;
         if let Some(c) = checkpoints.into_iter().max_by_key(|c| c.meta.round) {
             info!(round = c.meta.round, "loaded the checkpoint");
-            velocity = c.velocity;
+            optimizer.restore(c.velocity)?;
             net = restore_running_state(net, &c.model_state)?;
         }
         first_round = at;
@@ -472,19 +473,18 @@ pub(super) fn run_on<B: AutodiffBackend>(
                 bail!("training diverged at epoch {epoch}: loss is {loss} (try a smaller --lr)");
             }
             loss_sum += loss as f64;
-            // Heavy-ball direction v ← μ v + g; D-PSGD then applies x ← Σ W x − η v.
-            for (v, g) in velocity.iter_mut().zip(&grad) {
-                *v = args.momentum * *v + g;
-            }
+            // The optimizer's direction (heavy ball: v ← μ v + g); D-PSGD then applies
+            // x ← Σ W x − η v.
+            optimizer.step(&grad);
             let t1 = Instant::now();
             compute_s += (t1 - t0).as_secs_f64();
 
             if overlap {
                 drv.wait_mixed()?;
-                drv.gossip.apply_gradient(&velocity);
+                drv.gossip.apply_gradient(optimizer.direction());
                 communicate_s += t0.elapsed().as_secs_f64();
             } else {
-                drv.gossip.begin_round(Instant::now(), &x, Some(&velocity));
+                drv.gossip.begin_round(Instant::now(), &x, Some(optimizer.direction()));
                 drv.transmit()?;
                 drv.wait_mixed()?;
                 communicate_s += t1.elapsed().as_secs_f64();
@@ -502,7 +502,7 @@ pub(super) fn run_on<B: AutodiffBackend>(
                         departed: drv.departed.keys().copied().collect(),
                     },
                     x: x.clone(),
-                    velocity: velocity.clone(),
+                    velocity: optimizer.state(),
                     state: drv.gossip.state(),
                     model_state: {
                         // Burn folds a step's statistics in when the inference copy is made;

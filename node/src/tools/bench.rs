@@ -30,6 +30,7 @@ use murmur_compress::Compressor;
 use murmur_gossip::FRAME_HEADER_LEN;
 use serde::Serialize;
 
+use crate::train::optim::{HeavyBall, Optimizer};
 use crate::config::DeviceSpec;
 use crate::train::data::Dataset;
 use crate::train::model::{self, ModelKind, Net};
@@ -188,7 +189,7 @@ fn measure_on<B: AutodiffBackend>(
     let mut x = Vec::new();
     model::flatten(&net, &mut x);
     let d = x.len();
-    let (mut grad, mut v) = (Vec::with_capacity(d), vec![0.0f32; d]);
+    let (mut grad, mut optimizer) = (Vec::with_capacity(d), HeavyBall::new(MOMENTUM, d));
     let mut step = Vec::with_capacity(args.steps);
     for i in 0..reps {
         let t = Instant::now();
@@ -197,9 +198,8 @@ fn measure_on<B: AutodiffBackend>(
         if !loss.is_finite() {
             bail!("the loss became {loss} at step {i}");
         }
-        for ((xi, vi), g) in x.iter_mut().zip(&mut v).zip(&grad) {
-            *vi = MOMENTUM * *vi + g;
-            *xi -= LR * *vi;
+        for (xi, u) in x.iter_mut().zip(optimizer.step(&grad)) {
+            *xi -= LR * u;
         }
         net = model::unflatten(net, &x)?;
         sync("the training step")?;

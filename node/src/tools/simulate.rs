@@ -37,6 +37,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 
+use crate::train::optim::{HeavyBall, Optimizer};
 use crate::peer::algo;
 use crate::config::{DeviceSpec, Init, RunArgs};
 use crate::train::data::{partition, Batches, Dataset, RunData};
@@ -573,7 +574,7 @@ fn rounds_per_epoch(args: &RunArgs, train_len: usize) -> u64 {
 struct PeerState {
     shard: Dataset,
     batches: Batches,
-    velocity: Vec<f32>,
+    optimizer: HeavyBall,
     loss_sum: f64,
     steps: u64,
 }
@@ -627,7 +628,7 @@ fn train(
         states.push(PeerState {
             batches: Batches::new(shard.len(), args.seed.wrapping_add(1 + rank as u64)),
             shard,
-            velocity: vec![0.0; d],
+            optimizer: HeavyBall::new(args.momentum, d),
             loss_sum: 0.0,
             steps: 0,
         });
@@ -764,7 +765,7 @@ fn train(
 }
 
 /// One SGD step of a virtual peer at parameters `x: [d]`: its next mini-batch, the loss
-/// and gradient, and the heavy-ball direction v ← μ v + g, which is returned.
+/// and gradient, and the optimizer's direction (heavy ball: v ← μ v + g), which is returned.
 fn step(
     net: &mut Option<Net<B>>,
     st: &mut PeerState,
@@ -789,10 +790,7 @@ fn step(
     }
     st.loss_sum += loss as f64;
     st.steps += 1;
-    for (v, g) in st.velocity.iter_mut().zip(&grad) {
-        *v = args.momentum * *v + g;
-    }
-    Ok(st.velocity.clone())
+    Ok(st.optimizer.step(&grad).to_vec())
 }
 
 /// Median wall time of a forward/backward step of `net` on a batch of `st`'s shard, in

@@ -1,3 +1,4 @@
 //! Training: the models (Burn), the data sets and their split across peers.
 pub mod data;
 pub mod model;
+pub mod optim;
