@@ -455,7 +455,6 @@ impl Gossip for AllReduce {
     }
 }
 
-
 /// Ring all-reduce in the [`crate::registry`]: synchronous data-parallel SGD.
 pub struct AllReduceAlgorithm;
 
@@ -476,10 +475,7 @@ impl crate::registry::Algorithm for AllReduceAlgorithm {
     fn fixed_pattern(&self) -> Option<&'static str> {
         Some("ring all-reduce")
     }
-    fn build(
-        &self,
-        ctx: &crate::BuildContext<'_>,
-    ) -> Result<Box<dyn Gossip>, crate::BuildError> {
+    fn build(&self, ctx: &crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
         Ok(Box::new(build(ctx, ctx.lr)))
     }
 }

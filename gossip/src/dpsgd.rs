@@ -341,7 +341,6 @@ impl Gossip for DPsgd {
     crate::exchange::exchange_driven_gossip!();
 }
 
-
 /// D-PSGD in the [`crate::registry`].
 pub struct DPsgdAlgorithm;
 

@@ -520,7 +520,11 @@ mod tests {
             gamma: Some(1.5),
             ..Default::default()
         };
-        assert!(o.validate(&[choco]).unwrap_err().to_string().contains("(0, 1]"));
+        assert!(o
+            .validate(&[choco])
+            .unwrap_err()
+            .to_string()
+            .contains("(0, 1]"));
         let o = AlgorithmOptions {
             compressor: Some("topk:0.1".parse().unwrap()),
             ..Default::default()
@@ -542,7 +546,10 @@ mod tests {
         let o = AlgorithmOptions::default();
         assert_eq!(o.protocol_fingerprint(&[spec("dpsgd")]), "");
         assert_eq!(o.protocol_fingerprint(&[spec("choco")]), "gamma=0.1");
-        assert_eq!(o.protocol_fingerprint(&[spec("local-sgd")]), "local_steps=4");
+        assert_eq!(
+            o.protocol_fingerprint(&[spec("local-sgd")]),
+            "local_steps=4"
+        );
         assert_eq!(
             o.protocol_fingerprint(&[spec("allreduce"), spec("sgp"), spec("ps")]),
             "tau=0 ps_mode=bsp"

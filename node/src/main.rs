@@ -3,10 +3,10 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use murmur::tools::bench::BenchArgs;
 use murmur::config::{load_topology, RunArgs};
 use murmur::launch::LaunchArgs;
 use murmur::peer::PeerArgs;
+use murmur::tools::bench::BenchArgs;
 use murmur::tools::simulate::SimArgs;
 
 #[derive(Parser)]
@@ -120,9 +120,11 @@ fn main() -> ExitCode {
         Cmd::Simulate { run, sim } => murmur::tools::simulate::run(&run, &sim),
         Cmd::Netbench { args } => murmur::tools::netbench::run(&args),
         Cmd::Bench(bench) => murmur::tools::bench::run(&bench),
-        Cmd::Identity { file } => murmur::control::auth::load_or_create_identity(&file).map(|key| {
-            println!("{}", key.public().to_peer_id());
-        }),
+        Cmd::Identity { file } => {
+            murmur::control::auth::load_or_create_identity(&file).map(|key| {
+                println!("{}", key.public().to_peer_id());
+            })
+        }
         Cmd::Topology {
             command:
                 TopologyCmd::Inspect {
@@ -136,7 +138,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            if e.downcast_ref::<murmur::control::pause::Departed>().is_some() {
+            if e.downcast_ref::<murmur::control::pause::Departed>()
+                .is_some()
+            {
                 ExitCode::from(murmur::control::pause::DEPARTED_EXIT_CODE)
             } else if let Some(s) = e.downcast_ref::<murmur::launch::Interrupted>() {
                 ExitCode::from(s.exit_code())

@@ -115,4 +115,3 @@ pub fn expand_config_args(
     out.splice(at..at, from_file);
     Ok(out)
 }
-

@@ -17,8 +17,8 @@ mod file;
 mod values;
 
 pub use file::{count, expand_config_args, load_topology};
-pub use values::{DeviceSpec, Init, LinkLatency, LinkRate, PhaseSchedule, StragglerPolicy};
 use values::algorithm_parser;
+pub use values::{DeviceSpec, Init, LinkLatency, LinkRate, PhaseSchedule, StragglerPolicy};
 
 pub use murmur_gossip::AlgorithmSpec;
 use murmur_gossip::{AlgorithmOptions, PsMode, Resumable};
@@ -235,8 +235,16 @@ impl RunArgs {
         }
         // Each protocol option the run's algorithms take, with its value (given or default).
         for o in murmur_gossip::ProtocolOption::ALL {
-            if let Some(alg) = self.algorithms().into_iter().find(|a| a.options().contains(&o)) {
-                a.push(format!("{}={}", o.flag(), self.algorithm_options().value(o, &*alg)));
+            if let Some(alg) = self
+                .algorithms()
+                .into_iter()
+                .find(|a| a.options().contains(&o))
+            {
+                a.push(format!(
+                    "{}={}",
+                    o.flag(),
+                    self.algorithm_options().value(o, &*alg)
+                ));
             }
         }
         a
@@ -335,8 +343,10 @@ impl RunArgs {
                 );
             }
         }
-        if matches!(self.model.input(), crate::train::model::Input::Tokens { .. })
-            && self.partition != Partition::Iid
+        if matches!(
+            self.model.input(),
+            crate::train::model::Input::Tokens { .. }
+        ) && self.partition != Partition::Iid
         {
             bail!(
                 "--partition {}: a Dirichlet split is over class labels, and the token \

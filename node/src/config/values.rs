@@ -234,7 +234,6 @@ impl std::fmt::Display for DeviceSpec {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,5 +262,4 @@ mod tests {
         let l: LinkLatency = "2ms".parse().unwrap();
         assert_eq!(l.to_string().parse::<LinkLatency>().unwrap(), l);
     }
-
 }

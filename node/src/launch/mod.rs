@@ -29,8 +29,8 @@
 mod memory;
 mod signals;
 
-pub use memory::estimated_peer_bytes;
 use memory::check_memory;
+pub use memory::estimated_peer_bytes;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -181,7 +181,8 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
             args.algorithm_name()
         );
     }
-    let dim = crate::train::model::Net::<burn::backend::Flex>::new(args.model, &Default::default()).dim();
+    let dim =
+        crate::train::model::Net::<burn::backend::Flex>::new(args.model, &Default::default()).dim();
     // Loaded once here so that a bad --data fails before any peer starts.
     let data = crate::train::data::RunData::load(args.model, args.data.as_deref(), args.seed)?;
     let data_bytes = 4 * (data.train.len() + data.test.len()) * data.train.features();
@@ -631,7 +632,6 @@ fn read_lines<T: serde::de::DeserializeOwned>(path: &Path) -> Vec<T> {
         })
         .unwrap_or_default()
 }
-
 
 /// Creates the run folder `<out>/<run-id>` (with `logs/`) for `args` and returns it. The
 /// default run id is the UTC time, `tag`, algorithm, topology and n; a folder that already

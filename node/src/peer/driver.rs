@@ -1,7 +1,6 @@
 //! The peer's driver: moves events, frames and timers between the algorithm's state
 //! machine, the data plane and the training loop.
 
-
 use super::*;
 
 /// Everything the training loop owns besides the model.
@@ -62,7 +61,6 @@ pub(super) struct Welcome {
     /// Peers the sender knows to have left, the hello's sender excluded.
     pub(super) departed: Vec<Rank>,
 }
-
 
 impl Driver {
     /// Peer 0: tells the bootstrap of each new peer whose first round this peer has

@@ -1,7 +1,6 @@
 //! The node's frames on the data plane besides the algorithms': membership notices
 //! (leave, hello, welcome, admit, rejoin) and the epoch reports to peer 0.
 
-
 use super::*;
 
 /// A departure notice: the 24-byte frame header (kind `Leave`, round = the round at which the
@@ -48,7 +47,12 @@ pub(crate) fn encode_hello(sender: Rank, me: &PeerInfo) -> anyhow::Result<Vec<u8
 
 /// An admission notice: the 24-byte frame header (kind `Admit`), then `rank: u64 LE |
 /// peer_id: UTF-8` (a new peer with that libp2p identity took that empty rank).
-pub(crate) fn encode_admit(sender: Rank, rank: Rank, id: libp2p::PeerId, signature: &[u8]) -> Vec<u8> {
+pub(crate) fn encode_admit(
+    sender: Rank,
+    rank: Rank,
+    id: libp2p::PeerId,
+    signature: &[u8],
+) -> Vec<u8> {
     let id = id.to_bytes();
     let len = 8 + 2 + id.len() + signature.len();
     let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + len);
@@ -120,7 +124,11 @@ pub(crate) fn decode_rejoin(payload: &[u8]) -> Option<(Rank, u64, SocketAddr)> {
 }
 
 /// A report frame (kind `Report`, round = epoch): see [`encode_with_params`].
-pub(crate) fn encode_report(sender: Rank, report: &PeerEpoch, x: &[f32]) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn encode_report(
+    sender: Rank,
+    report: &PeerEpoch,
+    x: &[f32],
+) -> anyhow::Result<Vec<u8>> {
     encode_with_params(FrameKind::Report, sender, report.epoch as u64, report, x)
 }
 

@@ -1,9 +1,8 @@
 //! Membership on the driver: departures, a restarted peer's hello and rejoin, the
 //! admission of a new peer into a running run.
 
-
-use super::*;
 use super::frames::*;
+use super::*;
 
 impl Driver {
     /// Peer `gone` left the run (`reason`, noticed by peer `noticed_by`): re-weights W

@@ -37,14 +37,14 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn};
 
-use crate::control::auth::{self, Admitted};
-use checkpoint::{Checkpoint, CheckpointMeta};
 use crate::config::{DeviceSpec, Init, RunArgs};
-use crate::train::data::{partition, Batches, RunData};
+use crate::control::auth::{self, Admitted};
 use crate::control::discovery::{discover, Discovered, Fingerprint, Gate, Listen, PeerInfo, Role};
-use crate::report::{self, EpochRow, MembershipEvent, PeerEpoch};
-use crate::train::model::{self, Net};
 use crate::plane::{DataPlane, Links, NetEvent};
+use crate::report::{self, EpochRow, MembershipEvent, PeerEpoch};
+use crate::train::data::{partition, Batches, RunData};
+use crate::train::model::{self, Net};
+use checkpoint::{Checkpoint, CheckpointMeta};
 
 /// Samples per batch when a model is evaluated on a data set (a memory bound, not a
 /// hyperparameter).
@@ -252,5 +252,4 @@ mod tests {
         std::fs::remove_file(dir.path().join("epochs.jsonl")).unwrap();
         assert_eq!(resumable_rounds(&[5], dir.path(), 10), vec![5]);
     }
-
 }

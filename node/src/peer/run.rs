@@ -1,6 +1,5 @@
 //! The training loop of one peer: wiring, start or resume, the rounds, the epoch reports.
 
-
 use super::*;
 use crate::train::optim::{HeavyBall, Optimizer};
 
@@ -9,75 +8,20 @@ pub(super) fn run_on<B: AutodiffBackend>(
     peer: &PeerArgs,
     device: B::Device,
 ) -> anyhow::Result<()> {
-    let n = args.peers;
-    // Without --rank, a joining peer learns its rank from the bootstrap; until then it
-    // goes by a placeholder that nothing keeps.
-    // A peer joins through a bootstrap it is given or finds with mDNS; peer 0 is one.
-    let joins = !peer.bootstrap.is_empty() || peer.mdns && peer.rank != Some(0);
-    let assigned = peer.rank.is_none() && joins;
-    let mut rank = peer.rank.unwrap_or(if assigned { 1 } else { 0 });
+    let Start {
+        n,
+        joins,
+        assigned,
+        mut rank,
+        resumable,
+        initial,
+        elastic: _,
+    } = plan(args, peer)?;
     let span = info_span!("peer", peer = tracing::field::Empty);
     if !assigned {
         span.record("peer", rank);
     }
     let _span = span.enter();
-    if assigned && n == 1 {
-        bail!("a run of one peer has only rank 0: start it without --bootstrap or --mdns");
-    }
-    if rank >= n {
-        bail!(
-            "--rank {rank} is out of range for --peers {n} ({})",
-            match n {
-                1 => "the only rank is 0".to_string(),
-                _ => format!("ranks are 0 to {}", n - 1),
-            }
-        );
-    }
-    if rank != 0 && !joins {
-        bail!("peer {rank} needs --bootstrap <multiaddr of peer 0> (or --mdns on a LAN)");
-    }
-    if rank == 0 && !peer.bootstrap.is_empty() {
-        bail!("peer 0 is the bootstrap: it takes --listen, not --bootstrap");
-    }
-    if assigned && peer.resume {
-        bail!(
-            "--resume needs --rank: the rank this peer had (its log and membership.jsonl say it)"
-        );
-    }
-    let resumable = args.resumable();
-    if peer.resume
-        && resumable == Resumable::WholeRun
-        && args.straggler_policy == crate::config::StragglerPolicy::Skip
-    {
-        bail!(
-            "--resume: a CHOCO-SGD run under --straggler-policy skip cannot resume from its \
-             checkpoints (the messages still late when they were written are not in them, \
-             so the copies x̂ would disagree for good)"
-        );
-    }
-    if peer.resume && resumable == Resumable::No {
-        bail!(
-            "--resume works for D-PSGD, SGP and CHOCO-SGD runs, not {}",
-            args.algorithm_name()
-        );
-    }
-    let initial = peer.initial_peers.unwrap_or(n);
-    if peer.initial_peers.is_some() && joins {
-        bail!("--initial-peers is peer 0's option (the bootstrap decides when the run starts)");
-    }
-    if initial == 0 || initial > n {
-        bail!("--initial-peers {initial} must be in 1..={n} (--peers)");
-    }
-    let elastic = initial < n || peer.join_running;
-    if elastic && resumable != Resumable::Rejoin {
-        bail!(
-            "an elastic run (--initial-peers, --join-running) needs an algorithm that takes a peer in mid-run: D-PSGD, SGP or CHOCO-SGD (without --straggler-policy skip), not {}",
-            args.algorithm_name()
-        );
-    }
-    if peer.join_running && rank == 0 {
-        bail!("--join-running: peer 0 starts the run; it cannot join it");
-    }
     let topo = args.topology()?;
     std::fs::create_dir_all(peer.out.join("peers"))
         .with_context(|| format!("cannot create the run folder {}", peer.out.display()))?;
@@ -484,7 +428,8 @@ pub(super) fn run_on<B: AutodiffBackend>(
                 drv.gossip.apply_gradient(optimizer.direction());
                 communicate_s += t0.elapsed().as_secs_f64();
             } else {
-                drv.gossip.begin_round(Instant::now(), &x, Some(optimizer.direction()));
+                drv.gossip
+                    .begin_round(Instant::now(), &x, Some(optimizer.direction()));
                 drv.transmit()?;
                 drv.wait_mixed()?;
                 communicate_s += t1.elapsed().as_secs_f64();
@@ -593,15 +538,220 @@ pub(super) fn run_on<B: AutodiffBackend>(
     Ok(())
 }
 
+/// How this peer enters the run, decided from the options alone (no I/O).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Start {
+    /// n, the run's peer count.
+    pub n: usize,
+    /// Whether it joins through a bootstrap (given, or found with mDNS); peer 0 does not.
+    pub joins: bool,
+    /// Whether the bootstrap assigns its rank (no `--rank`).
+    pub assigned: bool,
+    /// Its rank (a placeholder 1 until an assigned rank is known).
+    pub rank: Rank,
+    /// What `--resume` can do for the run's algorithm.
+    pub resumable: Resumable,
+    /// The peers the run starts with (`--initial-peers`, else n).
+    pub initial: usize,
+    /// Whether peers join the run under way.
+    pub elastic: bool,
+}
+
+/// Checks the options of `murmur peer` against each other and decides how the peer enters.
+///
+/// # Errors
+/// One message per contradiction: a rank out of range, a rank ≥ 1 without a bootstrap,
+/// `--resume` without `--rank` or for an algorithm that cannot resume, an elastic run of an
+/// algorithm that cannot take a peer in, `--join-running` on peer 0.
+pub(super) fn plan(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<Start> {
+    let n = args.peers;
+    // Without --rank, a joining peer learns its rank from the bootstrap; until then it
+    // goes by a placeholder that nothing keeps.
+    // A peer joins through a bootstrap it is given or finds with mDNS; peer 0 is one.
+    let joins = !peer.bootstrap.is_empty() || peer.mdns && peer.rank != Some(0);
+    let assigned = peer.rank.is_none() && joins;
+    let rank = peer.rank.unwrap_or(if assigned { 1 } else { 0 });
+    if assigned && n == 1 {
+        bail!("a run of one peer has only rank 0: start it without --bootstrap or --mdns");
+    }
+    if rank >= n {
+        bail!(
+            "--rank {rank} is out of range for --peers {n} ({})",
+            match n {
+                1 => "the only rank is 0".to_string(),
+                _ => format!("ranks are 0 to {}", n - 1),
+            }
+        );
+    }
+    if rank != 0 && !joins {
+        bail!("peer {rank} needs --bootstrap <multiaddr of peer 0> (or --mdns on a LAN)");
+    }
+    if rank == 0 && !peer.bootstrap.is_empty() {
+        bail!("peer 0 is the bootstrap: it takes --listen, not --bootstrap");
+    }
+    if assigned && peer.resume {
+        bail!(
+            "--resume needs --rank: the rank this peer had (its log and membership.jsonl say it)"
+        );
+    }
+    let resumable = args.resumable();
+    if peer.resume
+        && resumable == Resumable::WholeRun
+        && args.straggler_policy == crate::config::StragglerPolicy::Skip
+    {
+        bail!(
+            "--resume: a CHOCO-SGD run under --straggler-policy skip cannot resume from its \
+             checkpoints (the messages still late when they were written are not in them, \
+             so the copies x̂ would disagree for good)"
+        );
+    }
+    if peer.resume && resumable == Resumable::No {
+        bail!(
+            "--resume works for D-PSGD, SGP and CHOCO-SGD runs, not {}",
+            args.algorithm_name()
+        );
+    }
+    let initial = peer.initial_peers.unwrap_or(n);
+    if peer.initial_peers.is_some() && joins {
+        bail!("--initial-peers is peer 0's option (the bootstrap decides when the run starts)");
+    }
+    if initial == 0 || initial > n {
+        bail!("--initial-peers {initial} must be in 1..={n} (--peers)");
+    }
+    let elastic = initial < n || peer.join_running;
+    if elastic && resumable != Resumable::Rejoin {
+        bail!(
+            "an elastic run (--initial-peers, --join-running) needs an algorithm that takes a peer in mid-run: D-PSGD, SGP or CHOCO-SGD (without --straggler-policy skip), not {}",
+            args.algorithm_name()
+        );
+    }
+    if peer.join_running && rank == 0 {
+        bail!("--join-running: peer 0 starts the run; it cannot join it");
+    }
+    Ok(Start {
+        n,
+        joins,
+        assigned,
+        rank,
+        resumable,
+        initial,
+        elastic,
+    })
+}
+
 /// Puts a checkpoint's BatchNorm running statistics (`[s]`; none saved before checkpoint
 /// version 3: the model keeps its own) back into `net`.
 ///
 /// # Errors
 /// They do not fit the model.
-pub(super) fn restore_running_state<B: AutodiffBackend>(net: Net<B>, s: &[f32]) -> anyhow::Result<Net<B>> {
+pub(super) fn restore_running_state<B: AutodiffBackend>(
+    net: Net<B>,
+    s: &[f32],
+) -> anyhow::Result<Net<B>> {
     if s.is_empty() {
         return Ok(net);
     }
     model::unflatten_running_state(net, s)
         .context("--resume: the checkpoint's BatchNorm statistics do not fit the model")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+        #[command(flatten)]
+        peer: PeerArgs,
+    }
+
+    fn plan_of(args: &[&str]) -> anyhow::Result<Start> {
+        let cli = Cli::try_parse_from(
+            ["peer", "--out", "unused"]
+                .into_iter()
+                .chain(args.iter().copied()),
+        )?;
+        plan(&cli.run, &cli.peer)
+    }
+
+    fn refusal(args: &[&str]) -> String {
+        format!("{:#}", plan_of(args).unwrap_err())
+    }
+
+    #[test]
+    fn peer_0_starts_the_run_and_the_others_join_it() {
+        let p = plan_of(&["--peers", "4", "--rank", "0"]).unwrap();
+        assert_eq!(
+            (p.rank, p.joins, p.assigned, p.initial),
+            (0, false, false, 4)
+        );
+        let p = plan_of(&[
+            "--peers",
+            "4",
+            "--rank",
+            "2",
+            "--bootstrap",
+            "/ip4/127.0.0.1/udp/1/quic-v1",
+        ])
+        .unwrap();
+        assert_eq!((p.rank, p.joins, p.assigned), (2, true, false));
+        let p = plan_of(&[
+            "--peers",
+            "4",
+            "--bootstrap",
+            "/ip4/127.0.0.1/udp/1/quic-v1",
+        ])
+        .unwrap();
+        assert!(
+            p.assigned && p.joins,
+            "no --rank: the bootstrap assigns one"
+        );
+        let p = plan_of(&["--peers", "4", "--rank", "0", "--initial-peers", "2"]).unwrap();
+        assert!(p.elastic && p.initial == 2);
+        assert_eq!(p.resumable, Resumable::Rejoin);
+    }
+
+    #[test]
+    fn contradictory_options_are_refused_with_the_reason() {
+        let boot = "/ip4/127.0.0.1/udp/1/quic-v1";
+        assert!(refusal(&["--peers", "4", "--rank", "4"]).contains("ranks are 0 to 3"));
+        assert!(refusal(&["--peers", "4", "--rank", "1"]).contains("needs --bootstrap"));
+        assert!(
+            refusal(&["--peers", "4", "--rank", "0", "--bootstrap", boot])
+                .contains("peer 0 is the bootstrap")
+        );
+        assert!(refusal(&["--peers", "4", "--bootstrap", boot, "--resume"])
+            .contains("--resume needs --rank"));
+        assert!(refusal(&[
+            "--peers",
+            "4",
+            "--rank",
+            "0",
+            "--algorithm",
+            "allreduce",
+            "--resume"
+        ])
+        .contains("not allreduce"));
+        assert!(
+            refusal(&["--peers", "4", "--rank", "0", "--initial-peers", "5"])
+                .contains("must be in 1..=4")
+        );
+        assert!(refusal(&[
+            "--peers",
+            "4",
+            "--rank",
+            "0",
+            "--initial-peers",
+            "2",
+            "--algorithm",
+            "ps"
+        ])
+        .contains("elastic run"));
+        assert!(refusal(&["--peers", "4", "--rank", "0", "--join-running"])
+            .contains("peer 0 starts the run"));
+        assert!(refusal(&["--peers", "1", "--bootstrap", boot]).contains("only rank 0"));
+    }
 }

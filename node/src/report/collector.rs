@@ -9,10 +9,9 @@ use anyhow::{bail, Context};
 use murmur_gossip::{consensus_distance, Rank};
 use serde::{Deserialize, Serialize};
 
-
 use crate::config::RunArgs;
-use crate::train::data::Dataset;
 use crate::report::{self, EpochRow, MembershipEvent, PeerEpoch, Summary};
+use crate::train::data::Dataset;
 use crate::train::model::{self, Net};
 
 use crate::peer::frames::*;
@@ -152,7 +151,11 @@ impl Collector {
     /// `membership.jsonl`. After a departure the epochs that waited only for the peer's
     /// reports are complete; after a rejoin its reports are awaited from the epoch of
     /// that round on.
-    pub(crate) fn membership(&mut self, event: MembershipEvent, back_at: Option<u64>) -> anyhow::Result<()> {
+    pub(crate) fn membership(
+        &mut self,
+        event: MembershipEvent,
+        back_at: Option<u64>,
+    ) -> anyhow::Result<()> {
         report::append_json_line(&self.dir.join("membership.jsonl"), &event)?;
         let from = match back_at {
             None => usize::MAX,
@@ -397,5 +400,4 @@ mod tests {
         // Mean (1, 2): each present peer is 1 + 4 = 5 away; the absent one has none.
         assert_eq!(d, vec![Some(5.0), None, Some(5.0)]);
     }
-
 }

@@ -30,11 +30,11 @@ use murmur_compress::Compressor;
 use murmur_gossip::FRAME_HEADER_LEN;
 use serde::Serialize;
 
-use crate::train::optim::{HeavyBall, Optimizer};
 use crate::config::DeviceSpec;
+use crate::peer::check_device;
 use crate::train::data::Dataset;
 use crate::train::model::{self, ModelKind, Net};
-use crate::peer::check_device;
+use crate::train::optim::{HeavyBall, Optimizer};
 
 /// Learning rate η of the benchmarked update.
 const LR: f32 = 0.01;

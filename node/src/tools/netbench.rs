@@ -17,8 +17,8 @@ use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::control::auth::Admitted;
 use crate::config::{LinkLatency, LinkRate};
+use crate::control::auth::Admitted;
 use crate::plane::{DataPlane, LinkEmulation, NetEvent};
 use libp2p::identity::Keypair;
 

@@ -37,14 +37,14 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 
-use crate::train::optim::{HeavyBall, Optimizer};
-use crate::peer::algo;
 use crate::config::{DeviceSpec, Init, RunArgs};
-use crate::train::data::{partition, Batches, Dataset, RunData};
 use crate::launch::{run_folder, LaunchArgs};
-use crate::report::{self, PeerEpoch};
-use crate::train::model::{self, Net};
+use crate::peer::algo;
 use crate::report::collector::{epoch_row, evaluate_epoch, summary, write_summary, Reported};
+use crate::report::{self, PeerEpoch};
+use crate::train::data::{partition, Batches, Dataset, RunData};
+use crate::train::model::{self, Net};
+use crate::train::optim::{HeavyBall, Optimizer};
 
 type B = burn::backend::Autodiff<burn::backend::Flex>;
 type Dev = <B as burn::tensor::backend::BackendTypes>::Device;
