@@ -6,6 +6,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use murmur_compress::CompressorSpec;
 use murmur_topology::{PushSchedule, Topology};
+use serde::Serialize;
 
 /// The time-varying one-peer exponential schedule's name for `--topology`.
 pub use murmur_topology::ONE_PEER_EXPONENTIAL;
@@ -23,8 +24,9 @@ pub use values::{DeviceSpec, Init, LinkLatency, LinkRate, PhaseSchedule, Straggl
 pub use murmur_gossip::AlgorithmSpec;
 use murmur_gossip::{AlgorithmOptions, PsMode, Resumable};
 
-/// The run: what every peer of it must agree on.
-#[derive(Debug, Clone, Args)]
+/// The run: what every peer of it must agree on. Serialized (`RunArgs::to_toml`) it is a
+/// run config that `--config` reads back: `launch` hands its peers the run this way.
+#[derive(Debug, Clone, Args, Serialize)]
 pub struct RunArgs {
     /// Number of peers n.
     #[arg(long, default_value_t = 8)]
@@ -38,11 +40,16 @@ pub struct RunArgs {
     pub topology: String,
     /// Decentralized algorithm.
     #[arg(long, default_value = "dpsgd", value_parser = algorithm_parser())]
+    #[serde(serialize_with = "as_text")]
     pub algorithm: AlgorithmSpec,
     /// Phase schedule instead of one algorithm: `ALGO:EPOCHS,...,ALGO`, e.g.
     /// `allreduce:2,dpsgd` (all-reduce for the first 2 epochs, then D-PSGD) or
     /// `dpsgd:10,allreduce`. Overrides --algorithm.
     #[arg(long)]
+    #[serde(
+        serialize_with = "opt_as_text",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub phases: Option<PhaseSchedule>,
     /// Compression of the gossip messages:
     /// `identity` (none), `fp16`, `bf16`, `qsgd[:S][,bucket=B]`, `natural`, `terngrad`,
@@ -50,25 +57,34 @@ pub struct RunArgs {
     /// `ef+SPEC`, `dgc:RATIO`. Default: `identity` for dpsgd (which mixes the neighbours'
     /// compressed parameters, so use a cast there), `topk:0.01` for choco.
     #[arg(long)]
+    #[serde(
+        serialize_with = "opt_as_text",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub compressor: Option<CompressorSpec>,
     /// CHOCO-SGD's consensus step size γ in (0, 1]; default: 0.5 for the identity and the
     /// casts, else 0.1 (measured on the embedded MNIST, see README).
     #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub gamma: Option<f32>,
     /// Local SGD steps per communication round H (local-sgd, local-avg; default 4).
     #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub local_steps: Option<u64>,
     /// SGP's overlap bound τ: a round may complete with in-peers' messages up to τ rounds
     /// old (0: synchronous SGP; ≥ 1: OSGP).
     #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tau: Option<u64>,
     /// The parameter server's synchronisation: bsp, ssp:S (at most S rounds ahead of the
     /// slowest worker) or asp.
     #[arg(long, default_value = "bsp", value_parser = murmur_gossip::registry::parse_ps_mode)]
+    #[serde(serialize_with = "ps_mode_text")]
     pub ps_mode: PsMode,
     /// Model to train: mlp and cnn on MNIST, resnet20 (3×32×32 images) and transformer
     /// (byte-level language model) on synthetic data.
     #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
+    #[serde(serialize_with = "as_text")]
     pub model: ModelKind,
     /// Epochs: passes over the training set by the network as a whole.
     #[arg(long, default_value_t = 20)]
@@ -84,23 +100,28 @@ pub struct RunArgs {
     pub momentum: f32,
     /// How the training set is split across peers: `iid` or `dirichlet:ALPHA`.
     #[arg(long, default_value = "iid")]
+    #[serde(serialize_with = "as_text")]
     pub partition: Partition,
     /// Seed of the data split, the model initialisation and the mini-batch order.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Starting parameters: the same x⁰ on every peer, or one per peer.
     #[arg(long, value_enum, default_value_t = Init::Same)]
+    #[serde(serialize_with = "as_text")]
     pub init: Init,
     /// Directory with standard IDX MNIST files (gzipped or not); default: the 8,000/2,000
     /// real digits embedded in the binary. Only for mlp and cnn: resnet20 and transformer
     /// train on synthetic data.
     #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<PathBuf>,
     /// Device: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
+    #[serde(serialize_with = "as_text")]
     pub device: DeviceSpec,
     /// Rounds per epoch; default: ⌈train samples / (peers · batch)⌉.
     #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rounds_per_epoch: Option<u64>,
     /// Do not overlap communication with computation: begin each round only after the
     /// gradient is computed (for D-PSGD-like algorithms, which overlap by default).
@@ -119,12 +140,14 @@ pub struct RunArgs {
     /// line, as `murmur identity KEYFILE` prints them. Checked by peer 0 at join. Default:
     /// any peer with the run's options.
     #[arg(long, value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub allow_peers: Option<PathBuf>,
     /// A secret shared by the run's peers (a file of at least 16 bytes, e.g. `head -c 32
     /// /dev/urandom > run.key`): a joining peer and the bootstrap prove to each other that
     /// they hold it (HMAC over both identities); peers without it are refused. For runs
     /// whose identities are not known in advance (no `--rank`, `--mdns`).
     #[arg(long, value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub run_key: Option<PathBuf>,
     /// Every peer writes a checkpoint (parameters, momentum, round, membership) to
     /// `<run>/checkpoints/peer-<rank>.ckpt` after every this many rounds, atomically;
@@ -134,30 +157,46 @@ pub struct RunArgs {
     /// Emulated link rate of every outgoing data-plane link, e.g. `1Gbit` or `100Mbit`
     /// (a pacer in the transport; it can only slow links down). Default: unlimited.
     #[arg(long)]
+    #[serde(
+        serialize_with = "opt_as_text",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub link_bandwidth: Option<LinkRate>,
     /// Emulated one-way delay of every data-plane frame, e.g. `2ms`. Default: none.
     #[arg(long)]
+    #[serde(
+        serialize_with = "opt_as_text",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub link_latency: Option<LinkLatency>,
     /// Straggler policy: `wait` for every neighbour (up to the round timeout) or `skip` one
     /// whose frame is later than `--straggler-deadline-ms` for that round.
     #[arg(long, default_value_t = StragglerPolicy::Wait)]
+    #[serde(serialize_with = "as_text")]
     pub straggler_policy: StragglerPolicy,
     /// With `--straggler-policy skip`: milliseconds a round waits for a neighbour's frame.
     #[arg(long, value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub straggler_deadline_ms: Option<u64>,
     /// Fault injection for tests: peer RANK sleeps MS milliseconds before each round's
     /// gradient (a straggler), given as `RANK:MS`.
     #[arg(long, value_name = "RANK:MS", value_parser = parse_slow_peer)]
+    #[serde(
+        serialize_with = "slow_peer_text",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub slow_peer: Option<(usize, u64)>,
     /// Fault injection for tests: peer RANK also sends five malformed frames to every
     /// destination each round (garbage bytes, a truncated frame, an oversized declared
     /// length, NaN parameters, a round far out of the window). Every receiver must refuse
     /// them, count them (`refused_frames`) and keep training.
     #[arg(long, value_name = "RANK")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub inject_bad_frames: Option<usize>,
     /// A TOML run config whose keys are these options' long names (e.g.
     /// `experiments/runs/choco-topk.toml`); options on the command line override it.
     #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Seconds to wait for all peers to join.
     #[arg(long, default_value_t = 60)]
@@ -174,80 +213,44 @@ fn parse_slow_peer(s: &str) -> Result<(usize, u64), String> {
     Ok((rank, ms))
 }
 
+/// Writes a value as its command-line text (its `Display`, which its parser reads back).
+fn as_text<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+/// [`as_text`] for an option that is given.
+fn opt_as_text<T: std::fmt::Display, S: serde::Serializer>(
+    v: &Option<T>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => s.collect_str(v),
+        None => s.serialize_none(),
+    }
+}
+
+/// `--ps-mode` as `bsp`, `asp` or `ssp:S`.
+fn ps_mode_text<S: serde::Serializer>(m: &PsMode, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&murmur_gossip::registry::ps_mode_name(*m))
+}
+
+/// `--slow-peer` as `RANK:MS`.
+fn slow_peer_text<S: serde::Serializer>(v: &Option<(usize, u64)>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some((rank, ms)) => s.collect_str(&format_args!("{rank}:{ms}")),
+        None => s.serialize_none(),
+    }
+}
+
 impl RunArgs {
-    /// The arguments as command-line flags, for spawning peers.
-    pub fn to_args(&self) -> Vec<String> {
-        let mut a = vec![
-            format!("--peers={}", self.peers),
-            format!("--topology={}", self.topology),
-            format!("--algorithm={}", self.algorithm),
-            format!("--compressor={}", self.compressor()),
-            format!("--model={}", self.model),
-            format!("--epochs={}", self.epochs),
-            format!("--batch-size={}", self.batch_size),
-            format!("--lr={}", self.lr),
-            format!("--momentum={}", self.momentum),
-            format!("--partition={}", self.partition),
-            format!("--seed={}", self.seed),
-            format!("--init={}", self.init),
-            format!("--device={}", self.device),
-            format!("--round-timeout-secs={}", self.round_timeout_secs),
-            format!("--peer-timeout-secs={}", self.peer_timeout_secs),
-            format!("--checkpoint-every={}", self.checkpoint_every),
-            format!("--join-timeout-secs={}", self.join_timeout_secs),
-        ];
-        if let Some(d) = &self.data {
-            a.push(format!("--data={}", d.display()));
-        }
-        if self.no_overlap {
-            a.push("--no-overlap".into());
-        }
-        if let Some(r) = self.link_bandwidth {
-            a.push(format!("--link-bandwidth={r}"));
-        }
-        if let Some(p) = &self.allow_peers {
-            a.push(format!("--allow-peers={}", p.display()));
-        }
-        if let Some(p) = &self.run_key {
-            a.push(format!("--run-key={}", p.display()));
-        }
-        a.push(format!("--straggler-policy={}", self.straggler_policy));
-        if let Some(ms) = self.straggler_deadline_ms {
-            a.push(format!("--straggler-deadline-ms={ms}"));
-        }
-        if let Some((rank, ms)) = self.slow_peer {
-            a.push(format!("--slow-peer={rank}:{ms}"));
-        }
-        if let Some(r) = self.inject_bad_frames {
-            a.push(format!("--inject-bad-frames={r}"));
-        }
-        if let Some(l) = self.link_latency {
-            a.push(format!("--link-latency={l}"));
-        }
-        if let Some(r) = self.rounds_per_epoch {
-            a.push(format!("--rounds-per-epoch={r}"));
-        }
-        if let Some(p) = &self.phases {
-            a.push(format!("--phases={p}"));
-        }
-        if let Some(t) = self.tau {
-            a.push(format!("--tau={t}"));
-        }
-        // Each protocol option the run's algorithms take, with its value (given or default).
-        for o in murmur_gossip::ProtocolOption::ALL {
-            if let Some(alg) = self
-                .algorithms()
-                .into_iter()
-                .find(|a| a.options().contains(&o))
-            {
-                a.push(format!(
-                    "{}={}",
-                    o.flag(),
-                    self.algorithm_options().value(o, &*alg)
-                ));
-            }
-        }
-        a
+    /// The run as a run config (TOML whose keys are the options' long names, as
+    /// `--config` reads): every option with its value, those not given left out, so that a
+    /// peer started with it runs exactly this run. `--config` itself is not written.
+    ///
+    /// # Errors
+    /// If a value cannot be written as TOML (none of today's can't).
+    pub fn to_toml(&self) -> anyhow::Result<String> {
+        toml::to_string(self).context("writing the run config")
     }
 
     /// Checks values that clap cannot.
@@ -565,6 +568,53 @@ mod tests {
         let run = Run::try_parse_from(args)?.run;
         run.validate()?;
         Ok(run)
+    }
+
+    #[test]
+    fn the_run_written_as_a_config_reads_back_as_the_same_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs: [&[&str]; 3] = [
+            &["murmur", "launch"],
+            &[
+                "murmur",
+                "launch",
+                "--peers=6",
+                "--algorithm=choco",
+                "--compressor=ef+topk:0.05",
+                "--gamma=0.3",
+                "--link-bandwidth=100Mbit",
+                "--link-latency=2ms",
+                "--straggler-policy=skip",
+                "--straggler-deadline-ms=40",
+                "--slow-peer=2:5",
+                "--no-overlap",
+                "--data=/tmp/mnist",
+                "--lr=0.013",
+                "--seed=7",
+                "--partition=dirichlet:0.5",
+                "--init=independent",
+                "--rounds-per-epoch=9",
+            ],
+            &[
+                "murmur",
+                "launch",
+                "--phases=allreduce:2,local-sgd",
+                "--local-steps=3",
+                "--topology=torus:rows=2,cols=4",
+                "--model=cnn",
+            ],
+        ];
+        for argv in runs {
+            let run = parse(argv).unwrap();
+            let file = dir.path().join("run.toml");
+            std::fs::write(&file, run.to_toml().unwrap()).unwrap();
+            let back = parse(&["murmur", "launch", "--config", file.to_str().unwrap()]).unwrap();
+            let back = RunArgs {
+                config: None,
+                ..back
+            };
+            assert_eq!(format!("{back:?}"), format!("{run:?}"), "{argv:?}");
+        }
     }
 
     #[test]

@@ -256,7 +256,7 @@ mod tests {
         for bad in ["2", "-1ms", "61s", "xms"] {
             assert!(lat(bad).is_err(), "{bad}");
         }
-        // What `to_args` writes parses back to the same value.
+        // What a run config writes (the value's text) parses back to the same value.
         let r: LinkRate = "1Gbit".parse().unwrap();
         assert_eq!(r.to_string().parse::<LinkRate>().unwrap(), r);
         let l: LinkLatency = "2ms".parse().unwrap();

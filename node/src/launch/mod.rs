@@ -191,6 +191,10 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
         check_memory(args.peers, estimated_peer_bytes(dim, data_bytes))?;
     }
     let run_dir = run_folder(args, launch, "")?;
+    // The peers read the run from one file: the options exactly as parsed here.
+    let run_config = run_dir.join("run.toml");
+    std::fs::write(&run_config, args.to_toml()?)
+        .with_context(|| format!("cannot write {}", run_config.display()))?;
     for stale in ["epochs.jsonl", "bootstrap.addr", "membership.jsonl"] {
         let _ = std::fs::remove_file(run_dir.join(stale));
     }
@@ -231,7 +235,7 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
         let log2 = log.try_clone()?;
         let mut cmd = Command::new(&exe);
         cmd.arg("peer")
-            .args(args.to_args())
+            .arg(format!("--config={}", run_config.display()))
             .arg(format!("--rank={rank}"))
             .arg(format!("--out={}", run_dir.display()))
             .args(extra)
