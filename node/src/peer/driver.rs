@@ -52,15 +52,8 @@ pub(super) struct Driver {
     pub(super) settling: Vec<(Rank, u64)>,
 }
 
-/// A peer's answer to a restarted peer's hello (the JSON part of a `Welcome` frame; the
-/// sender's parameters x follow).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(super) struct Welcome {
-    /// The sender's round (the next to begin, or the one mixing).
-    pub(super) round: u64,
-    /// Peers the sender knows to have left, the hello's sender excluded.
-    pub(super) departed: Vec<Rank>,
-}
+/// A peer's answer to a restarted peer's hello (the state machine's).
+pub(super) use crate::control::membership::Welcome;
 
 impl Driver {
     /// Peer 0: tells the bootstrap of each new peer whose first round this peer has
@@ -311,15 +304,9 @@ impl Driver {
                         warn!(from, "dropped a report sent to a peer other than 0");
                     }
                 },
-                FrameKind::Leave => match decode_leave(&bytes[FRAME_HEADER_LEN..]) {
-                    Some((gone, reason)) if gone < self.w.n() => {
-                        self.on_departure(gone, reason, from, header.round)?;
-                    }
-                    _ => {
-                        self.refused_frames += 1;
-                        warn!(from, "dropped a malformed departure notice");
-                    }
-                },
+                FrameKind::Leave => {
+                    self.on_leave_frame(from, header.round, &bytes[FRAME_HEADER_LEN..])?;
+                }
                 other => {
                     self.refused_frames += 1;
                     warn!(from, ?other, "dropped an unexpected frame");

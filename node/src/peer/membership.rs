@@ -1,10 +1,45 @@
-//! Membership on the driver: departures, a restarted peer's hello and rejoin, the
-//! admission of a new peer into a running run.
+//! Membership on the driver: carries out what the membership state machine
+//! ([`crate::control::membership`]) decides about departures, a restarted peer's hello and
+//! rejoin, and the admission of a new peer into a running run — re-weighting and telling
+//! the algorithm, sending, linking, dropping links, logging and recording.
 
-use super::frames::*;
 use super::*;
+use crate::control::membership::{
+    encode_hello, surviving, Admission, Departure, Membership, MembershipError, Now, Refusal,
+    RejoinError, Restart, Verdict,
+};
 
 impl Driver {
+    /// The membership state machine over this driver's membership state.
+    fn membership(&mut self) -> Membership<'_> {
+        Membership::new(
+            self.rank,
+            self.w.n(),
+            &mut self.departed,
+            &mut self.rejoined,
+        )
+    }
+
+    /// The time of an event for the state machine.
+    fn now(&self) -> Now {
+        Now {
+            round: self.gossip.round(),
+            epoch: self.epoch,
+            wall_seconds: self.started.elapsed().as_secs_f64(),
+        }
+    }
+
+    /// Counts and logs a refused membership frame from `from`.
+    fn refuse(&mut self, from: Rank, refusal: Refusal) {
+        self.refused_frames += 1;
+        match refusal {
+            Refusal::Unsigned { rank } | Refusal::NotEmpty { rank } => {
+                warn!(from, rank, "{refusal}")
+            }
+            _ => warn!(from, "{refusal}"),
+        }
+    }
+
     /// Peer `gone` left the run (`reason`, noticed by peer `noticed_by`): re-weights W
     /// without the departed peers (Metropolis–Hastings on the surviving graph), tells the
     /// algorithm, stops sending to and waiting for `gone`, and passes the news on to every
@@ -21,51 +56,55 @@ impl Driver {
         noticed_by: Rank,
         noticed_round: u64,
     ) -> anyhow::Result<()> {
-        self.departure(gone, reason, noticed_by, noticed_round, false)
+        let now = self.now();
+        let departure =
+            self.membership()
+                .depart(gone, reason, noticed_by, noticed_round, false, now)?;
+        match departure {
+            Some(d) => self.departure(d),
+            None => Ok(()),
+        }
     }
 
-    /// [`Driver::on_departure`]; with `hello`, the departure is noticed through the hello of
-    /// the peer's new process, whose connection (the newest from it) stays open.
-    pub(super) fn departure(
+    /// A `Leave` frame of round `noticed_round` from `from` (its `payload`).
+    pub(super) fn on_leave_frame(
         &mut self,
-        gone: Rank,
-        reason: String,
-        noticed_by: Rank,
+        from: Rank,
         noticed_round: u64,
-        hello: bool,
+        payload: &[u8],
     ) -> anyhow::Result<()> {
-        // A notice older than the peer's latest return is about its previous process.
-        let back_at = self
-            .rejoined
-            .iter()
-            .filter(|(r, _)| *r == gone)
-            .map(|(_, at)| *at)
-            .max();
-        if gone == self.rank
-            || self.departed.contains_key(&gone)
-            || back_at.is_some_and(|at| noticed_round < at)
+        let now = self.now();
+        match self
+            .membership()
+            .on_leave(from, noticed_round, payload, now)?
         {
-            return Ok(());
+            Verdict::Accept(d) => self.departure(d),
+            Verdict::Ignore => Ok(()),
+            Verdict::Refuse(r) => {
+                self.refuse(from, r);
+                Ok(())
+            }
         }
-        let round = self.gossip.round();
-        if gone == 0 {
-            bail!("peer 0 (the bootstrap, which collects the metrics) left the run during round {round}: {reason}");
-        }
+    }
+
+    /// Carries out a departure the state machine recorded (see [`Driver::on_departure`]);
+    /// with `keep_newest`, it was noticed through the hello of the peer's new process,
+    /// whose connection (the newest from it) stays open.
+    fn departure(&mut self, d: Departure) -> anyhow::Result<()> {
+        let Departure {
+            gone,
+            reason,
+            noticed_by,
+            round,
+            record,
+            all_gone,
+            keep_newest,
+            flood,
+        } = d;
         warn!(
             gone,
             round, noticed_by, "peer {gone} left the run: {reason}"
         );
-        let record = MembershipEvent {
-            event: "left".into(),
-            peer: gone,
-            round,
-            epoch: self.epoch,
-            wall_seconds: self.started.elapsed().as_secs_f64(),
-            noticed_by,
-            reason: reason.clone(),
-        };
-        self.departed.insert(gone, record.clone());
-        let all_gone: Vec<Rank> = self.departed.keys().copied().collect();
         let (surviving, components) = self.surviving(&all_gone).map_err(|e| {
             anyhow!("peer {gone} left the run during round {round} ({reason}) and the survivors cannot re-weight: {e}")
         })?;
@@ -83,8 +122,8 @@ impl Driver {
                     self.algorithm
                 )
             })?;
-        self.drop_links(gone, hello);
-        self.broadcast(&encode_leave(self.rank, noticed_round, gone, &reason), &[]);
+        self.drop_links(gone, keep_newest);
+        self.broadcast(&flood.frame, &flood.except);
         if let Some(c) = self.collector.as_mut() {
             c.membership(record, None)?;
         }
@@ -92,9 +131,8 @@ impl Driver {
     }
 
     /// The mixing matrix for the survivors once the peers in `gone` have left, and, if the
-    /// surviving graph is not (strongly) connected, a description of its parts. Algorithms that re-weight get
-    /// Metropolis–Hastings on the surviving graph; push-sum keeps W (it only stops pushing
-    /// to the departed), and its parts are told by strong connectivity of W's support.
+    /// surviving graph is not (strongly) connected, a description of its parts (see
+    /// [`surviving`]).
     ///
     /// # Errors
     /// A re-weighting algorithm on a directed topology.
@@ -102,51 +140,33 @@ impl Driver {
         &self,
         gone: &[Rank],
     ) -> Result<(MixingMatrix, Option<String>), murmur_topology::TopologyError> {
-        if self.gossip.reweights() {
-            let s = self.w.without_peers(gone)?;
-            let split = (!s.is_connected()).then(|| format!("components {:?}", s.components));
-            Ok((s.w, split))
-        } else {
-            let split = (!self.w.graph().strongly_connected_without(gone)).then(|| {
-                let alive: Vec<Rank> = (0..self.w.n()).filter(|r| !gone.contains(r)).collect();
-                format!("the survivors {alive:?} are not strongly connected: push-sum shares cannot reach every one of them")
-            });
-            Ok((self.w.clone(), split))
-        }
+        surviving(&self.w, self.gossip.reweights(), gone)
     }
 
     /// A restarted peer `from` says hello with its new data-plane address: if it was still
     /// counted as a member it has left (its old process is gone); open a link to it and
     /// answer with this peer's round, the departed peers and x.
     pub(super) fn on_hello(&mut self, from: Rank, payload: &[u8]) -> anyhow::Result<()> {
-        let info: PeerInfo = match serde_json::from_slice(payload) {
-            Ok(i @ PeerInfo { rank, .. }) if rank == from => i,
-            _ => {
-                self.refused_frames += 1;
-                warn!(from, "dropped a malformed hello");
+        let now = self.now();
+        let hello = match self.membership().on_hello(from, payload, now)? {
+            Verdict::Accept(h) => h,
+            Verdict::Ignore => return Ok(()),
+            Verdict::Refuse(r) => {
+                self.refuse(from, r);
                 return Ok(());
             }
         };
         // The old process's connections are closed; the hello came on the newest one.
-        if self.departed.contains_key(&from) {
-            self.plane.forget(from, true);
-        } else {
-            let round = self.gossip.round();
-            let reason = "it restarted: a new process said hello".to_string();
-            self.departure(from, reason, self.rank, round, true)?;
+        match hello.restart {
+            Restart::KnownDeparted => self.plane.forget(from, true),
+            Restart::Departed(d) => self.departure(*d)?,
+            Restart::Unchanged => {}
         }
-        if !self.link_to(from, info.data_addr) {
+        if !self.link_to(from, hello.addr) {
             return Ok(());
         }
-        let welcome = Welcome {
-            round: self.gossip.round(),
-            departed: self
-                .departed
-                .keys()
-                .copied()
-                .filter(|&r| r != from)
-                .collect(),
-        };
+        let round = self.gossip.round();
+        let welcome = self.membership().welcome(from, round);
         let frame = encode_with_params(
             FrameKind::Welcome,
             self.rank,
@@ -173,21 +193,12 @@ impl Driver {
         if let Some(split) = split {
             warn!("the graph of the initial peers is DISCONNECTED ({split}): the parts train apart until the empty ranks join");
         }
-        for &g in empty {
+        for record in self.membership().start_empty(empty) {
+            let g = record.peer;
             self.gossip
                 .peer_left(g, &w)
                 .map_err(|e| anyhow!("{} cannot start without peer {g}: {e}", self.algorithm))?;
             self.expected_in.remove(&g);
-            let record = MembershipEvent {
-                event: "empty".into(),
-                peer: g,
-                round: 0,
-                epoch: 0,
-                wall_seconds: 0.0,
-                noticed_by: self.rank,
-                reason: "not taken yet: the run started with --initial-peers".into(),
-            };
-            self.departed.insert(g, record.clone());
             if let Some(c) = self.collector.as_mut() {
                 c.membership(record, None)?;
             }
@@ -200,7 +211,8 @@ impl Driver {
     /// peer 0's bootstrap when `from` is this peer, which then signs the notice): admit its
     /// identity to the data plane and pass the notice on once. Refused (counted) for a rank
     /// that is not empty here, or without peer 0's signature (`signature`, Ed25519 over
-    /// [`admit_message`]): a member cannot admit an identity on its own.
+    /// [`crate::control::membership::admit_message`]): a member cannot admit an identity on
+    /// its own.
     pub(super) fn on_admit(
         &mut self,
         rank: Rank,
@@ -208,65 +220,72 @@ impl Driver {
         signature: Vec<u8>,
         from: Rank,
     ) -> anyhow::Result<()> {
-        if self.peer_ids.get(rank).copied().flatten() == Some(id) {
-            return Ok(());
-        }
-        let signature = match &self.admit_signer {
-            Some(key) if from == self.rank => key
-                .sign(&admit_message(rank, &id))
-                .map_err(|e| anyhow!("signing an admission: {e}"))?,
-            _ => signature,
+        let m = Membership::new(
+            self.rank,
+            self.w.n(),
+            &mut self.departed,
+            &mut self.rejoined,
+        );
+        let verdict = m.admit(
+            rank,
+            id,
+            signature,
+            from,
+            &self.peer_ids,
+            self.admit_signer.as_ref(),
+        );
+        self.admission(verdict, from)
+    }
+
+    /// An `Admit` frame from `from` (its `payload`): see [`Driver::on_admit`].
+    fn on_admit_frame(&mut self, from: Rank, payload: &[u8]) -> anyhow::Result<()> {
+        let m = Membership::new(
+            self.rank,
+            self.w.n(),
+            &mut self.departed,
+            &mut self.rejoined,
+        );
+        let verdict = m.on_admit(from, payload, &self.peer_ids, self.admit_signer.as_ref());
+        self.admission(verdict, from)
+    }
+
+    /// Carries out the state machine's verdict on an admission told by `from`.
+    fn admission(
+        &mut self,
+        verdict: Result<Verdict<Admission>, MembershipError>,
+        from: Rank,
+    ) -> anyhow::Result<()> {
+        let admission = match verdict? {
+            Verdict::Accept(a) => a,
+            Verdict::Ignore => return Ok(()),
+            Verdict::Refuse(r) => {
+                self.refuse(from, r);
+                return Ok(());
+            }
         };
-        let signed = self.peer_ids[0]
-            .as_ref()
-            .and_then(auth::public_key)
-            .is_some_and(|k| k.verify(&admit_message(rank, &id), &signature));
-        if !signed {
-            self.refused_frames += 1;
-            warn!(
-                from,
-                rank, "dropped an admission for rank {rank} that peer 0 did not sign"
-            );
-            return Ok(());
-        }
-        let empty = self.departed.get(&rank).is_some_and(|e| e.event == "empty");
-        if !empty || rank == self.rank {
-            self.refused_frames += 1;
-            warn!(
-                from,
-                rank, "dropped an admission for rank {rank}, which is not an empty rank here"
-            );
-            return Ok(());
-        }
+        let (rank, id) = (admission.rank, admission.id);
         info!(rank, %id, "a new peer takes rank {rank}");
         self.peer_ids[rank] = Some(id);
         self.admitted.admit_all([(id, rank)]);
-        self.broadcast(&encode_admit(self.rank, rank, id, &signature), &[from]);
+        self.broadcast(&admission.flood.frame, &admission.flood.except);
         Ok(())
     }
 
-    /// Peer `back` mixes again from round `at` (told by `from`): re-weight with it, admit
-    /// it if it is a neighbour (opening a link to its new address `addr` if this peer sends
-    /// to it and its hello did not come here: a directed graph), and pass the news on.
-    /// Handled once per (peer, round).
-    pub(super) fn on_rejoin(
-        &mut self,
-        back: Rank,
-        at: u64,
-        addr: SocketAddr,
-        from: Rank,
-    ) -> anyhow::Result<()> {
-        if back == self.rank || self.rejoined.contains(&(back, at)) {
-            return Ok(());
-        }
-        self.rejoined.push((back, at));
-        let still_gone: Vec<Rank> = self
-            .departed
-            .keys()
-            .copied()
-            .filter(|&r| r != back)
-            .collect();
-        let (w, _) = self.surviving(&still_gone)?;
+    /// A `Rejoin` frame from `from` (its `payload`): peer `back` mixes again from round `at`
+    /// — re-weight with it, admit it if it is a neighbour (opening a link to its new address
+    /// if this peer sends to it and its hello did not come here: a directed graph), and
+    /// pass the news on. Handled once per (peer, round).
+    pub(super) fn on_rejoin(&mut self, from: Rank, payload: &[u8]) -> anyhow::Result<()> {
+        let notice = match self.membership().on_rejoin(from, payload) {
+            Verdict::Accept(n) => n,
+            Verdict::Ignore => return Ok(()),
+            Verdict::Refuse(r) => {
+                self.refuse(from, r);
+                return Ok(());
+            }
+        };
+        let (back, at) = (notice.back, notice.at);
+        let (w, _) = self.surviving(&notice.still_gone)?;
         if let Err(e) = self.gossip.peer_rejoined(back, &w, at) {
             warn!(
                 back,
@@ -275,40 +294,27 @@ impl Driver {
             return Ok(());
         }
         info!(back, at, "peer {back} rejoins the run from round {at}");
-        let new = self
-            .departed
-            .remove(&back)
-            .is_some_and(|e| e.event == "empty");
-        if new && self.settle.is_some() {
+        let readmitted = self.membership().readmit(&notice);
+        if readmitted.new && self.settle.is_some() {
             self.settling.push((back, at));
         }
-        if new && !self.departed.values().any(|e| e.event == "empty") {
+        if readmitted.all_taken {
             // Every rank is taken: a stranger is refused at once again.
             self.admitted.set_open(false);
         }
         if self.gossip.out_peers().contains(&back) && !self.links.contains_key(&back) {
-            self.link_to(back, addr);
+            self.link_to(back, notice.addr);
         }
         if self.gossip.in_peers().contains(&back) || self.rank == 0 {
             self.expected_in.insert(back);
             self.finished_in.remove(&back);
         }
-        self.broadcast(&encode_rejoin(self.rank, back, at, addr), &[back, from]);
-        if let Some(c) = self.collector.as_mut() {
-            let record = MembershipEvent {
-                event: if new { "joined" } else { "rejoined" }.into(),
-                peer: back,
-                round: at,
-                epoch: self.epoch,
-                wall_seconds: self.started.elapsed().as_secs_f64(),
-                noticed_by: back,
-                reason: if new {
-                    format!("a new peer; mixes from round {at}")
-                } else {
-                    format!("restarted; mixes again from round {at}")
-                },
-            };
-            c.membership(record, Some(at))?;
+        self.broadcast(&readmitted.flood.frame, &readmitted.flood.except);
+        if self.collector.is_some() {
+            let record = Membership::rejoin_record(back, at, readmitted.new, self.now());
+            if let Some(c) = self.collector.as_mut() {
+                c.membership(record, Some(at))?;
+            }
         }
         Ok(())
     }
@@ -350,52 +356,35 @@ impl Driver {
                 bail!("--resume: no answer from peers {waiting:?} within {timeout:?}");
             }
         }
-        let departed: BTreeSet<Rank> = self
-            .welcomes
-            .values()
-            .flat_map(|(w, _)| w.departed.iter().copied())
-            .filter(|&r| r != self.rank)
-            .collect();
-        if let Some((r, e)) = unreachable.iter().find(|(r, _)| !departed.contains(r)) {
-            bail!("--resume: cannot reach peer {r}, which the run still counts as a member: {e:#}");
-        }
-        let at = self
-            .welcomes
-            .values()
-            .map(|(w, _)| w.round)
-            .max()
-            .unwrap_or(0)
-            + REJOIN_MARGIN_ROUNDS;
-        if at >= total_rounds {
-            bail!(
-                "--resume: the run ends at round {total_rounds}, too soon to rejoin at round {at}"
-            );
-        }
+        let plan = Membership::new(
+            self.rank,
+            self.w.n(),
+            &mut self.departed,
+            &mut self.rejoined,
+        )
+        .plan_rejoin(
+            &self.welcomes,
+            unreachable.keys().copied(),
+            total_rounds,
+            REJOIN_MARGIN_ROUNDS,
+        );
+        let plan = match plan {
+            Ok(p) => p,
+            Err(e @ RejoinError::Unreachable(r)) => bail!("{e}: {:#}", unreachable[&r]),
+            Err(e) => return Err(e.into()),
+        };
+        let at = plan.at;
+        let departed: &BTreeSet<Rank> = &plan.departed;
         // This peer's view of the membership: the departed peers are forgotten.
         let (survivors, _) = self.surviving(&departed.iter().copied().collect::<Vec<_>>())?;
-        for &g in &departed {
+        for &g in departed {
             self.gossip.peer_left(g, &survivors)?;
             self.drop_links(g, false);
-            // An empty rank stays known as empty (a new peer may still take it).
-            self.departed.entry(g).or_insert(MembershipEvent {
-                event: "left".into(),
-                peer: g,
-                round: at,
-                epoch: 0,
-                wall_seconds: 0.0,
-                noticed_by: self.rank,
-                reason: "gone when this peer rejoined".into(),
-            });
+            self.membership().gone_before_rejoin(g, at);
         }
         self.gossip.start_at_round(at)?;
         // Every peer that welcomed us opened a link to us and says goodbye on it at the end.
-        let welcomed: Vec<Rank> = self
-            .welcomes
-            .keys()
-            .copied()
-            .filter(|r| !departed.contains(r))
-            .collect();
-        self.expected_in.extend(welcomed);
+        self.expected_in.extend(plan.welcomed);
         let in_peers: Vec<Rank> = self
             .gossip
             .in_peers()
@@ -410,9 +399,9 @@ impl Driver {
             bail!("--resume: none of the in-neighbours {in_peers:?} answered");
         }
         let (_, mean) = consensus_distance(xs.iter().copied());
-        self.rejoined.push((self.rank, at));
+        let flood = self.membership().rejoining(at, me.data_addr);
         self.first_frames = Some((at, HashSet::new()));
-        self.broadcast(&encode_rejoin(self.rank, self.rank, at, me.data_addr), &[]);
+        self.broadcast(&flood.frame, &flood.except);
         info!(at, neighbours = ?in_peers, "rejoining: mixing again from round {at}");
         // Begin only when every in-neighbour of that round is at it: its frame for it is here.
         let in_peers = self.gossip.in_peers_at(at);
@@ -422,12 +411,8 @@ impl Driver {
                 .as_ref()
                 .map(|(_, f)| f.clone())
                 .unwrap_or_default();
-            if in_peers.iter().all(|r| {
-                // Not waited for: a departed peer, or one that (re)joins after this round.
-                arrived.contains(r)
-                    || self.departed.contains_key(r)
-                    || self.rejoined.iter().any(|&(p, a)| p == *r && a > at)
-            }) {
+            // Not waited for: a departed peer, or one that (re)joins after this round.
+            if self.membership().ready_to_mix(at, &in_peers, &arrived) {
                 break;
             }
             let deadline = Instant::now() + timeout;
@@ -439,7 +424,7 @@ impl Driver {
         Ok((at, mean))
     }
 
-    /// Handles a `Hello`, `Welcome` or `Rejoin` frame from `from`.
+    /// Handles a `Hello`, `Welcome`, `Admit` or `Rejoin` frame from `from`.
     pub(super) fn on_membership_frame(
         &mut self,
         from: Rank,
@@ -461,24 +446,8 @@ impl Driver {
                 }
                 Ok(())
             }
-            FrameKind::Admit => match decode_admit(payload) {
-                Some((rank, id, signature)) if rank < self.w.n() => {
-                    self.on_admit(rank, id, signature, from)
-                }
-                _ => {
-                    self.refused_frames += 1;
-                    warn!(from, "dropped a malformed admission notice");
-                    Ok(())
-                }
-            },
-            FrameKind::Rejoin => match decode_rejoin(payload) {
-                Some((back, at, addr)) if back < self.w.n() => self.on_rejoin(back, at, addr, from),
-                _ => {
-                    self.refused_frames += 1;
-                    warn!(from, "dropped a malformed rejoin notice");
-                    Ok(())
-                }
-            },
+            FrameKind::Admit => self.on_admit_frame(from, payload),
+            FrameKind::Rejoin => self.on_rejoin(from, payload),
             other => {
                 self.refused_frames += 1;
                 warn!(from, ?other, "dropped an unexpected frame");

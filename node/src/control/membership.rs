@@ -1,0 +1,651 @@
+//! A peer's membership protocol as a sans-I/O state machine: departures (a leave notice, a
+//! lost connection, a restarted peer's hello), the empty ranks of an elastic run, the
+//! admission of a new peer, and rejoins (another peer's, and this peer's own way back).
+//!
+//! [`Membership`] decides; it sends nothing, opens and closes no connection, reads no clock
+//! (the time of an event comes in as [`Now`]) and logs nothing. Its answers say what the
+//! driver (`peer::membership`) must do: re-weight and tell the algorithm, drop or open
+//! links, flood a notice ([`Flood`]), record a [`MembershipEvent`], or count a refused
+//! frame ([`Refusal`]). The notices' wire format is in [`codec`] (re-exported here).
+
+pub mod codec;
+
+pub use codec::*;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fmt;
+use std::net::SocketAddr;
+
+use murmur_gossip::Rank;
+use murmur_topology::{MixingMatrix, TopologyError};
+use serde::{Deserialize, Serialize};
+
+use crate::control::auth;
+use crate::report::MembershipEvent;
+
+/// A peer's answer to a restarted peer's hello (the JSON part of a `Welcome` frame; the
+/// sender's parameters x follow).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Welcome {
+    /// The sender's round (the next to begin, or the one mixing).
+    pub round: u64,
+    /// Peers the sender knows to have left, the hello's sender excluded.
+    pub departed: Vec<Rank>,
+}
+
+/// When an event is handled, as the driver reads it (the state machine reads no clock).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Now {
+    /// The algorithm's round (the next to begin, or the one mixing).
+    pub round: u64,
+    /// The epoch being trained (0 before training).
+    pub epoch: usize,
+    /// Seconds since training started.
+    pub wall_seconds: f64,
+}
+
+/// A frame to send on every link of the peer except those to the ranks in `except`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Flood {
+    /// The whole frame: the 24-byte header, then the payload.
+    pub frame: Vec<u8>,
+    /// Ranks not sent to (the notice's sender, the peer it is about).
+    pub except: Vec<Rank>,
+}
+
+/// Why a membership frame was dropped; the driver counts it as a refused frame. Its
+/// `Display` is the logged line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// A leave notice that does not decode, or about a rank outside the run.
+    MalformedLeave,
+    /// A hello that does not decode, or whose entry is not the sender's rank.
+    MalformedHello,
+    /// An admission notice that does not decode, or for a rank outside the run.
+    MalformedAdmit,
+    /// A rejoin notice that does not decode, or about a rank outside the run.
+    MalformedRejoin,
+    /// An admission to `rank` without peer 0's valid signature.
+    Unsigned {
+        /// The rank the admission is for.
+        rank: Rank,
+    },
+    /// An admission to `rank`, which is not an empty rank here (or is this peer's).
+    NotEmpty {
+        /// The rank the admission is for.
+        rank: Rank,
+    },
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::MalformedLeave => write!(f, "dropped a malformed departure notice"),
+            Refusal::MalformedHello => write!(f, "dropped a malformed hello"),
+            Refusal::MalformedAdmit => write!(f, "dropped a malformed admission notice"),
+            Refusal::MalformedRejoin => write!(f, "dropped a malformed rejoin notice"),
+            Refusal::Unsigned { rank } => {
+                write!(f, "dropped an admission for rank {rank} that peer 0 did not sign")
+            }
+            Refusal::NotEmpty { rank } => write!(
+                f,
+                "dropped an admission for rank {rank}, which is not an empty rank here"
+            ),
+        }
+    }
+}
+
+/// What the state machine answers to a frame or an event: act on it, nothing to do (a
+/// notice already known), or drop it as refused.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict<T> {
+    /// Act on it.
+    Accept(T),
+    /// Already known or about this peer: nothing to do.
+    Ignore,
+    /// Dropped; counted as a refused frame.
+    Refuse(Refusal),
+}
+
+/// A membership event that ends this peer's run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MembershipError {
+    /// Peer 0 left at round `round`: the run cannot go on without its collector.
+    #[error("peer 0 (the bootstrap, which collects the metrics) left the run during round {round}: {reason}")]
+    BootstrapLeft {
+        /// This peer's round when it learned of it.
+        round: u64,
+        /// What was noticed.
+        reason: String,
+    },
+    /// Peer 0 could not sign an admission (the key's error).
+    #[error("signing an admission: {0}")]
+    Signing(String),
+}
+
+/// Why a restarted peer cannot rejoin with the welcomes it got.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RejoinError {
+    /// A destination it could not connect to is still a member for every peer that
+    /// welcomed it (the driver appends the connection's error).
+    #[error("--resume: cannot reach peer {0}, which the run still counts as a member")]
+    Unreachable(Rank),
+    /// The agreed round `at` is not before the run's last round `total_rounds`.
+    #[error("--resume: the run ends at round {total_rounds}, too soon to rejoin at round {at}")]
+    TooLate {
+        /// The run's number of rounds.
+        total_rounds: u64,
+        /// The round it would mix again from.
+        at: u64,
+    },
+}
+
+/// A departure to carry out: re-weight without `all_gone`, tell the algorithm that `gone`
+/// left, drop its links, flood the notice and record it.
+#[derive(Debug, Clone)]
+pub struct Departure {
+    /// The peer that left.
+    pub gone: Rank,
+    /// What was noticed.
+    pub reason: String,
+    /// The peer that noticed it.
+    pub noticed_by: Rank,
+    /// This peer's round when it learned of it.
+    pub round: u64,
+    /// Its line of `membership.jsonl` (event `left`), recorded by peer 0.
+    pub record: MembershipEvent,
+    /// Every peer departed now, `gone` included: the algorithm mixes without them.
+    pub all_gone: Vec<Rank>,
+    /// Noticed through the hello of the peer's new process: its newest connection (the
+    /// hello's) stays open.
+    pub keep_newest: bool,
+    /// The leave notice passed on to every link.
+    pub flood: Flood,
+}
+
+/// An accepted hello of a restarted peer.
+#[derive(Debug, Clone)]
+pub struct Hello {
+    /// The restarted peer.
+    pub from: Rank,
+    /// Its new data-plane address, to open a link to.
+    pub addr: SocketAddr,
+    /// What its restart means for the membership.
+    pub restart: Restart,
+}
+
+/// What a hello means for a peer's old process.
+#[derive(Debug, Clone)]
+pub enum Restart {
+    /// It was known to have left: only its old connections are closed (the newest kept).
+    KnownDeparted,
+    /// It was counted as a member: its old process has left.
+    Departed(Box<Departure>),
+    /// Nothing changes (a departure notice about an older process, or about this peer).
+    Unchanged,
+}
+
+/// An accepted admission: identity `id` takes the empty rank `rank`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admission {
+    /// The empty rank taken.
+    pub rank: Rank,
+    /// The new peer's identity, admitted to the data plane as `rank`.
+    pub id: libp2p::PeerId,
+    /// The admission notice (with peer 0's signature) passed on once.
+    pub flood: Flood,
+}
+
+/// A rejoin notice seen for the first time: peer `back` asks to mix again from round `at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejoinNotice {
+    /// The returning (or new) peer.
+    pub back: Rank,
+    /// The round it mixes from.
+    pub at: u64,
+    /// Its data-plane address.
+    pub addr: SocketAddr,
+    /// The peer that told this one.
+    pub from: Rank,
+    /// The peers still departed: the algorithm mixes without them.
+    pub still_gone: Vec<Rank>,
+}
+
+/// A rejoin the algorithm accepted (see [`Membership::readmit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readmitted {
+    /// `back` took an empty rank (a new peer), rather than coming back.
+    pub new: bool,
+    /// Every rank is now taken: the data plane refuses strangers at once again.
+    pub all_taken: bool,
+    /// The rejoin notice passed on (not to `back`, nor to the notice's sender).
+    pub flood: Flood,
+}
+
+/// A restarted peer's plan to rejoin, from the welcomes to its hellos.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejoinPlan {
+    /// The round it mixes again from: the highest welcome round plus the margin.
+    pub at: u64,
+    /// The peers some welcome named as departed (this peer excluded).
+    pub departed: BTreeSet<Rank>,
+    /// The peers that welcomed it and are not departed: each says goodbye to it at the end.
+    pub welcomed: Vec<Rank>,
+}
+
+/// The mixing matrix for the survivors once the peers in `gone` have left, and, if the
+/// surviving graph is not (strongly) connected, a description of its parts. Algorithms
+/// that re-weight (`reweights`) get Metropolis–Hastings on the surviving graph; push-sum
+/// keeps W (it only stops pushing to the departed), and its parts are told by strong
+/// connectivity of W's support.
+///
+/// # Errors
+/// A re-weighting algorithm on a directed topology.
+pub fn surviving(
+    w: &MixingMatrix,
+    reweights: bool,
+    gone: &[Rank],
+) -> Result<(MixingMatrix, Option<String>), TopologyError> {
+    if reweights {
+        let s = w.without_peers(gone)?;
+        let split = (!s.is_connected()).then(|| format!("components {:?}", s.components));
+        Ok((s.w, split))
+    } else {
+        let split = (!w.graph().strongly_connected_without(gone)).then(|| {
+            let alive: Vec<Rank> = (0..w.n()).filter(|r| !gone.contains(r)).collect();
+            format!("the survivors {alive:?} are not strongly connected: push-sum shares cannot reach every one of them")
+        });
+        Ok((w.clone(), split))
+    }
+}
+
+/// The membership state machine of peer `me` in a run of `n` ranks, over the state its
+/// driver keeps: the departed peers with their records, and the rejoins taken part in.
+#[derive(Debug)]
+pub struct Membership<'a> {
+    me: Rank,
+    n: usize,
+    departed: &'a mut BTreeMap<Rank, MembershipEvent>,
+    rejoined: &'a mut Vec<(Rank, u64)>,
+}
+
+impl<'a> Membership<'a> {
+    /// Peer `me` of `n` ranks; `departed`: the peers that left (and have not rejoined) with
+    /// their records (event `left` or `empty`); `rejoined`: the rejoins handled, as (peer,
+    /// round it mixes from).
+    pub fn new(
+        me: Rank,
+        n: usize,
+        departed: &'a mut BTreeMap<Rank, MembershipEvent>,
+        rejoined: &'a mut Vec<(Rank, u64)>,
+    ) -> Self {
+        Membership {
+            me,
+            n,
+            departed,
+            rejoined,
+        }
+    }
+
+    /// Whether `peer` has left (or is an empty rank) as far as this peer knows.
+    pub fn has_left(&self, peer: Rank) -> bool {
+        self.departed.contains_key(&peer)
+    }
+
+    /// Peer `gone` left (`reason`, noticed by `noticed_by` at its round `noticed_round`):
+    /// recorded once. `None` for a known departure, one about this peer, or a notice older
+    /// than the peer's latest return (about its previous process). `hello`: noticed through
+    /// the hello of its new process.
+    ///
+    /// # Errors
+    /// [`MembershipError::BootstrapLeft`]: `gone` is peer 0.
+    pub fn depart(
+        &mut self,
+        gone: Rank,
+        reason: String,
+        noticed_by: Rank,
+        noticed_round: u64,
+        hello: bool,
+        now: Now,
+    ) -> Result<Option<Departure>, MembershipError> {
+        // A notice older than the peer's latest return is about its previous process.
+        let back_at = self
+            .rejoined
+            .iter()
+            .filter(|(r, _)| *r == gone)
+            .map(|(_, at)| *at)
+            .max();
+        if gone == self.me
+            || self.departed.contains_key(&gone)
+            || back_at.is_some_and(|at| noticed_round < at)
+        {
+            return Ok(None);
+        }
+        if gone == 0 {
+            return Err(MembershipError::BootstrapLeft {
+                round: now.round,
+                reason,
+            });
+        }
+        let record = MembershipEvent {
+            event: "left".into(),
+            peer: gone,
+            round: now.round,
+            epoch: now.epoch,
+            wall_seconds: now.wall_seconds,
+            noticed_by,
+            reason: reason.clone(),
+        };
+        self.departed.insert(gone, record.clone());
+        Ok(Some(Departure {
+            gone,
+            noticed_by,
+            round: now.round,
+            record,
+            all_gone: self.departed.keys().copied().collect(),
+            keep_newest: hello,
+            flood: Flood {
+                frame: encode_leave(self.me, noticed_round, gone, &reason),
+                except: Vec::new(),
+            },
+            reason,
+        }))
+    }
+
+    /// A leave notice (`payload` of a `Leave` frame of round `noticed_round`) from `from`.
+    ///
+    /// # Errors
+    /// As [`Membership::depart`].
+    pub fn on_leave(
+        &mut self,
+        from: Rank,
+        noticed_round: u64,
+        payload: &[u8],
+        now: Now,
+    ) -> Result<Verdict<Departure>, MembershipError> {
+        match decode_leave(payload) {
+            Some((gone, reason)) if gone < self.n => Ok(self
+                .depart(gone, reason, from, noticed_round, false, now)?
+                .map_or(Verdict::Ignore, Verdict::Accept)),
+            _ => Ok(Verdict::Refuse(Refusal::MalformedLeave)),
+        }
+    }
+
+    /// A hello (`payload` of a `Hello` frame) from the new process of peer `from`: if it
+    /// was still counted as a member, its old process has left.
+    ///
+    /// # Errors
+    /// As [`Membership::depart`].
+    pub fn on_hello(
+        &mut self,
+        from: Rank,
+        payload: &[u8],
+        now: Now,
+    ) -> Result<Verdict<Hello>, MembershipError> {
+        let Some(info) = decode_hello(payload, from) else {
+            return Ok(Verdict::Refuse(Refusal::MalformedHello));
+        };
+        let restart = if self.departed.contains_key(&from) {
+            Restart::KnownDeparted
+        } else {
+            let reason = "it restarted: a new process said hello".to_string();
+            match self.depart(from, reason, self.me, now.round, true, now)? {
+                Some(d) => Restart::Departed(Box::new(d)),
+                None => Restart::Unchanged,
+            }
+        };
+        Ok(Verdict::Accept(Hello {
+            from,
+            addr: info.data_addr,
+            restart,
+        }))
+    }
+
+    /// This peer's answer to the hello of `to` at round `round` (its x follows in the frame).
+    pub fn welcome(&self, to: Rank, round: u64) -> Welcome {
+        Welcome {
+            round,
+            departed: self.departed.keys().copied().filter(|&r| r != to).collect(),
+        }
+    }
+
+    /// The ranks of an elastic run that nobody has taken yet (`empty`) are out of the run
+    /// from the start: recorded as departed with event `empty` (round 0). Returns their
+    /// records, in the order of `empty`.
+    pub fn start_empty(&mut self, empty: &[Rank]) -> Vec<MembershipEvent> {
+        empty
+            .iter()
+            .map(|&g| {
+                let record = MembershipEvent {
+                    event: "empty".into(),
+                    peer: g,
+                    round: 0,
+                    epoch: 0,
+                    wall_seconds: 0.0,
+                    noticed_by: self.me,
+                    reason: "not taken yet: the run started with --initial-peers".into(),
+                };
+                self.departed.insert(g, record.clone());
+                record
+            })
+            .collect()
+    }
+
+    /// An admission notice (`payload` of an `Admit` frame) from `from`; see
+    /// [`Membership::admit`].
+    ///
+    /// # Errors
+    /// As [`Membership::admit`].
+    pub fn on_admit(
+        &self,
+        from: Rank,
+        payload: &[u8],
+        peer_ids: &[Option<libp2p::PeerId>],
+        signer: Option<&libp2p::identity::Keypair>,
+    ) -> Result<Verdict<Admission>, MembershipError> {
+        match decode_admit(payload) {
+            Some((rank, id, signature)) if rank < self.n => {
+                self.admit(rank, id, signature, from, peer_ids, signer)
+            }
+            _ => Ok(Verdict::Refuse(Refusal::MalformedAdmit)),
+        }
+    }
+
+    /// A new peer with identity `id` took the empty rank `rank` (told by peer `from`; by
+    /// peer 0's bootstrap when `from` is this peer, which then signs it with `signer`).
+    /// `peer_ids`: each rank's identity as known here. Ignored if `rank` already has that
+    /// identity; refused without peer 0's signature (`signature`, Ed25519 over
+    /// [`admit_message`]) or for a rank that is not empty here.
+    ///
+    /// # Errors
+    /// [`MembershipError::Signing`]: peer 0's key cannot sign.
+    pub fn admit(
+        &self,
+        rank: Rank,
+        id: libp2p::PeerId,
+        signature: Vec<u8>,
+        from: Rank,
+        peer_ids: &[Option<libp2p::PeerId>],
+        signer: Option<&libp2p::identity::Keypair>,
+    ) -> Result<Verdict<Admission>, MembershipError> {
+        if peer_ids.get(rank).copied().flatten() == Some(id) {
+            return Ok(Verdict::Ignore);
+        }
+        let signature = match signer {
+            Some(key) if from == self.me => key
+                .sign(&admit_message(rank, &id))
+                .map_err(|e| MembershipError::Signing(e.to_string()))?,
+            _ => signature,
+        };
+        let signed = peer_ids
+            .first()
+            .copied()
+            .flatten()
+            .as_ref()
+            .and_then(auth::public_key)
+            .is_some_and(|k| k.verify(&admit_message(rank, &id), &signature));
+        if !signed {
+            return Ok(Verdict::Refuse(Refusal::Unsigned { rank }));
+        }
+        let empty = self.departed.get(&rank).is_some_and(|e| e.event == "empty");
+        if !empty || rank == self.me {
+            return Ok(Verdict::Refuse(Refusal::NotEmpty { rank }));
+        }
+        Ok(Verdict::Accept(Admission {
+            rank,
+            id,
+            flood: Flood {
+                frame: encode_admit(self.me, rank, id, &signature),
+                except: vec![from],
+            },
+        }))
+    }
+
+    /// A rejoin notice (`payload` of a `Rejoin` frame) from `from`; see
+    /// [`Membership::rejoin_notice`].
+    pub fn on_rejoin(&mut self, from: Rank, payload: &[u8]) -> Verdict<RejoinNotice> {
+        match decode_rejoin(payload) {
+            Some((back, at, addr)) if back < self.n => self
+                .rejoin_notice(back, at, addr, from)
+                .map_or(Verdict::Ignore, Verdict::Accept),
+            _ => Verdict::Refuse(Refusal::MalformedRejoin),
+        }
+    }
+
+    /// Peer `back` mixes again from round `at` at address `addr` (told by `from`): handled
+    /// once per (peer, round), and never about this peer. The algorithm is then asked to
+    /// take it back; if it does, [`Membership::readmit`].
+    pub fn rejoin_notice(
+        &mut self,
+        back: Rank,
+        at: u64,
+        addr: SocketAddr,
+        from: Rank,
+    ) -> Option<RejoinNotice> {
+        if back == self.me || self.rejoined.contains(&(back, at)) {
+            return None;
+        }
+        self.rejoined.push((back, at));
+        let still_gone = self.departed.keys().copied().filter(|&r| r != back).collect();
+        Some(RejoinNotice {
+            back,
+            at,
+            addr,
+            from,
+            still_gone,
+        })
+    }
+
+    /// The algorithm took `notice.back` back: it is a member again (a new one if its rank
+    /// was empty), and the notice is passed on.
+    pub fn readmit(&mut self, notice: &RejoinNotice) -> Readmitted {
+        let new = self
+            .departed
+            .remove(&notice.back)
+            .is_some_and(|e| e.event == "empty");
+        let all_taken = new && !self.departed.values().any(|e| e.event == "empty");
+        Readmitted {
+            new,
+            all_taken,
+            flood: Flood {
+                frame: encode_rejoin(self.me, notice.back, notice.at, notice.addr),
+                except: vec![notice.back, notice.from],
+            },
+        }
+    }
+
+    /// The record (event `joined` if `new`, else `rejoined`) of peer `back` mixing from
+    /// round `at`, at `now`.
+    pub fn rejoin_record(back: Rank, at: u64, new: bool, now: Now) -> MembershipEvent {
+        MembershipEvent {
+            event: if new { "joined" } else { "rejoined" }.into(),
+            peer: back,
+            round: at,
+            epoch: now.epoch,
+            wall_seconds: now.wall_seconds,
+            noticed_by: back,
+            reason: if new {
+                format!("a new peer; mixes from round {at}")
+            } else {
+                format!("restarted; mixes again from round {at}")
+            },
+        }
+    }
+
+    /// This restarted peer's plan from the `welcomes` to its hellos (by sender: the welcome
+    /// and the sender's x): the peers departed for any of them, the round it mixes again
+    /// from (the highest welcome round plus `margin` rounds, 0 without welcomes), and who
+    /// welcomed it. `unreachable`: the destinations it could not connect to, ascending.
+    ///
+    /// # Errors
+    /// An unreachable destination that no welcome names as departed; `at` not before
+    /// `total_rounds`.
+    pub fn plan_rejoin(
+        &self,
+        welcomes: &BTreeMap<Rank, (Welcome, Vec<f32>)>,
+        unreachable: impl IntoIterator<Item = Rank>,
+        total_rounds: u64,
+        margin: u64,
+    ) -> Result<RejoinPlan, RejoinError> {
+        let departed: BTreeSet<Rank> = welcomes
+            .values()
+            .flat_map(|(w, _)| w.departed.iter().copied())
+            .filter(|&r| r != self.me)
+            .collect();
+        if let Some(r) = unreachable.into_iter().find(|r| !departed.contains(r)) {
+            return Err(RejoinError::Unreachable(r));
+        }
+        let at = welcomes.values().map(|(w, _)| w.round).max().unwrap_or(0) + margin;
+        if at >= total_rounds {
+            return Err(RejoinError::TooLate { total_rounds, at });
+        }
+        let welcomed = welcomes
+            .keys()
+            .copied()
+            .filter(|r| !departed.contains(r))
+            .collect();
+        Ok(RejoinPlan {
+            at,
+            departed,
+            welcomed,
+        })
+    }
+
+    /// Peer `gone` had left when this peer rejoined at round `at`: recorded as departed
+    /// (event `left`), unless already known (an empty rank stays empty, for a new peer may
+    /// still take it).
+    pub fn gone_before_rejoin(&mut self, gone: Rank, at: u64) {
+        self.departed.entry(gone).or_insert(MembershipEvent {
+            event: "left".into(),
+            peer: gone,
+            round: at,
+            epoch: 0,
+            wall_seconds: 0.0,
+            noticed_by: self.me,
+            reason: "gone when this peer rejoined".into(),
+        });
+    }
+
+    /// This peer mixes again from round `at` at its data-plane address `addr`: the rejoin
+    /// notice to send to every link.
+    pub fn rejoining(&mut self, at: u64, addr: SocketAddr) -> Flood {
+        self.rejoined.push((self.me, at));
+        Flood {
+            frame: encode_rejoin(self.me, self.me, at, addr),
+            except: Vec::new(),
+        }
+    }
+
+    /// Whether this rejoining peer may begin round `at`: every in-neighbour of that round
+    /// (`in_peers`) has sent its frame for it (`arrived`), has departed, or (re)joins after it.
+    pub fn ready_to_mix(&self, at: u64, in_peers: &[Rank], arrived: &HashSet<Rank>) -> bool {
+        in_peers.iter().all(|r| {
+            arrived.contains(r)
+                || self.departed.contains_key(r)
+                || self.rejoined.iter().any(|&(p, a)| p == *r && a > at)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
