@@ -85,7 +85,10 @@ impl fmt::Display for Refusal {
             Refusal::MalformedAdmit => write!(f, "dropped a malformed admission notice"),
             Refusal::MalformedRejoin => write!(f, "dropped a malformed rejoin notice"),
             Refusal::Unsigned { rank } => {
-                write!(f, "dropped an admission for rank {rank} that peer 0 did not sign")
+                write!(
+                    f,
+                    "dropped an admission for rank {rank} that peer 0 did not sign"
+                )
             }
             Refusal::NotEmpty { rank } => write!(
                 f,
@@ -526,7 +529,12 @@ impl<'a> Membership<'a> {
             return None;
         }
         self.rejoined.push((back, at));
-        let still_gone = self.departed.keys().copied().filter(|&r| r != back).collect();
+        let still_gone = self
+            .departed
+            .keys()
+            .copied()
+            .filter(|&r| r != back)
+            .collect();
         Some(RejoinNotice {
             back,
             at,

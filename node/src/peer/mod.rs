@@ -33,7 +33,7 @@ use murmur_gossip::{consensus_distance, Gossip, GossipEvent, Rank, Resumable};
 use murmur_topology::MixingMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn};
 

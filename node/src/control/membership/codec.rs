@@ -209,7 +209,10 @@ mod tests {
         assert_eq!((h.kind, h.sender), (FrameKind::Hello, 3));
         let back = decode_hello(payload, 3).unwrap();
         assert_eq!((back.rank, back.data_addr), (3, me.data_addr));
-        assert!(decode_hello(payload, 4).is_none(), "a hello about another rank");
+        assert!(
+            decode_hello(payload, 4).is_none(),
+            "a hello about another rank"
+        );
         assert!(decode_hello(&payload[..5], 3).is_none(), "cut JSON");
 
         let welcome = Welcome {

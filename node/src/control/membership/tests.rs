@@ -31,25 +31,48 @@ fn a_departure_is_recorded_once_and_its_notice_is_not_flooded_again() {
     let (mut departed, mut rejoined) = (BTreeMap::new(), Vec::new());
     let mut m = Membership::new(2, N, &mut departed, &mut rejoined);
     let reason = "connection lost: timed out".to_string();
-    let d = m.depart(5, reason.clone(), 3, 40, false, now(42)).unwrap().unwrap();
-    assert_eq!((d.gone, d.noticed_by, d.round, d.keep_newest), (5, 3, 42, false));
+    let d = m
+        .depart(5, reason.clone(), 3, 40, false, now(42))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (d.gone, d.noticed_by, d.round, d.keep_newest),
+        (5, 3, 42, false)
+    );
     assert_eq!(d.all_gone, vec![5]);
     assert_eq!(
-        (d.record.event.as_str(), d.record.peer, d.record.round, d.record.epoch),
+        (
+            d.record.event.as_str(),
+            d.record.peer,
+            d.record.round,
+            d.record.epoch
+        ),
         ("left", 5, 42, 2)
     );
-    assert_eq!((d.record.noticed_by, d.record.reason.as_str()), (3, reason.as_str()));
+    assert_eq!(
+        (d.record.noticed_by, d.record.reason.as_str()),
+        (3, reason.as_str())
+    );
     // The notice keeps the round at which it was first noticed, and goes to every link.
     assert!(d.flood.except.is_empty());
     let (round, notice) = payload(&d.flood.frame, FrameKind::Leave, 2);
     assert_eq!(round, 40);
     assert_eq!(decode_leave(notice), Some((5, reason.clone())));
     // The same notice flooded back by a neighbour, or a second lost connection: nothing.
-    assert!(matches!(m.on_leave(4, 40, notice, now(43)).unwrap(), Verdict::Ignore));
-    assert!(m.depart(5, reason, 2, 43, false, now(43)).unwrap().is_none());
+    assert!(matches!(
+        m.on_leave(4, 40, notice, now(43)).unwrap(),
+        Verdict::Ignore
+    ));
+    assert!(m
+        .depart(5, reason, 2, 43, false, now(43))
+        .unwrap()
+        .is_none());
     assert!(m.has_left(5));
     // Another peer's departure counts both.
-    let d = m.depart(6, "gone".into(), 2, 50, false, now(50)).unwrap().unwrap();
+    let d = m
+        .depart(6, "gone".into(), 2, 50, false, now(50))
+        .unwrap()
+        .unwrap();
     assert_eq!(d.all_gone, vec![5, 6]);
     assert_eq!(departed.len(), 2);
 }
@@ -60,9 +83,14 @@ fn a_notice_about_oneself_is_ignored_and_peer_0_leaving_ends_the_run() {
     let mut m = Membership::new(2, N, &mut departed, &mut rejoined);
     let about_me = encode_leave(4, 10, 2, "timed out");
     let (_, notice) = payload(&about_me, FrameKind::Leave, 4);
-    assert!(matches!(m.on_leave(4, 10, notice, now(10)).unwrap(), Verdict::Ignore));
+    assert!(matches!(
+        m.on_leave(4, 10, notice, now(10)).unwrap(),
+        Verdict::Ignore
+    ));
     assert_eq!(m.rejoin_notice(2, 30, addr(), 4), None);
-    let e = m.depart(0, "timed out".into(), 3, 10, false, now(11)).unwrap_err();
+    let e = m
+        .depart(0, "timed out".into(), 3, 10, false, now(11))
+        .unwrap_err();
     assert_eq!(
         e.to_string(),
         "peer 0 (the bootstrap, which collects the metrics) left the run during round 11: timed out"
@@ -83,10 +111,16 @@ fn malformed_leave_and_rejoin_notices_are_refused() {
             Verdict::Refuse(Refusal::MalformedLeave)
         ));
     }
-    assert_eq!(m.on_rejoin(4, &[0; 15]), Verdict::Refuse(Refusal::MalformedRejoin));
+    assert_eq!(
+        m.on_rejoin(4, &[0; 15]),
+        Verdict::Refuse(Refusal::MalformedRejoin)
+    );
     let outside = encode_rejoin(4, N, 30, addr());
     let (_, outside) = payload(&outside, FrameKind::Rejoin, 4);
-    assert_eq!(m.on_rejoin(4, outside), Verdict::Refuse(Refusal::MalformedRejoin));
+    assert_eq!(
+        m.on_rejoin(4, outside),
+        Verdict::Refuse(Refusal::MalformedRejoin)
+    );
     assert_eq!(
         Refusal::MalformedLeave.to_string(),
         "dropped a malformed departure notice"
@@ -98,15 +132,23 @@ fn malformed_leave_and_rejoin_notices_are_refused() {
 fn a_rejoin_notice_restores_a_departed_peer_from_its_round() {
     let (mut departed, mut rejoined) = (BTreeMap::new(), Vec::new());
     let mut m = Membership::new(2, N, &mut departed, &mut rejoined);
-    m.depart(5, "timed out".into(), 2, 100, false, now(100)).unwrap().unwrap();
-    m.depart(6, "timed out".into(), 2, 101, false, now(101)).unwrap().unwrap();
+    m.depart(5, "timed out".into(), 2, 100, false, now(100))
+        .unwrap()
+        .unwrap();
+    m.depart(6, "timed out".into(), 2, 101, false, now(101))
+        .unwrap()
+        .unwrap();
     let frame = encode_rejoin(3, 5, 193, addr());
     let (_, notice) = payload(&frame, FrameKind::Rejoin, 3);
     let Verdict::Accept(n) = m.on_rejoin(3, notice) else {
         panic!("a first rejoin notice is taken");
     };
     assert_eq!((n.back, n.at, n.addr, n.from), (5, 193, addr(), 3));
-    assert_eq!(n.still_gone, vec![6], "the algorithm mixes with peer 5 again");
+    assert_eq!(
+        n.still_gone,
+        vec![6],
+        "the algorithm mixes with peer 5 again"
+    );
     // Handled once per (peer, round).
     assert_eq!(m.on_rejoin(4, notice), Verdict::Ignore);
     let r = m.readmit(&n);
@@ -118,20 +160,32 @@ fn a_rejoin_notice_restores_a_departed_peer_from_its_round() {
     assert_eq!((round, decode_rejoin(back)), (193, Some((5, 193, addr()))));
     let record = Membership::rejoin_record(5, 193, r.new, now(150));
     assert_eq!(
-        (record.event.as_str(), record.peer, record.round, record.noticed_by),
+        (
+            record.event.as_str(),
+            record.peer,
+            record.round,
+            record.noticed_by
+        ),
         ("rejoined", 5, 193, 5)
     );
     assert_eq!(record.reason, "restarted; mixes again from round 193");
     // A departure noticed before its return is about its previous process.
-    assert!(m.depart(5, "late".into(), 4, 150, false, now(190)).unwrap().is_none());
-    assert!(m.depart(5, "again".into(), 4, 200, false, now(200)).unwrap().is_some());
+    assert!(m
+        .depart(5, "late".into(), 4, 150, false, now(190))
+        .unwrap()
+        .is_none());
+    assert!(m
+        .depart(5, "again".into(), 4, 200, false, now(200))
+        .unwrap()
+        .is_some());
 }
 
 #[test]
 fn a_hello_from_a_member_means_its_old_process_left() {
     let (mut departed, mut rejoined) = (BTreeMap::new(), Vec::new());
     let mut m = Membership::new(2, N, &mut departed, &mut rejoined);
-    m.depart(6, "timed out".into(), 2, 10, false, now(10)).unwrap();
+    m.depart(6, "timed out".into(), 2, 10, false, now(10))
+        .unwrap();
     let me = PeerInfo {
         rank: 4,
         peer_id: "12D3KooW".into(),
@@ -146,7 +200,10 @@ fn a_hello_from_a_member_means_its_old_process_left() {
     let Restart::Departed(d) = h.restart else {
         panic!("a member's hello is its old process's departure");
     };
-    assert_eq!((d.gone, d.noticed_by, d.round, d.keep_newest), (4, 2, 77, true));
+    assert_eq!(
+        (d.gone, d.noticed_by, d.round, d.keep_newest),
+        (4, 2, 77, true)
+    );
     assert_eq!(d.reason, "it restarted: a new process said hello");
     // The welcome names the departed peers but the hello's sender.
     let w = m.welcome(4, 78);
@@ -170,9 +227,8 @@ fn an_admission_holds_only_for_an_empty_rank_with_peer_0s_signature() {
     let peer0 = libp2p::identity::Keypair::generate_ed25519();
     let member = libp2p::identity::Keypair::generate_ed25519();
     let new = libp2p::PeerId::random();
-    let mut peer_ids: Vec<Option<libp2p::PeerId>> = (0..N)
-        .map(|_| Some(libp2p::PeerId::random()))
-        .collect();
+    let mut peer_ids: Vec<Option<libp2p::PeerId>> =
+        (0..N).map(|_| Some(libp2p::PeerId::random())).collect();
     peer_ids[0] = Some(peer0.public().to_peer_id());
     peer_ids[3] = None;
     let (mut departed, mut rejoined) = (BTreeMap::new(), Vec::new());
@@ -180,7 +236,12 @@ fn an_admission_holds_only_for_an_empty_rank_with_peer_0s_signature() {
     let records = m.start_empty(&[3]);
     assert_eq!(records.len(), 1);
     assert_eq!(
-        (records[0].event.as_str(), records[0].peer, records[0].round, records[0].noticed_by),
+        (
+            records[0].event.as_str(),
+            records[0].peer,
+            records[0].round,
+            records[0].noticed_by
+        ),
         ("empty", 3, 0, 2)
     );
     let signed = peer0.sign(&admit_message(3, &new)).unwrap();
@@ -189,7 +250,10 @@ fn an_admission_holds_only_for_an_empty_rank_with_peer_0s_signature() {
     let Verdict::Accept(a) = m.on_admit(4, notice, &peer_ids, None).unwrap() else {
         panic!("peer 0's admission to an empty rank holds");
     };
-    assert_eq!((a.rank, a.id, a.flood.except.as_slice()), (3, new, &[4][..]));
+    assert_eq!(
+        (a.rank, a.id, a.flood.except.as_slice()),
+        (3, new, &[4][..])
+    );
     let (_, passed) = payload(&a.flood.frame, FrameKind::Admit, 2);
     assert_eq!(decode_admit(passed), Some((3, new, signed.clone())));
     // A member's signature, or none.
@@ -215,7 +279,10 @@ fn an_admission_holds_only_for_an_empty_rank_with_peer_0s_signature() {
     // Already known with that identity: nothing to do.
     let mut known = peer_ids.clone();
     known[3] = Some(new);
-    assert_eq!(m.admit(3, new, signed, 4, &known, None).unwrap(), Verdict::Ignore);
+    assert_eq!(
+        m.admit(3, new, signed, 4, &known, None).unwrap(),
+        Verdict::Ignore
+    );
     // Malformed, or for a rank outside the run.
     assert_eq!(
         m.on_admit(4, &notice[..9], &peer_ids, None).unwrap(),
@@ -223,7 +290,8 @@ fn an_admission_holds_only_for_an_empty_rank_with_peer_0s_signature() {
     );
     let outside = encode_admit(4, N, new, &[]);
     assert_eq!(
-        m.on_admit(4, &outside[FRAME_HEADER_LEN..], &peer_ids, None).unwrap(),
+        m.on_admit(4, &outside[FRAME_HEADER_LEN..], &peer_ids, None)
+            .unwrap(),
         Verdict::Refuse(Refusal::MalformedAdmit)
     );
 }
@@ -237,7 +305,9 @@ fn peer_0s_bootstrap_signs_the_admissions_it_tells() {
     let (mut departed, mut rejoined) = (BTreeMap::new(), Vec::new());
     let mut m = Membership::new(0, N, &mut departed, &mut rejoined);
     m.start_empty(&[6]);
-    let Verdict::Accept(a) = m.admit(6, new, Vec::new(), 0, &peer_ids, Some(&peer0)).unwrap()
+    let Verdict::Accept(a) = m
+        .admit(6, new, Vec::new(), 0, &peer_ids, Some(&peer0))
+        .unwrap()
     else {
         panic!("peer 0 admits to an empty rank");
     };
@@ -260,7 +330,10 @@ fn new_peers_taking_every_empty_rank_close_the_admission() {
     let r = m.readmit(&n7);
     assert_eq!((r.new, r.all_taken), (true, true));
     let record = Membership::rejoin_record(7, 32, r.new, now(31));
-    assert_eq!((record.event.as_str(), record.reason.as_str()), ("joined", "a new peer; mixes from round 32"));
+    assert_eq!(
+        (record.event.as_str(), record.reason.as_str()),
+        ("joined", "a new peer; mixes from round 32")
+    );
 }
 
 #[test]
@@ -269,12 +342,20 @@ fn a_restarted_peer_rejoins_from_the_welcomes() {
     let mut m = Membership::new(2, N, &mut departed, &mut rejoined);
     m.start_empty(&[7]);
     let welcome = |round, departed: Vec<Rank>| (Welcome { round, departed }, vec![0.0f32]);
-    let welcomes: BTreeMap<Rank, _> = [(1, welcome(100, vec![6, 7])), (3, welcome(120, vec![2])), (6, welcome(90, vec![]))]
-        .into_iter()
-        .collect();
+    let welcomes: BTreeMap<Rank, _> = [
+        (1, welcome(100, vec![6, 7])),
+        (3, welcome(120, vec![2])),
+        (6, welcome(90, vec![])),
+    ]
+    .into_iter()
+    .collect();
     let plan = m.plan_rejoin(&welcomes, [6], 1000, 20).unwrap();
     assert_eq!(plan.at, 140, "the highest welcome round plus the margin");
-    assert_eq!(plan.departed, BTreeSet::from([6, 7]), "this peer is not among them");
+    assert_eq!(
+        plan.departed,
+        BTreeSet::from([6, 7]),
+        "this peer is not among them"
+    );
     assert_eq!(plan.welcomed, vec![1, 3]);
     assert_eq!(
         m.plan_rejoin(&welcomes, [4, 6], 1000, 20),
@@ -282,14 +363,20 @@ fn a_restarted_peer_rejoins_from_the_welcomes() {
     );
     assert_eq!(
         m.plan_rejoin(&welcomes, [], 140, 20),
-        Err(RejoinError::TooLate { total_rounds: 140, at: 140 })
+        Err(RejoinError::TooLate {
+            total_rounds: 140,
+            at: 140
+        })
     );
     for &g in &plan.departed {
         m.gone_before_rejoin(g, plan.at);
     }
     let flood = m.rejoining(plan.at, addr());
     let (round, notice) = payload(&flood.frame, FrameKind::Rejoin, 2);
-    assert_eq!((round, decode_rejoin(notice)), (140, Some((2, 140, addr()))));
+    assert_eq!(
+        (round, decode_rejoin(notice)),
+        (140, Some((2, 140, addr())))
+    );
     assert!(flood.except.is_empty());
     // Waits for every in-neighbour's frame of round 140 but the departed peers' and those
     // that join later.
@@ -299,7 +386,10 @@ fn a_restarted_peer_rejoins_from_the_welcomes() {
     let arrived: HashSet<Rank> = [1, 3].into_iter().collect();
     assert!(m.ready_to_mix(140, &[1, 3, 5, 6], &arrived));
     assert_eq!(departed[&6].event, "left");
-    assert_eq!((departed[&6].round, departed[&6].reason.as_str()), (140, "gone when this peer rejoined"));
+    assert_eq!(
+        (departed[&6].round, departed[&6].reason.as_str()),
+        (140, "gone when this peer rejoined")
+    );
     assert_eq!(departed[&7].event, "empty", "an empty rank stays empty");
     assert!(rejoined.contains(&(2, 140)));
 }
