@@ -475,16 +475,17 @@ impl crate::registry::Algorithm for AllReduceAlgorithm {
     fn fixed_pattern(&self) -> Option<&'static str> {
         Some("ring all-reduce")
     }
-    fn build(&self, ctx: &crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
-        Ok(Box::new(build(ctx, ctx.lr)))
+    fn build(&self, ctx: crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
+        let lr = ctx.lr;
+        Ok(Box::new(build(ctx, lr)))
     }
 }
 
 /// An all-reduce peer for `ctx` with step size `lr` (0: exact averaging of the parameters).
-pub(crate) fn build(ctx: &crate::BuildContext<'_>, lr: f32) -> AllReduce {
+pub(crate) fn build(ctx: crate::BuildContext<'_>, lr: f32) -> AllReduce {
     let mut cfg = AllReduceConfig::new(ctx.rank, ctx.peers(), lr, ctx.dim());
     cfg.round_timeout = ctx.round_timeout;
-    AllReduce::new(cfg, ctx.x0.clone())
+    AllReduce::new(cfg, ctx.x0)
 }
 
 #[cfg(test)]

@@ -635,18 +635,14 @@ impl crate::registry::Algorithm for ChocoAlgorithm {
             crate::Resumable::Rejoin
         }
     }
-    fn build(&self, ctx: &crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
-        let gamma = ctx.options.gamma(self);
+    fn build(&self, ctx: crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
+        let (gamma, compressor) = (ctx.options.gamma(self), ctx.compressor(self)?);
         let mut cfg = ChocoConfig::from_matrix(&ctx.topology.w, ctx.rank, ctx.lr, gamma, ctx.dim());
         cfg.round_timeout = ctx.round_timeout;
         cfg.max_payload_bytes = ctx.max_payload_bytes;
         cfg.seed = ctx.seed;
         cfg.skip_after = ctx.skip_after;
-        Ok(Box::new(Choco::new(
-            cfg,
-            ctx.x0.clone(),
-            ctx.compressor(self)?,
-        )))
+        Ok(Box::new(Choco::new(cfg, ctx.x0, compressor)))
     }
 }
 

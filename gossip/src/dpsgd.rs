@@ -360,18 +360,15 @@ impl Algorithm for DPsgdAlgorithm {
     fn skips_stragglers(&self) -> bool {
         true
     }
-    fn skip_needs_undirected_graph(&self) -> bool {
-        true
-    }
     fn survives_departure(&self) -> bool {
         true
     }
     fn resumable(&self, _skip_policy: bool) -> Resumable {
         Resumable::Rejoin
     }
-    fn build(&self, ctx: &BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
-        let compressor = ctx.compressor(self)?;
-        Ok(Box::new(build(ctx, ctx.lr, compressor)?))
+    fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
+        let (compressor, lr) = (ctx.compressor(self)?, ctx.lr);
+        Ok(Box::new(build(ctx, lr, compressor)?))
     }
 }
 
@@ -381,7 +378,7 @@ impl Algorithm for DPsgdAlgorithm {
 /// [`BuildError::Topology`] for the skip straggler policy on a directed graph: D-PSGD's
 /// skip notice goes back along the edge it drops.
 pub(crate) fn build(
-    ctx: &BuildContext<'_>,
+    ctx: BuildContext<'_>,
     lr: f32,
     compressor: Box<dyn Compressor>,
 ) -> Result<DPsgd, BuildError> {
@@ -396,5 +393,5 @@ pub(crate) fn build(
     cfg.max_payload_bytes = ctx.max_payload_bytes;
     cfg.seed = ctx.seed;
     cfg.skip_after = ctx.skip_after;
-    Ok(DPsgd::with_compressor(cfg, ctx.x0.clone(), compressor))
+    Ok(DPsgd::with_compressor(cfg, ctx.x0, compressor))
 }

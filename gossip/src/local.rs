@@ -189,20 +189,14 @@ impl crate::registry::Algorithm for LocalSgdAlgorithm {
     fn skips_stragglers(&self) -> bool {
         true
     }
-    fn skip_needs_undirected_graph(&self) -> bool {
-        true
-    }
     fn survives_departure(&self) -> bool {
         true
     }
-    fn build(&self, ctx: &crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
+    fn build(&self, ctx: crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
+        let (h, lr, compressor) = (ctx.options.local_steps(self), ctx.lr, ctx.compressor(self)?);
         // The inner gossip only mixes (η = 0); the wrapper takes the local steps.
-        let inner = crate::dpsgd::build(ctx, 0.0, ctx.compressor(self)?)?;
-        Ok(Box::new(LocalSgd::new(
-            Box::new(inner),
-            ctx.options.local_steps(self),
-            ctx.lr,
-        )))
+        let inner = crate::dpsgd::build(ctx, 0.0, compressor)?;
+        Ok(Box::new(LocalSgd::new(Box::new(inner), h, lr)))
     }
 }
 
@@ -233,13 +227,10 @@ impl crate::registry::Algorithm for LocalAvgAlgorithm {
     fn fixed_pattern(&self) -> Option<&'static str> {
         Some("ring all-reduce")
     }
-    fn build(&self, ctx: &crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
+    fn build(&self, ctx: crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
+        let (h, lr) = (ctx.options.local_steps(self), ctx.lr);
         // All-reduce begun without a gradient averages the parameters exactly.
         let inner = crate::allreduce::build(ctx, 0.0);
-        Ok(Box::new(LocalSgd::new(
-            Box::new(inner),
-            ctx.options.local_steps(self),
-            ctx.lr,
-        )))
+        Ok(Box::new(LocalSgd::new(Box::new(inner), h, lr)))
     }
 }

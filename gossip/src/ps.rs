@@ -531,7 +531,7 @@ impl crate::registry::Algorithm for PsAlgorithm {
     fn fixed_pattern(&self) -> Option<&'static str> {
         Some("parameter server on peer 0")
     }
-    fn build(&self, ctx: &crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
+    fn build(&self, ctx: crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
         let mut cfg = PsConfig::new(
             ctx.rank,
             ctx.peers(),
@@ -540,6 +540,6 @@ impl crate::registry::Algorithm for PsAlgorithm {
             ctx.dim(),
         );
         cfg.round_timeout = ctx.round_timeout;
-        Ok(Box::new(ParameterServer::new(cfg, ctx.x0.clone())))
+        Ok(Box::new(ParameterServer::new(cfg, ctx.x0)))
     }
 }

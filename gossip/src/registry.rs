@@ -83,12 +83,6 @@ pub trait Algorithm: Sync {
         false
     }
 
-    /// Whether its skip notice goes back along the dropped edge, so that the skip policy
-    /// needs an undirected graph (D-PSGD).
-    fn skip_needs_undirected_graph(&self) -> bool {
-        false
-    }
-
     /// Whether the other peers train on when a peer leaves (re-weighting W or pushing around
     /// the gap); otherwise a lost peer ends the run.
     fn survives_departure(&self) -> bool {
@@ -113,7 +107,7 @@ pub trait Algorithm: Sync {
     /// # Errors
     /// [`BuildError`] if the options or the topology do not suit the algorithm, or the
     /// compressor cannot be built for the model.
-    fn build(&self, ctx: &BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError>;
+    fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError>;
 }
 
 /// What `--resume` can do for an algorithm.
@@ -255,17 +249,12 @@ impl AlgorithmOptions {
     /// [`BuildError::Options`] naming the flag and what is wrong.
     pub fn validate(&self, algorithms: &[AlgorithmSpec]) -> Result<(), BuildError> {
         for o in ProtocolOption::ALL {
-            let users: Vec<&str> = ALGORITHMS
-                .iter()
-                .filter(|a| a.options().contains(&o))
-                .map(|a| a.name())
-                .collect();
             if self.is_set(o) && !algorithms.iter().any(|a| a.options().contains(&o)) {
                 return Err(BuildError::Options(format!(
                     "{} is {}; it needs --algorithm {}",
                     o.flag(),
                     o.what(),
-                    users.join(" or ")
+                    AlgorithmSpec::names_where(|a| a.options().contains(&o)).replace(", ", " or ")
                 )));
             }
         }
@@ -283,17 +272,12 @@ impl AlgorithmOptions {
         }
         if let Some(c) = &self.compressor {
             if !algorithms.iter().any(|a| a.compresses()) && *c != CompressorSpec::Identity {
-                let users: Vec<&str> = ALGORITHMS
-                    .iter()
-                    .filter(|a| a.compresses())
-                    .map(|a| a.name())
-                    .collect();
                 let run: Vec<String> = algorithms.iter().map(|a| a.to_string()).collect();
                 return Err(BuildError::Options(format!(
                     "--compressor {c}: {} sends raw f32 (an uncompressed baseline); \
                      compression applies to {}",
                     run.join(", "),
-                    users.join(", ")
+                    AlgorithmSpec::names_where(|a| a.compresses())
                 )));
             }
         }
@@ -394,12 +378,9 @@ impl BuildContext<'_> {
     /// # Errors
     /// [`BuildError::Topology`] if W's graph cannot be a push schedule.
     pub fn push_schedule(&self) -> Result<PushSchedule, BuildError> {
-        match &self.topology.schedule {
-            Some(s) => Ok(s.clone()),
-            None => PushSchedule::fixed(self.topology.w.graph()).map_err(|e| {
-                BuildError::Topology(format!("topology {} for SGP: {e}", self.topology.name))
-            }),
-        }
+        self.topology.push_schedule().map_err(|e| {
+            BuildError::Topology(format!("topology {} for SGP: {e}", self.topology.name))
+        })
     }
 }
 
@@ -424,14 +405,20 @@ pub enum BuildError {
 pub struct AlgorithmSpec(&'static dyn Algorithm);
 
 impl AlgorithmSpec {
-    /// The default algorithm (D-PSGD).
-    pub fn default_algorithm() -> Self {
-        AlgorithmSpec(ALGORITHMS[0])
-    }
-
     /// Every algorithm of the registry.
     pub fn all() -> impl Iterator<Item = AlgorithmSpec> {
         ALGORITHMS.iter().map(|a| AlgorithmSpec(*a))
+    }
+
+    /// The names of the algorithms for which `pred` holds, joined by `, ` (for messages
+    /// that say which algorithms can do something).
+    pub fn names_where(pred: impl Fn(&dyn Algorithm) -> bool) -> String {
+        let names: Vec<&str> = ALGORITHMS
+            .iter()
+            .filter(|a| pred(**a))
+            .map(|a| a.name())
+            .collect();
+        names.join(", ")
     }
 
     /// The algorithm named `name`, if any.
@@ -440,9 +427,10 @@ impl AlgorithmSpec {
     }
 }
 
+/// The default algorithm: the first of [`ALGORITHMS`] (D-PSGD).
 impl Default for AlgorithmSpec {
     fn default() -> Self {
-        Self::default_algorithm()
+        AlgorithmSpec(ALGORITHMS[0])
     }
 }
 

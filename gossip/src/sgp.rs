@@ -995,17 +995,14 @@ impl crate::registry::Algorithm for SgpAlgorithm {
     fn resumable(&self, _skip_policy: bool) -> crate::Resumable {
         crate::Resumable::Rejoin
     }
-    fn build(&self, ctx: &crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
+    fn build(&self, ctx: crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
         let mut cfg = SgpConfig::new(ctx.push_schedule()?, ctx.rank, ctx.lr, ctx.dim())
             .with_tau(ctx.options.tau.unwrap_or(0))
             .with_skip(ctx.skip_after);
         cfg.round_timeout = ctx.round_timeout;
         cfg.max_payload_bytes = ctx.max_payload_bytes;
         cfg.seed = ctx.seed;
-        Ok(Box::new(Sgp::with_compressor(
-            cfg,
-            ctx.x0.clone(),
-            ctx.compressor(self)?,
-        )))
+        let compressor = ctx.compressor(self)?;
+        Ok(Box::new(Sgp::with_compressor(cfg, ctx.x0, compressor)))
     }
 }

@@ -617,6 +617,17 @@ pub struct InspectReport {
 }
 
 impl Topology {
+    /// The push schedule of push-sum (SGP): the time-varying schedule if the topology has
+    /// one, else the static graph of W.
+    ///
+    /// Errors: [`TopologyError::NotConnected`] if W's graph is not strongly connected.
+    pub fn push_schedule(&self) -> Result<PushSchedule, TopologyError> {
+        match &self.schedule {
+            Some(s) => Ok(s.clone()),
+            None => PushSchedule::fixed(self.w.graph()),
+        }
+    }
+
     /// Computes the [`InspectReport`] (O(n³) for the eigenvalues).
     pub fn inspect(&self) -> InspectReport {
         let n = self.graph.n();

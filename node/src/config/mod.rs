@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Args;
 use murmur_compress::CompressorSpec;
-use murmur_topology::{PushSchedule, Topology};
+use murmur_topology::Topology;
 use serde::Serialize;
 
 /// The time-varying one-peer exponential schedule's name for `--topology`.
@@ -306,13 +306,9 @@ impl RunArgs {
             (StragglerPolicy::Skip, Some(_))
                 if self.phases.is_some() || !self.algorithm.skips_stragglers() =>
             {
-                let names: Vec<&str> = AlgorithmSpec::all()
-                    .filter(|a| a.skips_stragglers())
-                    .map(|a| a.name())
-                    .collect();
                 bail!(
                     "--straggler-policy skip works with {}, not {}",
-                    names.join(", "),
+                    AlgorithmSpec::names_where(|a| a.skips_stragglers()),
                     self.algorithm_name()
                 )
             }
@@ -459,11 +455,6 @@ impl RunArgs {
         self.algorithm_options().compressor(&*self.algorithm)
     }
 
-    /// CHOCO-SGD's γ: `--gamma`, else a default for the compressor.
-    pub fn gamma(&self) -> f32 {
-        self.algorithm_options().gamma(&*self.algorithm)
-    }
-
     /// Warnings about options that run but are unlikely to be what the user wants.
     pub fn warnings(&self) -> Vec<String> {
         let mut w = Vec::new();
@@ -505,7 +496,7 @@ impl RunArgs {
     /// Builds the topology for `self.peers` peers from a name or a file. For the
     /// `one-peer-exponential` schedule (by name or `schedule = ...` file) this is the static
     /// exponential graph, the union of the schedule's rounds, carrying the schedule (see
-    /// [`RunArgs::push_schedule`]).
+    /// [`Topology::push_schedule`]).
     ///
     /// # Errors
     /// As [`load_topology`]; a schedule for an algorithm that needs a static W.
@@ -529,22 +520,13 @@ impl RunArgs {
         labels.dedup();
         labels.join(" then ")
     }
-
-    /// SGP's push schedule: the topology's time-varying schedule if it has one
-    /// (`one-peer-exponential`), else the static graph of `topo`'s W.
-    pub fn push_schedule(&self, topo: &Topology) -> anyhow::Result<PushSchedule> {
-        Ok(match &topo.schedule {
-            Some(s) => s.clone(),
-            None => PushSchedule::fixed(topo.w.graph())
-                .with_context(|| format!("topology {} for SGP", topo.name))?,
-        })
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::Parser;
+    use murmur_topology::PushSchedule;
 
     /// The options of `murmur simulate`, a superset of `launch`'s.
     #[derive(Parser)]
@@ -688,7 +670,7 @@ mod tests {
             ])
             .unwrap();
             let topo = run.topology().unwrap();
-            assert_eq!(run.push_schedule(&topo).unwrap(), want, "{topology}");
+            assert_eq!(topo.push_schedule().unwrap(), want, "{topology}");
             // A static algorithm needs one W: refused by name and by file.
             let bad = parse(&[
                 "murmur",
@@ -715,7 +697,7 @@ mod tests {
         .unwrap();
         let topo = run.topology().unwrap();
         assert_eq!(
-            run.push_schedule(&topo).unwrap(),
+            topo.push_schedule().unwrap(),
             PushSchedule::fixed(topo.w.graph()).unwrap()
         );
     }

@@ -39,10 +39,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::config::RunArgs;
-use crate::report::{self, EpochRow, MembershipEvent, Summary};
+use crate::report::{self, progress, EpochRow, MembershipEvent, Summary};
 
 /// Arguments of `murmur launch` besides the run's.
 #[derive(Debug, Clone, Args)]
@@ -176,8 +175,11 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     let topo = args.topology()?;
     if launch.restart_failed > 0 && args.resumable() != murmur_gossip::Resumable::Rejoin {
         bail!(
-            "--restart-failed: a restarted peer rejoins D-PSGD, SGP and CHOCO-SGD runs \
-             (CHOCO-SGD without --straggler-policy skip), not {}",
+            "--restart-failed: a restarted peer rejoins {} runs (without --straggler-policy \
+             skip), not {}",
+            murmur_gossip::AlgorithmSpec::names_where(
+                |a| a.resumable(false) == murmur_gossip::Resumable::Rejoin
+            ),
             args.algorithm_name()
         );
     }
@@ -310,23 +312,9 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     }
     let mut to_join: Vec<usize> = (initial..args.peers).collect();
 
-    let bar = ProgressBar::new(args.epochs as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} epoch {pos}/{len} [{bar:30}] {elapsed_precise} {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
+    let bar = progress::bar(args.epochs as u64, "epoch");
     bar.enable_steady_tick(Duration::from_millis(200));
-    // indicatif hides the bar when stderr is not a terminal; the table must show anyway.
-    let print = |line: String| {
-        if bar.is_hidden() {
-            println!("{line}");
-        } else {
-            bar.println(line);
-        }
-    };
+    let print = |line: String| progress::print(&bar, line);
     print(report::table_header());
     let epochs_file = run_dir.join("epochs.jsonl");
     let membership_file = run_dir.join("membership.jsonl");
@@ -417,8 +405,9 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
             if !restart && !args.survives_departure() {
                 stop.get_or_insert(format!(
                     "peer {rank} failed ({how}) at epoch {epoch}{cause}, and {} cannot go on \
-                     without a peer (D-PSGD, SGP, CHOCO-SGD and local-SGD gossip can)",
-                    args.algorithm_name()
+                     without a peer ({} can)",
+                    args.algorithm_name(),
+                    murmur_gossip::AlgorithmSpec::names_where(|a| a.survives_departure())
                 ));
                 continue;
             }

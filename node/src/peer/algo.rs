@@ -64,5 +64,5 @@ pub fn build(
         skip_after,
         options: &options,
     };
-    Ok(args.algorithm.build(&ctx)?)
+    Ok(args.algorithm.build(ctx)?)
 }

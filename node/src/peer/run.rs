@@ -1,6 +1,7 @@
 //! The training loop of one peer: wiring, start or resume, the rounds, the epoch reports.
 
 use super::*;
+use crate::config::AlgorithmSpec;
 use crate::train::optim::{HeavyBall, Optimizer};
 
 pub(super) fn run_on<B: AutodiffBackend>(
@@ -15,7 +16,6 @@ pub(super) fn run_on<B: AutodiffBackend>(
         mut rank,
         resumable,
         initial,
-        elastic: _,
     } = plan(args, peer)?;
     let span = info_span!("peer", peer = tracing::field::Empty);
     if !assigned {
@@ -553,8 +553,6 @@ pub(super) struct Start {
     pub resumable: Resumable,
     /// The peers the run starts with (`--initial-peers`, else n).
     pub initial: usize,
-    /// Whether peers join the run under way.
-    pub elastic: bool,
 }
 
 /// Checks the options of `murmur peer` against each other and decides how the peer enters.
@@ -607,7 +605,8 @@ pub(super) fn plan(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<Start> {
     }
     if peer.resume && resumable == Resumable::No {
         bail!(
-            "--resume works for D-PSGD, SGP and CHOCO-SGD runs, not {}",
+            "--resume works for {} runs, not {}",
+            AlgorithmSpec::names_where(|a| a.resumable(false) != Resumable::No),
             args.algorithm_name()
         );
     }
@@ -621,7 +620,9 @@ pub(super) fn plan(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<Start> {
     let elastic = initial < n || peer.join_running;
     if elastic && resumable != Resumable::Rejoin {
         bail!(
-            "an elastic run (--initial-peers, --join-running) needs an algorithm that takes a peer in mid-run: D-PSGD, SGP or CHOCO-SGD (without --straggler-policy skip), not {}",
+            "an elastic run (--initial-peers, --join-running) needs an algorithm that takes a \
+             peer in mid-run: {} (without --straggler-policy skip), not {}",
+            AlgorithmSpec::names_where(|a| a.resumable(false) == Resumable::Rejoin),
             args.algorithm_name()
         );
     }
@@ -635,7 +636,6 @@ pub(super) fn plan(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<Start> {
         rank,
         resumable,
         initial,
-        elastic,
     })
 }
 
@@ -710,7 +710,7 @@ mod tests {
             "no --rank: the bootstrap assigns one"
         );
         let p = plan_of(&["--peers", "4", "--rank", "0", "--initial-peers", "2"]).unwrap();
-        assert!(p.elastic && p.initial == 2);
+        assert_eq!(p.initial, 2);
         assert_eq!(p.resumable, Resumable::Rejoin);
     }
 

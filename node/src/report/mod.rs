@@ -4,6 +4,7 @@
 //! Field names are a stable interface read by experiment scripts.
 
 pub(crate) mod collector;
+pub(crate) mod progress;
 
 use std::io::Write;
 use std::path::Path;

@@ -31,7 +31,6 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use murmur_gossip::{Compute, Gossip, NetSim, NetworkModel, Rank};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -41,7 +40,7 @@ use crate::config::{DeviceSpec, Init, RunArgs};
 use crate::launch::{run_folder, LaunchArgs};
 use crate::peer::algo;
 use crate::report::collector::{epoch_row, evaluate_epoch, summary, write_summary, Reported};
-use crate::report::{self, PeerEpoch};
+use crate::report::{self, progress, PeerEpoch};
 use crate::train::data::{partition, Batches, Dataset, RunData};
 use crate::train::model::{self, Net};
 use crate::train::optim::{HeavyBall, Optimizer};
@@ -333,7 +332,7 @@ fn consensus(
         sim.describe(net_model),
         dir.display()
     );
-    let bar = progress(sim.rounds, "round");
+    let bar = progress::bar(sim.rounds, "round");
     let chunk = (sim.rounds / 100).max(1);
     let mut done = 0;
     while done < sim.rounds {
@@ -462,7 +461,7 @@ fn timing(
     let noise: Vec<f32> = (0..2 * d)
         .map(|_| rng.random_range(-1e-2f32..1e-2))
         .collect();
-    let bar = progress(args.epochs as u64, "epoch");
+    let bar = progress::bar(args.epochs as u64, "epoch");
     let mut rows = Vec::with_capacity(args.epochs + 1);
     for epoch in 0..=args.epochs {
         if epoch > 0 {
@@ -663,14 +662,8 @@ fn train(
     for stale in ["epochs.jsonl", "epochs.csv"] {
         let _ = std::fs::remove_file(dir.join(stale));
     }
-    let bar = progress(args.epochs as u64 * rounds_per_epoch, "round");
-    let print = |line: String| {
-        if bar.is_hidden() {
-            println!("{line}");
-        } else {
-            bar.println(line);
-        }
-    };
+    let bar = progress::bar(args.epochs as u64 * rounds_per_epoch, "round");
+    let print = |line: String| progress::print(&bar, line);
     print(report::table_header());
     let mut rows = Vec::new();
     let started = Instant::now();
@@ -824,17 +817,4 @@ fn measure_step(
         .copied()
         .context("no timed step")?;
     Ok((median, net))
-}
-
-/// A progress bar over `len` units named `unit` on stderr (hidden when not a terminal).
-fn progress(len: u64, unit: &str) -> ProgressBar {
-    let bar = ProgressBar::new(len);
-    bar.set_style(
-        ProgressStyle::with_template(&format!(
-            "{{spinner}} {unit} {{pos}}/{{len}} [{{bar:30}}] {{elapsed_precise}} {{msg}}"
-        ))
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> "),
-    );
-    bar
 }

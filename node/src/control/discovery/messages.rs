@@ -47,6 +47,24 @@ pub struct Fingerprint {
 }
 
 impl Fingerprint {
+    /// A run of `peers` peers (ring, MLP with d = 10, one epoch of one round), for tests.
+    #[cfg(test)]
+    pub(crate) fn example(peers: usize) -> Self {
+        Fingerprint {
+            peers,
+            topology: "ring".into(),
+            model: "mlp".into(),
+            dim: 10,
+            algorithm: "dpsgd".into(),
+            compressor: "none".into(),
+            epochs: 1,
+            rounds_per_epoch: 1,
+            seed: 0,
+            partition: "iid".into(),
+            protocol: String::new(),
+        }
+    }
+
     /// `field: <this> has X, <that> has Y` for each field that differs, comma-separated.
     pub fn differences(&self, other: &Fingerprint, this: &str, that: &str) -> String {
         let (a, b) = (serde_json::to_value(self), serde_json::to_value(other));
@@ -175,19 +193,7 @@ mod tests {
 
     #[test]
     fn the_differences_name_each_field_that_differs_and_both_values() {
-        let a = Fingerprint {
-            peers: 4,
-            topology: "ring".into(),
-            model: "mlp".into(),
-            dim: 10,
-            algorithm: "dpsgd".into(),
-            compressor: "none".into(),
-            epochs: 1,
-            rounds_per_epoch: 1,
-            seed: 0,
-            partition: "iid".into(),
-            protocol: String::new(),
-        };
+        let a = Fingerprint::example(4);
         assert_eq!(a.differences(&a, "peer 1", "peer 0"), "");
         let b = Fingerprint {
             model: "cnn".into(),

@@ -4,19 +4,7 @@ use super::*;
 use std::io::Write;
 
 fn fingerprint(peers: usize) -> Fingerprint {
-    Fingerprint {
-        peers,
-        topology: "ring".into(),
-        model: "mlp".into(),
-        dim: 10,
-        algorithm: "dpsgd".into(),
-        compressor: "none".into(),
-        epochs: 1,
-        rounds_per_epoch: 1,
-        seed: 0,
-        partition: "iid".into(),
-        protocol: String::new(),
-    }
+    Fingerprint::example(peers)
 }
 
 fn info(rank: Rank, id: PeerId) -> PeerInfo {
