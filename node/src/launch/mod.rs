@@ -28,9 +28,11 @@
 
 mod memory;
 mod signals;
+mod supervise;
 
 use memory::check_memory;
 pub use memory::estimated_peer_bytes;
+use supervise::{Ended, Record, Spawner, Supervisor};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -100,65 +102,6 @@ impl Interrupted {
     }
 }
 
-/// How long peers get to exit after SIGTERM before they are killed.
-const STOP_GRACE: Duration = Duration::from_secs(5);
-
-/// One peer process under supervision.
-struct Proc {
-    rank: usize,
-    child: Child,
-    /// Whether it was seen stopped (SIGSTOP) and not yet seen running again.
-    stopped: bool,
-}
-
-/// Every peer process of the run; stops them all when dropped.
-struct Peers {
-    procs: Vec<Proc>,
-}
-
-impl Peers {
-    /// Sends `signal` to every peer, waits up to [`STOP_GRACE`] for them to exit, then
-    /// kills the rest.
-    fn stop_all(&mut self, signal: i32) {
-        for p in &self.procs {
-            signals::send(&p.child, signal);
-            // A stopped process acts on SIGTERM only once it continues.
-            signals::send(&p.child, libc::SIGCONT);
-        }
-        let deadline = Instant::now() + STOP_GRACE;
-        while Instant::now() < deadline
-            && self
-                .procs
-                .iter_mut()
-                .any(|p| matches!(p.child.try_wait(), Ok(None)))
-        {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        for p in &mut self.procs {
-            let _ = p.child.kill();
-            let _ = p.child.wait();
-        }
-        self.procs.clear();
-    }
-}
-
-impl Drop for Peers {
-    fn drop(&mut self) {
-        self.stop_all(libc::SIGTERM);
-    }
-}
-
-/// What the launcher saw of the peer processes: failures and restarts.
-#[derive(Default)]
-struct Record {
-    /// `rank:how@epoch` per failure.
-    failures: Vec<String>,
-    /// `rank@epoch` per restart.
-    restarts: Vec<String>,
-    /// Restarts so far by rank.
-    restarts_of: BTreeMap<usize, u32>,
-}
-
 /// Runs the whole launch; returns the run summary.
 ///
 /// # Errors
@@ -166,12 +109,83 @@ struct Record {
 /// peer that cannot be started; peer 0 failing, or the run stopping without a departed
 /// peer (after `summary.json` is written); [`Interrupted`] on SIGINT or SIGTERM.
 pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
+    let Checked { topo, dim, initial } = check(args, launch)?;
+    let run_dir = run_folder(args, launch, "")?;
+    // The peers read the run from one file: the options exactly as parsed here.
+    let run_config = run_dir.join("run.toml");
+    std::fs::write(&run_config, args.to_toml()?)
+        .with_context(|| format!("cannot write {}", run_config.display()))?;
+    for stale in ["epochs.jsonl", "bootstrap.addr", "membership.jsonl"] {
+        let _ = std::fs::remove_file(run_dir.join(stale));
+    }
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let spawner = Spawner {
+        exe: std::env::current_exe().context("cannot find the murmur executable")?,
+        run_config,
+        run_dir: run_dir.clone(),
+        // With more peers than cores, one compute thread per peer avoids oversubscription.
+        threads_per_peer: (cores / args.peers).max(1),
+    };
+    announce(args, &topo, &run_dir);
+    signals::install();
+    let mut supervisor = Supervisor::start(args, launch, spawner, initial)?;
+
+    let bar = progress::bar(args.epochs as u64, "epoch");
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let print = |line: String| progress::print(&bar, line);
+    print(report::table_header());
+    match supervisor.watch(&bar, &print)? {
+        Ended::Completed => {}
+        Ended::Interrupted(signal) => {
+            bar.abandon();
+            supervisor.stop_all(signal);
+            let why = format!("interrupted by {}", signal_name(signal));
+            supervisor.save_partial(&topo, dim, why)?;
+            return Err(Interrupted { signal }.into());
+        }
+        Ended::Stopped(why) => {
+            bar.abandon();
+            supervisor.stop_all(libc::SIGTERM);
+            let rows = supervisor.save_partial(&topo, dim, format!("stopped: {why}"))?;
+            bail!(
+                "the run stopped: {why}. Every peer was stopped; summary.json covers the {} \
+                 recorded; logs in {}",
+                crate::config::count(rows.len(), "epoch row"),
+                run_dir.join("logs").display()
+            );
+        }
+    }
+    bar.finish_and_clear();
+    let summary = supervisor.conclude()?;
+    println!("{}", report::summary_line(&summary));
+    if !summary.peer_failures.is_empty() {
+        println!(
+            "failed peer processes (rank:how@epoch): {}; restarted (rank@epoch): {}",
+            summary.peer_failures,
+            or_none(&summary.restarts)
+        );
+    }
+    println!("run folder: {}", run_dir.display());
+    Ok(summary)
+}
+
+/// What [`check`] found: the topology, the model's dimension d and the initial peer count.
+struct Checked {
+    topo: murmur_topology::Topology,
+    dim: usize,
+    initial: usize,
+}
+
+/// Fails fast, before any process starts or any file is written, on bad options, a bad
+/// topology, peer count or data file, or a run that does not fit in memory.
+fn check(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Checked> {
     args.validate()?;
     for w in args.warnings() {
         eprintln!("murmur: warning: {w}");
     }
     crate::peer::check_device(args.device)?;
-    // Fail fast, before any process starts, on a bad topology, peer count or data file.
     let topo = args.topology()?;
     if launch.restart_failed > 0 && args.resumable() != murmur_gossip::Resumable::Rejoin {
         bail!(
@@ -183,79 +197,6 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
             args.algorithm_name()
         );
     }
-    let dim =
-        crate::train::model::Net::<burn::backend::Flex>::new(args.model, &Default::default()).dim();
-    // Loaded once here so that a bad --data fails before any peer starts.
-    let data = crate::train::data::RunData::load(args.model, args.data.as_deref(), args.seed)?;
-    let data_bytes = 4 * (data.train.len() + data.test.len()) * data.train.features();
-    drop(data);
-    if !launch.ignore_memory_check {
-        check_memory(args.peers, estimated_peer_bytes(dim, data_bytes))?;
-    }
-    let run_dir = run_folder(args, launch, "")?;
-    // The peers read the run from one file: the options exactly as parsed here.
-    let run_config = run_dir.join("run.toml");
-    std::fs::write(&run_config, args.to_toml()?)
-        .with_context(|| format!("cannot write {}", run_config.display()))?;
-    for stale in ["epochs.jsonl", "bootstrap.addr", "membership.jsonl"] {
-        let _ = std::fs::remove_file(run_dir.join(stale));
-    }
-    let exe = std::env::current_exe().context("cannot find the murmur executable")?;
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    // With more peers than cores, one compute thread per peer avoids oversubscription.
-    let threads_per_peer = (cores / args.peers).max(1);
-
-    let pattern = if args.algorithms().iter().any(|a| a.uses_topology()) {
-        format!(
-            "{}; |λ₂| = {:.4}, spectral gap {:.4}",
-            args.topology_label(&topo),
-            topo.w.second_eigenvalue_modulus(),
-            topo.w.spectral_gap()
-        )
-    } else {
-        args.topology_label(&topo)
-    };
-    eprintln!(
-        "murmur: {}, {} with {} ({pattern}), {} on {}, {} epochs; run folder {}",
-        crate::config::count(args.peers, "peer"),
-        args.algorithm_name(),
-        args.compressor(),
-        args.model.with_data(),
-        args.device,
-        args.epochs,
-        run_dir.display()
-    );
-    signals::install();
-    let spawn = |rank: usize, extra: Vec<String>| -> anyhow::Result<Proc> {
-        // Appended: a restarted peer's log follows its earlier process's.
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(run_dir.join("logs").join(format!("peer-{rank}.log")))?;
-        let log2 = log.try_clone()?;
-        let mut cmd = Command::new(&exe);
-        cmd.arg("peer")
-            .arg(format!("--config={}", run_config.display()))
-            .arg(format!("--rank={rank}"))
-            .arg(format!("--out={}", run_dir.display()))
-            .args(extra)
-            .env("RAYON_NUM_THREADS", threads_per_peer.to_string())
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2);
-        signals::die_with_parent(&mut cmd);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("cannot start peer {rank}"))?;
-        Ok(Proc {
-            rank,
-            child,
-            stopped: false,
-        })
-    };
-
     let initial = launch.initial_peers.unwrap_or(args.peers);
     if initial == 0 || initial > args.peers {
         bail!(
@@ -270,242 +211,40 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
             args.epochs
         );
     }
-    let mut peers = Peers { procs: Vec::new() };
-    let mut record = Record::default();
-    let addr_file = crate::peer::bootstrap_file(&run_dir);
-    let mut first = vec![format!("--bootstrap-file={}", addr_file.display())];
-    if initial < args.peers {
-        first.push(format!("--initial-peers={initial}"));
+    let dim =
+        crate::train::model::Net::<burn::backend::Flex>::new(args.model, &Default::default()).dim();
+    // Loaded once here so that a bad --data fails before any peer starts.
+    let data = crate::train::data::RunData::load(args.model, args.data.as_deref(), args.seed)?;
+    let data_bytes = 4 * (data.train.len() + data.test.len()) * data.train.features();
+    drop(data);
+    if !launch.ignore_memory_check {
+        check_memory(args.peers, estimated_peer_bytes(dim, data_bytes))?;
     }
-    peers.procs.push(spawn(0, first)?);
-    let t0 = Instant::now();
-    let bootstrap = loop {
-        if let Ok(a) = std::fs::read_to_string(&addr_file) {
-            break a.trim().to_string();
-        }
-        if let Some(signal) = signals::received() {
-            peers.stop_all(signal);
-            return Err(Interrupted { signal }.into());
-        }
-        if let Some(p) = peers.procs.first_mut() {
-            if let Ok(Some(status)) = p.child.try_wait() {
-                bail!(
-                    "peer 0 failed before the run started ({}). End of {}:\n{}",
-                    how(status),
-                    log_path(&run_dir, 0).display(),
-                    log_tail(&run_dir, 0, 8)
-                );
-            }
-        }
-        if t0.elapsed() > Duration::from_secs(30) {
-            bail!(
-                "peer 0 did not publish its address within 30 s; see {}",
-                log_path(&run_dir, 0).display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    Ok(Checked { topo, dim, initial })
+}
+
+/// The run's first line: peers, algorithm, compressor, graph, model, device, epochs, folder.
+fn announce(args: &RunArgs, topo: &murmur_topology::Topology, run_dir: &Path) {
+    let pattern = if args.algorithms().iter().any(|a| a.uses_topology()) {
+        format!(
+            "{}; |λ₂| = {:.4}, spectral gap {:.4}",
+            args.topology_label(topo),
+            topo.w.second_eigenvalue_modulus(),
+            topo.w.spectral_gap()
+        )
+    } else {
+        args.topology_label(topo)
     };
-    for rank in 1..initial {
-        peers
-            .procs
-            .push(spawn(rank, vec![format!("--bootstrap={bootstrap}")])?);
-    }
-    let mut to_join: Vec<usize> = (initial..args.peers).collect();
-
-    let bar = progress::bar(args.epochs as u64, "epoch");
-    bar.enable_steady_tick(Duration::from_millis(200));
-    let print = |line: String| progress::print(&bar, line);
-    print(report::table_header());
-    let epochs_file = run_dir.join("epochs.jsonl");
-    let membership_file = run_dir.join("membership.jsonl");
-    let (mut shown, mut events_shown) = (0usize, 0usize);
-    // Restarts waiting for the departure to be noticed: (rank, failed at, its departures
-    // recorded by then).
-    let mut pending: Vec<(usize, Instant, usize)> = Vec::new();
-    let ended: Option<String> = loop {
-        let rows: Vec<EpochRow> = read_lines(&epochs_file);
-        for row in rows.iter().skip(shown) {
-            print(report::format_row(row));
-            bar.set_position(row.epoch as u64);
-            bar.set_message(format!("x̄ acc {:.2}%", 100.0 * row.avg_model_test_accuracy));
-        }
-        shown = shown.max(rows.len());
-        let events: Vec<MembershipEvent> = read_lines(&membership_file);
-        for e in events.iter().skip(events_shown) {
-            print(membership_line(e));
-        }
-        events_shown = events_shown.max(events.len());
-        let epoch = rows.last().map_or(0, |r| r.epoch);
-
-        if let Some(signal) = signals::received() {
-            bar.abandon();
-            peers.stop_all(signal);
-            let why = format!("interrupted by {}", signal_name(signal));
-            save_partial(args, &topo, dim, &run_dir, &rows, &record, why)?;
-            return Err(Interrupted { signal }.into());
-        }
-        // One joiner at a time: two neighbours joining at once would each take the other's
-        // hello for a restart (see the README, elastic runs).
-        let reporting = rows.last().map_or(0, |r| r.peers);
-        let due = rows.iter().any(|r| r.epoch >= launch.join_at_epoch);
-        if let Some(&rank) = to_join.first().filter(|&&r| due && reporting >= r) {
-            to_join.remove(0);
-            let extra = vec![format!("--bootstrap={bootstrap}"), "--join-running".into()];
-            peers.procs.push(spawn(rank, extra)?);
-            print(format!("rank {rank} joins the running run"));
-        }
-
-        // Processes: paused, continued, exited.
-        let mut exited = Vec::new();
-        peers.procs.retain_mut(|p| match p.child.try_wait() {
-            Ok(None) => {
-                let stopped = signals::is_stopped(&p.child);
-                if stopped != p.stopped {
-                    p.stopped = stopped;
-                    print(if stopped {
-                        format!(
-                            "peer {} is stopped (SIGSTOP or a debugger) at epoch {epoch}; after \
-                             --peer-timeout-secs {} s the others go on without it",
-                            p.rank, args.peer_timeout_secs
-                        )
-                    } else {
-                        format!("peer {} continues", p.rank)
-                    });
-                }
-                true
-            }
-            Ok(Some(status)) => {
-                exited.push((p.rank, Some(status)));
-                false
-            }
-            Err(_) => {
-                exited.push((p.rank, None));
-                false
-            }
-        });
-        let mut stop = None;
-        for (rank, status) in exited {
-            if status.is_some_and(|s| s.success()) {
-                continue;
-            }
-            let how = status.map_or_else(|| "lost".to_string(), how);
-            record.failures.push(format!("{rank}:{how}@{epoch}"));
-            let cause = last_error(&run_dir, rank)
-                .map(|c| format!(": {c}"))
-                .unwrap_or_default();
-            if rank == 0 {
-                stop.get_or_insert(format!(
-                    "peer 0 (the bootstrap, which collects the metrics) failed ({how}) at epoch \
-                     {epoch}{cause}"
-                ));
-                continue;
-            }
-            let done = record.restarts_of.entry(rank).or_insert(0);
-            let restart = *done < launch.restart_failed && epoch < args.epochs;
-            if !restart && !args.survives_departure() {
-                stop.get_or_insert(format!(
-                    "peer {rank} failed ({how}) at epoch {epoch}{cause}, and {} cannot go on \
-                     without a peer ({} can)",
-                    args.algorithm_name(),
-                    murmur_gossip::AlgorithmSpec::names_where(|a| a.survives_departure())
-                ));
-                continue;
-            }
-            print(format!(
-                "peer {rank} failed ({how}) at epoch {epoch}{cause}; {}",
-                if restart {
-                    format!(
-                        "restarting it with --resume once the others have noticed ({} of {})",
-                        *done + 1,
-                        launch.restart_failed
-                    )
-                } else {
-                    "the others go on without it".to_string()
-                }
-            ));
-            if restart {
-                *done += 1;
-                record.restarts.push(format!("{rank}@{epoch}"));
-                pending.push((rank, Instant::now(), departures_of(&events, rank)));
-            }
-        }
-        // A restarted process is started once peer 0 has recorded its predecessor's
-        // departure, or after the peer timeout and a margin at the latest. Started at once,
-        // it was cut off in 7 of 18 runs here (kill -9 of rank 3 of 8, 3 of them then
-        // stopping the whole run):
-        // its hello to one peer made that peer flood a departure notice, which reached
-        // another peer after the new process had connected to it but before its own hello
-        // was handled, and that peer's `forget(rank, false)` closed the new connection too
-        // (the peer driver's `departure`). Fixing that in the peer needs a way to tell the old
-        // process's connections from the new one's; until then the supervisors wait.
-        let noticed = Duration::from_secs(args.peer_timeout_secs) + Duration::from_secs(5);
-        let mut i = 0;
-        while i < pending.len() {
-            let (rank, since, before) = pending[i];
-            if departures_of(&events, rank) > before || since.elapsed() > noticed {
-                pending.remove(i);
-                let extra = vec![format!("--bootstrap={bootstrap}"), "--resume".into()];
-                peers.procs.push(spawn(rank, extra)?);
-                print(format!("peer {rank} restarted with --resume"));
-            } else {
-                i += 1;
-            }
-        }
-        if let Some(why) = stop {
-            break Some(why);
-        }
-        if peers.procs.is_empty() {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    if let Some(why) = ended {
-        bar.abandon();
-        peers.stop_all(libc::SIGTERM);
-        let rows: Vec<EpochRow> = read_lines(&epochs_file);
-        save_partial(
-            args,
-            &topo,
-            dim,
-            &run_dir,
-            &rows,
-            &record,
-            format!("stopped: {why}"),
-        )?;
-        bail!(
-            "the run stopped: {why}. Every peer was stopped; summary.json covers the {} \
-             recorded; logs in {}",
-            crate::config::count(rows.len(), "epoch row"),
-            run_dir.join("logs").display()
-        );
-    }
-    bar.finish_and_clear();
-    let rows: Vec<EpochRow> = read_lines(&epochs_file);
-    for row in rows.iter().skip(shown) {
-        println!("{}", report::format_row(row));
-    }
-    let events: Vec<MembershipEvent> = read_lines(&membership_file);
-    for e in events.iter().skip(events_shown) {
-        println!("{}", membership_line(e));
-    }
-    let mut summary: Summary = serde_json::from_slice(
-        &std::fs::read(run_dir.join("summary.json")).context("peer 0 wrote no summary.json")?,
-    )?;
-    if !record.failures.is_empty() {
-        summary.peer_failures = record.failures.join(" ");
-        summary.restarts = record.restarts.join(" ");
-        report::save_summary(&run_dir, &summary)?;
-    }
-    println!("{}", report::summary_line(&summary));
-    if !summary.peer_failures.is_empty() {
-        println!(
-            "failed peer processes (rank:how@epoch): {}; restarted (rank@epoch): {}",
-            summary.peer_failures,
-            or_none(&summary.restarts)
-        );
-    }
-    println!("run folder: {}", run_dir.display());
-    Ok(summary)
+    eprintln!(
+        "murmur: {}, {} with {} ({pattern}), {} on {}, {} epochs; run folder {}",
+        crate::config::count(args.peers, "peer"),
+        args.algorithm_name(),
+        args.compressor(),
+        args.model.with_data(),
+        args.device,
+        args.epochs,
+        run_dir.display()
+    );
 }
 
 /// How many departures of `rank` peer 0 has recorded in `events`.

@@ -42,7 +42,7 @@ use crate::control::auth::{self, Admitted};
 use crate::control::discovery::{discover, Discovered, Fingerprint, Gate, Listen, PeerInfo, Role};
 use crate::plane::{DataPlane, Links, NetEvent};
 use crate::report::{self, EpochRow, MembershipEvent, PeerEpoch};
-use crate::train::data::{partition, Batches, RunData};
+use crate::train::data::{partition, RunData};
 use crate::train::model::{self, Net};
 use checkpoint::{Checkpoint, CheckpointMeta};
 

@@ -1,7 +1,10 @@
-//! The training loop of one peer: wiring, start or resume, the rounds, the epoch reports.
+//! One peer's run, in phases: join (data plane, discovery, identity), wire (the algorithm,
+//! the links, the driver), enter (start, resume or rejoin), train (the rounds and the epoch
+//! reports), finish (the last reports, the summary).
 
 use super::*;
 use crate::config::AlgorithmSpec;
+use crate::train::learner::Learner;
 use crate::train::optim::{HeavyBall, Optimizer};
 
 pub(super) fn run_on<B: AutodiffBackend>(
@@ -9,17 +12,10 @@ pub(super) fn run_on<B: AutodiffBackend>(
     peer: &PeerArgs,
     device: B::Device,
 ) -> anyhow::Result<()> {
-    let Start {
-        n,
-        joins,
-        assigned,
-        mut rank,
-        resumable,
-        initial,
-    } = plan(args, peer)?;
+    let start = plan(args, peer)?;
     let span = info_span!("peer", peer = tracing::field::Empty);
-    if !assigned {
-        span.record("peer", rank);
+    if !start.assigned {
+        span.record("peer", start.rank);
     }
     let _span = span.enter();
     let topo = args.topology()?;
@@ -29,42 +25,192 @@ pub(super) fn run_on<B: AutodiffBackend>(
     // Data: the same seeded split on every peer; this peer keeps its shard (once its rank
     // is known).
     let data = RunData::load(args.model, args.data.as_deref(), args.seed)?;
-    let shards = partition(&data.train.labels, n, args.partition, args.seed)?;
+    let shards = partition(&data.train.labels, start.n, args.partition, args.seed)?;
     let rounds_per_epoch = args
         .rounds_per_epoch
-        .unwrap_or_else(|| (data.train.len() as u64).div_ceil((n * args.batch_size) as u64));
+        .unwrap_or_else(|| (data.train.len() as u64).div_ceil((start.n * args.batch_size) as u64));
+    let (mut net, mut x) = init_model::<B>(args, &device, start.rank);
+    let fingerprint = fingerprint(args, &topo, x.len(), rounds_per_epoch);
+    let joined = join(args, peer, &start, &fingerprint, x.len())?;
+    let rank = joined.me.rank;
+    span.record("peer", rank);
+    if rank != start.rank && args.init == Init::Independent {
+        (net, x) = init_model::<B>(args, &device, rank);
+    }
+    let shard = data.train.subset(&shards[rank]);
+    info!(d = x.len(), shard = shard.len(), rounds_per_epoch, topology = %topo.name, "peer starting");
 
-    // Model: with `--init same` every peer draws the same x⁰ from the same seed.
-    let init = |rank: Rank| {
-        B::seed(
-            &device,
-            match args.init {
-                Init::Same => args.seed,
-                Init::Independent => args.seed.wrapping_add(rank as u64),
-            },
+    let (mut drv, unreachable) = wire(
+        args,
+        peer,
+        (rank, joined.parts),
+        &topo,
+        (&net, &x),
+        &data,
+        rounds_per_epoch,
+    )?;
+    let mut optimizer = HeavyBall::new(args.momentum, x.len());
+    let first_round = enter(
+        args,
+        peer,
+        &start,
+        &mut drv,
+        &joined.me,
+        unreachable,
+        joined.resume_round,
+        joined.checkpoints,
+        rounds_per_epoch,
+        (&mut net, &mut x, &mut optimizer),
+    )?;
+    // A whole run resumed at an epoch's last round records that epoch's row again (its
+    // reports may not all have reached peer 0 before the run stopped).
+    let first_epoch = match first_round {
+        0 => 0,
+        r if joined.resume_round.is_some() && r.is_multiple_of(rounds_per_epoch) => {
+            (r / rounds_per_epoch) as usize
+        }
+        r => (r / rounds_per_epoch) as usize + 1,
+    };
+    if let (Some(c), true) = (drv.collector.as_mut(), first_epoch > 0) {
+        c.keep_rows_before(first_epoch)?;
+    }
+
+    // The mini-batch order of a resumed peer differs from the one before its stop.
+    let seed = args
+        .seed
+        .wrapping_add(1 + rank as u64)
+        .wrapping_add(first_round.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut training = Training {
+        args,
+        rank,
+        learner: Learner::new(shard, args.batch_size, seed, Box::new(optimizer)),
+        has_running_state: {
+            let mut s = Vec::new();
+            model::flatten_running_state(&net, &mut s);
+            !s.is_empty()
+        },
+        net,
+        x,
+        drv,
+        device,
+        test: &data.test,
+        fingerprint,
+        checkpoint_path: checkpoint::path(&peer.out, rank),
+        peer_log: peer.out.join("peers").join(format!("peer-{rank}.jsonl")),
+        rounds_per_epoch,
+        first_round,
+        times: Times::default(),
+        started: Instant::now(),
+    };
+    training.drv.started = training.started;
+    if rank == 0 {
+        println!("{}", report::table_header());
+    }
+    // Epoch 0 trains nothing: it records the starting point (x⁰, Ξ²(0)). A peer that
+    // rejoined starts within the epoch of its first round.
+    let mut last_report = None;
+    for epoch in first_epoch..=args.epochs {
+        last_report = Some(training.epoch(epoch)?);
+    }
+    training.finish(&topo, &peer.out)?;
+    if let Some(r) = last_report {
+        info!(
+            accuracy = r.test_accuracy,
+            refused_frames = training.drv.refused_frames,
+            "peer finished"
         );
-        let net = Net::<B>::new(args.model, &device);
-        let mut x = Vec::new();
-        model::flatten(&net, &mut x);
-        (net, x)
-    };
-    let (mut net, mut x) = init(rank);
-    let input = net.input();
-    let d = x.len();
-    // Whether the model keeps state beyond its parameters (BatchNorm statistics).
-    let has_running_state = {
-        let mut s = Vec::new();
-        model::flatten_running_state(&net, &mut s);
-        !s.is_empty()
-    };
+    }
+    Ok(())
+}
 
+/// A peer's model and its flat parameters `x: [d]`: with `--init same` every peer draws the
+/// same x⁰ from the seed, with `--init independent` from seed + rank.
+fn init_model<B: AutodiffBackend>(
+    args: &RunArgs,
+    device: &B::Device,
+    rank: Rank,
+) -> (Net<B>, Vec<f32>) {
+    B::seed(
+        device,
+        match args.init {
+            Init::Same => args.seed,
+            Init::Independent => args.seed.wrapping_add(rank as u64),
+        },
+    );
+    let net = Net::<B>::new(args.model, device);
+    let mut x = Vec::new();
+    model::flatten(&net, &mut x);
+    (net, x)
+}
+
+/// What every peer of the run must agree on (checked by the bootstrap, kept in checkpoints).
+fn fingerprint(
+    args: &RunArgs,
+    topo: &murmur_topology::Topology,
+    d: usize,
+    rounds_per_epoch: u64,
+) -> Fingerprint {
+    Fingerprint {
+        peers: args.peers,
+        topology: args.topology_label(topo),
+        model: args.model.to_string(),
+        dim: d,
+        algorithm: args.algorithm_name(),
+        compressor: args.compressor().to_string(),
+        epochs: args.epochs,
+        rounds_per_epoch,
+        seed: args.seed,
+        partition: args.partition.to_string(),
+        protocol: args.protocol_options(),
+    }
+}
+
+/// A peer that has joined the run: who it is, what it found, and the network it holds.
+struct Joined {
+    /// This peer as the run knows it (its rank is final).
+    me: PeerInfo,
+    /// For a whole run resuming from checkpoints: the round all peers continue from.
+    resume_round: Option<u64>,
+    /// With `--resume`: this peer's checkpoints (the latest and the one before).
+    checkpoints: Vec<Checkpoint>,
+    parts: Parts,
+}
+
+/// The network a joined peer holds, handed to [`wire`].
+struct Parts {
+    rt: tokio::runtime::Runtime,
+    plane: DataPlane,
+    events: mpsc::Receiver<NetEvent>,
+    key: libp2p::identity::Keypair,
+    admitted: Admitted,
+    directory: crate::control::discovery::Directory,
+    max_payload: u32,
+    /// Peer 0: where its bootstrap learns that a new peer mixes with the run.
+    settle: tokio::sync::mpsc::UnboundedSender<Rank>,
+}
+
+/// Binds the data plane, loads the identity and the checkpoints, and joins the run through
+/// discovery (peer 0: starts it). A peer without `--rank` learns its rank here.
+fn join(
+    args: &RunArgs,
+    peer: &PeerArgs,
+    start: &Start,
+    fingerprint: &Fingerprint,
+    d: usize,
+) -> anyhow::Result<Joined> {
+    let Start {
+        joins,
+        assigned,
+        rank,
+        initial,
+        ..
+    } = *start;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
     // Payload limit: the model as f32 plus generous room for headers and the report JSON.
     let max_payload = u32::try_from(8 * d + (1 << 20)).unwrap_or(u32::MAX);
-    let peer_timeout = Duration::from_secs(args.peer_timeout_secs);
     // A peer without --rank makes a new identity and keeps it once it knows its rank.
     let key = match (&peer.identity, assigned) {
         (Some(file), _) => auth::load_or_create_identity(file)?,
@@ -77,41 +223,28 @@ pub(super) fn run_on<B: AutodiffBackend>(
             rank,
             peer.data_addr,
             max_payload,
-            peer_timeout,
+            Duration::from_secs(args.peer_timeout_secs),
             &key,
             admitted.clone(),
         )
     })?;
     plane.emulation = args.link_emulation();
-    let fingerprint = Fingerprint {
-        peers: n,
-        topology: args.topology_label(&topo),
-        model: args.model.to_string(),
-        dim: d,
-        algorithm: args.algorithm_name(),
-        compressor: args.compressor().to_string(),
-        epochs: args.epochs,
-        rounds_per_epoch,
-        seed: args.seed,
-        partition: args.partition.to_string(),
-        protocol: args.protocol_options(),
-    };
     let mut me = PeerInfo {
         rank,
         peer_id: String::new(),
         data_addr: plane.local_addr,
     };
-    // With --resume: this peer's checkpoints (the latest and the one before).
-    let mut checkpoint_path = checkpoint::path(&peer.out, rank);
-    let mut checkpoints = if peer.resume {
-        Checkpoint::load_all(&checkpoint_path, &fingerprint, d)?
+    let checkpoints = if peer.resume {
+        let path = checkpoint::path(&peer.out, rank);
+        let all = Checkpoint::load_all(&path, fingerprint, d)?;
+        if all.is_empty() {
+            warn!(path = %path.display(), "no checkpoint");
+        }
+        all
     } else {
         Vec::new()
     };
     let checkpoint_rounds: Vec<u64> = checkpoints.iter().map(|c| c.meta.round).collect();
-    if peer.resume && checkpoints.is_empty() {
-        warn!(path = %checkpoint_path.display(), "no checkpoint");
-    }
     if peer.mdns
         && !joins
         && peer.listen.iter().any(|p| {
@@ -128,9 +261,9 @@ pub(super) fn run_on<B: AutodiffBackend>(
             initial,
             joined: plane.event_sender(),
             settled,
-            resume: peer
-                .resume
-                .then(|| resumable_rounds(&checkpoint_rounds, &peer.out, rounds_per_epoch)),
+            resume: peer.resume.then(|| {
+                resumable_rounds(&checkpoint_rounds, &peer.out, fingerprint.rounds_per_epoch)
+            }),
         },
         true => Role::Join {
             bootstrap: peer.bootstrap.clone(),
@@ -139,7 +272,6 @@ pub(super) fn run_on<B: AutodiffBackend>(
             any_rank: assigned,
         },
     };
-    let join_timeout = Duration::from_secs(args.join_timeout_secs);
     let gate = Gate {
         allow: match (&args.allow_peers, rank) {
             (Some(path), 0) => Some(auth::read_allow_list(path)?),
@@ -151,48 +283,81 @@ pub(super) fn run_on<B: AutodiffBackend>(
             .map(auth::RunKey::read)
             .transpose()?,
     };
+    let listen = Listen {
+        addr: peer.listen.clone(),
+        files: [
+            peer.bootstrap_file.clone().filter(|_| !joins),
+            peer.address_file.clone(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+    };
     let Discovered {
         rank: given,
         directory,
         resume_round,
     } = rt.block_on(discover(
         role,
-        Listen {
-            addr: peer.listen.clone(),
-            files: [
-                peer.bootstrap_file.clone().filter(|_| !joins),
-                peer.address_file.clone(),
-            ]
-            .into_iter()
-            .flatten()
-            .collect(),
-        },
+        listen,
         me.clone(),
         fingerprint.clone(),
-        join_timeout,
+        Duration::from_secs(args.join_timeout_secs),
         key.clone(),
         gate,
         peer.mdns,
     ))?;
     if assigned {
-        rank = given;
-        span.record("peer", rank);
-        me.rank = rank;
-        plane.set_rank(rank);
-        checkpoint_path = checkpoint::path(&peer.out, rank);
-        let key_file = auth::key_path(&peer.out, rank);
+        me.rank = given;
+        plane.set_rank(given);
         if peer.identity.is_none() {
-            auth::save_identity(&key_file, &key)?;
+            auth::save_identity(&auth::key_path(&peer.out, given), &key)?;
         }
-        info!(rank, "the bootstrap gave this peer rank {rank}");
-        if args.init == Init::Independent {
-            (net, x) = init(rank);
-        }
+        info!(rank = given, "the bootstrap gave this peer rank {given}");
     } else if given != rank {
         bail!("the bootstrap's directory has this peer as rank {given}, not {rank}");
     }
-    let shard = data.train.subset(&shards[rank]);
-    info!(d, shard = shard.len(), rounds_per_epoch, topology = %topo.name, "peer starting");
+    Ok(Joined {
+        me,
+        resume_round,
+        checkpoints,
+        parts: Parts {
+            rt,
+            plane,
+            events,
+            key,
+            admitted,
+            directory,
+            max_payload,
+            settle,
+        },
+    })
+}
+
+/// Builds the algorithm's state machine, opens the links (to every peer it sends to, and to
+/// peer 0 for the metrics reports) and the driver around them. Returns the driver and, for
+/// a rejoining peer, the destinations it could not reach (the run's answer says which left).
+#[allow(clippy::too_many_arguments)]
+fn wire<B: AutodiffBackend>(
+    args: &RunArgs,
+    peer: &PeerArgs,
+    (rank, parts): (Rank, Parts),
+    topo: &murmur_topology::Topology,
+    (net, x): (&Net<B>, &[f32]),
+    data: &RunData,
+    rounds_per_epoch: u64,
+) -> anyhow::Result<(Driver, BTreeMap<Rank, anyhow::Error>)> {
+    let Parts {
+        rt,
+        plane,
+        events,
+        key,
+        admitted,
+        directory,
+        max_payload,
+        settle,
+    } = parts;
+    let n = args.peers;
     // The data plane accepts the run's peers only, each as its rank.
     let mut peer_ids: Vec<Option<libp2p::PeerId>> = Vec::with_capacity(n);
     for p in &directory {
@@ -212,15 +377,13 @@ pub(super) fn run_on<B: AutodiffBackend>(
 
     let gossip = algo::build(
         args,
-        &topo,
+        topo,
         rank,
-        x.clone(),
-        &model::tensor_lengths(&net),
+        x.to_vec(),
+        &model::tensor_lengths(net),
         max_payload,
         rounds_per_epoch,
     )?;
-
-    // Links: to every peer the algorithm sends to, and to rank 0 for the metrics reports.
     let mut destinations: Vec<Rank> = gossip.out_peers();
     if rank != 0 && !destinations.contains(&0) {
         destinations.push(0);
@@ -242,38 +405,31 @@ pub(super) fn run_on<B: AutodiffBackend>(
             Err(e) => return Err(e),
         }
     }
-    let destinations: HashSet<Rank> = links.keys().copied().collect();
     let mut expected_in: HashSet<Rank> = gossip.in_peers().into_iter().collect();
     if rank == 0 {
         expected_in.extend(1..n);
     }
-
-    let collector = (rank == 0).then(|| Collector {
-        n,
-        dir: peer.out.clone(),
-        pending: BTreeMap::new(),
-        absent: BTreeMap::new(),
-        history: Vec::new(),
-        rounds_per_epoch,
-        rows: Vec::new(),
-        carried: None,
-        test: data.test.clone(),
-        d,
-        kind: args.model,
-        started: Instant::now(),
-    });
     let mut drv = Driver {
         rank,
         rt,
         events,
+        destinations: links.keys().copied().collect(),
         links,
         gossip,
         expected_in,
         finished_in: HashSet::new(),
-        destinations,
         links_done: HashSet::new(),
         refused_frames: 0,
-        collector,
+        collector: (rank == 0).then(|| {
+            Collector::new(
+                n,
+                peer.out.clone(),
+                rounds_per_epoch,
+                data.test.clone(),
+                x.len(),
+                args.model,
+            )
+        }),
         send_buf: Vec::new(),
         w: topo.w.clone(),
         algorithm: args.algorithm_name(),
@@ -287,19 +443,38 @@ pub(super) fn run_on<B: AutodiffBackend>(
         welcomes: BTreeMap::new(),
         first_frames: None,
         settle: (rank == 0).then_some(settle),
-        admit_signer: (rank == 0).then(|| key.clone()),
+        admit_signer: (rank == 0).then_some(key),
         settling: Vec::new(),
     };
     // Every peer mixes without the empty ranks of an elastic run (a peer joining the run
     // under way learns the other departed peers from its neighbours' welcomes), and knows
     // them as empty, so that it admits a new peer taking one.
     drv.start_without(&empty)?;
-    if rank == 0 {
-        println!("{}", report::table_header());
-    }
+    Ok((drv, unreachable))
+}
 
-    let mut optimizer = HeavyBall::new(args.momentum, d);
-    let mut first_round = 0;
+/// Where this peer's training starts: round 0; with the whole run resuming, its checkpoint
+/// of the agreed round; or, restarted or new in a run under way, the mean of its
+/// neighbours at a round agreed with them (and the momentum of its latest checkpoint).
+/// Sets the model, x and the optimizer's state; returns the first round.
+#[allow(clippy::too_many_arguments)]
+fn enter<B: AutodiffBackend>(
+    args: &RunArgs,
+    peer: &PeerArgs,
+    start: &Start,
+    drv: &mut Driver,
+    me: &PeerInfo,
+    unreachable: BTreeMap<Rank, anyhow::Error>,
+    resume_round: Option<u64>,
+    mut checkpoints: Vec<Checkpoint>,
+    rounds_per_epoch: u64,
+    (net, x, optimizer): (&mut Net<B>, &mut Vec<f32>, &mut dyn Optimizer),
+) -> anyhow::Result<u64> {
+    let restore = |net: &mut Net<B>, x: &[f32], model_state: &[f32]| -> anyhow::Result<()> {
+        let m = model::unflatten(net.clone(), x)?;
+        *net = restore_running_state(m, model_state)?;
+        Ok(())
+    };
     if let Some(round) = resume_round {
         // The whole run resumes: every peer continues from its checkpoint of that round.
         let at = checkpoints
@@ -311,10 +486,9 @@ pub(super) fn run_on<B: AutodiffBackend>(
             round,
             "resuming the run from the checkpoint of round {round}"
         );
-        x = c.x;
+        *x = c.x;
         optimizer.restore(c.velocity)?;
-        net = model::unflatten(net, &x)?;
-        net = restore_running_state(net, &c.model_state)?;
+        restore(net, x, &c.model_state)?;
         drv.gossip.start_at_round(round)?;
         drv.gossip.restore_state(&c.state).with_context(|| {
             format!(
@@ -322,220 +496,227 @@ pub(super) fn run_on<B: AutodiffBackend>(
                 args.algorithm_name()
             )
         })?;
-        first_round = round;
-    } else if peer.resume || peer.join_running {
-        if resumable != Resumable::Rejoin {
-            bail!(
-                "--resume: {} cannot take one restarted peer back into a running run; restart \
-                 the whole run with --resume, peer 0 included, to continue from the checkpoints",
-                args.algorithm_name()
-            );
-        }
-        // A restarted peer agrees on a round with its neighbours and starts from their mean,
-        // with the momentum of its latest checkpoint.
-        let (at, mean) = drv.rejoin(
-            &me,
-            unreachable,
-            rounds_per_epoch * args.epochs as u64,
-            join_timeout,
-        )?;
-        x = mean;
-        net = model::unflatten(net, &x)?;
-        if let Some(c) = checkpoints.into_iter().max_by_key(|c| c.meta.round) {
-            info!(round = c.meta.round, "loaded the checkpoint");
-            optimizer.restore(c.velocity)?;
-            net = restore_running_state(net, &c.model_state)?;
-        }
-        first_round = at;
+        return Ok(round);
     }
-    // A whole run resumed at an epoch's last round records that epoch's row again (its
-    // reports may not all have reached peer 0 before the run stopped).
-    let first_epoch = match first_round {
-        0 => 0,
-        r if resume_round.is_some() && r.is_multiple_of(rounds_per_epoch) => {
-            (r / rounds_per_epoch) as usize
-        }
-        r => (r / rounds_per_epoch) as usize + 1,
-    };
-    if let (Some(c), true) = (drv.collector.as_mut(), first_epoch > 0) {
-        c.keep_rows_before(first_epoch)?;
+    if !(peer.resume || peer.join_running) {
+        return Ok(0);
     }
+    if start.resumable != Resumable::Rejoin {
+        bail!(
+            "--resume: {} cannot take one restarted peer back into a running run; restart \
+             the whole run with --resume, peer 0 included, to continue from the checkpoints",
+            args.algorithm_name()
+        );
+    }
+    // A restarted peer agrees on a round with its neighbours and starts from their mean,
+    // with the momentum of its latest checkpoint.
+    let (at, mean) = drv.rejoin(
+        me,
+        unreachable,
+        rounds_per_epoch * args.epochs as u64,
+        Duration::from_secs(args.join_timeout_secs),
+    )?;
+    *x = mean;
+    let mut model_state = Vec::new();
+    if let Some(c) = checkpoints.into_iter().max_by_key(|c| c.meta.round) {
+        info!(round = c.meta.round, "loaded the checkpoint");
+        optimizer.restore(c.velocity)?;
+        model_state = c.model_state;
+    }
+    restore(net, x, &model_state)?;
+    Ok(at)
+}
 
-    // Training.
-    let start = Instant::now();
-    drv.started = start;
-    let mut batches = Batches::new(
-        shard.len(),
-        args.seed
-            .wrapping_add(1 + rank as u64)
-            .wrapping_add(first_round.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-    );
-    let mut batch_images = Vec::with_capacity(args.batch_size * input.features());
-    let mut grad = Vec::with_capacity(d);
-    let mut batch_labels = Vec::with_capacity(args.batch_size);
-    let (mut compute_s, mut communicate_s, mut wait_s) = (0.0f64, 0.0f64, 0.0f64);
-    let peer_log = peer.out.join("peers").join(format!("peer-{rank}.jsonl"));
-    let mut last_report = None;
-    // Epoch 0 trains nothing: it records the starting point (x⁰, Ξ²(0)). A peer that
-    // rejoined starts within the epoch of its first round.
-    for epoch in first_epoch..=args.epochs {
-        let mut loss_sum = 0.0f64;
-        // Epoch e trains rounds (e − 1)·R ..< e·R, those not done before a resume.
+/// Seconds of a peer's rounds so far: computing the step, in the round until mixed, and
+/// waiting for neighbours after the step.
+#[derive(Debug, Default, Clone, Copy)]
+struct Times {
+    compute: f64,
+    communicate: f64,
+    wait: f64,
+}
+
+/// A peer in training: its model, parameters, learner and driver.
+struct Training<'a, B: AutodiffBackend> {
+    args: &'a RunArgs,
+    rank: Rank,
+    net: Net<B>,
+    /// This peer's parameters `x: [d]`.
+    x: Vec<f32>,
+    learner: Learner,
+    drv: Driver,
+    device: B::Device,
+    test: &'a crate::train::data::Dataset,
+    fingerprint: Fingerprint,
+    /// Whether the model keeps state beyond its parameters (BatchNorm statistics).
+    has_running_state: bool,
+    checkpoint_path: PathBuf,
+    peer_log: PathBuf,
+    rounds_per_epoch: u64,
+    /// The first round this process trains (0, or after a resume or rejoin).
+    first_round: u64,
+    times: Times,
+    started: Instant,
+}
+
+impl<B: AutodiffBackend> Training<'_, B> {
+    /// Trains epoch `epoch` (epoch e trains rounds (e − 1)·R ..< e·R, those not done
+    /// before a resume; epoch 0 none), evaluates, logs and reports it.
+    fn epoch(&mut self, epoch: usize) -> anyhow::Result<PeerEpoch> {
+        let r = self.rounds_per_epoch;
         let rounds = match epoch as u64 {
             0 => 0,
-            e => (e * rounds_per_epoch).saturating_sub(first_round.max((e - 1) * rounds_per_epoch)),
+            e => (e * r).saturating_sub(self.first_round.max((e - 1) * r)),
         };
-        drv.epoch = epoch;
+        self.drv.epoch = epoch;
         // Compressor schedules (DGC's warm-up) count training epochs from 0.
-        drv.gossip.set_epoch(epoch.saturating_sub(1));
+        self.drv.gossip.set_epoch(epoch.saturating_sub(1));
         for _ in 0..rounds {
-            batches.next_batch(
-                &shard,
-                args.batch_size,
-                &mut batch_images,
-                &mut batch_labels,
-            );
-            // D-PSGD-like algorithms send x_t before its gradient is known: overlap the two.
-            let overlap = !args.no_overlap && drv.gossip.overlaps_gradient();
-            let t0 = Instant::now();
-            if overlap {
-                // Frames with x_t leave while the gradient at x_t is computed.
-                drv.gossip.begin_round(Instant::now(), &x, None);
-                drv.transmit()?;
-            }
-            if let Some((_, ms)) = args.slow_peer.filter(|&(r, _)| r == rank) {
-                std::thread::sleep(Duration::from_millis(ms));
-            }
-            let batch = model::batch_tensors::<B>(
-                input,
-                std::mem::take(&mut batch_images),
-                &batch_labels,
-                &device,
-            )?;
-            let loss = model::loss_and_grad(&net, batch, &mut grad)?;
-            if !loss.is_finite() {
-                bail!("training diverged at epoch {epoch}: loss is {loss} (try a smaller --lr)");
-            }
-            loss_sum += loss as f64;
-            // The optimizer's direction (heavy ball: v ← μ v + g); D-PSGD then applies
-            // x ← Σ W x − η v.
-            optimizer.step(&grad);
-            let t1 = Instant::now();
-            compute_s += (t1 - t0).as_secs_f64();
-
-            if overlap {
-                drv.wait_mixed()?;
-                drv.gossip.apply_gradient(optimizer.direction());
-                communicate_s += t0.elapsed().as_secs_f64();
-            } else {
-                drv.gossip
-                    .begin_round(Instant::now(), &x, Some(optimizer.direction()));
-                drv.transmit()?;
-                drv.wait_mixed()?;
-                communicate_s += t1.elapsed().as_secs_f64();
-            }
-            wait_s += t1.elapsed().as_secs_f64();
-            x.copy_from_slice(drv.gossip.params());
-            net = model::unflatten(net, &x)?;
-            let round = drv.gossip.round();
-            if args.checkpoint_every > 0 && round.is_multiple_of(args.checkpoint_every) {
-                Checkpoint {
-                    meta: CheckpointMeta {
-                        rank,
-                        round,
-                        fingerprint: fingerprint.clone(),
-                        departed: drv.departed.keys().copied().collect(),
-                    },
-                    x: x.clone(),
-                    velocity: optimizer.state(),
-                    state: drv.gossip.state(),
-                    model_state: {
-                        // Burn folds a step's statistics in when the inference copy is made;
-                        // a model without BatchNorm needs no copy.
-                        let mut s = Vec::new();
-                        if has_running_state {
-                            model::flatten_running_state(&model::inference_copy(&net), &mut s);
-                        }
-                        s
-                    },
-                }
-                .save(&checkpoint_path)?;
-            }
-            if args.inject_bad_frames == Some(rank) {
-                drv.inject_bad_frames(drv.gossip.round(), d)?;
-            }
-            // Serve what arrived meanwhile (a parameter server answers its workers here).
-            drv.serve_ready()?;
-            drv.settle_joins();
+            self.round().with_context(|| format!("epoch {epoch}"))?;
         }
+        let batch_loss = self.learner.take_mean_loss();
         let (test_accuracy, test_loss, train_loss) = evaluate_epoch(
-            &model::inference_copy(&net),
-            &data.test,
-            &shard,
-            (rounds > 0).then(|| loss_sum / rounds as f64),
-            &device,
+            &model::inference_copy(&self.net),
+            self.test,
+            &self.learner.shard,
+            batch_loss,
+            &self.device,
         )?;
-        let stats = drv.gossip.stats();
+        let stats = self.drv.gossip.stats();
         let report = PeerEpoch {
-            peer: rank,
+            peer: self.rank,
             epoch,
-            phase: args.algorithm_at(epoch).to_string(),
-            rounds: drv.gossip.round(),
+            phase: self.args.algorithm_at(epoch).to_string(),
+            rounds: self.drv.gossip.round(),
             train_loss,
             test_accuracy,
             test_loss,
             bytes_sent: stats.bytes_sent,
             bytes_received: stats.bytes_received,
-            compute_seconds: compute_s,
-            communicate_seconds: communicate_s,
-            wait_seconds: wait_s,
-            refused_frames: drv.refused_frames,
+            compute_seconds: self.times.compute,
+            communicate_seconds: self.times.communicate,
+            wait_seconds: self.times.wait,
+            refused_frames: self.drv.refused_frames,
             skipped: stats.skipped,
-            wall_seconds: start.elapsed().as_secs_f64(),
+            wall_seconds: self.started.elapsed().as_secs_f64(),
         };
-        info!(epoch, epochs = args.epochs, test_accuracy, "epoch done");
-        report::append_json_line(&peer_log, &report)?;
-        drv.report(report.clone(), &x)?;
-        last_report = Some(report);
-    }
-
-    // Rank 0 waits (at most one round timeout) for every peer's final report.
-    let reports_deadline = Instant::now() + Duration::from_secs(args.round_timeout_secs);
-    while let Some(c) = drv
-        .collector
-        .as_ref()
-        .filter(|c| c.rows.last().is_none_or(|r| r.epoch < args.epochs))
-    {
-        if Instant::now() >= reports_deadline {
-            bail!(
-                "peers {:?} sent no report for the last epochs within {} s",
-                c.missing_reporters(),
-                args.round_timeout_secs
-            );
-        }
-        drv.next_event(reports_deadline)?;
-        // A parameter server still answers workers that are finishing their last rounds.
-        drv.transmit()?;
-    }
-    drv.finish()?;
-
-    if let Some(c) = &drv.collector {
-        let last = c
-            .rows
-            .last()
-            .ok_or_else(|| anyhow!("no epoch was recorded"))?;
-        let mut s = summary(args, &topo, d, last);
-        s.set_membership(&c.history);
-        write_summary(&peer.out, &s)?;
-    }
-    if let Some(r) = last_report {
         info!(
-            accuracy = r.test_accuracy,
-            refused_frames = drv.refused_frames,
-            "peer finished"
+            epoch,
+            epochs = self.args.epochs,
+            test_accuracy,
+            "epoch done"
         );
+        report::append_json_line(&self.peer_log, &report)?;
+        self.drv.report(report.clone(), &self.x)?;
+        Ok(report)
     }
-    Ok(())
+
+    /// One round: the local step, the algorithm's exchange, the mixed parameters back into
+    /// the model; then a checkpoint if one is due, and what arrived meanwhile is served.
+    fn round(&mut self) -> anyhow::Result<()> {
+        let args = self.args;
+        // D-PSGD-like algorithms send x_t before its gradient is known: overlap the two.
+        let overlap = !args.no_overlap && self.drv.gossip.overlaps_gradient();
+        let t0 = Instant::now();
+        if overlap {
+            // Frames with x_t leave while the gradient at x_t is computed.
+            self.drv.gossip.begin_round(Instant::now(), &self.x, None);
+            self.drv.transmit()?;
+        }
+        if let Some((_, ms)) = args.slow_peer.filter(|&(r, _)| r == self.rank) {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+        // The optimizer's direction (heavy ball: v ← μ v + g); D-PSGD then applies
+        // x ← Σ W x − η v.
+        self.learner.step(&self.net, &self.device)?;
+        let t1 = Instant::now();
+        self.times.compute += (t1 - t0).as_secs_f64();
+        if overlap {
+            self.drv.wait_mixed()?;
+            self.drv.gossip.apply_gradient(self.learner.direction());
+            self.times.communicate += t0.elapsed().as_secs_f64();
+        } else {
+            self.drv
+                .gossip
+                .begin_round(Instant::now(), &self.x, Some(self.learner.direction()));
+            self.drv.transmit()?;
+            self.drv.wait_mixed()?;
+            self.times.communicate += t1.elapsed().as_secs_f64();
+        }
+        self.times.wait += t1.elapsed().as_secs_f64();
+        self.x.copy_from_slice(self.drv.gossip.params());
+        self.net = model::unflatten(self.net.clone(), &self.x)?;
+        let round = self.drv.gossip.round();
+        if args.checkpoint_every > 0 && round.is_multiple_of(args.checkpoint_every) {
+            self.checkpoint(round)?;
+        }
+        if args.inject_bad_frames == Some(self.rank) {
+            self.drv.inject_bad_frames(round, self.x.len())?;
+        }
+        // Serve what arrived meanwhile (a parameter server answers its workers here).
+        self.drv.serve_ready()?;
+        self.drv.settle_joins();
+        Ok(())
+    }
+
+    /// Writes this peer's checkpoint of `round` (x, the optimizer's and the algorithm's
+    /// state, BatchNorm statistics).
+    fn checkpoint(&mut self, round: u64) -> anyhow::Result<()> {
+        let mut model_state = Vec::new();
+        if self.has_running_state {
+            // Burn folds a step's statistics in when the inference copy is made; a model
+            // without BatchNorm needs no copy.
+            model::flatten_running_state(&model::inference_copy(&self.net), &mut model_state);
+        }
+        Checkpoint {
+            meta: CheckpointMeta {
+                rank: self.rank,
+                round,
+                fingerprint: self.fingerprint.clone(),
+                departed: self.drv.departed.keys().copied().collect(),
+            },
+            x: self.x.clone(),
+            velocity: self.learner.optimizer().state(),
+            state: self.drv.gossip.state(),
+            model_state,
+        }
+        .save(&self.checkpoint_path)
+    }
+
+    /// Peer 0 waits (at most one round timeout) for every peer's final report and writes
+    /// the summary; every peer says goodbye to its links.
+    fn finish(&mut self, topo: &murmur_topology::Topology, out: &Path) -> anyhow::Result<()> {
+        let args = self.args;
+        let drv = &mut self.drv;
+        let deadline = Instant::now() + Duration::from_secs(args.round_timeout_secs);
+        while let Some(c) = drv
+            .collector
+            .as_ref()
+            .filter(|c| c.rows.last().is_none_or(|r| r.epoch < args.epochs))
+        {
+            if Instant::now() >= deadline {
+                bail!(
+                    "peers {:?} sent no report for the last epochs within {} s",
+                    c.missing_reporters(),
+                    args.round_timeout_secs
+                );
+            }
+            drv.next_event(deadline)?;
+            // A parameter server still answers workers that are finishing their last rounds.
+            drv.transmit()?;
+        }
+        drv.finish()?;
+        if let Some(c) = &drv.collector {
+            let last = c
+                .rows
+                .last()
+                .ok_or_else(|| anyhow!("no epoch was recorded"))?;
+            let mut s = summary(args, topo, self.x.len(), last);
+            s.set_membership(&c.history);
+            write_summary(out, &s)?;
+        }
+        Ok(())
+    }
 }
 
 /// How this peer enters the run, decided from the options alone (no I/O).

@@ -72,6 +72,32 @@ pub(crate) struct Collector {
 }
 
 impl Collector {
+    /// Peer 0's collector for a run of `n` peers writing to `dir`, evaluating x̄ (`d`
+    /// parameters of model `kind`) on `test`.
+    pub(crate) fn new(
+        n: usize,
+        dir: PathBuf,
+        rounds_per_epoch: u64,
+        test: Dataset,
+        d: usize,
+        kind: model::ModelKind,
+    ) -> Collector {
+        Collector {
+            n,
+            d,
+            dir,
+            kind,
+            test,
+            pending: BTreeMap::new(),
+            absent: BTreeMap::new(),
+            history: Vec::new(),
+            rounds_per_epoch,
+            rows: Vec::new(),
+            carried: None,
+            started: Instant::now(),
+        }
+    }
+
     /// Peers whose report for the oldest incomplete epoch has not arrived.
     pub(crate) fn missing_reporters(&self) -> Vec<Rank> {
         match self.pending.iter().next() {

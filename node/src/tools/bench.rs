@@ -33,8 +33,9 @@ use serde::Serialize;
 use crate::config::DeviceSpec;
 use crate::peer::check_device;
 use crate::train::data::Dataset;
+use crate::train::learner::Learner;
 use crate::train::model::{self, ModelKind, Net};
-use crate::train::optim::{HeavyBall, Optimizer};
+use crate::train::optim::HeavyBall;
 
 /// Learning rate η of the benchmarked update.
 const LR: f32 = 0.01;
@@ -189,16 +190,20 @@ fn measure_on<B: AutodiffBackend>(
     let mut x = Vec::new();
     model::flatten(&net, &mut x);
     let d = x.len();
-    let (mut grad, mut optimizer) = (Vec::with_capacity(d), HeavyBall::new(MOMENTUM, d));
+    // One mini-batch of the whole synthetic set per step, as a peer's learner takes them.
+    let mut learner = Learner::new(
+        data.clone(),
+        args.batch_size,
+        1,
+        Box::new(HeavyBall::new(MOMENTUM, d)),
+    );
     let mut step = Vec::with_capacity(args.steps);
     for i in 0..reps {
         let t = Instant::now();
-        let batch = model::batch_tensors::<B>(input, data.images.clone(), &data.labels, &device)?;
-        let loss = model::loss_and_grad(&net, batch, &mut grad)?;
-        if !loss.is_finite() {
-            bail!("the loss became {loss} at step {i}");
-        }
-        for (xi, u) in x.iter_mut().zip(optimizer.step(&grad)) {
+        learner
+            .step(&net, &device)
+            .with_context(|| format!("step {i}"))?;
+        for (xi, u) in x.iter_mut().zip(learner.direction()) {
             *xi -= LR * u;
         }
         net = model::unflatten(net, &x)?;

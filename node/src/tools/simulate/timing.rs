@@ -1,0 +1,127 @@
+//! `murmur simulate --timing-only`: a training run's schedule with random gradients.
+
+use super::*;
+
+/// One row of `timing.csv`: the simulated schedule at the end of an epoch.
+#[derive(Debug, Serialize)]
+struct TimingRow {
+    epoch: usize,
+    /// Rounds completed by every peer.
+    rounds: u64,
+    /// Simulated time when the last peer finished the epoch, seconds.
+    wall_seconds: f64,
+    /// Mean over peers of the bytes sent so far.
+    bytes_sent_per_peer: f64,
+    /// Mean over peers of the simulated compute, communication and waiting time so far,
+    /// seconds.
+    compute_seconds: f64,
+    communicate_seconds: f64,
+    wait_seconds: f64,
+}
+
+/// `--timing-only`: the schedule of a training run with random gradients (module doc).
+pub(super) fn run(
+    args: &RunArgs,
+    sim: &SimArgs,
+    topo: &murmur_topology::Topology,
+    net_model: &NetworkModel,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let n = args.peers;
+    let compute_secs = fixed_compute_secs(sim)?
+        .ok_or_else(|| anyhow!("--timing-only needs --compute-ms (there is no model to time)"))?;
+    let rounds_per_epoch = match args.rounds_per_epoch {
+        Some(r) => r,
+        None => rounds_per_epoch(
+            args,
+            RunData::load(args.model, args.data.as_deref(), args.seed)?
+                .train
+                .len(),
+        ),
+    };
+    let device: Dev = Default::default();
+    let net = Net::<B>::new(args.model, &device);
+    let lengths = model::tensor_lengths(&net);
+    let mut x0 = Vec::new();
+    model::flatten(&net, &mut x0);
+    let d = x0.len();
+    let mut peers: Vec<Box<dyn Gossip>> = Vec::with_capacity(n);
+    for rank in 0..n {
+        peers.push(algo::build(
+            args,
+            topo,
+            rank,
+            x0.clone(),
+            &lengths,
+            max_payload(d),
+            rounds_per_epoch,
+        )?);
+    }
+    let mut sim_net = training_netsim(args, peers, net_model)?;
+    print_header(
+        "timing only, ",
+        args,
+        sim,
+        topo,
+        net_model,
+        d,
+        rounds_per_epoch,
+        compute_secs,
+        dir,
+    );
+    // Gradients of the size of the parameters, so that compressors with value-dependent
+    // output see vectors like a training run's: windows at random offsets of one seeded
+    // noise buffer (drawing d fresh numbers per step would cost more than the mixing).
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let noise: Vec<f32> = (0..2 * d)
+        .map(|_| rng.random_range(-1e-2f32..1e-2))
+        .collect();
+    let bar = progress::bar(args.epochs as u64, "epoch");
+    let mut rows = Vec::with_capacity(args.epochs + 1);
+    for epoch in 0..=args.epochs {
+        if epoch > 0 {
+            sim_net.set_epoch(epoch - 1);
+            sim_net.run_rounds(rounds_per_epoch, |_, _, x| {
+                let at = rng.random_range(0..=noise.len() - x.len());
+                Compute {
+                    grad: Some(noise[at..at + x.len()].to_vec()),
+                    seconds: compute_secs,
+                }
+            })?;
+            bar.inc(1);
+        }
+        let totals: Vec<_> = (0..n).map(|r| sim_net.totals(r)).collect();
+        let mean = |f: &dyn Fn(&murmur_gossip::Totals) -> f64| {
+            totals.iter().map(f).sum::<f64>() / n as f64
+        };
+        rows.push(TimingRow {
+            epoch,
+            rounds: (0..n)
+                .filter_map(|r| sim_net.peer(r).map(|g| g.round()))
+                .min()
+                .unwrap_or(0),
+            wall_seconds: sim_net.now_secs(),
+            bytes_sent_per_peer: mean(&|t| t.bytes_sent as f64),
+            compute_seconds: mean(&|t| t.compute_secs),
+            communicate_seconds: mean(&|t| t.communicate_secs),
+            wait_seconds: mean(&|t| t.wait_secs),
+        });
+    }
+    bar.finish_and_clear();
+    report::write_atomic(&dir.join("timing.csv"), report::to_csv(&rows)?.as_bytes())?;
+    let last = rows
+        .last()
+        .ok_or_else(|| anyhow!("no epoch was simulated"))?;
+    println!(
+        "{} on {} (n = {n}, {}): {} epochs = {} rounds in {:.4} s simulated, {:.1} MB sent per peer",
+        args.algorithm_name(),
+        args.topology_label(topo),
+        sim.describe(net_model),
+        last.epoch,
+        last.rounds,
+        last.wall_seconds,
+        last.bytes_sent_per_peer / 1e6
+    );
+    println!("run folder: {}", dir.display());
+    Ok(())
+}

@@ -1,0 +1,404 @@
+use super::*;
+use std::io::Write;
+use std::sync::OnceLock;
+
+fn embedded() -> &'static Mnist {
+    static M: OnceLock<Mnist> = OnceLock::new();
+    M.get_or_init(|| Mnist::embedded().expect("embedded MNIST parses"))
+}
+
+fn hist(labels: &[u8]) -> [usize; 10] {
+    let mut h = [0; 10];
+    for &l in labels {
+        h[usize::from(l)] += 1;
+    }
+    h
+}
+
+fn gz(bytes: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+/// 2 images of 2×3 pixels: 0..=5 and 250..=255.
+fn tiny_images() -> Vec<u8> {
+    let mut v = vec![0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 3];
+    v.extend([0, 1, 2, 3, 4, 5, 250, 251, 252, 253, 254, 255]);
+    v
+}
+
+fn tiny_labels() -> Vec<u8> {
+    vec![0, 0, 8, 1, 0, 0, 0, 2, 7, 3]
+}
+
+#[test]
+fn embedded_loads() {
+    let m = embedded();
+    assert_eq!(m.train.len(), 8000);
+    assert_eq!(m.test.len(), 2000);
+    for d in [&m.train, &m.test] {
+        assert_eq!((d.rows, d.cols, d.features()), (28, 28, 784));
+        assert_eq!(d.images.len(), d.len() * 784);
+        assert!(
+            hist(&d.labels).iter().all(|&c| c > 0),
+            "all 10 labels present"
+        );
+        assert!(d.images.iter().all(|&v| (0.0..=1.0).contains(&v)));
+        assert!(d.images.contains(&1.0) && d.images.contains(&0.0));
+    }
+    // Histograms documented in experiments/data/README.md.
+    assert_eq!(
+        hist(&m.train.labels),
+        [808, 911, 812, 828, 762, 692, 813, 865, 734, 775]
+    );
+    assert_eq!(
+        hist(&m.test.labels),
+        [193, 216, 179, 204, 218, 171, 201, 205, 210, 203]
+    );
+    // Mean pixel of real MNIST is about 0.13.
+    let mean =
+        m.train.images.iter().map(|&v| f64::from(v)).sum::<f64>() / m.train.images.len() as f64;
+    assert!((0.10..0.16).contains(&mean), "mean pixel {mean}");
+}
+
+#[test]
+fn tiny_round_trip_plain_and_gz() {
+    for (imgs, labs) in [
+        (tiny_images(), tiny_labels()),
+        (gz(&tiny_images()), gz(&tiny_labels())),
+    ] {
+        let (px, n, r, c) = parse_idx_images("tiny", &imgs).unwrap();
+        assert_eq!((n, r, c), (2, 2, 3));
+        assert_eq!(px.len(), 12);
+        assert_eq!(px[0], 0.0);
+        assert_eq!(px[5], 5.0 / 255.0);
+        assert_eq!(px[11], 1.0);
+        assert_eq!(parse_idx_labels("tiny", &labs).unwrap(), vec![7, 3]);
+        let d = Dataset::from_idx("i", &imgs, "l", &labs).unwrap();
+        assert_eq!((d.len(), d.features()), (2, 6));
+        assert_eq!(d.image(1)[0], 250.0 / 255.0);
+        let s = d.subset(&[1, 1, 0]);
+        assert_eq!(s.labels, vec![3, 3, 7]);
+        assert_eq!(s.image(2), d.image(0));
+    }
+}
+
+#[test]
+fn truncated_files() {
+    let imgs = tiny_images();
+    let e = parse_idx_images("imgs", &imgs[..imgs.len() - 1]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DataError::Truncated {
+                expected: 28,
+                found: 27,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("imgs") && e.to_string().contains("truncated"),
+        "{e}"
+    );
+    // Header cut short.
+    let e = parse_idx_images("imgs", &imgs[..10]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DataError::Truncated {
+                expected: 16,
+                found: 10,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = parse_idx_labels("labs", &tiny_labels()[..2]).unwrap_err();
+    assert!(matches!(e, DataError::Truncated { .. }), "{e}");
+    let e = parse_idx_labels("labs", &tiny_labels()[..9]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DataError::Truncated {
+                expected: 10,
+                found: 9,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Truncated gzip stream.
+    let z = gz(&imgs);
+    let e = parse_idx_images("imgs.gz", &z[..z.len() - 10]).unwrap_err();
+    assert!(matches!(e, DataError::Gzip { .. }), "{e}");
+    // Trailing data.
+    let mut long = tiny_labels();
+    long.push(1);
+    let e = parse_idx_labels("labs", &long).unwrap_err();
+    assert!(matches!(e, DataError::TrailingBytes { .. }), "{e}");
+    assert!(parse_idx_images("empty", &[]).is_err());
+}
+
+#[test]
+fn bad_magic_and_labels() {
+    // Label file given as images and vice versa.
+    let e = parse_idx_images("x", &tiny_labels()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DataError::BadMagic {
+                expected: 0x803,
+                found: 0x801,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("0x00000801"), "{e}");
+    let e = parse_idx_labels("y", &tiny_images()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DataError::BadMagic {
+                expected: 0x801,
+                found: 0x803,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = parse_idx_labels("z", b"hello world").unwrap_err();
+    assert!(matches!(e, DataError::BadMagic { .. }), "{e}");
+    let mut labs = tiny_labels();
+    labs[9] = 10;
+    let e = parse_idx_labels("labs", &labs).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DataError::BadLabel {
+                index: 1,
+                label: 10,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Absurd header dimensions: no huge allocation, no panic.
+    let mut huge = tiny_images();
+    huge[4..16].copy_from_slice(&[0xff; 12]);
+    assert!(parse_idx_images("huge", &huge).is_err());
+}
+
+#[test]
+fn count_mismatch() {
+    let labs = vec![0, 0, 8, 1, 0, 0, 0, 3, 1, 2, 3];
+    let e = Dataset::from_idx("imgs", &tiny_images(), "labs", &labs).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DataError::CountMismatch {
+                n_images: 2,
+                n_labels: 3,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let msg = e.to_string();
+    assert!(msg.contains("imgs") && msg.contains("labs"), "{msg}");
+}
+
+#[test]
+fn load_dir_variants_and_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    std::fs::write(p.join("train-images-idx3-ubyte"), tiny_images()).unwrap();
+    std::fs::write(p.join("train-labels-idx1-ubyte.gz"), gz(&tiny_labels())).unwrap();
+    std::fs::write(p.join("t10k-images.idx3-ubyte"), tiny_images()).unwrap();
+    let e = Mnist::load_dir(p).unwrap_err();
+    assert!(
+        matches!(&e, DataError::Missing { file, .. } if file == "t10k-labels-idx1-ubyte"),
+        "{e}"
+    );
+    assert!(e.to_string().contains(&p.display().to_string()), "{e}");
+    std::fs::write(p.join("t10k-labels.idx1-ubyte.gz"), gz(&tiny_labels())).unwrap();
+    let m = Mnist::load_dir(p).unwrap();
+    assert_eq!(
+        (m.train.len(), m.test.len(), m.test.rows, m.test.cols),
+        (2, 2, 2, 3)
+    );
+    assert_eq!(m.train, m.test);
+}
+
+#[test]
+fn partition_parse() {
+    assert_eq!("iid".parse::<Partition>().unwrap(), Partition::Iid);
+    assert_eq!(" IID ".parse::<Partition>().unwrap(), Partition::Iid);
+    assert_eq!(
+        "dirichlet".parse::<Partition>().unwrap(),
+        Partition::Dirichlet { alpha: 0.5 }
+    );
+    assert_eq!(
+        "dirichlet:0.1".parse::<Partition>().unwrap(),
+        Partition::Dirichlet { alpha: 0.1 }
+    );
+    for bad in [
+        "",
+        "noniid",
+        "dirichlet:",
+        "dirichlet:x",
+        "dirichlet:0",
+        "dirichlet:-1",
+        "dirichlet:inf",
+        "iid:3",
+    ] {
+        let e = bad.parse::<Partition>().unwrap_err();
+        assert!(e.to_string().contains("invalid partition"), "{bad}: {e}");
+    }
+    for p in [Partition::Iid, Partition::Dirichlet { alpha: 0.25 }] {
+        assert_eq!(p.to_string().parse::<Partition>().unwrap(), p);
+    }
+}
+
+fn check_cover(shards: &[Vec<usize>], n: usize) {
+    let mut seen = vec![false; n];
+    for s in shards {
+        assert!(!s.is_empty());
+        for &i in s {
+            assert!(!seen[i], "index {i} twice");
+            seen[i] = true;
+        }
+    }
+    assert!(seen.iter().all(|&b| b), "not a cover");
+}
+
+#[test]
+fn partition_iid() {
+    let labels = &embedded().train.labels;
+    for n_peers in [1, 3, 7, 16] {
+        let s = partition(labels, n_peers, Partition::Iid, 1).unwrap();
+        assert_eq!(s.len(), n_peers);
+        check_cover(&s, labels.len());
+        let (min, max) = (
+            s.iter().map(Vec::len).min().unwrap(),
+            s.iter().map(Vec::len).max().unwrap(),
+        );
+        assert!(max - min <= 1, "{min}..{max}");
+    }
+    let a = partition(labels, 5, Partition::Iid, 7).unwrap();
+    assert_eq!(a, partition(labels, 5, Partition::Iid, 7).unwrap());
+    assert_ne!(a, partition(labels, 5, Partition::Iid, 8).unwrap());
+    assert!(partition(labels, 0, Partition::Iid, 0).is_err());
+    assert!(partition(&[1, 2], 3, Partition::Iid, 0).is_err());
+    assert_eq!(partition(&[1, 2], 2, Partition::Iid, 0).unwrap().len(), 2);
+}
+
+/// Mean over peers of the fraction of the shard held by its majority label.
+fn majority_share(labels: &[u8], shards: &[Vec<usize>]) -> f64 {
+    shards
+        .iter()
+        .map(|s| {
+            let h = hist(&s.iter().map(|&i| labels[i]).collect::<Vec<_>>());
+            *h.iter().max().unwrap() as f64 / s.len() as f64
+        })
+        .sum::<f64>()
+        / shards.len() as f64
+}
+
+#[test]
+fn partition_dirichlet() {
+    let labels = &embedded().train.labels;
+    let skewed = Partition::Dirichlet { alpha: 0.1 };
+    // Majority share averaged over 4 seeds (IID gives about 0.11).
+    let mut m = 0.0;
+    for seed in 0..4 {
+        let s = partition(labels, 10, skewed, seed).unwrap();
+        check_cover(&s, labels.len());
+        m += majority_share(labels, &s) / 4.0;
+    }
+    assert!(m > 0.5, "alpha 0.1 majority share {m}");
+    let s = partition(labels, 10, skewed, 3).unwrap();
+    assert_eq!(s, partition(labels, 10, skewed, 3).unwrap());
+    assert_ne!(s, partition(labels, 10, skewed, 4).unwrap());
+
+    let flat = partition(labels, 10, Partition::Dirichlet { alpha: 1000.0 }, 3).unwrap();
+    check_cover(&flat, labels.len());
+    let m = majority_share(labels, &flat);
+    assert!(m < 0.15, "alpha 1000 majority share {m}");
+    for sh in &flat {
+        assert!(
+            (700..=900).contains(&sh.len()),
+            "alpha 1000 shard size {}",
+            sh.len()
+        );
+    }
+
+    // Many peers, tiny alpha: the repair step still gives everyone a sample.
+    let many = partition(labels, 2000, Partition::Dirichlet { alpha: 0.01 }, 0).unwrap();
+    assert_eq!(many.len(), 2000);
+    check_cover(&many, labels.len());
+    // Exactly as many peers as samples.
+    let tight = partition(&labels[..50], 50, Partition::Dirichlet { alpha: 0.1 }, 0).unwrap();
+    check_cover(&tight, 50);
+
+    assert!(partition(labels, 4, Partition::Dirichlet { alpha: 0.0 }, 0).is_err());
+    assert!(partition(labels, 4, Partition::Dirichlet { alpha: f64::NAN }, 0).is_err());
+    assert_eq!(
+        partition(labels, 1, skewed, 0).unwrap()[0].len(),
+        labels.len()
+    );
+}
+
+#[test]
+fn synthetic_data_have_the_model_shapes_and_ranges() {
+    let images = ModelKind::Resnet20.input();
+    let a = Dataset::synthetic(images, 20, 7);
+    assert_eq!(
+        (a.len(), a.features(), a.channels, a.rows, a.cols),
+        (20, 3072, 3, 32, 32)
+    );
+    assert!(a.images.iter().all(|v| (0.0..1.0).contains(v)));
+    assert!(a.labels.iter().all(|&l| l < 10));
+    assert!(hist(&a.labels).iter().filter(|&&c| c > 0).count() > 5);
+    assert_eq!(
+        a,
+        Dataset::synthetic(images, 20, 7),
+        "the seed fixes the data"
+    );
+    assert_ne!(a, Dataset::synthetic(images, 20, 8));
+
+    let tokens = ModelKind::Transformer.input();
+    let t = Dataset::synthetic(tokens, 10, 7);
+    assert_eq!((t.len(), t.features()), (10, 129));
+    assert!(t
+        .images
+        .iter()
+        .all(|&v| v.fract() == 0.0 && (0.0..256.0).contains(&v)));
+    assert!(t.images.iter().any(|&v| v > 200.0), "the whole vocabulary");
+    assert!(t.labels.iter().all(|&l| l == 0));
+}
+
+#[test]
+fn run_data_is_mnist_or_synthetic_by_model() {
+    let mnist = RunData::load(ModelKind::Cnn, None, 1).unwrap();
+    assert_eq!((mnist.train.len(), mnist.test.features()), (8000, 784));
+    let r = RunData::load(ModelKind::Resnet20, None, 1).unwrap();
+    assert_eq!(
+        (r.train.len(), r.test.len(), r.train.features()),
+        (SYNTHETIC_TRAIN_LEN, SYNTHETIC_TEST_LEN, 3072)
+    );
+    assert_ne!(r.train.image(0), r.test.image(0));
+    assert_eq!(r, RunData::load(ModelKind::Resnet20, None, 1).unwrap());
+    let t = RunData::load(ModelKind::Transformer, None, 1).unwrap();
+    assert_eq!(t.test.features(), 129);
+    let err = RunData::load(ModelKind::Transformer, Some(Path::new("/data/mnist")), 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("transformer") && err.contains("synthetic") && err.contains("/data/mnist"),
+        "{err}"
+    );
+}
