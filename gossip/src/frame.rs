@@ -65,6 +65,27 @@ pub enum FrameKind {
 }
 
 impl FrameKind {
+    /// Whether the algorithms' state machines handle this kind (their messages: `Gossip`,
+    /// `PushSum`, `Reduce`, `Push`, `Pull`, `Skip`). The other kinds are the node's: metrics
+    /// (`Report`), shutdown (`Bye`) and membership (`Leave`, `Hello`, `Welcome`, `Rejoin`,
+    /// `Admit`). A new algorithm that needs a new message adds a kind here and returns true
+    /// for it; the node's driver then hands its frames to the state machine unchanged.
+    pub fn is_algorithm(self) -> bool {
+        matches!(
+            self,
+            Self::Gossip | Self::PushSum | Self::Reduce | Self::Push | Self::Pull | Self::Skip
+        )
+    }
+
+    /// Whether this kind belongs to the membership protocol (hello, welcome, rejoin, admit),
+    /// which a peer handles even from a peer it believes departed.
+    pub fn is_membership_handshake(self) -> bool {
+        matches!(
+            self,
+            Self::Hello | Self::Welcome | Self::Rejoin | Self::Admit
+        )
+    }
+
     fn from_u8(b: u8) -> Option<Self> {
         match b {
             1 => Some(Self::Gossip),
@@ -218,6 +239,24 @@ impl FrameHeader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_is_the_algorithms_or_the_nodes() {
+        let kinds: Vec<FrameKind> = (0..=255).filter_map(FrameKind::from_u8).collect();
+        assert_eq!(kinds.len(), 13);
+        let algorithm: Vec<u8> = kinds
+            .iter()
+            .filter(|k| k.is_algorithm())
+            .map(|&k| k as u8)
+            .collect();
+        assert_eq!(algorithm, [1, 4, 5, 6, 7, 12]);
+        let handshake: Vec<u8> = kinds
+            .iter()
+            .filter(|k| k.is_membership_handshake())
+            .map(|&k| k as u8)
+            .collect();
+        assert_eq!(handshake, [9, 10, 11, 13]);
+    }
 
     fn sample() -> Vec<u8> {
         let mut out = Vec::new();

@@ -24,13 +24,110 @@ pub use values::{DeviceSpec, Init, LinkLatency, LinkRate, PhaseSchedule, Straggl
 pub use murmur_gossip::AlgorithmSpec;
 use murmur_gossip::{AlgorithmOptions, PsMode, Resumable};
 
-/// The run: what every peer of it must agree on. Serialized (`RunArgs::to_toml`) it is a
-/// run config that `--config` reads back: `launch` hands its peers the run this way.
+/// The run: what every peer of it must agree on, by concern (training, gossip, network)
+/// and the run-wide options. Serialized (`RunArgs::to_toml`) it is a flat run config whose
+/// keys are the long option names, which `--config` reads back: `launch` hands its peers
+/// the run this way.
 #[derive(Debug, Clone, Args, Serialize)]
+#[command(next_help_heading = "Run")]
 pub struct RunArgs {
     /// Number of peers n.
     #[arg(long, default_value_t = 8)]
     pub peers: usize,
+    /// Every peer writes a checkpoint (parameters, momentum, round, membership) to
+    /// `<run>/checkpoints/peer-<rank>.ckpt` after every this many rounds, atomically;
+    /// 0: never. A restarted peer takes it up with `murmur peer --resume`.
+    #[arg(long, default_value_t = 0, value_name = "ROUNDS")]
+    pub checkpoint_every: u64,
+    /// Fault injection for tests: peer RANK sleeps MS milliseconds before each round's
+    /// gradient (a straggler), given as `RANK:MS`.
+    #[arg(long, value_name = "RANK:MS", value_parser = parse_slow_peer)]
+    #[serde(
+        serialize_with = "slow_peer_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub slow_peer: Option<(usize, u64)>,
+    /// Fault injection for tests: peer RANK also sends five malformed frames to every
+    /// destination each round (garbage bytes, a truncated frame, an oversized declared
+    /// length, NaN parameters, a round far out of the window). Every receiver must refuse
+    /// them, count them (`refused_frames`) and keep training.
+    #[arg(long, value_name = "RANK")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inject_bad_frames: Option<usize>,
+    /// A TOML run config whose keys are these options' long names (e.g.
+    /// `experiments/runs/choco-topk.toml`); options on the command line override it.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Training: model, data, optimizer, schedule.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub train: TrainArgs,
+    /// Gossip: algorithm, topology, compression, stragglers.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub gossip: GossipArgs,
+    /// Network: timeouts, admission, link emulation.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub net: NetArgs,
+}
+
+/// Training: the model, its data and their split, the local optimizer, the schedule.
+#[derive(Debug, Clone, Args, Serialize)]
+#[command(next_help_heading = "Training")]
+pub struct TrainArgs {
+    /// Model to train: mlp and cnn on MNIST, resnet20 (3×32×32 images) and transformer
+    /// (byte-level language model) on synthetic data.
+    #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
+    #[serde(serialize_with = "as_text")]
+    pub model: ModelKind,
+    /// Epochs: passes over the training set by the network as a whole.
+    #[arg(long, default_value_t = 20)]
+    pub epochs: usize,
+    /// Mini-batch size per peer per round.
+    #[arg(long, default_value_t = 32)]
+    pub batch_size: usize,
+    /// Learning rate η.
+    #[arg(long, default_value_t = 0.05)]
+    #[serde(serialize_with = "f32_short")]
+    pub lr: f32,
+    /// Heavy-ball momentum μ of each peer's local update (0 for plain D-PSGD).
+    #[arg(long, default_value_t = 0.9)]
+    #[serde(serialize_with = "f32_short")]
+    pub momentum: f32,
+    /// How the training set is split across peers: `iid` or `dirichlet:ALPHA`.
+    #[arg(long, default_value = "iid")]
+    #[serde(serialize_with = "as_text")]
+    pub partition: Partition,
+    /// Seed of the data split, the model initialisation and the mini-batch order.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Starting parameters: the same x⁰ on every peer, or one per peer.
+    #[arg(long, value_enum, default_value_t = Init::Same)]
+    #[serde(serialize_with = "as_text")]
+    pub init: Init,
+    /// Directory with standard IDX MNIST files (gzipped or not); default: the 8,000/2,000
+    /// real digits embedded in the binary. Only for mlp and cnn: resnet20 and transformer
+    /// train on synthetic data.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<PathBuf>,
+    /// Device: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    #[serde(serialize_with = "as_text")]
+    pub device: DeviceSpec,
+    /// Rounds per epoch; default: ⌈train samples / (peers · batch)⌉.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rounds_per_epoch: Option<u64>,
+}
+
+/// Gossip: the algorithm, its graph and protocol options, the message compression, the
+/// straggler policy.
+#[derive(Debug, Clone, Args, Serialize)]
+#[command(next_help_heading = "Gossip")]
+pub struct GossipArgs {
     /// Topology: a name (ring, torus, complete, star, hypercube, exponential,
     /// erdos-renyi:p=P[,seed=S], and for sgp the time-varying one-peer-exponential) with
     /// optional `:key=value,...` options (rows, cols, p, seed, weights; e.g.
@@ -65,7 +162,10 @@ pub struct RunArgs {
     /// CHOCO-SGD's consensus step size γ in (0, 1]; default: 0.5 for the identity and the
     /// casts, else 0.1 (measured on the embedded MNIST, see README).
     #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        serialize_with = "opt_f32_short",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub gamma: Option<f32>,
     /// Local SGD steps per communication round H (local-sgd, local-avg; default 4).
     #[arg(long)]
@@ -81,52 +181,25 @@ pub struct RunArgs {
     #[arg(long, default_value = "bsp", value_parser = murmur_gossip::registry::parse_ps_mode)]
     #[serde(serialize_with = "ps_mode_text")]
     pub ps_mode: PsMode,
-    /// Model to train: mlp and cnn on MNIST, resnet20 (3×32×32 images) and transformer
-    /// (byte-level language model) on synthetic data.
-    #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
-    #[serde(serialize_with = "as_text")]
-    pub model: ModelKind,
-    /// Epochs: passes over the training set by the network as a whole.
-    #[arg(long, default_value_t = 20)]
-    pub epochs: usize,
-    /// Mini-batch size per peer per round.
-    #[arg(long, default_value_t = 32)]
-    pub batch_size: usize,
-    /// Learning rate η.
-    #[arg(long, default_value_t = 0.05)]
-    pub lr: f32,
-    /// Heavy-ball momentum μ of each peer's local update (0 for plain D-PSGD).
-    #[arg(long, default_value_t = 0.9)]
-    pub momentum: f32,
-    /// How the training set is split across peers: `iid` or `dirichlet:ALPHA`.
-    #[arg(long, default_value = "iid")]
-    #[serde(serialize_with = "as_text")]
-    pub partition: Partition,
-    /// Seed of the data split, the model initialisation and the mini-batch order.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Starting parameters: the same x⁰ on every peer, or one per peer.
-    #[arg(long, value_enum, default_value_t = Init::Same)]
-    #[serde(serialize_with = "as_text")]
-    pub init: Init,
-    /// Directory with standard IDX MNIST files (gzipped or not); default: the 8,000/2,000
-    /// real digits embedded in the binary. Only for mlp and cnn: resnet20 and transformer
-    /// train on synthetic data.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub data: Option<PathBuf>,
-    /// Device: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
-    #[arg(long, default_value = "cpu")]
-    #[serde(serialize_with = "as_text")]
-    pub device: DeviceSpec,
-    /// Rounds per epoch; default: ⌈train samples / (peers · batch)⌉.
-    #[arg(long)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rounds_per_epoch: Option<u64>,
     /// Do not overlap communication with computation: begin each round only after the
     /// gradient is computed (for D-PSGD-like algorithms, which overlap by default).
     #[arg(long)]
     pub no_overlap: bool,
+    /// Straggler policy: `wait` for every neighbour (up to the round timeout) or `skip` one
+    /// whose frame is later than `--straggler-deadline-ms` for that round.
+    #[arg(long, default_value_t = StragglerPolicy::Wait)]
+    #[serde(serialize_with = "as_text")]
+    pub straggler_policy: StragglerPolicy,
+    /// With `--straggler-policy skip`: milliseconds a round waits for a neighbour's frame.
+    #[arg(long, value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub straggler_deadline_ms: Option<u64>,
+}
+
+/// Network: timeouts, admission (allow-list, run key) and link emulation.
+#[derive(Debug, Clone, Args, Serialize)]
+#[command(next_help_heading = "Network")]
+pub struct NetArgs {
     /// Seconds a round may wait for its neighbours before the peer gives up.
     #[arg(long, default_value_t = 60)]
     pub round_timeout_secs: u64,
@@ -149,11 +222,6 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run_key: Option<PathBuf>,
-    /// Every peer writes a checkpoint (parameters, momentum, round, membership) to
-    /// `<run>/checkpoints/peer-<rank>.ckpt` after every this many rounds, atomically;
-    /// 0: never. A restarted peer takes it up with `murmur peer --resume`.
-    #[arg(long, default_value_t = 0, value_name = "ROUNDS")]
-    pub checkpoint_every: u64,
     /// Emulated link rate of every outgoing data-plane link, e.g. `1Gbit` or `100Mbit`
     /// (a pacer in the transport; it can only slow links down). Default: unlimited.
     #[arg(long)]
@@ -169,35 +237,6 @@ pub struct RunArgs {
         skip_serializing_if = "Option::is_none"
     )]
     pub link_latency: Option<LinkLatency>,
-    /// Straggler policy: `wait` for every neighbour (up to the round timeout) or `skip` one
-    /// whose frame is later than `--straggler-deadline-ms` for that round.
-    #[arg(long, default_value_t = StragglerPolicy::Wait)]
-    #[serde(serialize_with = "as_text")]
-    pub straggler_policy: StragglerPolicy,
-    /// With `--straggler-policy skip`: milliseconds a round waits for a neighbour's frame.
-    #[arg(long, value_name = "MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub straggler_deadline_ms: Option<u64>,
-    /// Fault injection for tests: peer RANK sleeps MS milliseconds before each round's
-    /// gradient (a straggler), given as `RANK:MS`.
-    #[arg(long, value_name = "RANK:MS", value_parser = parse_slow_peer)]
-    #[serde(
-        serialize_with = "slow_peer_text",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub slow_peer: Option<(usize, u64)>,
-    /// Fault injection for tests: peer RANK also sends five malformed frames to every
-    /// destination each round (garbage bytes, a truncated frame, an oversized declared
-    /// length, NaN parameters, a round far out of the window). Every receiver must refuse
-    /// them, count them (`refused_frames`) and keep training.
-    #[arg(long, value_name = "RANK")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub inject_bad_frames: Option<usize>,
-    /// A TOML run config whose keys are these options' long names (e.g.
-    /// `experiments/runs/choco-topk.toml`); options on the command line override it.
-    #[arg(long, value_name = "FILE")]
-    #[serde(skip)]
-    pub config: Option<PathBuf>,
     /// Seconds to wait for all peers to join.
     #[arg(long, default_value_t = 60)]
     pub join_timeout_secs: u64,
@@ -225,6 +264,20 @@ fn opt_as_text<T: std::fmt::Display, S: serde::Serializer>(
 ) -> Result<S::Ok, S::Error> {
     match v {
         Some(v) => s.collect_str(v),
+        None => s.serialize_none(),
+    }
+}
+
+/// An f32 as the shortest decimal that reads back to it (`0.1`, not `0.10000000149011612`,
+/// which is what widening it to TOML's f64 would write).
+fn f32_short<S: serde::Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(v.to_string().parse().unwrap_or(f64::from(*v)))
+}
+
+/// [`f32_short`] for an option that is given.
+fn opt_f32_short<S: serde::Serializer>(v: &Option<f32>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => f32_short(v, s),
         None => s.serialize_none(),
     }
 }
@@ -258,17 +311,17 @@ impl RunArgs {
         if self.peers == 0 {
             bail!("--peers must be at least 1");
         }
-        if self.epochs == 0 {
+        if self.train.epochs == 0 {
             bail!("--epochs must be at least 1");
         }
-        if self.batch_size == 0 {
+        if self.train.batch_size == 0 {
             bail!("--batch-size must be at least 1");
         }
-        if !(self.lr.is_finite() && self.lr > 0.0) {
-            bail!("--lr must be a positive number, got {}", self.lr);
+        if !(self.train.lr.is_finite() && self.train.lr > 0.0) {
+            bail!("--lr must be a positive number, got {}", self.train.lr);
         }
-        if !(0.0..1.0).contains(&self.momentum) {
-            bail!("--momentum must be in [0, 1), got {}", self.momentum);
+        if !(0.0..1.0).contains(&self.train.momentum) {
+            bail!("--momentum must be in [0, 1), got {}", self.train.momentum);
         }
         self.algorithm_options().validate(&self.algorithms())?;
         if let Some(r) = self.inject_bad_frames.filter(|&r| r >= self.peers) {
@@ -277,26 +330,29 @@ impl RunArgs {
                 self.peers
             );
         }
-        if self.topology == ONE_PEER_EXPONENTIAL {
+        if self.gossip.topology == ONE_PEER_EXPONENTIAL {
             self.refuse_schedule_for_static_algorithms()?;
         }
-        if let Some(p) = &self.phases {
+        if let Some(p) = &self.gossip.phases {
             let before_last: usize = p.0.iter().filter_map(|(_, e)| *e).sum();
-            if before_last >= self.epochs {
+            if before_last >= self.train.epochs {
                 bail!(
                     "--phases {p}: the phases before the last take {before_last} of the \
                      {} epochs, so the last never runs",
-                    self.epochs
+                    self.train.epochs
                 );
             }
         }
-        if let Some(path) = &self.allow_peers {
+        if let Some(path) = &self.net.allow_peers {
             crate::control::auth::read_allow_list(path)?;
         }
-        if let Some(path) = &self.run_key {
+        if let Some(path) = &self.net.run_key {
             crate::control::auth::RunKey::read(path)?;
         }
-        match (self.straggler_policy, self.straggler_deadline_ms) {
+        match (
+            self.gossip.straggler_policy,
+            self.gossip.straggler_deadline_ms,
+        ) {
             (StragglerPolicy::Skip, None | Some(0)) => {
                 bail!("--straggler-policy skip needs --straggler-deadline-ms (at least 1)")
             }
@@ -304,7 +360,7 @@ impl RunArgs {
                 bail!("--straggler-deadline-ms applies to --straggler-policy skip")
             }
             (StragglerPolicy::Skip, Some(_))
-                if self.phases.is_some() || !self.algorithm.skips_stragglers() =>
+                if self.gossip.phases.is_some() || !self.gossip.algorithm.skips_stragglers() =>
             {
                 bail!(
                     "--straggler-policy skip works with {}, not {}",
@@ -317,41 +373,41 @@ impl RunArgs {
         if let Some((r, _)) = self.slow_peer.filter(|&(r, _)| r >= self.peers) {
             bail!("--slow-peer {r}: there is no peer {r} among {}", self.peers);
         }
-        if self.peer_timeout_secs == 0 {
+        if self.net.peer_timeout_secs == 0 {
             bail!("--peer-timeout-secs must be at least 1");
         }
-        if self.round_timeout_secs <= self.peer_timeout_secs {
+        if self.net.round_timeout_secs <= self.net.peer_timeout_secs {
             bail!(
                 "--round-timeout-secs ({}) must exceed --peer-timeout-secs ({}): a round must \
                  wait long enough to notice a neighbour that left",
-                self.round_timeout_secs,
-                self.peer_timeout_secs
+                self.net.round_timeout_secs,
+                self.net.peer_timeout_secs
             );
         }
-        if self.rounds_per_epoch == Some(0) {
+        if self.train.rounds_per_epoch == Some(0) {
             bail!("--rounds-per-epoch must be at least 1");
         }
-        if !self.model.takes_mnist() {
-            if let Some(dir) = &self.data {
+        if !self.train.model.takes_mnist() {
+            if let Some(dir) = &self.train.data {
                 bail!(
                     "--data {}: --model {} takes {} and trains on synthetic data; \
                      --data reads MNIST, for mlp and cnn",
                     dir.display(),
-                    self.model,
-                    self.model.input()
+                    self.train.model,
+                    self.train.model.input()
                 );
             }
         }
         if matches!(
-            self.model.input(),
+            self.train.model.input(),
             crate::train::model::Input::Tokens { .. }
-        ) && self.partition != Partition::Iid
+        ) && self.train.partition != Partition::Iid
         {
             bail!(
                 "--partition {}: a Dirichlet split is over class labels, and the token \
                  sequences of --model {} have none (use iid)",
-                self.partition,
-                self.model
+                self.train.partition,
+                self.train.model
             );
         }
         Ok(())
@@ -361,17 +417,18 @@ impl RunArgs {
     /// `--ps-mode`), for the registry.
     pub fn algorithm_options(&self) -> AlgorithmOptions {
         AlgorithmOptions {
-            compressor: self.compressor.clone(),
-            gamma: self.gamma,
-            local_steps: self.local_steps,
-            tau: self.tau,
-            ps_mode: self.ps_mode,
+            compressor: self.gossip.compressor.clone(),
+            gamma: self.gossip.gamma,
+            local_steps: self.gossip.local_steps,
+            tau: self.gossip.tau,
+            ps_mode: self.gossip.ps_mode,
         }
     }
 
     /// H: `--local-steps`, else 4 (1 for algorithms without local steps).
     pub fn local_steps(&self) -> u64 {
-        self.algorithm_options().local_steps(&*self.algorithm)
+        self.algorithm_options()
+            .local_steps(&*self.gossip.algorithm)
     }
 
     /// The algorithm options that peers must share (they change the protocol or the
@@ -385,7 +442,7 @@ impl RunArgs {
     /// What `--resume` can do for the run: a phase schedule resumes neither way.
     pub fn resumable(&self) -> Resumable {
         match self.algorithms().as_slice() {
-            [a] => a.resumable(self.straggler_policy == StragglerPolicy::Skip),
+            [a] => a.resumable(self.gossip.straggler_policy == StragglerPolicy::Skip),
             _ => Resumable::No,
         }
     }
@@ -399,32 +456,32 @@ impl RunArgs {
     /// The link emulation of `--link-bandwidth` and `--link-latency`.
     pub fn link_emulation(&self) -> crate::plane::LinkEmulation {
         crate::plane::LinkEmulation {
-            rate_bytes_per_sec: self.link_bandwidth.map(|r| r.0),
-            latency: self.link_latency.map(|l| l.0).unwrap_or_default(),
+            rate_bytes_per_sec: self.net.link_bandwidth.map(|r| r.0),
+            latency: self.net.link_latency.map(|l| l.0).unwrap_or_default(),
         }
     }
 
     /// The algorithms of the run: the phases of `--phases`, else `--algorithm`.
     pub fn algorithms(&self) -> Vec<AlgorithmSpec> {
-        match &self.phases {
+        match &self.gossip.phases {
             Some(p) => p.0.iter().map(|(a, _)| *a).collect(),
-            None => vec![self.algorithm],
+            None => vec![self.gossip.algorithm],
         }
     }
 
     /// The run's algorithm as text: the phase schedule, or the algorithm's name.
     pub fn algorithm_name(&self) -> String {
-        match &self.phases {
+        match &self.gossip.phases {
             Some(p) => p.to_string(),
-            None => self.algorithm.to_string(),
+            None => self.gossip.algorithm.to_string(),
         }
     }
 
     /// The algorithm that trains epoch `epoch` (1-based; epoch 0 trains nothing and is
     /// reported under the first phase).
     pub fn algorithm_at(&self, epoch: usize) -> AlgorithmSpec {
-        let Some(p) = &self.phases else {
-            return self.algorithm;
+        let Some(p) = &self.gossip.phases else {
+            return self.gossip.algorithm;
         };
         let mut end = 0;
         for (a, e) in &p.0 {
@@ -438,21 +495,20 @@ impl RunArgs {
                 None => return *a,
             }
         }
-        self.algorithm
+        self.gossip.algorithm
     }
 
     /// The run for one phase's algorithm: these options with `algorithm` and no phases.
     pub fn for_phase(&self, algorithm: AlgorithmSpec) -> RunArgs {
-        RunArgs {
-            algorithm,
-            phases: None,
-            ..self.clone()
-        }
+        let mut run = self.clone();
+        run.gossip.algorithm = algorithm;
+        run.gossip.phases = None;
+        run
     }
 
     /// The compressor: `--compressor`, else the algorithm's default.
     pub fn compressor(&self) -> CompressorSpec {
-        self.algorithm_options().compressor(&*self.algorithm)
+        self.algorithm_options().compressor(&*self.gossip.algorithm)
     }
 
     /// Warnings about options that run but are unlikely to be what the user wants.
@@ -462,7 +518,7 @@ impl RunArgs {
             self.compressor(),
             CompressorSpec::Identity | CompressorSpec::Fp16 | CompressorSpec::Bf16
         );
-        if self.algorithm.mixes_compressed_parameters() && !casts {
+        if self.gossip.algorithm.mixes_compressed_parameters() && !casts {
             w.push(format!(
                 "D-PSGD mixes the neighbours' compressed parameters directly, so the error of \
                  `{}` enters the models every round (sparsifiers and sign pull them towards 0); \
@@ -486,7 +542,7 @@ impl RunArgs {
             bail!(
                 "--topology {}: {ONE_PEER_EXPONENTIAL} is a time-varying push schedule for \
                  --algorithm sgp; {} need a mixing matrix W (try exponential)",
-                self.topology,
+                self.gossip.topology,
                 static_users.join(", ")
             );
         }
@@ -501,7 +557,7 @@ impl RunArgs {
     /// # Errors
     /// As [`load_topology`]; a schedule for an algorithm that needs a static W.
     pub fn topology(&self) -> anyhow::Result<Topology> {
-        let topo = load_topology(&self.topology, Some(self.peers))?;
+        let topo = load_topology(&self.gossip.topology, Some(self.peers))?;
         if topo.schedule.is_some() {
             self.refuse_schedule_for_static_algorithms()?;
         }
@@ -589,7 +645,11 @@ mod tests {
         for argv in runs {
             let run = parse(argv).unwrap();
             let file = dir.path().join("run.toml");
-            std::fs::write(&file, run.to_toml().unwrap()).unwrap();
+            let text = run.to_toml().unwrap();
+            if argv.contains(&"--lr=0.013") {
+                assert!(text.contains("\nlr = 0.013\n"), "f32 written short: {text}");
+            }
+            std::fs::write(&file, text).unwrap();
             let back = parse(&["murmur", "launch", "--config", file.to_str().unwrap()]).unwrap();
             let back = RunArgs {
                 config: None,
@@ -612,8 +672,8 @@ mod tests {
         let f = f.to_str().unwrap();
         let run = parse(&["murmur", "launch", "--config", f, "--peers", "4"]).unwrap();
         assert_eq!(run.peers, 4, "the command line overrides the file");
-        assert_eq!(run.lr, 0.02);
-        assert!(run.no_overlap);
+        assert_eq!(run.train.lr, 0.02);
+        assert!(run.gossip.no_overlap);
         assert_eq!(run.local_steps(), 2);
         assert_eq!(run.algorithm_name(), "allreduce:1,local-sgd");
         assert_eq!(run.compressor().to_string(), "bf16");
@@ -730,7 +790,7 @@ mod tests {
     fn models_on_synthetic_data_refuse_mnist_files_and_label_splits() {
         let parse_line = |line: &str| parse(&line.split(' ').collect::<Vec<_>>());
         let run = parse_line("murmur launch --model resnet20").unwrap();
-        assert_eq!(run.model, ModelKind::Resnet20);
+        assert_eq!(run.train.model, ModelKind::Resnet20);
         parse_line("murmur launch --model resnet20 --partition dirichlet:0.5").unwrap();
         parse_line("murmur launch --model transformer").unwrap();
         for (line, expect) in [

@@ -47,6 +47,7 @@ use crate::report::{self, progress, EpochRow, MembershipEvent, Summary};
 
 /// Arguments of `murmur launch` besides the run's.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Launch")]
 pub struct LaunchArgs {
     /// Parent folder of run folders; the run goes to `<out>/<run-id>`.
     #[arg(long, default_value = "runs")]
@@ -132,7 +133,7 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     signals::install();
     let mut supervisor = Supervisor::start(args, launch, spawner, initial)?;
 
-    let bar = progress::bar(args.epochs as u64, "epoch");
+    let bar = progress::bar(args.train.epochs as u64, "epoch");
     bar.enable_steady_tick(Duration::from_millis(200));
     let print = |line: String| progress::print(&bar, line);
     print(report::table_header());
@@ -185,7 +186,7 @@ fn check(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Checked> {
     for w in args.warnings() {
         eprintln!("murmur: warning: {w}");
     }
-    crate::peer::check_device(args.device)?;
+    crate::peer::check_device(args.train.device)?;
     let topo = args.topology()?;
     if launch.restart_failed > 0 && args.resumable() != murmur_gossip::Resumable::Rejoin {
         bail!(
@@ -204,17 +205,22 @@ fn check(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Checked> {
             args.peers
         );
     }
-    if initial < args.peers && !(1..args.epochs).contains(&launch.join_at_epoch) {
+    if initial < args.peers && !(1..args.train.epochs).contains(&launch.join_at_epoch) {
         bail!(
             "--join-at-epoch {} must be in 1..{} (--epochs): the new peers need rounds left to join",
             launch.join_at_epoch,
-            args.epochs
+            args.train.epochs
         );
     }
     let dim =
-        crate::train::model::Net::<burn::backend::Flex>::new(args.model, &Default::default()).dim();
+        crate::train::model::Net::<burn::backend::Flex>::new(args.train.model, &Default::default())
+            .dim();
     // Loaded once here so that a bad --data fails before any peer starts.
-    let data = crate::train::data::RunData::load(args.model, args.data.as_deref(), args.seed)?;
+    let data = crate::train::data::RunData::load(
+        args.train.model,
+        args.train.data.as_deref(),
+        args.train.seed,
+    )?;
     let data_bytes = 4 * (data.train.len() + data.test.len()) * data.train.features();
     drop(data);
     if !launch.ignore_memory_check {
@@ -240,9 +246,9 @@ fn announce(args: &RunArgs, topo: &murmur_topology::Topology, run_dir: &Path) {
         crate::config::count(args.peers, "peer"),
         args.algorithm_name(),
         args.compressor(),
-        args.model.with_data(),
-        args.device,
-        args.epochs,
+        args.train.model.with_data(),
+        args.train.device,
+        args.train.epochs,
         run_dir.display()
     );
 }
@@ -379,6 +385,7 @@ pub(crate) fn run_folder(
             .map(|d| d.as_secs())
             .unwrap_or(0);
         let topo_name: String = args
+            .gossip
             .topology
             .rsplit('/')
             .next()

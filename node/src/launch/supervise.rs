@@ -276,7 +276,7 @@ impl<'a> Supervisor<'a> {
                         format!(
                             "peer {} is stopped (SIGSTOP or a debugger) at epoch {epoch}; after \
                              --peer-timeout-secs {} s the others go on without it",
-                            p.rank, args.peer_timeout_secs
+                            p.rank, args.net.peer_timeout_secs
                         )
                     } else {
                         format!("peer {} continues", p.rank)
@@ -311,7 +311,7 @@ impl<'a> Supervisor<'a> {
                 continue;
             }
             let done = self.record.restarts_of.entry(rank).or_insert(0);
-            let restart = *done < launch.restart_failed && epoch < args.epochs;
+            let restart = *done < launch.restart_failed && epoch < args.train.epochs;
             if !restart && !args.survives_departure() {
                 stop.get_or_insert(format!(
                     "peer {rank} failed ({how}) at epoch {epoch}{cause}, and {} cannot go on \
@@ -358,7 +358,7 @@ impl<'a> Supervisor<'a> {
         events: &[MembershipEvent],
         print: &dyn Fn(String),
     ) -> anyhow::Result<()> {
-        let noticed = Duration::from_secs(self.args.peer_timeout_secs) + Duration::from_secs(5);
+        let noticed = Duration::from_secs(self.args.net.peer_timeout_secs) + Duration::from_secs(5);
         let mut i = 0;
         while i < self.pending.len() {
             let (rank, since, before) = self.pending[i];

@@ -27,7 +27,7 @@ pub fn build(
     max_payload: u32,
     rounds_per_epoch: u64,
 ) -> anyhow::Result<Box<dyn Gossip>> {
-    if let Some(schedule) = &args.phases {
+    if let Some(schedule) = &args.gossip.phases {
         let mut phases = Vec::new();
         for (algorithm, epochs) in &schedule.0 {
             let gossip = build(
@@ -47,7 +47,10 @@ pub fn build(
         }
         return Ok(Box::new(Phased::new(phases)));
     }
-    let skip_after = match (args.straggler_policy, args.straggler_deadline_ms) {
+    let skip_after = match (
+        args.gossip.straggler_policy,
+        args.gossip.straggler_deadline_ms,
+    ) {
         (StragglerPolicy::Skip, Some(ms)) => Some(Duration::from_millis(ms)),
         _ => None,
     };
@@ -55,14 +58,14 @@ pub fn build(
     let ctx = BuildContext {
         rank,
         topology: topo,
-        lr: args.lr,
+        lr: args.train.lr,
         x0,
         tensor_lengths,
         max_payload_bytes: max_payload,
-        round_timeout: Duration::from_secs(args.round_timeout_secs),
-        seed: args.seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        round_timeout: Duration::from_secs(args.net.round_timeout_secs),
+        seed: args.train.seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
         skip_after,
         options: &options,
     };
-    Ok(args.algorithm.build(ctx)?)
+    Ok(args.gossip.algorithm.build(ctx)?)
 }

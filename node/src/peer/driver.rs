@@ -249,11 +249,7 @@ impl Driver {
                 from,
                 header,
                 bytes,
-            } if matches!(
-                header.kind,
-                FrameKind::Hello | FrameKind::Welcome | FrameKind::Rejoin | FrameKind::Admit
-            ) =>
-            {
+            } if header.kind.is_membership_handshake() => {
                 self.on_membership_frame(from, header, &bytes)?;
             }
             NetEvent::Joined {
@@ -269,12 +265,7 @@ impl Driver {
                 header,
                 bytes,
             } => match header.kind {
-                FrameKind::Gossip
-                | FrameKind::PushSum
-                | FrameKind::Reduce
-                | FrameKind::Push
-                | FrameKind::Pull
-                | FrameKind::Skip => {
+                kind if kind.is_algorithm() => {
                     if let Some((at, arrived)) = self.first_frames.as_mut() {
                         if header.round == *at {
                             arrived.insert(from);

@@ -52,6 +52,7 @@ pub(crate) const EVAL_BATCH: usize = 500;
 
 /// Arguments that differ from peer to peer.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "This peer")]
 pub struct PeerArgs {
     /// This peer's rank in 0..peers. Rank 0 is the bootstrap and collects the metrics.
     /// Without it, a peer with `--bootstrap` gets the lowest rank not taken yet from the
@@ -131,15 +132,15 @@ pub const REJOIN_MARGIN_ROUNDS: u64 = 20;
 /// taken back, so its error only says that it was paused.
 pub fn run(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
     args.validate()?;
-    check_device(args.device)?;
+    check_device(args.train.device)?;
     let watch = crate::control::pause::PauseWatch::start();
-    let timeout = Duration::from_secs(args.peer_timeout_secs);
+    let timeout = Duration::from_secs(args.net.peer_timeout_secs);
     train(args, peer).map_err(|e| match peer.rank {
         Some(0) if watch.longest_pause() >= timeout => e.context(format!(
             "peer 0 was paused for {:.1} s (longer than --peer-timeout-secs {}): the others \
              stopped without the bootstrap",
             watch.longest_pause().as_secs_f64(),
-            args.peer_timeout_secs
+            args.net.peer_timeout_secs
         )),
         Some(0) => e,
         _ => watch.explain(e, timeout),
@@ -148,7 +149,7 @@ pub fn run(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
 
 /// [`run`] on the device the run asks for.
 fn train(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
-    match args.device {
+    match args.train.device {
         DeviceSpec::Cpu => {
             run_on::<burn::backend::Autodiff<burn::backend::Flex>>(args, peer, Default::default())
         }

@@ -24,17 +24,26 @@ pub(super) fn run_on<B: AutodiffBackend>(
 
     // Data: the same seeded split on every peer; this peer keeps its shard (once its rank
     // is known).
-    let data = RunData::load(args.model, args.data.as_deref(), args.seed)?;
-    let shards = partition(&data.train.labels, start.n, args.partition, args.seed)?;
-    let rounds_per_epoch = args
-        .rounds_per_epoch
-        .unwrap_or_else(|| (data.train.len() as u64).div_ceil((start.n * args.batch_size) as u64));
+    let data = RunData::load(
+        args.train.model,
+        args.train.data.as_deref(),
+        args.train.seed,
+    )?;
+    let shards = partition(
+        &data.train.labels,
+        start.n,
+        args.train.partition,
+        args.train.seed,
+    )?;
+    let rounds_per_epoch = args.train.rounds_per_epoch.unwrap_or_else(|| {
+        (data.train.len() as u64).div_ceil((start.n * args.train.batch_size) as u64)
+    });
     let (mut net, mut x) = init_model::<B>(args, &device, start.rank);
     let fingerprint = fingerprint(args, &topo, x.len(), rounds_per_epoch);
     let joined = join(args, peer, &start, &fingerprint, x.len())?;
     let rank = joined.me.rank;
     span.record("peer", rank);
-    if rank != start.rank && args.init == Init::Independent {
+    if rank != start.rank && args.train.init == Init::Independent {
         (net, x) = init_model::<B>(args, &device, rank);
     }
     let shard = data.train.subset(&shards[rank]);
@@ -49,7 +58,7 @@ pub(super) fn run_on<B: AutodiffBackend>(
         &data,
         rounds_per_epoch,
     )?;
-    let mut optimizer = HeavyBall::new(args.momentum, x.len());
+    let mut optimizer = HeavyBall::new(args.train.momentum, x.len());
     let first_round = enter(
         args,
         peer,
@@ -77,13 +86,14 @@ pub(super) fn run_on<B: AutodiffBackend>(
 
     // The mini-batch order of a resumed peer differs from the one before its stop.
     let seed = args
+        .train
         .seed
         .wrapping_add(1 + rank as u64)
         .wrapping_add(first_round.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let mut training = Training {
         args,
         rank,
-        learner: Learner::new(shard, args.batch_size, seed, Box::new(optimizer)),
+        learner: Learner::new(shard, args.train.batch_size, seed, Box::new(optimizer)),
         has_running_state: {
             let mut s = Vec::new();
             model::flatten_running_state(&net, &mut s);
@@ -109,7 +119,7 @@ pub(super) fn run_on<B: AutodiffBackend>(
     // Epoch 0 trains nothing: it records the starting point (x⁰, Ξ²(0)). A peer that
     // rejoined starts within the epoch of its first round.
     let mut last_report = None;
-    for epoch in first_epoch..=args.epochs {
+    for epoch in first_epoch..=args.train.epochs {
         last_report = Some(training.epoch(epoch)?);
     }
     training.finish(&topo, &peer.out)?;
@@ -132,12 +142,12 @@ fn init_model<B: AutodiffBackend>(
 ) -> (Net<B>, Vec<f32>) {
     B::seed(
         device,
-        match args.init {
-            Init::Same => args.seed,
-            Init::Independent => args.seed.wrapping_add(rank as u64),
+        match args.train.init {
+            Init::Same => args.train.seed,
+            Init::Independent => args.train.seed.wrapping_add(rank as u64),
         },
     );
-    let net = Net::<B>::new(args.model, device);
+    let net = Net::<B>::new(args.train.model, device);
     let mut x = Vec::new();
     model::flatten(&net, &mut x);
     (net, x)
@@ -153,14 +163,14 @@ fn fingerprint(
     Fingerprint {
         peers: args.peers,
         topology: args.topology_label(topo),
-        model: args.model.to_string(),
+        model: args.train.model.to_string(),
         dim: d,
         algorithm: args.algorithm_name(),
         compressor: args.compressor().to_string(),
-        epochs: args.epochs,
+        epochs: args.train.epochs,
         rounds_per_epoch,
-        seed: args.seed,
-        partition: args.partition.to_string(),
+        seed: args.train.seed,
+        partition: args.train.partition.to_string(),
         protocol: args.protocol_options(),
     }
 }
@@ -223,7 +233,7 @@ fn join(
             rank,
             peer.data_addr,
             max_payload,
-            Duration::from_secs(args.peer_timeout_secs),
+            Duration::from_secs(args.net.peer_timeout_secs),
             &key,
             admitted.clone(),
         )
@@ -273,11 +283,12 @@ fn join(
         },
     };
     let gate = Gate {
-        allow: match (&args.allow_peers, rank) {
+        allow: match (&args.net.allow_peers, rank) {
             (Some(path), 0) => Some(auth::read_allow_list(path)?),
             _ => None,
         },
         key: args
+            .net
             .run_key
             .as_deref()
             .map(auth::RunKey::read)
@@ -302,7 +313,7 @@ fn join(
         listen,
         me.clone(),
         fingerprint.clone(),
-        Duration::from_secs(args.join_timeout_secs),
+        Duration::from_secs(args.net.join_timeout_secs),
         key.clone(),
         gate,
         peer.mdns,
@@ -427,7 +438,7 @@ fn wire<B: AutodiffBackend>(
                 rounds_per_epoch,
                 data.test.clone(),
                 x.len(),
-                args.model,
+                args.train.model,
             )
         }),
         send_buf: Vec::new(),
@@ -513,8 +524,8 @@ fn enter<B: AutodiffBackend>(
     let (at, mean) = drv.rejoin(
         me,
         unreachable,
-        rounds_per_epoch * args.epochs as u64,
-        Duration::from_secs(args.join_timeout_secs),
+        rounds_per_epoch * args.train.epochs as u64,
+        Duration::from_secs(args.net.join_timeout_secs),
     )?;
     *x = mean;
     let mut model_state = Vec::new();
@@ -602,7 +613,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
         };
         info!(
             epoch,
-            epochs = self.args.epochs,
+            epochs = self.args.train.epochs,
             test_accuracy,
             "epoch done"
         );
@@ -616,7 +627,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
     fn round(&mut self) -> anyhow::Result<()> {
         let args = self.args;
         // D-PSGD-like algorithms send x_t before its gradient is known: overlap the two.
-        let overlap = !args.no_overlap && self.drv.gossip.overlaps_gradient();
+        let overlap = !args.gossip.no_overlap && self.drv.gossip.overlaps_gradient();
         let t0 = Instant::now();
         if overlap {
             // Frames with x_t leave while the gradient at x_t is computed.
@@ -688,17 +699,17 @@ impl<B: AutodiffBackend> Training<'_, B> {
     fn finish(&mut self, topo: &murmur_topology::Topology, out: &Path) -> anyhow::Result<()> {
         let args = self.args;
         let drv = &mut self.drv;
-        let deadline = Instant::now() + Duration::from_secs(args.round_timeout_secs);
+        let deadline = Instant::now() + Duration::from_secs(args.net.round_timeout_secs);
         while let Some(c) = drv
             .collector
             .as_ref()
-            .filter(|c| c.rows.last().is_none_or(|r| r.epoch < args.epochs))
+            .filter(|c| c.rows.last().is_none_or(|r| r.epoch < args.train.epochs))
         {
             if Instant::now() >= deadline {
                 bail!(
                     "peers {:?} sent no report for the last epochs within {} s",
                     c.missing_reporters(),
-                    args.round_timeout_secs
+                    args.net.round_timeout_secs
                 );
             }
             drv.next_event(deadline)?;
@@ -776,7 +787,7 @@ pub(super) fn plan(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<Start> {
     let resumable = args.resumable();
     if peer.resume
         && resumable == Resumable::WholeRun
-        && args.straggler_policy == crate::config::StragglerPolicy::Skip
+        && args.gossip.straggler_policy == crate::config::StragglerPolicy::Skip
     {
         bail!(
             "--resume: a CHOCO-SGD run under --straggler-policy skip cannot resume from its \

@@ -30,11 +30,11 @@ pub(super) fn run(
         None => {
             let device = Default::default();
             let mut x = Vec::new();
-            model::flatten(&Net::<B>::new(args.model, &device), &mut x);
+            model::flatten(&Net::<B>::new(args.train.model, &device), &mut x);
             x.len()
         }
     };
-    let mut rng = StdRng::seed_from_u64(args.seed);
+    let mut rng = StdRng::seed_from_u64(args.train.seed);
     let x0s: Vec<Vec<f32>> = match sim.consensus_init {
         ConsensusInit::Uniform => (0..n)
             .map(|_| (0..d).map(|_| rng.random_range(-1.0f32..1.0)).collect())

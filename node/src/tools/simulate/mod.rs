@@ -129,6 +129,7 @@ pub enum ConsensusInit {
 
 /// Options of `murmur simulate` besides the run's.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Simulator")]
 pub struct SimArgs {
     /// NIC bandwidth of every peer in Gb/s (e.g. 1 or 10); absent: an ideal network with
     /// no latency and unlimited bandwidth.
@@ -239,7 +240,7 @@ impl SimArgs {
 /// Runs `murmur simulate`.
 pub fn run(args: &RunArgs, sim: &SimArgs) -> anyhow::Result<()> {
     args.validate()?;
-    if args.link_bandwidth.is_some() || args.link_latency.is_some() {
+    if args.net.link_bandwidth.is_some() || args.net.link_latency.is_some() {
         bail!(
             "murmur simulate models the network itself: use --bandwidth-gbps and --latency-us \
              instead of --link-bandwidth and --link-latency"
@@ -248,14 +249,14 @@ pub fn run(args: &RunArgs, sim: &SimArgs) -> anyhow::Result<()> {
     if args.inject_bad_frames.is_some() {
         bail!("--inject-bad-frames tests the data plane of `murmur launch`/`peer`; the simulator has none");
     }
-    if args.device != DeviceSpec::Cpu {
+    if args.train.device != DeviceSpec::Cpu {
         bail!("murmur simulate trains every virtual peer on the CPU; leave out --device");
     }
     for w in args.warnings() {
         eprintln!("murmur: warning: {w}");
     }
     let topo = args.topology()?;
-    let net_model = sim.network_model(args.peers, args.seed)?;
+    let net_model = sim.network_model(args.peers, args.train.seed)?;
     let dir = run_folder(args, &sim.folder, "sim-")?;
     if sim.consensus {
         consensus::run(args, sim, &topo, &net_model, &dir)
@@ -291,7 +292,7 @@ fn training_netsim(
 ) -> anyhow::Result<NetSim> {
     let mut sim_net = NetSim::new(peers, net_model.clone())?;
     sim_net.set_track_consensus(false);
-    sim_net.set_overlap(!args.no_overlap);
+    sim_net.set_overlap(!args.gossip.no_overlap);
     Ok(sim_net)
 }
 
@@ -314,8 +315,8 @@ fn print_header(
         args.algorithm_name(),
         args.compressor(),
         args.topology_label(topo),
-        args.model.with_data(),
-        args.epochs,
+        args.train.model.with_data(),
+        args.train.epochs,
         sim.describe(net_model),
         compute_secs * 1e3,
         if sim.compute_ms.is_none() { " (measured here; pass --compute-ms to repeat)" } else { "" },
@@ -325,6 +326,7 @@ fn print_header(
 
 /// Rounds per epoch: `--rounds-per-epoch`, else one pass over `train_len` samples.
 fn rounds_per_epoch(args: &RunArgs, train_len: usize) -> u64 {
-    args.rounds_per_epoch
-        .unwrap_or_else(|| (train_len as u64).div_ceil((args.peers * args.batch_size) as u64))
+    args.train
+        .rounds_per_epoch
+        .unwrap_or_else(|| (train_len as u64).div_ceil((args.peers * args.train.batch_size) as u64))
 }

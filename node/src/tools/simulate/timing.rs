@@ -30,17 +30,21 @@ pub(super) fn run(
     let n = args.peers;
     let compute_secs = fixed_compute_secs(sim)?
         .ok_or_else(|| anyhow!("--timing-only needs --compute-ms (there is no model to time)"))?;
-    let rounds_per_epoch = match args.rounds_per_epoch {
+    let rounds_per_epoch = match args.train.rounds_per_epoch {
         Some(r) => r,
         None => rounds_per_epoch(
             args,
-            RunData::load(args.model, args.data.as_deref(), args.seed)?
-                .train
-                .len(),
+            RunData::load(
+                args.train.model,
+                args.train.data.as_deref(),
+                args.train.seed,
+            )?
+            .train
+            .len(),
         ),
     };
     let device: Dev = Default::default();
-    let net = Net::<B>::new(args.model, &device);
+    let net = Net::<B>::new(args.train.model, &device);
     let lengths = model::tensor_lengths(&net);
     let mut x0 = Vec::new();
     model::flatten(&net, &mut x0);
@@ -72,13 +76,13 @@ pub(super) fn run(
     // Gradients of the size of the parameters, so that compressors with value-dependent
     // output see vectors like a training run's: windows at random offsets of one seeded
     // noise buffer (drawing d fresh numbers per step would cost more than the mixing).
-    let mut rng = StdRng::seed_from_u64(args.seed);
+    let mut rng = StdRng::seed_from_u64(args.train.seed);
     let noise: Vec<f32> = (0..2 * d)
         .map(|_| rng.random_range(-1e-2f32..1e-2))
         .collect();
-    let bar = progress::bar(args.epochs as u64, "epoch");
-    let mut rows = Vec::with_capacity(args.epochs + 1);
-    for epoch in 0..=args.epochs {
+    let bar = progress::bar(args.train.epochs as u64, "epoch");
+    let mut rows = Vec::with_capacity(args.train.epochs + 1);
+    for epoch in 0..=args.train.epochs {
         if epoch > 0 {
             sim_net.set_epoch(epoch - 1);
             sim_net.run_rounds(rounds_per_epoch, |_, _, x| {

@@ -11,17 +11,21 @@ pub(super) fn run(
 ) -> anyhow::Result<()> {
     let n = args.peers;
     let device: Dev = Default::default();
-    let data = RunData::load(args.model, args.data.as_deref(), args.seed)?;
+    let data = RunData::load(
+        args.train.model,
+        args.train.data.as_deref(),
+        args.train.seed,
+    )?;
     let rounds_per_epoch = rounds_per_epoch(args, data.train.len());
 
     let (peers, mut states, d) = virtual_peers(args, topo, &data, &device, rounds_per_epoch)?;
-    let mut net = Some(Net::<B>::new(args.model, &device));
+    let mut net = Some(Net::<B>::new(args.train.model, &device));
     let compute_secs = match fixed_compute_secs(sim)? {
         Some(secs) => secs,
         None => measure_step(
             net.take().ok_or_else(|| anyhow!("no model"))?,
             &states[0].shard,
-            args.batch_size,
+            args.train.batch_size,
             &device,
         )
         .map(|(secs, model)| {
@@ -45,12 +49,12 @@ pub(super) fn run(
     for stale in ["epochs.jsonl", "epochs.csv"] {
         let _ = std::fs::remove_file(dir.join(stale));
     }
-    let bar = progress::bar(args.epochs as u64 * rounds_per_epoch, "round");
+    let bar = progress::bar(args.train.epochs as u64 * rounds_per_epoch, "round");
     let print = |line: String| progress::print(&bar, line);
     print(report::table_header());
     let mut rows = Vec::new();
     let started = Instant::now();
-    for epoch in 0..=args.epochs {
+    for epoch in 0..=args.train.epochs {
         if epoch > 0 {
             sim_net.set_epoch(epoch - 1);
             let mut failure: Option<anyhow::Error> = None;
@@ -89,7 +93,13 @@ pub(super) fn run(
             args,
             dir,
         )?;
-        let row = epoch_row(epoch, &reports, &data.test, args.model, sim_net.now_secs())?;
+        let row = epoch_row(
+            epoch,
+            &reports,
+            &data.test,
+            args.train.model,
+            sim_net.now_secs(),
+        )?;
         print(report::format_row(&row));
         bar.set_message(format!(
             "x̄ acc {:.2}%, {:.0} s real",
@@ -120,17 +130,17 @@ fn virtual_peers(
     rounds_per_epoch: u64,
 ) -> anyhow::Result<VirtualPeers> {
     let n = args.peers;
-    let shards = partition(&data.train.labels, n, args.partition, args.seed)?;
+    let shards = partition(&data.train.labels, n, args.train.partition, args.train.seed)?;
     let mut x0s = Vec::with_capacity(n);
     let mut lengths = Vec::new();
     for rank in 0..n {
-        if rank == 0 || args.init == Init::Independent {
-            let seed = match args.init {
-                Init::Same => args.seed,
-                Init::Independent => args.seed.wrapping_add(rank as u64),
+        if rank == 0 || args.train.init == Init::Independent {
+            let seed = match args.train.init {
+                Init::Same => args.train.seed,
+                Init::Independent => args.train.seed.wrapping_add(rank as u64),
             };
             <B as burn::tensor::backend::Backend>::seed(device, seed);
-            let net = Net::<B>::new(args.model, device);
+            let net = Net::<B>::new(args.train.model, device);
             let mut x = Vec::new();
             model::flatten(&net, &mut x);
             lengths = model::tensor_lengths(&net);
@@ -154,9 +164,9 @@ fn virtual_peers(
         )?);
         learners.push(Learner::new(
             data.train.subset(&shards[rank]),
-            args.batch_size,
-            args.seed.wrapping_add(1 + rank as u64),
-            Box::new(HeavyBall::new(args.momentum, d)),
+            args.train.batch_size,
+            args.train.seed.wrapping_add(1 + rank as u64),
+            Box::new(HeavyBall::new(args.train.momentum, d)),
         ));
     }
     Ok((peers, learners, d))
