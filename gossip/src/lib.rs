@@ -27,6 +27,7 @@ mod exchange;
 pub mod frame;
 pub mod local;
 pub mod netsim;
+pub mod optim;
 pub mod phased;
 pub mod ps;
 pub mod registry;

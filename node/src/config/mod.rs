@@ -13,6 +13,7 @@ pub use murmur_topology::ONE_PEER_EXPONENTIAL;
 
 use crate::train::data::Partition;
 use crate::train::model::ModelKind;
+use crate::train::optim::{AdamWConfig, Optimizer, OptimizerKind, Schedule, ScheduleKind};
 
 mod file;
 mod values;
@@ -96,6 +97,26 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0.9)]
     #[serde(serialize_with = "f32_short")]
     pub momentum: f32,
+    /// Local optimizer: sgd (heavy-ball momentum `--momentum`) or adamw (`--weight-decay`,
+    /// `--adam-beta2`; take a smaller `--lr`, around 1e-3).
+    #[arg(long, value_enum, default_value_t = OptimizerKind::Sgd)]
+    #[serde(serialize_with = "as_text")]
+    pub optimizer: OptimizerKind,
+    /// AdamW's decoupled weight decay λ.
+    #[arg(long, default_value_t = 0.01)]
+    #[serde(serialize_with = "f32_short")]
+    pub weight_decay: f32,
+    /// AdamW's second-moment decay β₂ (language models often take 0.95).
+    #[arg(long, default_value_t = 0.999)]
+    #[serde(serialize_with = "f32_short")]
+    pub adam_beta2: f32,
+    /// Learning-rate schedule over the run's rounds: constant, or cosine decay to η/10.
+    #[arg(long, value_enum, default_value_t = ScheduleKind::Constant)]
+    #[serde(serialize_with = "as_text")]
+    pub lr_schedule: ScheduleKind,
+    /// Rounds of linear learning-rate warm-up from η/W to η (0: none).
+    #[arg(long, default_value_t = 0, value_name = "W")]
+    pub warmup_rounds: u64,
     /// How the training set is split across peers: `iid` or `dirichlet:ALPHA`.
     #[arg(long, default_value = "iid")]
     #[serde(serialize_with = "as_text")]
@@ -296,6 +317,26 @@ fn slow_peer_text<S: serde::Serializer>(v: &Option<(usize, u64)>, s: S) -> Resul
 }
 
 impl RunArgs {
+    /// A peer's inner optimizer for `d` parameters, as `--optimizer` says.
+    pub fn optimizer(&self, d: usize) -> Box<dyn Optimizer> {
+        let t = &self.train;
+        let adamw = AdamWConfig {
+            beta2: t.adam_beta2,
+            weight_decay: t.weight_decay,
+            ..AdamWConfig::default()
+        };
+        crate::train::optim::build(t.optimizer, t.momentum, adamw, d)
+    }
+
+    /// The learning-rate schedule over the run's `epochs · rounds_per_epoch` rounds.
+    pub fn schedule(&self, rounds_per_epoch: u64) -> Schedule {
+        Schedule {
+            kind: self.train.lr_schedule,
+            warmup: self.train.warmup_rounds,
+            total: rounds_per_epoch * self.train.epochs as u64,
+        }
+    }
+
     /// The run as a run config (TOML whose keys are the options' long names, as
     /// `--config` reads): every option with its value, those not given left out, so that a
     /// peer started with it runs exactly this run. `--config` itself is not written.
@@ -322,6 +363,18 @@ impl RunArgs {
         }
         if !(0.0..1.0).contains(&self.train.momentum) {
             bail!("--momentum must be in [0, 1), got {}", self.train.momentum);
+        }
+        if !(self.train.weight_decay.is_finite() && self.train.weight_decay >= 0.0) {
+            bail!(
+                "--weight-decay must be ≥ 0, got {}",
+                self.train.weight_decay
+            );
+        }
+        if !(self.train.adam_beta2 > 0.0 && self.train.adam_beta2 < 1.0) {
+            bail!(
+                "--adam-beta2 must be in (0, 1), got {}",
+                self.train.adam_beta2
+            );
         }
         self.algorithm_options().validate(&self.algorithms())?;
         if let Some(r) = self.inject_bad_frames.filter(|&r| r >= self.peers) {
@@ -514,6 +567,12 @@ impl RunArgs {
     /// Warnings about options that run but are unlikely to be what the user wants.
     pub fn warnings(&self) -> Vec<String> {
         let mut w = Vec::new();
+        if self.train.optimizer == OptimizerKind::Adamw && self.train.lr > 0.01 {
+            w.push(format!(
+                "--optimizer adamw with --lr {}: AdamW's steps are about η per coordinate, so it                  usually takes η around 1e-3",
+                self.train.lr
+            ));
+        }
         let casts = matches!(
             self.compressor(),
             CompressorSpec::Identity | CompressorSpec::Fp16 | CompressorSpec::Bf16

@@ -4,7 +4,8 @@
 //! every K-th round: its parameters x (`[d]`, the model's parameter vector in the fixed
 //! order that is also mixed), the model's state that is not a parameter (BatchNorm running
 //! means and variances, `[s]`, s = 0 without BatchNorm; with x it rebuilds the model
-//! exactly), its optimizer state (the heavy-ball velocity `[d]`), its round, the peers it
+//! exactly), its optimizer state (`[o]`: the heavy-ball velocity, o = d, or AdamW's moments
+//! and step count, o = 2d + 1), its round, the peers it
 //! knows to have left, and the algorithm's own state ([`AlgorithmState`]: CHOCO's x̂_i and copies x̂_j, SGP's push-sum weight and
 //! numerator, a compressor's error-feedback residual or DGC buffers). The file is written
 //! to a temporary name, flushed to disk and renamed, so a kill at any moment leaves either
@@ -12,11 +13,12 @@
 //! rounds since the last checkpoint.
 //!
 //! Format (little-endian): `b"MURMURCK" | version: u32 | json_len: u32 | JSON | x: d × f32 |
-//! velocity: d × f32 | one d × f32 block per state vector | model state: s × f32`, where
-//! the JSON holds the fields of [`CheckpointMeta`] plus `scalars` (the state's named
-//! scalars), `vectors` (the state vectors' names, in the order of their blocks) and
-//! `model_state` (s). Version 1 files (before the algorithm state was saved) are read with
-//! an empty state, versions 1 and 2 (before the model state) with an empty model state.
+//! optimizer state: o × f32 | one d × f32 block per state vector | model state: s × f32`,
+//! where the JSON holds the fields of [`CheckpointMeta`] plus `scalars` (the state's named
+//! scalars), `vectors` (the state vectors' names, in the order of their blocks),
+//! `model_state` (s) and `optimizer_state` (o). Version 1 files (before the algorithm state
+//! was saved) are read with an empty state, versions 1 and 2 (before the model state) with
+//! an empty model state, versions 1 to 3 (before o was written) with o = d.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -30,7 +32,7 @@ use murmur_gossip::AlgorithmState;
 use crate::control::discovery::Fingerprint;
 
 const MAGIC: &[u8; 8] = b"MURMURCK";
-const VERSION: u32 = 3;
+const VERSION: u32 = 4;
 
 /// What a checkpoint says about itself.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -52,7 +54,8 @@ pub struct Checkpoint {
     pub meta: CheckpointMeta,
     /// Parameters x: `[d]`.
     pub x: Vec<f32>,
-    /// Heavy-ball velocity (the optimizer state): `[d]`.
+    /// The inner optimizer's state, `[o]` ([`crate::train::optim::Optimizer::state`]:
+    /// the heavy-ball velocity, o = d; AdamW's moments and step, o = 2d + 1).
     pub velocity: Vec<f32>,
     /// The algorithm's state beyond x and the round (vectors `[d]`).
     pub state: AlgorithmState,
@@ -73,6 +76,9 @@ struct Header {
     /// s, the length of the model state.
     #[serde(default)]
     model_state: usize,
+    /// o, the length of the optimizer state (d before version 4: the heavy-ball velocity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    optimizer_state: Option<usize>,
 }
 
 /// The checkpoint before the one at `path`: `peer-<rank>.prev.ckpt`.
@@ -91,8 +97,8 @@ impl Checkpoint {
     /// The file's bytes.
     pub fn to_bytes(&self) -> anyhow::Result<Vec<u8>> {
         let d = self.x.len();
-        if self.velocity.len() != d || self.state.vectors.iter().any(|(_, v)| v.len() != d) {
-            bail!("every vector of a checkpoint must have d = {d} values");
+        if self.state.vectors.iter().any(|(_, v)| v.len() != d) {
+            bail!("every state vector of a checkpoint must have d = {d} values");
         }
         if let Some((n, v)) = self.state.scalars.iter().find(|(_, v)| !v.is_finite()) {
             bail!("state scalar {n:?} = {v} is not finite (JSON cannot hold it)");
@@ -102,10 +108,11 @@ impl Checkpoint {
             scalars: self.state.scalars.clone(),
             vectors: self.state.vectors.iter().map(|(n, _)| n.clone()).collect(),
             model_state: self.model_state.len(),
+            optimizer_state: Some(self.velocity.len()),
         })?;
-        let blocks = 2 + self.state.vectors.len();
-        let mut out =
-            Vec::with_capacity(16 + json.len() + 4 * (d * blocks + self.model_state.len()));
+        let blocks = 1 + self.state.vectors.len();
+        let values = d * blocks + self.velocity.len() + self.model_state.len();
+        let mut out = Vec::with_capacity(16 + json.len() + 4 * values);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
         out.extend_from_slice(&(json.len() as u32).to_le_bytes());
@@ -144,7 +151,9 @@ impl Checkpoint {
             scalars,
             vectors: names,
             model_state: s,
+            optimizer_state,
         } = serde_json::from_slice(json).context("checkpoint metadata")?;
+        let o = optimizer_state.unwrap_or(d);
         if meta.fingerprint != *fingerprint {
             bail!(
                 "it belongs to another run: {}",
@@ -153,16 +162,17 @@ impl Checkpoint {
             );
         }
         let values = &bytes[16 + json_len..];
-        let blocks = 2 + names.len();
+        let blocks = 1 + names.len();
         let expected = d
             .checked_mul(blocks)
+            .and_then(|v| v.checked_add(o))
             .and_then(|v| v.checked_add(s))
             .and_then(|v| v.checked_mul(4));
         if Some(values.len()) != expected {
             bail!(
-                "it holds {} bytes of values, expected {} for d = {d}, {blocks} vectors and {s} values of model state",
+                "it holds {} bytes of values, expected {} for d = {d}, {blocks} vectors, {o} values of optimizer state and {s} of model state",
                 values.len(),
-                4 * (d * blocks).saturating_add(s)
+                4 * (d * blocks).saturating_add(o).saturating_add(s)
             );
         }
         let floats: Vec<f32> = values
@@ -172,10 +182,12 @@ impl Checkpoint {
         if let Some(i) = floats.iter().position(|v| !v.is_finite()) {
             bail!("value {i} is not finite ({})", floats[i]);
         }
-        let (vector_values, model_state) = floats.split_at(floats.len() - s);
+        let (x, rest) = floats.split_at(d);
+        let (velocity, rest) = rest.split_at(o);
+        let (vector_values, model_state) = rest.split_at(rest.len() - s);
         let mut blocks = vector_values.chunks_exact(d.max(1));
         let mut next = || blocks.next().map(<[f32]>::to_vec).unwrap_or_default();
-        let (x, velocity) = (next(), next());
+        let (x, velocity) = (x.to_vec(), velocity.to_vec());
         let vectors = names.into_iter().map(|n| (n, next())).collect();
         Ok(Checkpoint {
             meta,
@@ -286,6 +298,14 @@ mod tests {
     }
 
     #[test]
+    fn an_adamw_state_of_2d_plus_1_values_round_trips() {
+        let mut c = checkpoint();
+        c.velocity = vec![0.1, 0.2, 0.3, 1.0, 2.0, 3.0, 7.0];
+        let back = Checkpoint::from_bytes(&c.to_bytes().unwrap(), &fingerprint(), 3).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
     fn checkpoints_round_trip_through_a_file() {
         let dir = tempfile::tempdir().unwrap();
         let p = path(dir.path(), 2);
@@ -345,9 +365,9 @@ mod tests {
         let mut nan = checkpoint();
         nan.velocity[1] = f32::NAN;
         assert!(err(&nan.to_bytes().unwrap(), 3).contains("not finite"));
-        let mut v4 = bytes.clone();
-        v4[8] = 4;
-        assert!(err(&v4, 3).contains("version 4"));
+        let mut v5 = bytes.clone();
+        v5[8] = 5;
+        assert!(err(&v5, 3).contains("version 5"));
         let mut nan_model = checkpoint();
         nan_model.model_state[4] = f32::NAN;
         assert!(err(&nan_model.to_bytes().unwrap(), 3).contains("not finite"));

@@ -5,7 +5,7 @@
 use super::*;
 use crate::config::AlgorithmSpec;
 use crate::train::learner::Learner;
-use crate::train::optim::{HeavyBall, Optimizer};
+use crate::train::optim::Optimizer;
 
 pub(super) fn run_on<B: AutodiffBackend>(
     args: &RunArgs,
@@ -58,7 +58,7 @@ pub(super) fn run_on<B: AutodiffBackend>(
         &data,
         rounds_per_epoch,
     )?;
-    let mut optimizer = HeavyBall::new(args.train.momentum, x.len());
+    let mut optimizer = args.optimizer(x.len());
     let first_round = enter(
         args,
         peer,
@@ -69,7 +69,7 @@ pub(super) fn run_on<B: AutodiffBackend>(
         joined.resume_round,
         joined.checkpoints,
         rounds_per_epoch,
-        (&mut net, &mut x, &mut optimizer),
+        (&mut net, &mut x, optimizer.as_mut()),
     )?;
     // A whole run resumed at an epoch's last round records that epoch's row again (its
     // reports may not all have reached peer 0 before the run stopped).
@@ -93,7 +93,14 @@ pub(super) fn run_on<B: AutodiffBackend>(
     let mut training = Training {
         args,
         rank,
-        learner: Learner::new(shard, args.train.batch_size, seed, Box::new(optimizer)),
+        learner: Learner::new(
+            shard,
+            args.train.batch_size,
+            seed,
+            optimizer,
+            args.schedule(rounds_per_epoch),
+            first_round,
+        ),
         has_running_state: {
             let mut s = Vec::new();
             model::flatten_running_state(&net, &mut s);
@@ -639,7 +646,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
         }
         // The optimizer's direction (heavy ball: v ← μ v + g); D-PSGD then applies
         // x ← Σ W x − η v.
-        self.learner.step(&self.net, &self.device)?;
+        self.learner.step(&self.net, &self.x, &self.device)?;
         let t1 = Instant::now();
         self.times.compute += (t1 - t0).as_secs_f64();
         if overlap {

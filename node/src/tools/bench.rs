@@ -35,7 +35,7 @@ use crate::peer::check_device;
 use crate::train::data::Dataset;
 use crate::train::learner::Learner;
 use crate::train::model::{self, ModelKind, Net};
-use crate::train::optim::HeavyBall;
+use crate::train::optim::{HeavyBall, Schedule, ScheduleKind};
 
 /// Learning rate η of the benchmarked update.
 const LR: f32 = 0.01;
@@ -196,12 +196,18 @@ fn measure_on<B: AutodiffBackend>(
         args.batch_size,
         1,
         Box::new(HeavyBall::new(MOMENTUM, d)),
+        Schedule {
+            kind: ScheduleKind::Constant,
+            warmup: 0,
+            total: 0,
+        },
+        0,
     );
     let mut step = Vec::with_capacity(args.steps);
     for i in 0..reps {
         let t = Instant::now();
         learner
-            .step(&net, &device)
+            .step(&net, &x, &device)
             .with_context(|| format!("step {i}"))?;
         for (xi, u) in x.iter_mut().zip(learner.direction()) {
             *xi -= LR * u;

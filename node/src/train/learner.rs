@@ -10,7 +10,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::data::{Batches, Dataset};
 use super::model::{self, Net};
-use super::optim::Optimizer;
+use super::optim::{Optimizer, Schedule};
 
 /// A peer's shard, its mini-batch order, the optimizer and the running training loss.
 pub struct Learner {
@@ -22,18 +22,26 @@ pub struct Learner {
     labels: Vec<u8>,
     grad: Vec<f32>,
     optimizer: Box<dyn Optimizer>,
+    schedule: Schedule,
+    /// The next step's round t (the schedule's clock).
+    t: u64,
+    /// s_t · u when the schedule is not constant, `[d]`.
+    scaled: Vec<f32>,
     loss_sum: f64,
     steps: u64,
 }
 
 impl Learner {
     /// A learner over `shard` taking mini-batches of `batch_size` samples in an order drawn
-    /// from `seed`, turning gradients into directions with `optimizer`.
+    /// from `seed`, turning gradients into directions with `optimizer` scaled by
+    /// `schedule`, whose clock starts at round `first_round`.
     pub fn new(
         shard: Dataset,
         batch_size: usize,
         seed: u64,
         optimizer: Box<dyn Optimizer>,
+        schedule: Schedule,
+        first_round: u64,
     ) -> Learner {
         Learner {
             batches: Batches::new(shard.len(), seed),
@@ -43,13 +51,16 @@ impl Learner {
             shard,
             batch_size,
             optimizer,
+            schedule,
+            t: first_round,
+            scaled: Vec::new(),
             loss_sum: 0.0,
             steps: 0,
         }
     }
 
-    /// One step of `net` (whose parameters are the peer's x): the loss and gradient on the
-    /// next mini-batch, then the optimizer's direction `u: [d]` (see
+    /// One step of `net`, whose parameters are `x: [d]`: the loss and gradient on the next
+    /// mini-batch, then the optimizer's direction `u: [d]` times the schedule's s_t (see
     /// [`Learner::direction`]). Returns the mini-batch loss (nats).
     ///
     /// # Errors
@@ -58,6 +69,7 @@ impl Learner {
     pub fn step<B: AutodiffBackend>(
         &mut self,
         net: &Net<B>,
+        x: &[f32],
         device: &B::Device,
     ) -> anyhow::Result<f32> {
         self.batches.next_batch(
@@ -78,13 +90,24 @@ impl Learner {
         }
         self.loss_sum += loss as f64;
         self.steps += 1;
-        self.optimizer.step(&self.grad);
+        let u = self.optimizer.step(x, &self.grad);
+        if !self.schedule.is_constant() {
+            let s = self.schedule.factor(self.t) as f32;
+            self.scaled.clear();
+            self.scaled.extend(u.iter().map(|u| s * u));
+        }
+        self.t += 1;
         Ok(loss)
     }
 
-    /// The direction `u: [d]` of the last step (zeros before the first).
+    /// The direction `s_t · u: [d]` of the last step (zeros before the first), which the
+    /// algorithm applies with the base learning rate η.
     pub fn direction(&self) -> &[f32] {
-        self.optimizer.direction()
+        if self.schedule.is_constant() || self.scaled.is_empty() {
+            self.optimizer.direction()
+        } else {
+            &self.scaled
+        }
     }
 
     /// The optimizer, for its checkpointed state.

@@ -1,79 +1,98 @@
-//! The local optimizer: turns a peer's stochastic gradient into the update direction u that
-//! its algorithm applies, x ← mix(x) − η u (D-PSGD, CHOCO-SGD, SGP, local SGD) or that the
-//! all-reduce and the parameter server average.
+//! The local (inner) optimizer of a peer: `--optimizer sgd|adamw` and the learning-rate
+//! schedule (`--lr-schedule`, `--warmup-rounds`).
 //!
-//! One component for `murmur peer`, `murmur simulate` and `murmur bench`, shaped as
-//! burn-optim's momentum (a config plus a transform of the gradient with a state), so that
-//! further optimizers (AdamW as the inner optimizer, Nesterov as DiLoCo's outer one) are one
-//! more implementation of [`Optimizer`]. Its state travels in checkpoints.
+//! The optimizers themselves are pure and live with the algorithms in
+//! [`murmur_gossip::optim`] (DiLoCo's outer optimizer is one of them); this module picks and
+//! builds the inner one from the command line.
 
-use anyhow::bail;
+use clap::ValueEnum;
+pub use murmur_gossip::optim::{AdamW, AdamWConfig, HeavyBall, Nesterov, Optimizer, StateError};
 
-/// A local optimizer over flat parameter vectors of length d.
-pub trait Optimizer: Send {
-    /// Takes the gradient `g: [d]` of this step and returns the direction `u: [d]` the
-    /// algorithm applies with the learning rate.
-    fn step(&mut self, grad: &[f32]) -> &[f32];
-
-    /// The direction of the last step, `[d]` (zeros before the first).
-    fn direction(&self) -> &[f32];
-
-    /// The state to checkpoint, `[s]` (for heavy-ball momentum s = d: the velocity).
-    fn state(&self) -> Vec<f32>;
-
-    /// Restores a state written by [`Optimizer::state`].
-    ///
-    /// # Errors
-    /// If its length does not fit this optimizer and model.
-    fn restore(&mut self, state: Vec<f32>) -> anyhow::Result<()>;
+/// `--optimizer`: the peer's local optimizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OptimizerKind {
+    /// SGD with heavy-ball momentum `--momentum` (v ← μ v + g).
+    Sgd,
+    /// AdamW (Loshchilov & Hutter 2019) with `--weight-decay` and β = (0.9, `--adam-beta2`).
+    Adamw,
 }
 
-/// Heavy-ball momentum (Polyak 1964), as in D-PSGD with momentum: v ← μ v + g, u = v.
-/// μ = 0 is plain SGD (u = g).
-#[derive(Debug, Clone)]
-pub struct HeavyBall {
+impl std::fmt::Display for OptimizerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::Adamw => "adamw",
+        })
+    }
+}
+
+/// The inner optimizer for `d` parameters.
+pub fn build(
+    kind: OptimizerKind,
     momentum: f32,
-    velocity: Vec<f32>,
-}
-
-impl HeavyBall {
-    /// Momentum `momentum` (μ ∈ [0, 1)) for `d` parameters, from a zero velocity.
-    pub fn new(momentum: f32, d: usize) -> Self {
-        Self {
-            momentum,
-            velocity: vec![0.0; d],
-        }
+    adamw: AdamWConfig,
+    d: usize,
+) -> Box<dyn Optimizer> {
+    match kind {
+        OptimizerKind::Sgd => Box::new(HeavyBall::new(momentum, d)),
+        OptimizerKind::Adamw => Box::new(AdamW::new(adamw, d)),
     }
 }
 
-impl Optimizer for HeavyBall {
-    fn step(&mut self, grad: &[f32]) -> &[f32] {
-        debug_assert_eq!(grad.len(), self.velocity.len());
-        let mu = self.momentum;
-        for (v, g) in self.velocity.iter_mut().zip(grad) {
-            *v = mu * *v + g;
+/// `--lr-schedule`: how η varies over the run's rounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ScheduleKind {
+    /// η throughout (after the warm-up).
+    Constant,
+    /// Cosine decay from η to η/10 over the rounds after the warm-up (Loshchilov & Hutter
+    /// 2017, SGDR, without restarts), as language models are trained.
+    Cosine,
+}
+
+impl std::fmt::Display for ScheduleKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ScheduleKind::Constant => "constant",
+            ScheduleKind::Cosine => "cosine",
+        })
+    }
+}
+
+/// The learning-rate multiplier s_t ∈ (0, 1] of round t: η_t = s_t η.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Schedule {
+    /// The shape after the warm-up.
+    pub kind: ScheduleKind,
+    /// Rounds of linear warm-up from η/W to η (0: none).
+    pub warmup: u64,
+    /// The run's rounds T (the cosine reaches η/10 at t = T).
+    pub total: u64,
+}
+
+impl Schedule {
+    /// The final multiplier of the cosine schedule.
+    pub const COSINE_FLOOR: f64 = 0.1;
+
+    /// s_t for round `t` (counted from 0): (t + 1)/W during the warm-up, then 1 (constant)
+    /// or floor + (1 − floor)·(1 + cos(π p))/2 with p = (t − W)/(T − W) (cosine).
+    pub fn factor(&self, t: u64) -> f64 {
+        if t < self.warmup {
+            return (t + 1) as f64 / self.warmup as f64;
         }
-        &self.velocity
-    }
-
-    fn direction(&self) -> &[f32] {
-        &self.velocity
-    }
-
-    fn state(&self) -> Vec<f32> {
-        self.velocity.clone()
-    }
-
-    fn restore(&mut self, state: Vec<f32>) -> anyhow::Result<()> {
-        if state.len() != self.velocity.len() {
-            bail!(
-                "the checkpoint's momentum has {} values, the model {}",
-                state.len(),
-                self.velocity.len()
-            );
+        match self.kind {
+            ScheduleKind::Constant => 1.0,
+            ScheduleKind::Cosine => {
+                let span = self.total.saturating_sub(self.warmup).max(1);
+                let p = ((t - self.warmup) as f64 / span as f64).min(1.0);
+                let floor = Self::COSINE_FLOOR;
+                floor + (1.0 - floor) * 0.5 * (1.0 + (std::f64::consts::PI * p).cos())
+            }
         }
-        self.velocity = state;
-        Ok(())
+    }
+
+    /// Whether every round has s_t = 1 (no warm-up, constant).
+    pub fn is_constant(&self) -> bool {
+        self.warmup == 0 && self.kind == ScheduleKind::Constant
     }
 }
 
@@ -82,25 +101,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn heavy_ball_accumulates_the_gradients_geometrically() {
-        let mut o = HeavyBall::new(0.5, 2);
-        assert_eq!(o.direction(), &[0.0, 0.0]);
-        assert_eq!(o.step(&[1.0, -2.0]), &[1.0, -2.0]);
-        assert_eq!(o.step(&[1.0, 0.0]), &[1.5, -1.0]);
-        assert_eq!(o.step(&[0.0, 0.0]), &[0.75, -0.5]);
-        let mut sgd = HeavyBall::new(0.0, 1);
-        sgd.step(&[3.0]);
-        assert_eq!(sgd.step(&[-1.0]), &[-1.0], "μ = 0 is plain SGD");
-    }
-
-    #[test]
-    fn the_state_round_trips_and_a_wrong_length_is_refused() {
-        let mut o = HeavyBall::new(0.9, 3);
-        o.step(&[1.0, 2.0, 3.0]);
-        let mut p = HeavyBall::new(0.9, 3);
-        p.restore(o.state()).unwrap();
-        assert_eq!(p.step(&[0.0; 3]), o.step(&[0.0; 3]));
-        let err = p.restore(vec![0.0; 2]).unwrap_err().to_string();
-        assert!(err.contains("2 values") && err.contains("3"), "{err}");
+    fn warmup_rises_linearly_then_cosine_falls_to_the_floor() {
+        let s = Schedule {
+            kind: ScheduleKind::Cosine,
+            warmup: 4,
+            total: 104,
+        };
+        assert_eq!(s.factor(0), 0.25);
+        assert_eq!(s.factor(3), 1.0);
+        assert!((s.factor(4) - 1.0).abs() < 1e-12);
+        assert!(
+            (s.factor(54) - 0.55).abs() < 1e-12,
+            "halfway: (1 + floor)/2"
+        );
+        assert!((s.factor(104) - 0.1).abs() < 1e-12);
+        assert!((s.factor(500) - 0.1).abs() < 1e-12, "stays at the floor");
+        let c = Schedule {
+            kind: ScheduleKind::Constant,
+            warmup: 0,
+            total: 10,
+        };
+        assert!(c.is_constant() && c.factor(7) == 1.0);
     }
 }

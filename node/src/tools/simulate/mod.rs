@@ -48,7 +48,6 @@ use crate::report::{self, progress, PeerEpoch};
 use crate::train::data::{partition, Batches, Dataset, RunData};
 use crate::train::learner::Learner;
 use crate::train::model::{self, Net};
-use crate::train::optim::HeavyBall;
 
 type B = burn::backend::Autodiff<burn::backend::Flex>;
 type Dev = <B as burn::tensor::backend::BackendTypes>::Device;

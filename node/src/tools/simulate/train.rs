@@ -166,7 +166,9 @@ fn virtual_peers(
             data.train.subset(&shards[rank]),
             args.train.batch_size,
             args.train.seed.wrapping_add(1 + rank as u64),
-            Box::new(HeavyBall::new(args.train.momentum, d)),
+            args.optimizer(d),
+            args.schedule(rounds_per_epoch),
+            0,
         ));
     }
     Ok((peers, learners, d))
@@ -238,7 +240,7 @@ fn step(
 ) -> anyhow::Result<Vec<f32>> {
     let m = model::unflatten(net.take().ok_or_else(|| anyhow!("no model"))?, x)?;
     // The model goes back into `net` before an error is returned.
-    let stepped = learner.step(&m, device);
+    let stepped = learner.step(&m, x, device);
     *net = Some(m);
     stepped?;
     Ok(learner.direction().to_vec())
