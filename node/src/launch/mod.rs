@@ -168,6 +168,9 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
             or_none(&summary.restarts)
         );
     }
+    if let Ok(text) = std::fs::read_to_string(run_dir.join("sample.txt")) {
+        println!("sample from peer 0's model (sample.txt):\n{text}");
+    }
     println!("run folder: {}", run_dir.display());
     Ok(summary)
 }

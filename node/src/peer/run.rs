@@ -731,6 +731,8 @@ impl<B: AutodiffBackend> Training<'_, B> {
                 .ok_or_else(|| anyhow!("no epoch was recorded"))?;
             let mut s = summary(args, topo, self.x.len(), last);
             s.set_membership(&c.history);
+            let eval = model::inference_copy(&self.net);
+            crate::report::collector::write_sample(&eval, args, out, &self.device)?;
             write_summary(out, &s)?;
         }
         Ok(())

@@ -68,6 +68,16 @@ pub struct EpochRow {
     pub max_test_accuracy: f64,
     /// Test accuracy of the averaged model x̄ = (1/n) Σ x_i.
     pub avg_model_test_accuracy: f64,
+    /// Mean over peers of the test loss (cross-entropy, nats; for the language model nats
+    /// per byte of the held-out text).
+    #[serde(default)]
+    pub mean_test_loss: f64,
+    /// Test loss of x̄ (nats).
+    #[serde(default)]
+    pub avg_model_test_loss: f64,
+    /// The language model only: `mean_test_loss` in bits per byte (nats / ln 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_test_bits_per_byte: Option<f64>,
     /// Consensus distance Ξ² = (1/n) Σ ‖x_i − x̄‖².
     pub consensus_distance: f64,
     /// Mean over peers of the epoch's training loss.
@@ -150,6 +160,16 @@ pub struct Summary {
     pub final_avg_model_test_accuracy: f64,
     /// Final consensus distance Ξ².
     pub final_consensus_distance: f64,
+    /// The last epoch's mean test loss over peers (nats; per byte for the language model):
+    /// the one field by which runs of any model compare.
+    #[serde(default)]
+    pub final_mean_test_loss: f64,
+    /// The last epoch's test loss of x̄ (nats).
+    #[serde(default)]
+    pub final_avg_model_test_loss: f64,
+    /// The language model only: `final_mean_test_loss` in bits per byte.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_mean_test_bits_per_byte: Option<f64>,
     /// Mean over peers of gossip bytes sent over the run.
     pub bytes_sent_per_peer: f64,
     /// Training wall time in seconds (peer 0's clock; simulated time for `murmur simulate`).
@@ -294,7 +314,13 @@ pub fn summary_line(s: &Summary) -> String {
         100.0 * s.final_avg_model_test_accuracy,
         s.final_consensus_distance,
         s.bytes_sent_per_peer / 1e6
-    ) + &if s.departures.is_empty() {
+    ) + &match s.final_mean_test_bits_per_byte {
+        Some(bpb) => format!(
+            "; validation loss {:.4} nats = {bpb:.3} bits per byte",
+            s.final_mean_test_loss
+        ),
+        None => String::new(),
+    } + &if s.departures.is_empty() {
         String::new()
     } else {
         format!("; peers that left (rank@round): {}", s.departures)

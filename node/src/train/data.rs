@@ -27,6 +27,7 @@ use rand_distr::Distribution;
 use crate::train::model::{Input, ModelKind};
 
 mod partition;
+pub mod text;
 pub use partition::{partition, Partition, DEFAULT_DIRICHLET_ALPHA};
 
 /// IDX magic of an unsigned-byte array with 3 dimensions (images).
@@ -179,6 +180,14 @@ pub enum DataError {
         spec: String,
         /// What is wrong with it.
         reason: String,
+    },
+    /// A text too short for one training and one validation sequence.
+    #[error("the text has {bytes} bytes; a model of this context needs at least {needed} (90% to train, 10% held out, each at least one sequence)")]
+    TextTooShort {
+        /// Bytes of the text.
+        bytes: usize,
+        /// Bytes needed.
+        needed: usize,
     },
     /// MNIST files were given for a model that trains on synthetic data.
     #[error("{model} takes {input} and trains on synthetic data; the MNIST files in {dir} are for mlp and cnn")]
@@ -422,7 +431,8 @@ pub struct RunData {
 
 impl RunData {
     /// The data `model` trains on. MNIST models ([`ModelKind::takes_mnist`]): the IDX files
-    /// in `mnist_dir` ([`Mnist::load_dir`]), or the embedded digits. The others: a synthetic
+    /// in `mnist_dir` ([`Mnist::load_dir`]), or the embedded digits. The language model:
+    /// the byte file `mnist_dir`, or the embedded King James Bible ([`text`]). The others: a synthetic
     /// training set of [`SYNTHETIC_TRAIN_LEN`] and test set of [`SYNTHETIC_TEST_LEN`]
     /// samples of the model's [`Input`] ([`Dataset::synthetic`]), drawn from `seed`.
     ///
@@ -445,6 +455,9 @@ impl RunData {
             });
         }
         let input = model.input();
+        if let Input::Tokens { context, .. } = input {
+            return text::split(&text::corpus(mnist_dir)?, context);
+        }
         if let Some(dir) = mnist_dir {
             return Err(DataError::NotMnist {
                 model: model.to_string(),

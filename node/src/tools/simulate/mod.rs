@@ -43,7 +43,9 @@ use serde::Serialize;
 use crate::config::{DeviceSpec, Init, RunArgs};
 use crate::launch::{run_folder, LaunchArgs};
 use crate::peer::algo;
-use crate::report::collector::{epoch_row, evaluate_epoch, summary, write_summary, Reported};
+use crate::report::collector::{
+    epoch_row, evaluate_epoch, summary, write_sample, write_summary, Reported,
+};
 use crate::report::{self, progress, PeerEpoch};
 use crate::train::data::{partition, Batches, Dataset, RunData};
 use crate::train::learner::Learner;

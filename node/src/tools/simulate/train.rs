@@ -114,7 +114,18 @@ pub(super) fn run(
     let last = rows
         .last()
         .ok_or_else(|| anyhow!("no epoch was recorded"))?;
-    write_summary(dir, &summary(args, topo, d, last))
+    write_summary(dir, &summary(args, topo, d, last))?;
+    // The language model: a text sample from peer 0's final model.
+    let x0 = sim_net
+        .peer(0)
+        .ok_or_else(|| anyhow!("no peer 0"))?
+        .params()
+        .to_vec();
+    let net0 = model::unflatten(net.take().ok_or_else(|| anyhow!("no model"))?, &x0)?;
+    if let Some(text) = write_sample(&model::inference_copy(&net0), args, dir, &device)? {
+        println!("sample from peer 0's model:\n{text}");
+    }
+    Ok(())
 }
 
 /// Each virtual peer's state machine, each one's learner, and d.

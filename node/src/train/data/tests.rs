@@ -392,13 +392,19 @@ fn run_data_is_mnist_or_synthetic_by_model() {
     );
     assert_ne!(r.train.image(0), r.test.image(0));
     assert_eq!(r, RunData::load(ModelKind::Resnet20, None, 1).unwrap());
+    // The language model: the embedded King James Bible, or a byte file.
     let t = RunData::load(ModelKind::Transformer, None, 1).unwrap();
     assert_eq!(t.test.features(), 129);
-    let err = RunData::load(ModelKind::Transformer, Some(Path::new("/data/mnist")), 1)
+    assert_eq!(t.test.len(), text::VALIDATION_SEQUENCES);
+    let err = RunData::load(ModelKind::Transformer, Some(Path::new("/data/no-such-text")), 1)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("/data/no-such-text"), "{err}");
+    let err = RunData::load(ModelKind::Resnet20, Some(Path::new("/data/mnist")), 1)
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("transformer") && err.contains("synthetic") && err.contains("/data/mnist"),
+        err.contains("resnet20") && err.contains("synthetic") && err.contains("/data/mnist"),
         "{err}"
     );
 }
