@@ -16,7 +16,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The line after which `cli.md` is generated.
-const MARKER: &str = "<!-- generated below: MURMUR_BLESS=1 cargo test --release -p murmur --test guide -->";
+const MARKER: &str =
+    "<!-- generated below: MURMUR_BLESS=1 cargo test --release -p murmur --test guide -->";
 
 /// How long one command of a `console,test` block may run.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
@@ -167,7 +168,11 @@ fn help_does_not_depend_on_the_terminal() {
             .expect("running murmur")
             .stdout
     };
-    assert_eq!(with("40"), with("250"), "`murmur launch --help` depends on COLUMNS");
+    assert_eq!(
+        with("40"),
+        with("250"),
+        "`murmur launch --help` depends on COLUMNS"
+    );
 }
 
 /// A fenced block marked `console,test`: its commands and what each must print.
@@ -232,10 +237,17 @@ fn blocks(path: &Path) -> Vec<Block> {
                     step.expect.push(l.trim_end().to_string());
                 }
             } else {
-                panic!("{name}:{}: a console,test block must start with a `$ ` command", k + 1);
+                panic!(
+                    "{name}:{}: a console,test block must start with a `$ ` command",
+                    k + 1
+                );
             }
         }
-        assert!(!steps.is_empty(), "{name}:{}: an empty console,test block", i + 1);
+        assert!(
+            !steps.is_empty(),
+            "{name}:{}: an empty console,test block",
+            i + 1
+        );
         found.push(Block {
             at: format!("{name}:{}", i + 1),
             steps,
@@ -447,7 +459,10 @@ fn the_block_parser_reads_commands_and_their_output() {
     assert_eq!(found.len(), 2, "{found:?}");
     assert_eq!(found[0].steps.len(), 2);
     assert_eq!(found[0].steps[0].expect, ["peers              4", "..."]);
-    assert_eq!(found[0].steps[1].command, "echo 'error: it fails' >&2; false");
+    assert_eq!(
+        found[0].steps[1].command,
+        "echo 'error: it fails' >&2; false"
+    );
     assert_eq!(found[1].steps[0].expect, ["indented"]);
     assert!(printed("a\nerror: x: y\n", "error: x: ..."));
     assert!(!printed("a\n", "b"));
