@@ -186,7 +186,7 @@ pub struct GossipArgs {
     )]
     pub compressor: Option<CompressorSpec>,
     /// CHOCO-SGD's consensus step size γ in (0, 1]; default: 0.5 for the identity and the
-    /// casts, else 0.1 (measured on the embedded MNIST, see README).
+    /// casts, else 0.1 (measured on the embedded MNIST; see the guide, Compression).
     #[arg(long)]
     #[serde(
         serialize_with = "opt_f32_short",
@@ -231,8 +231,8 @@ pub struct NetArgs {
     pub round_timeout_secs: u64,
     /// Seconds of silence after which a data-plane connection counts as lost (the QUIC idle
     /// timeout; keep-alives go out every third of it): how soon a killed peer is noticed.
-    /// Its neighbours then re-weight and train on without it (D-PSGD, local-SGD) or stop
-    /// with an error (the other algorithms).
+    /// Its neighbours then re-weight and train on without it (D-PSGD, SGP, CHOCO-SGD,
+    /// local-SGD gossip) or stop with an error (the other algorithms).
     #[arg(long, default_value_t = 15)]
     pub peer_timeout_secs: u64,
     /// Only these peers may join (and so reach the data plane): a file of `PeerId`s, one per

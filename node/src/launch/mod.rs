@@ -245,13 +245,13 @@ fn announce(args: &RunArgs, topo: &murmur_topology::Topology, run_dir: &Path) {
         args.topology_label(topo)
     };
     eprintln!(
-        "murmur: {}, {} with {} ({pattern}), {} on {}, {} epochs; run folder {}",
+        "murmur: {}, {} with {} ({pattern}), {} on {}, {}; run folder {}",
         crate::config::count(args.peers, "peer"),
         args.algorithm_name(),
         args.compressor(),
         args.train.model.with_data(),
         args.train.device,
-        args.train.epochs,
+        crate::config::count(args.train.epochs, "epoch"),
         run_dir.display()
     );
 }

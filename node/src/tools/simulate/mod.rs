@@ -124,7 +124,7 @@ pub enum ConsensusInit {
     /// x_i uniform in [−1, 1)^d, independent across peers and coordinates.
     Uniform,
     /// x_i = √n·u_i·ξ: every coordinate a random multiple ξ_c ∈ [−1, 1) of the slowest mode
-    /// u of W ([`murmur_topology::MixingMatrix::slowest_mode`]).
+    /// u of W (`MixingMatrix::slowest_mode` of the topology crate).
     SlowestMode,
 }
 
@@ -311,13 +311,13 @@ fn print_header(
     dir: &Path,
 ) {
     eprintln!(
-        "murmur simulate: {what}{}, {} with {} ({}), {} d = {d}, {} epochs of {rounds_per_epoch} rounds; {}; compute {:.3} ms per step{}; run folder {}",
+        "murmur simulate: {what}{}, {} with {} ({}), {} d = {d}, {} of {rounds_per_epoch} rounds; {}; compute {:.3} ms per step{}; run folder {}",
         crate::config::count(args.peers, "peer"),
         args.algorithm_name(),
         args.compressor(),
         args.topology_label(topo),
         args.train.model.with_data(),
-        args.train.epochs,
+        crate::config::count(args.train.epochs, "epoch"),
         sim.describe(net_model),
         compute_secs * 1e3,
         if sim.compute_ms.is_none() { " (measured here; pass --compute-ms to repeat)" } else { "" },

@@ -396,9 +396,13 @@ fn run_data_is_mnist_or_synthetic_by_model() {
     let t = RunData::load(ModelKind::Transformer, None, 1).unwrap();
     assert_eq!(t.test.features(), 129);
     assert_eq!(t.test.len(), text::VALIDATION_SEQUENCES);
-    let err = RunData::load(ModelKind::Transformer, Some(Path::new("/data/no-such-text")), 1)
-        .unwrap_err()
-        .to_string();
+    let err = RunData::load(
+        ModelKind::Transformer,
+        Some(Path::new("/data/no-such-text")),
+        1,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("/data/no-such-text"), "{err}");
     let err = RunData::load(ModelKind::Resnet20, Some(Path::new("/data/mnist")), 1)
         .unwrap_err()
