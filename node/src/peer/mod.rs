@@ -11,11 +11,13 @@ pub mod checkpoint;
 mod driver;
 pub(crate) mod frames;
 mod membership;
+mod plan;
 mod run;
 
 use crate::report::collector::{evaluate_epoch, summary, write_summary, Collector};
 use driver::{Driver, Welcome};
 use frames::*;
+use plan::{plan, Start};
 use run::run_on;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -45,10 +47,6 @@ use crate::report::{self, EpochRow, MembershipEvent, PeerEpoch};
 use crate::train::data::{partition, RunData};
 use crate::train::model::{self, Net};
 use checkpoint::{Checkpoint, CheckpointMeta};
-
-/// Samples per batch when a model is evaluated on a data set (a memory bound, not a
-/// hyperparameter).
-pub(crate) const EVAL_BATCH: usize = 500;
 
 /// Arguments that differ from peer to peer.
 #[derive(Debug, Clone, Args)]

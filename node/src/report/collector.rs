@@ -15,7 +15,10 @@ use crate::train::data::{text, Dataset};
 use crate::train::model::{self, Net};
 
 use crate::peer::frames::*;
-use crate::peer::EVAL_BATCH;
+
+/// Samples per batch when a model is evaluated on a data set (a memory bound, not a
+/// hyperparameter).
+pub(crate) const EVAL_BATCH: usize = 500;
 
 /// Each peer's squared distance to the mean of the reporting peers at the end of an epoch (a
 /// line of `distances.jsonl`, written by peer 0): the per-peer terms of Ξ².

@@ -1,0 +1,224 @@
+use super::*;
+use clap::Parser;
+use murmur_topology::PushSchedule;
+
+/// The options of `murmur simulate`, a superset of `launch`'s.
+#[derive(Parser)]
+#[command(args_override_self = true)]
+struct Run {
+    #[command(flatten)]
+    run: RunArgs,
+    #[command(flatten)]
+    _sim: crate::tools::simulate::SimArgs,
+}
+
+fn parse(args: &[&str]) -> anyhow::Result<RunArgs> {
+    let args = expand_config_args(args.iter().map(Into::into).collect())?;
+    // `Run` has no subcommand: drop the one the expansion skipped over.
+    let args: Vec<_> = args
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 1)
+        .map(|(_, a)| a)
+        .collect();
+    let run = Run::try_parse_from(args)?.run;
+    run.validate()?;
+    Ok(run)
+}
+
+#[test]
+fn the_run_written_as_a_config_reads_back_as_the_same_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs: [&[&str]; 3] = [
+        &["murmur", "launch"],
+        &[
+            "murmur",
+            "launch",
+            "--peers=6",
+            "--algorithm=choco",
+            "--compressor=ef+topk:0.05",
+            "--gamma=0.3",
+            "--link-bandwidth=100Mbit",
+            "--link-latency=2ms",
+            "--straggler-policy=skip",
+            "--straggler-deadline-ms=40",
+            "--slow-peer=2:5",
+            "--no-overlap",
+            "--data=/tmp/mnist",
+            "--lr=0.013",
+            "--seed=7",
+            "--partition=dirichlet:0.5",
+            "--init=independent",
+            "--rounds-per-epoch=9",
+        ],
+        &[
+            "murmur",
+            "launch",
+            "--phases=allreduce:2,local-sgd",
+            "--local-steps=3",
+            "--topology=torus:rows=2,cols=4",
+            "--model=cnn",
+        ],
+    ];
+    for argv in runs {
+        let run = parse(argv).unwrap();
+        let file = dir.path().join("run.toml");
+        let text = run.to_toml().unwrap();
+        if argv.contains(&"--lr=0.013") {
+            assert!(text.contains("\nlr = 0.013\n"), "f32 written short: {text}");
+        }
+        std::fs::write(&file, text).unwrap();
+        let back = parse(&["murmur", "launch", "--config", file.to_str().unwrap()]).unwrap();
+        let back = RunArgs {
+            config: None,
+            ..back
+        };
+        assert_eq!(format!("{back:?}"), format!("{run:?}"), "{argv:?}");
+    }
+}
+
+#[test]
+fn a_run_config_sets_options_and_the_command_line_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("run.toml");
+    std::fs::write(
+        &f,
+        "algorithm = \"choco\"\ncompressor = \"bf16\"\npeers = 6\nlr = 0.02\nno_overlap = true\n\
+         local-steps = 2\nphases = \"allreduce:1,local-sgd\"\n",
+    )
+    .unwrap();
+    let f = f.to_str().unwrap();
+    let run = parse(&["murmur", "launch", "--config", f, "--peers", "4"]).unwrap();
+    assert_eq!(run.peers, 4, "the command line overrides the file");
+    assert_eq!(run.train.lr, 0.02);
+    assert!(run.gossip.no_overlap);
+    assert_eq!(run.local_steps(), 2);
+    assert_eq!(run.algorithm_name(), "allreduce:1,local-sgd");
+    assert_eq!(run.compressor().to_string(), "bf16");
+    // Without --config nothing changes.
+    let plain = parse(&["murmur", "launch", "--peers=3"]).unwrap();
+    assert_eq!(plain.peers, 3);
+}
+
+#[test]
+fn bad_run_configs_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let cases = [
+        (write("syntax.toml", "peers = \n"), "run config"),
+        (
+            write("table.toml", "[net]\npeers = 3\n"),
+            "must be a string",
+        ),
+        (write("unknown.toml", "pears = 3\n"), "--pears"),
+        (write("value.toml", "peers = \"many\"\n"), "many"),
+    ];
+    for (file, expect) in &cases {
+        let err = match parse(&["murmur", "launch", "--config", file]) {
+            Ok(_) => panic!("{file} was accepted"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(err.contains(expect), "{file}: {err}");
+    }
+    let missing = parse(&["murmur", "launch", "--config", "/nonexistent/run.toml"]);
+    assert!(format!("{:#}", missing.unwrap_err()).contains("cannot read run config"));
+    let f = write("ok.toml", "peers = 3\n");
+    let twice = parse(&["murmur", "launch", "--config", &f, "--config", &f]);
+    assert!(format!("{:#}", twice.unwrap_err()).contains("one run config at a time"));
+}
+
+#[test]
+fn the_one_peer_exponential_schedule_comes_by_name_or_by_file() {
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../experiments/topologies/one-peer-exponential16.toml");
+    let file = file.to_str().unwrap();
+    let want = PushSchedule::one_peer_exponential(16).unwrap();
+    for topology in [ONE_PEER_EXPONENTIAL, file] {
+        let run = parse(&[
+            "murmur",
+            "launch",
+            "--algorithm=sgp",
+            "--peers=16",
+            "--topology",
+            topology,
+        ])
+        .unwrap();
+        let topo = run.topology().unwrap();
+        assert_eq!(topo.push_schedule().unwrap(), want, "{topology}");
+        // A static algorithm needs one W: refused by name and by file.
+        let bad = parse(&[
+            "murmur",
+            "launch",
+            "--algorithm=dpsgd",
+            "--peers=16",
+            "--topology",
+            topology,
+        ]);
+        let err = bad.and_then(|r| r.topology().map(|_| ())).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("time-varying"),
+            "{topology}: {err:#}"
+        );
+    }
+    // A static graph stays static for SGP.
+    let run = parse(&[
+        "murmur",
+        "launch",
+        "--algorithm=sgp",
+        "--peers=8",
+        "--topology=ring",
+    ])
+    .unwrap();
+    let topo = run.topology().unwrap();
+    assert_eq!(
+        topo.push_schedule().unwrap(),
+        PushSchedule::fixed(topo.w.graph()).unwrap()
+    );
+}
+
+#[test]
+fn the_shipped_run_configs_are_valid() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../experiments/runs");
+    let mut n = 0;
+    let files = std::fs::read_dir(&dir)
+        .unwrap()
+        .chain(std::fs::read_dir(dir.join("convergence")).unwrap())
+        .chain(std::fs::read_dir(dir.join("consensus")).unwrap());
+    for entry in files {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let p = path.to_str().unwrap();
+            let run = parse(&["murmur", "launch", "--config", p])
+                .unwrap_or_else(|e| panic!("{p}: {e:#}"));
+            run.topology().unwrap_or_else(|e| panic!("{p}: {e:#}"));
+            n += 1;
+        }
+    }
+    assert!(
+        n >= 24,
+        "expected the run configs of experiments/runs, runs/convergence and runs/consensus, found {n}"
+    );
+}
+
+#[test]
+fn models_on_synthetic_data_refuse_mnist_files_and_label_splits() {
+    let parse_line = |line: &str| parse(&line.split(' ').collect::<Vec<_>>());
+    let run = parse_line("murmur launch --model resnet20").unwrap();
+    assert_eq!(run.train.model, ModelKind::Resnet20);
+    parse_line("murmur launch --model resnet20 --partition dirichlet:0.5").unwrap();
+    parse_line("murmur launch --model transformer").unwrap();
+    for (line, expect) in [
+        ("murmur launch --model resnet20 --data /mnist", "synthetic"),
+        (
+            "murmur launch --model transformer --partition dirichlet",
+            "class labels",
+        ),
+    ] {
+        let err = format!("{:#}", parse_line(line).unwrap_err());
+        assert!(err.contains(expect), "{line}: {err}");
+    }
+}
