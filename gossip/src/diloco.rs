@@ -56,6 +56,7 @@
 //! x⁰ at construction), so a DiLoCo phase of a phase schedule starts from where the
 //! previous phase ended.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Instant;
@@ -214,6 +215,8 @@ pub struct DiLoCo {
     /// x_i, the round t (one per inner step) and the events; `waiting` while an outer step's
     /// mixing runs in `inner`.
     outer: Relay,
+    /// [`GossipEvent::Diverged`], after the relayed events.
+    diverged: VecDeque<GossipEvent>,
 }
 
 impl DiLoCo {
@@ -245,6 +248,7 @@ impl DiLoCo {
             anchored: false,
             delta: vec![0.0; d],
             outer: Relay::new(x0),
+            diverged: VecDeque::new(),
             inner,
             h,
             lr,
@@ -299,6 +303,10 @@ impl Gossip for DiLoCo {
     /// One inner step from `x: [d]` with the direction `grad: [d]` (none: a step of zero
     /// direction); every H-th ends with the outer step.
     ///
+    /// If the model to mix at an outer step has a non-finite coordinate (the run has
+    /// diverged; its frames would be refused), [`GossipEvent::Diverged`] is reported and the
+    /// round never completes.
+    ///
     /// # Panics
     /// If `x` or `grad` is not `[d]`, or the previous round is still mixing.
     fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) {
@@ -320,6 +328,16 @@ impl Gossip for DiLoCo {
         }
         if self.communicates(self.outer.round) {
             self.outer.waiting = true;
+            if let Some(k) = self.outer.x.iter().position(|v| !v.is_finite()) {
+                self.diverged.push_back(GossipEvent::Diverged {
+                    round: self.outer.round,
+                    reason: format!(
+                        "DiLoCo's model to average has x[{k}] = {} after the inner steps",
+                        self.outer.x[k]
+                    ),
+                });
+                return;
+            }
             self.inner.begin_round(now, &self.outer.x, None);
             self.pump();
         } else {
@@ -353,7 +371,9 @@ impl Gossip for DiLoCo {
 
     fn poll_event(&mut self) -> Option<GossipEvent> {
         self.pump();
-        self.outer.poll_event()
+        self.outer
+            .poll_event()
+            .or_else(|| self.diverged.pop_front())
     }
 
     fn params(&self) -> &[f32] {

@@ -451,6 +451,27 @@ fn the_gossip_form_skipping_a_straggler_keeps_the_anchor_average() {
 }
 
 #[test]
+fn a_model_that_is_not_finite_is_reported_at_the_outer_step() {
+    let x0 = vec![vec![0.0; 3]; 2];
+    let mut sim = Sim::new(network(
+        "diloco",
+        &x0,
+        0.1,
+        &options(2, OuterConfig::paper()),
+    ));
+    let bad = vec![vec![f32::NAN, 0.0, 0.0], vec![0.0; 3]];
+    // An inner step sends nothing and checks nothing; the outer step refuses to send NaN.
+    sim.run_round(Some(&bad)).unwrap();
+    match sim.run_round(None) {
+        Err(murmur_gossip::sim::SimError::Diverged(0, 1, reason)) => {
+            assert!(reason.contains("x[0] = NaN"), "{reason}")
+        }
+        other => panic!("expected peer 0 to diverge in round 1, got {other:?}"),
+    }
+    assert_eq!(sim.peer(0).stats().frames_sent, 0);
+}
+
+#[test]
 fn bad_options_are_refused_with_clear_messages_and_never_panic() {
     let diloco: AlgorithmSpec = "diloco".parse().unwrap();
     let gossip: AlgorithmSpec = "diloco-gossip".parse().unwrap();
