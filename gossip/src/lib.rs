@@ -14,6 +14,8 @@
 //! Stich & Jaggi 2019), [`Sgp`] (Stochastic Gradient Push and its overlap variant OSGP on
 //! directed, time-varying graphs, Assran et al. 2019; push-sum, Kempe et al. 2003),
 //! [`LocalSgd`] (H local steps around any of them: local-SGD gossip and model averaging),
+//! [`DiLoCo`] (H inner steps, then an outer optimizer step on the averaged pseudo-gradient,
+//! Douillard et al. 2023; its decentralized form after NoLoCo, Kolehmainen et al. 2025),
 //! [`Phased`] (one algorithm after another: phase schedules); the centralized baselines
 //! [`AllReduce`] (ring all-reduce, Patarasuk & Yuan 2009) and [`ParameterServer`] (BSP, Li
 //! et al. 2014; SSP/ASP, Ho et al. 2013).
@@ -22,6 +24,7 @@
 
 pub mod allreduce;
 pub mod choco;
+pub mod diloco;
 pub mod dpsgd;
 mod exchange;
 pub mod frame;
@@ -42,6 +45,7 @@ use murmur_topology::MixingMatrix;
 
 pub use allreduce::{chunk_range, AllReduce, AllReduceConfig};
 pub use choco::{suggested_gamma, theorem2_gamma, Choco, ChocoConfig};
+pub use diloco::{DiLoCo, OuterConfig, OuterOptimizer};
 pub use dpsgd::{DPsgd, DPsgdConfig};
 pub use frame::{FrameError, FrameHeader, FrameKind, FRAME_HEADER_LEN};
 pub use local::LocalSgd;

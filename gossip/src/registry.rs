@@ -19,6 +19,7 @@ use murmur_compress::{Compressor, CompressorSpec};
 use murmur_topology::{PushSchedule, Topology};
 use thiserror::Error;
 
+use crate::diloco::{OuterConfig, OuterOptimizer};
 use crate::{Gossip, PsMode, Rank};
 
 /// Every algorithm, in the order `--help` lists them. The first is the default.
@@ -28,6 +29,8 @@ pub const ALGORITHMS: &[&dyn Algorithm] = &[
     &crate::sgp::SGP,
     &crate::local::LOCAL_SGD,
     &crate::local::LOCAL_AVG,
+    &crate::diloco::DILOCO,
+    &crate::diloco::DILOCO_GOSSIP,
     &crate::allreduce::ALLREDUCE,
     &crate::ps::PS,
 ];
@@ -54,6 +57,16 @@ pub trait Algorithm: Sync {
     /// Whether it takes H local steps per communication round (`local_steps`).
     fn has_local_steps(&self) -> bool {
         false
+    }
+
+    /// H when `local_steps` is not given: 4 for an algorithm with local steps, 1 for the
+    /// others (DiLoCo takes more).
+    fn default_local_steps(&self) -> u64 {
+        if self.has_local_steps() {
+            4
+        } else {
+            1
+        }
     }
 
     /// Whether its messages go through the compressor (the baselines send raw `f32`).
@@ -133,11 +146,25 @@ pub enum ProtocolOption {
     Tau,
     /// The parameter server's synchronisation (`--ps-mode`).
     PsMode,
+    /// DiLoCo's outer optimizer, `nesterov` or `sgd` (`--outer-optimizer`).
+    OuterOptimizer,
+    /// DiLoCo's outer learning rate η_out (`--outer-lr`).
+    OuterLr,
+    /// DiLoCo's outer momentum μ (`--outer-momentum`).
+    OuterMomentum,
 }
 
 impl ProtocolOption {
     /// Every option, in the order the fingerprint prints them.
-    pub const ALL: [ProtocolOption; 4] = [Self::Gamma, Self::LocalSteps, Self::Tau, Self::PsMode];
+    pub const ALL: [ProtocolOption; 7] = [
+        Self::Gamma,
+        Self::LocalSteps,
+        Self::Tau,
+        Self::PsMode,
+        Self::OuterOptimizer,
+        Self::OuterLr,
+        Self::OuterMomentum,
+    ];
 
     /// The command-line flag, e.g. `--gamma`.
     pub fn flag(self) -> &'static str {
@@ -146,6 +173,9 @@ impl ProtocolOption {
             Self::LocalSteps => "--local-steps",
             Self::Tau => "--tau",
             Self::PsMode => "--ps-mode",
+            Self::OuterOptimizer => "--outer-optimizer",
+            Self::OuterLr => "--outer-lr",
+            Self::OuterMomentum => "--outer-momentum",
         }
     }
 
@@ -156,6 +186,9 @@ impl ProtocolOption {
             Self::LocalSteps => "local_steps",
             Self::Tau => "tau",
             Self::PsMode => "ps_mode",
+            Self::OuterOptimizer => "outer_optimizer",
+            Self::OuterLr => "outer_lr",
+            Self::OuterMomentum => "outer_momentum",
         }
     }
 
@@ -166,6 +199,9 @@ impl ProtocolOption {
             Self::LocalSteps => "the local steps per communication round",
             Self::Tau => "SGP's overlap bound",
             Self::PsMode => "the parameter server's synchronisation",
+            Self::OuterOptimizer => "DiLoCo's outer optimizer",
+            Self::OuterLr => "DiLoCo's outer learning rate",
+            Self::OuterMomentum => "DiLoCo's outer momentum",
         }
     }
 }
@@ -177,12 +213,21 @@ pub struct AlgorithmOptions {
     pub compressor: Option<CompressorSpec>,
     /// CHOCO-SGD's consensus step size γ ∈ (0, 1]; `None`: [`AlgorithmOptions::gamma`].
     pub gamma: Option<f32>,
-    /// Local steps per communication round H ≥ 1; `None`: 4.
+    /// Local steps per communication round H ≥ 1; `None`: the algorithm's
+    /// [`Algorithm::default_local_steps`] (4; DiLoCo 50).
     pub local_steps: Option<u64>,
     /// SGP's overlap bound τ in rounds; `None`: 0 (synchronous SGP).
     pub tau: Option<u64>,
     /// The parameter server's synchronisation.
     pub ps_mode: PsMode,
+    /// DiLoCo's outer optimizer; `None`: Nesterov (the paper's).
+    pub outer_optimizer: Option<OuterOptimizer>,
+    /// DiLoCo's outer learning rate η_out > 0; `None`: the optimizer's default (Nesterov
+    /// 0.7, SGD 1).
+    pub outer_lr: Option<f32>,
+    /// DiLoCo's outer momentum μ ∈ [0, 1); `None`: the optimizer's default (Nesterov 0.9,
+    /// SGD 0).
+    pub outer_momentum: Option<f32>,
 }
 
 impl Default for AlgorithmOptions {
@@ -193,6 +238,9 @@ impl Default for AlgorithmOptions {
             local_steps: None,
             tau: None,
             ps_mode: PsMode::Bsp,
+            outer_optimizer: None,
+            outer_lr: None,
+            outer_momentum: None,
         }
     }
 }
@@ -205,6 +253,9 @@ impl AlgorithmOptions {
             ProtocolOption::LocalSteps => self.local_steps.is_some(),
             ProtocolOption::Tau => self.tau.is_some(),
             ProtocolOption::PsMode => self.ps_mode != PsMode::Bsp,
+            ProtocolOption::OuterOptimizer => self.outer_optimizer.is_some(),
+            ProtocolOption::OuterLr => self.outer_lr.is_some(),
+            ProtocolOption::OuterMomentum => self.outer_momentum.is_some(),
         }
     }
 
@@ -224,12 +275,21 @@ impl AlgorithmOptions {
         })
     }
 
-    /// H: the one given, else 4 for an algorithm with local steps and 1 for the others.
+    /// H: the one given, else the algorithm's [`Algorithm::default_local_steps`] (4 for an
+    /// algorithm with local steps, 50 for DiLoCo, 1 for the others).
     pub fn local_steps(&self, algorithm: &dyn Algorithm) -> u64 {
-        match self.local_steps {
-            Some(h) => h,
-            None if algorithm.has_local_steps() => 4,
-            None => 1,
+        self.local_steps
+            .unwrap_or_else(|| algorithm.default_local_steps())
+    }
+
+    /// DiLoCo's outer step: the optimizer given (else Nesterov), with the η_out and μ given
+    /// (else the optimizer's defaults). Not checked here: see [`OuterConfig::check`].
+    pub fn outer(&self) -> OuterConfig {
+        let optimizer = self.outer_optimizer.unwrap_or_default();
+        OuterConfig {
+            optimizer,
+            lr: self.outer_lr.unwrap_or(optimizer.default_lr()),
+            momentum: self.outer_momentum.unwrap_or(optimizer.default_momentum()),
         }
     }
 
@@ -240,6 +300,9 @@ impl AlgorithmOptions {
             ProtocolOption::LocalSteps => self.local_steps(algorithm).to_string(),
             ProtocolOption::Tau => self.tau.unwrap_or(0).to_string(),
             ProtocolOption::PsMode => ps_mode_name(self.ps_mode),
+            ProtocolOption::OuterOptimizer => self.outer().optimizer.to_string(),
+            ProtocolOption::OuterLr => self.outer().lr.to_string(),
+            ProtocolOption::OuterMomentum => self.outer().momentum.to_string(),
         }
     }
 
@@ -269,6 +332,12 @@ impl AlgorithmOptions {
             return Err(BuildError::Options(
                 "--local-steps must be at least 1".into(),
             ));
+        }
+        if let Some(lr) = self.outer_lr {
+            crate::diloco::check_outer_lr(lr)?;
+        }
+        if let Some(mu) = self.outer_momentum {
+            crate::diloco::check_outer_momentum(mu)?;
         }
         if let Some(c) = &self.compressor {
             if !algorithms.iter().any(|a| a.compresses()) && *c != CompressorSpec::Identity {
@@ -486,7 +555,7 @@ mod tests {
             assert!(names.insert(a.name()), "{} listed twice", a.name());
             assert!(!a.about().is_empty());
         }
-        assert_eq!(names.len(), 7);
+        assert_eq!(names.len(), 9);
         let err = "gossip".parse::<AlgorithmSpec>().unwrap_err();
         assert!(err.contains("dpsgd, choco, sgp"), "{err}");
         assert_eq!(AlgorithmSpec::default().name(), "dpsgd");

@@ -480,6 +480,10 @@ impl RunArgs {
             local_steps: self.gossip.local_steps,
             tau: self.gossip.tau,
             ps_mode: self.gossip.ps_mode,
+            // DiLoCo's outer step: the optimizer's defaults until the node has the flags.
+            outer_optimizer: None,
+            outer_lr: None,
+            outer_momentum: None,
         }
     }
 

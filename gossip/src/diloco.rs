@@ -1,0 +1,571 @@
+//! DiLoCo: H inner steps, then one outer step on the averaged pseudo-gradient (Douillard,
+//! Feng, Rusu, Chhaparia, Donchev, Kuncoro, Ranzato, Szlam & Shen 2023, "DiLoCo:
+//! Distributed Low-Communication Training of Language Models", Algorithm 1), around a
+//! communicating algorithm: exact averaging by ring all-reduce (`diloco`, the paper's form)
+//! or gossip on the topology's W (`diloco-gossip`, the decentralized form of NoLoCo,
+//! Kolehmainen et al. 2025, "NoLoCo: No-all-reduce Low Communication Training Method for
+//! Large Models").
+//!
+//! Peer i keeps its parameters x_i: `[d]` and an anchor a_i: `[d]` (the parameters at the
+//! last outer step; a_i = x⁰ at the start). Every call of [`Gossip::begin_round`] is one
+//! inner step with the direction u_i: `[d]` of the node's inner optimizer (SGD, AdamW):
+//!
+//! ```text
+//! x_i ← x_i − η u_i                                  every round t (inner step; no frame
+//!                                                     unless (t + 1) mod H = 0)
+//! if (t + 1) mod H = 0 (outer step):
+//!     m_i  = inner.mix(x)_i                          [d]  all-reduce: (1/n) Σ_j x_j;
+//!                                                         gossip:     Σ_j W_ij x_j
+//!     Δ̄_i  = a_i − m_i                               [d]  the averaged pseudo-gradient
+//!     a_i ← a_i − η_out · OuterOpt(Δ̄_i)              [d]  Nesterov (μ = 0.9, η_out = 0.7)
+//!                                                         or SGD (heavy ball, μ = 0, η_out = 1)
+//!     x_i ← a_i
+//! ```
+//!
+//! where t counts this wrapper's rounds from 0 and `inner.mix` is one round of the inner
+//! algorithm begun with `grad = None`. The inner algorithm counts only outer steps, so its
+//! frames carry round ⌊t / H⌋; [`Gossip::round`] and [`GossipEvent`]s count inner steps t.
+//! Bytes per inner step fall by a factor H against the inner algorithm run every step.
+//!
+//! **Why the models are mixed, not Δ.** With the all-reduce and a shared start x⁰ every
+//! peer holds the same anchor a, and Δ̄_i = a − (1/n) Σ_j x_j = (1/n) Σ_j (a − x_j) is the
+//! paper's mean pseudo-gradient, bit for bit the same on every peer (the ring's sums are,
+//! so the anchors stay identical). Mixing the models instead of Δ also pulls anchors that
+//! differ (`--init independent`) together. In the gossip form the anchors differ by
+//! construction, and mixing Δ alone, a_i ← a_i − Σ_j W_ij Δ_j, has no consensus term: on
+//! quadratics f_i = ½‖x − b_i‖² its fixed point is a_i = b_i, every peer at its own
+//! optimum. Mixing the models gives Δ̄_i = Σ_j W_ij Δ_j + (a_i − Σ_j W_ij a_j), which is
+//! NoLoCo's outer step with the consensus weight equal to the pseudo-gradient's (γ = β);
+//! with doubly stochastic W the average of the anchors follows the all-reduce form's,
+//! and SGD with η_out = 1 is local-SGD gossip ([`crate::LocalSgd`]) exactly.
+//!
+//! **Compression.** Ring all-reduce sends raw `f32` (`diloco` takes no compressor). The
+//! gossip form's messages go through D-PSGD's compressor, so they carry compressed models
+//! x_j, like local-SGD gossip: a cast (fp16, bf16) is harmless, a sparsifier biases the
+//! models. Compressing the pseudo-gradient itself, with error feedback, would need the
+//! neighbours' anchors on the receiving side (CHOCO-style copies) and is not built, nor is
+//! Streaming DiLoCo (Douillard et al. 2025, "Streaming DiLoCo with overlapping
+//! communication"), which synchronises fragments of the model at staggered times and
+//! quantises the outer gradients. [`Gossip::stats`] counts the inner algorithm's frames:
+//! the bytes actually sent.
+//!
+//! **State.** [`Gossip::state`] holds the anchor (`diloco.anchor`), the outer optimizer's
+//! velocity (`diloco.outer_velocity`) and the inner algorithm's state (its compressor's
+//! error-feedback residual, if any), so a run resumed from its checkpoints continues
+//! exactly. The anchor is taken from the x of the first [`Gossip::begin_round`] (not from
+//! x⁰ at construction), so a DiLoCo phase of a phase schedule starts from where the
+//! previous phase ended.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Instant;
+
+use crate::optim::{HeavyBall, Nesterov, Optimizer};
+use crate::registry::{Algorithm, BuildContext, BuildError, ProtocolOption, Resumable};
+use crate::relay::Relay;
+use crate::{
+    AlgorithmState, Gossip, GossipError, GossipEvent, GossipStats, MembershipError, Rank,
+    StateError, Transmit,
+};
+
+/// The outer optimizer of DiLoCo, applied to the averaged pseudo-gradient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OuterOptimizer {
+    /// Nesterov momentum ([`Nesterov`]), the paper's (η_out = 0.7, μ = 0.9).
+    #[default]
+    Nesterov,
+    /// SGD with heavy-ball momentum ([`HeavyBall`]); μ = 0 and η_out = 1 (its defaults) is
+    /// plain model averaging, i.e. local SGD.
+    Sgd,
+}
+
+impl OuterOptimizer {
+    /// The default outer learning rate η_out: 0.7 for Nesterov (the paper's), 1 for SGD
+    /// (plain averaging).
+    pub fn default_lr(self) -> f32 {
+        match self {
+            Self::Nesterov => 0.7,
+            Self::Sgd => 1.0,
+        }
+    }
+
+    /// The default outer momentum μ: 0.9 for Nesterov (the paper's), 0 for SGD.
+    pub fn default_momentum(self) -> f32 {
+        match self {
+            Self::Nesterov => 0.9,
+            Self::Sgd => 0.0,
+        }
+    }
+}
+
+impl fmt::Display for OuterOptimizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Nesterov => "nesterov",
+            Self::Sgd => "sgd",
+        })
+    }
+}
+
+impl FromStr for OuterOptimizer {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "nesterov" => Ok(Self::Nesterov),
+            "sgd" => Ok(Self::Sgd),
+            other => Err(format!(
+                "unknown outer optimizer {other:?}: expected nesterov or sgd"
+            )),
+        }
+    }
+}
+
+/// DiLoCo's outer step: optimizer, learning rate η_out and momentum μ.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OuterConfig {
+    /// The outer optimizer.
+    pub optimizer: OuterOptimizer,
+    /// η_out > 0.
+    pub lr: f32,
+    /// μ ∈ [0, 1).
+    pub momentum: f32,
+}
+
+impl OuterConfig {
+    /// The paper's outer step: Nesterov, η_out = 0.7, μ = 0.9.
+    pub fn paper() -> Self {
+        Self::defaults(OuterOptimizer::Nesterov)
+    }
+
+    /// Plain model averaging: SGD, η_out = 1, μ = 0 (DiLoCo is then local SGD).
+    pub fn averaging() -> Self {
+        Self::defaults(OuterOptimizer::Sgd)
+    }
+
+    /// `optimizer` with its default η_out and μ.
+    pub fn defaults(optimizer: OuterOptimizer) -> Self {
+        Self {
+            optimizer,
+            lr: optimizer.default_lr(),
+            momentum: optimizer.default_momentum(),
+        }
+    }
+
+    /// Checks η_out > 0 (finite) and μ ∈ [0, 1).
+    ///
+    /// # Errors
+    /// [`BuildError::Options`] naming the flag (`--outer-lr`, `--outer-momentum`).
+    pub fn check(&self) -> Result<(), BuildError> {
+        check_outer_lr(self.lr)?;
+        check_outer_momentum(self.momentum)
+    }
+
+    fn optimizer(&self, d: usize) -> Box<dyn Optimizer> {
+        match self.optimizer {
+            OuterOptimizer::Nesterov => Box::new(Nesterov::new(self.momentum, d)),
+            OuterOptimizer::Sgd => Box::new(HeavyBall::new(self.momentum, d)),
+        }
+    }
+}
+
+/// Refuses an outer learning rate that is not a finite number > 0.
+pub(crate) fn check_outer_lr(lr: f32) -> Result<(), BuildError> {
+    if lr.is_finite() && lr > 0.0 {
+        Ok(())
+    } else {
+        Err(BuildError::Options(format!(
+            "{} must be a finite number > 0, got {lr}",
+            ProtocolOption::OuterLr.flag()
+        )))
+    }
+}
+
+/// Refuses an outer momentum outside [0, 1).
+pub(crate) fn check_outer_momentum(mu: f32) -> Result<(), BuildError> {
+    if (0.0..1.0).contains(&mu) {
+        Ok(())
+    } else {
+        Err(BuildError::Options(format!(
+            "{} must be in [0, 1), got {mu}",
+            ProtocolOption::OuterMomentum.flag()
+        )))
+    }
+}
+
+/// Names of DiLoCo's own vectors in [`AlgorithmState`].
+const ANCHOR: &str = "diloco.anchor";
+const VELOCITY: &str = "diloco.outer_velocity";
+
+/// DiLoCo around `inner` (see the [module docs](self)).
+pub struct DiLoCo {
+    inner: Box<dyn Gossip>,
+    /// Inner steps per outer step H ≥ 1.
+    h: u64,
+    /// Learning rate η of the inner steps.
+    lr: f32,
+    outer_cfg: OuterConfig,
+    outer_opt: Box<dyn Optimizer>,
+    /// a_i: `[d]`, the parameters after the last outer step.
+    anchor: Vec<f32>,
+    /// Whether `anchor` holds a value (taken at the first round, or restored).
+    anchored: bool,
+    /// Δ̄_i: `[d]`, scratch of the outer step.
+    delta: Vec<f32>,
+    /// x_i, the round t (one per inner step) and the events; `waiting` while an outer step's
+    /// mixing runs in `inner`.
+    outer: Relay,
+    /// [`GossipEvent::Diverged`], after the relayed events.
+    diverged: VecDeque<GossipEvent>,
+}
+
+impl DiLoCo {
+    /// Wraps `inner` (whose parameters are the starting point x⁰: `[d]`; it must mix its
+    /// parameters when begun with `grad = None`) with `h` inner steps of learning rate `lr`
+    /// per outer step `outer`.
+    ///
+    /// # Errors
+    /// [`BuildError::Options`] if `h` is 0 or `outer` does not pass [`OuterConfig::check`].
+    pub fn new(
+        inner: Box<dyn Gossip>,
+        h: u64,
+        lr: f32,
+        outer: OuterConfig,
+    ) -> Result<Self, BuildError> {
+        if h == 0 {
+            return Err(BuildError::Options(format!(
+                "{} must be at least 1 (DiLoCo's inner steps per outer step)",
+                ProtocolOption::LocalSteps.flag()
+            )));
+        }
+        outer.check()?;
+        let x0 = inner.params().to_vec();
+        let d = x0.len();
+        Ok(DiLoCo {
+            outer_opt: outer.optimizer(d),
+            outer_cfg: outer,
+            anchor: x0.clone(),
+            anchored: false,
+            delta: vec![0.0; d],
+            outer: Relay::new(x0),
+            diverged: VecDeque::new(),
+            inner,
+            h,
+            lr,
+        })
+    }
+
+    /// Inner steps per outer step H.
+    pub fn local_steps(&self) -> u64 {
+        self.h
+    }
+
+    /// The outer step's configuration.
+    pub fn outer_config(&self) -> OuterConfig {
+        self.outer_cfg
+    }
+
+    /// The anchor a_i: `[d]`, the parameters after the last outer step.
+    pub fn anchor(&self) -> &[f32] {
+        &self.anchor
+    }
+
+    /// Whether round t ends with an outer step: (t + 1) mod H = 0.
+    pub fn communicates(&self, t: u64) -> bool {
+        (t + 1).is_multiple_of(self.h)
+    }
+
+    /// Moves the inner algorithm's events out; when its mixing round completes, takes the
+    /// outer step before anyone can read the parameters.
+    fn pump(&mut self) {
+        let waiting = self.outer.waiting;
+        self.outer.pump(self.inner.as_mut());
+        if waiting && !self.outer.waiting {
+            self.outer_step();
+        }
+    }
+
+    /// `outer.x` holds m_i = mix(x)_i: Δ̄ = a − m, a ← a − η_out · OuterOpt(Δ̄), x ← a.
+    fn outer_step(&mut self) {
+        for ((dl, a), m) in self.delta.iter_mut().zip(&self.anchor).zip(&self.outer.x) {
+            *dl = a - m;
+        }
+        let eta = self.outer_cfg.lr;
+        let u = self.outer_opt.step(&self.anchor, &self.delta);
+        for (a, u) in self.anchor.iter_mut().zip(u) {
+            *a -= eta * u;
+        }
+        self.outer.x.copy_from_slice(&self.anchor);
+    }
+}
+
+impl Gossip for DiLoCo {
+    /// One inner step from `x: [d]` with the direction `grad: [d]` (none: a step of zero
+    /// direction); every H-th ends with the outer step.
+    ///
+    /// If the model to mix at an outer step has a non-finite coordinate (the run has
+    /// diverged; its frames would be refused), [`GossipEvent::Diverged`] is reported and the
+    /// round never completes.
+    ///
+    /// # Panics
+    /// If `x` or `grad` is not `[d]`, or the previous round is still mixing.
+    fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) {
+        self.outer.assert_idle();
+        assert_eq!(x.len(), self.outer.x.len(), "x must have length d");
+        if !self.anchored {
+            self.anchor.copy_from_slice(x);
+            self.anchored = true;
+        }
+        let y = &mut self.outer.x;
+        match grad {
+            Some(g) => {
+                assert_eq!(g.len(), x.len(), "grad must have length d");
+                for ((y, xi), gi) in y.iter_mut().zip(x).zip(g) {
+                    *y = xi - self.lr * gi;
+                }
+            }
+            None => y.copy_from_slice(x),
+        }
+        if self.communicates(self.outer.round) {
+            self.outer.waiting = true;
+            if let Some(k) = self.outer.x.iter().position(|v| !v.is_finite()) {
+                self.diverged.push_back(GossipEvent::Diverged {
+                    round: self.outer.round,
+                    reason: format!(
+                        "DiLoCo's model to average has x[{k}] = {} after the inner steps",
+                        self.outer.x[k]
+                    ),
+                });
+                return;
+            }
+            self.inner.begin_round(now, &self.outer.x, None);
+            self.pump();
+        } else {
+            self.outer.complete();
+        }
+    }
+
+    fn handle_message(
+        &mut self,
+        now: Instant,
+        from: Rank,
+        frame: &[u8],
+    ) -> Result<(), GossipError> {
+        let r = self.inner.handle_message(now, from, frame);
+        self.pump();
+        r
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        self.inner.handle_timeout(now);
+        self.pump();
+    }
+
+    fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+        self.inner.poll_transmit(buf)
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.inner.poll_timeout()
+    }
+
+    fn poll_event(&mut self) -> Option<GossipEvent> {
+        self.pump();
+        self.outer
+            .poll_event()
+            .or_else(|| self.diverged.pop_front())
+    }
+
+    fn params(&self) -> &[f32] {
+        &self.outer.x
+    }
+
+    fn round(&self) -> u64 {
+        self.outer.round
+    }
+
+    /// The inner algorithm's counters: the frames of the outer steps, as sent.
+    fn stats(&self) -> GossipStats {
+        self.inner.stats()
+    }
+
+    fn set_epoch(&mut self, epoch: usize) {
+        self.inner.set_epoch(epoch);
+    }
+
+    fn out_peers(&self) -> Vec<Rank> {
+        self.inner.out_peers()
+    }
+
+    fn in_peers(&self) -> Vec<Rank> {
+        self.inner.in_peers()
+    }
+
+    fn reweights(&self) -> bool {
+        self.inner.reweights()
+    }
+
+    /// Passed to the inner algorithm (gossip re-weights W; all-reduce cannot lose a peer).
+    fn peer_left(
+        &mut self,
+        gone: Rank,
+        w: &murmur_topology::MixingMatrix,
+    ) -> Result<(), MembershipError> {
+        let r = self.inner.peer_left(gone, w);
+        self.pump();
+        r
+    }
+
+    /// Moves to inner step `round`; the inner algorithm to its outer step ⌊round / H⌋. An
+    /// inner algorithm that cannot start mid-run (ring all-reduce) counts its outer steps
+    /// from 0 again: every peer of a resumed run does the same, so their frames agree (a
+    /// single peer cannot rejoin a running run: [`Resumable::WholeRun`]).
+    ///
+    /// # Panics
+    /// If a round is mixing (a driver bug).
+    fn start_at_round(&mut self, round: u64) -> Result<(), MembershipError> {
+        self.outer.assert_idle();
+        match self.inner.start_at_round(round / self.h) {
+            Ok(()) | Err(MembershipError::Unsupported { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        self.outer.round = round;
+        Ok(())
+    }
+
+    /// The anchor, the outer optimizer's velocity, then the inner algorithm's state.
+    fn state(&self) -> AlgorithmState {
+        let mut s = self.inner.state();
+        let anchor = if self.anchored {
+            &self.anchor
+        } else {
+            &self.outer.x
+        };
+        s.vectors.insert(0, (ANCHOR.into(), anchor.clone()));
+        s.vectors
+            .insert(1, (VELOCITY.into(), self.outer_opt.state()));
+        s
+    }
+
+    fn restore_state(&mut self, state: &AlgorithmState) -> Result<(), StateError> {
+        if state.is_empty() {
+            return Ok(());
+        }
+        let d = self.anchor.len();
+        let (own, rest): (Vec<_>, Vec<_>) = state
+            .vectors
+            .iter()
+            .cloned()
+            .partition(|(n, _)| n.starts_with("diloco."));
+        murmur_compress::check_state(&own, &[ANCHOR, VELOCITY], d)?;
+        // Check the velocity's length against the optimizer before the inner state moves.
+        let mut opt = self.outer_cfg.optimizer(d);
+        opt.restore(own[1].1.clone())
+            .map_err(|e| StateError(e.to_string()))?;
+        self.inner.restore_state(&AlgorithmState {
+            scalars: state.scalars.clone(),
+            vectors: rest,
+        })?;
+        self.outer_opt = opt;
+        self.anchor.clone_from(&own[0].1);
+        self.anchored = true;
+        Ok(())
+    }
+}
+
+/// DiLoCo with exact averaging (ring all-reduce) in the [`crate::registry`].
+pub struct DiLoCoAlgorithm;
+
+/// The registry's entry for DiLoCo (all-reduce).
+pub const DILOCO: DiLoCoAlgorithm = DiLoCoAlgorithm;
+
+/// The protocol options of both DiLoCo entries.
+const OPTIONS: &[ProtocolOption] = &[
+    ProtocolOption::LocalSteps,
+    ProtocolOption::OuterOptimizer,
+    ProtocolOption::OuterLr,
+    ProtocolOption::OuterMomentum,
+];
+
+/// DiLoCo's default inner steps per outer step H (the paper takes 500 for language models;
+/// the models here see a few hundred steps per epoch).
+pub const DEFAULT_LOCAL_STEPS: u64 = 50;
+
+impl Algorithm for DiLoCoAlgorithm {
+    fn name(&self) -> &'static str {
+        "diloco"
+    }
+    fn about(&self) -> &'static str {
+        "DiLoCo (Douillard et al. 2023): H inner steps (--local-steps, default 50), then an \
+         outer Nesterov step (--outer-optimizer, --outer-lr, --outer-momentum) on the \
+         pseudo-gradient averaged by ring all-reduce"
+    }
+    fn uses_topology(&self) -> bool {
+        false
+    }
+    fn has_local_steps(&self) -> bool {
+        true
+    }
+    fn default_local_steps(&self) -> u64 {
+        DEFAULT_LOCAL_STEPS
+    }
+    fn options(&self) -> &'static [ProtocolOption] {
+        OPTIONS
+    }
+    fn resumable(&self, _skip_policy: bool) -> Resumable {
+        Resumable::WholeRun
+    }
+    fn fixed_pattern(&self) -> Option<&'static str> {
+        Some("ring all-reduce")
+    }
+    fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
+        let (h, lr, outer) = (ctx.options.local_steps(self), ctx.lr, ctx.options.outer());
+        // All-reduce begun without a gradient averages the parameters exactly.
+        let inner = crate::allreduce::build(ctx, 0.0);
+        Ok(Box::new(DiLoCo::new(Box::new(inner), h, lr, outer)?))
+    }
+}
+
+/// Decentralized DiLoCo (gossip on W) in the [`crate::registry`].
+pub struct DiLoCoGossipAlgorithm;
+
+/// The registry's entry for decentralized DiLoCo.
+pub const DILOCO_GOSSIP: DiLoCoGossipAlgorithm = DiLoCoGossipAlgorithm;
+
+impl Algorithm for DiLoCoGossipAlgorithm {
+    fn name(&self) -> &'static str {
+        "diloco-gossip"
+    }
+    fn about(&self) -> &'static str {
+        "Decentralized DiLoCo (NoLoCo, Kolehmainen et al. 2025): H inner steps, one D-PSGD \
+         mixing round of the models on W, then the outer step on each peer's own anchor"
+    }
+    fn has_local_steps(&self) -> bool {
+        true
+    }
+    fn default_local_steps(&self) -> u64 {
+        DEFAULT_LOCAL_STEPS
+    }
+    fn mixes_compressed_parameters(&self) -> bool {
+        true
+    }
+    fn options(&self) -> &'static [ProtocolOption] {
+        OPTIONS
+    }
+    fn skips_stragglers(&self) -> bool {
+        true
+    }
+    fn survives_departure(&self) -> bool {
+        true
+    }
+    fn resumable(&self, _skip_policy: bool) -> Resumable {
+        Resumable::WholeRun
+    }
+    fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
+        let (h, lr, outer) = (ctx.options.local_steps(self), ctx.lr, ctx.options.outer());
+        let compressor = ctx.compressor(self)?;
+        // The inner gossip only mixes (η = 0); the wrapper takes the inner and outer steps.
+        let inner = crate::dpsgd::build(ctx, 0.0, compressor)?;
+        Ok(Box::new(DiLoCo::new(Box::new(inner), h, lr, outer)?))
+    }
+}
