@@ -193,10 +193,34 @@ pub struct GossipArgs {
         skip_serializing_if = "Option::is_none"
     )]
     pub gamma: Option<f32>,
-    /// Local SGD steps per communication round H (local-sgd, local-avg; default 4).
+    /// Local steps per communication round H (local-sgd, local-avg: default 4; diloco,
+    /// diloco-gossip: inner steps per outer step, default 50).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub local_steps: Option<u64>,
+    /// DiLoCo's outer optimizer, applied to the averaged pseudo-gradient every H steps:
+    /// nesterov (the paper's: --outer-lr 0.7, --outer-momentum 0.9) or sgd (defaults 1 and
+    /// 0: plain model averaging).
+    #[arg(long, value_name = "nesterov|sgd")]
+    #[serde(
+        serialize_with = "opt_as_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub outer_optimizer: Option<murmur_gossip::OuterOptimizer>,
+    /// DiLoCo's outer learning rate η_out (default 0.7 for nesterov, 1 for sgd).
+    #[arg(long)]
+    #[serde(
+        serialize_with = "opt_f32_short",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub outer_lr: Option<f32>,
+    /// DiLoCo's outer momentum μ in [0, 1) (default 0.9 for nesterov, 0 for sgd).
+    #[arg(long)]
+    #[serde(
+        serialize_with = "opt_f32_short",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub outer_momentum: Option<f32>,
     /// SGP's overlap bound τ: a round may complete with in-peers' messages up to τ rounds
     /// old (0: synchronous SGP; ≥ 1: OSGP).
     #[arg(long)]
@@ -480,10 +504,9 @@ impl RunArgs {
             local_steps: self.gossip.local_steps,
             tau: self.gossip.tau,
             ps_mode: self.gossip.ps_mode,
-            // DiLoCo's outer step: the optimizer's defaults until the node has the flags.
-            outer_optimizer: None,
-            outer_lr: None,
-            outer_momentum: None,
+            outer_optimizer: self.gossip.outer_optimizer,
+            outer_lr: self.gossip.outer_lr,
+            outer_momentum: self.gossip.outer_momentum,
         }
     }
 
@@ -588,10 +611,11 @@ impl RunArgs {
         );
         if self.gossip.algorithm.mixes_compressed_parameters() && !casts {
             w.push(format!(
-                "D-PSGD mixes the neighbours' compressed parameters directly, so the error of \
-                 `{}` enters the models every round (sparsifiers and sign pull them towards 0); \
-                 compressed gossip of parameters is what CHOCO-SGD's compressed differences are \
-                 for",
+                "{} mixes the neighbours' compressed parameters directly, so the error of \
+                 `{}` enters the models every round it communicates (sparsifiers and sign pull \
+                 them towards 0); compressed gossip of parameters is what CHOCO-SGD's \
+                 compressed differences are for",
+                self.algorithm_name(),
                 self.compressor()
             ));
         }
