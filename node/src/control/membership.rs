@@ -265,29 +265,35 @@ pub fn surviving(
 /// The membership state machine of peer `me` in a run of `n` ranks, over the state its
 /// driver keeps: the departed peers with their records, and the rejoins taken part in.
 #[derive(Debug)]
-pub struct Membership<'a> {
+pub struct Membership {
     me: Rank,
     n: usize,
-    departed: &'a mut BTreeMap<Rank, MembershipEvent>,
-    rejoined: &'a mut Vec<(Rank, u64)>,
+    /// The peers that left (and have not rejoined) with their records (event `left` or
+    /// `empty`).
+    departed: BTreeMap<Rank, MembershipEvent>,
+    /// The rejoins handled, as (peer, round it mixes from).
+    rejoined: Vec<(Rank, u64)>,
 }
 
-impl<'a> Membership<'a> {
-    /// Peer `me` of `n` ranks; `departed`: the peers that left (and have not rejoined) with
-    /// their records (event `left` or `empty`); `rejoined`: the rejoins handled, as (peer,
-    /// round it mixes from).
-    pub fn new(
-        me: Rank,
-        n: usize,
-        departed: &'a mut BTreeMap<Rank, MembershipEvent>,
-        rejoined: &'a mut Vec<(Rank, u64)>,
-    ) -> Self {
+impl Membership {
+    /// Peer `me` of `n` ranks, knowing of no departure yet.
+    pub fn new(me: Rank, n: usize) -> Self {
         Membership {
             me,
             n,
-            departed,
-            rejoined,
+            departed: BTreeMap::new(),
+            rejoined: Vec::new(),
         }
+    }
+
+    /// The peers that left (and have not rejoined), with their records.
+    pub fn departed(&self) -> &BTreeMap<Rank, MembershipEvent> {
+        &self.departed
+    }
+
+    /// The rejoins this peer has taken part in, as (peer, round it mixes from).
+    pub fn rejoined(&self) -> &[(Rank, u64)] {
+        &self.rejoined
     }
 
     /// Whether `peer` has left (or is an empty rank) as far as this peer knows.

@@ -25,10 +25,9 @@ pub(super) struct Driver {
     pub(super) w: MixingMatrix,
     /// Algorithm name, for messages.
     pub(super) algorithm: String,
-    /// Peers that left the run (and have not rejoined), as this peer learned of them.
-    pub(super) departed: BTreeMap<Rank, MembershipEvent>,
-    /// Rejoins this peer has taken part in, as (peer, round): each is handled once.
-    pub(super) rejoined: Vec<(Rank, u64)>,
+    /// The membership state machine: the peers that left the run (and have not rejoined),
+    /// as this peer learned of them, and the rejoins it has taken part in.
+    pub(super) membership: crate::control::membership::Membership,
     /// The epoch being trained (0 before training).
     pub(super) epoch: usize,
     /// When training started.
@@ -257,7 +256,7 @@ impl Driver {
                 peer_id,
                 data_addr: _,
             } => self.on_admit(rank, peer_id, Vec::new(), self.rank)?,
-            NetEvent::Frame { from, .. } if self.departed.contains_key(&from) => {
+            NetEvent::Frame { from, .. } if self.membership.departed().contains_key(&from) => {
                 debug!(from, "dropped a frame of a peer that has left");
             }
             NetEvent::Frame {
@@ -309,7 +308,7 @@ impl Driver {
             NetEvent::LinkDone { to } => {
                 self.links_done.insert(to);
             }
-            NetEvent::Lost { peer, reason } if self.departed.contains_key(&peer) => {
+            NetEvent::Lost { peer, reason } if self.membership.departed().contains_key(&peer) => {
                 // The new process of a peer that was restarting is gone as well.
                 debug!(
                     peer,

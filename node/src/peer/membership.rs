@@ -10,16 +10,6 @@ use crate::control::membership::{
 };
 
 impl Driver {
-    /// The membership state machine over this driver's membership state.
-    fn membership(&mut self) -> Membership<'_> {
-        Membership::new(
-            self.rank,
-            self.w.n(),
-            &mut self.departed,
-            &mut self.rejoined,
-        )
-    }
-
     /// The time of an event for the state machine.
     fn now(&self) -> Now {
         Now {
@@ -58,7 +48,7 @@ impl Driver {
     ) -> anyhow::Result<()> {
         let now = self.now();
         let departure =
-            self.membership()
+            self.membership
                 .depart(gone, reason, noticed_by, noticed_round, false, now)?;
         match departure {
             Some(d) => self.departure(d),
@@ -75,7 +65,7 @@ impl Driver {
     ) -> anyhow::Result<()> {
         let now = self.now();
         match self
-            .membership()
+            .membership
             .on_leave(from, noticed_round, payload, now)?
         {
             Verdict::Accept(d) => self.departure(d),
@@ -148,7 +138,7 @@ impl Driver {
     /// answer with this peer's round, the departed peers and x.
     pub(super) fn on_hello(&mut self, from: Rank, payload: &[u8]) -> anyhow::Result<()> {
         let now = self.now();
-        let hello = match self.membership().on_hello(from, payload, now)? {
+        let hello = match self.membership.on_hello(from, payload, now)? {
             Verdict::Accept(h) => h,
             Verdict::Ignore => return Ok(()),
             Verdict::Refuse(r) => {
@@ -166,7 +156,7 @@ impl Driver {
             return Ok(());
         }
         let round = self.gossip.round();
-        let welcome = self.membership().welcome(from, round);
+        let welcome = self.membership.welcome(from, round);
         let frame = encode_with_params(
             FrameKind::Welcome,
             self.rank,
@@ -193,7 +183,7 @@ impl Driver {
         if let Some(split) = split {
             warn!("the graph of the initial peers is DISCONNECTED ({split}): the parts train apart until the empty ranks join");
         }
-        for record in self.membership().start_empty(empty) {
+        for record in self.membership.start_empty(empty) {
             let g = record.peer;
             self.gossip
                 .peer_left(g, &w)
@@ -220,13 +210,7 @@ impl Driver {
         signature: Vec<u8>,
         from: Rank,
     ) -> anyhow::Result<()> {
-        let m = Membership::new(
-            self.rank,
-            self.w.n(),
-            &mut self.departed,
-            &mut self.rejoined,
-        );
-        let verdict = m.admit(
+        let verdict = self.membership.admit(
             rank,
             id,
             signature,
@@ -239,13 +223,9 @@ impl Driver {
 
     /// An `Admit` frame from `from` (its `payload`): see [`Driver::on_admit`].
     fn on_admit_frame(&mut self, from: Rank, payload: &[u8]) -> anyhow::Result<()> {
-        let m = Membership::new(
-            self.rank,
-            self.w.n(),
-            &mut self.departed,
-            &mut self.rejoined,
-        );
-        let verdict = m.on_admit(from, payload, &self.peer_ids, self.admit_signer.as_ref());
+        let verdict =
+            self.membership
+                .on_admit(from, payload, &self.peer_ids, self.admit_signer.as_ref());
         self.admission(verdict, from)
     }
 
@@ -276,7 +256,7 @@ impl Driver {
     /// if this peer sends to it and its hello did not come here: a directed graph), and
     /// pass the news on. Handled once per (peer, round).
     pub(super) fn on_rejoin(&mut self, from: Rank, payload: &[u8]) -> anyhow::Result<()> {
-        let notice = match self.membership().on_rejoin(from, payload) {
+        let notice = match self.membership.on_rejoin(from, payload) {
             Verdict::Accept(n) => n,
             Verdict::Ignore => return Ok(()),
             Verdict::Refuse(r) => {
@@ -294,7 +274,7 @@ impl Driver {
             return Ok(());
         }
         info!(back, at, "peer {back} rejoins the run from round {at}");
-        let readmitted = self.membership().readmit(&notice);
+        let readmitted = self.membership.readmit(&notice);
         if readmitted.new && self.settle.is_some() {
             self.settling.push((back, at));
         }
@@ -356,13 +336,7 @@ impl Driver {
                 bail!("--resume: no answer from peers {waiting:?} within {timeout:?}");
             }
         }
-        let plan = Membership::new(
-            self.rank,
-            self.w.n(),
-            &mut self.departed,
-            &mut self.rejoined,
-        )
-        .plan_rejoin(
+        let plan = self.membership.plan_rejoin(
             &self.welcomes,
             unreachable.keys().copied(),
             total_rounds,
@@ -380,7 +354,7 @@ impl Driver {
         for &g in departed {
             self.gossip.peer_left(g, &survivors)?;
             self.drop_links(g, false);
-            self.membership().gone_before_rejoin(g, at);
+            self.membership.gone_before_rejoin(g, at);
         }
         self.gossip.start_at_round(at)?;
         // Every peer that welcomed us opened a link to us and says goodbye on it at the end.
@@ -399,7 +373,7 @@ impl Driver {
             bail!("--resume: none of the in-neighbours {in_peers:?} answered");
         }
         let (_, mean) = consensus_distance(xs.iter().copied());
-        let flood = self.membership().rejoining(at, me.data_addr);
+        let flood = self.membership.rejoining(at, me.data_addr);
         self.first_frames = Some((at, HashSet::new()));
         self.broadcast(&flood.frame, &flood.except);
         info!(at, neighbours = ?in_peers, "rejoining: mixing again from round {at}");
@@ -412,7 +386,7 @@ impl Driver {
                 .map(|(_, f)| f.clone())
                 .unwrap_or_default();
             // Not waited for: a departed peer, or one that (re)joins after this round.
-            if self.membership().ready_to_mix(at, &in_peers, &arrived) {
+            if self.membership.ready_to_mix(at, &in_peers, &arrived) {
                 break;
             }
             let deadline = Instant::now() + timeout;

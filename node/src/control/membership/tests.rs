@@ -28,8 +28,7 @@ fn payload(frame: &[u8], kind: FrameKind, sender: Rank) -> (u64, &[u8]) {
 
 #[test]
 fn a_departure_is_recorded_once_and_its_notice_is_not_flooded_again() {
-    let (mut departed, mut rejoined) = (BTreeMap::new(), Vec::new());
-    let mut m = Membership::new(2, N, &mut departed, &mut rejoined);
+    let mut m = Membership::new(2, N);
     let reason = "connection lost: timed out".to_string();
     let d = m
         .depart(5, reason.clone(), 3, 40, false, now(42))
@@ -74,13 +73,12 @@ fn a_departure_is_recorded_once_and_its_notice_is_not_flooded_again() {
         .unwrap()
         .unwrap();
     assert_eq!(d.all_gone, vec![5, 6]);
-    assert_eq!(departed.len(), 2);
+    assert_eq!(m.departed().len(), 2);
 }
 
 #[test]
 fn a_notice_about_oneself_is_ignored_and_peer_0_leaving_ends_the_run() {
-    let (mut departed, mut rejoined) = (BTreeMap::new(), Vec::new());
-    let mut m = Membership::new(2, N, &mut departed, &mut rejoined);
+    let mut m = Membership::new(2, N);
     let about_me = encode_leave(4, 10, 2, "timed out");
     let (_, notice) = payload(&about_me, FrameKind::Leave, 4);
     assert!(matches!(
@@ -96,13 +94,12 @@ fn a_notice_about_oneself_is_ignored_and_peer_0_leaving_ends_the_run() {
         "peer 0 (the bootstrap, which collects the metrics) left the run during round 11: timed out"
     );
     assert!(!m.has_left(0));
-    assert!(departed.is_empty() && rejoined.is_empty());
+    assert!(m.departed().is_empty() && m.rejoined().is_empty());
 }
 
 #[test]
 fn malformed_leave_and_rejoin_notices_are_refused() {
-    let (mut departed, mut rejoined) = (BTreeMap::new(), Vec::new());
-    let mut m = Membership::new(2, N, &mut departed, &mut rejoined);
+    let mut m = Membership::new(2, N);
     let outside = encode_leave(4, 10, N, "?");
     let (_, outside) = payload(&outside, FrameKind::Leave, 4);
     for bad in [outside, &[1, 2, 3]] {
@@ -125,13 +122,12 @@ fn malformed_leave_and_rejoin_notices_are_refused() {
         Refusal::MalformedLeave.to_string(),
         "dropped a malformed departure notice"
     );
-    assert!(departed.is_empty() && rejoined.is_empty());
+    assert!(m.departed().is_empty() && m.rejoined().is_empty());
 }
 
 #[test]
 fn a_rejoin_notice_restores_a_departed_peer_from_its_round() {
-    let (mut departed, mut rejoined) = (BTreeMap::new(), Vec::new());
-    let mut m = Membership::new(2, N, &mut departed, &mut rejoined);
+    let mut m = Membership::new(2, N);
     m.depart(5, "timed out".into(), 2, 100, false, now(100))
         .unwrap()
         .unwrap();
@@ -182,8 +178,7 @@ fn a_rejoin_notice_restores_a_departed_peer_from_its_round() {
 
 #[test]
 fn a_hello_from_a_member_means_its_old_process_left() {
-    let (mut departed, mut rejoined) = (BTreeMap::new(), Vec::new());
-    let mut m = Membership::new(2, N, &mut departed, &mut rejoined);
+    let mut m = Membership::new(2, N);
     m.depart(6, "timed out".into(), 2, 10, false, now(10))
         .unwrap();
     let me = PeerInfo {
@@ -231,8 +226,7 @@ fn an_admission_holds_only_for_an_empty_rank_with_peer_0s_signature() {
         (0..N).map(|_| Some(libp2p::PeerId::random())).collect();
     peer_ids[0] = Some(peer0.public().to_peer_id());
     peer_ids[3] = None;
-    let (mut departed, mut rejoined) = (BTreeMap::new(), Vec::new());
-    let mut m = Membership::new(2, N, &mut departed, &mut rejoined);
+    let mut m = Membership::new(2, N);
     let records = m.start_empty(&[3]);
     assert_eq!(records.len(), 1);
     assert_eq!(
@@ -302,8 +296,7 @@ fn peer_0s_bootstrap_signs_the_admissions_it_tells() {
     let new = libp2p::PeerId::random();
     let mut peer_ids: Vec<Option<libp2p::PeerId>> = vec![None; N];
     peer_ids[0] = Some(peer0.public().to_peer_id());
-    let (mut departed, mut rejoined) = (BTreeMap::new(), Vec::new());
-    let mut m = Membership::new(0, N, &mut departed, &mut rejoined);
+    let mut m = Membership::new(0, N);
     m.start_empty(&[6]);
     let Verdict::Accept(a) = m
         .admit(6, new, Vec::new(), 0, &peer_ids, Some(&peer0))
@@ -320,8 +313,7 @@ fn peer_0s_bootstrap_signs_the_admissions_it_tells() {
 
 #[test]
 fn new_peers_taking_every_empty_rank_close_the_admission() {
-    let (mut departed, mut rejoined) = (BTreeMap::new(), Vec::new());
-    let mut m = Membership::new(0, N, &mut departed, &mut rejoined);
+    let mut m = Membership::new(0, N);
     m.start_empty(&[6, 7]);
     let n6 = m.rejoin_notice(6, 30, addr(), 6).unwrap();
     assert_eq!(n6.still_gone, vec![7]);
@@ -338,8 +330,7 @@ fn new_peers_taking_every_empty_rank_close_the_admission() {
 
 #[test]
 fn a_restarted_peer_rejoins_from_the_welcomes() {
-    let (mut departed, mut rejoined) = (BTreeMap::new(), Vec::new());
-    let mut m = Membership::new(2, N, &mut departed, &mut rejoined);
+    let mut m = Membership::new(2, N);
     m.start_empty(&[7]);
     let welcome = |round, departed: Vec<Rank>| (Welcome { round, departed }, vec![0.0f32]);
     let welcomes: BTreeMap<Rank, _> = [
@@ -385,11 +376,11 @@ fn a_restarted_peer_rejoins_from_the_welcomes() {
     assert!(!m.ready_to_mix(140, &[1, 3, 5, 6], &arrived));
     let arrived: HashSet<Rank> = [1, 3].into_iter().collect();
     assert!(m.ready_to_mix(140, &[1, 3, 5, 6], &arrived));
-    assert_eq!(departed[&6].event, "left");
+    assert_eq!(m.departed()[&6].event, "left");
     assert_eq!(
-        (departed[&6].round, departed[&6].reason.as_str()),
+        (m.departed()[&6].round, m.departed()[&6].reason.as_str()),
         (140, "gone when this peer rejoined")
     );
-    assert_eq!(departed[&7].event, "empty", "an empty rank stays empty");
-    assert!(rejoined.contains(&(2, 140)));
+    assert_eq!(m.departed()[&7].event, "empty", "an empty rank stays empty");
+    assert!(m.rejoined().contains(&(2, 140)));
 }
