@@ -1005,7 +1005,10 @@ fn whole_run_resumes(extra: &[&str]) -> Cluster {
         let v: Vec<f64> = after.iter().map(|r| r[key].as_f64().unwrap()).collect();
         assert!(v.windows(2).all(|w| w[1] >= w[0]), "{key}: {v:?}");
     }
-    assert!(after[4]["mean_test_accuracy"].as_f64().unwrap() > 0.8);
+    // Trained, not broken (chance is 0.1). The value depends on the round resumed from,
+    // which depends on when the kill lands: 0.815-0.843 seen here for rounds 20 and 25 with
+    // CHOCO top-10% and D-PSGD, and below 0.8 once in CI under load, so the bar is 0.7.
+    assert!(after[4]["mean_test_accuracy"].as_f64().unwrap() > 0.7);
     if !extra.is_empty() {
         return c;
     }
