@@ -92,8 +92,8 @@ impl Optimizer for HeavyBall {
 /// μ = 0.9), applied to the averaged pseudo-gradient.
 #[derive(Debug, Clone)]
 pub struct Nesterov {
-    momentum: f32,
-    velocity: Vec<f32>,
+    /// The velocity v ← μ v + g is heavy ball's; only the direction differs.
+    ball: HeavyBall,
     direction: Vec<f32>,
 }
 
@@ -101,20 +101,18 @@ impl Nesterov {
     /// Momentum `momentum` (μ ∈ [0, 1)) for `d` parameters, from a zero velocity.
     pub fn new(momentum: f32, d: usize) -> Self {
         Self {
-            momentum,
-            velocity: vec![0.0; d],
+            ball: HeavyBall::new(momentum, d),
             direction: vec![0.0; d],
         }
     }
 }
 
 impl Optimizer for Nesterov {
-    fn step(&mut self, _x: &[f32], grad: &[f32]) -> &[f32] {
-        debug_assert_eq!(grad.len(), self.velocity.len());
-        let mu = self.momentum;
-        for ((v, u), g) in self.velocity.iter_mut().zip(&mut self.direction).zip(grad) {
-            *v = mu * *v + g;
-            *u = g + mu * *v;
+    fn step(&mut self, x: &[f32], grad: &[f32]) -> &[f32] {
+        let mu = self.ball.momentum;
+        let v = self.ball.step(x, grad);
+        for ((u, g), v) in self.direction.iter_mut().zip(grad).zip(v) {
+            *u = g + mu * v;
         }
         &self.direction
     }
@@ -124,13 +122,11 @@ impl Optimizer for Nesterov {
     }
 
     fn state(&self) -> Vec<f32> {
-        self.velocity.clone()
+        self.ball.state()
     }
 
     fn restore(&mut self, state: Vec<f32>) -> Result<(), StateError> {
-        check_len("momentum", self.velocity.len(), state.len())?;
-        self.velocity = state;
-        Ok(())
+        self.ball.restore(state)
     }
 }
 
