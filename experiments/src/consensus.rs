@@ -19,11 +19,9 @@ use serde::Serialize;
 
 use murmur_topology::TopologySpec;
 
-use plotters::chart::SeriesLabelPosition;
-
-use crate::plot::{Chart, Series, Stroke};
 use crate::runner::{Ctx, Job};
 use crate::table::{markdown, write_checked_csv, Table};
+use murmur::report::chart::{Chart, Series, SeriesLabelPosition, Stroke};
 
 /// The consensus error the tables and the choice of γ measure to.
 const TARGET: f64 = 1e-3;
@@ -396,10 +394,12 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                         "slowest-mode"
                     }
                 );
-                let stroke = if init == "uniform" {
-                    Stroke::Solid
+                // The two starts differ in colour and in stroke, so that the legend tells
+                // them apart (8: a colour no CHOCO series and no bound takes).
+                let (stroke, colour) = if init == "uniform" {
+                    (Stroke::Solid, 0)
                 } else {
-                    Stroke::Points
+                    (Stroke::Points, 8)
                 };
                 let rp: Vec<(f64, f64)> = pts.iter().map(|p| (p.0 as f64, p.1)).collect();
                 let bp: Vec<(f64, f64)> = pts.iter().map(|p| (p.2, p.1)).collect();
@@ -408,10 +408,10 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                     .push(Series::line(format!("{t} {label}"), ci, rp.clone()).stroke(stroke));
                 by_round
                     .series
-                    .push(Series::line(label.clone(), 0, rp).stroke(stroke));
+                    .push(Series::line(label.clone(), colour, rp).stroke(stroke));
                 by_bits
                     .series
-                    .push(Series::line(label, 0, bp).stroke(stroke));
+                    .push(Series::line(label, colour, bp).stroke(stroke));
                 // Largest factor between measured and predicted over t ≤ 50.
                 let worst = |f: &dyn Fn(u64) -> f64| {
                     pts.iter()

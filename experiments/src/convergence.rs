@@ -17,11 +17,9 @@ use std::collections::BTreeMap;
 use anyhow::Context;
 use serde::Serialize;
 
-use plotters::chart::SeriesLabelPosition;
-
-use crate::plot::{Chart, Series};
 use crate::runner::{json_f64, parse_json, Ctx, Job};
 use crate::table::{markdown, mean_sd, write_checked_csv, Table};
+use murmur::report::chart::{Chart, Series, SeriesLabelPosition};
 
 /// (config file stem, label), in plot order.
 const ALGORITHMS: [(&str, &str); 8] = [
@@ -242,7 +240,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
             let mut c = Chart::new(
                 format!("{title} — {plabel}, 16 peers, MLP"),
                 x_label,
-                "test accuracy of x̄",
+                "test accuracy of the averaged model",
             );
             c.log_x = log_x;
             c.legend = SeriesLabelPosition::LowerRight;

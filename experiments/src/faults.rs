@@ -17,13 +17,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use plotters::prelude::SeriesLabelPosition;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::plot::{Chart, Series, Stroke};
 use crate::runner::{json_f64, parse_json, Ctx};
 use crate::table::{markdown, write_checked_csv};
+use murmur::report::chart::{Chart, Series, SeriesLabelPosition, Stroke};
 
 /// Peers, the killed one, and the seconds of silence after which a peer counts as gone.
 const PEERS: usize = 8;
@@ -409,7 +408,7 @@ fn report(
     acc.series
         .push(Series::line("lowest peer", 1, pts(|e| e.min_test_accuracy)));
     acc.series.push(Series::line(
-        "averaged model x̄",
+        "averaged model",
         2,
         pts(|e| e.avg_model_test_accuracy),
     ));

@@ -2,13 +2,12 @@
 //!
 //! Each driver runs the `murmur` binary (the simulator, `murmur launch`, `murmur bench`) or
 //! the topology library, gathers the runs into one CSV per experiment, draws the plots
-//! (PNG and SVG, [`plot`]) and checks what it wrote ([`table::write_checked_csv`], [`plot::Chart::save`]): every plot
+//! (PNG and SVG, [`murmur::report::chart`]) and checks what it wrote ([`table::write_checked_csv`], [`murmur::report::chart::Chart::save`]): every plot
 //! file present, every CSV with its expected columns and finite values.
 
 mod consensus;
 mod convergence;
 mod faults;
-mod plot;
 mod runner;
 mod scaling;
 mod table;
@@ -72,7 +71,7 @@ enum Experiment {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    plot::init_fonts()?;
+    murmur::report::chart::init_fonts()?;
     let murmur = match cli.murmur {
         Some(p) => p,
         None => std::env::current_exe()

@@ -8,11 +8,9 @@ use serde::Serialize;
 
 use murmur_topology::{Topology, TopologySpec};
 
-use plotters::chart::SeriesLabelPosition;
-
-use crate::plot::{Chart, Series};
 use crate::runner::Ctx;
 use crate::table::{markdown, write_checked_csv};
+use murmur::report::chart::{Chart, Series, SeriesLabelPosition};
 
 /// The families, in plot order.
 const FAMILIES: [&str; 7] = [

@@ -57,6 +57,9 @@ enum Cmd {
         #[command(flatten)]
         args: murmur::tools::netbench::NetBenchArgs,
     },
+    /// Draw the charts of one or several run folders (accuracy or bits per byte, loss,
+    /// consensus distance, bytes, time), several runs on shared axes.
+    Plot(murmur::tools::plot::PlotArgs),
     /// Print the PeerId of a peer's key file, making the key pair if the file does not
     /// exist (`<run>/identity/peer-<rank>.key` is where a peer looks by default): the lines
     /// of an allow-list (`--allow-peers`).
@@ -120,6 +123,7 @@ fn main() -> ExitCode {
         Cmd::Simulate { run, sim } => murmur::tools::simulate::run(&run, &sim),
         Cmd::Netbench { args } => murmur::tools::netbench::run(&args),
         Cmd::Bench(bench) => murmur::tools::bench::run(&bench),
+        Cmd::Plot(plot) => murmur::tools::plot::run(&plot),
         Cmd::Identity { file } => {
             murmur::control::auth::load_or_create_identity(&file).map(|key| {
                 println!("{}", key.public().to_peer_id());

@@ -144,12 +144,14 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
             supervisor.stop_all(signal);
             let why = format!("interrupted by {}", signal_name(signal));
             supervisor.save_partial(&topo, dim, why)?;
+            report::plots::after_run(&run_dir);
             return Err(Interrupted { signal }.into());
         }
         Ended::Stopped(why) => {
             bar.abandon();
             supervisor.stop_all(libc::SIGTERM);
             let rows = supervisor.save_partial(&topo, dim, format!("stopped: {why}"))?;
+            report::plots::after_run(&run_dir);
             bail!(
                 "the run stopped: {why}. Every peer was stopped; summary.json covers the {} \
                  recorded; logs in {}",
@@ -171,6 +173,7 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     if let Ok(text) = std::fs::read_to_string(run_dir.join("sample.txt")) {
         println!("sample from peer 0's model (sample.txt):\n{text}");
     }
+    report::plots::after_run(&run_dir);
     println!("run folder: {}", run_dir.display());
     Ok(summary)
 }

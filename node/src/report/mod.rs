@@ -3,7 +3,9 @@
 //!
 //! Field names are a stable interface read by experiment scripts.
 
+pub mod chart;
 pub(crate) mod collector;
+pub mod plots;
 pub(crate) mod progress;
 
 use std::io::Write;
@@ -99,6 +101,41 @@ pub struct EpochRow {
     /// Neighbour contributions dropped by the straggler policy so far, all peers together
     /// (each skipped edge of a round counts at both ends).
     pub skipped: u64,
+}
+
+/// One row of `consensus.csv` (`murmur simulate --consensus`): the network after a round.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConsensusRow {
+    /// Rounds completed; 0 is the random start.
+    pub round: u64,
+    /// Ξ²(t) = (1/n) Σ ‖x_i − x̄‖².
+    pub consensus_distance: f64,
+    /// Ξ²(t) / Ξ²(0).
+    pub relative: f64,
+    /// Mean over peers of the bytes sent up to this round.
+    pub bytes_sent_per_peer: f64,
+    /// Simulated time when the last peer finished this round, seconds.
+    pub seconds: f64,
+}
+
+/// One row of `timing.csv` (`murmur simulate --timing-only`): the simulated schedule at
+/// the end of an epoch.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TimingRow {
+    /// The epoch.
+    pub epoch: usize,
+    /// Rounds completed by every peer.
+    pub rounds: u64,
+    /// Simulated time when the last peer finished the epoch, seconds.
+    pub wall_seconds: f64,
+    /// Mean over peers of the bytes sent so far.
+    pub bytes_sent_per_peer: f64,
+    /// Mean over peers of the simulated compute time so far, seconds.
+    pub compute_seconds: f64,
+    /// Mean over peers of the simulated communication time so far, seconds.
+    pub communicate_seconds: f64,
+    /// Mean over peers of the simulated waiting time so far, seconds.
+    pub wait_seconds: f64,
 }
 
 /// A peer that left or rejoined the run, as peer 0 recorded it (a line of

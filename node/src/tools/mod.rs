@@ -1,5 +1,6 @@
-//! Commands around the peer: the simulator of many virtual peers in one process, and the
-//! benchmarks of one peer's local work and of the data plane.
+//! Commands around the peer: the simulator of many virtual peers in one process, the
+//! benchmarks of one peer's local work and of the data plane, and the plots of run folders.
 pub mod bench;
 pub mod netbench;
+pub mod plot;
 pub mod simulate;

@@ -1,20 +1,7 @@
 //! `murmur simulate --consensus`: exact or compressed gossip from a random start, Ξ²(t) per round.
 
 use super::*;
-
-/// One row of `consensus.csv`.
-#[derive(Debug, Serialize)]
-struct ConsensusRow {
-    round: u64,
-    /// Ξ²(t) = (1/n) Σ‖x_i − x̄‖².
-    consensus_distance: f64,
-    /// Ξ²(t) / Ξ²(0).
-    relative: f64,
-    /// Mean over peers of the bytes sent up to this round.
-    bytes_sent_per_peer: f64,
-    /// Simulated time when the last peer finished this round, seconds.
-    seconds: f64,
-}
+use crate::report::ConsensusRow;
 
 pub(super) fn run(
     args: &RunArgs,
@@ -119,6 +106,7 @@ pub(super) fn run(
         last.bytes_sent_per_peer / 1e6,
         last.seconds
     );
+    report::plots::after_run(dir);
     println!("run folder: {}", dir.display());
     Ok(())
 }

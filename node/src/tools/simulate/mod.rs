@@ -38,7 +38,6 @@ use clap::Args;
 use murmur_gossip::{Compute, Gossip, NetSim, NetworkModel, Rank};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use serde::Serialize;
 
 use crate::config::{DeviceSpec, Init, RunArgs};
 use crate::launch::{run_folder, LaunchArgs};

@@ -1,23 +1,7 @@
 //! `murmur simulate --timing-only`: a training run's schedule with random gradients.
 
 use super::*;
-
-/// One row of `timing.csv`: the simulated schedule at the end of an epoch.
-#[derive(Debug, Serialize)]
-struct TimingRow {
-    epoch: usize,
-    /// Rounds completed by every peer.
-    rounds: u64,
-    /// Simulated time when the last peer finished the epoch, seconds.
-    wall_seconds: f64,
-    /// Mean over peers of the bytes sent so far.
-    bytes_sent_per_peer: f64,
-    /// Mean over peers of the simulated compute, communication and waiting time so far,
-    /// seconds.
-    compute_seconds: f64,
-    communicate_seconds: f64,
-    wait_seconds: f64,
-}
+use crate::report::TimingRow;
 
 /// `--timing-only`: the schedule of a training run with random gradients (module doc).
 pub(super) fn run(
@@ -126,6 +110,7 @@ pub(super) fn run(
         last.wall_seconds,
         last.bytes_sent_per_peer / 1e6
     );
+    report::plots::after_run(dir);
     println!("run folder: {}", dir.display());
     Ok(())
 }

@@ -125,6 +125,7 @@ pub(super) fn run(
     if let Some(text) = write_sample(&model::inference_copy(&net0), args, dir, &device)? {
         println!("sample from peer 0's model:\n{text}");
     }
+    report::plots::after_run(dir);
     Ok(())
 }
 

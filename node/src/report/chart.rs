@@ -1,4 +1,6 @@
-//! Line charts with the `plotters` crate, written as PNG and SVG side by side.
+//! Line charts with the `plotters` crate, written as PNG and SVG side by side: the one look
+//! of every plot murmur draws (a run folder's `plots/`, `murmur plot`, the experiment
+//! drivers).
 //!
 //! Text needs a TrueType font, read at run time so that no font is committed: the file
 //! named by `MURMUR_FONT`, else the first of [`FONT_PATHS`] that exists (DejaVu Sans, the
@@ -10,6 +12,9 @@ use anyhow::{anyhow, bail, Context};
 use plotters::coord::ranged1d::ValueFormatter;
 use plotters::coord::Shift;
 use plotters::prelude::*;
+
+/// Where a chart's legend goes.
+pub use plotters::chart::SeriesLabelPosition;
 
 /// Where [`init_fonts`] looks for a sans-serif TrueType font, in order.
 pub const FONT_PATHS: &[&str] = &[
@@ -113,6 +118,8 @@ pub struct Chart {
     pub y_label: String,
     /// Logarithmic x axis (points with x ≤ 0 are left out).
     pub log_x: bool,
+    /// Only whole numbers are labelled on the x axis (epochs, rounds).
+    pub x_integer: bool,
     /// Logarithmic y axis (points with y below `y_floor` are left out).
     pub log_y: bool,
     /// Smallest y drawn on a log axis.
@@ -137,6 +144,7 @@ impl Chart {
             x_label: x_label.into(),
             y_label: y_label.into(),
             log_x: false,
+            x_integer: false,
             log_y: false,
             y_floor: 1e-12,
             y_range: None,
@@ -151,6 +159,7 @@ impl Chart {
     /// # Errors
     /// No point to draw, or a file that cannot be written.
     pub fn save(&self, stem: &Path) -> anyhow::Result<[PathBuf; 2]> {
+        self.check_text()?;
         let png = stem.with_extension("png");
         let svg = stem.with_extension("svg");
         {
@@ -176,6 +185,21 @@ impl Chart {
             }
         }
         Ok([png, svg])
+    }
+
+    /// Refuses text with a combining mark (U+0300–U+036F, as in "x̄" = x + U+0304): the
+    /// font renderer draws the mark beside its letter ("x¯"), so a label must say it in
+    /// words ("averaged model").
+    fn check_text(&self) -> anyhow::Result<()> {
+        let texts = [&self.title, &self.x_label, &self.y_label]
+            .into_iter()
+            .chain(self.series.iter().map(|s| &s.label));
+        for t in texts {
+            if t.chars().any(|c| ('\u{300}'..='\u{36f}').contains(&c)) {
+                bail!("chart text {t:?} has a combining mark, which the plots cannot draw");
+            }
+        }
+        Ok(())
     }
 
     /// Whether a point can be drawn on this chart's axes.
@@ -267,7 +291,14 @@ impl Chart {
     {
         let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("{e}");
         let (log_x, log_y) = (self.log_x, self.log_y);
-        let fx = move |v: &f64| tick(*v, log_x);
+        let x_integer = self.x_integer;
+        let fx = move |v: &f64| {
+            if x_integer && v.fract() != 0.0 {
+                String::new()
+            } else {
+                tick(*v, log_x)
+            }
+        };
         let fy = move |v: &f64| tick(*v, log_y);
         chart
             .configure_mesh()
@@ -320,13 +351,15 @@ impl Chart {
                     .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
                     .map_err(e)?,
             };
-            let dashed = s.stroke == Stroke::Dashed;
+            // The legend's swatch has the series' stroke: a short dash, a line, or a dot
+            // (a short thick segment) for markers.
+            let (from, to, width) = match s.stroke {
+                Stroke::Dashed => (0, 7, 2),
+                Stroke::Solid => (0, 18, 2),
+                Stroke::Points => (6, 12, 6),
+            };
             anno.label(s.label.clone()).legend(move |(x, y)| {
-                if dashed {
-                    PathElement::new(vec![(x, y), (x + 7, y)], color.stroke_width(2))
-                } else {
-                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-                }
+                PathElement::new(vec![(x + from, y), (x + to, y)], color.stroke_width(width))
             });
         }
         chart
@@ -455,6 +488,12 @@ mod tests {
         assert!(text.contains("<svg") && text.contains("measured") && text.contains("theory"));
         let empty = Chart::new("empty", "x", "y");
         assert!(empty.save(&dir.join("empty")).is_err());
+        let mut combining = Chart::new("accuracy of x\u{304}", "x", "y");
+        combining
+            .series
+            .push(Series::line("a", 0, vec![(0.0, 1.0)]));
+        let err = combining.save(&dir.join("combining")).unwrap_err();
+        assert!(err.to_string().contains("combining mark"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
