@@ -61,6 +61,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Instant;
 
+use murmur_compress::CompressorSpec;
+
+use crate::allreduce::AllReduce;
 use crate::optim::{HeavyBall, Nesterov, Optimizer};
 use crate::registry::{Algorithm, BuildContext, BuildError, ProtocolOption, Resumable};
 use crate::relay::Relay;
@@ -193,13 +196,61 @@ pub(crate) fn check_outer_momentum(mu: f32) -> Result<(), BuildError> {
     }
 }
 
-/// Names of DiLoCo's own vectors in [`AlgorithmState`].
+/// Names of DiLoCo's own vectors and scalars in [`AlgorithmState`].
 const ANCHOR: &str = "diloco.anchor";
 const VELOCITY: &str = "diloco.outer_velocity";
+const RESIDUAL: &str = "diloco.residual";
+const ALIGNED: &str = "diloco.aligned";
+
+/// What the outer steps mix.
+enum Mixer {
+    /// The models x_i, by any algorithm that mixes its parameters when begun with
+    /// `grad = None` (`diloco` uncompressed, `diloco-gossip`).
+    Models(Box<dyn Gossip>),
+    /// The pseudo-gradients Δ_i = a − x_i, by a compressed ring all-reduce, once the
+    /// anchors are aligned (see the [module docs](self#compressed-pseudo-gradients)).
+    PseudoGradients {
+        ring: Box<AllReduce>,
+        /// Whether the anchors are identical on every peer (after the first outer step).
+        aligned: bool,
+        /// The run's seed for this peer, from which each outer step's compressor seed is
+        /// drawn.
+        seed: u64,
+    },
+}
+
+impl Mixer {
+    fn gossip(&self) -> &dyn Gossip {
+        match self {
+            Mixer::Models(g) => g.as_ref(),
+            Mixer::PseudoGradients { ring, .. } => ring.as_ref(),
+        }
+    }
+
+    fn gossip_mut(&mut self) -> &mut dyn Gossip {
+        match self {
+            Mixer::Models(g) => g.as_mut(),
+            Mixer::PseudoGradients { ring, .. } => ring.as_mut(),
+        }
+    }
+}
+
+/// What the outer step that is mixing does when its round completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OuterKind {
+    /// `outer.x` holds m = mix(x): Δ̄ = a − m, then the outer optimizer.
+    Models,
+    /// `outer.x` holds the exact mean of the models: a ← m (the anchors align).
+    Align,
+    /// `outer.x` holds the decoded mean pseudo-gradient Δ̄: the outer optimizer.
+    PseudoGradient,
+}
 
 /// DiLoCo around `inner` (see the [module docs](self)).
 pub struct DiLoCo {
-    inner: Box<dyn Gossip>,
+    mixer: Mixer,
+    /// What the mixing outer step does when it completes.
+    kind: OuterKind,
     /// Inner steps per outer step H ≥ 1.
     h: u64,
     /// Learning rate η of the inner steps.
@@ -238,8 +289,18 @@ impl DiLoCo {
                 ProtocolOption::LocalSteps.flag()
             )));
         }
+        Self::with_mixer(Mixer::Models(inner), h, lr, outer)
+    }
+
+    fn with_mixer(mixer: Mixer, h: u64, lr: f32, outer: OuterConfig) -> Result<Self, BuildError> {
+        if h == 0 {
+            return Err(BuildError::Options(format!(
+                "{} must be at least 1 (DiLoCo's inner steps per outer step)",
+                ProtocolOption::LocalSteps.flag()
+            )));
+        }
         outer.check()?;
-        let x0 = inner.params().to_vec();
+        let x0 = mixer.gossip().params().to_vec();
         let d = x0.len();
         Ok(DiLoCo {
             outer_opt: outer.optimizer(d),
@@ -249,10 +310,62 @@ impl DiLoCo {
             delta: vec![0.0; d],
             outer: Relay::new(x0),
             diverged: VecDeque::new(),
-            inner,
+            mixer,
+            kind: OuterKind::Models,
             h,
             lr,
         })
+    }
+
+    /// DiLoCo whose outer steps all-reduce compressed pseudo-gradients through `ring` (an
+    /// [`AllReduce::compressed`] ring whose parameters are x⁰: `[d]`; see the
+    /// [module docs](self#compressed-pseudo-gradients)). The first outer step averages the
+    /// models uncompressed, which aligns the anchors. `seed` draws the compressor's seed of
+    /// each outer step (from the outer step's number, so a resumed run replays it).
+    ///
+    /// # Errors
+    /// As [`DiLoCo::new`].
+    ///
+    /// # Panics
+    /// If `ring` has no compressor.
+    pub fn compressed(
+        mut ring: AllReduce,
+        h: u64,
+        lr: f32,
+        outer: OuterConfig,
+        seed: u64,
+    ) -> Result<Self, BuildError> {
+        assert!(
+            ring.residual().is_some(),
+            "DiLoCo::compressed needs an AllReduce::compressed ring"
+        );
+        // The first outer step (the ring's next round) is the raw alignment.
+        ring.set_compressed_from(ring.round() + 1);
+        let mixer = Mixer::PseudoGradients {
+            ring: Box::new(ring),
+            aligned: false,
+            seed,
+        };
+        Self::with_mixer(mixer, h, lr, outer)
+    }
+
+    /// Whether the outer steps all-reduce compressed pseudo-gradients.
+    pub fn compresses(&self) -> bool {
+        matches!(self.mixer, Mixer::PseudoGradients { .. })
+    }
+
+    /// Whether the anchors are known to be identical on every peer: the compressed form
+    /// after its first outer step (or restored so). `false` for the uncompressed forms.
+    pub fn aligned(&self) -> bool {
+        matches!(self.mixer, Mixer::PseudoGradients { aligned: true, .. })
+    }
+
+    /// The error-feedback residual e_i: `[d]` of the compressed form (`None` otherwise).
+    pub fn residual(&self) -> Option<&[f32]> {
+        match &self.mixer {
+            Mixer::PseudoGradients { ring, .. } => ring.residual(),
+            Mixer::Models(_) => None,
+        }
     }
 
     /// Inner steps per outer step H.
@@ -279,16 +392,29 @@ impl DiLoCo {
     /// outer step before anyone can read the parameters.
     fn pump(&mut self) {
         let waiting = self.outer.waiting;
-        self.outer.pump(self.inner.as_mut());
+        self.outer.pump(self.mixer.gossip_mut());
         if waiting && !self.outer.waiting {
             self.outer_step();
         }
     }
 
-    /// `outer.x` holds m_i = mix(x)_i: Δ̄ = a − m, a ← a − η_out · OuterOpt(Δ̄), x ← a.
+    /// `outer.x` holds m_i = mix(x)_i (Δ̄ = a − m) or Δ̄ itself; a ← a − η_out · OuterOpt(Δ̄),
+    /// x ← a. The alignment step instead sets a ← m.
     fn outer_step(&mut self) {
-        for ((dl, a), m) in self.delta.iter_mut().zip(&self.anchor).zip(&self.outer.x) {
-            *dl = a - m;
+        match self.kind {
+            OuterKind::Models => {
+                for ((dl, a), m) in self.delta.iter_mut().zip(&self.anchor).zip(&self.outer.x) {
+                    *dl = a - m;
+                }
+            }
+            OuterKind::PseudoGradient => self.delta.copy_from_slice(&self.outer.x),
+            OuterKind::Align => {
+                self.anchor.copy_from_slice(&self.outer.x);
+                if let Mixer::PseudoGradients { aligned, .. } = &mut self.mixer {
+                    *aligned = true;
+                }
+                return;
+            }
         }
         let eta = self.outer_cfg.lr;
         let u = self.outer_opt.step(&self.anchor, &self.delta);
@@ -338,7 +464,45 @@ impl Gossip for DiLoCo {
                 });
                 return;
             }
-            self.inner.begin_round(now, &self.outer.x, None);
+            match &mut self.mixer {
+                Mixer::Models(inner) => {
+                    self.kind = OuterKind::Models;
+                    inner.begin_round(now, &self.outer.x, None);
+                }
+                Mixer::PseudoGradients {
+                    ring,
+                    aligned: false,
+                    ..
+                } => {
+                    debug_assert!(!ring.compresses_round(ring.round()));
+                    self.kind = OuterKind::Align;
+                    ring.begin_round(now, &self.outer.x, None);
+                }
+                Mixer::PseudoGradients {
+                    ring,
+                    aligned: true,
+                    seed,
+                } => {
+                    debug_assert!(ring.compresses_round(ring.round()));
+                    for ((dl, a), x) in self.delta.iter_mut().zip(&self.anchor).zip(&self.outer.x) {
+                        *dl = a - x;
+                    }
+                    if let Some(k) = self.delta.iter().position(|v| !v.is_finite()) {
+                        self.diverged.push_back(GossipEvent::Diverged {
+                            round: self.outer.round,
+                            reason: format!(
+                                "DiLoCo's pseudo-gradient has Δ[{k}] = {}",
+                                self.delta[k]
+                            ),
+                        });
+                        return;
+                    }
+                    let outer_step = self.outer.round / self.h;
+                    ring.seed_compressor(outer_step_seed(*seed, outer_step));
+                    self.kind = OuterKind::PseudoGradient;
+                    ring.begin_round(now, &self.delta, None);
+                }
+            }
             self.pump();
         } else {
             self.outer.complete();
@@ -351,22 +515,22 @@ impl Gossip for DiLoCo {
         from: Rank,
         frame: &[u8],
     ) -> Result<(), GossipError> {
-        let r = self.inner.handle_message(now, from, frame);
+        let r = self.mixer.gossip_mut().handle_message(now, from, frame);
         self.pump();
         r
     }
 
     fn handle_timeout(&mut self, now: Instant) {
-        self.inner.handle_timeout(now);
+        self.mixer.gossip_mut().handle_timeout(now);
         self.pump();
     }
 
     fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
-        self.inner.poll_transmit(buf)
+        self.mixer.gossip_mut().poll_transmit(buf)
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        self.inner.poll_timeout()
+        self.mixer.gossip().poll_timeout()
     }
 
     fn poll_event(&mut self) -> Option<GossipEvent> {
@@ -386,23 +550,23 @@ impl Gossip for DiLoCo {
 
     /// The inner algorithm's counters: the frames of the outer steps, as sent.
     fn stats(&self) -> GossipStats {
-        self.inner.stats()
+        self.mixer.gossip().stats()
     }
 
     fn set_epoch(&mut self, epoch: usize) {
-        self.inner.set_epoch(epoch);
+        self.mixer.gossip_mut().set_epoch(epoch);
     }
 
     fn out_peers(&self) -> Vec<Rank> {
-        self.inner.out_peers()
+        self.mixer.gossip().out_peers()
     }
 
     fn in_peers(&self) -> Vec<Rank> {
-        self.inner.in_peers()
+        self.mixer.gossip().in_peers()
     }
 
     fn reweights(&self) -> bool {
-        self.inner.reweights()
+        self.mixer.gossip().reweights()
     }
 
     /// Passed to the inner algorithm (gossip re-weights W; all-reduce cannot lose a peer).
@@ -411,7 +575,7 @@ impl Gossip for DiLoCo {
         gone: Rank,
         w: &murmur_topology::MixingMatrix,
     ) -> Result<(), MembershipError> {
-        let r = self.inner.peer_left(gone, w);
+        let r = self.mixer.gossip_mut().peer_left(gone, w);
         self.pump();
         r
     }
@@ -425,7 +589,7 @@ impl Gossip for DiLoCo {
     /// If a round is mixing (a driver bug).
     fn start_at_round(&mut self, round: u64) -> Result<(), MembershipError> {
         self.outer.assert_idle();
-        match self.inner.start_at_round(round / self.h) {
+        match self.mixer.gossip_mut().start_at_round(round / self.h) {
             Ok(()) | Err(MembershipError::Unsupported { .. }) => {}
             Err(e) => return Err(e),
         }
@@ -433,9 +597,11 @@ impl Gossip for DiLoCo {
         Ok(())
     }
 
-    /// The anchor, the outer optimizer's velocity, then the inner algorithm's state.
+    /// The anchor, the outer optimizer's velocity, then (compressed form) the residual
+    /// `diloco.residual` and the scalar `diloco.aligned` (1: the anchors are aligned), then
+    /// the inner algorithm's state.
     fn state(&self) -> AlgorithmState {
-        let mut s = self.inner.state();
+        let mut s = self.mixer.gossip().state();
         let anchor = if self.anchored {
             &self.anchor
         } else {
@@ -444,9 +610,17 @@ impl Gossip for DiLoCo {
         s.vectors.insert(0, (ANCHOR.into(), anchor.clone()));
         s.vectors
             .insert(1, (VELOCITY.into(), self.outer_opt.state()));
+        if let Mixer::PseudoGradients { ring, aligned, .. } = &self.mixer {
+            let e = ring.residual().expect("a compressed ring").to_vec();
+            s.vectors.insert(2, (RESIDUAL.into(), e));
+            s.scalars
+                .insert(0, (ALIGNED.into(), if *aligned { 1.0 } else { 0.0 }));
+        }
         s
     }
 
+    /// Restores what [`Gossip::state`] saved. The compressed form needs the residual and
+    /// `diloco.aligned` (0 or 1); the uncompressed forms refuse them.
     fn restore_state(&mut self, state: &AlgorithmState) -> Result<(), StateError> {
         if state.is_empty() {
             return Ok(());
@@ -457,20 +631,60 @@ impl Gossip for DiLoCo {
             .iter()
             .cloned()
             .partition(|(n, _)| n.starts_with("diloco."));
-        murmur_compress::check_state(&own, &[ANCHOR, VELOCITY], d)?;
+        let (own_scalars, rest_scalars): (Vec<_>, Vec<_>) = state
+            .scalars
+            .iter()
+            .cloned()
+            .partition(|(n, _)| n.starts_with("diloco."));
+        let compressed = self.compresses();
+        let want: &[&str] = if compressed {
+            &[ANCHOR, VELOCITY, RESIDUAL]
+        } else {
+            &[ANCHOR, VELOCITY]
+        };
+        murmur_compress::check_state(&own, want, d)?;
+        let aligned = match (compressed, own_scalars.as_slice()) {
+            (false, []) => false,
+            (true, [(name, v)]) if name == ALIGNED && (*v == 0.0 || *v == 1.0) => *v == 1.0,
+            (true, _) => {
+                return Err(StateError(format!(
+                    "compressed DiLoCo expects the scalar {ALIGNED:?} = 0 or 1, got {own_scalars:?}"
+                )))
+            }
+            (false, _) => {
+                return Err(StateError(format!(
+                    "uncompressed DiLoCo keeps no scalars of its own, got {own_scalars:?}"
+                )))
+            }
+        };
         // Check the velocity's length against the optimizer before the inner state moves.
         let mut opt = self.outer_cfg.optimizer(d);
         opt.restore(own[1].1.clone())
             .map_err(|e| StateError(e.to_string()))?;
-        self.inner.restore_state(&AlgorithmState {
-            scalars: state.scalars.clone(),
+        self.mixer.gossip_mut().restore_state(&AlgorithmState {
+            scalars: rest_scalars,
             vectors: rest,
         })?;
+        if let Mixer::PseudoGradients {
+            ring, aligned: a, ..
+        } = &mut self.mixer
+        {
+            ring.set_residual(&own[2].1);
+            *a = aligned;
+            // The ring's next round is the alignment unless the anchors are aligned.
+            let next = ring.round();
+            ring.set_compressed_from(if aligned { next } else { next + 1 });
+        }
         self.outer_opt = opt;
         self.anchor.clone_from(&own[0].1);
         self.anchored = true;
         Ok(())
     }
+}
+
+/// The compressor seed of outer step `k` for a peer of seed `seed`.
+fn outer_step_seed(seed: u64, k: u64) -> u64 {
+    seed ^ k.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// DiLoCo with exact averaging (ring all-reduce) in the [`crate::registry`].
@@ -518,11 +732,63 @@ impl Algorithm for DiLoCoAlgorithm {
     fn fixed_pattern(&self) -> Option<&'static str> {
         Some("ring all-reduce")
     }
+    /// The pseudo-gradients go through the compressor (identity: the models, raw f32).
+    fn compresses(&self) -> bool {
+        true
+    }
+    fn check_compressor(&self, spec: &CompressorSpec) -> Result<(), BuildError> {
+        check_pseudo_gradient_compressor(spec)
+    }
     fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
         let (h, lr, outer) = (ctx.options.local_steps(self), ctx.lr, ctx.options.outer());
-        // All-reduce begun without a gradient averages the parameters exactly.
-        let inner = crate::allreduce::build(ctx, 0.0);
-        Ok(Box::new(DiLoCo::new(Box::new(inner), h, lr, outer)?))
+        let spec = ctx.options.compressor(self);
+        if spec == CompressorSpec::Identity {
+            // All-reduce begun without a gradient averages the parameters exactly.
+            let inner = crate::allreduce::build(ctx, 0.0);
+            return Ok(Box::new(DiLoCo::new(Box::new(inner), h, lr, outer)?));
+        }
+        check_pseudo_gradient_compressor(&spec)?;
+        // Not layer-wise (refused above): the chunks do not follow the tensors.
+        let compressor = spec.build(None)?;
+        let seed = ctx.seed;
+        let ring = crate::allreduce::build_compressed(ctx, compressor);
+        Ok(Box::new(DiLoCo::compressed(ring, h, lr, outer, seed)?))
+    }
+}
+
+/// Refuses a compressor that the compressed ring of `diloco` cannot use: one with state
+/// of its own (`ef+`: the ring keeps its own residual; DGC), a layer-wise one (the ring's
+/// chunks do not follow the tensors), and one around which error feedback diverges (what
+/// `ef+` refuses: scaled random-k, TernGrad, QSGD with ω ≥ 1).
+fn check_pseudo_gradient_compressor(spec: &CompressorSpec) -> Result<(), BuildError> {
+    let refuse = |why: String| {
+        Err(BuildError::Options(format!(
+            "--compressor {spec} for diloco: {why}"
+        )))
+    };
+    match spec {
+        CompressorSpec::Identity => Ok(()),
+        CompressorSpec::ErrorFeedback(inner) => refuse(format!(
+            "diloco keeps its own error-feedback residual for the pseudo-gradient; \
+             give the operator without ef+ (--compressor {inner})"
+        )),
+        CompressorSpec::Dgc(_) => refuse(
+            "DGC keeps momentum state of its own; diloco needs a stateless operator \
+             (e.g. topk, qsgd:127)"
+                .into(),
+        ),
+        CompressorSpec::TopK {
+            layerwise: true, ..
+        }
+        | CompressorSpec::ApproxTopK {
+            layerwise: true, ..
+        } => refuse("the ring's chunks do not follow the model's tensors; drop ,layerwise".into()),
+        other => {
+            // Error feedback is applied to it, so it must suit ef+.
+            CompressorSpec::ErrorFeedback(Box::new(other.clone()))
+                .validate()
+                .or_else(|e| refuse(format!("it is applied with error feedback, and {e}")))
+        }
     }
 }
 
