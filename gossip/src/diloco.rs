@@ -39,22 +39,103 @@
 //! with doubly stochastic W the average of the anchors follows the all-reduce form's,
 //! and SGD with η_out = 1 is local-SGD gossip ([`crate::LocalSgd`]) exactly.
 //!
-//! **Compression.** Ring all-reduce sends raw `f32` (`diloco` takes no compressor). The
-//! gossip form's messages go through D-PSGD's compressor, so they carry compressed models
-//! x_j, like local-SGD gossip: a cast (fp16, bf16) is harmless, a sparsifier biases the
-//! models. Compressing the pseudo-gradient itself, with error feedback, would need the
-//! neighbours' anchors on the receiving side (CHOCO-style copies) and is not built, nor is
-//! Streaming DiLoCo (Douillard et al. 2025, "Streaming DiLoCo with overlapping
-//! communication"), which synchronises fragments of the model at staggered times and
-//! quantises the outer gradients. [`Gossip::stats`] counts the inner algorithm's frames:
-//! the bytes actually sent.
+//! **Compression.** The gossip form's messages go through D-PSGD's compressor (unchanged),
+//! so they carry compressed models x_j, like local-SGD gossip: a cast (fp16, bf16) is
+//! harmless, a sparsifier biases the models. Compressing the pseudo-gradient in the gossip
+//! form, with error feedback, would need the neighbours' anchors on the receiving side
+//! (CHOCO-style copies) and is not built, nor is Streaming DiLoCo (Douillard et al. 2025,
+//! "Streaming DiLoCo with overlapping communication"), which synchronises fragments of the
+//! model at staggered times. The all-reduce form compresses the pseudo-gradients, below.
+//! [`Gossip::stats`] counts the inner algorithm's frames: the bytes actually sent.
+//!
+//! # Compressed pseudo-gradients
+//!
+//! `diloco` with a compressor other than the identity all-reduces the pseudo-gradients
+//! Δ_i = a − x_i: `[d]` instead of the models, through the compressed rounds of ring
+//! all-reduce ([`AllReduce::compressed`]; the int8 ring all-reduce of pseudo-gradients of
+//! the INTELLECT-1 technical report, Prime Intellect 2024, on DiLoCo, Douillard et al.
+//! 2023). "int8" here is `qsgd:127` (1 sign bit and 7 level bits per value, one `f32` norm
+//! per bucket); any stateless operator works. With the identity, `diloco` is exactly the
+//! uncompressed form above.
+//!
+//! ```text
+//! outer step 1 (raw):   m = (1/n) Σ_j x_j           [d]  ring all-reduce of the models, f32
+//!                       a ← m, x_i ← m                   the anchors align; no optimizer step
+//! outer step k ≥ 2:     Δ_i = a − x_i               [d]
+//!                       Δ̄ = (1/n) C-ring(Σ_j Δ_j)   [d]  compressed ring all-reduce with
+//!                                                         error feedback, decoded
+//!                       a ← a − η_out · OuterOpt(Δ̄), x_i ← a
+//! ```
+//!
+//! *Why a raw first step.* The Δ form needs the same anchor a on every peer: Δ̄ is only the
+//! mean pseudo-gradient of one anchor, and mixing Δ alone never pulls anchors that differ
+//! together. Peers may start apart (`--init independent`), and even from a shared start an
+//! outer step from differing anchors would keep them apart, so the first outer step
+//! averages the models uncompressed and restarts every peer from that average: a ← m on
+//! every peer, bit for bit (the ring's sums are), with the outer optimizer's velocity
+//! still 0. That is local SGD's averaging step; from a shared start it differs from the
+//! uncompressed form's first step (a − η_out·OuterOpt(a − m)) unless the outer step is SGD
+//! with η_out = 1. It costs one raw all-reduce: 2(n − 1) frames of 28 + 4⌈d/n⌉ bytes or
+//! so per peer, once. From then on the anchors stay identical: every peer applies the same
+//! decoded Δ̄ with the same optimizer state.
+//!
+//! *The ring.* Reduce-scatter: at each hop the sender compresses its partial sum of the
+//! chunk plus its residual on that chunk, keeps the new residual (value − decoded), the
+//! receiver decodes and adds its own Δ chunk. All-gather: the owner of a complete sum
+//! compresses it (plus its residual) once; every peer, the owner included, uses the
+//! decoded value and forwards the same bytes, so every peer ends with the bitwise-same Δ̄.
+//! The frames are [`crate::FrameKind::Reduce`] frames, header round = the outer step's
+//! ring round, dim = d, whose payload is
+//!
+//! ```text
+//! offset  size  field
+//!      0     4  step   u32 LE, 0 ≤ step < 2(n − 1)
+//!      4     …  chunk  a murmur_compress message of dimension len (the chunk's length,
+//!                      ⌊d/n⌋ or ⌊d/n⌋ + 1); nothing for an empty chunk (d < n)
+//! ```
+//!
+//! A frame whose message does not decode for that length, whose step or round is out of
+//! range, whose header dim is not d, or whose values are not finite is refused with a
+//! [`GossipError`] and changes nothing (see [`crate::allreduce`]).
+//!
+//! *The residual* e_i: `[d]` (`diloco.residual`, zero at the start) is one vector per peer:
+//! in every compressed outer step peer i compresses each coordinate exactly once, the
+//! chunks other than (i + 1) mod n as reduce-scatter partial sums and its own chunk
+//! (i + 1) mod n as the complete sum in the all-gather, so each coordinate's residual
+//! always belongs to the same position of the schedule. Nothing is dropped: over the
+//! compressed outer steps, n Σ_t Δ̄_t + Σ_i e_i = Σ_t Σ_j Δ_j,t (in exact arithmetic;
+//! test `the_residual_carries_what_the_compressed_ring_did_not_send`). Error feedback is
+//! applied whatever the operator, so the operators that `ef+` refuses (scaled random-k,
+//! TernGrad, QSGD with ω ≥ 1) are refused, and so are those with state of their own
+//! (`ef+…`, DGC) and the layer-wise ones (the chunks do not follow the tensors).
+//! The operator's randomness is seeded per outer step from the peer's seed and the outer
+//! step's number, so a resumed run replays it.
+//!
+//! *Bytes* per peer per compressed outer step: 2(n − 1) frames of 24 + 4 + |C(len)| bytes,
+//! about 2(n − 1)/n · |C(d)|, against 2(n − 1) · (28 + 4 len) raw. With `qsgd:127` (one byte
+//! per value, a norm per 128): 0.278 of the raw bytes for n = 4, d = 2000 (test
+//! `int8_pseudo_gradients_reach_the_uncompressed_loss_with_under_0_3_of_the_bytes`).
+//!
+//! *Accuracy.* With heterogeneous peers the Δ_j do not vanish at the optimum (only their
+//! sum does), so the compressed partial sums keep a noise floor: on the quadratics of the
+//! int8 test (n = 4, d = 2000, H = 5, Nesterov), f − f* is 2.8·10⁻² after 30 outer steps
+//! against 6.5·10⁻⁶ uncompressed, from f(x⁰) − f* = 424 (a floor of 7·10⁻⁵ of the start
+//! gap). A biased operator needs a smaller η_out: top-k 10% with outer SGD η_out = 0.3
+//! gets ‖a − b̄‖ from 12.9 to 1.19 (1.19 against 5.0 without the residual), and top-k 5%
+//! with η_out = 1 diverges.
 //!
 //! **State.** [`Gossip::state`] holds the anchor (`diloco.anchor`), the outer optimizer's
-//! velocity (`diloco.outer_velocity`) and the inner algorithm's state (its compressor's
+//! velocity (`diloco.outer_velocity`), in the compressed form the residual
+//! (`diloco.residual`) and the scalar `diloco.aligned` (1 once the raw first outer step
+//! has aligned the anchors: a run resumed before it aligns them first, one resumed after
+//! it goes on compressing), and the inner algorithm's state (its compressor's
 //! error-feedback residual, if any), so a run resumed from its checkpoints continues
-//! exactly. The anchor is taken from the x of the first [`Gossip::begin_round`] (not from
-//! x⁰ at construction), so a DiLoCo phase of a phase schedule starts from where the
-//! previous phase ended.
+//! exactly. The compressed form's operators keep no state of their own (see above), so
+//! there is none to save for them. A state of the wrong form (lengths, names, a missing or
+//! bad `diloco.aligned`, a compressed state into an uncompressed run or the reverse) is
+//! refused with a [`StateError`] and changes nothing. The anchor is taken from the x of
+//! the first [`Gossip::begin_round`] (not from x⁰ at construction), so a DiLoCo phase of a
+//! phase schedule starts from where the previous phase ended.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -712,7 +793,9 @@ impl Algorithm for DiLoCoAlgorithm {
     fn about(&self) -> &'static str {
         "DiLoCo (Douillard et al. 2023): H inner steps (--local-steps, default 50), then an \
          outer Nesterov step (--outer-optimizer, --outer-lr, --outer-momentum) on the \
-         pseudo-gradient averaged by ring all-reduce"
+         pseudo-gradient averaged by ring all-reduce; with --compressor (e.g. qsgd:127, \
+         int8) the pseudo-gradients go through a compressed ring with error feedback \
+         (INTELLECT-1, Prime Intellect 2024)"
     }
     fn uses_topology(&self) -> bool {
         false
