@@ -55,6 +55,52 @@
 //! (no step), [`DecodeError::BadParameter`] (`name: "step"`), [`DecodeError::PayloadLength`]
 //! or [`DecodeError::NonFinite`] (`index`: the coordinate in `[d]`).
 //!
+//! # Compressed rounds
+//!
+//! An all-reduce built with [`AllReduce::compressed`] sends the rounds from
+//! [`AllReduce::set_compressed_from`] on (round 0 unless set) through a
+//! [`murmur_compress::Compressor`] C, with an error-feedback residual e_i: `[d]` (zero at
+//! the start); earlier rounds are raw as above. The schedule and the summation order are
+//! the same; only what a frame carries changes (used by [`crate::DiLoCo`] for its
+//! pseudo-gradients, after the INTELLECT-1 int8 ring all-reduce):
+//!
+//! - reduce-scatter, step s: peer i sends q = C(p) with p = its partial sum of the chunk +
+//!   e_i on that chunk, and keeps e_i ← p − C(p) (C(p) decoded from the very bytes sent);
+//!   the receiver decodes q and adds its own values, as in a raw round;
+//! - all-gather, first step (s = n − 1): the owner of a complete sum S_c compresses
+//!   p = S_c + e_i once, keeps e_i ← p − C(p) and replaces S_c by C(p) itself; every
+//!   later all-gather step forwards the bytes it received unchanged. Every peer, the owner
+//!   included, so ends with the decoded C(p): the sums stay bitwise identical across peers.
+//!
+//! Peer i compresses each coordinate exactly once per round: the chunks other than
+//! (i + 1) mod n as partial sums in the reduce-scatter (chunk (i − s) mod n at step s), its
+//! own chunk (i + 1) mod n as the complete sum in the all-gather. So one residual `[d]`
+//! holds both, and each coordinate's residual always belongs to the same position of the
+//! schedule. Over rounds t = 1…T nothing is lost: Σ_t S_c^t (decoded) = Σ_t Σ_j v_j^t +
+//! Σ_i (e_i^0 − e_i^T) on every chunk (in exact arithmetic).
+//!
+//! The payload of a compressed frame is
+//!
+//! ```text
+//! offset  size      field
+//!      0     4      step   u32 LE, 0 ≤ step < 2(n − 1)
+//!      4     …      chunk  a murmur_compress message of dimension len (the chunk's
+//!                          length); nothing when len = 0
+//! ```
+//!
+//! Besides the checks of raw frames, the message must decode for dimension len
+//! ([`murmur_compress::decode_into`]: every defect of its header, parameters and values is
+//! a [`GossipError::Payload`] with the decoder's error) and decode to finite values
+//! ([`DecodeError::NonFinite`]); a non-empty message for an empty chunk is a
+//! [`DecodeError::PayloadLength`]. The compressor must keep no state of its own and accept
+//! any length (it sees chunks of ⌊d/n⌋ and ⌊d/n⌋ + 1 values): not `ef+` (the residual is
+//! here), DGC or a layer-wise operator. Its randomness comes from a generator the caller
+//! seeds ([`AllReduce::seed_compressor`]). Bytes per peer per round: 2(n − 1) frames of
+//! 24 + 4 + |C(chunk)| bytes, against 24 + 4 + 4·len raw; with 8 bits per value (QSGD
+//! with 127 levels) about a quarter. If the peer's own message does not decode (its
+//! values are not finite: the run diverged), [`GossipEvent::Diverged`] is reported and
+//! the round never completes.
+//!
 //! # Early frames
 //!
 //! The predecessor may be ahead: a later step of this round, or (once it completed this
@@ -68,13 +114,17 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use murmur_compress::DecodeError;
+use murmur_compress::{Compressor, DecodeError};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 
 use crate::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use crate::{Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
 
 /// Name of the payload format in [`DecodeError`]s.
 const PAYLOAD: &str = "ring all-reduce chunk (raw f32)";
+/// Name of the compressed payload format in [`DecodeError`]s.
+const COMPRESSED_PAYLOAD: &str = "ring all-reduce chunk (compressed)";
 
 /// Configuration of one ring all-reduce peer.
 #[derive(Debug, Clone)]
@@ -134,11 +184,37 @@ pub struct AllReduce {
     next_step: u32,
     deadline: Option<Instant>,
     /// Validated chunks that arrived before their turn, by (round, step).
-    early: BTreeMap<(u64, u32), Vec<f32>>,
+    early: BTreeMap<(u64, u32), Chunk>,
     /// Encoded frames for the successor, oldest first.
     outgoing: VecDeque<Vec<u8>>,
     events: VecDeque<GossipEvent>,
     stats: GossipStats,
+    /// The compressed rounds' operator and residual (see the [module docs](self#compressed-rounds)).
+    codec: Option<Box<Codec>>,
+    /// The mixing round stopped: this peer's own message did not decode.
+    halted: bool,
+}
+
+/// A validated incoming chunk: its values, and for a compressed round the message itself
+/// (forwarded unchanged by the all-gather).
+struct Chunk {
+    values: Vec<f32>,
+    msg: Vec<u8>,
+}
+
+/// What a compressed ring keeps.
+struct Codec {
+    compressor: Box<dyn Compressor>,
+    /// e_i: `[d]`, the error-feedback residual.
+    residual: Vec<f32>,
+    rng: StdRng,
+    /// The first compressed round.
+    from_round: u64,
+    /// The all-gather message received last, sent on unchanged at the next step.
+    forward: Vec<u8>,
+    /// Scratch of one chunk: p = v + e, then C(p) decoded.
+    p: Vec<f32>,
+    decoded: Vec<f32>,
 }
 
 impl AllReduce {
@@ -169,6 +245,82 @@ impl AllReduce {
             outgoing: VecDeque::new(),
             events: VecDeque::new(),
             stats: GossipStats::default(),
+            codec: None,
+            halted: false,
+        }
+    }
+
+    /// Peer `cfg.rank` starting from `x0: [d]` whose rounds are compressed by `compressor`
+    /// from round 0 on (see the [module docs](self#compressed-rounds)), with a zero
+    /// residual and the compressor's generator seeded with 0. The payload limit is raised
+    /// to the largest compressed step if that is larger: 4 + C's bound for ⌈d/n⌉ values.
+    ///
+    /// # Panics
+    /// As [`AllReduce::new`].
+    pub fn compressed(
+        mut cfg: AllReduceConfig,
+        x0: Vec<f32>,
+        compressor: Box<dyn Compressor>,
+    ) -> Self {
+        let d = x0.len();
+        let largest = 4 + compressor.max_encoded_len(d.div_ceil(cfg.n.max(1)));
+        cfg.max_payload_bytes = cfg
+            .max_payload_bytes
+            .max(u32::try_from(largest).unwrap_or(u32::MAX));
+        let mut ar = Self::new(cfg, x0);
+        ar.codec = Some(Box::new(Codec {
+            compressor,
+            residual: vec![0.0; d],
+            rng: StdRng::seed_from_u64(0),
+            from_round: 0,
+            forward: Vec::new(),
+            p: Vec::new(),
+            decoded: Vec::new(),
+        }));
+        ar
+    }
+
+    /// Compresses the rounds from `round` on; the earlier ones are raw. Every peer of the
+    /// ring must agree (a frame is parsed by its round). No effect without a compressor.
+    pub fn set_compressed_from(&mut self, round: u64) {
+        if let Some(c) = &mut self.codec {
+            c.from_round = round;
+        }
+    }
+
+    /// Whether round `round` is compressed.
+    pub fn compresses_round(&self, round: u64) -> bool {
+        self.codec.as_ref().is_some_and(|c| round >= c.from_round)
+    }
+
+    /// Seeds the compressor's generator for the rounds that follow (random operators:
+    /// QSGD, random-k…). A caller that seeds each round from the run's seed and a round
+    /// number that survives a resume replays the run exactly.
+    pub fn seed_compressor(&mut self, seed: u64) {
+        if let Some(c) = &mut self.codec {
+            c.rng = StdRng::seed_from_u64(seed);
+        }
+    }
+
+    /// The error-feedback residual e_i: `[d]` (`None` without a compressor).
+    pub fn residual(&self) -> Option<&[f32]> {
+        self.codec.as_ref().map(|c| c.residual.as_slice())
+    }
+
+    /// Replaces the residual by `e: [d]` (restoring a checkpoint). No effect without a
+    /// compressor.
+    ///
+    /// # Panics
+    /// If `e` is not `[d]`, or a round is mixing.
+    pub fn set_residual(&mut self, e: &[f32]) {
+        assert!(
+            !self.mixing,
+            "set_residual while round {} is mixing",
+            self.round
+        );
+        if let Some(c) = &mut self.codec {
+            assert_eq!(e.len(), c.residual.len(), "the residual must have length d");
+            c.residual.copy_from_slice(e);
         }
     }
 
@@ -208,37 +360,124 @@ impl AllReduce {
 
     /// Queues the frame of step `s` of the mixing round.
     fn queue_step(&mut self, s: u32) {
+        if self.halted {
+            return;
+        }
         let range = chunk_range(self.send_chunk(self.cfg.rank, s), self.cfg.n, self.x.len());
-        let values = &self.acc[range];
-        let payload_len = 4 + 4 * values.len();
-        let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + payload_len);
+        let mut payload = Vec::with_capacity(4 + 4 * range.len());
+        payload.extend_from_slice(&s.to_le_bytes());
+        if self.compresses_round(self.round) {
+            if let Err(reason) = self.compress_step(s, range, &mut payload) {
+                self.halted = true;
+                self.deadline = None;
+                self.events.push_back(GossipEvent::Diverged {
+                    round: self.round,
+                    reason,
+                });
+                return;
+            }
+        } else {
+            for v in &self.acc[range] {
+                payload.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + payload.len());
         FrameHeader {
             kind: FrameKind::Reduce,
             sender: self.cfg.rank,
             round: self.round,
             dim: self.x.len() as u32,
-            payload_len: payload_len as u32,
+            payload_len: payload.len() as u32,
         }
         .emit(&mut frame);
-        frame.extend_from_slice(&s.to_le_bytes());
-        for v in values {
-            frame.extend_from_slice(&v.to_le_bytes());
-        }
+        frame.extend_from_slice(&payload);
         self.outgoing.push_back(frame);
+    }
+
+    /// Appends the compressed chunk `range` of step `s` to `out`: C(acc + e) with
+    /// e ← acc + e − C(…) at the reduce-scatter steps and the all-gather's first (whose
+    /// complete sum becomes C(…)), the received message at the later all-gather steps.
+    /// `Err` if this peer's own message does not decode (its values are not finite).
+    fn compress_step(
+        &mut self,
+        s: u32,
+        range: Range<usize>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        let n1 = self.cfg.n as u32 - 1;
+        let codec = self.codec.as_mut().expect("a compressed round has a codec");
+        if range.is_empty() {
+            return Ok(());
+        }
+        if s > n1 {
+            out.extend_from_slice(&codec.forward);
+            return Ok(());
+        }
+        let Codec {
+            compressor,
+            residual,
+            rng,
+            p,
+            decoded,
+            ..
+        } = &mut **codec;
+        p.clear();
+        p.extend(
+            self.acc[range.clone()]
+                .iter()
+                .zip(&residual[range.clone()])
+                .map(|(v, e)| v + e),
+        );
+        if let Some(k) = p.iter().position(|v| !v.is_finite()) {
+            return Err(format!(
+                "peer {}: the value to compress at step {s} has [{}] = {} (sum + residual)",
+                self.cfg.rank,
+                range.start + k,
+                p[k]
+            ));
+        }
+        let at = out.len();
+        compressor.compress(p, rng, out);
+        decoded.resize(range.len(), 0.0);
+        murmur_compress::decode_into(&out[at..], decoded).map_err(|e| {
+            format!(
+                "peer {}: its own compressed chunk of step {s} does not decode ({e})",
+                self.cfg.rank
+            )
+        })?;
+        for ((e, p), c) in residual[range.clone()]
+            .iter_mut()
+            .zip(p.iter())
+            .zip(decoded.iter())
+        {
+            *e = p - c;
+        }
+        if s == n1 {
+            // The owner uses the decoded sum, like every other peer.
+            self.acc[range].copy_from_slice(decoded);
+        }
+        Ok(())
     }
 
     /// Absorbs the chunk of step `self.next_step`, queues the next step's frame and
     /// finishes the round after the last step.
-    fn absorb(&mut self, chunk: &[f32]) {
+    fn absorb(&mut self, chunk: Chunk) {
+        if self.halted {
+            // Diverged: the round never completes.
+            return;
+        }
         let s = self.next_step;
         let range = self.recv_range(s);
         let dst = &mut self.acc[range];
         if (s as usize) < self.cfg.n - 1 {
-            for (a, v) in dst.iter_mut().zip(chunk) {
+            for (a, v) in dst.iter_mut().zip(&chunk.values) {
                 *a += v;
             }
         } else {
-            dst.copy_from_slice(chunk);
+            dst.copy_from_slice(&chunk.values);
+            if let Some(c) = &mut self.codec {
+                c.forward = chunk.msg;
+            }
         }
         self.next_step = s + 1;
         if self.next_step < self.steps() {
@@ -252,7 +491,7 @@ impl AllReduce {
     fn absorb_buffered(&mut self) {
         while self.mixing {
             match self.early.remove(&(self.round, self.next_step)) {
-                Some(chunk) => self.absorb(&chunk),
+                Some(chunk) => self.absorb(chunk),
                 None => break,
             }
         }
@@ -280,8 +519,8 @@ impl AllReduce {
     }
 
     /// Parses and checks an incoming frame without changing anything; returns its round,
-    /// step and chunk values.
-    fn check(&self, from: Rank, frame: &[u8]) -> Result<(u64, u32, Vec<f32>), GossipError> {
+    /// step and chunk.
+    fn check(&self, from: Rank, frame: &[u8]) -> Result<(u64, u32, Chunk), GossipError> {
         let (h, payload) =
             crate::parse_frame(frame, self.cfg.max_payload_bytes, FrameKind::Reduce, from)?;
         if self.cfg.n == 1 || from != self.prev_peer() {
@@ -330,6 +569,34 @@ impl AllReduce {
             });
         }
         let range = self.recv_range(step);
+        if self.compresses_round(h.round) {
+            let msg = &payload[4..];
+            let mut values = vec![0.0f32; range.len()];
+            if range.is_empty() {
+                if !msg.is_empty() {
+                    return Err(bad(DecodeError::PayloadLength {
+                        operator: COMPRESSED_PAYLOAD,
+                        declared: payload.len(),
+                        expected: 4,
+                    }));
+                }
+            } else {
+                murmur_compress::decode_into(msg, &mut values).map_err(bad)?;
+            }
+            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                return Err(bad(DecodeError::NonFinite {
+                    index: range.start + i,
+                }));
+            }
+            return Ok((
+                h.round,
+                step,
+                Chunk {
+                    values,
+                    msg: msg.to_vec(),
+                },
+            ));
+        }
         let expected = 4 + 4 * range.len();
         if payload.len() != expected {
             return Err(bad(DecodeError::PayloadLength {
@@ -347,7 +614,14 @@ impl AllReduce {
                 index: range.start + i,
             }));
         }
-        Ok((h.round, step, values))
+        Ok((
+            h.round,
+            step,
+            Chunk {
+                values,
+                msg: Vec::new(),
+            },
+        ))
     }
 }
 
@@ -372,6 +646,7 @@ impl Gossip for AllReduce {
         }
         self.grad_mode = grad.is_some();
         self.mixing = true;
+        self.halted = false;
         self.next_step = 0;
         if self.steps() == 0 {
             self.finish();
@@ -394,7 +669,7 @@ impl Gossip for AllReduce {
         self.stats.frames_received += 1;
         self.stats.bytes_received += frame.len() as u64;
         if self.mixing && round == self.round && step == self.next_step {
-            self.absorb(&chunk);
+            self.absorb(chunk);
             self.absorb_buffered();
         } else {
             self.early.insert((round, step), chunk);
@@ -486,6 +761,17 @@ pub(crate) fn build(ctx: crate::BuildContext<'_>, lr: f32) -> AllReduce {
     let mut cfg = AllReduceConfig::new(ctx.rank, ctx.peers(), lr, ctx.dim());
     cfg.round_timeout = ctx.round_timeout;
     AllReduce::new(cfg, ctx.x0)
+}
+
+/// An all-reduce peer for `ctx` that averages (η = 0) and compresses its rounds with
+/// `compressor` (see the [module docs](self#compressed-rounds)).
+pub(crate) fn build_compressed(
+    ctx: crate::BuildContext<'_>,
+    compressor: Box<dyn Compressor>,
+) -> AllReduce {
+    let mut cfg = AllReduceConfig::new(ctx.rank, ctx.peers(), 0.0, ctx.dim());
+    cfg.round_timeout = ctx.round_timeout;
+    AllReduce::compressed(cfg, ctx.x0, compressor)
 }
 
 #[cfg(test)]

@@ -79,6 +79,16 @@ pub trait Algorithm: Sync {
         CompressorSpec::Identity
     }
 
+    /// Refuses a compressor that this algorithm cannot use, naming why (checked by
+    /// [`AlgorithmOptions::validate`] and by `build`). The default accepts every one.
+    ///
+    /// # Errors
+    /// [`BuildError::Options`].
+    fn check_compressor(&self, spec: &CompressorSpec) -> Result<(), BuildError> {
+        let _ = spec;
+        Ok(())
+    }
+
     /// Whether it mixes the neighbours' compressed *parameters* (not differences), so that a
     /// compressor other than a cast biases the models (D-PSGD and its local-step variant).
     fn mixes_compressed_parameters(&self) -> bool {
@@ -348,6 +358,9 @@ impl AlgorithmOptions {
                     run.join(", "),
                     AlgorithmSpec::names_where(|a| a.compresses())
                 )));
+            }
+            for a in algorithms.iter().filter(|a| a.compresses()) {
+                a.check_compressor(c)?;
             }
         }
         Ok(())

@@ -507,3 +507,99 @@ fn a_missing_predecessor_times_the_round_out_once() {
     assert_eq!(p.poll_event(), None);
     assert_eq!(p.poll_timeout(), None);
 }
+
+// ---- Compressed rounds -----------------------------------------------------------------
+
+fn compressed_ring(n: usize, d: usize, compressor: &str) -> Vec<AllReduce> {
+    let spec: murmur_compress::CompressorSpec = compressor.parse().unwrap();
+    (0..n)
+        .map(|i| {
+            AllReduce::compressed(
+                AllReduceConfig::new(i, n, 0.0, d),
+                vec![0.0; d],
+                spec.build(None).unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_compressed_ring_with_the_identity_sums_bit_for_bit_like_the_raw_ring() {
+    // The identity decodes to exactly what was sent: the same sums in the same order, a
+    // zero residual, and d < n (empty chunks, no message) works.
+    for n in 2..=6 {
+        for d in dims(n) {
+            let xs = uniform_vectors(n, d, 3.0, (n * 77 + d) as u64);
+            let mut raw = Net::shuffled(ring(n, 0.0, &vec![0.0; d]), 3);
+            let mut ident = Net::shuffled(compressed_ring(n, d, "identity"), 4);
+            for (i, x) in xs.iter().enumerate() {
+                raw.begin(i, x, None);
+                ident.begin(i, x, None);
+            }
+            raw.deliver_all();
+            ident.deliver_all();
+            assert_eq!(raw.params(), ident.params(), "n = {n}, d = {d}");
+            for p in &ident.peers {
+                assert!(p.compresses_round(0));
+                assert!(p.residual().unwrap().iter().all(|e| *e == 0.0));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_compressed_ring_ends_bitwise_identical_and_its_residuals_hold_what_was_not_sent() {
+    // Top-k 10% over 10 rounds: every peer ends each round with the same mean, and
+    // n Σ_t mean_t + Σ_i e_i = Σ_t Σ_i v_i,t.
+    let (n, d, rounds) = (5, 97, 10u64);
+    let mut net = Net::shuffled(compressed_ring(n, d, "topk:0.1"), 11);
+    let mut sent = vec![0.0f64; d];
+    let mut total = vec![0.0f64; d];
+    for t in 0..rounds {
+        let vs = uniform_vectors(n, d, 1.0, 500 + t);
+        for (i, v) in vs.iter().enumerate() {
+            net.begin(i, v, None);
+            for (s, x) in total.iter_mut().zip(v) {
+                *s += f64::from(*x);
+            }
+        }
+        net.deliver_all();
+        let xs = net.params();
+        for (i, x) in xs.iter().enumerate() {
+            assert_eq!(x, &xs[0], "round {t}, peer {i}");
+        }
+        for (s, x) in sent.iter_mut().zip(&xs[0]) {
+            *s += n as f64 * f64::from(*x);
+        }
+    }
+    let mut lost = 0.0f64;
+    let mut residual = 0.0f64;
+    for k in 0..d {
+        let e: f64 = net
+            .peers
+            .iter()
+            .map(|p| f64::from(p.residual().unwrap()[k]))
+            .sum();
+        lost = lost.max((sent[k] + e - total[k]).abs());
+        residual = residual.max(e.abs());
+    }
+    assert!(lost < 1e-4, "error feedback lost {lost}");
+    assert!(residual > 0.1, "top-k 10% leaves a residual: {residual}");
+    // Raw rounds before the compressed ones: set_compressed_from(1) makes round 0 raw.
+    let mut peers = compressed_ring(n, d, "topk:0.1");
+    for p in &mut peers {
+        p.set_compressed_from(1);
+        assert!(!p.compresses_round(0) && p.compresses_round(1));
+    }
+    let mut net = Net::fifo(peers);
+    let mut raw = Net::fifo(ring(n, 0.0, &vec![0.0; d]));
+    let vs = uniform_vectors(n, d, 1.0, 9);
+    for (i, v) in vs.iter().enumerate() {
+        net.begin(i, v, None);
+        raw.begin(i, v, None);
+    }
+    net.deliver_all();
+    raw.deliver_all();
+    assert_eq!(net.params(), raw.params(), "round 0 is raw");
+    assert_eq!(net.peers[0].stats(), raw.peers[0].stats(), "raw frames");
+}

@@ -3,15 +3,17 @@
 
 use std::time::Duration;
 
+use murmur_compress::CompressorSpec;
 use murmur_gossip::sim::Sim;
 use murmur_gossip::{
-    AlgorithmOptions, AlgorithmSpec, AlgorithmState, BuildContext, BuildError, DPsgd, DPsgdConfig,
-    DiLoCo, Gossip, GossipError, OuterConfig, OuterOptimizer,
+    chunk_range, AlgorithmOptions, AlgorithmSpec, AlgorithmState, AllReduce, AllReduceConfig,
+    BuildContext, BuildError, DPsgd, DPsgdConfig, DiLoCo, Gossip, GossipError, OuterConfig,
+    OuterOptimizer,
 };
 use murmur_topology::{Topology, TopologySpec};
 
 mod common;
-use common::{drain_mixed, max_abs_diff, ring_mh, uniform_vectors};
+use common::{drain_mixed, max_abs_diff, ring_mh, uniform_vectors, Net};
 
 fn ring(n: usize) -> Topology {
     TopologySpec::named("ring").unwrap().build(Some(n)).unwrap()
@@ -545,7 +547,7 @@ fn bad_options_are_refused_with_clear_messages_and_never_panic() {
             assert!(err.to_string().contains(&msg[..10]), "build: {err}");
         }
     }
-    // The outer options belong to DiLoCo only; the all-reduce form sends raw f32.
+    // The outer options belong to DiLoCo only.
     let o = AlgorithmOptions {
         outer_lr: Some(0.5),
         ..Default::default()
@@ -556,16 +558,39 @@ fn bad_options_are_refused_with_clear_messages_and_never_panic() {
         "{err}"
     );
     assert!(o.validate(&[diloco]).is_ok());
+    // Both forms take a compressor; the all-reduce form refuses the ones its compressed
+    // ring cannot use (state of their own, layer-wise, or diverging under error feedback).
     let o = AlgorithmOptions {
         compressor: Some("topk:0.1".parse().unwrap()),
         ..Default::default()
     };
-    assert!(o
-        .validate(&[diloco])
-        .unwrap_err()
-        .to_string()
-        .contains("raw f32"));
+    assert!(o.validate(&[diloco]).is_ok());
     assert!(o.validate(&[gossip]).is_ok());
+    for (c, msg) in [
+        ("ef+topk:0.1", "own error-feedback residual"),
+        ("dgc:0.01", "DGC"),
+        ("topk:0.1,layerwise", "layerwise"),
+        ("randk:0.1", "random-k"),
+        ("terngrad", "sign"),
+    ] {
+        let o = AlgorithmOptions {
+            compressor: Some(c.parse().unwrap()),
+            ..Default::default()
+        };
+        let err = o.validate(&[diloco]).unwrap_err().to_string();
+        assert!(err.contains(msg) && err.contains("diloco"), "{c}: {err}");
+        let err = build("diloco", &ring(3), 0, vec![0.0; 4], 0.1, &o)
+            .err()
+            .unwrap_or_else(|| panic!("diloco built with {c}"));
+        assert_eq!(
+            err.to_string(),
+            o.validate(&[diloco]).unwrap_err().to_string()
+        );
+        assert!(
+            o.validate(&[gossip]).is_ok(),
+            "{c}: diloco-gossip unchanged"
+        );
+    }
     let err = "adam".parse::<OuterOptimizer>().unwrap_err();
     assert!(err.contains("nesterov or sgd"), "{err}");
     assert!(DiLoCo::new(
@@ -606,10 +631,499 @@ fn the_fingerprint_names_the_outer_step_with_its_defaults() {
         assert_eq!(name.parse::<OuterOptimizer>().unwrap().to_string(), name);
     }
     let d = spec("diloco");
-    assert!(d.has_local_steps() && !d.uses_topology() && !d.compresses());
+    assert!(d.has_local_steps() && !d.uses_topology() && d.compresses());
+    assert!(
+        !d.mixes_compressed_parameters(),
+        "it compresses Δ with error feedback"
+    );
     assert_eq!(o.local_steps(&*d), 50);
     assert_eq!(o.local_steps(&*spec("local-sgd")), 4, "unchanged");
     let g = spec("diloco-gossip");
     assert!(g.uses_topology() && g.compresses() && g.survives_departure());
     assert!(!d.survives_departure());
+}
+
+// ---- Compressed pseudo-gradients: the INTELLECT-1 int8 ring all-reduce ------------------
+
+/// "int8": QSGD with 127 levels is 1 sign bit + 7 level bits per value, plus one f32 norm
+/// per bucket of 128 values.
+const INT8: &str = "qsgd:127,bucket=128";
+
+fn compressed_options(h: u64, outer: OuterConfig, compressor: &str) -> AlgorithmOptions {
+    AlgorithmOptions {
+        compressor: Some(compressor.parse().unwrap()),
+        ..options(h, outer)
+    }
+}
+
+/// n peers of compressed DiLoCo built directly (for the drivers that need `&mut` access),
+/// peer i seeded with i as the registry does.
+fn compressed_peers(
+    x0: &[Vec<f32>],
+    lr: f32,
+    h: u64,
+    outer: OuterConfig,
+    compressor: &str,
+) -> Vec<DiLoCo> {
+    let n = x0.len();
+    let spec: CompressorSpec = compressor.parse().unwrap();
+    (0..n)
+        .map(|i| {
+            let cfg = AllReduceConfig::new(i, n, 0.0, x0[i].len());
+            let ring = AllReduce::compressed(cfg, x0[i].clone(), spec.build(None).unwrap());
+            DiLoCo::compressed(ring, h, lr, outer, i as u64).unwrap()
+        })
+        .collect()
+}
+
+/// (1/n) Σ_i ½‖x − b_i‖², in f64.
+fn quadratic_loss(x: &[f32], b: &[Vec<f32>]) -> f64 {
+    let total: f64 = b
+        .iter()
+        .map(|bi| {
+            x.iter()
+                .zip(bi)
+                .map(|(x, b)| 0.5 * (f64::from(*x) - f64::from(*b)).powi(2))
+                .sum::<f64>()
+        })
+        .sum();
+    total / b.len() as f64
+}
+
+/// Gradients x_i − b_i at the parameters `xs`.
+fn quadratic_grads_at(xs: &[Vec<f32>], b: &[Vec<f32>]) -> Vec<Vec<f32>> {
+    xs.iter()
+        .zip(b)
+        .map(|(x, bi)| x.iter().zip(bi).map(|(x, b)| x - b).collect())
+        .collect()
+}
+
+#[test]
+fn int8_pseudo_gradients_reach_the_uncompressed_loss_with_under_0_3_of_the_bytes() {
+    let (n, d, h, lr, outer_steps) = (4, 2000, 5, 0.1, 30u64);
+    let x0 = vec![uniform_vectors(1, d, 1.0, 40).remove(0); n];
+    let b = uniform_vectors(n, d, 1.0, 41);
+    let outer = OuterConfig::paper();
+    let mut plain = Sim::new(network("diloco", &x0, lr, &options(h, outer)));
+    let mut int8 = Sim::new(network(
+        "diloco",
+        &x0,
+        lr,
+        &compressed_options(h, outer, INT8),
+    ));
+    let b_mean: Vec<f32> = mean(&b).iter().map(|v| *v as f32).collect();
+    let (l0, l_star) = (quadratic_loss(&x0[0], &b), quadratic_loss(&b_mean, &b));
+    // Bytes peer 0 sent in each outer step, (uncompressed, int8).
+    let mut per_step = Vec::new();
+    let mut losses = Vec::new();
+    for t in 0..outer_steps * h {
+        let before = (plain.peer(0).stats(), int8.peer(0).stats());
+        let g = quadratic_grads(&plain, &b);
+        plain.run_round(Some(&g)).unwrap();
+        let g = quadratic_grads(&int8, &b);
+        int8.run_round(Some(&g)).unwrap();
+        if (t + 1) % h == 0 {
+            per_step.push((
+                plain.peer(0).stats().bytes_sent - before.0.bytes_sent,
+                int8.peer(0).stats().bytes_sent - before.1.bytes_sent,
+            ));
+            losses.push((
+                quadratic_loss(plain.peer(0).params(), &b) - l_star,
+                quadratic_loss(int8.peer(0).params(), &b) - l_star,
+            ));
+        }
+    }
+    // The first outer step averages the models raw (the anchors align): the same bytes.
+    assert_eq!(per_step[0].0, per_step[0].1);
+    for (k, (raw, c)) in per_step.iter().enumerate().skip(1) {
+        let ratio = *c as f64 / *raw as f64;
+        assert!(ratio <= 0.3, "outer step {k}: {c} / {raw} bytes = {ratio}");
+    }
+    let (raw, c) = per_step[1];
+    eprintln!(
+        "bytes per outer step (peer 0): uncompressed {raw}, int8 {c}, ratio {:.4}",
+        c as f64 / raw as f64
+    );
+    for (k, (p, c)) in losses.iter().enumerate() {
+        eprintln!("outer step {k}: f − f* uncompressed {p:.6e}, int8 {c:.6e}");
+    }
+    let (p, c) = *losses.last().unwrap();
+    let gap = l0 - l_star;
+    eprintln!("f(x⁰) − f* = {gap:.3}; after {outer_steps} outer steps: uncompressed {p:.3e}, int8 {c:.3e}");
+    assert!(
+        p < 1e-4 * gap,
+        "uncompressed DiLoCo converged: {p} of {gap}"
+    );
+    assert!(
+        (c - p).abs() < 1e-4 * gap,
+        "int8 within 1e-4 of the initial gap of uncompressed: {c} vs {p} (gap {gap})"
+    );
+}
+
+#[test]
+fn compressed_outer_steps_leave_every_peer_bitwise_identical() {
+    let (n, d, h, lr) = (5, 203, 3, 0.05);
+    let b = uniform_vectors(n, d, 1.0, 51);
+    let shared = vec![uniform_vectors(1, d, 1.0, 52).remove(0); n];
+    let independent = uniform_vectors(n, d, 1.0, 53);
+    for compressor in [INT8, "topk:0.1", "sign,bucket=64", "natural"] {
+        for (starts, x0) in [("shared", &shared), ("independent", &independent)] {
+            let peers = compressed_peers(x0, lr, h, OuterConfig::paper(), compressor);
+            assert!(peers.iter().all(|p| p.compresses() && !p.aligned()));
+            // Frames in send order, and in a random order: the same bits.
+            let mut fifo = Net::fifo(peers);
+            let peers = compressed_peers(x0, lr, h, OuterConfig::paper(), compressor);
+            let mut shuffled = Net::shuffled(peers, 7);
+            for t in 0..8 * h {
+                let g = quadratic_grads_at(&fifo.params(), &b);
+                fifo.round(Some(&g));
+                shuffled.round(Some(&g));
+                assert_eq!(fifo.params(), shuffled.params(), "{compressor}: round {t}");
+                let xs = fifo.params();
+                if (t + 1) % h == 0 {
+                    for (i, p) in fifo.peers.iter().enumerate() {
+                        let what = format!("{compressor}, {starts} starts, round {t}, peer {i}");
+                        assert_eq!(xs[i], xs[0], "{what}: x");
+                        assert_eq!(p.anchor(), fifo.peers[0].anchor(), "{what}: anchor");
+                        assert_eq!(p.params(), p.anchor(), "{what}: x ← a");
+                        assert!(p.aligned(), "{what}");
+                    }
+                } else if t < h && starts == "independent" {
+                    assert_ne!(xs[0], xs[1], "apart before the first outer step");
+                }
+            }
+            // The compressed steps did compress: a residual was left.
+            assert!(fifo.peers[0].residual().unwrap().iter().any(|e| *e != 0.0));
+        }
+    }
+}
+
+#[test]
+fn the_residual_carries_what_the_compressed_ring_did_not_send() {
+    // Outer SGD without momentum: a ← a − η_out Δ̄, so the decoded Δ̄ of every outer step
+    // is read off the anchors. Error feedback loses nothing: over the compressed outer
+    // steps, n Σ_t Δ̄_t + Σ_i e_i = Σ_t Σ_j Δ_j,t (up to f32 rounding), with Δ_j = a − x_j
+    // the models after the inner steps. Without the residual the identity fails by
+    // Σ_i e_i, which is large for top-k 10%.
+    let (n, d, h, lr, eta) = (4, 400, 4, 0.1, 0.3);
+    let outer = OuterConfig {
+        lr: eta,
+        ..OuterConfig::averaging()
+    };
+    let b = uniform_vectors(n, d, 1.0, 61);
+    let x0 = vec![uniform_vectors(1, d, 1.0, 62).remove(0); n];
+    let topk = |x0: &[Vec<f32>]| Net::fifo(compressed_peers(x0, lr, h, outer, "topk:0.1"));
+    // The same run with the residual dropped after every outer step: no error feedback.
+    let (mut net, mut no_ef) = (topk(&x0), topk(&x0));
+    let mut sent = vec![0.0f64; d]; // n Σ_t Δ̄_t
+    let mut true_sum = vec![0.0f64; d]; // Σ_t Σ_j Δ_j,t
+    for t in 0..200 * h {
+        let xs = net.params();
+        let g = quadratic_grads_at(&xs, &b);
+        let a = net.peers[0].anchor().to_vec();
+        let aligned = net.peers[0].aligned();
+        net.round(Some(&g));
+        no_ef.round(Some(&quadratic_grads_at(&no_ef.params(), &b)));
+        if (t + 1) % h == 0 {
+            for p in &mut no_ef.peers {
+                let mut s = p.state();
+                s.vectors[2].1.fill(0.0);
+                p.restore_state(&s).unwrap();
+            }
+        }
+        if (t + 1) % h == 0 && aligned {
+            let a_new = net.peers[0].anchor();
+            for k in 0..d {
+                sent[k] += n as f64 * f64::from(a[k] - a_new[k]) / f64::from(eta);
+                for j in 0..n {
+                    let xj = xs[j][k] - lr * g[j][k]; // the last inner step
+                    true_sum[k] += f64::from(a[k] - xj);
+                }
+            }
+        }
+    }
+    let mut residuals = vec![0.0f64; d];
+    for p in &net.peers {
+        for (r, e) in residuals.iter_mut().zip(p.residual().unwrap()) {
+            *r += f64::from(*e);
+        }
+    }
+    let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let with_ef: Vec<f64> = (0..d)
+        .map(|k| sent[k] + residuals[k] - true_sum[k])
+        .collect();
+    let without: Vec<f64> = (0..d).map(|k| sent[k] - true_sum[k]).collect();
+    let (err, gap, scale) = (norm(&with_ef), norm(&without), norm(&true_sum));
+    eprintln!("‖Σ sent + Σ e − Σ Δ‖ = {err:e}, ‖Σ e‖ = {gap:e}, ‖Σ Δ‖ = {scale:e}");
+    assert!(err < 1e-5 * scale, "error feedback lost {err} of {scale}");
+    assert!(
+        gap > 1e4 * err,
+        "the residual is what was not sent: {gap} vs {err}"
+    );
+    // Where it gets: near the minimiser b̄ of the average loss, within a floor set by the
+    // residuals (the peers' Δ_j do not vanish there, only their sum). Without error
+    // feedback the top-k of the partial sums is biased and stays further away.
+    let b_mean = mean(&b);
+    let dist = |a: &[f32]| {
+        a.iter()
+            .zip(&b_mean)
+            .map(|(a, b)| (f64::from(*a) - b).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    };
+    let (start, ef, plain) = (
+        dist(&x0[0]),
+        dist(net.peers[0].anchor()),
+        dist(no_ef.peers[0].anchor()),
+    );
+    eprintln!("‖a − b̄‖: start {start}, error feedback {ef}, none {plain}");
+    assert!(ef < 0.1 * start, "‖a − b̄‖: {start} → {ef}");
+    assert!(ef < 0.5 * plain, "error feedback {ef}, none {plain}");
+}
+
+#[test]
+fn a_compressed_run_resumed_from_its_state_continues_bit_for_bit() {
+    let (n, d, h) = (4, 57, 3);
+    for compressor in [INT8, "topk:0.1"] {
+        for (starts, x0, stop) in [
+            // Mid-interval after two outer steps: the anchors are aligned.
+            (
+                "shared",
+                vec![uniform_vectors(1, d, 1.0, 9).remove(0); n],
+                7u64,
+            ),
+            // Before the first outer step: not aligned yet, so the resumed run aligns.
+            ("independent", uniform_vectors(n, d, 1.0, 10), 2),
+        ] {
+            let opts = compressed_options(h, OuterConfig::paper(), compressor);
+            let mut original = Sim::new(network("diloco", &x0, 0.1, &opts));
+            for t in 0..stop {
+                original.run_round(Some(&grads(n, d, t))).unwrap();
+            }
+            let saved: Vec<(Vec<f32>, u64, AlgorithmState)> = (0..n)
+                .map(|i| {
+                    let p = original.peer(i);
+                    (p.params().to_vec(), p.round(), p.state())
+                })
+                .collect();
+            let names: Vec<&str> = saved[0].2.vectors.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(
+                names,
+                ["diloco.anchor", "diloco.outer_velocity", "diloco.residual"]
+            );
+            let aligned = f64::from(u8::from(stop >= h));
+            assert_eq!(saved[0].2.scalars, [("diloco.aligned".into(), aligned)]);
+            if stop >= h {
+                assert!(saved[0].2.vectors[2].1.iter().any(|e| *e != 0.0));
+            }
+            let rebuild = |restore: bool| {
+                let topo = ring(n);
+                let peers = saved
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (x, round, state))| {
+                        let mut p = build("diloco", &topo, i, x.clone(), 0.1, &opts).unwrap();
+                        p.start_at_round(*round).unwrap();
+                        if restore {
+                            p.restore_state(state).unwrap();
+                        }
+                        p
+                    })
+                    .collect();
+                Sim::new(peers)
+            };
+            let (mut restored, mut forgetful) = (rebuild(true), rebuild(false));
+            for t in stop..stop + 4 * h {
+                let g = grads(n, d, t);
+                original.run_round(Some(&g)).unwrap();
+                restored.run_round(Some(&g)).unwrap();
+                forgetful.run_round(Some(&g)).unwrap();
+            }
+            for i in 0..n {
+                let what = format!("{compressor}, {starts}: peer {i}");
+                assert_eq!(
+                    original.peer(i).params(),
+                    restored.peer(i).params(),
+                    "{what}"
+                );
+                assert_eq!(original.peer(i).state(), restored.peer(i).state(), "{what}");
+            }
+            if stop >= h {
+                assert!(
+                    (0..n).any(|i| original.peer(i).state() != forgetful.peer(i).state()),
+                    "{compressor}, {starts}: restoring changed nothing"
+                );
+            } else {
+                // Before the first outer step the state holds nothing that matters yet: the
+                // alignment replaces the anchors, the velocity and the residual are 0.
+                for i in 0..n {
+                    assert_eq!(original.peer(i).params(), forgetful.peer(i).params());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_compressed_state_that_does_not_fit_is_refused_and_changes_nothing() {
+    let (n, d, h) = (3, 10, 2);
+    let opts = compressed_options(h, OuterConfig::paper(), "topk:0.2");
+    let x0 = vec![vec![1.0; d]; n];
+    let mut sim = Sim::new(network("diloco", &x0, 0.1, &opts));
+    for t in 0..5 {
+        sim.run_round(Some(&grads(n, d, t))).unwrap();
+    }
+    let good = sim.peer(1).state();
+    let mut p = build("diloco", &ring(n), 1, vec![1.0; d], 0.1, &opts).unwrap();
+    let before = p.state();
+    let mut short = good.clone();
+    short.vectors[2].1.pop();
+    let mut nan = good.clone();
+    nan.vectors[2].1[3] = f32::INFINITY;
+    let mut no_residual = good.clone();
+    no_residual.vectors.remove(2);
+    let mut no_flag = good.clone();
+    no_flag.scalars.clear();
+    let mut half = good.clone();
+    half.scalars[0].1 = 0.5;
+    let cases = [
+        (short, "\"diloco.residual\" has 9 values, expected d = 10"),
+        (nan, "\"diloco.residual\"[3] = inf is not finite"),
+        (no_residual, "diloco.residual"),
+        (no_flag, "diloco.aligned"),
+        (half, "diloco.aligned"),
+    ];
+    for (bad, msg) in cases {
+        let err = p.restore_state(&bad).unwrap_err().to_string();
+        assert!(err.contains(msg), "{err}");
+        assert_eq!(p.state(), before, "unchanged after a refusal");
+    }
+    // Nor does an uncompressed run take the compressed state, or the reverse.
+    let mut plain = build(
+        "diloco",
+        &ring(n),
+        1,
+        vec![1.0; d],
+        0.1,
+        &options(h, OuterConfig::paper()),
+    )
+    .unwrap();
+    assert!(plain.restore_state(&good).is_err());
+    p.restore_state(&good).unwrap();
+    assert_eq!(p.state(), good);
+}
+
+#[test]
+fn a_corrupted_compressed_frame_is_refused_without_a_panic() {
+    use murmur_compress::DecodeError;
+    use murmur_gossip::frame::{FrameHeader, FrameKind};
+    let (n, d, h) = (3, 40, 2);
+    let x0 = vec![uniform_vectors(1, d, 1.0, 71).remove(0); n];
+    let g: Vec<Vec<f32>> = uniform_vectors(n, d, 1.0, 72);
+    let mut net = Net::fifo(compressed_peers(&x0, 0.1, h, OuterConfig::paper(), INT8));
+    let mut reference = Net::fifo(compressed_peers(&x0, 0.1, h, OuterConfig::paper(), INT8));
+    // Through the raw first outer step into the inner step before the first compressed one.
+    for _ in 0..h + 1 {
+        net.round(Some(&g));
+        reference.round(Some(&g));
+    }
+    // Round 2h − 1 is the first compressed outer step: peer 0's step-0 frame to peer 1.
+    for (i, gi) in g.iter().enumerate() {
+        let x = net.peers[i].params().to_vec();
+        net.begin(i, &x, Some(gi));
+    }
+    let (from, to, good) = net.in_flight[0].clone();
+    assert_eq!((from, to), (0, 1));
+    let (hdr, payload) = FrameHeader::parse(&good, u32::MAX).unwrap();
+    assert_eq!(hdr.kind, FrameKind::Reduce);
+    let len = chunk_range(0, n, d).len(); // peer 0 sends chunk 0 at step 0
+    let msg = &payload[4..];
+    assert_eq!(
+        msg.len(),
+        12 + 8 + 4 + len,
+        "int8: a byte per value, one norm"
+    );
+    let frame = |round: u64, dim: u32, payload: &[u8]| {
+        common::kind_frame(FrameKind::Reduce, 0, round, dim, payload)
+    };
+    let with_msg = |f: &dyn Fn(&mut Vec<u8>)| {
+        let mut p = payload.to_vec();
+        f(&mut p);
+        frame(hdr.round, hdr.dim, &p)
+    };
+    let payload_err = |e: Result<(), GossipError>| match e {
+        Err(GossipError::Payload { from: 0, cause }) => cause,
+        other => panic!("expected a payload error, got {other:?}"),
+    };
+    let peer = &mut net.peers[1];
+    // The message's operator, its dimension (a chunk of len values), a norm, its length.
+    let cause = payload_err(peer.handle_message(net_now(), 0, &with_msg(&|p| p[4] = 200)));
+    assert!(
+        matches!(cause, DecodeError::UnknownOperator(200)),
+        "{cause:?}"
+    );
+    let cause = payload_err(peer.handle_message(
+        net_now(),
+        0,
+        &with_msg(&|p| p[4 + 4..4 + 8].copy_from_slice(&(len as u32 + 1).to_le_bytes())),
+    ));
+    assert!(
+        matches!(cause, DecodeError::DimensionMismatch { expected, .. } if expected == len),
+        "{cause:?}"
+    );
+    let nan = f32::NAN.to_le_bytes();
+    let cause = payload_err(peer.handle_message(
+        net_now(),
+        0,
+        &with_msg(&|p| p[4 + 20..4 + 24].copy_from_slice(&nan)),
+    ));
+    assert!(
+        matches!(cause, DecodeError::NonFiniteScale { bucket: 0 }),
+        "{cause:?}"
+    );
+    payload_err(peer.handle_message(
+        net_now(),
+        0,
+        &with_msg(&|p| {
+            p.pop();
+        }),
+    ));
+    // A raw f32 chunk where a compressed one is due.
+    let mut raw = payload[..4].to_vec();
+    raw.extend(common::f32_bytes(&vec![0.0; len]));
+    payload_err(peer.handle_message(net_now(), 0, &frame(hdr.round, hdr.dim, &raw)));
+    // The step, the model's dimension, the round.
+    let cause = payload_err(peer.handle_message(
+        net_now(),
+        0,
+        &with_msg(&|p| p[..4].copy_from_slice(&99u32.to_le_bytes())),
+    ));
+    assert!(
+        matches!(cause, DecodeError::BadParameter { name: "step", .. }),
+        "{cause:?}"
+    );
+    assert!(matches!(
+        peer.handle_message(net_now(), 0, &frame(hdr.round, hdr.dim + 1, payload)),
+        Err(GossipError::DimensionMismatch { .. })
+    ));
+    assert!(matches!(
+        peer.handle_message(net_now(), 0, &frame(hdr.round + 5, hdr.dim, payload)),
+        Err(GossipError::RoundOutOfWindow { .. })
+    ));
+    // Nothing changed: the round completes as if none of them had come.
+    net.deliver_all();
+    for (i, gi) in g.iter().enumerate() {
+        let x = reference.peers[i].params().to_vec();
+        reference.begin(i, &x, Some(gi));
+    }
+    reference.deliver_all();
+    assert_eq!(net.params(), reference.params());
+    assert!(net.peers[1].aligned());
+    for i in 0..n {
+        assert_eq!(net.peers[i].state(), reference.peers[i].state());
+    }
+}
+
+fn net_now() -> std::time::Instant {
+    std::time::Instant::now()
 }
