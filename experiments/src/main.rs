@@ -103,7 +103,15 @@ fn main() -> anyhow::Result<()> {
         ],
         ref one => std::slice::from_ref(one),
     };
-    for e in which {
+    for (i, e) in which.iter().enumerate() {
+        if which.len() > 1 {
+            eprintln!(
+                "murmur-experiments: experiment {}/{} ({e:?}), {:.1} min so far",
+                i + 1,
+                which.len(),
+                started.elapsed().as_secs_f64() / 60.0
+            );
+        }
         let t = Instant::now();
         match e {
             Experiment::Topology => topology::run(&ctx)?,

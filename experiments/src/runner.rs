@@ -196,9 +196,11 @@ impl Progress {
     pub fn new(title: &str, total: usize) -> Progress {
         let bar = ProgressBar::new(total as u64);
         bar.set_style(
-            ProgressStyle::with_template("{prefix} {pos}/{len} [{bar:30}] {elapsed_precise} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
+            ProgressStyle::with_template(
+                "{prefix} {pos}/{len} [{bar:30}] {elapsed_precise}, ~{eta} left {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
         );
         bar.set_prefix(title.to_string());
         Progress {
@@ -215,11 +217,12 @@ impl Progress {
         let k = self.done.fetch_add(1, Ordering::SeqCst) + 1;
         let status = if ok { "" } else { " FAILED" };
         if self.bar.is_hidden() {
+            // The time left at the mean pace of the jobs so far (they run `jobs` at once).
+            let so_far = self.started.elapsed().as_secs_f64() / 60.0;
+            let left = so_far / k as f64 * self.total.saturating_sub(k) as f64;
             eprintln!(
-                "[{} {k}/{}] {label} {secs:.1} s{status} ({:.1} min so far)",
-                self.title,
-                self.total,
-                self.started.elapsed().as_secs_f64() / 60.0
+                "[{} {k}/{}] {label} {secs:.1} s{status} ({so_far:.1} min so far, ~{left:.1} min left)",
+                self.title, self.total,
             );
         } else {
             self.bar.inc(1);

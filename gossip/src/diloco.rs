@@ -794,8 +794,8 @@ impl Algorithm for DiLoCoAlgorithm {
         "DiLoCo (Douillard et al. 2023): H inner steps (--local-steps, default 50), then an \
          outer Nesterov step (--outer-optimizer, --outer-lr, --outer-momentum) on the \
          pseudo-gradient averaged by ring all-reduce; with --compressor (e.g. qsgd:127, \
-         int8) the pseudo-gradients go through a compressed ring with error feedback \
-         (INTELLECT-1, Prime Intellect 2024)"
+         8 bits a value) the pseudo-gradients go through a compressed ring with error \
+         feedback (INTELLECT-1, Prime Intellect 2024)"
     }
     fn uses_topology(&self) -> bool {
         false

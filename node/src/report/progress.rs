@@ -3,13 +3,28 @@
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-/// A bar of `len` steps named `unit` (e.g. `epoch`, `round`), with the elapsed time and a
-/// message. indicatif hides it when stderr is not a terminal.
+/// A bar of `len` steps named `unit` (e.g. `epoch`, `round`), with the elapsed time, the
+/// time left (indicatif's estimate from the steps' rate) and a message. indicatif hides it
+/// when stderr is not a terminal.
 pub(crate) fn bar(len: u64, unit: &str) -> ProgressBar {
     let bar = ProgressBar::new(len);
     bar.set_style(
         ProgressStyle::with_template(&format!(
-            "{{spinner}} {unit} {{pos}}/{{len}} [{{bar:30}}] {{elapsed_precise}} {{msg}}"
+            "{{spinner}} {unit} {{pos}}/{{len}} [{{bar:30}}] {{elapsed_precise}}, ~{{eta}} left {{msg}}"
+        ))
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar
+}
+
+/// A bar of `total` bytes to move (the data plane's benchmarks): bytes so far, the rate and
+/// the time left; hidden when stderr is not a terminal.
+pub(crate) fn bytes_bar(total: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template(&format!(
+            "{{spinner}} {what} {{bytes}}/{{total_bytes}} [{{bar:30}}] {{bytes_per_sec}}, ~{{eta}} left"
         ))
         .unwrap_or_else(|_| ProgressStyle::default_bar())
         .progress_chars("=> "),

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use clap::Args;
+use indicatif::ProgressBar;
 use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -20,6 +21,7 @@ use tokio::sync::mpsc;
 use crate::config::{LinkLatency, LinkRate};
 use crate::control::auth::Admitted;
 use crate::plane::{DataPlane, LinkEmulation, NetEvent};
+use crate::report::progress;
 use libp2p::identity::Keypair;
 
 /// Idle timeout of the benchmark's connections (nothing is silent for long here).
@@ -103,14 +105,28 @@ pub fn run(args: &NetBenchArgs) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let mut report = rt.block_on(measure(args, emulation))?;
+    // Every measurement moves the same bytes: one, or with --compare-bare `repeat` of ours
+    // and `repeat` of bare quinn.
+    let runs = if args.compare_bare {
+        2 * args.repeat
+    } else {
+        1
+    };
+    let frames = (args.megabytes * 1_000_000).div_ceil(args.frame_bytes);
+    let bar = progress::bytes_bar((runs * frames * args.frame_bytes) as u64, "netbench");
+    let mut report = rt.block_on(measure(args, emulation, &bar))?;
     if args.compare_bare {
         let (mut ours, mut bare) = (vec![report.bytes_per_second], Vec::new());
         for i in 0..args.repeat {
             let bytes = (report.frames * report.frame_bytes) as f64;
-            bare.push(bytes / rt.block_on(bare_quinn(report.frames, report.frame_bytes))?);
+            bare.push(
+                bytes / rt.block_on(bare_quinn(report.frames, report.frame_bytes, bar.clone()))?,
+            );
             if i + 1 < args.repeat {
-                ours.push(rt.block_on(measure(args, emulation))?.bytes_per_second);
+                ours.push(
+                    rt.block_on(measure(args, emulation, &bar))?
+                        .bytes_per_second,
+                );
             }
         }
         let median = |v: &mut Vec<f64>| {
@@ -123,6 +139,7 @@ pub fn run(args: &NetBenchArgs) -> anyhow::Result<()> {
         report.bare_bytes_per_second = Some(b);
         report.ratio_to_bare = Some(report.bytes_per_second / b);
     }
+    bar.finish_and_clear();
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -158,8 +175,9 @@ pub fn run(args: &NetBenchArgs) -> anyhow::Result<()> {
 /// Seconds to move `frames` frames of `frame_bytes` bytes over a bare quinn connection on
 /// loopback: quinn's defaults (transport settings, rustls with ring), a self-signed server
 /// certificate trusted by the client, no client authentication, one unidirectional stream
-/// per frame, timed from the first write until the receiver has read every frame.
-async fn bare_quinn(frames: usize, frame_bytes: usize) -> anyhow::Result<f64> {
+/// per frame, timed from the first write until the receiver has read every frame; `bar`
+/// counts the bytes read.
+async fn bare_quinn(frames: usize, frame_bytes: usize, bar: ProgressBar) -> anyhow::Result<f64> {
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])?;
     let der = cert.cert.der().clone();
     let key = rustls::pki_types::PrivatePkcs8KeyDer::from(cert.key_pair.serialize_der());
@@ -185,6 +203,7 @@ async fn bare_quinn(frames: usize, frame_bytes: usize) -> anyhow::Result<f64> {
             if data.len() != frame_bytes {
                 bail!("bare quinn: a frame of {} bytes arrived", data.len());
             }
+            bar.inc(frame_bytes as u64);
         }
         conn.close(0u32.into(), b"done");
         anyhow::Ok(())
@@ -233,7 +252,13 @@ async fn next_frame(events: &mut mpsc::Receiver<NetEvent>) -> anyhow::Result<()>
     }
 }
 
-async fn measure(args: &NetBenchArgs, emulation: LinkEmulation) -> anyhow::Result<NetBenchReport> {
+/// One measurement of our data plane (delay, then throughput); `bar` counts the bytes
+/// delivered.
+async fn measure(
+    args: &NetBenchArgs,
+    emulation: LinkEmulation,
+    bar: &ProgressBar,
+) -> anyhow::Result<NetBenchReport> {
     let any: SocketAddr = "127.0.0.1:0".parse()?;
     let limit = u32::try_from(args.frame_bytes).unwrap_or(u32::MAX);
     let (sender_key, receiver_key) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
@@ -279,6 +304,7 @@ async fn measure(args: &NetBenchArgs, emulation: LinkEmulation) -> anyhow::Resul
     let receive = async {
         for _ in 0..frames {
             next_frame(&mut events).await?;
+            bar.inc(args.frame_bytes as u64);
         }
         anyhow::Ok(())
     };
