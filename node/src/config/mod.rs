@@ -78,9 +78,11 @@ pub struct RunArgs {
 #[derive(Debug, Clone, Args, Serialize)]
 #[command(next_help_heading = "Training")]
 pub struct TrainArgs {
-    /// Model to train: mlp and cnn on MNIST, resnet20 (3×32×32 images) and transformer
-    /// (byte-level language model) on synthetic data.
-    #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
+    /// Model to train: mlp and cnn on MNIST, resnet20 on synthetic 3×32×32 images,
+    /// transformer (byte-level language model) on the King James Bible or --data FILE. The
+    /// transformer's sizes: transformer:layers=N,d_model=N,heads=N,context=N,d_ff=N (any
+    /// of them; defaults 2, 128, 4, 128, 512).
+    #[arg(long, default_value_t = ModelKind::Mlp)]
     #[serde(serialize_with = "as_text")]
     pub model: ModelKind,
     /// Epochs: passes over the training set by the network as a whole.

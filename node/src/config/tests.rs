@@ -29,7 +29,7 @@ fn parse(args: &[&str]) -> anyhow::Result<RunArgs> {
 #[test]
 fn the_run_written_as_a_config_reads_back_as_the_same_run() {
     let dir = tempfile::tempdir().unwrap();
-    let runs: [&[&str]; 3] = [
+    let runs: [&[&str]; 4] = [
         &["murmur", "launch"],
         &[
             "murmur",
@@ -58,6 +58,12 @@ fn the_run_written_as_a_config_reads_back_as_the_same_run() {
             "--local-steps=3",
             "--topology=torus:rows=2,cols=4",
             "--model=cnn",
+        ],
+        &[
+            "murmur",
+            "launch",
+            "--model=transformer:context=64,layers=3",
+            "--optimizer=adamw",
         ],
     ];
     for argv in runs {

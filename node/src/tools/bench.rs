@@ -47,8 +47,8 @@ const LINKS_GBPS: [f64; 2] = [1.0, 10.0];
 /// Options of `murmur bench`.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// Model to measure.
-    #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
+    /// Model to measure (as --model of a run: mlp, cnn, resnet20, transformer[:sizes]).
+    #[arg(long, default_value_t = ModelKind::Mlp)]
     pub model: ModelKind,
     /// Samples per training step.
     #[arg(long, default_value_t = 32)]

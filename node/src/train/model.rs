@@ -33,9 +33,11 @@ use serde::{Deserialize, Serialize};
 pub use resnet::{ResNet, ResNetConfig};
 pub use transformer::{TransformerConfig, TransformerLm};
 
-/// Which network to train.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
+/// Which network to train. On the command line and in run configs a name — `mlp`, `cnn`,
+/// `resnet20`, `transformer` — and for the transformer optionally its sizes,
+/// `transformer:layers=4,d_model=256,heads=8,context=256,d_ff=1024` (any subset; the
+/// others keep their defaults, [`TransformerConfig::default`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelKind {
     /// 784-256-10 multilayer perceptron with ReLU, on MNIST (d = 203,530).
     Mlp,
@@ -45,23 +47,130 @@ pub enum ModelKind {
     /// ResNet-20 for 3×32×32 images and 10 classes (He et al. 2016; d = 272,474), on
     /// synthetic images.
     Resnet20,
-    /// Decoder-only transformer language model: vocabulary 256 (bytes), context 128,
-    /// d_model 128, 4 heads, 2 layers (d = 478,976), on the King James Bible (or --data FILE).
-    Transformer,
+    /// Decoder-only transformer language model over bytes (vocabulary 256) with these
+    /// sizes, on the King James Bible (or --data FILE).
+    Transformer(TransformerConfig),
 }
 
+/// The sizes `transformer:…` may set, in the order [`ModelKind`]'s `Display` writes them.
+const TRANSFORMER_KEYS: [&str; 5] = ["layers", "d_model", "heads", "context", "d_ff"];
+
 impl std::fmt::Display for ModelKind {
+    /// The name; for a transformer, the sizes that differ from the defaults after a colon.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ModelKind::Mlp => "mlp",
-            ModelKind::Cnn => "cnn",
-            ModelKind::Resnet20 => "resnet20",
-            ModelKind::Transformer => "transformer",
-        })
+        match self {
+            ModelKind::Mlp => f.write_str("mlp"),
+            ModelKind::Cnn => f.write_str("cnn"),
+            ModelKind::Resnet20 => f.write_str("resnet20"),
+            ModelKind::Transformer(c) => {
+                f.write_str("transformer")?;
+                let d = TransformerConfig::default();
+                let sizes = [
+                    (c.layers, d.layers),
+                    (c.d_model, d.d_model),
+                    (c.heads, d.heads),
+                    (c.context, d.context),
+                    (c.d_ff, d.d_ff),
+                ];
+                let mut sep = ':';
+                for (key, (v, default)) in TRANSFORMER_KEYS.iter().zip(sizes) {
+                    if v != default {
+                        write!(f, "{sep}{key}={v}")?;
+                        sep = ',';
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::str::FromStr for ModelKind {
+    type Err = String;
+
+    /// Parses `mlp`, `cnn`, `resnet20`, `transformer` or `transformer:KEY=N,…` (keys
+    /// `layers`, `d_model`, `heads`, `context`, `d_ff`).
+    ///
+    /// # Errors
+    /// An unknown name or key, a size that is not a whole number, a key given twice, or a
+    /// transformer that cannot be built (a size of 0, heads that do not divide d_model).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (name, sizes) = match s.split_once(':') {
+            Some((name, sizes)) => (name, Some(sizes)),
+            None => (s, None),
+        };
+        let kind = match name {
+            "mlp" => ModelKind::Mlp,
+            "cnn" => ModelKind::Cnn,
+            "resnet20" => ModelKind::Resnet20,
+            "transformer" => ModelKind::Transformer(TransformerConfig::default()),
+            other => {
+                return Err(format!(
+                    "unknown model {other:?}: one of mlp, cnn, resnet20, transformer \
+                     (transformer:layers=N,d_model=N,heads=N,context=N,d_ff=N for its sizes)"
+                ))
+            }
+        };
+        let Some(sizes) = sizes else {
+            return Ok(kind);
+        };
+        let ModelKind::Transformer(mut c) = kind else {
+            return Err(format!(
+                "{name} has no sizes to set (only transformer:… has)"
+            ));
+        };
+        let mut seen = Vec::new();
+        for pair in sizes.split(',') {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?} is not KEY=N (in {s:?})"))?;
+            let key = key.trim();
+            let v: usize = value
+                .trim()
+                .parse()
+                .map_err(|_| format!("{key}={value}: not a whole number (in {s:?})"))?;
+            if seen.contains(&key) {
+                return Err(format!("{key} is given twice (in {s:?})"));
+            }
+            seen.push(key);
+            match key {
+                "layers" => c.layers = v,
+                "d_model" => c.d_model = v,
+                "heads" => c.heads = v,
+                "context" => c.context = v,
+                "d_ff" => c.d_ff = v,
+                other => {
+                    return Err(format!(
+                        "unknown transformer size {other:?}: one of {}",
+                        TRANSFORMER_KEYS.join(", ")
+                    ))
+                }
+            }
+        }
+        c.check().map_err(|e| e.to_string())?;
+        Ok(ModelKind::Transformer(c))
+    }
+}
+
+impl Serialize for ModelKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ModelKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
     }
 }
 
 impl ModelKind {
+    /// The transformer with its default sizes ([`TransformerConfig::default`]).
+    pub fn transformer() -> Self {
+        ModelKind::Transformer(TransformerConfig::default())
+    }
+
     /// The samples the model of this kind takes.
     pub fn input(self) -> Input {
         match self {
@@ -80,13 +189,10 @@ impl ModelKind {
                     classes: c.classes,
                 }
             }
-            ModelKind::Transformer => {
-                let c = TransformerConfig::default();
-                Input::Tokens {
-                    context: c.context,
-                    vocab: c.vocab,
-                }
-            }
+            ModelKind::Transformer(c) => Input::Tokens {
+                context: c.context,
+                vocab: c.vocab,
+            },
         }
     }
 
@@ -101,7 +207,7 @@ impl ModelKind {
     pub fn with_data(self) -> String {
         match self {
             ModelKind::Mlp | ModelKind::Cnn => self.to_string(),
-            ModelKind::Transformer => format!("{self} on text"),
+            ModelKind::Transformer(_) => format!("{self} on text"),
             ModelKind::Resnet20 => format!("{self} (synthetic data)"),
         }
     }
@@ -260,7 +366,7 @@ impl<B: Backend> Net<B> {
                 act: Relu::new(),
             }),
             ModelKind::Resnet20 => Net::ResNet(ResNetConfig::default().build(device)),
-            ModelKind::Transformer => Net::Transformer(TransformerConfig::default().build(device)),
+            ModelKind::Transformer(c) => Net::Transformer(c.build(device)),
         }
     }
 

@@ -370,7 +370,7 @@ fn synthetic_data_have_the_model_shapes_and_ranges() {
     );
     assert_ne!(a, Dataset::synthetic(images, 20, 8));
 
-    let tokens = ModelKind::Transformer.input();
+    let tokens = ModelKind::transformer().input();
     let t = Dataset::synthetic(tokens, 10, 7);
     assert_eq!((t.len(), t.features()), (10, 129));
     assert!(t
@@ -393,11 +393,11 @@ fn run_data_is_mnist_or_synthetic_by_model() {
     assert_ne!(r.train.image(0), r.test.image(0));
     assert_eq!(r, RunData::load(ModelKind::Resnet20, None, 1).unwrap());
     // The language model: the embedded King James Bible, or a byte file.
-    let t = RunData::load(ModelKind::Transformer, None, 1).unwrap();
+    let t = RunData::load(ModelKind::transformer(), None, 1).unwrap();
     assert_eq!(t.test.features(), 129);
     assert_eq!(t.test.len(), text::VALIDATION_SEQUENCES);
     let err = RunData::load(
-        ModelKind::Transformer,
+        ModelKind::transformer(),
         Some(Path::new("/data/no-such-text")),
         1,
     )

@@ -66,7 +66,7 @@ fn flatten_unflatten_round_trip_and_length_check() {
         ModelKind::Mlp,
         ModelKind::Cnn,
         ModelKind::Resnet20,
-        ModelKind::Transformer,
+        ModelKind::transformer(),
     ]
     .map(|kind| (kind.to_string(), Net::<B>::new(kind, &Default::default())));
     let small = [
@@ -136,7 +136,7 @@ fn resnet20_and_transformer_have_the_documented_d() {
     }
     for (kind, d) in [
         (ModelKind::Resnet20, resnet20),
-        (ModelKind::Transformer, transformer),
+        (ModelKind::transformer(), transformer),
     ] {
         let net = Net::<B>::new(kind, &Default::default());
         assert_eq!(net.dim(), d, "{kind}");
@@ -157,7 +157,11 @@ fn resnet20_and_transformer_have_the_documented_d() {
 fn tensor_lengths_are_the_layers_in_flatten_order() {
     let mlp = Net::<B>::new(ModelKind::Mlp, &Default::default());
     assert_eq!(tensor_lengths(&mlp), vec![784 * 256, 256, 256 * 10, 10]);
-    for kind in [ModelKind::Cnn, ModelKind::Resnet20, ModelKind::Transformer] {
+    for kind in [
+        ModelKind::Cnn,
+        ModelKind::Resnet20,
+        ModelKind::transformer(),
+    ] {
         let net = Net::<B>::new(kind, &Default::default());
         assert_eq!(tensor_lengths(&net).iter().sum::<usize>(), net.dim());
     }
@@ -311,7 +315,7 @@ fn resnet20_fits_a_fixed_synthetic_batch() {
 #[test]
 fn transformer_fits_a_fixed_synthetic_batch() {
     B::seed(&Default::default(), 1);
-    let net = Net::<B>::new(ModelKind::Transformer, &Default::default());
+    let net = Net::<B>::new(ModelKind::transformer(), &Default::default());
     let data = Dataset::synthetic(net.input(), 4, 1);
     let (first, last) = fit(net, &data, 12, 0.1);
     assert!(
@@ -494,4 +498,56 @@ fn evaluate_counts_correct_predictions() {
         (loss - expected).abs() < 1e-5,
         "loss {loss}, expected {expected}"
     );
+}
+
+#[test]
+fn model_names_and_transformer_sizes_parse_and_print_back() {
+    for name in ["mlp", "cnn", "resnet20", "transformer"] {
+        let kind: ModelKind = name.parse().unwrap();
+        assert_eq!(kind.to_string(), name);
+    }
+    assert_eq!(
+        "transformer".parse::<ModelKind>().unwrap(),
+        ModelKind::transformer()
+    );
+    let kind: ModelKind = "transformer:context=64,layers=3,d_ff=256".parse().unwrap();
+    let ModelKind::Transformer(c) = kind else {
+        panic!("{kind:?}")
+    };
+    assert_eq!((c.context, c.layers, c.d_ff), (64, 3, 256));
+    assert_eq!(
+        (c.d_model, c.heads),
+        (128, 4),
+        "the others keep their defaults"
+    );
+    // Printed in a fixed order, only the sizes that differ; it parses back to itself.
+    assert_eq!(kind.to_string(), "transformer:layers=3,context=64,d_ff=256");
+    assert_eq!(kind.to_string().parse::<ModelKind>().unwrap(), kind);
+    assert_eq!(
+        kind.input(),
+        Input::Tokens {
+            context: 64,
+            vocab: 256
+        }
+    );
+    let net = Net::<B>::new(kind, &Default::default());
+    let mut x = Vec::new();
+    flatten(&net, &mut x);
+    // 3 blocks of d_model 128 and d_ff 256, 64 positions.
+    let (v, t, m, f) = (256, 64, 128, 256);
+    let block = 2 * 2 * m + 4 * (m * m + m) + (m * f + f) + (f * m + m);
+    assert_eq!(x.len(), v * m + t * m + 3 * block + 2 * m + (m * v + v));
+    for (bad, says) in [
+        ("gpt", "unknown model"),
+        ("mlp:layers=2", "no sizes"),
+        ("transformer:depth=2", "unknown transformer size"),
+        ("transformer:layers=two", "not a whole number"),
+        ("transformer:layers", "not KEY=N"),
+        ("transformer:layers=2,layers=3", "twice"),
+        ("transformer:layers=0", "≥ 1"),
+        ("transformer:heads=3", "do not divide"),
+    ] {
+        let err = bad.parse::<ModelKind>().unwrap_err();
+        assert!(err.contains(says), "{bad}: {err}");
+    }
 }

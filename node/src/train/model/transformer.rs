@@ -63,6 +63,15 @@ impl TransformerConfig {
     /// If a size is 0, the vocabulary has fewer than 2 tokens, or `heads` does not divide
     /// `d_model`.
     pub fn init<B: Backend>(&self, device: &B::Device) -> anyhow::Result<TransformerLm<B>> {
+        self.check()?;
+        Ok(self.build(device))
+    }
+
+    /// Whether a model of these sizes can be built.
+    ///
+    /// # Errors
+    /// As [`TransformerConfig::init`].
+    pub fn check(&self) -> anyhow::Result<()> {
         let c = self;
         if [c.context, c.d_model, c.heads, c.layers, c.d_ff].contains(&0) {
             anyhow::bail!("transformer: every size must be ≥ 1, got {c:?}");
@@ -80,7 +89,7 @@ impl TransformerConfig {
                 c.d_model
             );
         }
-        Ok(self.build(device))
+        Ok(())
     }
 
     /// [`TransformerConfig::init`] for a configuration known to be valid.
