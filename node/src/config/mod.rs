@@ -81,7 +81,7 @@ pub struct TrainArgs {
     /// Model to train: mlp and cnn on MNIST, resnet20 on synthetic 3×32×32 images,
     /// transformer (byte-level language model) on the King James Bible or --data FILE. The
     /// transformer's sizes: transformer:layers=N,d_model=N,heads=N,context=N,d_ff=N (any
-    /// of them; defaults 2, 128, 4, 128, 512).
+    /// of them; defaults 2, 128, 4, 64, 512).
     #[arg(long, default_value_t = ModelKind::Mlp)]
     #[serde(serialize_with = "as_text")]
     pub model: ModelKind,

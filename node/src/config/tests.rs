@@ -62,7 +62,7 @@ fn the_run_written_as_a_config_reads_back_as_the_same_run() {
         &[
             "murmur",
             "launch",
-            "--model=transformer:context=64,layers=3",
+            "--model=transformer:context=32,layers=3",
             "--optimizer=adamw",
         ],
     ];

@@ -35,7 +35,7 @@ pub use transformer::{TransformerConfig, TransformerLm};
 
 /// Which network to train. On the command line and in run configs a name — `mlp`, `cnn`,
 /// `resnet20`, `transformer` — and for the transformer optionally its sizes,
-/// `transformer:layers=4,d_model=256,heads=8,context=256,d_ff=1024` (any subset; the
+/// `transformer:layers=4,d_model=256,heads=8,context=128,d_ff=1024` (any subset; the
 /// others keep their defaults, [`TransformerConfig::default`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelKind {

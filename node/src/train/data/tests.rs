@@ -372,7 +372,7 @@ fn synthetic_data_have_the_model_shapes_and_ranges() {
 
     let tokens = ModelKind::transformer().input();
     let t = Dataset::synthetic(tokens, 10, 7);
-    assert_eq!((t.len(), t.features()), (10, 129));
+    assert_eq!((t.len(), t.features()), (10, 65));
     assert!(t
         .images
         .iter()
@@ -394,7 +394,7 @@ fn run_data_is_mnist_or_synthetic_by_model() {
     assert_eq!(r, RunData::load(ModelKind::Resnet20, None, 1).unwrap());
     // The language model: the embedded King James Bible, or a byte file.
     let t = RunData::load(ModelKind::transformer(), None, 1).unwrap();
-    assert_eq!(t.test.features(), 129);
+    assert_eq!(t.test.features(), 65);
     assert_eq!(t.test.len(), text::VALIDATION_SEQUENCES);
     let err = RunData::load(
         ModelKind::transformer(),

@@ -121,10 +121,10 @@ fn resnet20_and_transformer_have_the_documented_d() {
     assert_eq!(resnet20, 272_474);
     // Transformer: token and position embeddings; per layer LN, 4 attention projections
     // with bias, LN, MLP 128→512→128; final LN; head 128→256 with bias.
-    let (v, t, m, f) = (256, 128, 128, 512);
+    let (v, t, m, f) = (256, 64, 128, 512);
     let layer = 2 * m + 4 * (m * m + m) + 2 * m + (m * f + f) + (f * m + m);
     let transformer = v * m + t * m + 2 * layer + 2 * m + (m * v + v);
-    assert_eq!(transformer, 478_976);
+    assert_eq!(transformer, 470_784);
 
     struct Trainable(usize);
     impl ModuleVisitor<B> for Trainable {
@@ -510,31 +510,31 @@ fn model_names_and_transformer_sizes_parse_and_print_back() {
         "transformer".parse::<ModelKind>().unwrap(),
         ModelKind::transformer()
     );
-    let kind: ModelKind = "transformer:context=64,layers=3,d_ff=256".parse().unwrap();
+    let kind: ModelKind = "transformer:context=32,layers=3,d_ff=256".parse().unwrap();
     let ModelKind::Transformer(c) = kind else {
         panic!("{kind:?}")
     };
-    assert_eq!((c.context, c.layers, c.d_ff), (64, 3, 256));
+    assert_eq!((c.context, c.layers, c.d_ff), (32, 3, 256));
     assert_eq!(
         (c.d_model, c.heads),
         (128, 4),
         "the others keep their defaults"
     );
     // Printed in a fixed order, only the sizes that differ; it parses back to itself.
-    assert_eq!(kind.to_string(), "transformer:layers=3,context=64,d_ff=256");
+    assert_eq!(kind.to_string(), "transformer:layers=3,context=32,d_ff=256");
     assert_eq!(kind.to_string().parse::<ModelKind>().unwrap(), kind);
     assert_eq!(
         kind.input(),
         Input::Tokens {
-            context: 64,
+            context: 32,
             vocab: 256
         }
     );
     let net = Net::<B>::new(kind, &Default::default());
     let mut x = Vec::new();
     flatten(&net, &mut x);
-    // 3 blocks of d_model 128 and d_ff 256, 64 positions.
-    let (v, t, m, f) = (256, 64, 128, 256);
+    // 3 blocks of d_model 128 and d_ff 256, 32 positions.
+    let (v, t, m, f) = (256, 32, 128, 256);
     let block = 2 * 2 * m + 4 * (m * m + m) + (m * f + f) + (f * m + m);
     assert_eq!(x.len(), v * m + t * m + 3 * block + 2 * m + (m * v + v));
     for (bad, says) in [

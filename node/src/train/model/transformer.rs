@@ -10,8 +10,12 @@
 //! a Linear with bias; GELU is the exact (erf) form. The embeddings are drawn from
 //! N(0, 0.02²) as in GPT-2, the linear layers with Burn's default (Kaiming-uniform, gain 1/√3).
 //!
-//! With the defaults ([`TransformerConfig::default`]: vocab 256, context 128, d_model 128,
-//! 4 heads, 2 layers, d_ff 512) d = 478,976.
+//! With the defaults ([`TransformerConfig::default`]: vocab 256, context 64, d_model 128,
+//! 4 heads, 2 layers, d_ff 512) d = 470,784. Context 64, not 128: a step takes 0.16 s
+//! instead of 0.41 s (`murmur bench`, batch 32, 2-core dev machine), and 8 peers on that
+//! machine then train to 2.40 bits per byte on the KJV validation text in 7.5 minutes
+//! (`murmur launch --model transformer --optimizer adamw --lr 0.002 --lr-schedule cosine
+//! --warmup-rounds 20 --epochs 2`); `transformer:context=128` is the earlier default.
 
 use burn::module::{Initializer, Param};
 use burn::nn::attention::{
@@ -30,7 +34,7 @@ const EMBEDDING_STD: f64 = 0.02;
 pub struct TransformerConfig {
     /// Tokens in the vocabulary (256: bytes).
     pub vocab: usize,
-    /// Context length T: positions the model reads at once (128).
+    /// Context length T: positions the model reads at once (64).
     pub context: usize,
     /// Width of the residual stream (128).
     pub d_model: usize,
@@ -43,11 +47,11 @@ pub struct TransformerConfig {
 }
 
 impl Default for TransformerConfig {
-    /// vocab 256, context 128, d_model 128, 4 heads, 2 layers, d_ff 512 (d = 478,976).
+    /// vocab 256, context 64, d_model 128, 4 heads, 2 layers, d_ff 512 (d = 470,784).
     fn default() -> Self {
         TransformerConfig {
             vocab: 256,
-            context: 128,
+            context: 64,
             d_model: 128,
             heads: 4,
             layers: 2,
