@@ -732,6 +732,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
             let eval = model::inference_copy(&self.net);
             crate::report::collector::write_sample(&eval, args, out, &self.device)?;
             write_summary(out, &s)?;
+            println!("run folder: {}", out.display());
         }
         Ok(())
     }

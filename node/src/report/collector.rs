@@ -411,7 +411,6 @@ pub(crate) fn summary(
 pub(crate) fn write_summary(dir: &Path, summary: &Summary) -> anyhow::Result<()> {
     report::save_summary(dir, summary)?;
     println!("{}", report::summary_line(summary));
-    println!("run folder: {}", dir.display());
     Ok(())
 }
 

@@ -127,13 +127,14 @@ pub fn draw(runs: &[Run], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
     chart::init_fonts()?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let labels = labels(runs);
+    // Every run has the first run's record (checked above), so each list has them all.
     let charts = match &first.record {
         Record::Training(_) => {
             let rows: Vec<&[EpochRow]> = runs
                 .iter()
-                .map(|r| match &r.record {
-                    Record::Training(rows) => rows.as_slice(),
-                    _ => unreachable!("checked above"),
+                .filter_map(|r| match &r.record {
+                    Record::Training(rows) => Some(rows.as_slice()),
+                    _ => None,
                 })
                 .collect();
             training_charts(&labels, &rows)
@@ -141,9 +142,9 @@ pub fn draw(runs: &[Run], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
         Record::Consensus(_) => {
             let rows: Vec<&[ConsensusRow]> = runs
                 .iter()
-                .map(|r| match &r.record {
-                    Record::Consensus(rows) => rows.as_slice(),
-                    _ => unreachable!("checked above"),
+                .filter_map(|r| match &r.record {
+                    Record::Consensus(rows) => Some(rows.as_slice()),
+                    _ => None,
                 })
                 .collect();
             consensus_charts(&labels, &rows)
@@ -151,16 +152,16 @@ pub fn draw(runs: &[Run], out: &Path) -> anyhow::Result<Vec<PathBuf>> {
         Record::Timing(_) => {
             let times: Vec<Vec<EpochTime>> = runs
                 .iter()
-                .map(|r| match &r.record {
-                    Record::Timing(rows) => per_epoch(rows.iter().map(|t| {
+                .filter_map(|r| match &r.record {
+                    Record::Timing(rows) => Some(per_epoch(rows.iter().map(|t| {
                         (
                             t.epoch,
                             t.compute_seconds,
                             t.communicate_seconds,
                             t.wait_seconds,
                         )
-                    })),
-                    _ => unreachable!("checked above"),
+                    }))),
+                    _ => None,
                 })
                 .collect();
             vec![("time", time_chart(&labels, &times))]

@@ -112,7 +112,7 @@ pub fn run(args: &NetBenchArgs) -> anyhow::Result<()> {
     } else {
         1
     };
-    let frames = (args.megabytes * 1_000_000).div_ceil(args.frame_bytes);
+    let frames = frame_count(args);
     let bar = progress::bytes_bar((runs * frames * args.frame_bytes) as u64, "netbench");
     let mut report = rt.block_on(measure(args, emulation, &bar))?;
     if args.compare_bare {
@@ -252,6 +252,11 @@ async fn next_frame(events: &mut mpsc::Receiver<NetEvent>) -> anyhow::Result<()>
     }
 }
 
+/// Frames of `--frame-bytes` that carry `--megabytes`.
+fn frame_count(args: &NetBenchArgs) -> usize {
+    (args.megabytes * 1_000_000).div_ceil(args.frame_bytes)
+}
+
 /// One measurement of our data plane (delay, then throughput); `bar` counts the bytes
 /// delivered.
 async fn measure(
@@ -292,7 +297,7 @@ async fn measure(
     let delay_seconds = delays[delays.len() / 2];
 
     // Throughput: the frames back to back, timed until the last one is delivered.
-    let frames = (args.megabytes * 1_000_000).div_ceil(args.frame_bytes);
+    let frames = frame_count(args);
     let payload = frame(args.frame_bytes, 0);
     let t = Instant::now();
     let send = async {

@@ -3,13 +3,14 @@
 use super::*;
 use crate::report::ConsensusRow;
 
-pub(super) fn run(
-    args: &RunArgs,
-    sim: &SimArgs,
-    topo: &murmur_topology::Topology,
-    net_model: &NetworkModel,
-    dir: &Path,
-) -> anyhow::Result<()> {
+pub(super) fn run(setup: &Setup<'_>) -> anyhow::Result<()> {
+    let Setup {
+        args,
+        sim,
+        topo,
+        net_model,
+        dir,
+    } = *setup;
     let n = args.peers;
     let d = match sim.dim {
         Some(0) => bail!("--dim must be at least 1"),
@@ -106,7 +107,5 @@ pub(super) fn run(
         last.bytes_sent_per_peer / 1e6,
         last.seconds
     );
-    report::plots::after_run(dir);
-    println!("run folder: {}", dir.display());
     Ok(())
 }

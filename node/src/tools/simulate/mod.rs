@@ -258,13 +258,33 @@ pub fn run(args: &RunArgs, sim: &SimArgs) -> anyhow::Result<()> {
     let topo = args.topology()?;
     let net_model = sim.network_model(args.peers, args.train.seed)?;
     let dir = run_folder(args, &sim.folder, "sim-")?;
+    let setup = Setup {
+        args,
+        sim,
+        topo: &topo,
+        net_model: &net_model,
+        dir: &dir,
+    };
     if sim.consensus {
-        consensus::run(args, sim, &topo, &net_model, &dir)
+        consensus::run(&setup)?;
     } else if sim.timing_only {
-        timing::run(args, sim, &topo, &net_model, &dir)
+        timing::run(&setup)?;
     } else {
-        train::run(args, sim, &topo, &net_model, &dir)
+        train::run(&setup)?;
     }
+    report::plots::after_run(&dir);
+    println!("run folder: {}", dir.display());
+    Ok(())
+}
+
+/// What every mode of the simulator runs with: the options, the topology, the network
+/// model and the run folder.
+struct Setup<'a> {
+    args: &'a RunArgs,
+    sim: &'a SimArgs,
+    topo: &'a murmur_topology::Topology,
+    net_model: &'a NetworkModel,
+    dir: &'a Path,
 }
 
 /// Largest frame payload accepted for d parameters: as `murmur peer`.

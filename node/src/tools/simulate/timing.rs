@@ -4,13 +4,14 @@ use super::*;
 use crate::report::TimingRow;
 
 /// `--timing-only`: the schedule of a training run with random gradients (module doc).
-pub(super) fn run(
-    args: &RunArgs,
-    sim: &SimArgs,
-    topo: &murmur_topology::Topology,
-    net_model: &NetworkModel,
-    dir: &Path,
-) -> anyhow::Result<()> {
+pub(super) fn run(setup: &Setup<'_>) -> anyhow::Result<()> {
+    let Setup {
+        args,
+        sim,
+        topo,
+        net_model,
+        dir,
+    } = *setup;
     let n = args.peers;
     let compute_secs = fixed_compute_secs(sim)?
         .ok_or_else(|| anyhow!("--timing-only needs --compute-ms (there is no model to time)"))?;
@@ -110,7 +111,5 @@ pub(super) fn run(
         last.wall_seconds,
         last.bytes_sent_per_peer / 1e6
     );
-    report::plots::after_run(dir);
-    println!("run folder: {}", dir.display());
     Ok(())
 }

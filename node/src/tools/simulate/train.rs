@@ -2,13 +2,14 @@
 
 use super::*;
 
-pub(super) fn run(
-    args: &RunArgs,
-    sim: &SimArgs,
-    topo: &murmur_topology::Topology,
-    net_model: &NetworkModel,
-    dir: &Path,
-) -> anyhow::Result<()> {
+pub(super) fn run(setup: &Setup<'_>) -> anyhow::Result<()> {
+    let Setup {
+        args,
+        sim,
+        topo,
+        net_model,
+        dir,
+    } = *setup;
     let n = args.peers;
     let device: Dev = Default::default();
     let data = RunData::load(
@@ -125,7 +126,6 @@ pub(super) fn run(
     if let Some(text) = write_sample(&model::inference_copy(&net0), args, dir, &device)? {
         println!("sample from peer 0's model:\n{text}");
     }
-    report::plots::after_run(dir);
     Ok(())
 }
 
