@@ -11,6 +11,7 @@ use serde::Serialize;
 /// The time-varying one-peer exponential schedule's name for `--topology`.
 pub use murmur_topology::ONE_PEER_EXPONENTIAL;
 
+use crate::plane::TransportChoice;
 use crate::train::data::Partition;
 use crate::train::model::ModelKind;
 use crate::train::optim::{AdamWConfig, Optimizer, OptimizerKind, Schedule, ScheduleKind};
@@ -292,6 +293,11 @@ pub struct NetArgs {
     /// Seconds to wait for all peers to join.
     #[arg(long, default_value_t = 60)]
     pub join_timeout_secs: u64,
+    /// Transport of the data-plane links: `auto` sends to peers on this host through shared
+    /// memory (a ring in /dev/shm; QUIC if it cannot be mapped) and to other hosts over
+    /// QUIC; `quic` uses QUIC everywhere.
+    #[arg(long, value_enum, default_value_t = TransportChoice::Auto)]
+    pub transport: TransportChoice,
 }
 
 /// Parses `RANK:MS` of `--slow-peer`.

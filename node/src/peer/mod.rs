@@ -42,7 +42,7 @@ use tracing::{debug, info, info_span, warn};
 use crate::config::{DeviceSpec, Init, RunArgs};
 use crate::control::auth::{self, Admitted};
 use crate::control::discovery::{discover, Discovered, Fingerprint, Gate, Listen, PeerInfo, Role};
-use crate::plane::{DataPlane, Links, NetEvent};
+use crate::plane::{DataPlane, LinkKind, Links, NetEvent};
 use crate::report::{self, EpochRow, PeerEpoch};
 use crate::train::data::{partition, RunData};
 use crate::train::model::{self, Net};

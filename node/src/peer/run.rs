@@ -245,6 +245,7 @@ fn join(
         )
     })?;
     plane.emulation = args.link_emulation();
+    plane.transport = args.net.transport;
     let mut me = PeerInfo {
         rank,
         peer_id: String::new(),
@@ -422,6 +423,14 @@ fn wire<B: AutodiffBackend>(
             Err(e) => return Err(e),
         }
     }
+    let shared = links
+        .values()
+        .filter(|l| l.kind == LinkKind::SharedMemory)
+        .count();
+    info!(
+        "links: {shared} through shared memory, {} over QUIC",
+        links.len() - shared
+    );
     let mut expected_in: HashSet<Rank> = gossip.in_peers().into_iter().collect();
     if rank == 0 {
         expected_in.extend(1..n);

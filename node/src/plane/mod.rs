@@ -1,21 +1,33 @@
-//! The data plane: bulk parameter frames on our own QUIC endpoint (quinn).
+//! The data plane: bulk parameter frames between peers, on our own transports.
 //!
-//! One connection per destination peer, one unidirectional stream per frame. Every frame
-//! starts with the 24-byte [`FrameHeader`]; the receiver reads and checks the header
-//! (magic, version, kind, declared length ≤ limit) before it allocates for the payload.
-//! Received frames and connection losses reach the training loop through one bounded
-//! channel of [`NetEvent`]s.
+//! Every link (one per destination peer) is a QUIC connection (quinn, [`quic`]); between
+//! peers on one host its frames travel through a shared-memory ring instead ([`shm`],
+//! set up over the connection by [`local_link`]) unless `--transport quic` is given. The
+//! transports meet at one seam, [`send::FrameTransport`]: the sending half of a link
+//! ([`send`]: queue, emulation, goodbye) and the receiving half ([`receive`]: checks,
+//! counting, delivery) are the same for both. Every frame starts with the 24-byte
+//! [`FrameHeader`]; the receiver checks the header (magic, version, kind, declared length ≤
+//! limit) before it allocates for the payload, on both transports. Received frames and
+//! connection losses reach the training loop through one bounded channel of [`NetEvent`]s.
 //!
 //! Connections are mutually authenticated with the peers' libp2p identities
 //! ([`crate::control::auth`]): a client accepts only the `PeerId` it dials, a server only `PeerId`s
 //! admitted to the run, and each incoming connection is bound to its peer's rank from the
-//! start — a frame on it that claims another sender is refused. Connections that fail
-//! authentication are refused and reported ([`NetEvent::Refused`]).
+//! start — a frame on it (or on the ring it offered) that claims another sender is refused.
+//! Connections that fail authentication are refused and reported ([`NetEvent::Refused`]).
+//! The QUIC connection is also every link's liveness: a silent peer is noticed by its idle
+//! timeout, whichever transport carries the frames.
 //!
 //! Shutdown without losing frames: after its last frame a sender sends a `Bye` frame whose
-//! payload is the number of frames it sent before on that connection. The receiver closes
-//! the connection (application code 0) once it has read that many frames, and the sender
+//! payload is the number of frames it sent before on that link. The receiver closes the
+//! connection (application code 0) once it has read that many frames, and the sender
 //! counts its link as finished when it sees that close.
+
+mod local_link;
+mod quic;
+mod receive;
+pub mod send;
+pub mod shm;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -26,12 +38,16 @@ use anyhow::{anyhow, Context};
 use bytes::Bytes;
 use libp2p::identity::Keypair;
 use libp2p::PeerId;
-use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
+use murmur_gossip::frame::FrameHeader;
 use murmur_gossip::Rank;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Connection, Endpoint, TransportConfig, VarInt};
+use serde::Serialize;
 use tokio::sync::mpsc;
-use tracing::warn;
+use tracing::info;
+
+use quic::{accept_loop, crypto_provider, transport_config, QuicFrames};
+use send::send_loop;
 
 use crate::control::auth::{self, Admitted};
 
@@ -101,10 +117,12 @@ pub struct DataPlane {
     /// Our identity: client certificates are made from it.
     key: Keypair,
     events: mpsc::Sender<NetEvent>,
-    transport: Arc<TransportConfig>,
+    quic_config: Arc<TransportConfig>,
     rank: Rank,
     /// Applied to the links opened by [`DataPlane::connect`] from then on.
     pub emulation: LinkEmulation,
+    /// The transports of the links opened by [`DataPlane::connect`] from then on.
+    pub transport: TransportChoice,
     inbound: Inbound,
 }
 
@@ -152,11 +170,43 @@ impl LinkEmulation {
     }
 }
 
+/// Which transports links may use (`--transport`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TransportChoice {
+    /// Shared memory to peers on this host (when both ends can map the ring), QUIC to the
+    /// others.
+    #[default]
+    Auto,
+    /// QUIC on every link.
+    Quic,
+}
+
+/// The transport a link's frames use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkKind {
+    /// QUIC streams.
+    Quic,
+    /// A shared-memory ring (same host).
+    SharedMemory,
+}
+
+impl std::fmt::Display for LinkKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LinkKind::Quic => "QUIC",
+            LinkKind::SharedMemory => "shared memory",
+        })
+    }
+}
+
 /// A link to one destination peer.
 pub struct Link {
     to: Rank,
     tx: mpsc::Sender<Bytes>,
     conn: Connection,
+    /// The transport its frames use.
+    pub kind: LinkKind,
 }
 
 /// Incoming connections by the peer they are bound to (by their first frame), oldest first.
@@ -165,27 +215,6 @@ type Inbound = Arc<std::sync::Mutex<HashMap<Rank, Vec<Connection>>>>;
 /// Application close code of a connection this side gave up (its peer left the run, or it
 /// is not admitted).
 const ABANDONED: u32 = 2;
-/// How long an incoming connection waits for the directory before it is refused.
-const ADMISSION_WAIT: Duration = Duration::from_secs(120);
-
-/// Transport settings of every data-plane connection; `idle_timeout` is how long a silent
-/// connection lives (keep-alives every third of it, at most every 2 s).
-fn transport_config(idle_timeout: Duration) -> TransportConfig {
-    let mut t = TransportConfig::default();
-    // Windows large enough that a multi-MB parameter frame is not flow-control bound.
-    t.stream_receive_window(VarInt::from_u32(64 << 20));
-    t.receive_window(VarInt::from_u32(256 << 20));
-    t.send_window(256 << 20);
-    t.max_concurrent_uni_streams(VarInt::from_u32(1024));
-    t.max_concurrent_bidi_streams(VarInt::from_u32(0));
-    t.keep_alive_interval(Some((idle_timeout / 3).min(Duration::from_secs(2))));
-    t.max_idle_timeout(Some(
-        VarInt::from_u64(idle_timeout.as_millis() as u64)
-            .unwrap_or(VarInt::MAX)
-            .into(),
-    ));
-    t
-}
 
 impl DataPlane {
     /// Binds peer `rank`'s QUIC endpoint at `addr` (port 0: any free port) with a certificate
@@ -204,11 +233,11 @@ impl DataPlane {
         key: &Keypair,
         admitted: Admitted,
     ) -> anyhow::Result<(DataPlane, mpsc::Receiver<NetEvent>)> {
-        let transport = Arc::new(transport_config(peer_timeout));
+        let quic_config = Arc::new(transport_config(peer_timeout));
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(
             auth::server_config(key, crypto_provider())?,
         )?));
-        server.transport_config(transport.clone());
+        server.transport_config(quic_config.clone());
 
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(addr),
@@ -244,9 +273,10 @@ impl DataPlane {
                 local_addr,
                 key: key.clone(),
                 events,
-                transport,
+                quic_config,
                 rank,
                 emulation: LinkEmulation::default(),
+                transport: TransportChoice::default(),
                 inbound,
             },
             rx,
@@ -254,7 +284,9 @@ impl DataPlane {
     }
 
     /// Connects to peer `to` at `addr`, which must prove the identity `peer_id`, and starts
-    /// its sender task.
+    /// its sender task. A peer on this host gets a shared-memory ring (with
+    /// [`TransportChoice::Auto`]); if it cannot map it, the link stays on QUIC and the
+    /// reason is logged.
     pub async fn connect(
         &self,
         to: Rank,
@@ -263,7 +295,7 @@ impl DataPlane {
     ) -> anyhow::Result<Link> {
         let tls = auth::client_config(&self.key, peer_id, crypto_provider())?;
         let mut client = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls)?));
-        client.transport_config(self.transport.clone());
+        client.transport_config(self.quic_config.clone());
         let conn = tokio::time::timeout(
             Duration::from_secs(10),
             self.endpoint.connect_with(client, addr, SERVER_NAME)?,
@@ -272,15 +304,33 @@ impl DataPlane {
         .map_err(|_| anyhow!("timed out connecting to peer {to} at {addr}"))?
         .with_context(|| format!("connecting to peer {to} at {addr}"))?;
         let (tx, rx) = mpsc::channel(SEND_QUEUE);
-        tokio::spawn(send_loop(
-            self.rank,
-            to,
-            conn.clone(),
-            rx,
-            self.events.clone(),
-            self.emulation,
-        ));
-        Ok(Link { to, tx, conn })
+        let (me, events, emulation) = (self.rank, self.events.clone(), self.emulation);
+        let ring = if self.transport == TransportChoice::Auto && local_link::same_host(addr) {
+            match local_link::offer(&conn).await {
+                Ok(ring) => Some(ring),
+                Err(e) => {
+                    info!(
+                        to,
+                        "the link to peer {to} stays on QUIC: shared memory failed: {e:#}"
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let kind = match ring {
+            Some(ring) => {
+                tokio::spawn(send_loop(me, to, conn.clone(), ring, rx, events, emulation));
+                LinkKind::SharedMemory
+            }
+            None => {
+                let quic = QuicFrames(conn.clone());
+                tokio::spawn(send_loop(me, to, conn.clone(), quic, rx, events, emulation));
+                LinkKind::Quic
+            }
+        };
+        Ok(Link { to, tx, conn, kind })
     }
 
     /// Closes the incoming connections from `peer` (which left the run) without reporting
@@ -329,318 +379,13 @@ fn closed_here(conn: &Connection) -> bool {
     )
 }
 
-/// Reports a failed write on the link to `to` as [`NetEvent::Lost`], unless this side
-/// closed the connection.
-async fn send_failed(
-    events: &mpsc::Sender<NetEvent>,
-    to: Rank,
-    conn: &Connection,
-    e: anyhow::Error,
-) {
-    if closed_here(conn) {
-        return;
-    }
-    let _ = events
-        .send(NetEvent::Lost {
-            peer: to,
-            reason: format!("sending to peer {to} failed: {e}"),
-        })
-        .await;
-}
-
-/// Writes one frame on its own unidirectional stream.
-async fn write_frame(conn: &Connection, frame: &[u8]) -> anyhow::Result<()> {
-    let mut s = conn.open_uni().await?;
-    s.write_all(frame).await?;
-    s.finish()?;
-    Ok(())
-}
-
-/// AES-GCM first (it has hardware support here and measured faster than ChaCha20).
-fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
-    let mut p = rustls::crypto::ring::default_provider();
-    p.cipher_suites.sort_by_key(|s| match s.suite() {
-        rustls::CipherSuite::TLS13_AES_128_GCM_SHA256 => 0,
-        rustls::CipherSuite::TLS13_AES_256_GCM_SHA384 => 1,
-        _ => 2,
-    });
-    Arc::new(p)
-}
-
-async fn send_loop(
-    me: Rank,
-    to: Rank,
-    conn: Connection,
-    mut rx: mpsc::Receiver<Bytes>,
-    events: mpsc::Sender<NetEvent>,
-    emulation: LinkEmulation,
-) {
-    let mut sent: u64 = 0;
-    // With emulation: when the emulated link is free again, and the frames in flight.
-    let mut link_free = tokio::time::Instant::now();
-    let mut in_flight = tokio::task::JoinSet::new();
-    while let Some(frame) = rx.recv().await {
-        let result = if emulation.is_off() {
-            write_frame(&conn, &frame).await
-        } else {
-            // tokio's timers tick in milliseconds: sleep only when there is a wait.
-            let now = tokio::time::Instant::now();
-            let start = link_free.max(now);
-            if start > now {
-                tokio::time::sleep_until(start).await;
-            }
-            link_free = start + emulation.occupancy(frame.len());
-            let (conn, latency) = (conn.clone(), emulation.latency);
-            in_flight.spawn(async move {
-                if !latency.is_zero() {
-                    // tokio's timer rounds up to its next 1 ms tick (measured +1.3 ms at
-                    // 2 ms); a blocking-pool thread's sleep is accurate to ~0.1 ms.
-                    let _ = tokio::task::spawn_blocking(move || std::thread::sleep(latency)).await;
-                }
-                write_frame(&conn, &frame).await
-            });
-            // Collect what has finished; report the first failure.
-            let mut r = Ok(());
-            while let Some(done) = in_flight.try_join_next() {
-                r = r.and(done.map_err(anyhow::Error::from).and_then(|w| w));
-            }
-            r
-        };
-        if let Err(e) = result {
-            return send_failed(&events, to, &conn, e).await;
-        }
-        sent += 1;
-    }
-    // Every frame is written before the goodbye that counts them.
-    while let Some(done) = in_flight.join_next().await {
-        if let Err(e) = done.map_err(anyhow::Error::from).and_then(|w| w) {
-            return send_failed(&events, to, &conn, e).await;
-        }
-    }
-    // The training loop dropped its handle: say goodbye, then wait for the receiver to
-    // close the connection once it has read everything.
-    let bye = async {
-        let mut s = conn.open_uni().await?;
-        let mut f = Vec::with_capacity(FRAME_HEADER_LEN + 8);
-        FrameHeader {
-            kind: FrameKind::Bye,
-            sender: me,
-            round: 0,
-            dim: 0,
-            payload_len: 8,
-        }
-        .emit(&mut f);
-        f.extend_from_slice(&sent.to_le_bytes());
-        s.write_all(&f).await?;
-        s.finish()?;
-        anyhow::Ok(())
-    };
-    if let Err(e) = bye.await {
-        return send_failed(&events, to, &conn, e.context("saying goodbye")).await;
-    }
-    let reason = conn.closed().await;
-    let event = match reason {
-        quinn::ConnectionError::ApplicationClosed(c) if c.error_code == VarInt::from_u32(0) => {
-            NetEvent::LinkDone { to }
-        }
-        _ if closed_here(&conn) => return,
-        other => NetEvent::Lost {
-            peer: to,
-            reason: format!("connection to peer {to}: {other}"),
-        },
-    };
-    let _ = events.send(event).await;
-}
-
-async fn accept_loop(
-    endpoint: Endpoint,
-    events: mpsc::Sender<NetEvent>,
-    max_payload_bytes: u32,
-    inbound: Inbound,
-    admitted: Admitted,
-) {
-    while let Some(incoming) = endpoint.accept().await {
-        let events = events.clone();
-        let inbound = inbound.clone();
-        let admitted = admitted.clone();
-        tokio::spawn(async move {
-            let remote = incoming.remote_address();
-            let conn = match incoming.await {
-                Ok(conn) => conn,
-                Err(e) => return refuse_connection(&events, remote, e.to_string()).await,
-            };
-            // The handshake checked the certificate; bind the connection to its rank.
-            let peer = conn
-                .peer_identity()
-                .and_then(|id| {
-                    id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
-                        .ok()
-                })
-                .and_then(|certs| auth::peer_id_of(&certs).ok());
-            let rank = match peer {
-                Some(p) => admitted.rank_when_known(&p, ADMISSION_WAIT).await,
-                None => None,
-            };
-            match rank {
-                Some(rank) => {
-                    serve_connection(conn, rank, events, max_payload_bytes, inbound).await
-                }
-                None => {
-                    conn.close(VarInt::from_u32(ABANDONED), b"not admitted");
-                    let who = peer.map_or("no identity".to_string(), |p| format!("peer {p}"));
-                    let why = format!("{who} is not admitted to this run");
-                    refuse_connection(&events, remote, why).await;
-                }
-            }
-        });
-    }
-}
-
-/// Reports a refused incoming connection (failed authentication, or not admitted).
-async fn refuse_connection(events: &mpsc::Sender<NetEvent>, remote: SocketAddr, why: String) {
-    warn!(%remote, "refused a data-plane connection: {why}");
-    let _ = events
-        .send(NetEvent::Refused {
-            peer: None,
-            reason: format!("connection from {remote} refused: {why}"),
-        })
-        .await;
-}
-
-/// Per-connection receive state: who the sender is and how many frames arrived.
-struct Receiving {
-    peer: Option<Rank>,
-    received: u64,
-    expected: Option<u64>,
-}
-
-async fn serve_connection(
-    conn: Connection,
-    rank: Rank,
-    events: mpsc::Sender<NetEvent>,
-    max_payload_bytes: u32,
-    inbound: Inbound,
-) {
-    inbound
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .entry(rank)
-        .or_default()
-        .push(conn.clone());
-    let state = Arc::new(tokio::sync::Mutex::new(Receiving {
-        peer: Some(rank),
-        received: 0,
-        expected: None,
-    }));
-    loop {
-        let mut stream = match conn.accept_uni().await {
-            Ok(s) => s,
-            Err(e) => {
-                let st = state.lock().await;
-                let done = st.expected.is_some_and(|n| st.received >= n) || closed_here(&conn);
-                if let (Some(peer), false) = (st.peer, done) {
-                    let _ = events
-                        .send(NetEvent::Lost {
-                            peer,
-                            reason: format!("connection from peer {peer}: {e}"),
-                        })
-                        .await;
-                }
-                return;
-            }
-        };
-        let events = events.clone();
-        let state = state.clone();
-        let conn = conn.clone();
-        tokio::spawn(async move {
-            let frame = async {
-                let mut head = [0u8; FRAME_HEADER_LEN];
-                stream
-                    .read_exact(&mut head)
-                    .await
-                    .map_err(|e| anyhow!("reading a frame header: {e}"))?;
-                let header = FrameHeader::parse_prefix(&head, max_payload_bytes)?;
-                let mut buf = vec![0u8; FRAME_HEADER_LEN + header.payload_len as usize];
-                buf[..FRAME_HEADER_LEN].copy_from_slice(&head);
-                stream
-                    .read_exact(&mut buf[FRAME_HEADER_LEN..])
-                    .await
-                    .map_err(|e| anyhow!("reading a {}-byte payload: {e}", header.payload_len))?;
-                anyhow::Ok((header, Bytes::from(buf)))
-            }
-            .await;
-            let mut st = state.lock().await;
-            // Every stream but the goodbye counts towards the sender's announced frame count,
-            // refused or not, so that a refused frame cannot hold the shutdown up. `refused`
-            // is (reason, whether the stream was a counted frame).
-            let refused: Option<(String, bool)> = match frame {
-                Err(e) => Some((format!("{e:#}"), true)),
-                Ok((header, bytes)) => match st.peer {
-                    // The connection is bound to the rank its certificate proves.
-                    Some(p) if p != header.sender => Some((
-                        format!(
-                            "frame claims sender {} on peer {p}'s connection",
-                            header.sender
-                        ),
-                        true,
-                    )),
-                    _ => {
-                        if header.kind == FrameKind::Bye {
-                            let count = bytes
-                                .get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + 8)
-                                .and_then(|b| b.try_into().ok())
-                                .map(u64::from_le_bytes);
-                            match count {
-                                Some(n) => {
-                                    st.expected = Some(n);
-                                    None
-                                }
-                                None => Some(("malformed goodbye".to_string(), false)),
-                            }
-                        } else {
-                            st.received += 1;
-                            let from = header.sender;
-                            let delivered = events
-                                .send(NetEvent::Frame {
-                                    from,
-                                    header,
-                                    bytes,
-                                })
-                                .await;
-                            if delivered.is_err() {
-                                return; // the training loop is gone
-                            }
-                            None
-                        }
-                    }
-                },
-            };
-            if let Some((reason, counted)) = refused {
-                warn!(peer = ?st.peer, "refused frame: {reason}");
-                if counted {
-                    st.received += 1;
-                }
-                let _ = events
-                    .send(NetEvent::Refused {
-                        peer: st.peer,
-                        reason,
-                    })
-                    .await;
-            }
-            if let (Some(from), true) = (st.peer, st.expected.is_some_and(|n| st.received >= n)) {
-                let _ = events.send(NetEvent::Finished { from }).await;
-                conn.close(VarInt::from_u32(0), b"done");
-            }
-        });
-    }
-}
-
 /// Outgoing links by destination rank.
 pub type Links = HashMap<Rank, Link>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use murmur_gossip::frame::{FrameKind, FRAME_HEADER_LEN};
 
     fn frame(sender: Rank) -> Bytes {
         let mut f = Vec::new();
@@ -662,6 +407,87 @@ mod tests {
             .await
             .expect("an event within 10 s")
             .expect("the data plane is running")
+    }
+
+    /// A frame of `len` payload bytes of one value, from `sender`.
+    fn sized(sender: Rank, len: usize, fill: u8) -> Bytes {
+        let mut f = Vec::new();
+        FrameHeader {
+            kind: FrameKind::Gossip,
+            sender,
+            round: len as u64,
+            dim: 1,
+            payload_len: len as u32,
+        }
+        .emit(&mut f);
+        f.resize(f.len() + len, fill);
+        Bytes::from(f)
+    }
+
+    /// On both transports: frames arrive whole, one over the limit and one with a lying
+    /// header are refused (counted) and the frames after them still arrive, and the goodbye
+    /// finishes both ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn both_transports_deliver_refuse_and_finish_alike() {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        for (choice, kind) in [
+            (TransportChoice::Auto, LinkKind::SharedMemory),
+            (TransportChoice::Quic, LinkKind::Quic),
+        ] {
+            let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+            let admitted = Admitted::default();
+            admitted.admit_all([(a.public().to_peer_id(), 0)]);
+            let timeout = Duration::from_secs(5);
+            let limit = 3 << 20;
+            let (mut sender, mut sender_events) =
+                DataPlane::bind(0, any, limit, timeout, &a, Admitted::default()).unwrap();
+            sender.transport = choice;
+            let (receiver, mut events) =
+                DataPlane::bind(1, any, limit, timeout, &b, admitted).unwrap();
+            let link = sender
+                .connect(1, receiver.local_addr, b.public().to_peer_id())
+                .await
+                .unwrap();
+            assert_eq!(link.kind, kind);
+            let sizes = [0usize, 5, 1 << 20, 3 << 20, 7 << 20, 100];
+            for &n in &sizes {
+                link.send(sized(0, n, (n % 251) as u8)).await.unwrap();
+            }
+            // A header that declares fewer bytes than the frame has.
+            let mut lying = sized(0, 10, 0).to_vec();
+            lying.extend_from_slice(&[1; 10]);
+            link.send(Bytes::from(lying)).await.unwrap();
+            drop(link);
+            let (mut got, mut refused, mut finished) = (Vec::new(), 0, false);
+            while !finished {
+                match next(&mut events).await {
+                    NetEvent::Frame {
+                        from: 0,
+                        header,
+                        bytes,
+                    } => {
+                        let n = header.payload_len as usize;
+                        assert_eq!(bytes.len(), FRAME_HEADER_LEN + n);
+                        let fill = (n % 251) as u8;
+                        assert!(
+                            bytes[FRAME_HEADER_LEN..].iter().all(|&b| b == fill),
+                            "{kind}"
+                        );
+                        got.push(n);
+                    }
+                    NetEvent::Refused { peer: Some(0), .. } => refused += 1,
+                    NetEvent::Finished { from: 0 } => finished = true,
+                    other => panic!("{kind}: unexpected {other:?}"),
+                }
+            }
+            got.sort();
+            assert_eq!(got, [0, 5, 100, 1 << 20, 3 << 20], "{kind}");
+            assert_eq!(refused, 2, "{kind}: the 7 MiB frame and the lying one");
+            match next(&mut sender_events).await {
+                NetEvent::LinkDone { to: 1 } => {}
+                other => panic!("{kind}: expected the link done, got {other:?}"),
+            }
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,231 @@
+//! Links between peers on one host through shared memory ([`super::shm`]), set up over the
+//! link's authenticated QUIC connection.
+//!
+//! The sender of a link whose destination address is one of this host's (loopback, or an
+//! address of one of its interfaces: a peer in another network namespace is another host)
+//! creates a ring and offers its name on a bidirectional QUIC stream: `SHM1`, the ring's
+//! capacity (u64 LE), the name's length (u8) and the name. The receiver maps it (checks in
+//! [`shm::Reader::open`]) and answers `OK`, or `NO` and why; on `NO`, a timeout or any
+//! error the link stays on QUIC and the reason is logged. From then on every frame of the
+//! link, the goodbye included, goes through the ring, read by one thread per incoming ring
+//! and handed to [`super::receive::deliver`] as a QUIC frame would be; both ends stop when
+//! the connection closes.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use bytes::Bytes;
+use murmur_gossip::frame::{FrameHeader, FRAME_HEADER_LEN};
+use quinn::{Connection, RecvStream, SendStream, VarInt};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::receive::{deliver, Receiving};
+use super::send::FrameTransport;
+use super::shm::{self, Incoming, LinkBroken};
+use super::{NetEvent, ABANDONED};
+
+/// How long the sender waits for the answer to its offer.
+const OFFER_TIMEOUT: Duration = Duration::from_secs(10);
+const OFFER_TAG: &[u8; 4] = b"SHM1";
+
+/// Whether `addr` is this host's: loopback, or an address a socket here can bind (one of
+/// this network namespace's interfaces).
+pub fn same_host(addr: SocketAddr) -> bool {
+    addr.ip().is_loopback() || UdpSocket::bind(SocketAddr::new(addr.ip(), 0)).is_ok()
+}
+
+/// Frames through a shared-memory ring; writes are serialised and run on tokio's blocking
+/// pool (a full ring waits for the reader).
+#[derive(Clone)]
+pub struct ShmFrames(Arc<Mutex<shm::Writer>>);
+
+impl FrameTransport for ShmFrames {
+    async fn write(&self, frame: Bytes) -> anyhow::Result<()> {
+        let writer = self.0.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut w = writer.lock().unwrap_or_else(|e| e.into_inner());
+            w.write_frame(&frame)
+        })
+        .await?
+        .map_err(anyhow::Error::from)
+    }
+}
+
+/// A flag set when `conn` closes, for the blocking waits of a ring.
+fn stop_flag(conn: &Connection) -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (flag, conn) = (stop.clone(), conn.clone());
+    tokio::spawn(async move {
+        conn.closed().await;
+        flag.store(true, Ordering::Release);
+    });
+    stop
+}
+
+/// Offers a new ring to the receiver at the other end of `conn`; returns the link's
+/// transport once the receiver has mapped it. Errors: no ring could be made, the receiver
+/// refused (its reason), no answer within [`OFFER_TIMEOUT`].
+pub async fn offer(conn: &Connection) -> anyhow::Result<ShmFrames> {
+    let mut writer =
+        shm::Writer::create(Path::new(shm::SHM_DIR), shm::RING_BYTES, stop_flag(conn))?;
+    let name = writer.name();
+    let exchange = async {
+        let (mut send, mut recv) = conn.open_bi().await?;
+        let mut msg = Vec::with_capacity(13 + name.len());
+        msg.extend_from_slice(OFFER_TAG);
+        msg.extend_from_slice(&writer.capacity().to_le_bytes());
+        msg.push(name.len() as u8);
+        msg.extend_from_slice(name.as_bytes());
+        send.write_all(&msg).await?;
+        send.finish()?;
+        let answer = recv.read_to_end(1024).await?;
+        match answer.split_first_chunk::<2>() {
+            Some((b"OK", _)) => Ok(()),
+            Some((b"NO", why)) => bail!("refused: {}", String::from_utf8_lossy(why)),
+            _ => bail!("an answer that is not one"),
+        }
+    };
+    let answered = tokio::time::timeout(OFFER_TIMEOUT, exchange)
+        .await
+        .map_err(|_| anyhow!("no answer within {OFFER_TIMEOUT:?}"))
+        .and_then(|r| r);
+    writer.unlink();
+    answered?;
+    Ok(ShmFrames(Arc::new(Mutex::new(writer))))
+}
+
+/// Parses an offer: (capacity, name).
+fn parse_offer(msg: &[u8]) -> anyhow::Result<(u64, String)> {
+    let rest = msg
+        .strip_prefix(OFFER_TAG)
+        .ok_or_else(|| anyhow!("not an offer"))?;
+    let (cap, rest) = rest
+        .split_first_chunk::<8>()
+        .ok_or_else(|| anyhow!("a truncated offer"))?;
+    let (&len, name) = rest
+        .split_first()
+        .ok_or_else(|| anyhow!("a truncated offer"))?;
+    anyhow::ensure!(name.len() == len as usize, "an offer of the wrong length");
+    let name = std::str::from_utf8(name).context("a ring name that is not text")?;
+    Ok((u64::from_le_bytes(*cap), name.to_string()))
+}
+
+/// Answers the ring offered on (`send`, `recv`) by the peer of `conn` (bound to
+/// `state.peer`) and, once mapped, reads the ring's frames on a thread of its own until
+/// the connection closes or the goodbye's count is complete. Only the `first` offer of a
+/// connection is taken (one ring per link).
+pub(super) async fn answer_offer(
+    conn: Connection,
+    mut send: SendStream,
+    mut recv: RecvStream,
+    events: mpsc::Sender<NetEvent>,
+    state: Arc<tokio::sync::Mutex<Receiving>>,
+    max_payload_bytes: u32,
+    first: bool,
+) {
+    let peer = state.lock().await.peer;
+    let opened = async {
+        anyhow::ensure!(first, "this link has a ring already");
+        let msg = recv.read_to_end(256).await?;
+        let (capacity, name) = parse_offer(&msg)?;
+        shm::Reader::open(Path::new(shm::SHM_DIR), &name, capacity, stop_flag(&conn))
+    }
+    .await;
+    let answer = match &opened {
+        Ok(_) => b"OK".to_vec(),
+        Err(e) => {
+            warn!(peer, "refused peer {peer}'s shared-memory ring: {e:#}");
+            [b"NO".as_slice(), format!("{e:#}").as_bytes()].concat()
+        }
+    };
+    let _ = send.write_all(&answer).await;
+    let _ = send.finish();
+    let Ok(reader) = opened else { return };
+    debug!(peer, "frames from peer {peer} come through shared memory");
+    let handle = tokio::runtime::Handle::current();
+    let spawned = std::thread::Builder::new()
+        .name(format!("shm-from-{peer}"))
+        .spawn(move || read_ring(reader, conn, events, state, max_payload_bytes, handle));
+    if let Err(e) = spawned {
+        warn!(peer, "no thread for peer {peer}'s ring: {e}");
+    }
+}
+
+/// The reading thread of one ring: frames to [`deliver`] until the link stops.
+fn read_ring(
+    mut reader: shm::Reader,
+    conn: Connection,
+    events: mpsc::Sender<NetEvent>,
+    state: Arc<tokio::sync::Mutex<Receiving>>,
+    max_payload_bytes: u32,
+    rt: tokio::runtime::Handle,
+) {
+    let limit = FRAME_HEADER_LEN + max_payload_bytes as usize;
+    loop {
+        let frame = match reader.read_frame(limit) {
+            Ok(Incoming::Frame(buf)) => check(buf, max_payload_bytes),
+            Ok(Incoming::TooLong(n)) => Err(anyhow!(
+                "a {n}-byte frame exceeds the limit of {limit} bytes"
+            )),
+            Err(LinkBroken::Stopped) => return,
+            Err(LinkBroken::Corrupt(why)) => {
+                let peer = rt.block_on(state.lock()).peer;
+                conn.close(VarInt::from_u32(ABANDONED), b"corrupt ring");
+                let _ = events.blocking_send(NetEvent::Lost {
+                    peer,
+                    reason: format!("peer {peer}'s shared-memory ring: {why}"),
+                });
+                return;
+            }
+        };
+        let done = rt.block_on(async {
+            let mut st = state.lock().await;
+            !deliver(frame, &mut st, &events, &conn).await || st.complete()
+        });
+        if done {
+            return;
+        }
+    }
+}
+
+/// The header of a frame read whole from a ring, checked as on QUIC, and its length against
+/// the header's.
+fn check(buf: Vec<u8>, max_payload_bytes: u32) -> anyhow::Result<(FrameHeader, Bytes)> {
+    let header = FrameHeader::parse_prefix(&buf, max_payload_bytes)?;
+    let declared = FRAME_HEADER_LEN + header.payload_len as usize;
+    anyhow::ensure!(
+        declared == buf.len(),
+        "a frame longer than the {declared} bytes it declares"
+    );
+    Ok((header, Bytes::from(buf)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offers_parse_and_bad_ones_are_refused() {
+        let mut msg = b"SHM1".to_vec();
+        msg.extend_from_slice(&(4u64 << 20).to_le_bytes());
+        msg.push(5);
+        msg.extend_from_slice(b"ring1");
+        assert_eq!(parse_offer(&msg).unwrap(), (4 << 20, "ring1".to_string()));
+        assert!(parse_offer(&msg[..msg.len() - 1]).is_err());
+        assert!(parse_offer(b"SHM2").is_err());
+        assert!(parse_offer(&msg[..6]).is_err());
+    }
+
+    #[test]
+    fn loopback_and_own_addresses_are_this_host() {
+        assert!(same_host("127.0.0.1:9".parse().unwrap()));
+        assert!(same_host("[::1]:9".parse().unwrap()));
+        // TEST-NET-3 is nobody's address.
+        assert!(!same_host("203.0.113.7:9".parse().unwrap()));
+    }
+}

@@ -1,0 +1,204 @@
+//! QUIC, the data plane's network transport (quinn): the endpoint's settings, frames as
+//! unidirectional streams, and the server side — authenticated connections bound to their
+//! peer's rank, each frame read with its header checked before the payload is allocated.
+//!
+//! Every link has a QUIC connection, also when its frames travel through shared memory
+//! ([`super::local_link`]): the connection proves the peers' identities, carries the
+//! shared-memory offer (a bidirectional stream), notices a silent peer (idle timeout) and
+//! carries the close that ends the link.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::anyhow;
+use bytes::Bytes;
+use murmur_gossip::frame::{FrameHeader, FRAME_HEADER_LEN};
+use murmur_gossip::Rank;
+use quinn::{Connection, Endpoint, TransportConfig, VarInt};
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use super::receive::{deliver, Receiving};
+use super::send::FrameTransport;
+use super::{closed_here, local_link, Inbound, NetEvent, ABANDONED};
+use crate::control::auth::{self, Admitted};
+
+/// How long an incoming connection waits for the directory before it is refused.
+const ADMISSION_WAIT: Duration = Duration::from_secs(120);
+
+/// Transport settings of every data-plane connection; `idle_timeout` is how long a silent
+/// connection lives (keep-alives every third of it, at most every 2 s).
+pub(super) fn transport_config(idle_timeout: Duration) -> TransportConfig {
+    let mut t = TransportConfig::default();
+    // Windows large enough that a multi-MB parameter frame is not flow-control bound.
+    t.stream_receive_window(VarInt::from_u32(64 << 20));
+    t.receive_window(VarInt::from_u32(256 << 20));
+    t.send_window(256 << 20);
+    t.max_concurrent_uni_streams(VarInt::from_u32(1024));
+    // The shared-memory offer.
+    t.max_concurrent_bidi_streams(VarInt::from_u32(2));
+    t.keep_alive_interval(Some((idle_timeout / 3).min(Duration::from_secs(2))));
+    t.max_idle_timeout(Some(
+        VarInt::from_u64(idle_timeout.as_millis() as u64)
+            .unwrap_or(VarInt::MAX)
+            .into(),
+    ));
+    t
+}
+
+/// AES-GCM first (it has hardware support here and measured faster than ChaCha20).
+pub(super) fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    let mut p = rustls::crypto::ring::default_provider();
+    p.cipher_suites.sort_by_key(|s| match s.suite() {
+        rustls::CipherSuite::TLS13_AES_128_GCM_SHA256 => 0,
+        rustls::CipherSuite::TLS13_AES_256_GCM_SHA384 => 1,
+        _ => 2,
+    });
+    Arc::new(p)
+}
+
+/// Frames as QUIC streams: one unidirectional stream per frame.
+#[derive(Clone)]
+pub struct QuicFrames(pub Connection);
+
+impl FrameTransport for QuicFrames {
+    async fn write(&self, frame: Bytes) -> anyhow::Result<()> {
+        let mut s = self.0.open_uni().await?;
+        s.write_all(&frame).await?;
+        s.finish()?;
+        Ok(())
+    }
+}
+
+/// Accepts the endpoint's incoming connections: authenticated, admitted, bound to a rank.
+pub(super) async fn accept_loop(
+    endpoint: Endpoint,
+    events: mpsc::Sender<NetEvent>,
+    max_payload_bytes: u32,
+    inbound: Inbound,
+    admitted: Admitted,
+) {
+    while let Some(incoming) = endpoint.accept().await {
+        let events = events.clone();
+        let inbound = inbound.clone();
+        let admitted = admitted.clone();
+        tokio::spawn(async move {
+            let remote = incoming.remote_address();
+            let conn = match incoming.await {
+                Ok(conn) => conn,
+                Err(e) => return refuse_connection(&events, remote, e.to_string()).await,
+            };
+            // The handshake checked the certificate; bind the connection to its rank.
+            let peer = conn
+                .peer_identity()
+                .and_then(|id| {
+                    id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+                        .ok()
+                })
+                .and_then(|certs| auth::peer_id_of(&certs).ok());
+            let rank = match peer {
+                Some(p) => admitted.rank_when_known(&p, ADMISSION_WAIT).await,
+                None => None,
+            };
+            match rank {
+                Some(rank) => {
+                    serve_connection(conn, rank, events, max_payload_bytes, inbound).await
+                }
+                None => {
+                    conn.close(VarInt::from_u32(ABANDONED), b"not admitted");
+                    let who = peer.map_or("no identity".to_string(), |p| format!("peer {p}"));
+                    let why = format!("{who} is not admitted to this run");
+                    refuse_connection(&events, remote, why).await;
+                }
+            }
+        });
+    }
+}
+
+/// Reports a refused incoming connection (failed authentication, or not admitted).
+async fn refuse_connection(events: &mpsc::Sender<NetEvent>, remote: SocketAddr, why: String) {
+    warn!(%remote, "refused a data-plane connection: {why}");
+    let _ = events
+        .send(NetEvent::Refused {
+            peer: None,
+            reason: format!("connection from {remote} refused: {why}"),
+        })
+        .await;
+}
+
+/// Reads the frames of peer `rank`'s connection: one per unidirectional stream, or, once
+/// the peer has offered its shared-memory ring on a bidirectional stream, from the ring.
+async fn serve_connection(
+    conn: Connection,
+    rank: Rank,
+    events: mpsc::Sender<NetEvent>,
+    max_payload_bytes: u32,
+    inbound: Inbound,
+) {
+    inbound
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(rank)
+        .or_default()
+        .push(conn.clone());
+    let state = Arc::new(tokio::sync::Mutex::new(Receiving::new(rank)));
+    let mut offers = 0;
+    loop {
+        let mut stream = tokio::select! {
+            uni = conn.accept_uni() => match uni {
+                Ok(s) => s,
+                Err(e) => {
+                    let st = state.lock().await;
+                    if !(st.complete() || closed_here(&conn)) {
+                        let _ = events
+                            .send(NetEvent::Lost {
+                                peer: rank,
+                                reason: format!("connection from peer {rank}: {e}"),
+                            })
+                            .await;
+                    }
+                    return;
+                }
+            },
+            bi = conn.accept_bi() => {
+                if let Ok((send, recv)) = bi {
+                    offers += 1;
+                    let (conn, events, state) = (conn.clone(), events.clone(), state.clone());
+                    tokio::spawn(local_link::answer_offer(
+                        conn, send, recv, events, state, max_payload_bytes, offers == 1,
+                    ));
+                }
+                continue;
+            }
+        };
+        let events = events.clone();
+        let state = state.clone();
+        let conn = conn.clone();
+        tokio::spawn(async move {
+            let frame = async {
+                let mut head = [0u8; FRAME_HEADER_LEN];
+                stream
+                    .read_exact(&mut head)
+                    .await
+                    .map_err(|e| anyhow!("reading a frame header: {e}"))?;
+                let header = FrameHeader::parse_prefix(&head, max_payload_bytes)?;
+                let mut buf = vec![0u8; FRAME_HEADER_LEN + header.payload_len as usize];
+                buf[..FRAME_HEADER_LEN].copy_from_slice(&head);
+                stream
+                    .read_exact(&mut buf[FRAME_HEADER_LEN..])
+                    .await
+                    .map_err(|e| anyhow!("reading a {}-byte payload: {e}", header.payload_len))?;
+                // A stream is one frame: bytes after the declared payload make it a bad one.
+                let mut more = [0u8; 1];
+                if let Ok(Some(_)) = stream.read(&mut more).await {
+                    anyhow::bail!("a frame longer than the {} bytes it declares", buf.len());
+                }
+                anyhow::Ok((header, Bytes::from(buf)))
+            }
+            .await;
+            let mut st = state.lock().await;
+            deliver(frame, &mut st, &events, &conn).await;
+        });
+    }
+}
