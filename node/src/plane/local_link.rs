@@ -39,13 +39,20 @@ pub fn same_host(addr: SocketAddr) -> bool {
     addr.ip().is_loopback() || UdpSocket::bind(SocketAddr::new(addr.ip(), 0)).is_ok()
 }
 
-/// Frames through a shared-memory ring; writes are serialised and run on tokio's blocking
-/// pool (a full ring waits for the reader).
+/// Frames through a shared-memory ring; writes are serialised. A frame that fits in the
+/// ring's free space is copied in at once; one that has to wait for the reader is written
+/// on tokio's blocking pool.
 #[derive(Clone)]
 pub struct ShmFrames(Arc<Mutex<shm::Writer>>);
 
 impl FrameTransport for ShmFrames {
     async fn write(&self, frame: Bytes) -> anyhow::Result<()> {
+        {
+            let mut w = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            if w.fits_now(frame.len()) {
+                return w.write_frame(&frame).map_err(anyhow::Error::from);
+            }
+        }
         let writer = self.0.clone();
         tokio::task::spawn_blocking(move || {
             let mut w = writer.lock().unwrap_or_else(|e| e.into_inner());

@@ -213,6 +213,16 @@ impl Writer {
         }
     }
 
+    /// Whether a frame of `len` bytes fits in the ring now (it then goes in without a wait:
+    /// only this writer fills the ring).
+    pub fn fits_now(&self, len: usize) -> bool {
+        let s = &self.seg;
+        let written = s.u64_at(OFF_WRITTEN).load(Ordering::Relaxed);
+        let read = s.u64_at(OFF_READ).load(Ordering::Acquire);
+        s.used(written, read)
+            .is_ok_and(|used| s.capacity - used >= (PREFIX + len) as u64)
+    }
+
     /// Writes one frame (its length, then its bytes), waiting while the ring is full.
     /// Errors: the link was stopped, or the reader wrote an impossible counter.
     pub fn write_frame(&mut self, frame: &[u8]) -> Result<(), LinkBroken> {
@@ -349,10 +359,9 @@ impl Reader {
             self.consume(len, |_, _| {})?;
             return Ok(Incoming::TooLong(len));
         }
-        let mut frame = vec![0u8; len];
-        self.consume(len, |chunk, at| {
-            frame[at..at + chunk.len()].copy_from_slice(chunk)
-        })?;
+        // Chunks come in order: appended, the frame's memory is written once (no zeroing).
+        let mut frame = Vec::with_capacity(len);
+        self.consume(len, |chunk, _| frame.extend_from_slice(chunk))?;
         Ok(Incoming::Frame(frame))
     }
 
