@@ -1,0 +1,621 @@
+//! `murmur netbench`: the data plane's throughput and one-way delay between two endpoints
+//! on this machine (loopback QUIC, TLS 1.3 AES-GCM, mutual authentication with the peers'
+//! identities, the peers' transport settings), with or without the link emulation of
+//! `--link-bandwidth` / `--link-latency` — the measurement behind the emulation's documented
+//! accuracy. With `--compare-bare` it also moves the same frames over a bare quinn
+//! connection (quinn's default transport settings and crypto, a self-signed server
+//! certificate, no client authentication, one unidirectional stream per frame); with
+//! `--baselines` over raw TCP, over TLS 1.3 on TCP and through memcpy ([`baselines`]). The
+//! transports are measured in the same run, alternating, `--repeat` times each; the report
+//! gives each one's median and murmur's ratio to it.
+
+pub mod baselines;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use clap::Args;
+use indicatif::ProgressBar;
+use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::config::{LinkLatency, LinkRate};
+use crate::control::auth::Admitted;
+use crate::plane::{DataPlane, LinkEmulation, NetEvent};
+use crate::report::progress;
+use libp2p::identity::Keypair;
+
+/// Idle timeout of the benchmark's connections (nothing is silent for long here).
+const PEER_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Options of `murmur netbench`.
+#[derive(Debug, Clone, Args)]
+pub struct NetBenchArgs {
+    /// Megabytes (10⁶ bytes) to move in the throughput test.
+    #[arg(long, default_value_t = 100)]
+    pub megabytes: usize,
+    /// Bytes per frame (default: one MLP message, 4·203,530 + 36).
+    #[arg(long, default_value_t = 814_156)]
+    pub frame_bytes: usize,
+    /// Emulated link rate, e.g. `1Gbit` (default: unlimited).
+    #[arg(long)]
+    pub link_bandwidth: Option<LinkRate>,
+    /// Emulated one-way delay, e.g. `2ms` (default: none).
+    #[arg(long)]
+    pub link_latency: Option<LinkLatency>,
+    /// Small frames sent one at a time to measure the one-way delay.
+    #[arg(long, default_value_t = 20)]
+    pub pings: usize,
+    /// Also move the same frames over a bare quinn connection and report the ratio.
+    #[arg(long)]
+    pub compare_bare: bool,
+    /// Also move the same frames over raw TCP, over TLS 1.3 on TCP (rustls, AES-128-GCM) and
+    /// through memcpy, two threads each (memcpy: one), and print a table of rates and
+    /// ratios; not with the emulation flags.
+    #[arg(long)]
+    pub baselines: bool,
+    /// With `--compare-bare` or `--baselines`: measurements of each transport, alternating;
+    /// medians reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A way of moving the benchmark's frames whose throughput `murmur netbench` measures.
+/// Each measurement moves the same frames (same count, same size); a new transport is one
+/// more variant, with its name and its measurement in `Bench::measure`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    /// murmur's data plane: authenticated QUIC, one stream per frame, the emulation
+    /// flags applied.
+    Murmur,
+    /// A bare quinn connection (`--compare-bare`).
+    #[serde(rename = "bare_quinn")]
+    Bare,
+    /// TLS 1.3 with AES-128-GCM over loopback TCP, rustls, two threads (`--baselines`).
+    #[serde(rename = "tls_tcp")]
+    Tls,
+    /// Raw TCP on loopback, two threads (`--baselines`).
+    Tcp,
+    /// Each frame copied into a fresh buffer in one thread (`--baselines`).
+    Memcpy,
+}
+
+impl Transport {
+    /// The transport's name in the text report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Murmur => "murmur QUIC (authenticated)",
+            Transport::Bare => "bare quinn",
+            Transport::Tls => "TLS 1.3 over TCP (AES-128-GCM)",
+            Transport::Tcp => "TCP",
+            Transport::Memcpy => "memcpy",
+        }
+    }
+
+    /// The transports `args` asks for, in the order of each round (murmur first).
+    fn selected(args: &NetBenchArgs) -> Vec<Transport> {
+        let mut t = vec![Transport::Murmur];
+        if args.compare_bare {
+            t.push(Transport::Bare);
+        }
+        if args.baselines {
+            t.extend([Transport::Tls, Transport::Tcp, Transport::Memcpy]);
+        }
+        t
+    }
+}
+
+/// One transport's median throughput.
+#[derive(Debug, Clone, Serialize)]
+pub struct TransportRate {
+    /// Which transport (`murmur`, `bare_quinn`, `tls_tcp`, `tcp`, `memcpy`).
+    pub transport: Transport,
+    /// Median throughput of its measurements, bytes per second.
+    pub bytes_per_second: f64,
+    /// murmur's median throughput / this one's (1 for murmur itself).
+    pub murmur_over_this: f64,
+}
+
+/// What `murmur netbench` measured.
+#[derive(Debug, Serialize)]
+pub struct NetBenchReport {
+    /// Frames moved in the throughput test.
+    pub frames: usize,
+    /// Bytes per frame (header included).
+    pub frame_bytes: usize,
+    /// Seconds from the first send to the last frame received (with `--compare-bare` or
+    /// `--baselines`: of the median measurement).
+    pub seconds: f64,
+    /// Measured throughput, bytes per second.
+    pub bytes_per_second: f64,
+    /// The emulated rate, bytes per second (none: unlimited).
+    pub set_bytes_per_second: Option<f64>,
+    /// Measured / set rate.
+    pub rate_ratio: Option<f64>,
+    /// Median one-way delay of a 64-byte frame, seconds (send to delivery, same clock; of
+    /// the first measurement).
+    pub delay_seconds: f64,
+    /// The emulated delay, seconds.
+    pub set_delay_seconds: f64,
+    /// `--compare-bare`: the same frames over a bare quinn connection, bytes per second
+    /// (median of the repeats; `bytes_per_second` is then the median of ours).
+    pub bare_bytes_per_second: Option<f64>,
+    /// `bytes_per_second / bare_bytes_per_second`.
+    pub ratio_to_bare: Option<f64>,
+    /// Every transport measured (murmur first; then bare quinn with `--compare-bare`; TLS
+    /// over TCP, TCP and memcpy with `--baselines`): median throughputs and murmur's ratio
+    /// to each.
+    pub transports: Vec<TransportRate>,
+    /// Measurements of each transport (the medians are over these).
+    pub measurements: usize,
+}
+
+/// Runs the benchmark and prints its report.
+pub fn run(args: &NetBenchArgs) -> anyhow::Result<()> {
+    if args.frame_bytes < FRAME_HEADER_LEN || args.frame_bytes > 256 << 20 {
+        bail!(
+            "--frame-bytes must be between {FRAME_HEADER_LEN} and {} bytes",
+            256 << 20
+        );
+    }
+    if args.megabytes == 0 {
+        bail!("--megabytes must be at least 1");
+    }
+    if args.repeat == 0 {
+        bail!("--repeat must be at least 1");
+    }
+    if args.baselines && (args.link_bandwidth.is_some() || args.link_latency.is_some()) {
+        bail!(
+            "--baselines measures unemulated loopback transports: leave out --link-bandwidth \
+             and --link-latency (murmur alone is measured with them)"
+        );
+    }
+    let emulation = LinkEmulation {
+        rate_bytes_per_sec: args.link_bandwidth.map(|r| r.0),
+        latency: args.link_latency.map(|l| l.0).unwrap_or_default(),
+    };
+    let transports = Transport::selected(args);
+    // Every measurement moves the same bytes: one of ours, or with other transports
+    // `repeat` rounds of each.
+    let measurements = if transports.len() > 1 { args.repeat } else { 1 };
+    let frames = frame_count(args);
+    let total = (transports.len() * measurements)
+        .saturating_mul(frames)
+        .saturating_mul(args.frame_bytes);
+    let bar = progress::bytes_bar(total as u64, "netbench");
+    let mut bench = Bench {
+        args,
+        emulation,
+        rt: tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?,
+        bar: bar.clone(),
+        frames,
+        baseline_frame: None,
+        murmur: None,
+    };
+    let mut rates: Vec<(Transport, Vec<f64>)> =
+        transports.iter().map(|&t| (t, Vec::new())).collect();
+    for _ in 0..measurements {
+        for (transport, r) in &mut rates {
+            r.push(bench.measure(*transport)?);
+        }
+    }
+    bar.finish_and_clear();
+    let mut report = bench.murmur.take().context("murmur was not measured")?;
+    report.set_medians(rates, measurements)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_text(&report);
+    }
+    Ok(())
+}
+
+/// The median of `v` (the upper one of an even count); `v` is sorted. `v` is not empty.
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+impl NetBenchReport {
+    /// Replaces the first measurement's throughput by the medians of `rates` (bytes per
+    /// second, murmur's among them) and fills in the other transports and the ratios.
+    fn set_medians(
+        &mut self,
+        rates: Vec<(Transport, Vec<f64>)>,
+        measurements: usize,
+    ) -> anyhow::Result<()> {
+        let medians: Vec<(Transport, f64)> = rates
+            .into_iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(t, mut v)| (t, median(&mut v)))
+            .collect();
+        let of = |want: Transport| medians.iter().find(|(t, _)| *t == want).map(|m| m.1);
+        let ours = of(Transport::Murmur).context("murmur was not measured")?;
+        self.bytes_per_second = ours;
+        self.seconds = (self.frames * self.frame_bytes) as f64 / ours;
+        self.rate_ratio = self.set_bytes_per_second.map(|set| ours / set);
+        self.bare_bytes_per_second = of(Transport::Bare);
+        self.ratio_to_bare = self.bare_bytes_per_second.map(|b| ours / b);
+        self.transports = medians
+            .iter()
+            .map(|&(transport, bytes_per_second)| TransportRate {
+                transport,
+                bytes_per_second,
+                murmur_over_this: ours / bytes_per_second,
+            })
+            .collect();
+        self.measurements = measurements;
+        Ok(())
+    }
+}
+
+/// The text report: throughput and delay, then (several transports) the table.
+fn print_text(report: &NetBenchReport) {
+    let mb = |b: f64| b / 1e6;
+    println!(
+        "throughput: {} frames of {} bytes in {:.3} s = {:.1} MB/s ({:.3} Gbit/s){}",
+        report.frames,
+        report.frame_bytes,
+        report.seconds,
+        mb(report.bytes_per_second),
+        report.bytes_per_second * 8.0 / 1e9,
+        match (report.set_bytes_per_second, report.rate_ratio) {
+            (Some(set), Some(r)) => format!("; set {:.1} MB/s, measured/set = {r:.3}", mb(set)),
+            _ => String::new(),
+        }
+    );
+    println!(
+        "one-way delay of a 64-byte frame: {:.3} ms median (set {:.3} ms)",
+        report.delay_seconds * 1e3,
+        report.set_delay_seconds * 1e3
+    );
+    if report.transports.len() > 1 {
+        let width = report
+            .transports
+            .iter()
+            .map(|t| t.transport.name().len())
+            .max()
+            .unwrap_or(0);
+        println!(
+            "same frames, medians of {} alternating measurements:",
+            report.measurements
+        );
+        println!(
+            "{:<width$}  {:>10}  {:>13}",
+            "transport", "MB/s", "murmur / this"
+        );
+        for t in &report.transports {
+            println!(
+                "{:<width$}  {:>10.1}  {:>13.3}",
+                t.transport.name(),
+                mb(t.bytes_per_second),
+                t.murmur_over_this
+            );
+        }
+    }
+}
+
+/// What one run needs to measure any transport once, and murmur's first measurement.
+struct Bench<'a> {
+    args: &'a NetBenchArgs,
+    emulation: LinkEmulation,
+    rt: tokio::runtime::Runtime,
+    bar: ProgressBar,
+    /// Frames per measurement.
+    frames: usize,
+    /// The frame the baselines move (made on first use).
+    baseline_frame: Option<Vec<u8>>,
+    /// murmur's first measurement: the report's delay and settings.
+    murmur: Option<NetBenchReport>,
+}
+
+impl Bench<'_> {
+    /// One measurement of `transport`: bytes per second, the frames' bytes over the seconds
+    /// from the first send to the last frame delivered. The bar counts the bytes delivered.
+    fn measure(&mut self, transport: Transport) -> anyhow::Result<f64> {
+        let (frames, frame_bytes) = (self.frames, self.args.frame_bytes);
+        let bar = self.bar.clone();
+        let count = move |f: &[u8]| {
+            bar.inc(f.len() as u64);
+            anyhow::Ok(())
+        };
+        let seconds = match transport {
+            Transport::Murmur => {
+                let r = self
+                    .rt
+                    .block_on(measure(self.args, self.emulation, &self.bar))?;
+                let s = r.seconds;
+                self.murmur.get_or_insert(r);
+                s
+            }
+            Transport::Bare => {
+                self.rt
+                    .block_on(bare_quinn(frames, frame_bytes, self.bar.clone()))?
+            }
+            Transport::Tls => baselines::tls(self.baseline_frame()?, frames, count)?,
+            Transport::Tcp => baselines::tcp(self.baseline_frame()?, frames, count)?,
+            Transport::Memcpy => baselines::memcpy(self.baseline_frame()?, frames, count)?,
+        };
+        Ok((frames * frame_bytes) as f64 / seconds)
+    }
+
+    /// The frame of `--frame-bytes` bytes the baselines move.
+    fn baseline_frame(&mut self) -> anyhow::Result<&[u8]> {
+        let f = match self.baseline_frame.take() {
+            Some(f) => f,
+            None => baselines::frame(self.args.frame_bytes)?,
+        };
+        Ok(self.baseline_frame.insert(f))
+    }
+}
+
+/// Seconds to move `frames` frames of `frame_bytes` bytes over a bare quinn connection on
+/// loopback: quinn's defaults (transport settings, rustls with ring), a self-signed server
+/// certificate trusted by the client, no client authentication, one unidirectional stream
+/// per frame, timed from the first write until the receiver has read every frame; `bar`
+/// counts the bytes read.
+async fn bare_quinn(frames: usize, frame_bytes: usize, bar: ProgressBar) -> anyhow::Result<f64> {
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])?;
+    let der = cert.cert.der().clone();
+    let key = rustls::pki_types::PrivatePkcs8KeyDer::from(cert.key_pair.serialize_der());
+    let server_config = quinn::ServerConfig::with_single_cert(vec![der.clone()], key.into())?;
+    let server = quinn::Endpoint::server(server_config, "127.0.0.1:0".parse()?)?;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(der)?;
+    let mut client = quinn::Endpoint::client("127.0.0.1:0".parse()?)?;
+    client.set_default_client_config(quinn::ClientConfig::with_root_certificates(
+        std::sync::Arc::new(roots),
+    )?);
+    let addr = server.local_addr()?;
+    // The server accepts (and so completes the handshake) on its own task.
+    let receive = tokio::spawn(async move {
+        let conn = server
+            .accept()
+            .await
+            .context("bare quinn: no connection")?
+            .await?;
+        for _ in 0..frames {
+            let mut s = conn.accept_uni().await?;
+            let data = s.read_to_end(frame_bytes).await?;
+            if data.len() != frame_bytes {
+                bail!("bare quinn: a frame of {} bytes arrived", data.len());
+            }
+            bar.inc(frame_bytes as u64);
+        }
+        conn.close(0u32.into(), b"done");
+        anyhow::Ok(())
+    });
+    let conn = client.connect(addr, "localhost")?.await?;
+    let payload = Bytes::from(vec![0xA5u8; frame_bytes]);
+    let t = Instant::now();
+    for _ in 0..frames {
+        let mut s = conn.open_uni().await?;
+        s.write_all(&payload).await?;
+        s.finish()?;
+    }
+    receive.await??;
+    let seconds = t.elapsed().as_secs_f64();
+    conn.close(0u32.into(), b"done");
+    Ok(seconds)
+}
+
+/// A frame of `len` bytes (header included) from peer 0.
+fn frame(len: usize, round: u64) -> Bytes {
+    let mut f = Vec::with_capacity(len);
+    FrameHeader {
+        kind: FrameKind::Gossip,
+        sender: 0,
+        round,
+        dim: 0,
+        payload_len: (len - FRAME_HEADER_LEN) as u32,
+    }
+    .emit(&mut f);
+    f.resize(len, 0xA5);
+    Bytes::from(f)
+}
+
+/// Waits for the next frame delivered to the receiver.
+async fn next_frame(events: &mut mpsc::Receiver<NetEvent>) -> anyhow::Result<()> {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(60), events.recv()).await {
+            Err(_) => bail!("no frame arrived within 60 s"),
+            Ok(None) => bail!("the receiving endpoint stopped"),
+            Ok(Some(NetEvent::Frame { .. })) => return Ok(()),
+            Ok(Some(NetEvent::Lost { reason, .. } | NetEvent::Refused { reason, .. })) => {
+                bail!("{reason}")
+            }
+            Ok(Some(_)) => {}
+        }
+    }
+}
+
+/// Frames of `--frame-bytes` that carry `--megabytes`.
+fn frame_count(args: &NetBenchArgs) -> usize {
+    args.megabytes
+        .saturating_mul(1_000_000)
+        .div_ceil(args.frame_bytes)
+}
+
+/// One measurement of our data plane (delay, then throughput); `bar` counts the bytes
+/// delivered.
+async fn measure(
+    args: &NetBenchArgs,
+    emulation: LinkEmulation,
+    bar: &ProgressBar,
+) -> anyhow::Result<NetBenchReport> {
+    let any: SocketAddr = "127.0.0.1:0".parse()?;
+    let limit = u32::try_from(args.frame_bytes).unwrap_or(u32::MAX);
+    let (sender_key, receiver_key) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+    let admitted = Admitted::default();
+    admitted.admit_all([(sender_key.public().to_peer_id(), 0)]);
+    let (mut sender, _sender_events) = DataPlane::bind(
+        0,
+        any,
+        limit,
+        PEER_TIMEOUT,
+        &sender_key,
+        Admitted::default(),
+    )?;
+    let (receiver, mut events) =
+        DataPlane::bind(1, any, limit, PEER_TIMEOUT, &receiver_key, admitted)?;
+    sender.emulation = emulation;
+    let link = sender
+        .connect(1, receiver.local_addr, receiver_key.public().to_peer_id())
+        .await
+        .context("connecting the two endpoints")?;
+
+    // One-way delay: one small frame at a time.
+    let mut delays = Vec::with_capacity(args.pings);
+    for i in 0..args.pings.max(1) {
+        let t = Instant::now();
+        link.send(frame(64, i as u64)).await?;
+        next_frame(&mut events).await?;
+        delays.push(t.elapsed().as_secs_f64());
+    }
+    delays.sort_by(f64::total_cmp);
+    let delay_seconds = delays[delays.len() / 2];
+
+    // Throughput: the frames back to back, timed until the last one is delivered.
+    let frames = frame_count(args);
+    let payload = frame(args.frame_bytes, 0);
+    let t = Instant::now();
+    let send = async {
+        for _ in 0..frames {
+            link.send(payload.clone()).await?;
+        }
+        anyhow::Ok(())
+    };
+    let receive = async {
+        for _ in 0..frames {
+            next_frame(&mut events).await?;
+            bar.inc(args.frame_bytes as u64);
+        }
+        anyhow::Ok(())
+    };
+    let (s, r) = tokio::join!(send, receive);
+    s?;
+    r?;
+    let seconds = t.elapsed().as_secs_f64();
+    let bytes_per_second = (frames * args.frame_bytes) as f64 / seconds;
+    drop(link);
+    Ok(NetBenchReport {
+        frames,
+        frame_bytes: args.frame_bytes,
+        seconds,
+        bytes_per_second,
+        set_bytes_per_second: emulation.rate_bytes_per_sec,
+        rate_ratio: emulation.rate_bytes_per_sec.map(|r| bytes_per_second / r),
+        delay_seconds,
+        set_delay_seconds: emulation.latency.as_secs_f64(),
+        bare_bytes_per_second: None,
+        ratio_to_bare: None,
+        transports: Vec::new(),
+        measurements: 1,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> NetBenchArgs {
+        NetBenchArgs {
+            megabytes: 1,
+            frame_bytes: 100_000,
+            link_bandwidth: None,
+            link_latency: None,
+            pings: 1,
+            compare_bare: false,
+            baselines: true,
+            repeat: 1,
+            json: true,
+        }
+    }
+
+    #[test]
+    fn baselines_with_link_emulation_are_refused() {
+        let mut a = args();
+        a.link_latency = Some(LinkLatency(Duration::from_millis(1)));
+        let e = run(&a).expect_err("--baselines --link-latency");
+        assert!(e.to_string().contains("--baselines"), "{e}");
+        let mut a = args();
+        a.link_bandwidth = Some(LinkRate(1e8));
+        assert!(run(&a).is_err());
+    }
+
+    #[test]
+    fn every_selected_transport_is_one_row_with_murmurs_ratio_to_it() {
+        let mut a = args();
+        a.compare_bare = true;
+        let transports = Transport::selected(&a);
+        assert_eq!(
+            transports,
+            [
+                Transport::Murmur,
+                Transport::Bare,
+                Transport::Tls,
+                Transport::Tcp,
+                Transport::Memcpy
+            ]
+        );
+        // Rates worked out by hand: medians 300, 400, 600, 1200, 12000 (bytes per second).
+        let rates = transports
+            .iter()
+            .zip([
+                vec![300.0, 100.0, 900.0],
+                vec![400.0, 500.0, 1.0],
+                vec![600.0; 3],
+                vec![1200.0, 1100.0, 1300.0],
+                vec![12_000.0, 11_000.0, 13_000.0],
+            ])
+            .map(|(&t, v)| (t, v))
+            .collect();
+        let mut report = NetBenchReport {
+            frames: 10,
+            frame_bytes: 30,
+            seconds: 0.0,
+            bytes_per_second: 0.0,
+            set_bytes_per_second: None,
+            rate_ratio: None,
+            delay_seconds: 0.0,
+            set_delay_seconds: 0.0,
+            bare_bytes_per_second: None,
+            ratio_to_bare: None,
+            transports: Vec::new(),
+            measurements: 1,
+        };
+        report.set_medians(rates, 3).unwrap();
+        assert_eq!(report.bytes_per_second, 300.0);
+        assert_eq!(report.seconds, 1.0);
+        assert_eq!(report.bare_bytes_per_second, Some(400.0));
+        assert_eq!(report.ratio_to_bare, Some(0.75));
+        let rows: Vec<(Transport, f64, f64)> = report
+            .transports
+            .iter()
+            .map(|r| (r.transport, r.bytes_per_second, r.murmur_over_this))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (Transport::Murmur, 300.0, 1.0),
+                (Transport::Bare, 400.0, 0.75),
+                (Transport::Tls, 600.0, 0.5),
+                (Transport::Tcp, 1200.0, 0.25),
+                (Transport::Memcpy, 12_000.0, 0.025)
+            ]
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["transports"][2]["transport"], "tls_tcp");
+        assert_eq!(json["measurements"], 3);
+    }
+}
