@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 
 use crate::config::{LinkLatency, LinkRate};
 use crate::control::auth::Admitted;
-use crate::plane::{DataPlane, LinkEmulation, NetEvent};
+use crate::plane::{DataPlane, LinkEmulation, LinkKind, NetEvent, TransportChoice};
 use crate::report::progress;
 use libp2p::identity::Keypair;
 
@@ -72,9 +72,13 @@ pub struct NetBenchArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Transport {
-    /// murmur's data plane: authenticated QUIC, one stream per frame, the emulation
-    /// flags applied.
+    /// murmur's data plane on QUIC (`--transport quic`): authenticated, one stream per
+    /// frame, the emulation flags applied.
     Murmur,
+    /// murmur's data plane between two endpoints of this host: the shared-memory ring
+    /// (`--baselines`).
+    #[serde(rename = "murmur_shm")]
+    Shm,
     /// A bare quinn connection (`--compare-bare`).
     #[serde(rename = "bare_quinn")]
     Bare,
@@ -92,6 +96,7 @@ impl Transport {
     pub fn name(self) -> &'static str {
         match self {
             Transport::Murmur => "murmur QUIC (authenticated)",
+            Transport::Shm => "murmur shared memory",
             Transport::Bare => "bare quinn",
             Transport::Tls => "TLS 1.3 over TCP (AES-128-GCM)",
             Transport::Tcp => "TCP",
@@ -102,6 +107,9 @@ impl Transport {
     /// The transports `args` asks for, in the order of each round (murmur first).
     fn selected(args: &NetBenchArgs) -> Vec<Transport> {
         let mut t = vec![Transport::Murmur];
+        if args.baselines {
+            t.push(Transport::Shm);
+        }
         if args.compare_bare {
             t.push(Transport::Bare);
         }
@@ -119,8 +127,10 @@ pub struct TransportRate {
     pub transport: Transport,
     /// Median throughput of its measurements, bytes per second.
     pub bytes_per_second: f64,
-    /// murmur's median throughput / this one's (1 for murmur itself).
+    /// murmur's (QUIC) median throughput / this one's (1 for murmur itself).
     pub murmur_over_this: f64,
+    /// With `--baselines`: murmur's shared-memory median throughput / this one's.
+    pub shm_over_this: Option<f64>,
 }
 
 /// What `murmur netbench` measured.
@@ -144,6 +154,9 @@ pub struct NetBenchReport {
     pub delay_seconds: f64,
     /// The emulated delay, seconds.
     pub set_delay_seconds: f64,
+    /// With `--baselines`: median one-way delay of a 64-byte frame through shared memory,
+    /// seconds (of the first measurement).
+    pub shm_delay_seconds: Option<f64>,
     /// `--compare-bare`: the same frames over a bare quinn connection, bytes per second
     /// (median of the repeats; `bytes_per_second` is then the median of ours).
     pub bare_bytes_per_second: Option<f64>,
@@ -201,6 +214,7 @@ pub fn run(args: &NetBenchArgs) -> anyhow::Result<()> {
         frames,
         baseline_frame: None,
         murmur: None,
+        shm_delay: None,
     };
     let mut rates: Vec<(Transport, Vec<f64>)> =
         transports.iter().map(|&t| (t, Vec::new())).collect();
@@ -211,6 +225,7 @@ pub fn run(args: &NetBenchArgs) -> anyhow::Result<()> {
     }
     bar.finish_and_clear();
     let mut report = bench.murmur.take().context("murmur was not measured")?;
+    report.shm_delay_seconds = bench.shm_delay;
     report.set_medians(rates, measurements)?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -241,6 +256,7 @@ impl NetBenchReport {
             .collect();
         let of = |want: Transport| medians.iter().find(|(t, _)| *t == want).map(|m| m.1);
         let ours = of(Transport::Murmur).context("murmur was not measured")?;
+        let shm = of(Transport::Shm);
         self.bytes_per_second = ours;
         self.seconds = (self.frames * self.frame_bytes) as f64 / ours;
         self.rate_ratio = self.set_bytes_per_second.map(|set| ours / set);
@@ -252,6 +268,7 @@ impl NetBenchReport {
                 transport,
                 bytes_per_second,
                 murmur_over_this: ours / bytes_per_second,
+                shm_over_this: shm.map(|s| s / bytes_per_second),
             })
             .collect();
         self.measurements = measurements;
@@ -275,9 +292,13 @@ fn print_text(report: &NetBenchReport) {
         }
     );
     println!(
-        "one-way delay of a 64-byte frame: {:.3} ms median (set {:.3} ms)",
+        "one-way delay of a 64-byte frame: {:.3} ms median (set {:.3} ms){}",
         report.delay_seconds * 1e3,
-        report.set_delay_seconds * 1e3
+        report.set_delay_seconds * 1e3,
+        match report.shm_delay_seconds {
+            Some(d) => format!("; shared memory {:.3} ms", d * 1e3),
+            None => String::new(),
+        }
     );
     if report.transports.len() > 1 {
         let width = report
@@ -290,16 +311,23 @@ fn print_text(report: &NetBenchReport) {
             "same frames, medians of {} alternating measurements:",
             report.measurements
         );
+        let shm = report.shm_delay_seconds.is_some();
         println!(
-            "{:<width$}  {:>10}  {:>13}",
-            "transport", "MB/s", "murmur / this"
+            "{:<width$}  {:>10}  {:>11}{}",
+            "transport",
+            "MB/s",
+            "QUIC / this",
+            if shm { "   shm / this" } else { "" }
         );
         for t in &report.transports {
             println!(
-                "{:<width$}  {:>10.1}  {:>13.3}",
+                "{:<width$}  {:>10.1}  {:>11.3}{}",
                 t.transport.name(),
                 mb(t.bytes_per_second),
-                t.murmur_over_this
+                t.murmur_over_this,
+                t.shm_over_this
+                    .map(|r| format!("  {r:>11.3}"))
+                    .unwrap_or_default()
             );
         }
     }
@@ -317,6 +345,8 @@ struct Bench<'a> {
     baseline_frame: Option<Vec<u8>>,
     /// murmur's first measurement: the report's delay and settings.
     murmur: Option<NetBenchReport>,
+    /// The first shared-memory measurement's one-way delay, seconds.
+    shm_delay: Option<f64>,
 }
 
 impl Bench<'_> {
@@ -331,12 +361,25 @@ impl Bench<'_> {
         };
         let seconds = match transport {
             Transport::Murmur => {
-                let r = self
-                    .rt
-                    .block_on(measure(self.args, self.emulation, &self.bar))?;
+                let r = self.rt.block_on(measure(
+                    self.args,
+                    self.emulation,
+                    LinkKind::Quic,
+                    &self.bar,
+                ))?;
                 let s = r.seconds;
                 self.murmur.get_or_insert(r);
                 s
+            }
+            Transport::Shm => {
+                let r = self.rt.block_on(measure(
+                    self.args,
+                    LinkEmulation::default(),
+                    LinkKind::SharedMemory,
+                    &self.bar,
+                ))?;
+                self.shm_delay.get_or_insert(r.delay_seconds);
+                r.seconds
             }
             Transport::Bare => {
                 self.rt
@@ -446,11 +489,12 @@ fn frame_count(args: &NetBenchArgs) -> usize {
         .div_ceil(args.frame_bytes)
 }
 
-/// One measurement of our data plane (delay, then throughput); `bar` counts the bytes
-/// delivered.
+/// One measurement of our data plane over a link of `kind` (delay, then throughput); `bar`
+/// counts the bytes delivered. Errors: the link could not be of that kind.
 async fn measure(
     args: &NetBenchArgs,
     emulation: LinkEmulation,
+    kind: LinkKind,
     bar: &ProgressBar,
 ) -> anyhow::Result<NetBenchReport> {
     let any: SocketAddr = "127.0.0.1:0".parse()?;
@@ -469,10 +513,20 @@ async fn measure(
     let (receiver, mut events) =
         DataPlane::bind(1, any, limit, PEER_TIMEOUT, &receiver_key, admitted)?;
     sender.emulation = emulation;
+    sender.transport = match kind {
+        LinkKind::Quic => TransportChoice::Quic,
+        LinkKind::SharedMemory => TransportChoice::Auto,
+    };
     let link = sender
         .connect(1, receiver.local_addr, receiver_key.public().to_peer_id())
         .await
         .context("connecting the two endpoints")?;
+    if link.kind != kind {
+        bail!(
+            "the link is {}, not {kind} (see the log for why)",
+            link.kind
+        );
+    }
 
     // One-way delay: one small frame at a time.
     let mut delays = Vec::with_capacity(args.pings);
@@ -517,6 +571,7 @@ async fn measure(
         rate_ratio: emulation.rate_bytes_per_sec.map(|r| bytes_per_second / r),
         delay_seconds,
         set_delay_seconds: emulation.latency.as_secs_f64(),
+        shm_delay_seconds: None,
         bare_bytes_per_second: None,
         ratio_to_bare: None,
         transports: Vec::new(),
@@ -562,17 +617,20 @@ mod tests {
             transports,
             [
                 Transport::Murmur,
+                Transport::Shm,
                 Transport::Bare,
                 Transport::Tls,
                 Transport::Tcp,
                 Transport::Memcpy
             ]
         );
-        // Rates worked out by hand: medians 300, 400, 600, 1200, 12000 (bytes per second).
+        // Rates worked out by hand: medians 300, 3000, 400, 600, 1200, 12000 (bytes per
+        // second).
         let rates = transports
             .iter()
             .zip([
                 vec![300.0, 100.0, 900.0],
+                vec![3000.0, 2400.0, 3600.0],
                 vec![400.0, 500.0, 1.0],
                 vec![600.0; 3],
                 vec![1200.0, 1100.0, 1300.0],
@@ -589,6 +647,7 @@ mod tests {
             rate_ratio: None,
             delay_seconds: 0.0,
             set_delay_seconds: 0.0,
+            shm_delay_seconds: None,
             bare_bytes_per_second: None,
             ratio_to_bare: None,
             transports: Vec::new(),
@@ -608,6 +667,7 @@ mod tests {
             rows,
             [
                 (Transport::Murmur, 300.0, 1.0),
+                (Transport::Shm, 3000.0, 0.1),
                 (Transport::Bare, 400.0, 0.75),
                 (Transport::Tls, 600.0, 0.5),
                 (Transport::Tcp, 1200.0, 0.25),
@@ -615,7 +675,10 @@ mod tests {
             ]
         );
         let json = serde_json::to_value(&report).unwrap();
-        assert_eq!(json["transports"][2]["transport"], "tls_tcp");
+        assert_eq!(json["transports"][3]["transport"], "tls_tcp");
+        assert_eq!(json["transports"][1]["transport"], "murmur_shm");
+        let memcpy = report.transports.last().unwrap();
+        assert_eq!(memcpy.shm_over_this, Some(0.25));
         assert_eq!(json["measurements"], 3);
     }
 }
