@@ -27,11 +27,13 @@
 # between the hosts. MURMUR_IFACE: see ADDRESS.
 #
 # Exit status: 0 if every peer finished, else 1 (the failed peers' logs are named).
-# Ctrl-C stops every peer.
+# Ctrl-C, or SIGTERM to this script, stops every peer: each peer's ssh session holds its
+# standard input open, and a peer whose session ends (its ssh client stopped or killed, the
+# connection lost) is sent SIGTERM on its host.
 set -euo pipefail
 
 if [[ $# -lt 2 ]]; then
-    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
     exit 2
 fi
 hostfile=$1
@@ -45,6 +47,9 @@ DATA_PORT=${DATA_PORT:-5001}
 quote() { printf '%q ' "$@"; }
 on() { # on HOST COMMAND: runs COMMAND (one shell string) on HOST
     "${ssh_cmd[@]}" "$1" "$2" < /dev/null
+}
+spawn_on() { # spawn_on HOST COMMAND &: this background job becomes the ssh client (its pid is $!)
+    exec "${ssh_cmd[@]}" "$1" "$2" <&"$session_in"
 }
 is_ipv4() { [[ $1 =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; }
 
@@ -100,21 +105,33 @@ stop() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
 }
 trap 'stop; exit 130' INT TERM
+# A pipe that stays open (nothing is written to it) while this script runs: the standard
+# input of the peers' ssh sessions, so that their remote side sees end-of-file only when the
+# session ends.
+exec {session_in}< <(exec sleep 2147483647)
+keeper=$!
+trap 'kill "$keeper" 2>/dev/null || true' EXIT
 
-# Peer r's command line (one shell string for ssh); the rest are options of its own.
+# Peer r's command line (one shell string for ssh); the rest are options of its own. The
+# peer runs in the background; a watcher reads the session's standard input and sends the
+# peer SIGTERM when it ends (the session is gone); the shell exits with the peer's status.
 peer_command() {
     local r=$1
     shift
-    echo "mkdir -p $(quote "$run_dir/addrs") && exec $(quote "$MURMUR" peer --rank "$r" --peers "$n" \
+    local peer
+    peer=$(quote "$MURMUR" peer --rank "$r" --peers "$n" \
         --listen "/ip4/${addrs[$r]}/udp/${p2p_ports[$r]}/quic-v1" --address-file "$run_dir/addrs/peer-$r.addr" \
-        --data-addr "${addrs[$r]}:${data_ports[$r]}" --out "$run_dir" "$@")"
+        --data-addr "${addrs[$r]}:${data_ports[$r]}" --out "$run_dir" "$@")
+    echo "mkdir -p $(quote "$run_dir/addrs") || exit 1; $peer < /dev/null & p=\$!; \
+        { cat > /dev/null; kill -TERM \$p 2> /dev/null; } <&0 & w=\$!; \
+        wait \$p; s=\$?; kill \$w 2> /dev/null; exit \$s"
 }
 
 # Peer 0: the bootstrap. It writes its multiaddr (with its PeerId) to RUN_DIR/bootstrap.addr
 # on its host; this script reads it from there.
 boot_file="$run_dir/bootstrap.addr"
 on "${hosts[0]}" "rm -f $(quote "$boot_file")"
-on "${hosts[0]}" "$(peer_command 0 --bootstrap-file "$boot_file" "$@")" > "$run_dir/logs/peer-0.log" 2>&1 &
+spawn_on "${hosts[0]}" "$(peer_command 0 --bootstrap-file "$boot_file" "$@")" > "$run_dir/logs/peer-0.log" 2>&1 &
 pids+=($!)
 boot=""
 for _ in $(seq 1 600); do
@@ -135,7 +152,7 @@ fi
 echo "launch-ssh: $n peers; bootstrap $boot" >&2
 
 for ((r = 1; r < n; r++)); do
-    on "${hosts[$r]}" "$(peer_command "$r" --bootstrap "$boot" "$@")" > "$run_dir/logs/peer-$r.log" 2>&1 &
+    spawn_on "${hosts[$r]}" "$(peer_command "$r" --bootstrap "$boot" "$@")" > "$run_dir/logs/peer-$r.log" 2>&1 &
     pids+=($!)
 done
 

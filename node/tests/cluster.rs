@@ -1493,6 +1493,67 @@ fn the_ssh_launcher_runs_a_host_file_of_peers() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("lists no host"));
 }
 
+/// Pids of the processes whose command line contains `text`.
+fn processes_with(text: &str) -> Vec<String> {
+    let out = Command::new("pgrep").arg("-f").arg(text).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn sigterm_to_the_ssh_launcher_stops_every_peer() {
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = dir.path().join("hosts.txt");
+    std::fs::write(&hosts, "127.0.0.1\n127.0.0.1\n").unwrap();
+    let run = dir.path().join("run");
+    let scripts = cluster_scripts();
+    let mut script = Command::new("bash")
+        .arg(scripts.join("launch-ssh.sh"))
+        .arg(&hosts)
+        .arg(&run)
+        .args(["--epochs=100000", "--rounds-per-epoch=5"])
+        .env("SSH", scripts.join("local-ssh"))
+        .env("MURMUR", env!("CARGO_BIN_EXE_murmur"))
+        .env("LIBP2P_PORT", "0")
+        .env("DATA_PORT", "0")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Both peers train (peer 1 exists once peer 0 has published its address).
+    while !run.join("logs/peer-1.log").is_file()
+        || processes_with(&run.display().to_string()).is_empty()
+        || std::fs::read_to_string(run.join("logs/peer-1.log"))
+            .map_or(true, |l| !l.contains("epoch done"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the peers did not start training"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The two peers (and their stand-in sessions) name the run folder.
+    assert!(processes_with(&run.display().to_string()).len() >= 2);
+    // SAFETY: kill(2) on the script's own pid.
+    unsafe { libc::kill(script.id() as i32, libc::SIGTERM) };
+    let _ = script.wait();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = processes_with(&run.display().to_string());
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "processes of the run still alive 20 s after SIGTERM: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn the_sbatch_script_starts_one_peer_per_task() {
     // A stand-in for srun: SLURM_NTASKS copies of `bash -c SCRIPT NAME ARGS…`, each with
