@@ -6,6 +6,7 @@
 //! bounded queue per destination the other way). The gossip state machine is sans-I/O:
 //! this module is its driver.
 
+mod address;
 pub mod algo;
 pub mod checkpoint;
 mod driver;
@@ -85,7 +86,9 @@ pub struct PeerArgs {
     /// peer (the bootstrap is then found in the DHT).
     #[arg(long, value_name = "FILE")]
     pub address_file: Option<PathBuf>,
-    /// Address of the QUIC data plane (port 0: any free port).
+    /// Address of the data plane (port 0: any free port). `0.0.0.0:PORT` binds every
+    /// interface and publishes the address of the one that reaches the bootstrap (peer 0:
+    /// its `--listen` address, else the default route's).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub data_addr: SocketAddr,
     /// Run folder: metrics are written here.

@@ -249,7 +249,7 @@ fn join(
     let mut me = PeerInfo {
         rank,
         peer_id: String::new(),
-        data_addr: plane.local_addr,
+        data_addr: address::published(plane.local_addr, &peer.bootstrap, &peer.listen)?,
     };
     let checkpoints = if peer.resume {
         let path = checkpoint::path(&peer.out, rank);
