@@ -1493,13 +1493,24 @@ fn the_ssh_launcher_runs_a_host_file_of_peers() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("lists no host"));
 }
 
-/// Pids of the processes whose command line contains `text`.
+/// Pids of the live processes (not zombies) whose command line contains `text`, from /proc.
 fn processes_with(text: &str) -> Vec<String> {
-    let out = Command::new("pgrep").arg("-f").arg(text).output().unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .map(str::to_string)
-        .collect()
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        // A zombie has an empty command line.
+        if String::from_utf8_lossy(&cmdline)
+            .replace('\0', " ")
+            .contains(text)
+        {
+            pids.push(pid);
+        }
+    }
+    pids
 }
 
 #[test]
