@@ -119,7 +119,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
-use crate::{Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
+use crate::{Bytes, Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
 
 /// Name of the payload format in [`DecodeError`]s.
 const PAYLOAD: &str = "ring all-reduce chunk (raw f32)";
@@ -688,14 +688,13 @@ impl Gossip for AllReduce {
         }
     }
 
-    fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+    fn poll_transmit(&mut self) -> Option<Transmit> {
         let frame = self.outgoing.pop_front()?;
-        buf.clear();
-        buf.extend_from_slice(&frame);
         self.stats.frames_sent += 1;
         self.stats.bytes_sent += frame.len() as u64;
         Some(Transmit {
             to: self.next_peer(),
+            frame: Bytes::from(frame),
         })
     }
 

@@ -606,8 +606,8 @@ impl Gossip for DiLoCo {
         self.pump();
     }
 
-    fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
-        self.mixer.gossip_mut().poll_transmit(buf)
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.mixer.gossip_mut().poll_transmit()
     }
 
     fn poll_timeout(&self) -> Option<Instant> {

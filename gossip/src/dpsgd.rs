@@ -17,11 +17,17 @@
 //! Messages are `compress` messages of x_i^t, identity-compressed by default; a lossy
 //! operator here gives "D-PSGD with compressed models", which does not converge to
 //! consensus in general (use CHOCO-SGD for that).
+//!
+//! Memory: x_i, the mix Σ_j W_ij x_j being accumulated, and the outgoing message, each
+//! `[d]` (the message smaller when compressed). With [`DPsgdConfig::in_place`] and the
+//! identity compressor the mix is accumulated in x_i itself, and x_i^t, where a round
+//! still needs it (a neighbour stood in for, or gone), is read back from the outgoing
+//! message, which holds it exactly: two vectors instead of three.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use murmur_compress::{Compressor, Identity};
+use murmur_compress::{Compressor, Identity, OperatorId};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -66,6 +72,12 @@ pub struct DPsgdConfig {
     /// the edge's weight moved onto both diagonals) and the network average is kept
     /// exactly. Needs a symmetric W.
     pub skip_after: Option<Duration>,
+    /// Accumulate the mix in x_i itself when the compressor is the identity (see the
+    /// [module docs](self)): one `[d]` vector less, but while a round is mixing
+    /// [`Gossip::params`] is the partial mix, not x_i^t. For drivers that read the
+    /// parameters only between rounds (the simulator); a network peer may hand them to a
+    /// restarted neighbour mid-round, so it leaves this off.
+    pub in_place: bool,
 }
 
 impl DPsgdConfig {
@@ -84,6 +96,7 @@ impl DPsgdConfig {
             seed: rank as u64,
             max_lead_rounds: max_lead(w, rank),
             skip_after: None,
+            in_place: false,
         }
     }
 }
@@ -95,8 +108,10 @@ pub struct DPsgd {
     rng: StdRng,
     /// x_i (`[d]`), the parameters after the last completed round.
     x: Vec<f32>,
-    /// Σ_j W_ij x_j − η g accumulated for the mixing round.
+    /// Σ_j W_ij x_j − η g accumulated for the mixing round; empty when mixing in place.
     acc: Vec<f32>,
+    /// Whether the mix accumulates in `x` ([`DPsgdConfig::in_place`] with the identity).
+    in_place: bool,
     /// Rounds, frames, deadlines, events and counters.
     ex: Exchange,
     /// Changes of weights after departures and returns.
@@ -131,12 +146,14 @@ impl DPsgd {
             skip_after: cfg.skip_after,
             skip_mode: crate::exchange::SkipMode::Drop,
         });
+        let in_place = cfg.in_place && compressor.id() == OperatorId::Identity;
         DPsgd {
             rng: StdRng::seed_from_u64(cfg.seed),
             cfg,
             compressor,
             x: x0,
-            acc: vec![0.0; d],
+            acc: if in_place { Vec::new() } else { vec![0.0; d] },
+            in_place,
             ex,
             reweighting: Reweighting::default(),
             history: VecDeque::new(),
@@ -155,10 +172,7 @@ impl DPsgd {
             SkipAction::Nothing => Ok(()),
             SkipAction::StandIn(idx) => {
                 // The round mixes this peer's own x_i in place of W_ij x_j.
-                let w = self.cfg.in_weights[idx].1 as f32;
-                for (a, xi) in self.acc.iter_mut().zip(&self.x) {
-                    *a += w * xi;
-                }
+                self.add_own(self.cfg.in_weights[idx].1 as f32);
                 Ok(())
             }
             SkipAction::Correct {
@@ -177,6 +191,8 @@ impl DPsgd {
                 // the next round's beginning.
                 let target: &mut Vec<f32> = if self.ex.is_idle() {
                     self.pending.get_or_insert_with(|| vec![0.0; own.len()])
+                } else if self.in_place {
+                    &mut self.x
                 } else {
                     &mut self.acc
                 };
@@ -199,10 +215,33 @@ impl DPsgd {
         }
     }
 
+    /// The mix of the round in progress: `acc`, or `x` when mixing in place.
+    fn mix(&mut self) -> &mut [f32] {
+        if self.in_place {
+            &mut self.x
+        } else {
+            &mut self.acc
+        }
+    }
+
+    /// Adds `w · x_i^t` (this peer's parameters the round began from) to the mix.
+    fn add_own(&mut self, w: f32) {
+        if self.in_place {
+            // The outgoing identity message is x_i^t, bit for bit.
+            let own = self.ex.message();
+            murmur_compress::decode_add(own, w, &mut self.x)
+                .expect("this peer's own identity message decodes");
+        } else {
+            for (a, xi) in self.acc.iter_mut().zip(&self.x) {
+                *a += w * xi;
+            }
+        }
+    }
+
     /// Adds W_ij · x_j from the payload of in-neighbour `idx`. On `Err` nothing changed.
     fn absorb(&mut self, idx: usize, payload: &[u8]) -> Result<(), GossipError> {
         let (from, w) = self.cfg.in_weights[idx];
-        murmur_compress::decode_add(payload, w as f32, &mut self.acc).map_err(|source| {
+        murmur_compress::decode_add(payload, w as f32, self.mix()).map_err(|source| {
             GossipError::Payload {
                 from,
                 cause: source,
@@ -212,7 +251,9 @@ impl DPsgd {
 
     fn finish_if_complete(&mut self) {
         if self.ex.is_complete() {
-            std::mem::swap(&mut self.x, &mut self.acc);
+            if !self.in_place {
+                std::mem::swap(&mut self.x, &mut self.acc);
+            }
             self.ex.finish();
         }
     }
@@ -238,25 +279,36 @@ impl Gossip for DPsgd {
                 self.history.pop_front();
             }
         }
-        // acc = W_ii x_i − η g_i; neighbours' W_ij x_j are added as they arrive.
-        let wii = self.cfg.self_weight as f32;
-        match grad {
-            Some(g) => {
-                assert_eq!(g.len(), d, "grad must have length d");
-                let lr = self.cfg.lr;
-                for ((a, xi), gi) in self.acc.iter_mut().zip(&self.x).zip(g) {
-                    *a = wii * xi - lr * gi;
-                }
-            }
-            None => {
-                for (a, xi) in self.acc.iter_mut().zip(&self.x) {
-                    *a = wii * xi;
-                }
-            }
+        if let Some(g) = grad {
+            assert_eq!(g.len(), d, "grad must have length d");
         }
         // Encode x once; every out-neighbour gets the same bytes.
         let (compressor, rng, x) = (&mut self.compressor, &mut self.rng, &self.x);
         let begun = self.ex.begin(now, |out| compressor.compress(x, rng, out));
+        // mix = W_ii x_i − η g_i; neighbours' W_ij x_j are added as they arrive.
+        let (wii, lr) = (self.cfg.self_weight as f32, self.cfg.lr);
+        let (mix, x): (&mut [f32], &[f32]) = if self.in_place {
+            (&mut self.x, &[])
+        } else {
+            (&mut self.acc, &self.x)
+        };
+        match (grad, self.in_place) {
+            (Some(g), true) => mix
+                .iter_mut()
+                .zip(g)
+                .for_each(|(a, gi)| *a = wii * *a - lr * gi),
+            (None, true) => mix.iter_mut().for_each(|a| *a *= wii),
+            (Some(g), false) => {
+                for ((a, xi), gi) in mix.iter_mut().zip(x).zip(g) {
+                    *a = wii * xi - lr * gi;
+                }
+            }
+            (None, false) => {
+                for (a, xi) in mix.iter_mut().zip(x) {
+                    *a = wii * xi;
+                }
+            }
+        }
         for idx in begun.stand_in {
             let _ = self.skip(SkipAction::StandIn(idx));
         }
@@ -297,10 +349,7 @@ impl Gossip for DPsgd {
         let (wii, wij) = weights_without(self.cfg.rank, &self.cfg.in_weights, w, gone)?;
         if let Some(idx) = self.ex.leave(gone) {
             // The round mixes this peer's own x_i in place of the missing W_ij x_j.
-            let wig = self.cfg.in_weights[idx].1 as f32;
-            for (a, xi) in self.acc.iter_mut().zip(&self.x) {
-                *a += wig * xi;
-            }
+            self.add_own(self.cfg.in_weights[idx].1 as f32);
             self.ex.stood_in(idx);
             self.finish_if_complete();
         }
@@ -393,5 +442,6 @@ pub(crate) fn build(
     cfg.max_payload_bytes = ctx.max_payload_bytes;
     cfg.seed = ctx.seed;
     cfg.skip_after = ctx.skip_after;
+    cfg.in_place = ctx.in_place;
     Ok(DPsgd::with_compressor(cfg, ctx.x0, compressor))
 }

@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use murmur_topology::MixingMatrix;
 
-use crate::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
+use bytes::Bytes;
+
+use crate::frame::{reuse, FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use crate::{GossipError, GossipEvent, GossipStats, Rank, Transmit};
 
 /// The [`crate::Gossip`] methods that every exchange-driven algorithm implements the same
@@ -55,8 +57,8 @@ macro_rules! exchange_driven_gossip {
             self.finish_if_complete();
         }
 
-        fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<$crate::Transmit> {
-            self.ex.poll_transmit(buf)
+        fn poll_transmit(&mut self) -> Option<$crate::Transmit> {
+            self.ex.poll_transmit()
         }
 
         fn poll_timeout(&self) -> Option<std::time::Instant> {
@@ -223,8 +225,8 @@ pub(crate) struct Exchange {
     missing_count: usize,
     /// Validated payloads for rounds not yet begun, by (round, neighbour index).
     early: BTreeMap<(u64, usize), Vec<u8>>,
-    /// This round's frame (header + message), sent to each out-neighbour.
-    outgoing: Vec<u8>,
+    /// This round's frame (header + message), shared by every out-neighbour.
+    outgoing: Bytes,
     next_out: usize,
     events: VecDeque<GossipEvent>,
     stats: GossipStats,
@@ -264,7 +266,7 @@ impl Exchange {
             send_from: vec![0; next_out],
             missing_count: 0,
             early: BTreeMap::new(),
-            outgoing: Vec::new(),
+            outgoing: Bytes::new(),
             next_out,
             events: VecDeque::new(),
             stats: GossipStats::default(),
@@ -296,10 +298,10 @@ impl Exchange {
         encode: impl FnOnce(&mut Vec<u8>) -> usize,
     ) -> Begun {
         self.assert_idle();
-        self.outgoing.clear();
-        self.outgoing.resize(FRAME_HEADER_LEN, 0);
-        let payload_len = encode(&mut self.outgoing);
-        debug_assert_eq!(payload_len, self.outgoing.len() - FRAME_HEADER_LEN);
+        let mut out = reuse(std::mem::take(&mut self.outgoing));
+        out.resize(FRAME_HEADER_LEN, 0);
+        let payload_len = encode(&mut out);
+        debug_assert_eq!(payload_len, out.len() - FRAME_HEADER_LEN);
         let header = FrameHeader {
             kind: FrameKind::Gossip,
             sender: self.p.rank,
@@ -307,7 +309,8 @@ impl Exchange {
             dim: self.p.d as u32,
             payload_len: payload_len as u32,
         };
-        self.outgoing[..FRAME_HEADER_LEN].copy_from_slice(&header.to_bytes());
+        out[..FRAME_HEADER_LEN].copy_from_slice(&header.to_bytes());
+        self.outgoing = Bytes::from(out);
         self.next_out = 0;
 
         self.mixing = true;
@@ -656,13 +659,14 @@ impl Exchange {
         !self.mixing
     }
 
-    pub(crate) fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+    pub(crate) fn poll_transmit(&mut self) -> Option<Transmit> {
         if let Some((to, notice)) = self.notices.pop_front() {
-            buf.clear();
-            buf.extend_from_slice(&notice);
             self.stats.frames_sent += 1;
-            self.stats.bytes_sent += buf.len() as u64;
-            return Some(Transmit { to });
+            self.stats.bytes_sent += notice.len() as u64;
+            return Some(Transmit {
+                to,
+                frame: Bytes::from(notice),
+            });
         }
         while self
             .send_from
@@ -673,11 +677,12 @@ impl Exchange {
         }
         let to = *self.p.out_neighbors.get(self.next_out)?;
         self.next_out += 1;
-        buf.clear();
-        buf.extend_from_slice(&self.outgoing);
         self.stats.frames_sent += 1;
-        self.stats.bytes_sent += buf.len() as u64;
-        Some(Transmit { to })
+        self.stats.bytes_sent += self.outgoing.len() as u64;
+        Some(Transmit {
+            to,
+            frame: self.outgoing.clone(),
+        })
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {

@@ -14,6 +14,7 @@
 //! [`FrameHeader::parse`] never panics and checks the declared length against the caller's
 //! limit before anything is allocated for the payload.
 
+use bytes::Bytes;
 use murmur_topology::Rank;
 use thiserror::Error;
 
@@ -233,6 +234,20 @@ impl FrameHeader {
             });
         }
         Ok((header, rest))
+    }
+}
+
+/// The buffer of a frame that was handed out as [`Bytes`], emptied, for the next frame:
+/// the same allocation when every clone of `frame` has been dropped, else a new one of the
+/// same capacity.
+pub(crate) fn reuse(frame: Bytes) -> Vec<u8> {
+    let len = frame.len();
+    match frame.try_into_mut() {
+        Ok(mut m) => {
+            m.clear(); // so that the conversion moves no bytes
+            Vec::from(m)
+        }
+        Err(_) => Vec::with_capacity(len),
     }
 }
 

@@ -41,6 +41,8 @@ pub mod sim;
 
 use std::time::Instant;
 
+pub use bytes::Bytes;
+
 use murmur_topology::MixingMatrix;
 
 pub use allreduce::{chunk_range, AllReduce, AllReduceConfig};
@@ -68,12 +70,17 @@ pub use sgp::{Sgp, SgpConfig};
 pub const SKIP_STALENESS: u64 = 8;
 use thiserror::Error;
 
-/// A frame the state machine wants sent. The bytes were written into the caller's buffer
-/// by [`Gossip::poll_transmit`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A frame the state machine wants sent: its destination and its bytes, header included.
+///
+/// The bytes are shared, not copied: a message that goes to k out-neighbours is one
+/// allocation handed out k times, and the state machine reuses it for its next message once
+/// every clone is dropped (a driver that holds it longer costs one new allocation then).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transmit {
     /// Destination peer.
     pub to: Rank,
+    /// The frame.
+    pub frame: Bytes,
 }
 
 /// Something the driver must act on.
@@ -337,9 +344,9 @@ pub trait Gossip: Send {
     /// Tells the state machine the time; a call before the deadline is a no-op.
     fn handle_timeout(&mut self, now: Instant);
 
-    /// Writes the next frame to send into `buf` (cleared first) and returns its destination.
+    /// The next frame to send, with its destination.
     #[must_use]
-    fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit>;
+    fn poll_transmit(&mut self) -> Option<Transmit>;
 
     /// When [`Gossip::handle_timeout`] should next be called.
     #[must_use]

@@ -111,8 +111,8 @@ impl Gossip for LocalSgd {
         self.outer.pump(self.inner.as_mut());
     }
 
-    fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
-        self.inner.poll_transmit(buf)
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.inner.poll_transmit()
     }
 
     fn poll_timeout(&self) -> Option<Instant> {

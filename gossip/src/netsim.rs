@@ -47,9 +47,12 @@
 //! - otherwise (CHOCO), begins the round at `t + C` with the gradient and ends at `Mixed`.
 //!
 //! Per peer and round a [`PeerRound`] records the times; with consensus tracking on (the
-//! default) each peer's parameters at the end of round t are kept until all n peers have
-//! finished round t, and then the exact consensus distance Ξ²(t) is recorded
-//! ([`ConsensusPoint`]).
+//! default) the consensus distance Ξ²(t) is recorded once all n peers have finished round t
+//! ([`ConsensusPoint`]). It is accumulated as peers finish, not from snapshots: Ξ² is
+//! invariant to a shift c, Ξ² = (1/n) Σ_i ‖x_i − c‖² − ‖(1/n) Σ_i (x_i − c)‖², and with c
+//! the parameters of the first peer to finish round t (a vector of the consensus' own
+//! scale, so the difference does not cancel) a round in progress costs `c: [d]` in `f32`
+//! and `Σ_i (x_i − c): [d]` in `f64` (12·d bytes), whatever n.
 //!
 //! # Determinism
 //!
@@ -75,7 +78,7 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use crate::{consensus_distance, Gossip, GossipError, GossipEvent, GossipStats, Rank};
+use crate::{consensus_distance, Bytes, Gossip, GossipError, GossipEvent, GossipStats, Rank};
 
 /// The network and the machines: latency, bandwidth, loss and stragglers (see the
 /// [module docs](self)). Build it with [`NetworkModel::ideal`] or [`NetworkModel::gbps`]
@@ -541,7 +544,6 @@ pub struct NetSim {
     consensus: Vec<ConsensusPoint>,
     /// Peers still running rounds in the current call.
     unfinished: usize,
-    buf: Vec<u8>,
 }
 
 /// Per-peer driver state.
@@ -579,11 +581,54 @@ struct Active {
     mixed_at: Option<f64>,
 }
 
-/// Snapshots of round t until every peer has finished it.
+/// Ξ² of round t, accumulated until every peer has finished it (see the module docs).
 struct Pending {
-    snaps: Vec<Option<Vec<f32>>>,
+    /// The shift c: the parameters of the first peer to finish the round, `[d]`.
+    shift: Vec<f32>,
+    /// Σ_i (x_i − c) over the peers that finished, `[d]`.
+    sum: Vec<f64>,
+    /// Σ_i ‖x_i − c‖² over the peers that finished.
+    squares: f64,
+    /// Which peers finished.
+    seen: Vec<bool>,
     count: usize,
     end: f64,
+}
+
+impl Pending {
+    fn new(n: usize, shift: &[f32], end: f64) -> Self {
+        Pending {
+            shift: shift.to_vec(),
+            sum: vec![0.0; shift.len()],
+            squares: 0.0,
+            seen: vec![false; n],
+            count: 0,
+            end,
+        }
+    }
+
+    /// Adds peer `rank`'s parameters `x: [d]` (once per peer; a repeat is ignored).
+    fn add(&mut self, rank: Rank, x: &[f32], end: f64) {
+        if std::mem::replace(&mut self.seen[rank], true) {
+            return;
+        }
+        self.count += 1;
+        self.end = self.end.max(end);
+        let mut squares = 0.0;
+        for ((s, &v), &c) in self.sum.iter_mut().zip(x).zip(&self.shift) {
+            let dev = v as f64 - c as f64;
+            *s += dev;
+            squares += dev * dev;
+        }
+        self.squares += squares;
+    }
+
+    /// Ξ² = (1/n) Σ ‖x_i − c‖² − ‖(1/n) Σ (x_i − c)‖² over the `count` peers added.
+    fn xi2(&self) -> f64 {
+        let n = self.count.max(1) as f64;
+        let mean_sq: f64 = self.sum.iter().map(|s| (s / n) * (s / n)).sum();
+        (self.squares / n - mean_sq).max(0.0)
+    }
 }
 
 struct Event {
@@ -602,16 +647,12 @@ enum EventKind {
     /// Peer `a` finished computing.
     ComputeDone,
     /// Peer `a` queues frame `id` to `b` again (attempt `attempt`).
-    Retransmit {
-        frame: Vec<u8>,
-        id: u64,
-        attempt: u32,
-    },
+    Retransmit { frame: Bytes, id: u64, attempt: u32 },
     /// The first byte of a frame from `a` reaches `b`'s NIC (ingress modelled); its last
     /// byte would arrive at `tail` without contention.
-    Arrive { frame: Vec<u8>, tail: f64 },
+    Arrive { frame: Bytes, tail: f64 },
     /// A frame from `a` is handed to `b`.
-    Deliver { frame: Vec<u8> },
+    Deliver { frame: Bytes },
     /// Peer `a`'s timer for `deadline`.
     Timeout { deadline: Instant },
 }
@@ -728,7 +769,6 @@ impl NetSim {
             pending: BTreeMap::new(),
             consensus: Vec::new(),
             unfinished: 0,
-            buf: Vec::new(),
         })
     }
 
@@ -766,8 +806,8 @@ impl NetSim {
         }
     }
 
-    /// Records Ξ² after every round ([`NetSim::consensus`]); on by default. Costs a copy of
-    /// `[d]` per peer per round, kept until every peer has finished that round.
+    /// Records Ξ² after every round ([`NetSim::consensus`]); on by default. Costs 12·d bytes
+    /// per round that some but not all peers have finished (see the module docs).
     pub fn set_track_consensus(&mut self, on: bool) {
         self.track_consensus = on;
         if !on {
@@ -1059,17 +1099,16 @@ impl NetSim {
     fn after_input(&mut self, rank: Rank, t: f64) -> Result<(), NetSimError> {
         let n = self.n();
         let round = self.current_round(rank);
-        while let Some(tx) = self.peers[rank].poll_transmit(&mut self.buf) {
+        while let Some(tx) = self.peers[rank].poll_transmit() {
             if tx.to >= n || tx.to == rank {
                 return Err(NetSimError::BadDestination {
                     from: rank,
                     to: tx.to,
                 });
             }
-            let frame = self.buf.clone();
             let id = self.next_frame_id;
             self.next_frame_id += 1;
-            self.send(rank, tx.to, frame, t, round, id, 0);
+            self.send(rank, tx.to, tx.frame, t, round, id, 0);
         }
         if let Some(deadline) = self.peers[rank].poll_timeout() {
             self.arm_timer(rank, deadline, t);
@@ -1105,7 +1144,7 @@ impl NetSim {
         &mut self,
         from: Rank,
         to: Rank,
-        frame: Vec<u8>,
+        frame: Bytes,
         t: f64,
         round: u64,
         id: u64,
@@ -1200,33 +1239,64 @@ impl NetSim {
             self.unfinished -= 1;
         }
         if self.track_consensus {
-            self.snapshot(rank, a.round, t);
+            self.add_to_consensus(rank, a.round, t);
         }
         Ok(())
     }
 
-    /// Keeps peer `rank`'s parameters after `round`; records Ξ² once all n have them.
-    fn snapshot(&mut self, rank: Rank, round: u64, t: f64) {
+    /// Adds peer `rank`'s parameters after `round` to that round's Ξ²; records Ξ² once all
+    /// n have finished it.
+    fn add_to_consensus(&mut self, rank: Rank, round: u64, t: f64) {
         let n = self.n();
-        let p = self.pending.entry(round).or_insert_with(|| Pending {
-            snaps: vec![None; n],
-            count: 0,
-            end: t,
-        });
-        if p.snaps[rank].is_none() {
-            p.count += 1;
-        }
-        p.snaps[rank] = Some(self.peers[rank].params().to_vec());
-        p.end = p.end.max(t);
+        let x = self.peers[rank].params();
+        let p = self
+            .pending
+            .entry(round)
+            .or_insert_with(|| Pending::new(n, x, t));
+        p.add(rank, x, t);
         if p.count == n {
             if let Some(p) = self.pending.remove(&round) {
-                let xi2 = consensus_distance(p.snaps.iter().flatten().map(Vec::as_slice)).0;
                 self.consensus.push(ConsensusPoint {
                     round,
-                    xi2,
+                    xi2: p.xi2(),
                     at_secs: p.end,
                 });
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The running form agrees with the two-pass formula, also far from the origin, where
+    /// (1/n) Σ ‖x_i‖² − ‖x̄‖² without the shift would lose every digit in f64.
+    #[test]
+    fn the_running_consensus_distance_matches_the_two_pass_one_far_from_zero() {
+        let (n, d) = (16, 1000);
+        for offset in [0.0f32, 1e4] {
+            let xs: Vec<Vec<f32>> = (0..n)
+                .map(|i| {
+                    (0..d)
+                        .map(|k| offset + 1e-3 * (unit(7, 1, i as u64, k as u64) as f32 - 0.5))
+                        .collect()
+                })
+                .collect();
+            let (expected, _) = consensus_distance(xs.iter().map(Vec::as_slice));
+            // Peers finish in another order than their ranks; the first one is the shift.
+            let mut p = Pending::new(n, &xs[5], 0.0);
+            for i in (0..n).rev() {
+                p.add(i, &xs[i], i as f64);
+            }
+            p.add(3, &xs[0], 99.0); // a repeat is ignored
+            assert_eq!(p.count, n);
+            assert_eq!(p.end, (n - 1) as f64);
+            let got = p.xi2();
+            assert!(
+                (got - expected).abs() <= 1e-9 * expected,
+                "offset {offset}: running Ξ² = {got:e}, two-pass Ξ² = {expected:e}"
+            );
         }
     }
 }

@@ -168,8 +168,8 @@ impl Gossip for Phased {
         self.pump();
     }
 
-    fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
-        self.cur().poll_transmit(buf)
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.cur().poll_transmit()
     }
 
     fn poll_timeout(&self) -> Option<Instant> {

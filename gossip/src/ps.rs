@@ -71,13 +71,12 @@
 //! frames continuously.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use murmur_compress::DecodeError;
 
 use crate::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
-use crate::{Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
+use crate::{Bytes, Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
 
 /// Name of the payload format in [`DecodeError`]s.
 const PAYLOAD: &str = "parameter server vector (raw f32)";
@@ -168,7 +167,7 @@ pub struct ParameterServer {
     /// Rank 0 only.
     server: Option<Server>,
     /// Frames to send, oldest first; the server's broadcasts share one buffer.
-    outgoing: VecDeque<(Rank, Arc<[u8]>)>,
+    outgoing: VecDeque<(Rank, Bytes)>,
     events: VecDeque<GossipEvent>,
     stats: GossipStats,
 }
@@ -290,7 +289,7 @@ impl ParameterServer {
         let d = self.x.len();
         let s = self.server.as_mut().expect("rank 0 is the server");
         // One encoded frame per distinct round answered in this batch.
-        let mut frames: Vec<(u64, Arc<[u8]>)> = Vec::new();
+        let mut frames: Vec<(u64, Bytes)> = Vec::new();
         let mut own = false;
         for j in 0..self.cfg.n {
             let Some(t) = s.waiting[j] else { continue };
@@ -303,10 +302,10 @@ impl ParameterServer {
                 continue;
             }
             let frame = match frames.iter().find(|(r, _)| *r == t) {
-                Some((_, f)) => Arc::clone(f),
+                Some((_, f)) => f.clone(),
                 None => {
-                    let f: Arc<[u8]> = Self::encode(FrameKind::Pull, 0, t, d, Some(&s.x)).into();
-                    frames.push((t, Arc::clone(&f)));
+                    let f = Bytes::from(Self::encode(FrameKind::Pull, 0, t, d, Some(&s.x)));
+                    frames.push((t, f.clone()));
                     f
                 }
             };
@@ -464,13 +463,11 @@ impl Gossip for ParameterServer {
         self.deadline = None;
     }
 
-    fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+    fn poll_transmit(&mut self) -> Option<Transmit> {
         let (to, frame) = self.outgoing.pop_front()?;
-        buf.clear();
-        buf.extend_from_slice(&frame);
         self.stats.frames_sent += 1;
         self.stats.bytes_sent += frame.len() as u64;
-        Some(Transmit { to })
+        Some(Transmit { to, frame })
     }
 
     fn poll_timeout(&self) -> Option<Instant> {

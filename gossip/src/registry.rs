@@ -430,6 +430,11 @@ pub struct BuildContext<'a> {
     pub skip_after: Option<Duration>,
     /// The protocol options.
     pub options: &'a AlgorithmOptions,
+    /// Whether the driver reads [`Gossip::params`] only between rounds, so that an
+    /// algorithm may accumulate a round's mix in its parameters and keep one `[d]` vector
+    /// less ([`crate::DPsgdConfig::in_place`]): true for the simulator, false for a network
+    /// peer.
+    pub in_place: bool,
 }
 
 impl BuildContext<'_> {

@@ -143,8 +143,8 @@ use murmur_topology::PushSchedule;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
-use crate::{Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
+use crate::frame::{reuse, FrameHeader, FrameKind, FRAME_HEADER_LEN};
+use crate::{Bytes, Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
 
 /// Bytes of a [`FrameKind::PushSum`] payload in front of the compressed message: the mixing
 /// weight p and the push-sum weight, both `f64` LE.
@@ -333,7 +333,7 @@ pub struct Sgp {
     /// Validated shares waiting for their round (or a later one) to begin.
     early: BTreeMap<(u64, Rank), Share>,
     /// This round's frame (header + payload), the same for every out-peer.
-    outgoing: Vec<u8>,
+    outgoing: Bytes,
     /// This round's out-peers and the next one to hand a frame to.
     out_now: Vec<Rank>,
     next_out: usize,
@@ -382,7 +382,7 @@ impl Sgp {
             deadline: None,
             absorbed: BTreeSet::new(),
             early: BTreeMap::new(),
-            outgoing: Vec::new(),
+            outgoing: Bytes::new(),
             out_now: Vec::new(),
             next_out: 0,
             events: VecDeque::new(),
@@ -623,14 +623,12 @@ impl Gossip for Sgp {
         };
         self.share = (p, keep);
         self.next_out = 0;
-        self.outgoing.clear();
+        let mut out = reuse(std::mem::take(&mut self.outgoing));
         if !self.out_now.is_empty() {
-            self.outgoing.resize(FRAME_HEADER_LEN, 0);
-            self.outgoing.extend_from_slice(&p.to_le_bytes());
-            self.outgoing.extend_from_slice(&self.weight.to_le_bytes());
-            let len = self
-                .compressor
-                .compress(&self.x, &mut self.rng, &mut self.outgoing);
+            out.resize(FRAME_HEADER_LEN, 0);
+            out.extend_from_slice(&p.to_le_bytes());
+            out.extend_from_slice(&self.weight.to_le_bytes());
+            let len = self.compressor.compress(&self.x, &mut self.rng, &mut out);
             let header = FrameHeader {
                 kind: FrameKind::PushSum,
                 sender: rank,
@@ -638,8 +636,9 @@ impl Gossip for Sgp {
                 dim: d as u32,
                 payload_len: (PUSH_SUM_PREFIX_LEN + len) as u32,
             };
-            self.outgoing[..FRAME_HEADER_LEN].copy_from_slice(&header.to_bytes());
+            out[..FRAME_HEADER_LEN].copy_from_slice(&header.to_bytes());
         }
+        self.outgoing = Bytes::from(out);
         // Keep p_ii of the mass; each out-peer adds p_ji = p of what was encoded.
         let keep32 = keep as f32;
         self.x.iter_mut().for_each(|v| *v *= keep32);
@@ -753,14 +752,15 @@ impl Gossip for Sgp {
         }
     }
 
-    fn poll_transmit(&mut self, buf: &mut Vec<u8>) -> Option<Transmit> {
+    fn poll_transmit(&mut self) -> Option<Transmit> {
         let to = *self.out_now.get(self.next_out)?;
         self.next_out += 1;
-        buf.clear();
-        buf.extend_from_slice(&self.outgoing);
         self.stats.frames_sent += 1;
-        self.stats.bytes_sent += buf.len() as u64;
-        Some(Transmit { to })
+        self.stats.bytes_sent += self.outgoing.len() as u64;
+        Some(Transmit {
+            to,
+            frame: self.outgoing.clone(),
+        })
     }
 
     fn poll_timeout(&self) -> Option<Instant> {

@@ -15,8 +15,8 @@ use rand::{RngExt, SeedableRng};
 use murmur_compress::Compressor;
 
 use crate::{
-    consensus_distance, Choco, ChocoConfig, DPsgd, DPsgdConfig, Gossip, GossipError, GossipEvent,
-    Rank,
+    consensus_distance, Bytes, Choco, ChocoConfig, DPsgd, DPsgdConfig, Gossip, GossipError,
+    GossipEvent, Rank,
 };
 
 /// n vectors of `d` values drawn uniformly from [−1, 1) with `seed`, peer 0's first.
@@ -54,7 +54,6 @@ pub struct Sim {
     peers: Vec<Box<dyn Gossip>>,
     now: Instant,
     step: Duration,
-    buf: Vec<u8>,
 }
 
 impl Sim {
@@ -64,7 +63,6 @@ impl Sim {
             peers,
             now: Instant::now(),
             step: Duration::from_millis(1),
-            buf: Vec::new(),
         }
     }
 
@@ -116,12 +114,12 @@ impl Sim {
     /// Runs one round. `grads`, if given, holds one gradient `[d]` per peer.
     pub fn run_round(&mut self, grads: Option<&[Vec<f32>]>) -> Result<(), SimError> {
         let round = self.peers.first().map_or(0, |p| p.round());
-        let mut in_flight: Vec<(Rank, Rank, Vec<u8>)> = Vec::new();
+        let mut in_flight: Vec<(Rank, Rank, Bytes)> = Vec::new();
         for (i, p) in self.peers.iter_mut().enumerate() {
             let x = p.params().to_vec();
             p.begin_round(self.now, &x, grads.map(|g| g[i].as_slice()));
-            while let Some(t) = p.poll_transmit(&mut self.buf) {
-                in_flight.push((i, t.to, self.buf.clone()));
+            while let Some(t) = p.poll_transmit() {
+                in_flight.push((i, t.to, t.frame));
             }
         }
         // Deliver until the network is quiet: a handled frame may cause more (all-reduce
@@ -136,8 +134,8 @@ impl Sim {
                         to,
                         cause: source,
                     })?;
-                while let Some(t) = p.poll_transmit(&mut self.buf) {
-                    caused.push((to, t.to, self.buf.clone()));
+                while let Some(t) = p.poll_transmit() {
+                    caused.push((to, t.to, t.frame));
                 }
             }
             in_flight = caused;

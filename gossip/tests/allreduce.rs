@@ -112,7 +112,7 @@ fn a_single_peer_completes_at_once_without_frames() {
     let mut p = AllReduce::new(AllReduceConfig::new(0, 1, 0.5, 2), vec![1.0, 2.0]);
     p.begin_round(Instant::now(), &[1.0, 2.0], Some(&[2.0, -4.0]));
     assert_eq!(p.poll_event(), Some(GossipEvent::Mixed { round: 0 }));
-    assert_eq!(p.poll_transmit(&mut Vec::new()), None);
+    assert_eq!(p.poll_transmit(), None);
     assert_eq!(p.poll_timeout(), None);
     assert_eq!(p.params(), &[0.0, 4.0]);
     p.begin_round(Instant::now(), &[3.0, 5.0], None);
@@ -286,17 +286,16 @@ fn frames_for_the_next_round_are_buffered_while_mixing() {
     p0.handle_message(now, 1, &frames[0].2).unwrap();
     assert_eq!(p0.poll_event(), Some(GossipEvent::Mixed { round: 0 }));
     assert_eq!(p0.params(), &[3.0, 3.0, 3.0]);
-    let mut buf = Vec::new();
-    while p0.poll_transmit(&mut buf).is_some() {}
+    while p0.poll_transmit().is_some() {}
     // Beginning round 1 absorbs the buffered step 0 at once and sends steps 0 and 1.
     p0.begin_round(now, &[5.0, 5.0, 5.0], None);
-    assert!(p0.poll_transmit(&mut buf).is_some());
-    assert!(p0.poll_transmit(&mut buf).is_some());
-    assert_eq!(p0.poll_transmit(&mut buf), None);
+    assert!(p0.poll_transmit().is_some());
+    let last = p0.poll_transmit().expect("the all-gather step 1");
+    assert_eq!(p0.poll_transmit(), None);
     assert_eq!(p0.poll_event(), None);
     // The all-gather step 1 carries the complete sum of chunk 1: 5 + 1.
     assert_eq!(
-        buf[24..],
+        last.frame[24..],
         [1u32.to_le_bytes(), 6.0f32.to_le_bytes()].concat()[..]
     );
 }

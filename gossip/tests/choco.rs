@@ -199,12 +199,11 @@ fn one_round_by_hand_on_three_peers() {
 /// Begins a round on every peer; returns (from, to, frame) in sending order.
 fn begin_all(p: &mut [Choco], now: Instant, grads: &[Vec<f32>]) -> Vec<(Rank, Rank, Vec<u8>)> {
     let mut out = Vec::new();
-    let mut buf = Vec::new();
     for (i, peer) in p.iter_mut().enumerate() {
         let x = peer.params().to_vec();
         peer.begin_round(now, &x, Some(&grads[i]));
-        while let Some(t) = peer.poll_transmit(&mut buf) {
-            out.push((i, t.to, buf.clone()));
+        while let Some(t) = peer.poll_transmit() {
+            out.push((i, t.to, t.frame.to_vec()));
         }
     }
     out
@@ -328,10 +327,9 @@ fn refused_frames_leave_the_state_untouched() {
     }
     let x = p[0].params().to_vec();
     p[0].begin_round(now, &x, Some(&grads[0]));
-    let mut buf = Vec::new();
-    let t = p[0].poll_transmit(&mut buf).unwrap();
+    let t = p[0].poll_transmit().unwrap();
     assert_eq!(t.to, 1);
-    let early_01 = buf.clone();
+    let early_01 = t.frame.to_vec();
     let mut nan_early = early_01.clone();
     let len = nan_early.len();
     nan_early[len - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
@@ -351,8 +349,8 @@ fn refused_frames_leave_the_state_untouched() {
     for i in [1, 2] {
         let x = p[i].params().to_vec();
         p[i].begin_round(now, &x, Some(&grads[i]));
-        while let Some(t) = p[i].poll_transmit(&mut buf) {
-            rest.push((i, t.to, buf.clone()));
+        while let Some(t) = p[i].poll_transmit() {
+            rest.push((i, t.to, t.frame.to_vec()));
         }
     }
     rest.push((0, 1, early_01.clone())); // already absorbed by peer 1: now a duplicate
@@ -713,11 +711,10 @@ fn choco_waits_for_a_message_later_than_the_staleness_bound() {
     cfg.round_timeout = Duration::from_secs(5);
     let mut p = Choco::new(cfg, vec![1.0; 4], Box::new(Identity));
     let mut now = Instant::now();
-    let mut buf = Vec::new();
     for t in 0..=murmur_gossip::SKIP_STALENESS {
         let x = p.params().to_vec();
         p.begin_round(now, &x, None);
-        while p.poll_transmit(&mut buf).is_some() {}
+        while p.poll_transmit().is_some() {}
         p.handle_timeout(now + skip);
         if t < murmur_gossip::SKIP_STALENESS {
             assert_eq!(p.poll_event(), Some(GossipEvent::Mixed { round: t }));

@@ -41,6 +41,7 @@ fn build(
         seed: rank as u64,
         skip_after: None,
         options,
+        in_place: false,
     })
 }
 
@@ -409,7 +410,6 @@ fn the_gossip_form_skipping_a_straggler_keeps_the_anchor_average() {
         .collect();
     let m0 = mean(&x0);
     let mut now = std::time::Instant::now();
-    let mut buf = Vec::new();
     // (round due, from, to, frame)
     let mut queue: Vec<(u64, usize, usize, Vec<u8>)> = Vec::new();
     let mut dropped = 0;
@@ -419,9 +419,9 @@ fn the_gossip_form_skipping_a_straggler_keeps_the_anchor_average() {
         for (i, p) in peers.iter_mut().enumerate() {
             let x = p.params().to_vec();
             p.begin_round(now, &x, None);
-            while let Some(tr) = p.poll_transmit(&mut buf) {
+            while let Some(tr) = p.poll_transmit() {
                 let at = if i == straggler { t + late } else { t };
-                queue.push((at, i, tr.to, buf.clone()));
+                queue.push((at, i, tr.to, tr.frame.to_vec()));
             }
         }
         let (due, rest): (Vec<_>, Vec<_>) = queue.drain(..).partition(|f| f.0 <= t);

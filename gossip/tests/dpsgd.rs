@@ -75,10 +75,9 @@ fn two_peer(rank: usize, x0: Vec<f32>, lr: f32) -> DPsgd {
 
 fn drain(p: &mut DPsgd) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
-    let mut buf = Vec::new();
-    while let Some(t) = p.poll_transmit(&mut buf) {
+    while let Some(t) = p.poll_transmit() {
         assert_eq!(t.to, 1 - p.config().rank);
-        out.push(buf.clone());
+        out.push(t.frame.to_vec());
     }
     out
 }
@@ -474,10 +473,9 @@ fn begin(p: &mut DPsgd, i: usize, now: Instant) -> Vec<(usize, usize, Vec<u8>)> 
 }
 
 fn frames_of(p: &mut DPsgd, i: usize) -> Vec<(usize, usize, Vec<u8>)> {
-    let mut buf = Vec::new();
     let mut out = Vec::new();
-    while let Some(t) = p.poll_transmit(&mut buf) {
-        out.push((i, t.to, buf.clone()));
+    while let Some(t) = p.poll_transmit() {
+        out.push((i, t.to, t.frame.to_vec()));
     }
     out
 }
@@ -593,4 +591,97 @@ fn a_straggler_that_already_mixed_the_skippers_frame_corrects_afterwards() {
             "{after:?} vs {before:?}"
         );
     }
+}
+
+/// The parameters after each step of a run with a straggler skipped (stand-in and
+/// correction), a gradient round, and a departure in the middle of a round, on a ring of
+/// 5 with the skip policy; `in_place` as [`DPsgdConfig::in_place`].
+fn trajectory(in_place: bool) -> Vec<Vec<Vec<f32>>> {
+    let n = 5;
+    let w = ring_mh(n);
+    let mut peers: Vec<DPsgd> = (0..n)
+        .map(|i| {
+            let mut cfg = DPsgdConfig::from_matrix(&w, i, 0.1, 3);
+            cfg.round_timeout = Duration::from_secs(3600);
+            cfg.skip_after = Some(Duration::from_millis(10));
+            cfg.in_place = in_place;
+            DPsgd::new(cfg, vec![i as f32, (i * i) as f32, 1.0 / (1 + i) as f32])
+        })
+        .collect();
+    let snapshot = |ps: &[DPsgd]| ps.iter().map(|p| p.params().to_vec()).collect::<Vec<_>>();
+    let mut seen = Vec::new();
+    let t0 = Instant::now();
+    // Round 0: peer 2's frame to peer 1 is late; peer 1 stands in for it, peer 2 corrects.
+    let mut frames = Vec::new();
+    for (i, p) in peers.iter_mut().enumerate() {
+        frames.extend(begin(p, i, t0));
+    }
+    let mut delayed = None;
+    for (from, to, f) in frames {
+        if (from, to) == (2, 1) {
+            delayed = Some(f);
+        } else {
+            peers[to].handle_message(t0, from, &f).unwrap();
+        }
+    }
+    let later = t0 + Duration::from_millis(20);
+    peers[1].handle_timeout(later);
+    assert!(drain_mixed(&mut peers[1]));
+    for (from, to, f) in frames_of(&mut peers[1], 1) {
+        peers[to].handle_message(later, from, &f).unwrap();
+    }
+    let _ = peers[1].handle_message(later, 2, &delayed.unwrap());
+    for p in peers.iter_mut() {
+        drain_mixed(p);
+    }
+    seen.push(snapshot(&peers));
+    full_round(&mut peers, later);
+    seen.push(snapshot(&peers));
+    // A round with gradients.
+    let mut frames = Vec::new();
+    for (i, p) in peers.iter_mut().enumerate() {
+        let x = p.params().to_vec();
+        let g: Vec<f32> = x.iter().map(|v| 0.5 * v - i as f32).collect();
+        p.begin_round(later, &x, Some(&g));
+        frames.extend(frames_of(p, i));
+    }
+    for (from, to, f) in frames {
+        peers[to].handle_message(later, from, &f).unwrap();
+    }
+    assert!(peers.iter_mut().all(drain_mixed));
+    seen.push(snapshot(&peers));
+    // Peer 4 is gone during the next round: 3 and 0 stand in for it when told.
+    let mut alive = vec![true; n];
+    alive[4] = false;
+    round_among(&mut peers, &alive);
+    let survivors = w.without_peers(&[4]).unwrap();
+    for p in &mut peers[..4] {
+        p.peer_left(4, &survivors.w).unwrap();
+        drain_mixed(p);
+    }
+    seen.push(snapshot(&peers[..4]));
+    round_among(&mut peers, &alive);
+    seen.push(snapshot(&peers[..4]));
+    seen
+}
+
+#[test]
+fn mixing_in_place_gives_the_same_parameters_bit_for_bit() {
+    let apart = trajectory(false);
+    let in_place = trajectory(true);
+    assert_eq!(apart.len(), 5);
+    for (step, (a, b)) in apart.iter().zip(&in_place).enumerate() {
+        for (i, (xa, xb)) in a.iter().zip(b).enumerate() {
+            let (ba, bb): (Vec<u32>, Vec<u32>) = (
+                xa.iter().map(|v| v.to_bits()).collect(),
+                xb.iter().map(|v| v.to_bits()).collect(),
+            );
+            assert_eq!(
+                ba, bb,
+                "step {step}, peer {i}: {xa:?} apart, {xb:?} in place"
+            );
+        }
+    }
+    // The run did move the parameters (the comparison is not between two copies of x⁰).
+    assert_ne!(apart[0][0], apart[4][0]);
 }

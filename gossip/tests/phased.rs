@@ -96,14 +96,13 @@ fn frames_of_the_next_phase_that_arrive_early_are_kept() {
     let xs = start(n, d);
     let mut peers: Vec<Phased> = (0..n).map(|i| phased(&ring, &full, 1, i, &xs[i])).collect();
     let now = Instant::now();
-    let mut buf = Vec::new();
     // Round 0 (ring) for everyone.
     let mut frames = Vec::new();
     for (i, p) in peers.iter_mut().enumerate() {
         let x = p.params().to_vec();
         p.begin_round(now, &x, None);
-        while let Some(t) = p.poll_transmit(&mut buf) {
-            frames.push((i, t.to, buf.clone()));
+        while let Some(t) = p.poll_transmit() {
+            frames.push((i, t.to, t.frame.to_vec()));
         }
     }
     for (from, to, f) in frames.drain(..) {
@@ -117,8 +116,8 @@ fn frames_of_the_next_phase_that_arrive_early_are_kept() {
     for (i, p) in peers.iter_mut().enumerate().skip(1) {
         let x = p.params().to_vec();
         p.begin_round(now, &x, None);
-        while let Some(t) = p.poll_transmit(&mut buf) {
-            frames.push((i, t.to, buf.clone()));
+        while let Some(t) = p.poll_transmit() {
+            frames.push((i, t.to, t.frame.to_vec()));
         }
     }
     for (from, to, f) in frames.drain(..) {
@@ -126,8 +125,8 @@ fn frames_of_the_next_phase_that_arrive_early_are_kept() {
     }
     let x = peers[0].params().to_vec();
     peers[0].begin_round(now, &x, None);
-    while let Some(t) = peers[0].poll_transmit(&mut buf) {
-        frames.push((0, t.to, buf.clone()));
+    while let Some(t) = peers[0].poll_transmit() {
+        frames.push((0, t.to, t.frame.to_vec()));
     }
     for (from, to, f) in frames.drain(..) {
         peers[to].handle_message(now, from, &f).unwrap();

@@ -87,26 +87,26 @@ fn bsp_step_and_wire_format_by_hand() {
     let now = Instant::now();
     let mut s = ParameterServer::new(PsConfig::new(0, 2, 0.5, PsMode::Bsp, 2), vec![1.0, 2.0]);
     let mut w = ParameterServer::new(PsConfig::new(1, 2, 0.5, PsMode::Bsp, 2), vec![1.0, 2.0]);
-    let mut buf = Vec::new();
+    let mut buf: Vec<u8>;
     w.begin_round(now, &[1.0, 2.0], Some(&[0.0, 4.0]));
-    assert_eq!(w.poll_transmit(&mut buf).map(|t| t.to), Some(0));
+    let t = w.poll_transmit().expect("a frame");
+    assert_eq!(t.to, 0);
+    buf = t.frame.to_vec();
     assert_eq!(
         buf,
         kind_frame(FrameKind::Push, 1, 0, 2, &f32_bytes(&[0.0, 4.0]))
     );
-    assert_eq!(w.poll_transmit(&mut Vec::new()), None);
+    assert_eq!(w.poll_transmit(), None);
     s.handle_message(now, 1, &buf).unwrap();
-    assert_eq!(
-        s.poll_transmit(&mut buf),
-        None,
-        "BSP waits for rank 0's gradient"
-    );
+    assert_eq!(s.poll_transmit(), None, "BSP waits for rank 0's gradient");
     assert_eq!(s.clocks(), Some(&[0, 1][..]));
     s.begin_round(now, &[1.0, 2.0], Some(&[2.0, 0.0]));
     assert_eq!(s.poll_event(), Some(GossipEvent::Mixed { round: 0 }));
     assert_eq!(s.params(), &[0.5, 1.0]);
     assert_eq!(s.server_params(), Some(&[0.5, 1.0][..]));
-    assert_eq!(s.poll_transmit(&mut buf).map(|t| t.to), Some(1));
+    let t = s.poll_transmit().expect("a frame");
+    assert_eq!(t.to, 1);
+    buf = t.frame.to_vec();
     assert_eq!(
         buf,
         kind_frame(FrameKind::Pull, 0, 0, 2, &f32_bytes(&[0.5, 1.0]))
@@ -116,7 +116,9 @@ fn bsp_step_and_wire_format_by_hand() {
     assert_eq!(w.params(), &[0.5, 1.0]);
     // No gradient: an empty push, read as a zero gradient; x stays.
     w.begin_round(now, &[0.5, 1.0], None);
-    assert_eq!(w.poll_transmit(&mut buf).map(|t| t.to), Some(0));
+    let t = w.poll_transmit().expect("a frame");
+    assert_eq!(t.to, 0);
+    buf = t.frame.to_vec();
     assert_eq!(buf, kind_frame(FrameKind::Push, 1, 1, 2, &[]));
     s.handle_message(now, 1, &buf).unwrap();
     s.begin_round(now, &[0.5, 1.0], None);
@@ -133,10 +135,12 @@ fn ssp_holds_the_answer_until_the_slowest_catches_up() {
     let mode = PsMode::Ssp { staleness: 1 };
     let mut s = ParameterServer::new(PsConfig::new(0, 2, 0.5, mode, 1), vec![0.0]);
     let push = |round: u64, g: f32| kind_frame(FrameKind::Push, 1, round, 1, &f32_bytes(&[g]));
-    let mut buf = Vec::new();
+    let mut buf: Vec<u8>;
     // Worker 1 pushes round 0 while rank 0 has not begun: 1 round ahead is allowed.
     s.handle_message(now, 1, &push(0, 2.0)).unwrap();
-    assert_eq!(s.poll_transmit(&mut buf).map(|t| t.to), Some(1));
+    let t = s.poll_transmit().expect("a frame");
+    assert_eq!(t.to, 1);
+    buf = t.frame.to_vec();
     assert_eq!(
         buf,
         kind_frame(FrameKind::Pull, 0, 0, 1, &f32_bytes(&[-0.5]))
@@ -144,12 +148,14 @@ fn ssp_holds_the_answer_until_the_slowest_catches_up() {
     // Round 1 would put it 2 ahead: applied at once, answer held.
     s.handle_message(now, 1, &push(1, 2.0)).unwrap();
     assert_eq!(s.server_params(), Some(&[-1.0][..]));
-    assert_eq!(s.poll_transmit(&mut buf), None);
+    assert_eq!(s.poll_transmit(), None);
     // Rank 0 pushes round 0: both may proceed, with the x of this moment.
     s.begin_round(now, &[0.0], Some(&[4.0]));
     assert_eq!(s.poll_event(), Some(GossipEvent::Mixed { round: 0 }));
     assert_eq!(s.params(), &[-2.0]);
-    assert_eq!(s.poll_transmit(&mut buf).map(|t| t.to), Some(1));
+    let t = s.poll_transmit().expect("a frame");
+    assert_eq!(t.to, 1);
+    buf = t.frame.to_vec();
     assert_eq!(
         buf,
         kind_frame(FrameKind::Pull, 0, 1, 1, &f32_bytes(&[-2.0]))
@@ -162,10 +168,12 @@ fn ssp_holds_the_answer_until_the_slowest_catches_up() {
     }
     s.begin_round(now, &[-2.0], Some(&[0.0]));
     assert_eq!(s.poll_event(), None);
-    assert_eq!(s.poll_transmit(&mut buf), None);
+    assert_eq!(s.poll_transmit(), None);
     s.handle_message(now, 1, &push(2, 0.0)).unwrap();
     assert_eq!(s.poll_event(), Some(GossipEvent::Mixed { round: 3 }));
-    assert_eq!(s.poll_transmit(&mut buf).map(|t| t.to), Some(1));
+    let t = s.poll_transmit().expect("a frame");
+    assert_eq!(t.to, 1);
+    buf = t.frame.to_vec();
     assert_eq!(
         buf,
         kind_frame(FrameKind::Pull, 0, 2, 1, &f32_bytes(&[-2.0]))
@@ -375,7 +383,7 @@ fn a_single_peer_is_its_own_server() {
         p.begin_round(Instant::now(), &[1.0, 1.0], Some(&[2.0, -2.0]));
         assert_eq!(p.poll_event(), Some(GossipEvent::Mixed { round: 0 }));
         assert_eq!(p.params(), &[0.0, 2.0], "{mode:?}");
-        assert_eq!(p.poll_transmit(&mut Vec::new()), None);
+        assert_eq!(p.poll_transmit(), None);
         assert!(p.out_peers().is_empty() && p.in_peers().is_empty());
     }
 }
@@ -426,7 +434,7 @@ fn assert_all_refused(p: &mut ParameterServer, cases: Vec<Case>) {
         assert!(expected(&err), "{what}: unexpected {err:?}");
         assert_eq!(snapshot(p), before, "{what} changed the state");
         assert_eq!(p.poll_event(), None, "{what}");
-        assert_eq!(p.poll_transmit(&mut Vec::new()), None, "{what}");
+        assert_eq!(p.poll_transmit(), None, "{what}");
     }
 }
 
@@ -562,8 +570,7 @@ fn a_worker_refuses_bad_pulls_without_changing_anything() {
         })],
     );
     w.begin_round(now, &[0.0; 2], Some(&[1.0, 1.0]));
-    let mut buf = Vec::new();
-    while w.poll_transmit(&mut buf).is_some() {}
+    while w.poll_transmit().is_some() {}
     let is_payload = |e: &GossipError| matches!(e, GossipError::Payload { from: 0, .. });
     assert_all_refused(
         &mut w,

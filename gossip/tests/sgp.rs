@@ -125,16 +125,15 @@ impl Net {
     /// have completed round t.
     fn run(&mut self, grad_of: Option<GradOf>) {
         let t = self.t;
-        let mut buf = Vec::new();
         for (i, p) in self.peers.iter_mut().enumerate() {
             assert_eq!(p.round(), t);
             let z = p.params().to_vec();
             let g = grad_of.map(|f| f(i, &z));
             p.begin_round(self.now, &z, g.as_deref());
-            while let Some(tr) = p.poll_transmit(&mut buf) {
+            while let Some(tr) = p.poll_transmit() {
                 let delay = self.rng.random_range(0..=self.max_delay);
                 self.delayed_frames += usize::from(delay > 0);
-                self.queue.push((t + delay, i, tr.to, buf.clone()));
+                self.queue.push((t + delay, i, tr.to, tr.frame.to_vec()));
             }
         }
         let (mut due, rest): (Vec<_>, Vec<_>) = self.queue.drain(..).partition(|f| f.0 == t);
@@ -346,15 +345,14 @@ fn overlap_rounds_before_tau_complete_at_once_and_late_frames_are_absorbed() {
     let now = Instant::now();
     let mut a = Sgp::new(cfg(0), vec![0.0]);
     let mut b = Sgp::new(cfg(1), vec![4.0]);
-    let mut buf = Vec::new();
     a.begin_round(now, &[0.0], None);
     assert_eq!(a.poll_event(), Some(GossipEvent::Mixed { round: 0 }));
-    assert_eq!(a.poll_transmit(&mut buf).unwrap().to, 1);
-    let fa0 = buf.clone();
+    let t = a.poll_transmit().unwrap();
+    assert_eq!(t.to, 1);
+    let fa0 = t.frame.to_vec();
     b.begin_round(now, &[4.0], None);
     assert_eq!(b.poll_event(), Some(GossipEvent::Mixed { round: 0 }));
-    let _ = b.poll_transmit(&mut buf).unwrap();
-    let fb0 = buf.clone();
+    let fb0 = b.poll_transmit().unwrap().frame.to_vec();
     // a is idle: b's round-0 share is buffered, params do not move until round 1 begins.
     a.handle_message(now, 1, &fb0).unwrap();
     assert_eq!(a.params(), &[0.0]);
@@ -470,8 +468,7 @@ fn bad_frames_are_refused_and_change_nothing() {
     assert_eq!(p.in_peers(), vec![0, 3]);
     assert_eq!(p.out_peers(), vec![2, 3]);
     p.begin_round(now, &[1.0, 1.0], None);
-    let mut buf = Vec::new();
-    assert_eq!(p.poll_transmit(&mut buf).unwrap().to, 2);
+    assert_eq!(p.poll_transmit().unwrap().to, 2);
     let good = push_frame(0, 0, 0.5, 1.0, &[3.0, 3.0]);
 
     let check = |p: &mut Sgp, from: Rank, frame: &[u8], expect: &dyn Fn(&GossipError) -> bool| {
@@ -921,7 +918,7 @@ fn a_push_not_yet_handed_out_to_a_departed_peer_is_taken_back() {
     // Round 0: peer 0 keeps ½ and pushes ½ to peer 1, which leaves before the frame goes.
     assert_eq!(p.weight(), 0.5);
     p.peer_left(1, &common::ring_mh(4)).unwrap();
-    assert_eq!(p.poll_transmit(&mut Vec::new()), None);
+    assert_eq!(p.poll_transmit(), None);
     assert_eq!(p.weight(), 1.0);
     assert_eq!(p.numerator(), x0.as_slice());
     // Peer 0 still waits for its in-peer of round 0 (peer 3).
@@ -935,7 +932,7 @@ fn a_push_not_yet_handed_out_to_a_departed_peer_is_taken_back() {
     for round in 1..6 {
         let z = p.params().to_vec();
         p.begin_round(Instant::now(), &z, None);
-        assert_eq!(p.poll_transmit(&mut Vec::new()), None, "round {round}");
+        assert_eq!(p.poll_transmit(), None, "round {round}");
         assert!(drain_mixed(&mut p), "round {round}");
         assert_eq!(p.weight(), 1.0);
     }
@@ -1016,11 +1013,10 @@ fn a_share_later_than_the_staleness_bound_is_waited_for() {
     cfg.round_timeout = Duration::from_secs(5);
     let mut p = Sgp::new(cfg, vec![0.0, 0.0]);
     let mut now = Instant::now();
-    let mut buf = Vec::new();
-    let mut begin = |p: &mut Sgp, now: Instant| {
+    let begin = |p: &mut Sgp, now: Instant| {
         let z = p.params().to_vec();
         p.begin_round(now, &z, None);
-        while p.poll_transmit(&mut buf).is_some() {}
+        while p.poll_transmit().is_some() {}
     };
     for k in 0..SKIP_STALENESS {
         begin(&mut p, now);

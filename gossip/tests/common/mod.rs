@@ -41,7 +41,6 @@ pub struct Net<G: Gossip> {
     /// `None`: deliver in send order; `Some`: pick a random frame in flight each time.
     rng: Option<StdRng>,
     now: Instant,
-    buf: Vec<u8>,
 }
 
 impl<G: Gossip> Net<G> {
@@ -65,15 +64,14 @@ impl<G: Gossip> Net<G> {
             log: Vec::new(),
             rng,
             now: Instant::now(),
-            buf: Vec::new(),
         }
     }
 
     /// Moves peer i's transmits into flight and its events into `events[i]`; returns the
     /// rounds it completed.
     fn collect(&mut self, i: Rank) -> Vec<u64> {
-        while let Some(t) = self.peers[i].poll_transmit(&mut self.buf) {
-            self.in_flight.push((i, t.to, self.buf.clone()));
+        while let Some(t) = self.peers[i].poll_transmit() {
+            self.in_flight.push((i, t.to, t.frame.to_vec()));
         }
         let mut mixed = Vec::new();
         while let Some(ev) = self.peers[i].poll_event() {
@@ -195,13 +193,12 @@ pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
 /// peers are lost, as to a crashed process). Returns which peers produced `Mixed`.
 pub fn round_among<G: Gossip>(peers: &mut [G], alive: &[bool]) -> Vec<bool> {
     let now = Instant::now();
-    let mut buf = Vec::new();
     let mut in_flight = Vec::new();
     for (i, p) in peers.iter_mut().enumerate().filter(|(i, _)| alive[*i]) {
         let x = p.params().to_vec();
         p.begin_round(now, &x, None);
-        while let Some(t) = p.poll_transmit(&mut buf) {
-            in_flight.push((i, t.to, buf.clone()));
+        while let Some(t) = p.poll_transmit() {
+            in_flight.push((i, t.to, t.frame.to_vec()));
         }
     }
     for (from, to, frame) in in_flight {
@@ -238,13 +235,12 @@ pub fn skip_round<G: Gossip>(
     (now, skip): (Instant, std::time::Duration),
     (straggler, late): (Rank, u64),
 ) {
-    let mut buf = Vec::new();
     for (i, p) in peers.iter_mut().enumerate() {
         let x = p.params().to_vec();
         p.begin_round(now, &x, None);
-        while let Some(tr) = p.poll_transmit(&mut buf) {
+        while let Some(tr) = p.poll_transmit() {
             let at = if i == straggler { t + late } else { t };
-            queue.push((at, i, tr.to, buf.clone()));
+            queue.push((at, i, tr.to, tr.frame.to_vec()));
         }
     }
     let (due, rest): (Vec<_>, Vec<_>) = queue.drain(..).partition(|f| f.0 <= t);

@@ -10,15 +10,28 @@ use murmur_topology::Topology;
 
 use crate::config::{RunArgs, StragglerPolicy};
 
-/// Peer `rank`'s state machine for the run `args` on `topo`, starting from `x0: [d]`.
-/// `tensor_lengths` are the model's tensor sizes (for layer-wise compressors; they sum to
-/// d), `max_payload` the largest frame payload accepted, in bytes, and `rounds_per_epoch`
-/// converts the epochs of a phase schedule into rounds.
+/// Who drives the state machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Host {
+    /// `murmur peer`: it may read the parameters while a round mixes (to welcome a
+    /// restarted neighbour), so every algorithm keeps them intact.
+    Network,
+    /// `murmur simulate`: it reads the parameters only between rounds, so D-PSGD may mix
+    /// in place and keep one `[d]` vector less per virtual peer (`BuildContext::in_place`).
+    Simulator,
+}
+
+/// Peer `rank`'s state machine for the run `args` on `topo`, starting from `x0: [d]`,
+/// driven by `host`. `tensor_lengths` are the model's tensor sizes (for layer-wise
+/// compressors; they sum to d), `max_payload` the largest frame payload accepted, in
+/// bytes, and `rounds_per_epoch` converts the epochs of a phase schedule into rounds.
 ///
 /// # Errors
 /// If the compressor cannot be built for this model, or the topology does not suit the
 /// algorithm (the registry's `BuildError`).
+#[allow(clippy::too_many_arguments)]
 pub fn build(
+    host: Host,
     args: &RunArgs,
     topo: &Topology,
     rank: Rank,
@@ -31,6 +44,7 @@ pub fn build(
         let mut phases = Vec::new();
         for (algorithm, epochs) in &schedule.0 {
             let gossip = build(
+                host,
                 &args.for_phase(*algorithm),
                 topo,
                 rank,
@@ -66,6 +80,7 @@ pub fn build(
         seed: args.train.seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
         skip_after,
         options: &options,
+        in_place: host == Host::Simulator,
     };
     Ok(args.gossip.algorithm.build(ctx)?)
 }

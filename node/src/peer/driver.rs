@@ -20,7 +20,6 @@ pub(super) struct Driver {
     pub(super) refused_frames: u64,
     /// Rank 0 only.
     pub(super) collector: Option<Collector>,
-    pub(super) send_buf: Vec<u8>,
     /// The run's mixing matrix W (n×n), re-weighted without the departed peers.
     pub(super) w: MixingMatrix,
     /// Algorithm name, for messages.
@@ -73,14 +72,12 @@ impl Driver {
 
     /// Sends every frame the state machine has queued.
     pub(super) fn transmit(&mut self) -> anyhow::Result<()> {
-        while let Some(t) = self.gossip.poll_transmit(&mut self.send_buf) {
+        while let Some(t) = self.gossip.poll_transmit() {
             let link = self
                 .links
                 .get(&t.to)
                 .ok_or_else(|| anyhow!("no link to out-neighbour {}", t.to))?;
-            // Hand the buffer over instead of copying it; the next poll_transmit refills a new one.
-            let frame = Bytes::from(std::mem::take(&mut self.send_buf));
-            if let Err(e) = self.rt.block_on(link.send(frame)) {
+            if let Err(e) = self.rt.block_on(link.send(t.frame)) {
                 // The link's task ended: its connection was lost.
                 let round = self.gossip.round();
                 self.on_departure(t.to, format!("{e:#}"), self.rank, round)?;

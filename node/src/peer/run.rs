@@ -394,6 +394,7 @@ fn wire<B: AutodiffBackend>(
     admitted.set_open(!empty.is_empty());
 
     let gossip = algo::build(
+        algo::Host::Network,
         args,
         topo,
         rank,
@@ -456,7 +457,6 @@ fn wire<B: AutodiffBackend>(
                 args.train.model,
             )
         }),
-        send_buf: Vec::new(),
         w: topo.w.clone(),
         algorithm: args.algorithm_name(),
         membership: crate::control::membership::Membership::new(rank, n),

@@ -43,7 +43,16 @@ pub(super) fn run(setup: &Setup<'_>) -> anyhow::Result<()> {
     };
     let mut peers: Vec<Box<dyn Gossip>> = Vec::with_capacity(n);
     for (rank, x0) in x0s.into_iter().enumerate() {
-        peers.push(algo::build(args, topo, rank, x0, &[d], max_payload(d), 1)?);
+        peers.push(algo::build(
+            Host::Simulator,
+            args,
+            topo,
+            rank,
+            x0,
+            &[d],
+            max_payload(d),
+            1,
+        )?);
     }
     let mut sim_net = NetSim::new(peers, net_model.clone())?;
     let xi0 = sim_net.consensus_distance();

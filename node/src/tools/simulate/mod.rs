@@ -41,7 +41,7 @@ use rand::{RngExt, SeedableRng};
 
 use crate::config::{DeviceSpec, Init, RunArgs};
 use crate::launch::{run_folder, LaunchArgs};
-use crate::peer::algo;
+use crate::peer::algo::{self, Host};
 use crate::report::collector::{
     epoch_row, evaluate_epoch, summary, write_sample, write_summary, Reported,
 };

@@ -37,6 +37,7 @@ pub(super) fn run(setup: &Setup<'_>) -> anyhow::Result<()> {
     let mut peers: Vec<Box<dyn Gossip>> = Vec::with_capacity(n);
     for rank in 0..n {
         peers.push(algo::build(
+            Host::Simulator,
             args,
             topo,
             rank,

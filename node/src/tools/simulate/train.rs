@@ -166,6 +166,7 @@ fn virtual_peers(
     let mut learners = Vec::with_capacity(n);
     for (rank, x0) in x0s.into_iter().enumerate() {
         peers.push(algo::build(
+            Host::Simulator,
             args,
             topo,
             rank,
