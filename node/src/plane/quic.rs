@@ -65,7 +65,7 @@ pub struct QuicFrames(pub Connection);
 impl FrameTransport for QuicFrames {
     async fn write(&self, frame: Bytes) -> anyhow::Result<()> {
         let mut s = self.0.open_uni().await?;
-        s.write_all(&frame).await?;
+        s.write_chunk(frame).await?;
         s.finish()?;
         Ok(())
     }
