@@ -7,6 +7,7 @@
 
 mod consensus;
 mod convergence;
+mod diloco;
 mod faults;
 mod runner;
 mod scaling;
@@ -25,7 +26,7 @@ use crate::runner::Ctx;
 #[command(
     name = "murmur-experiments",
     version,
-    about = "Experiment drivers of murmur: consensus, convergence, scaling, topology and faults, with CSV files and plots",
+    about = "Experiment drivers of murmur: consensus, convergence, scaling, topology, faults and DiLoCo, with CSV files and plots",
     after_help = "Results go to <OUT>/<experiment>/ (CSV, PNG, SVG, and summary.md with the tables). \
                   `experiments/run_all` builds the binaries and runs `all`."
 )]
@@ -65,6 +66,10 @@ enum Experiment {
     /// Real processes: a peer killed with SIGKILL, the survivors training on, the peer
     /// restarted with --resume and rejoining.
     Faults,
+    /// The language model, 8 peers: DiLoCo (H = 10, 50, 200; int8 and top-k
+    /// pseudo-gradients; gossip) against all-reduce, D-PSGD and local-avg: loss vs bytes
+    /// and vs simulated time at 100 Mb/s and 1 Gb/s.
+    Diloco,
     /// All of the above, in that order.
     All,
 }
@@ -100,6 +105,7 @@ fn main() -> anyhow::Result<()> {
             Experiment::Convergence,
             Experiment::Scaling,
             Experiment::Faults,
+            Experiment::Diloco,
         ],
         ref one => std::slice::from_ref(one),
     };
@@ -119,6 +125,7 @@ fn main() -> anyhow::Result<()> {
             Experiment::Convergence => convergence::run(&ctx)?,
             Experiment::Scaling => scaling::run(&ctx)?,
             Experiment::Faults => faults::run(&ctx)?,
+            Experiment::Diloco => diloco::run(&ctx)?,
             Experiment::All => unreachable!("expanded above"),
         }
         eprintln!(

@@ -1,0 +1,343 @@
+//! `diloco`: the DiLoCo family against data-parallel training on the language model.
+//! 8 simulated peers train the byte-level transformer on the embedded King James Bible
+//! (AdamW, cosine schedule) with every-step all-reduce (data-parallel), D-PSGD on a ring,
+//! local SGD with model averaging every H = 50 steps, DiLoCo (Douillard et al. 2023) with
+//! H ∈ {10, 50, 200}, DiLoCo with int8 (`qsgd:127`) and top-10% pseudo-gradients, and
+//! decentralized DiLoCo on a ring (NoLoCo's form): validation loss in bits per byte against
+//! the epoch, the bytes sent per peer, and simulated wall time at 100 Mb/s and 1 Gb/s.
+//!
+//! Every run sees the same tokens in the same order per peer (same seed, same shards) and
+//! the same compute time per step, measured once with `murmur bench` and passed as
+//! `--compute-ms`. The training runs simulate 100 Mb/s links (1 ms latency); the 1 Gb/s
+//! times come from `murmur simulate --timing-only` of the same configuration (the schedule
+//! does not depend on the values). Loss is of the averaged model x̄ = (1/n) Σ x_i, which
+//! for all-reduce and DiLoCo is every peer's model.
+//!
+//! Not here: Streaming DiLoCo (fragments synced at staggered steps, the outer step
+//! overlapped with compute) is not built.
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::runner::{json_f64, parse_json, Ctx, Job};
+use crate::table::{markdown, write_checked_csv, Table};
+use murmur::report::chart::{Chart, Series, SeriesLabelPosition};
+
+/// (id, label, the run's own arguments), in plot order.
+const RUNS: [(&str, &str, &[&str]); 9] = [
+    (
+        "allreduce",
+        "all-reduce (every step)",
+        &["--algorithm=allreduce"],
+    ),
+    (
+        "dpsgd",
+        "D-PSGD ring",
+        &["--algorithm=dpsgd", "--topology=ring"],
+    ),
+    (
+        "local-avg-h50",
+        "local-avg H=50",
+        &["--algorithm=local-avg", "--local-steps=50"],
+    ),
+    (
+        "diloco-h10",
+        "DiLoCo H=10",
+        &["--algorithm=diloco", "--local-steps=10"],
+    ),
+    (
+        "diloco-h50",
+        "DiLoCo H=50",
+        &["--algorithm=diloco", "--local-steps=50"],
+    ),
+    (
+        "diloco-h200",
+        "DiLoCo H=200",
+        &["--algorithm=diloco", "--local-steps=200"],
+    ),
+    (
+        "diloco-h50-int8",
+        "DiLoCo H=50 int8",
+        &[
+            "--algorithm=diloco",
+            "--local-steps=50",
+            "--compressor=qsgd:127,bucket=128",
+        ],
+    ),
+    (
+        "diloco-h50-topk",
+        "DiLoCo H=50 top-10% (η_out 0.3)",
+        &[
+            "--algorithm=diloco",
+            "--local-steps=50",
+            "--compressor=topk:0.1",
+            "--outer-lr=0.3",
+        ],
+    ),
+    (
+        "diloco-gossip-h50",
+        "DiLoCo-gossip H=50 ring",
+        &[
+            "--algorithm=diloco-gossip",
+            "--local-steps=50",
+            "--topology=ring",
+        ],
+    ),
+];
+
+/// What every run shares: the model, the optimizer and its schedule, the peers.
+const COMMON: [&str; 7] = [
+    "--peers=8",
+    "--optimizer=adamw",
+    "--lr=0.002",
+    "--lr-schedule=cosine",
+    "--warmup-rounds=20",
+    "--seed=1",
+    "--sample=0",
+];
+
+/// The full runs: the default transformer, 2 epochs.
+const FULL: [&str; 2] = ["--model=transformer", "--epochs=2"];
+
+/// The quick runs: a tiny transformer, 2 epochs of 8 rounds, H scaled down with them.
+const QUICK: [&str; 3] = [
+    "--model=transformer:layers=1,d_model=32,heads=2,context=16,d_ff=64",
+    "--epochs=2",
+    "--rounds-per-epoch=8",
+];
+
+/// One epoch of one run.
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    run: String,
+    epoch: u64,
+    rounds: f64,
+    avg_model_bits_per_byte: f64,
+    mean_bits_per_byte: f64,
+    bytes_sent_per_peer: f64,
+    seconds_100mbps: f64,
+    seconds_1gbps: f64,
+}
+
+/// The run's own arguments, with H divided by 25 (at least 1) in quick mode.
+fn own_args(ctx: &Ctx, args: &[&str]) -> Vec<String> {
+    args.iter()
+        .map(|a| match a.strip_prefix("--local-steps=") {
+            Some(h) if ctx.quick => {
+                let h: u64 = h.parse().expect("a number in the table above");
+                format!("--local-steps={}", (h / 25).max(1))
+            }
+            _ => a.to_string(),
+        })
+        .collect()
+}
+
+/// Compute time of one training step of the run's model at batch 32, in ms, measured here.
+fn measure_compute_ms(ctx: &Ctx, model: &str) -> anyhow::Result<f64> {
+    let out = ctx.murmur(&Job::new(
+        "bench transformer",
+        [
+            "bench",
+            model,
+            "--batch-size=32",
+            "--steps=10",
+            "--warmup=2",
+            "--json",
+        ],
+    ))?;
+    Ok(json_f64(&parse_json(out.as_bytes())?, "forward_backward_seconds")? * 1e3)
+}
+
+/// Runs the experiment.
+pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
+    let dir = ctx.dir("diloco")?;
+    let runs = dir.join("runs");
+    let size: &[&str] = if ctx.quick { &QUICK } else { &FULL };
+    let saved = dir.join("compute_ms.txt");
+    let compute_ms = match std::fs::read_to_string(&saved) {
+        Ok(text) if ctx.reuse => text.trim().parse().context("compute_ms.txt")?,
+        _ => {
+            let ms = measure_compute_ms(ctx, size[0])?;
+            std::fs::write(&saved, format!("{ms}\n"))?;
+            ms
+        }
+    };
+    eprintln!("[diloco] compute time per step (measured here): {compute_ms:.3} ms");
+
+    let mut jobs = Vec::new();
+    for (id, _, own) in RUNS {
+        let base = || {
+            let mut a: Vec<String> = vec!["simulate".into()];
+            a.extend(COMMON.iter().chain(size).map(|s| s.to_string()));
+            a.extend(own_args(ctx, own));
+            a.push(format!("--compute-ms={compute_ms}"));
+            a
+        };
+        let mut train = base();
+        train.extend(["--bandwidth-gbps=0.1".into(), "--latency-us=1000".into()]);
+        jobs.push(Job::in_run(&runs, id, train, Some("summary.json")));
+        let mut timing = base();
+        timing.extend([
+            "--timing-only".into(),
+            "--bandwidth-gbps=1".into(),
+            "--latency-us=1000".into(),
+        ]);
+        jobs.push(Job::in_run(
+            &runs,
+            &format!("{id}-timing-1gbps"),
+            timing,
+            Some("timing.csv"),
+        ));
+    }
+    ctx.run_all_ok("diloco", &jobs)?;
+
+    let mut rows = Vec::new();
+    for (id, _, _) in RUNS {
+        let t = Table::read(&runs.join(id).join("epochs.csv"))?;
+        let col = |c: &str| t.f64s(c);
+        let (epochs, rounds, avg_loss, mean_bpb, bytes, wall) = (
+            col("epoch")?,
+            col("rounds")?,
+            col("avg_model_test_loss")?,
+            col("mean_test_bits_per_byte")?,
+            col("bytes_sent_per_peer")?,
+            col("wall_seconds")?,
+        );
+        let t1 = Table::read(&runs.join(format!("{id}-timing-1gbps")).join("timing.csv"))?
+            .f64s("wall_seconds")?;
+        anyhow::ensure!(
+            t1.len() == epochs.len(),
+            "{id}: {} epochs but {} timed at 1 Gb/s",
+            epochs.len(),
+            t1.len()
+        );
+        for k in 0..epochs.len() {
+            rows.push(Row {
+                run: id.to_string(),
+                epoch: epochs[k] as u64,
+                rounds: rounds[k],
+                avg_model_bits_per_byte: avg_loss[k] / std::f64::consts::LN_2,
+                mean_bits_per_byte: mean_bpb[k],
+                bytes_sent_per_peer: bytes[k],
+                seconds_100mbps: wall[k],
+                seconds_1gbps: t1[k],
+            });
+        }
+    }
+    write_checked_csv(
+        &dir.join("diloco.csv"),
+        &rows,
+        &[
+            "epoch",
+            "rounds",
+            "avg_model_bits_per_byte",
+            "mean_bits_per_byte",
+            "bytes_sent_per_peer",
+            "seconds_100mbps",
+            "seconds_1gbps",
+        ],
+        &["run"],
+    )?;
+
+    type Field = fn(&Row) -> f64;
+    let chart = |title: &str, x_label: &str, log_x: bool, x: Field| -> Chart {
+        let mut c = Chart::new(
+            format!("{title} — 8 peers, transformer on the KJV Bible"),
+            x_label,
+            "validation bits per byte (averaged model)",
+        );
+        c.log_x = log_x;
+        c.legend = SeriesLabelPosition::UpperRight;
+        for (i, (id, label, _)) in RUNS.iter().enumerate() {
+            // Epoch 0 sent nothing and took no time: drawn only against epochs.
+            let pts = rows
+                .iter()
+                .filter(|r| r.run == *id && (!log_x || x(r) > 0.0))
+                .map(|r| (x(r), r.avg_model_bits_per_byte))
+                .collect();
+            c.series.push(Series::line(*label, i, pts));
+        }
+        c
+    };
+    for (c, name) in [
+        (
+            chart("Loss vs epoch", "epoch", false, |r| r.epoch as f64),
+            "loss_vs_epoch",
+        ),
+        (
+            chart("Loss vs bytes", "MB sent per peer", true, |r| {
+                r.bytes_sent_per_peer / 1e6
+            }),
+            "loss_vs_bytes",
+        ),
+        (
+            chart(
+                "Loss vs simulated time at 100 Mb/s",
+                "simulated seconds (100 Mb/s, 1 ms)",
+                true,
+                |r| r.seconds_100mbps,
+            ),
+            "loss_vs_time_100mbps",
+        ),
+        (
+            chart(
+                "Loss vs simulated time at 1 Gb/s",
+                "simulated seconds (1 Gb/s, 1 ms)",
+                true,
+                |r| r.seconds_1gbps,
+            ),
+            "loss_vs_time_1gbps",
+        ),
+    ] {
+        c.save(&dir.join(name))?;
+    }
+
+    // The table: the last epoch of each run, against all-reduce's.
+    let last = |id: &str| rows.iter().rfind(|r| r.run == id);
+    let base = last("allreduce").context("the all-reduce run has no epochs")?;
+    let mut table = Vec::new();
+    for (id, label, _) in RUNS {
+        let r = last(id).with_context(|| format!("the {id} run has no epochs"))?;
+        table.push(vec![
+            label.to_string(),
+            format!("{:.3}", r.avg_model_bits_per_byte),
+            format!(
+                "{:+.1}%",
+                100.0 * (r.avg_model_bits_per_byte / base.avg_model_bits_per_byte - 1.0)
+            ),
+            format!("{:.3}", r.mean_bits_per_byte),
+            format!("{:.2}", r.bytes_sent_per_peer / 1e6),
+            if r.bytes_sent_per_peer > 0.0 {
+                format!("{:.0}×", base.bytes_sent_per_peer / r.bytes_sent_per_peer)
+            } else {
+                "—".into()
+            },
+            format!("{:.1}", r.seconds_100mbps),
+            format!("{:.1}", r.seconds_1gbps),
+        ]);
+    }
+    let summary = format!(
+        "8 peers, {} for {} epochs ({} rounds), AdamW lr 0.002 with 20 warm-up rounds and a cosine schedule, \
+         seed 1; compute time per step {compute_ms:.1} ms (measured here with `murmur bench`). Loss: validation \
+         bits per byte after the last epoch; \"vs all-reduce\": relative to every-step all-reduce; \
+         \"fewer bytes\": all-reduce's bytes per peer over this run's.\n\n{}",
+        size[0].trim_start_matches("--model="),
+        size[1].trim_start_matches("--epochs="),
+        base.rounds,
+        markdown(
+            &[
+                "run",
+                "bits/byte x̄",
+                "vs all-reduce",
+                "bits/byte peers",
+                "MB sent/peer",
+                "fewer bytes",
+                "s @100 Mb/s",
+                "s @1 Gb/s",
+            ],
+            &table,
+        )
+    );
+    std::fs::write(dir.join("summary.md"), summary)?;
+    Ok(())
+}
