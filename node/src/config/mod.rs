@@ -609,7 +609,8 @@ impl RunArgs {
         let mut w = Vec::new();
         if self.train.optimizer == OptimizerKind::Adamw && self.train.lr > 0.01 {
             w.push(format!(
-                "--optimizer adamw with --lr {}: AdamW's steps are about η per coordinate, so it                  usually takes η around 1e-3",
+                "--optimizer adamw with --lr {}: AdamW's steps are about η per coordinate, so it \
+                 usually takes η around 1e-3",
                 self.train.lr
             ));
         }
@@ -626,6 +627,19 @@ impl RunArgs {
                 self.algorithm_name(),
                 self.compressor()
             ));
+        }
+        let outer = self.algorithm_options().outer();
+        if self.gossip.algorithm.name() == "diloco" && !casts && outer.lr > 0.5 {
+            let biased = self.compressor().build(None).is_ok_and(|c| !c.unbiased());
+            if biased {
+                w.push(format!(
+                    "diloco with the biased compressor `{}` and --outer-lr {}: a biased \
+                     pseudo-gradient with a large outer step can diverge (top-10% at \
+                     --outer-lr 1 did on quadratics, gossip/src/diloco.rs); try --outer-lr 0.3",
+                    self.compressor(),
+                    outer.lr
+                ));
+            }
         }
         w
     }

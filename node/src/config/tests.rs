@@ -228,3 +228,30 @@ fn models_on_synthetic_data_refuse_mnist_files_and_label_splits() {
         assert!(err.contains(expect), "{line}: {err}");
     }
 }
+
+#[test]
+fn a_biased_pseudo_gradient_with_a_large_outer_step_is_warned_about() {
+    let warned = |extra: &[&str]| -> bool {
+        let mut a = vec!["murmur", "simulate", "--algorithm", "diloco"];
+        a.extend_from_slice(extra);
+        parse(&a)
+            .unwrap()
+            .warnings()
+            .iter()
+            .any(|w| w.contains("biased compressor"))
+    };
+    assert!(warned(&["--compressor", "topk:0.1"]));
+    assert!(warned(&["--compressor", "sign"]));
+    assert!(!warned(&["--compressor", "topk:0.1", "--outer-lr", "0.3"]));
+    assert!(
+        !warned(&["--compressor", "qsgd:127,bucket=128"]),
+        "QSGD is unbiased"
+    );
+    assert!(!warned(&["--compressor", "bf16"]), "a cast");
+    assert!(!warned(&[]));
+    // Every warning is one sentence without a run of spaces from a broken line.
+    let adamw = parse(&["murmur", "simulate", "--optimizer", "adamw", "--lr", "0.1"]).unwrap();
+    let w = adamw.warnings();
+    assert_eq!(w.len(), 1);
+    assert!(!w[0].contains("  "), "{}", w[0]);
+}
