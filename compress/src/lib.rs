@@ -14,6 +14,7 @@
 //! | [`ApproxTopK`] (sampled threshold) | sparsifier | no | top-k of its achieved k | as top-k |
 //! | [`RandK`] unscaled / scaled | sparsifier | no / yes | δ = k/d / variance (d/k − 1)‖x‖² | 32 per kept, 64-bit seed |
 //! | [`Qsgd`] (s levels, buckets) | quantiser | yes | variance ≤ min(b/s², √b/s)‖x‖² | 1 + ⌈log₂(s+1)⌉ |
+//! | [`Int8`] (127 levels, absmax per bucket; QSGD's wire format) | quantiser | yes | variance ≤ b/(4·127²)‖x‖² | 8 |
 //! | [`Sign`] (‖x‖₁/d · sign x) | quantiser | no | δ = ‖x‖₁²/(d‖x‖₂²) | 1 |
 //! | [`TernGrad`] | quantiser | yes | variance ≤ ‖x‖∞‖x‖₁ − ‖x‖² per bucket | 2 |
 //! | [`Natural`] | quantiser | yes | variance ≤ ‖x‖²/8 | 9 |
@@ -84,6 +85,9 @@
 //!                           bits 1..=w = level l ≤ s;  value = ±norm_b · l / s
 //! ```
 //!
+//! **int8** is written as a qsgd message with s = 127 (w = 7: one byte per code) whose
+//! "norm" field holds max_i |x_i| over the bucket; decoders read it as qsgd.
+//!
 //! **sign** — scaled sign, one bit per coordinate:
 //!
 //! ```text
@@ -136,7 +140,7 @@ mod wire;
 
 pub use dense::{Bf16, Cast, Fp16, Half, Identity};
 pub use ef::{Dgc, DgcConfig, ErrorFeedback};
-pub use quant::{Natural, Qsgd, Sign, TernGrad};
+pub use quant::{Int8, Natural, Qsgd, Sign, TernGrad};
 pub use select::{top_k_exact, top_k_threshold};
 pub use sparse::{ApproxTopK, IndexCoding, RandK, TopK};
 pub use spec::{CompressorSpec, SpecError};

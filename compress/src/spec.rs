@@ -15,6 +15,7 @@
 //! | `approx-topk` | ratio (0.01) | `layerwise` (flag: per tensor) |
 //! | `randk` | ratio (0.01) | `unscaled` (flag; scaled by d/k by default) |
 //! | `qsgd` | levels, 1–65535 (15) | `bucket=N` (512) |
+//! | `int8` | — | `bucket=N` (128) |
 //! | `sign` | — | `bucket=N` (none: one scale for the whole vector) |
 //! | `terngrad` | — | `bucket=N` (none: one scale for the whole vector) |
 //! | `natural`, `fp16`, `bf16` | — | — |
@@ -23,7 +24,8 @@
 //! A ratio is in `(0, 1]`, a bucket size at least 1 (and below 2³²), a DGC momentum in
 //! `[0, 1)`. `ef+` wraps an operator in [`crate::ErrorFeedback`], once; not `dgc` (which
 //! keeps its own accumulation), and not the unbiased operators whose variance factor can
-//! reach 1 (scaled random-k, TernGrad, QSGD with min(b/s², √b/s) ≥ 1), around which the
+//! reach 1 (scaled random-k, TernGrad, QSGD with min(b/s², √b/s) ≥ 1, int8 with
+//! b/(4·127²) ≥ 1), around which the
 //! residual grows without bound. Examples: `identity`, `topk:0.01,layerwise`,
 //! `randk:0.05,unscaled`, `qsgd:4,bucket=128`, `sign,bucket=512`, `ef+sign`,
 //! `dgc:0.001,momentum=0.9,warmup=4,exact`.
@@ -39,8 +41,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::{
-    ApproxTopK, Bf16, Compressor, Dgc, DgcConfig, ErrorFeedback, Fp16, Identity, Natural, Qsgd,
-    RandK, Sign, TernGrad, TopK,
+    ApproxTopK, Bf16, Compressor, Dgc, DgcConfig, ErrorFeedback, Fp16, Identity, Int8, Natural,
+    Qsgd, RandK, Sign, TernGrad, TopK,
 };
 
 /// Default ratio of `topk`, `approx-topk` and `randk`.
@@ -49,10 +51,12 @@ const DEFAULT_RATIO: f64 = 0.01;
 const DEFAULT_QSGD_LEVELS: u16 = 15;
 /// Default QSGD bucket size.
 const DEFAULT_QSGD_BUCKET: usize = 512;
+/// Default int8 bucket size.
+const DEFAULT_INT8_BUCKET: usize = 128;
 
 /// The operator names, as listed in error messages.
 const OPERATORS: &str =
-    "identity, topk, approx-topk, randk, qsgd, sign, terngrad, natural, fp16, bf16, dgc \
+    "identity, topk, approx-topk, randk, qsgd, int8, sign, terngrad, natural, fp16, bf16, dgc \
      (optionally prefixed ef+ for error feedback, e.g. ef+topk:0.01)";
 
 /// A compression operator as written in configs and on the command line (see the module
@@ -90,6 +94,11 @@ pub enum CompressorSpec {
     Qsgd {
         /// Number of levels `s`, 1 to 65535.
         levels: u16,
+        /// Bucket size, at least 1.
+        bucket: usize,
+    },
+    /// `int8[,bucket=N]`: 8-bit absmax quantisation ([`Int8`]), bucket 128 by default.
+    Int8 {
         /// Bucket size, at least 1.
         bucket: usize,
     },
@@ -248,7 +257,7 @@ struct Grammar {
 }
 
 /// The grammar of each operator name (the order of [`OPERATORS`]).
-const GRAMMARS: [Grammar; 11] = [
+const GRAMMARS: [Grammar; 12] = [
     Grammar {
         name: "identity",
         usage: "identity",
@@ -272,6 +281,11 @@ const GRAMMARS: [Grammar; 11] = [
     Grammar {
         name: "qsgd",
         usage: "qsgd[:LEVELS][,bucket=N]",
+        keys: "bucket",
+    },
+    Grammar {
+        name: "int8",
+        usage: "int8[,bucket=N]",
         keys: "bucket",
     },
     Grammar {
@@ -471,6 +485,7 @@ impl CompressorSpec {
             Self::ApproxTopK { .. } => "approx-topk",
             Self::RandK { .. } => "randk",
             Self::Qsgd { .. } => "qsgd",
+            Self::Int8 { .. } => "int8",
             Self::Sign { .. } => "sign",
             Self::TernGrad { .. } => "terngrad",
             Self::Natural => "natural",
@@ -482,10 +497,15 @@ impl CompressorSpec {
     }
 
     /// Whether the operator it builds is unbiased (`E[C(x)] = x`): identity, scaled
-    /// random-k, QSGD, TernGrad and natural compression. Error feedback and DGC are not.
+    /// random-k, QSGD, int8, TernGrad and natural compression. Error feedback and DGC are
+    /// not.
     pub fn unbiased(&self) -> bool {
         match self {
-            Self::Identity | Self::Qsgd { .. } | Self::TernGrad { .. } | Self::Natural => true,
+            Self::Identity
+            | Self::Qsgd { .. }
+            | Self::Int8 { .. }
+            | Self::TernGrad { .. }
+            | Self::Natural => true,
             Self::RandK { scaled, .. } => *scaled,
             Self::TopK { .. }
             | Self::ApproxTopK { .. }
@@ -520,6 +540,7 @@ impl CompressorSpec {
             }
             Self::Qsgd { levels: 0, .. } => invalid(name, "levels", "0".into(), EXPECT_LEVELS),
             Self::Qsgd { bucket, .. }
+            | Self::Int8 { bucket }
             | Self::Sign {
                 bucket: Some(bucket),
             }
@@ -580,6 +601,17 @@ impl CompressorSpec {
                     Ok(())
                 }
             }
+            Self::Int8 { bucket } => {
+                let omega = Int8::new(*bucket).variance_factor(usize::MAX);
+                if omega >= 1.0 {
+                    refuse(
+                        format!("b/(4·127²) = {omega:.3}"),
+                        "use buckets below 64516 (ω < 1), e.g. int8,bucket=128",
+                    )
+                } else {
+                    Ok(())
+                }
+            }
             Self::TernGrad { .. } => refuse(
                 "‖x‖∞‖x‖₁/‖x‖² − 1, up to d − 1".into(),
                 "use sign (ef+sign is EF-signSGD) or top-k",
@@ -620,6 +652,7 @@ impl CompressorSpec {
             }
             Self::RandK { ratio, scaled } => Box::new(RandK::new(*ratio, *scaled)),
             Self::Qsgd { levels, bucket } => Box::new(Qsgd::new(*levels, *bucket)),
+            Self::Int8 { bucket } => Box::new(Int8::new(*bucket)),
             Self::Sign { bucket } => Box::new(Sign::new(*bucket)),
             Self::TernGrad { bucket } => Box::new(TernGrad::new(*bucket)),
             Self::Natural => Box::new(Natural::new()),
@@ -662,6 +695,9 @@ impl CompressorSpec {
                     bucket: p.bucket()?.unwrap_or(DEFAULT_QSGD_BUCKET),
                 }
             }
+            "int8" => Self::Int8 {
+                bucket: p.bucket()?.unwrap_or(DEFAULT_INT8_BUCKET),
+            },
             "sign" => Self::Sign {
                 bucket: p.bucket()?,
             },
@@ -746,6 +782,7 @@ impl fmt::Display for CompressorSpec {
                 Ok(())
             }
             Self::Qsgd { levels, bucket } => write!(f, "{name}:{levels},bucket={bucket}"),
+            Self::Int8 { bucket } => write!(f, "{name},bucket={bucket}"),
             Self::Sign { bucket } | Self::TernGrad { bucket } => {
                 f.write_str(name)?;
                 if let Some(b) = bucket {

@@ -4,8 +4,8 @@
 
 use murmur_compress::rng::{Dither, SplitMix64};
 use murmur_compress::{
-    decode_add, decode_into, validate, Compressor, DecodeError, Natural, Qsgd, Sign, TernGrad,
-    HEADER_LEN,
+    decode_add, decode_into, validate, Compressor, DecodeError, Int8, Natural, Qsgd, Sign,
+    TernGrad, HEADER_LEN,
 };
 use proptest::prelude::*;
 use rand::rngs::StdRng;
@@ -1105,4 +1105,110 @@ proptest! {
         }
         decode_anyhow(&msg, x.len());
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// int8: QSGD's code with the bucket's largest magnitude as its scale
+// ---------------------------------------------------------------------------------------
+
+/// Int8's decoded values from the formulas of its doc: scale m_b = max |x_i|, level
+/// l_i = ⌊min(127·|x_i|/m_b + u_i, 127)⌋ (as QSGD's, with m_b for the norm).
+fn ref_int8(x: &[f32], bucket: usize, seed: u64) -> Vec<f32> {
+    let u = uniforms(seed, x.len());
+    let s = 127f32;
+    let mut out = Vec::with_capacity(x.len());
+    for (b, xb) in x.chunks(bucket).enumerate() {
+        let m = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (k, &v) in xb.iter().enumerate() {
+            if m == 0.0 {
+                out.push(0.0);
+                continue;
+            }
+            let r = v.abs() * (s / m);
+            let l = (r + u[b * bucket + k]).min(s).floor();
+            let q = m * (l / s);
+            out.push(if v < 0.0 { -q } else { q });
+        }
+    }
+    out
+}
+
+#[test]
+fn int8_messages_are_qsgd_messages_with_the_absmax_scale() {
+    let d: usize = 3000;
+    let mut rng = StdRng::seed_from_u64(11);
+    let x: Vec<f32> = (0..d).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+    for bucket in [1, 7, 128, 5000] {
+        let mut op = Int8::new(bucket);
+        let msg = encode(&mut op, &x, 5);
+        // A QSGD message: s = 127, w = 7, one byte per code, a scale per bucket.
+        assert_eq!(msg[0], 4, "qsgd's operator id");
+        let p = &msg[HEADER_LEN..];
+        assert_eq!(u16::from_le_bytes([p[0], p[1]]), 127);
+        assert_eq!(p[2], 7);
+        let nb = d.div_ceil(bucket.min(d));
+        assert_eq!(msg.len(), HEADER_LEN + 8 + 4 * nb + d);
+        let first_scale = f32::from_le_bytes(p[8..12].try_into().unwrap());
+        let m = x[..bucket.min(d)].iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert_eq!(
+            first_scale, m,
+            "the scale is the bucket's largest magnitude"
+        );
+        assert_exact(&decoded(&msg, d), &ref_int8(&x, bucket, drawn_seed(5)));
+    }
+    // Zeros encode to zeros; a non-finite value is refused by the receiver, as for QSGD.
+    let zeros = encode(&mut Int8::new(128), &[0.0; 300], 1);
+    assert_eq!(decoded(&zeros, 300), vec![0.0; 300]);
+    let mut bad = x.clone();
+    bad[10] = f32::INFINITY;
+    let msg = encode(&mut Int8::new(128), &bad, 1);
+    assert!(validate(&msg, d).is_err());
+}
+
+#[test]
+fn int8_is_unbiased_and_finer_than_qsgd_with_the_same_bits() {
+    // Gaussian-like data (sum of uniforms), d = 4096, buckets of 128: both messages are
+    // 8 bits a value plus a scale per bucket.
+    let d = 4096;
+    let mut rng = StdRng::seed_from_u64(3);
+    let x: Vec<f32> = (0..d)
+        .map(|_| (0..4).map(|_| rng.random_range(-1.0f32..1.0)).sum())
+        .collect();
+    let norm2: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+    let trials = 400;
+    let (mut mean, mut err_int8, mut err_qsgd) = (vec![0f64; d], 0f64, 0f64);
+    for t in 0..trials {
+        let a = decoded(&encode(&mut Int8::new(128), &x, t), d);
+        let b = decoded(&encode(&mut Qsgd::new(127, 128), &x, t), d);
+        assert_eq!(
+            encode(&mut Int8::new(128), &x, t).len(),
+            encode(&mut Qsgd::new(127, 128), &x, t).len()
+        );
+        for i in 0..d {
+            mean[i] += a[i] as f64 / trials as f64;
+            err_int8 += ((a[i] - x[i]) as f64).powi(2) / trials as f64;
+            err_qsgd += ((b[i] - x[i]) as f64).powi(2) / trials as f64;
+        }
+    }
+    // Unbiased: the mean over trials is within 4 standard errors of x everywhere (one step
+    // m/127 bounds each draw's error, so the standard error is below step/(2√trials)).
+    for (b, xb) in x.chunks(128).enumerate() {
+        let step = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
+        for (k, &v) in xb.iter().enumerate() {
+            let i = b * 128 + k;
+            let se = step / (2.0 * (trials as f64).sqrt());
+            assert!(
+                (mean[i] - v as f64).abs() <= 4.0 * se + 1e-7,
+                "coordinate {i}: mean {} vs {v}",
+                mean[i]
+            );
+        }
+    }
+    // Within the documented bound, and several times finer than QSGD's.
+    let omega = Int8::new(128).variance_factor(d);
+    assert!(err_int8 <= omega * norm2, "{err_int8} > {omega}·{norm2}");
+    assert!(
+        err_qsgd > 10.0 * err_int8,
+        "QSGD's error {err_qsgd:e} is not 10× int8's {err_int8:e}"
+    );
 }

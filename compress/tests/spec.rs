@@ -19,7 +19,7 @@ fn error(s: &str) -> String {
 }
 
 /// Every example of the grammar, with its canonical form.
-const EXAMPLES: [(&str, &str); 23] = [
+const EXAMPLES: [(&str, &str); 26] = [
     ("identity", "identity"),
     ("topk", "topk:0.01"),
     ("topk:0.01", "topk:0.01"),
@@ -31,6 +31,9 @@ const EXAMPLES: [(&str, &str); 23] = [
     ("randk:0.01,unscaled", "randk:0.01,unscaled"),
     ("qsgd", "qsgd:15,bucket=512"),
     ("qsgd:4,bucket=128", "qsgd:4,bucket=128"),
+    ("int8", "int8,bucket=128"),
+    ("int8,bucket=512", "int8,bucket=512"),
+    ("ef+int8", "ef+int8,bucket=128"),
     ("sign", "sign"),
     ("sign,bucket=512", "sign,bucket=512"),
     ("terngrad", "terngrad"),
@@ -163,8 +166,8 @@ fn bad_specs_are_refused_with_a_clear_message() {
             "topc",
             &[
                 "unknown compressor 'topc'",
-                "expected one of identity, topk, approx-topk, randk, qsgd, sign, terngrad, \
-                 natural, fp16, bf16, dgc",
+                "expected one of identity, topk, approx-topk, randk, qsgd, int8, sign, \
+                 terngrad, natural, fp16, bf16, dgc",
                 "ef+",
             ],
         ),
