@@ -2,9 +2,10 @@
 //! 8 simulated peers train the byte-level transformer on the embedded King James Bible
 //! (AdamW, cosine schedule) with every-step all-reduce (data-parallel), D-PSGD on a ring,
 //! local SGD with model averaging every H = 50 steps, DiLoCo (Douillard et al. 2023) with
-//! H ∈ {10, 50, 200}, DiLoCo with int8 (`qsgd:127`) and top-10% pseudo-gradients, and
-//! decentralized DiLoCo on a ring (NoLoCo's form): validation loss in bits per byte against
-//! the epoch, the bytes sent per peer, and simulated wall time at 100 Mb/s and 1 Gb/s.
+//! H ∈ {10, 50, 200}, DiLoCo with 8-bit (`int8`, and `qsgd:127` for comparison) and
+//! top-10% pseudo-gradients, and decentralized DiLoCo on a ring (NoLoCo's form): validation
+//! loss in bits per byte against the epoch, the bytes sent per peer, and simulated wall time
+//! at 100 Mb/s and 1 Gb/s.
 //!
 //! Every run sees the same tokens in the same order per peer (same seed, same shards) and
 //! the same compute time per step, measured once with `murmur bench` and passed as
@@ -24,7 +25,7 @@ use crate::table::{markdown, write_checked_csv, Table};
 use murmur::report::chart::{Chart, Series, SeriesLabelPosition};
 
 /// (id, label, the run's own arguments), in plot order.
-const RUNS: [(&str, &str, &[&str]); 9] = [
+const RUNS: [(&str, &str, &[&str]); 10] = [
     (
         "allreduce",
         "all-reduce (every step)",
@@ -58,6 +59,15 @@ const RUNS: [(&str, &str, &[&str]); 9] = [
     (
         "diloco-h50-int8",
         "DiLoCo H=50 int8",
+        &[
+            "--algorithm=diloco",
+            "--local-steps=50",
+            "--compressor=int8",
+        ],
+    ),
+    (
+        "diloco-h50-qsgd8",
+        "DiLoCo H=50 qsgd:127 (8 bits)",
         &[
             "--algorithm=diloco",
             "--local-steps=50",
