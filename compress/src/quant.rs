@@ -179,14 +179,16 @@ impl Qsgd {
         let nb = d.div_ceil(wire_bucket(self.bucket));
         HEADER_LEN + QSGD_PARAMS + 4 * nb + packed_len(d, self.code_bits())
     }
-}
 
-impl Compressor for Qsgd {
-    fn id(&self) -> OperatorId {
-        OperatorId::Qsgd
-    }
-
-    fn compress(&mut self, x: &[f32], rng: &mut dyn Rng, out: &mut Vec<u8>) -> usize {
+    /// Appends the QSGD message of `x` with `scale_of(x_b)` as each bucket's norm field:
+    /// ‖x_b‖₂ for QSGD, max |x_i| for [`Int8`].
+    fn encode(
+        &self,
+        x: &[f32],
+        rng: &mut dyn Rng,
+        scale_of: impl Fn(&[f32]) -> f32,
+        out: &mut Vec<u8>,
+    ) -> usize {
         let d = x.len();
         assert_dim(d);
         let seed = rng.next_u64();
@@ -197,10 +199,19 @@ impl Compressor for Qsgd {
         out.extend_from_slice(&s.to_le_bytes());
         out.extend_from_slice(&[w as u8, 0]);
         out.extend_from_slice(&(bucket as u32).to_le_bytes());
-        let norm = |xb: &[f32]| sum_sq(xb).sqrt() as f32;
         let codes = |xp: &[f32], u: &[u32], norm, c: &mut [u32]| qsgd_codes(xp, u, norm, s, c);
-        bucketed_encode(x, bucket, seed, 1 + w, norm, codes, out);
+        bucketed_encode(x, bucket, seed, 1 + w, scale_of, codes, out);
         finish_message(start, out)
+    }
+}
+
+impl Compressor for Qsgd {
+    fn id(&self) -> OperatorId {
+        OperatorId::Qsgd
+    }
+
+    fn compress(&mut self, x: &[f32], rng: &mut dyn Rng, out: &mut Vec<u8>) -> usize {
+        self.encode(x, rng, |xb: &[f32]| sum_sq(xb).sqrt() as f32, out)
     }
 
     fn encoded_len(&self, d: usize) -> Option<usize> {
@@ -279,20 +290,7 @@ impl Compressor for Int8 {
     }
 
     fn compress(&mut self, x: &[f32], rng: &mut dyn Rng, out: &mut Vec<u8>) -> usize {
-        let d = x.len();
-        assert_dim(d);
-        let seed = rng.next_u64();
-        let s = Self::LEVELS;
-        let w = bit_length(s);
-        let bucket = wire_bucket(self.bucket);
-        let q = self.as_qsgd();
-        let start = begin_message(OperatorId::Qsgd, d, q.len(d) - HEADER_LEN, out);
-        out.extend_from_slice(&s.to_le_bytes());
-        out.extend_from_slice(&[w as u8, 0]);
-        out.extend_from_slice(&(bucket as u32).to_le_bytes());
-        let codes = |xp: &[f32], u: &[u32], scale, c: &mut [u32]| qsgd_codes(xp, u, scale, s, c);
-        bucketed_encode(x, bucket, seed, 1 + w, max_abs, codes, out);
-        finish_message(start, out)
+        self.as_qsgd().encode(x, rng, max_abs, out)
     }
 
     fn encoded_len(&self, d: usize) -> Option<usize> {
