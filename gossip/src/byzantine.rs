@@ -14,6 +14,12 @@
 //! | `alie[:z]` | μ − z·s per coordinate (z = 1), μ and s the mean and standard deviation of the neighbours' models it received in the previous round | "a little is enough", Baruch, Baruch & Goldberg 2019 |
 //! | `constant[:c]` | c in every coordinate (c = 1) | |
 //!
+//! **Increments** ([`Byzantine::with_increments`], for CHOCO-SGD, whose messages are
+//! increments q of a public copy x̂ that every receiver sums): the attack sets the copy
+//! instead — the peer sends q = A − x̂_b, so that every neighbour's x̂_b becomes the attack
+//! vector A of that round (computed from its x^(t+½) as above), and ALIE takes μ and s over
+//! the copies x̂_j it has summed.
+//!
 //! ALIE here sees only its own in-neighbours, one round late (the paper's attacker is
 //! omniscient: it knows every honest model of the round); before it has heard a round it
 //! sends its own x_b.
@@ -142,6 +148,11 @@ pub struct Byzantine {
     heard: BTreeMap<Rank, (u64, Vec<f32>)>,
     /// `[d]` scratch.
     x: Vec<f32>,
+    /// With increments: the copy x̂_b every receiver holds, and this round's attack frame
+    /// (the same for every out-neighbour).
+    increments: bool,
+    sent: Vec<f32>,
+    frame_of_round: Option<(u64, Bytes)>,
 }
 
 impl Byzantine {
@@ -155,7 +166,22 @@ impl Byzantine {
             rng: StdRng::seed_from_u64(seed),
             heard: BTreeMap::new(),
             x: vec![0.0; d],
+            increments: false,
+            sent: Vec::new(),
+            frame_of_round: None,
         }
+    }
+
+    /// Treats messages as increments of a public copy (CHOCO-SGD) when `on` (see the
+    /// [module docs](self)).
+    pub fn with_increments(mut self, on: bool) -> Self {
+        self.increments = on;
+        self.sent = if on {
+            vec![0.0; self.x.len()]
+        } else {
+            Vec::new()
+        };
+        self
     }
 
     /// The attacked frame for `frame` (a gossip frame of this peer), or `frame` itself.
@@ -163,9 +189,18 @@ impl Byzantine {
         let Ok((h, payload)) = FrameHeader::parse(&frame, u32::MAX) else {
             return frame;
         };
-        if h.kind != FrameKind::Gossip
-            || murmur_compress::decode_into(payload, &mut self.x).is_err()
-        {
+        if h.kind != FrameKind::Gossip {
+            return frame;
+        }
+        if self.increments {
+            if let Some((round, f)) = &self.frame_of_round {
+                if *round == h.round {
+                    return f.clone();
+                }
+            }
+            // The model it would have sent: its x^(t+½).
+            self.x.copy_from_slice(self.inner.params());
+        } else if murmur_compress::decode_into(payload, &mut self.x).is_err() {
             return frame;
         }
         match self.attack {
@@ -199,6 +234,14 @@ impl Byzantine {
                 }
             }
         }
+        if self.increments {
+            // q = A − x̂_b: every receiver's copy becomes A.
+            for (a, s) in self.x.iter_mut().zip(&mut self.sent) {
+                let q = *a - *s;
+                *s = *a;
+                *a = q;
+            }
+        }
         // The header's place first, then the message, then the header with its length.
         let mut out = vec![0u8; FRAME_HEADER_LEN];
         let payload_len = Identity.compress(&self.x, &mut self.rng, &mut out);
@@ -207,7 +250,11 @@ impl Byzantine {
             ..h
         };
         out[..FRAME_HEADER_LEN].copy_from_slice(&header.to_bytes());
-        Bytes::from(out)
+        let out = Bytes::from(out);
+        if self.increments {
+            self.frame_of_round = Some((h.round, out.clone()));
+        }
+        out
     }
 }
 
@@ -230,7 +277,12 @@ impl Gossip for Byzantine {
                     let d = self.x.len();
                     // No round until a model decodes (the inner peer accepted it, so it does).
                     let (round, x) = self.heard.entry(from).or_insert((u64::MAX, vec![0.0; d]));
-                    if murmur_compress::decode_into(payload, x).is_ok() {
+                    let decoded = if self.increments {
+                        murmur_compress::decode_add(payload, 1.0, x)
+                    } else {
+                        murmur_compress::decode_into(payload, x)
+                    };
+                    if decoded.is_ok() {
                         *round = h.round;
                     }
                 }

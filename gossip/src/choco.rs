@@ -85,6 +85,23 @@
 //! differ only if a departure re-weighted W in between). Late messages are not part of a
 //! checkpoint, so a run under the skip policy cannot resume from one.
 //!
+//! # Byzantine neighbours: clipping
+//!
+//! A Byzantine neighbour b controls its public copy x̂_b completely (every q_b is added to
+//! it), so plain CHOCO moves x_i by γ w_ib (x̂_b − x̂_i), unbounded. With
+//! [`ChocoConfig::robust`] (`--robust`), each term is clipped as in ClippedGossip ([`crate::robust`],
+//! He, Karimireddy & Jaggi 2022), centred on the peer's own public copy:
+//!
+//! ```text
+//! x_i^(t+1) = x_i^(t+½) + γ Σ_j w_ij clip(x̂_j − x̂_i, τ_i)
+//! ```
+//!
+//! with τ_i fixed or the (b + 1)-th largest of the distances ‖x̂_j − x̂_i‖ of the round. When
+//! nothing is clipped this is CHOCO exactly; a Byzantine neighbour moves x_i by at most
+//! γ w_ib τ_i a round. Clipping makes the mix asymmetric, so the network average is no
+//! longer kept exactly while it clips (it is what bounds the attacker's pull). Not under
+//! the skip policy (a late message's make-up would bypass the clip).
+//!
 //! # Choosing γ
 //!
 //! The paper's Theorem 2 proves linear convergence of CHOCO-Gossip for
@@ -137,6 +154,10 @@ pub struct ChocoConfig {
     /// `skip_after` as the longest ([`crate::AutoDeadline`]); `None`: `skip_after`
     /// for every neighbour.
     pub auto_deadline: Option<crate::exchange::AutoDeadline>,
+    /// Byzantine-robust mixing: each neighbour's term x̂_j − x̂_i clipped to a radius
+    /// ([`crate::robust`], ClippedGossip on the public copies; see the [module
+    /// docs](self#byzantine-neighbours-clipping)); `None`: plain CHOCO.
+    pub robust: Option<crate::robust::ClipRule>,
 }
 
 impl ChocoConfig {
@@ -158,6 +179,7 @@ impl ChocoConfig {
             max_lead_rounds: max_lead(w, rank),
             skip_after: None,
             auto_deadline: None,
+            robust: None,
         }
     }
 }
@@ -247,6 +269,10 @@ pub struct Choco {
     /// Rounds in which peers send their public copy in full (a peer returns, see the
     /// [module docs](self#a-peer-returns-the-copies-are-sent-in-full-once)): round → senders.
     resync: std::collections::BTreeMap<u64, std::collections::BTreeSet<Rank>>,
+    /// Per in-neighbour, the scale of its term this round (1 unclipped), with
+    /// [`ChocoConfig::robust`]; and how many terms were clipped over the run.
+    scales: Vec<f64>,
+    clipped: u64,
 }
 
 impl Choco {
@@ -288,7 +314,43 @@ impl Choco {
             ex,
             pending: None,
             resync: Default::default(),
+            scales: vec![1.0; cfg_in_degree],
+            clipped: 0,
         }
+    }
+
+    /// Neighbour terms the robust rule clipped so far (0 without one).
+    pub fn clipped(&self) -> u64 {
+        self.clipped
+    }
+
+    /// With [`ChocoConfig::robust`]: each in-neighbour's scale min(1, τ/‖x̂_j − x̂_i‖) for
+    /// this round's mix (0 for a copy that is not finite). Without: all 1.
+    fn clip_scales(&mut self) {
+        let Some(rule) = self.cfg.robust else {
+            return;
+        };
+        let distances: Vec<f64> = self
+            .copies
+            .iter()
+            .map(|c| crate::robust::distance(&self.x_hat, c))
+            .collect();
+        let finite: Vec<f64> = distances
+            .iter()
+            .copied()
+            .filter(|d| d.is_finite())
+            .collect();
+        let tau = rule.radius(&finite).unwrap_or(0.0);
+        for (s, d) in self.scales.iter_mut().zip(&distances) {
+            *s = if !d.is_finite() {
+                0.0
+            } else if *d > tau {
+                tau / d
+            } else {
+                1.0
+            };
+        }
+        self.clipped += self.scales.iter().filter(|&&s| s < 1.0).count() as u64;
     }
 
     /// A peer cannot return under the skip policy: a late message of the round in which
@@ -401,13 +463,23 @@ impl Choco {
 
     fn finish_if_complete(&mut self) {
         if self.ex.is_complete() {
-            // x^(t+1) = x^(t+½) + γ Σ_j w_ij (x̂_j − x̂_i), summed in f64 from the copies.
+            // x^(t+1) = x^(t+½) + γ Σ_j w_ij s_j (x̂_j − x̂_i), summed in f64 from the
+            // copies; s_j = 1 unless the robust rule clips.
+            self.clip_scales();
             let gamma = f64::from(self.cfg.gamma);
             for (k, (x, h)) in self.x.iter_mut().zip(&self.x_hat).enumerate() {
                 let h = f64::from(*h);
                 let mut mix = 0.0f64;
-                for ((_, w), c) in self.cfg.in_weights.iter().zip(&self.copies) {
-                    mix += w * (f64::from(c[k]) - h);
+                for (((_, w), c), s) in self
+                    .cfg
+                    .in_weights
+                    .iter()
+                    .zip(&self.copies)
+                    .zip(&self.scales)
+                {
+                    if *s > 0.0 {
+                        mix += w * s * (f64::from(c[k]) - h);
+                    }
                 }
                 *x = (f64::from(*x) + gamma * mix) as f32;
             }
@@ -624,9 +696,12 @@ impl crate::registry::Algorithm for ChocoAlgorithm {
         }
     }
     fn options(&self) -> &'static [crate::ProtocolOption] {
-        &[crate::ProtocolOption::Gamma]
+        &[crate::ProtocolOption::Gamma, crate::ProtocolOption::Robust]
     }
     fn skips_stragglers(&self) -> bool {
+        true
+    }
+    fn sends_increments(&self) -> bool {
         true
     }
     fn survives_departure(&self) -> bool {
@@ -649,6 +724,14 @@ impl crate::registry::Algorithm for ChocoAlgorithm {
         cfg.seed = ctx.seed;
         cfg.skip_after = ctx.skip_after;
         cfg.auto_deadline = ctx.auto_deadline;
+        cfg.robust = ctx.options.robust;
+        if cfg.robust.is_some() && ctx.skip_after.is_some() {
+            return Err(crate::BuildError::Options(
+                "--robust clips the neighbours' copies when a round mixes; it does not combine \
+                 with --straggler-policy skip (a late message's make-up would bypass the clip)"
+                    .into(),
+            ));
+        }
         Ok(Box::new(Choco::new(cfg, ctx.x0, compressor)))
     }
 }

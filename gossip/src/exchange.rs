@@ -290,6 +290,9 @@ pub(crate) struct Exchange {
     early: BTreeMap<(u64, usize), Vec<u8>>,
     /// This round's frame (header + message), shared by every out-neighbour.
     outgoing: Bytes,
+    /// With [`Exchange::begin_per_link`]: this round's frame for each out-neighbour (index
+    /// into `out_neighbors`) instead of `outgoing`; empty otherwise.
+    per_link: Vec<Bytes>,
     next_out: usize,
     events: VecDeque<GossipEvent>,
     stats: GossipStats,
@@ -335,6 +338,7 @@ impl Exchange {
             missing_count: 0,
             early: BTreeMap::new(),
             outgoing: Bytes::new(),
+            per_link: Vec::new(),
             next_out,
             events: VecDeque::new(),
             stats: GossipStats::default(),
@@ -390,7 +394,34 @@ impl Exchange {
         encode: impl FnOnce(&mut Vec<u8>) -> usize,
     ) -> Begun {
         self.assert_idle();
-        let mut out = reuse(std::mem::take(&mut self.outgoing));
+        let buf = reuse(std::mem::take(&mut self.outgoing));
+        self.outgoing = self.frame(buf, encode);
+        self.per_link.clear();
+        self.start(now)
+    }
+
+    /// [`Exchange::begin`] with one message per out-neighbour: `encode(k, out)` appends the
+    /// message for out-neighbour `out_neighbors[k]` and returns its length.
+    pub(crate) fn begin_per_link(
+        &mut self,
+        now: Instant,
+        mut encode: impl FnMut(usize, &mut Vec<u8>) -> usize,
+    ) -> Begun {
+        self.assert_idle();
+        let mut old = std::mem::take(&mut self.per_link).into_iter();
+        self.per_link = (0..self.p.out_neighbors.len())
+            .map(|k| {
+                let buf = old.next().map(reuse).unwrap_or_default();
+                self.frame(buf, |out| encode(k, out))
+            })
+            .collect();
+        self.outgoing = Bytes::new();
+        self.start(now)
+    }
+
+    /// A gossip frame of this round: header, then the message `encode` appends to `out`.
+    fn frame(&self, mut out: Vec<u8>, encode: impl FnOnce(&mut Vec<u8>) -> usize) -> Bytes {
+        out.clear();
         out.resize(FRAME_HEADER_LEN, 0);
         let payload_len = encode(&mut out);
         debug_assert_eq!(payload_len, out.len() - FRAME_HEADER_LEN);
@@ -402,7 +433,11 @@ impl Exchange {
             payload_len: payload_len as u32,
         };
         out[..FRAME_HEADER_LEN].copy_from_slice(&header.to_bytes());
-        self.outgoing = Bytes::from(out);
+        Bytes::from(out)
+    }
+
+    /// The bookkeeping of a round that begins at `now`, its frames made.
+    fn start(&mut self, now: Instant) -> Begun {
         self.next_out = 0;
 
         self.mixing = true;
@@ -806,13 +841,14 @@ impl Exchange {
             self.next_out += 1;
         }
         let to = *self.p.out_neighbors.get(self.next_out)?;
+        let frame = match self.per_link.get(self.next_out) {
+            Some(f) => f.clone(),
+            None => self.outgoing.clone(),
+        };
         self.next_out += 1;
         self.stats.frames_sent += 1;
-        self.stats.bytes_sent += self.outgoing.len() as u64;
-        Some(Transmit {
-            to,
-            frame: self.outgoing.clone(),
-        })
+        self.stats.bytes_sent += frame.len() as u64;
+        Some(Transmit { to, frame })
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {

@@ -25,6 +25,7 @@
 pub mod allreduce;
 pub mod byzantine;
 pub mod choco;
+pub mod choco_auto;
 pub mod diloco;
 pub mod dpsgd;
 mod exchange;
@@ -51,6 +52,7 @@ use murmur_topology::MixingMatrix;
 pub use allreduce::{chunk_range, AllReduce, AllReduceConfig};
 pub use byzantine::{Attack, Byzantine, ByzantineSpec};
 pub use choco::{suggested_gamma, theorem2_gamma, Choco, ChocoConfig};
+pub use choco_auto::{ChocoAuto, ChocoAutoConfig, Ladder};
 pub use diloco::{DiLoCo, OuterConfig, OuterOptimizer};
 pub use dpsgd::{DPsgd, DPsgdConfig};
 pub use exchange::AutoDeadline;
@@ -333,6 +335,21 @@ pub struct GossipStats {
     pub background_nanos: u64,
 }
 
+/// What one link of a peer measured and chose, for algorithms that choose per link
+/// ([`ChocoAuto`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinkChoice {
+    /// The neighbour j.
+    pub peer: Rank,
+    /// Estimated bandwidth of the link, bytes/s; `None` before the first sample.
+    pub bytes_per_sec: Option<f64>,
+    /// The operator of the last round's message to j (`identity`, `topk:0.05`, …).
+    pub compressor: String,
+    /// Rounds sent with each operator, least compressing first (operators never used left
+    /// out).
+    pub rounds_by_compressor: Vec<(String, u64)>,
+}
+
 /// One peer's side of a decentralized algorithm. Performs no I/O and reads no clock.
 ///
 /// Calling contract: after [`Gossip::begin_round`] or any `handle_*`, drain
@@ -488,6 +505,19 @@ pub trait Gossip: Send {
                 "this algorithm keeps no state beyond x and the round".into(),
             ))
         }
+    }
+
+    /// A bandwidth sample from the transport: a frame of `bytes` bytes from `from` took
+    /// `secs` seconds from its first to its last byte. Algorithms that choose per link how
+    /// much to send use it ([`ChocoAuto`]); the others ignore it (the default).
+    fn observe_link(&mut self, from: Rank, bytes: usize, secs: f64) {
+        let _ = (from, bytes, secs);
+    }
+
+    /// Per link, the measured bandwidth and the operator chosen ([`ChocoAuto`]); empty for
+    /// algorithms with one compressor for every link (the default).
+    fn link_choices(&self) -> Vec<LinkChoice> {
+        Vec::new()
     }
 
     /// Whether this state machine's messages keep moving between rounds (Streaming DiLoCo's

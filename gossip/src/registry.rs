@@ -26,6 +26,7 @@ use crate::{Gossip, PsMode, Rank};
 pub const ALGORITHMS: &[&dyn Algorithm] = &[
     &crate::dpsgd::DPSGD,
     &crate::choco::CHOCO,
+    &crate::choco_auto::CHOCO_AUTO,
     &crate::sgp::SGP,
     &crate::local::LOCAL_SGD,
     &crate::local::LOCAL_AVG,
@@ -93,6 +94,19 @@ pub trait Algorithm: Sync {
     fn check_compressor(&self, spec: &CompressorSpec) -> Result<(), BuildError> {
         let _ = spec;
         Ok(())
+    }
+
+    /// Whether its gossip messages are increments of a public copy that receivers sum
+    /// (CHOCO-SGD's q), rather than the model itself: what [`crate::Byzantine`] needs to
+    /// know to attack it.
+    fn sends_increments(&self) -> bool {
+        false
+    }
+
+    /// Whether it chooses each link's compressor itself (from measured bandwidth), so that
+    /// no one compressor describes a run ([`crate::ChocoAuto`]).
+    fn chooses_compressor_per_link(&self) -> bool {
+        false
     }
 
     /// Whether its compressor compresses DiLoCo pseudo-gradients applied by an outer
@@ -645,9 +659,9 @@ mod tests {
             assert!(names.insert(a.name()), "{} listed twice", a.name());
             assert!(!a.about().is_empty());
         }
-        assert_eq!(names.len(), 10);
+        assert_eq!(names.len(), 11);
         let err = "gossip".parse::<AlgorithmSpec>().unwrap_err();
-        assert!(err.contains("dpsgd, choco, sgp"), "{err}");
+        assert!(err.contains("dpsgd, choco, choco-auto, sgp"), "{err}");
         assert_eq!(AlgorithmSpec::default().name(), "dpsgd");
     }
 
@@ -692,7 +706,10 @@ mod tests {
         let spec = |s: &str| s.parse::<AlgorithmSpec>().unwrap();
         let o = AlgorithmOptions::default();
         assert_eq!(o.protocol_fingerprint(&[spec("dpsgd")]), "robust=none");
-        assert_eq!(o.protocol_fingerprint(&[spec("choco")]), "gamma=0.1");
+        assert_eq!(
+            o.protocol_fingerprint(&[spec("choco")]),
+            "gamma=0.1 robust=none"
+        );
         assert_eq!(
             o.protocol_fingerprint(&[spec("local-sgd")]),
             "local_steps=4 robust=none"
@@ -708,7 +725,7 @@ mod tests {
         };
         assert_eq!(
             o.protocol_fingerprint(&[spec("choco"), spec("ps")]),
-            "gamma=0.5 ps_mode=ssp:3"
+            "gamma=0.5 ps_mode=ssp:3 robust=none"
         );
     }
 

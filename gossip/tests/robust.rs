@@ -1,4 +1,4 @@
-//! Byzantine-robust gossip: D-PSGD with ClippedGossip (`--robust`), against attacking peers
+//! Byzantine-robust gossip: D-PSGD and CHOCO-SGD with ClippedGossip (`--robust`), against attacking peers
 //! ([`murmur_gossip::Byzantine`]).
 
 use std::time::Duration;
@@ -20,7 +20,8 @@ fn peers(
     peers_of("dpsgd", topo, x0, robust, attackers)
 }
 
-/// Peers of `algorithm` (H = 2 for those with local steps).
+/// Peers of `algorithm` (H = 2 for those with local steps; CHOCO with the identity, whose
+/// attackers set their public copy: [`Byzantine::with_increments`]).
 fn peers_of(
     algorithm: &str,
     topo: &Topology,
@@ -34,13 +35,17 @@ fn peers_of(
         local_steps: spec.has_local_steps().then_some(2),
         outer_optimizer: (algorithm == "diloco-gossip")
             .then_some(murmur_gossip::OuterOptimizer::Sgd),
+        compressor: (algorithm == "choco").then_some(murmur_compress::CompressorSpec::Identity),
         ..Default::default()
     };
     (0..x0.len())
         .map(|i| {
             let p = build_with_skip(algorithm, topo, i, x0[i].clone(), 0.1, &opts, None).unwrap();
             match attackers.iter().find(|(r, _)| *r == i) {
-                Some((_, a)) => Box::new(Byzantine::new(p, *a, 99)) as Box<dyn Gossip>,
+                Some((_, a)) => {
+                    Box::new(Byzantine::new(p, *a, 99).with_increments(spec.sends_increments()))
+                        as Box<dyn Gossip>
+                }
                 None => p,
             }
         })
@@ -150,13 +155,14 @@ fn attacks_and_rules_parse_and_bad_ones_are_refused() {
     assert!("x:alie".parse::<murmur_gossip::ByzantineSpec>().is_err());
     assert!("3".parse::<murmur_gossip::ByzantineSpec>().is_err());
 
-    // --robust is D-PSGD's: other algorithms and the skip policy refuse it.
+    // --robust is for the algorithms that mix models or copies: SGP and the skip policy
+    // refuse it.
     let opts = AlgorithmOptions {
         robust: Some(ClipRule::Adaptive { byzantine: 1 }),
         ..Default::default()
     };
     let e = opts
-        .validate(&["choco".parse().unwrap()])
+        .validate(&["sgp".parse().unwrap()])
         .unwrap_err()
         .to_string();
     assert!(e.contains("--robust") && e.contains("dpsgd"), "{e}");
@@ -200,4 +206,66 @@ fn local_sgd_and_decentralized_diloco_clip_their_model_mixing_too() {
             "{algorithm}: plain {p}, clipped {c}"
         );
     }
+}
+
+#[test]
+fn choco_clips_the_public_copies_it_mixes() {
+    let (n, d) = (9, 20);
+    let topo = topology("torus", n);
+    let x0 = uniform_vectors(n, d, 1.0, 7);
+    let honest: Vec<usize> = (0..n).filter(|&i| i != 4).collect();
+    let centre = mean_of(&x0, &honest);
+    for attack in [Attack::Constant { c: 100.0 }, Attack::SignFlip] {
+        let att = [(4, attack)];
+        let mut plain = Sim::new(peers_of("choco", &topo, &x0, None, &att));
+        let rule = Some(ClipRule::Adaptive { byzantine: 1 });
+        let mut clip = Sim::new(peers_of("choco", &topo, &x0, rule, &att));
+        plain.run_rounds(60).unwrap();
+        clip.run_rounds(60).unwrap();
+        let (p, c) = (
+            honest_spread(&plain, &honest, &centre),
+            honest_spread(&clip, &honest, &centre),
+        );
+        println!("choco, {attack}: plain {p:.3}, clipped {c:.3}");
+        assert!(c < 3.0 && p > 2.0 * c, "{attack}: plain {p}, clipped {c}");
+    }
+    // Without attackers a radius nobody reaches is plain CHOCO.
+    let mut plain = Sim::new(peers_of("choco", &topo, &x0, None, &[]));
+    let mut wide = Sim::new(peers_of(
+        "choco",
+        &topo,
+        &x0,
+        Some(ClipRule::Fixed(1e6)),
+        &[],
+    ));
+    plain.run_rounds(20).unwrap();
+    wide.run_rounds(20).unwrap();
+    for i in 0..n {
+        assert_eq!(plain.peer(i).params(), wide.peer(i).params(), "peer {i}");
+    }
+}
+
+#[test]
+fn a_byzantine_choco_peer_sets_its_public_copy_to_the_attack() {
+    // Ring of 3, identity CHOCO, γ = 0.5: after round 0 peer 0's copy of peer 2 is the
+    // attacker's constant 7 instead of x_2, so x_0 moves by γ W_02 (7 − x_2) more.
+    let (n, d) = (3, 4);
+    let topo = topology("ring", n);
+    let x0 = uniform_vectors(n, d, 1.0, 9);
+    let att = [(2, Attack::Constant { c: 7.0 })];
+    let mut honest = Sim::new(peers_of("choco", &topo, &x0, None, &[]));
+    let mut attacked = Sim::new(peers_of("choco", &topo, &x0, None, &att));
+    honest.run_round(None).unwrap();
+    attacked.run_round(None).unwrap();
+    let (h0, a0) = (honest.peer(0).params(), attacked.peer(0).params());
+    for ((h, a), x2) in h0.iter().zip(a0).zip(&x0[2]) {
+        let want = h + 0.5 / 3.0 * (7.0 - x2);
+        assert!((a - want).abs() < 1e-5, "{a} vs {want}");
+    }
+    // The copy stays at 7 (q = 7 − x̂_b, not 7 again): a second round adds γ W_02
+    // (7 − x̂_0) once more, no more.
+    honest.run_round(None).unwrap();
+    attacked.run_round(None).unwrap();
+    let e = max_abs_diff(honest.peer(0).params(), attacked.peer(0).params());
+    assert!(e > 0.5 && e < 10.0, "{e}");
 }

@@ -2160,7 +2160,7 @@ fn byzantine_peers_are_left_out_of_the_report_and_clipping_holds_them_off() {
         ),
         (vec!["--byzantine=1:flip"], "unknown attack"),
         (
-            vec!["--algorithm=choco", "--robust=clip"],
+            vec!["--algorithm=sgp", "--robust=clip"],
             "needs --algorithm dpsgd",
         ),
         (vec!["--robust=clip:0"], "clip:TAU"),

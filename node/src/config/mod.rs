@@ -226,7 +226,7 @@ pub struct GossipArgs {
         skip_serializing_if = "Option::is_none"
     )]
     pub outer_momentum: Option<f32>,
-    /// Byzantine-robust mixing for dpsgd, local-sgd and diloco-gossip (ClippedGossip, He,
+    /// Byzantine-robust mixing for dpsgd, choco, local-sgd and diloco-gossip (ClippedGossip, He,
     /// Karimireddy & Jaggi 2022):
     /// each neighbour's difference x_j − x_i is clipped to a radius before mixing: `clip`
     /// (adaptive: the second-largest neighbour distance of the round), `clip:auto:B` (all
@@ -637,6 +637,16 @@ impl RunArgs {
     /// The compressor: `--compressor`, else the algorithm's default.
     pub fn compressor(&self) -> CompressorSpec {
         self.algorithm_options().compressor(&*self.gossip.algorithm)
+    }
+
+    /// The compressor as runs print and record it: [`RunArgs::compressor`], or `auto (per
+    /// link)` for an algorithm that chooses each link's compressor (choco-auto).
+    pub fn compressor_label(&self) -> String {
+        if self.gossip.algorithm.chooses_compressor_per_link() {
+            "auto (per link)".to_string()
+        } else {
+            self.compressor().to_string()
+        }
     }
 
     /// Warnings about options that run but are unlikely to be what the user wants.

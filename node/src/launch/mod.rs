@@ -251,7 +251,7 @@ fn announce(args: &RunArgs, topo: &murmur_topology::Topology, run_dir: &Path) {
         "murmur: {}, {} with {} ({pattern}), {} on {}, {}; run folder {}",
         crate::config::count(args.peers, "peer"),
         args.algorithm_name(),
-        args.compressor(),
+        args.compressor_label(),
         args.train.model.with_data(),
         args.train.device,
         crate::config::count(args.train.epochs, "epoch"),

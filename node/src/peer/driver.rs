@@ -245,6 +245,7 @@ impl Driver {
                 from,
                 header,
                 bytes,
+                ..
             } if header.kind.is_membership_handshake() => {
                 self.on_membership_frame(from, header, &bytes)?;
             }
@@ -260,8 +261,12 @@ impl Driver {
                 from,
                 header,
                 bytes,
+                transfer,
             } => match header.kind {
                 kind if kind.is_algorithm() => {
+                    if let Some(t) = transfer {
+                        self.gossip.observe_link(from, bytes.len(), t.as_secs_f64());
+                    }
                     if let Some((at, arrived)) = self.first_frames.as_mut() {
                         if header.round == *at {
                             arrived.insert(from);

@@ -172,7 +172,7 @@ fn fingerprint(
         model: args.train.model.to_string(),
         dim: d,
         algorithm: args.algorithm_name(),
-        compressor: args.compressor().to_string(),
+        compressor: args.compressor_label(),
         epochs: args.train.epochs,
         rounds_per_epoch,
         seed: args.train.seed,
@@ -250,6 +250,7 @@ fn join(
         rank,
         peer_id: String::new(),
         data_addr: address::published(plane.local_addr, &peer.bootstrap, &peer.listen)?,
+        nat_published: None,
     };
     let checkpoints = if peer.resume {
         let path = checkpoint::path(&peer.out, rank);
@@ -410,12 +411,38 @@ fn wire<B: AutodiffBackend>(
     let mut links = Links::new();
     // A rejoining peer may find some destinations gone; the run's answer says which.
     let mut unreachable = BTreeMap::new();
-    for &to in &destinations {
-        let (Some(info), Some(id)) = (&directory[to], peer_ids[to]) else {
-            continue; // an empty rank of an elastic run
-        };
-        match rt.block_on(plane.connect(to, info.data_addr, id)) {
+    // Empty ranks of an elastic run have no entry.
+    let targets: Vec<(Rank, &PeerInfo, libp2p::PeerId)> = destinations
+        .iter()
+        .filter_map(|&to| Some((to, directory[to].as_ref()?, peer_ids[to]?)))
+        .collect();
+    if let Some(published) = directory[rank].as_ref().and_then(|me| me.nat_published) {
+        let public = directory[rank].as_ref().map(|me| me.data_addr);
+        info!(
+            %published,
+            public = ?public,
+            "this peer is behind a NAT: the bootstrap saw it at another address, which its \
+             neighbours dial"
+        );
+    }
+    // All at once: behind NATs both ends of a link must dial each other at the same time
+    // (hole punching), and no link may wait for another to be set up first.
+    let connected = rt.block_on(futures::future::join_all(
+        targets
+            .iter()
+            .map(|&(to, info, id)| plane.connect(to, info.data_addr, id)),
+    ));
+    for (&(to, info, _), result) in targets.iter().zip(connected) {
+        match result {
             Ok(link) => {
+                if let Some(published) = info.nat_published {
+                    info!(
+                        to,
+                        addr = %info.data_addr,
+                        %published,
+                        "link to peer {to}: direct QUIC through its NAT (hole-punched)"
+                    );
+                }
                 links.insert(to, link);
             }
             Err(e) if peer.resume || peer.join_running => {
@@ -631,6 +658,18 @@ impl<B: AutodiffBackend> Training<'_, B> {
             test_accuracy,
             "epoch done"
         );
+        // Algorithms that choose per link (choco-auto): what each link measured and sent.
+        for l in self.drv.gossip.link_choices() {
+            let bandwidth = l
+                .bytes_per_sec
+                .map_or("unmeasured".to_string(), |b| format!("{:.2} MB/s", b / 1e6));
+            let sent: Vec<String> = l
+                .rounds_by_compressor
+                .iter()
+                .map(|(c, k)| format!("{c}×{k}"))
+                .collect();
+            info!(to = l.peer, %bandwidth, compressor = %l.compressor, sent = %sent.join(" "), "link");
+        }
         report::append_json_line(&self.peer_log, &report)?;
         self.drv.report(report.clone(), &self.x)?;
         Ok(report)

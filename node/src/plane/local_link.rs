@@ -202,14 +202,17 @@ fn read_ring(
 
 /// The header of a frame read whole from a ring, checked as on QUIC, and its length against
 /// the header's.
-fn check(buf: Vec<u8>, max_payload_bytes: u32) -> anyhow::Result<(FrameHeader, Bytes)> {
+fn check(
+    buf: Vec<u8>,
+    max_payload_bytes: u32,
+) -> anyhow::Result<(FrameHeader, Bytes, Option<std::time::Duration>)> {
     let header = FrameHeader::parse_prefix(&buf, max_payload_bytes)?;
     let declared = FRAME_HEADER_LEN + header.payload_len as usize;
     anyhow::ensure!(
         declared == buf.len(),
         "a frame longer than the {declared} bytes it declares"
     );
-    Ok((header, Bytes::from(buf)))
+    Ok((header, Bytes::from(buf), None))
 }
 
 #[cfg(test)]

@@ -72,6 +72,11 @@ pub enum NetEvent {
         header: FrameHeader,
         /// The whole frame.
         bytes: Bytes,
+        /// Seconds from the frame's first byte (its header read) to its last on a QUIC
+        /// stream: the link's transfer time of the frame, what per-link choices measure
+        /// bandwidth from ([`murmur_gossip::Gossip::observe_link`]). `None` on a
+        /// shared-memory ring.
+        transfer: Option<std::time::Duration>,
     },
     /// Peer `from` said goodbye and all its frames were delivered.
     Finished {
@@ -465,6 +470,7 @@ mod tests {
                         from: 0,
                         header,
                         bytes,
+                        ..
                     } => {
                         let n = header.payload_len as usize;
                         assert_eq!(bytes.len(), FRAME_HEADER_LEN + n);

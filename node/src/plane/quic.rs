@@ -182,6 +182,7 @@ async fn serve_connection(
                     .read_exact(&mut head)
                     .await
                     .map_err(|e| anyhow!("reading a frame header: {e}"))?;
+                let first_byte = std::time::Instant::now();
                 let header = FrameHeader::parse_prefix(&head, max_payload_bytes)?;
                 let mut buf = vec![0u8; FRAME_HEADER_LEN + header.payload_len as usize];
                 buf[..FRAME_HEADER_LEN].copy_from_slice(&head);
@@ -189,12 +190,13 @@ async fn serve_connection(
                     .read_exact(&mut buf[FRAME_HEADER_LEN..])
                     .await
                     .map_err(|e| anyhow!("reading a {}-byte payload: {e}", header.payload_len))?;
+                let transfer = first_byte.elapsed();
                 // A stream is one frame: bytes after the declared payload make it a bad one.
                 let mut more = [0u8; 1];
                 if let Ok(Some(_)) = stream.read(&mut more).await {
                     anyhow::bail!("a frame longer than the {} bytes it declares", buf.len());
                 }
-                anyhow::Ok((header, Bytes::from(buf)))
+                anyhow::Ok((header, Bytes::from(buf), Some(transfer)))
             }
             .await;
             let mut st = state.lock().await;

@@ -1,7 +1,8 @@
 //! The receiving half of a link, the same for every transport: a frame read from a peer's
 //! connection (over QUIC streams or its shared-memory ring) is checked against the rank the
 //! connection is bound to, counted, delivered or refused, and the goodbye's count closes the
-//! connection once every frame has arrived.
+//! connection once every frame has arrived. A QUIC frame comes with its transfer time
+//! (first to last byte), a ring's without.
 
 use bytes::Bytes;
 use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
@@ -44,7 +45,7 @@ impl Receiving {
 /// count is complete the peer is reported finished and `conn` closed (code 0). Returns
 /// false when the training loop is gone.
 pub(super) async fn deliver(
-    frame: anyhow::Result<(FrameHeader, Bytes)>,
+    frame: anyhow::Result<(FrameHeader, Bytes, Option<std::time::Duration>)>,
     st: &mut Receiving,
     events: &mpsc::Sender<NetEvent>,
     conn: &Connection,
@@ -52,14 +53,14 @@ pub(super) async fn deliver(
     // (reason, whether the stream was a counted frame)
     let refused: Option<(String, bool)> = match frame {
         Err(e) => Some((format!("{e:#}"), true)),
-        Ok((header, _)) if header.sender != st.peer => Some((
+        Ok((header, _, _)) if header.sender != st.peer => Some((
             format!(
                 "frame claims sender {} on peer {}'s connection",
                 header.sender, st.peer
             ),
             true,
         )),
-        Ok((header, bytes)) if header.kind == FrameKind::Bye => {
+        Ok((header, bytes, _)) if header.kind == FrameKind::Bye => {
             let count = bytes
                 .get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + 8)
                 .and_then(|b| b.try_into().ok())
@@ -72,7 +73,7 @@ pub(super) async fn deliver(
                 None => Some(("malformed goodbye".to_string(), false)),
             }
         }
-        Ok((header, bytes)) => {
+        Ok((header, bytes, transfer)) => {
             st.received += 1;
             let from = header.sender;
             let delivered = events
@@ -80,6 +81,7 @@ pub(super) async fn deliver(
                     from,
                     header,
                     bytes,
+                    transfer,
                 })
                 .await;
             if delivered.is_err() {

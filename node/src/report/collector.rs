@@ -374,7 +374,7 @@ pub(crate) fn summary(
 ) -> Summary {
     Summary {
         algorithm: args.algorithm_name(),
-        compressor: args.compressor().to_string(),
+        compressor: args.compressor_label(),
         topology: args.topology_label(topo),
         peers: args.peers,
         model: args.train.model.to_string(),

@@ -93,6 +93,11 @@ pub struct PeerInfo {
     pub peer_id: String,
     /// QUIC data-plane address; its connections prove `peer_id` ([`crate::control::auth`]).
     pub data_addr: SocketAddr,
+    /// Set by the bootstrap when it saw the peer come from another address than the one
+    /// it published (a NAT, [`super::nat`]): the published address, `data_addr` being the
+    /// observed IP with the published port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nat_published: Option<SocketAddr>,
 }
 
 /// Sent by each peer to the bootstrap.

@@ -42,6 +42,7 @@
 
 mod join;
 mod messages;
+pub mod nat;
 mod policy;
 mod record;
 
@@ -373,6 +374,7 @@ pub async fn discover(
                     pending: None,
                     waiting: std::collections::VecDeque::new(),
                     limit: timeout,
+                    observed: Default::default(),
                 };
                 late.run(swarm, settled).await
             }
@@ -456,6 +458,8 @@ struct LateJoins {
     waiting: std::collections::VecDeque<Waiting>,
     /// How long a new peer may take to settle before the next is let in anyway.
     limit: Duration,
+    /// Where each peer's control-plane connection comes from ([`nat`]).
+    observed: std::collections::HashMap<PeerId, std::net::IpAddr>,
 }
 
 impl LateJoins {
@@ -471,11 +475,15 @@ impl LateJoins {
             let until = self.pending.map(|(_, since)| since + self.limit);
             tokio::select! {
                 event = swarm.select_next_some() => { serve_dht(&mut swarm, &event, Some(local)); match event {
+                    SwarmEvent::ConnectionEstablished { peer_id, endpoint, .. } => {
+                        note_observed(&mut self.observed, peer_id, &endpoint)
+                    }
                     SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
                         peer,
-                        message: request_response::Message::Request { request, channel, .. },
+                        message: request_response::Message::Request { mut request, channel, .. },
                         ..
                     })) => {
+                        seen_through_nat(&mut request, self.observed.get(&peer).copied());
                         if self.pending.is_some() && policy::takes_empty_rank(&self.dir, &request) {
                             info!(%peer, "a new peer waits until the one joining before it mixes with the run");
                             self.waiting.push_back((peer, request, channel));
@@ -540,6 +548,34 @@ impl LateJoins {
     }
 }
 
+/// Remembers the IP a peer's inbound connection comes from ([`nat`]).
+fn note_observed(
+    observed: &mut std::collections::HashMap<PeerId, std::net::IpAddr>,
+    peer: PeerId,
+    endpoint: &libp2p::core::ConnectedPoint,
+) {
+    if let libp2p::core::ConnectedPoint::Listener { send_back_addr, .. } = endpoint {
+        if let Some(ip) = nat::ip_of(send_back_addr) {
+            observed.insert(peer, ip);
+        }
+    }
+}
+
+/// Publishes a joining peer at the address the bootstrap sees it at, if that is not the
+/// one it published ([`nat::use_observed`]), and says so.
+fn seen_through_nat(request: &mut JoinRequest, observed: Option<std::net::IpAddr>) {
+    let published = request.info.data_addr;
+    if nat::use_observed(&mut request.info, observed) {
+        info!(
+            rank = request.info.rank,
+            %published,
+            public = %request.info.data_addr,
+            "a peer behind a NAT: its neighbours dial the address the bootstrap sees it at \
+             (a direct path by simultaneous open)"
+        );
+    }
+}
+
 /// Multiaddrs for a message: `a`, or `a, b`.
 fn list(addrs: &[Multiaddr]) -> String {
     addrs
@@ -579,6 +615,8 @@ async fn serve(
     }
     // Peers can only join once we listen; with n = 1 the address must still be published.
     let mut listening = false;
+    // Where each peer's control-plane connection comes from (a NAT's address, maybe).
+    let mut observed = std::collections::HashMap::new();
     loop {
         if listening && policy::initial_complete(&slots, initial) {
             let resume_round = match policy::resume_round(resume.is_some(), &rounds, &slots) {
@@ -621,14 +659,20 @@ async fn serve(
                 let addrs: Vec<Multiaddr> = swarm.listeners().cloned().collect();
                 publish_record(swarm, key, &addrs);
             }
+            SwarmEvent::ConnectionEstablished {
+                peer_id, endpoint, ..
+            } => note_observed(&mut observed, peer_id, &endpoint),
             SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
                 peer,
                 message:
                     request_response::Message::Request {
-                        request, channel, ..
+                        mut request,
+                        channel,
+                        ..
                     },
                 ..
             })) => {
+                seen_through_nat(&mut request, observed.get(&peer).copied());
                 let ids = (&local, &peer);
                 let resuming = resume.is_some();
                 match policy::admit_initial(&slots, &fingerprint, gate, ids, &request, resuming) {

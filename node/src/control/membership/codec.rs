@@ -203,6 +203,7 @@ mod tests {
             rank: 3,
             peer_id: "12D3KooW".into(),
             data_addr: "127.0.0.1:5001".parse().unwrap(),
+            nat_published: None,
         };
         let hello = encode_hello(3, &me).unwrap();
         let (h, payload) = FrameHeader::parse(&hello, 1 << 20).unwrap();

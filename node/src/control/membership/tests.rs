@@ -185,6 +185,7 @@ fn a_hello_from_a_member_means_its_old_process_left() {
         rank: 4,
         peer_id: "12D3KooW".into(),
         data_addr: addr(),
+        nat_published: None,
     };
     let hello = encode_hello(4, &me).unwrap();
     let (_, hello) = payload(&hello, FrameKind::Hello, 4);

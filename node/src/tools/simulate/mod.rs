@@ -258,6 +258,16 @@ pub fn run(args: &RunArgs, sim: &SimArgs) -> anyhow::Result<()> {
     if args.train.device != DeviceSpec::Cpu {
         bail!("murmur simulate trains every virtual peer on the CPU; leave out --device");
     }
+    if args
+        .algorithms()
+        .iter()
+        .any(|a| a.chooses_compressor_per_link())
+    {
+        bail!(
+            "{} chooses each link's compressor from bandwidth measured by the data plane,              and the simulator's NICs are per peer, not per link: run it with real peers              (`murmur launch`, or experiments/cluster/netns-ring.sh for shaped links)",
+            args.algorithm_name()
+        );
+    }
     for w in args.warnings() {
         eprintln!("murmur: warning: {w}");
     }
@@ -364,7 +374,7 @@ fn print_header(
         "murmur simulate: {what}{}, {} with {} ({}), {} d = {d}, {} of {rounds_per_epoch} rounds; {}; compute {:.3} ms per step{}; run folder {}",
         crate::config::count(args.peers, "peer"),
         args.algorithm_name(),
-        args.compressor(),
+        args.compressor_label(),
         args.topology_label(topo),
         args.train.model.with_data(),
         crate::config::count(args.train.epochs, "epoch"),

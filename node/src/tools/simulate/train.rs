@@ -27,11 +27,14 @@ pub(super) fn run(setup: &Setup<'_>) -> anyhow::Result<()> {
         .enumerate()
         .map(
             |(rank, p)| match sim.byzantine.iter().find(|b| b.rank == rank) {
-                Some(b) => Box::new(murmur_gossip::Byzantine::new(
-                    p,
-                    b.attack,
-                    args.train.seed.wrapping_add(7919 * (rank as u64 + 1)),
-                )) as Box<dyn Gossip>,
+                Some(b) => Box::new(
+                    murmur_gossip::Byzantine::new(
+                        p,
+                        b.attack,
+                        args.train.seed.wrapping_add(7919 * (rank as u64 + 1)),
+                    )
+                    .with_increments(args.gossip.algorithm.sends_increments()),
+                ) as Box<dyn Gossip>,
                 None => p,
             },
         )

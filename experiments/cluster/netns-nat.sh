@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Two peers behind two separate NATs and a bootstrap on the public side, on this machine:
+#
+#   public network 10.80.0.0/24 (a bridge): pub0 10.80.0.1 (peer 0, the bootstrap),
+#                                           nat1 10.80.0.11, nat2 10.80.0.12 (routers)
+#   nat1 ── 192.168.1.0/24 ── lan1 192.168.1.2 (peer 1)
+#   nat2 ── 192.168.2.0/24 ── lan2 192.168.2.2 (peer 2)
+#
+# Each router masquerades its LAN (iptables MASQUERADE) and drops unsolicited packets from
+# the public side, as a home router does; peers 1 and 2 cannot be dialled from outside. The
+# three peers train on a ring of 3 (every pair a link; 1 ↔ 2 crosses both NATs).
+#
+#   sudo experiments/cluster/netns-nat.sh OUT [murmur peer options…]
+#
+# MURMUR: the binary (target/release/murmur). Writes OUT/peer-<r>.log and peer 0's run
+# folder OUT/run; prints what each peer said about NATs and its links, and peer 0's summary.
+# Needs root and iptables; removes its namespaces when it ends, also on failure.
+set -euo pipefail
+OUT=${1:?usage: netns-nat.sh OUT [murmur peer options…]}
+shift
+MURMUR=$(realpath "${MURMUR:-target/release/murmur}")
+[ "$(id -u)" = 0 ] || { echo "netns-nat.sh: needs root (ip netns, iptables)" >&2; exit 1; }
+command -v iptables >/dev/null || { echo "netns-nat.sh: needs iptables (Debian: apt install iptables)" >&2; exit 1; }
+mkdir -p "$OUT"
+OUT=$(realpath "$OUT")
+NS=(pub0 nat1 nat2 lan1 lan2)
+
+cleanup() {
+    for n in "${NS[@]}"; do
+        ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+        ip netns del "$n" 2>/dev/null || true
+    done
+    ip link del mrpub 2>/dev/null || true
+}
+trap cleanup EXIT
+cleanup
+
+ip link add mrpub type bridge
+ip link set mrpub up
+ip netns add pub0
+ip link add mrp0 type veth peer name eth0 netns pub0
+ip link set mrp0 master mrpub up
+ip -n pub0 addr add 10.80.0.1/24 dev eth0
+ip -n pub0 link set eth0 up
+ip -n pub0 link set lo up
+for k in 1 2; do
+    ip netns add "nat$k"
+    ip netns add "lan$k"
+    ip link add "mrn$k" type veth peer name wan netns "nat$k"
+    ip link set "mrn$k" master mrpub up
+    ip -n "nat$k" addr add "10.80.0.1$k/24" dev wan
+    ip -n "nat$k" link set wan up
+    ip -n "nat$k" link set lo up
+    ip -n "nat$k" link add lan type veth peer name eth0 netns "lan$k"
+    ip -n "nat$k" addr add "192.168.$k.1/24" dev lan
+    ip -n "nat$k" link set lan up
+    ip -n "lan$k" addr add "192.168.$k.2/24" dev eth0
+    ip -n "lan$k" link set eth0 up
+    ip -n "lan$k" link set lo up
+    ip -n "lan$k" route add default via "192.168.$k.1"
+    ip netns exec "nat$k" sysctl -qw net.ipv4.ip_forward=1
+    ip netns exec "nat$k" iptables -t nat -A POSTROUTING -o wan -j MASQUERADE
+    ip netns exec "nat$k" iptables -A INPUT -i wan -m conntrack --ctstate NEW,INVALID -j DROP
+    ip netns exec "nat$k" iptables -A FORWARD -i wan -m conntrack --ctstate NEW,INVALID -j DROP
+done
+
+common=(--peers 3 --topology ring "$@")
+ip netns exec pub0 "$MURMUR" peer --rank 0 "${common[@]}" \
+    --listen /ip4/10.80.0.1/udp/4001/quic-v1 --data-addr 10.80.0.1:5001 \
+    --bootstrap-file "$OUT/boot.addr" --out "$OUT/run" >"$OUT/peer-0.log" 2>&1 &
+pids=($!)
+for _ in $(seq 100); do [ -s "$OUT/boot.addr" ] && break; sleep 0.1; done
+[ -s "$OUT/boot.addr" ] || { echo "netns-nat.sh: peer 0 wrote no bootstrap address; see $OUT/peer-0.log" >&2; exit 1; }
+BOOT=$(cat "$OUT/boot.addr")
+for k in 1 2; do
+    ip netns exec "lan$k" "$MURMUR" peer --rank "$k" "${common[@]}" --bootstrap "$BOOT" \
+        --listen /ip4/0.0.0.0/udp/4001/quic-v1 --data-addr 0.0.0.0:5001 \
+        --out "$OUT/peer-$k" >"$OUT/peer-$k.log" 2>&1 &
+    pids+=($!)
+done
+status=0
+for r in "${!pids[@]}"; do
+    if ! wait "${pids[$r]}"; then
+        echo "netns-nat.sh: peer $r failed; see $OUT/peer-$r.log" >&2
+        status=1
+    fi
+done
+for r in 0 1 2; do
+    sed 's/\x1b\[[0-9;]*m//g' "$OUT/peer-$r.log" |
+        grep -E "NAT|links:" | sed "s/^[^ ]* *INFO /peer $r: /" || true
+done
+grep -h "epochs in" "$OUT/peer-0.log" | sed 's/\x1b\[[0-9;]*m//g' | tail -1 || true
+exit $status

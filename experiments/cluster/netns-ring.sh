@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# An n-peer ring on n "hosts" of this machine: one network namespace per peer (h0 … hN-1,
+# 10.78.0.(i+1)/24 on a bridge), every link shaped with tc (htb, one class per neighbour,
+# so that one link can be slower than the others), one `murmur peer` per namespace.
+#
+#   sudo experiments/cluster/netns-ring.sh OUT [murmur peer options…]
+#
+# Environment: MURMUR (binary; default target/release/murmur), PEERS (8), FAST (link rate,
+# tc units; 200mbit), SLOW (rate of the link SLOW_LINK; default: FAST), SLOW_LINK ("3-4":
+# the ring edge between ranks 3 and 4). Latency is not shaped (netem is not in every
+# kernel); tc's htb queues add what a full link adds.
+#
+# Writes OUT/peer-<r>.log (every peer's log; the `link` lines of choco-auto say what each
+# link measured and sent) and peer 0's run folder OUT/run (summary.json, epochs.csv). Prints
+# peer 0's summary line. Needs root (ip netns, tc); removes its namespaces and bridge when
+# it ends, also on failure.
+set -euo pipefail
+
+OUT=${1:?usage: netns-ring.sh OUT [murmur peer options…]}
+shift
+MURMUR=$(realpath "${MURMUR:-target/release/murmur}")
+PEERS=${PEERS:-8}
+FAST=${FAST:-200mbit}
+SLOW=${SLOW:-$FAST}
+SLOW_LINK=${SLOW_LINK:-3-4}
+BR=mrbr0
+NET=10.78.0
+
+[ "$(id -u)" = 0 ] || { echo "netns-ring.sh: needs root (ip netns, tc)" >&2; exit 1; }
+[ -x "$MURMUR" ] || { echo "netns-ring.sh: no murmur binary at $MURMUR (cargo build --release)" >&2; exit 1; }
+mkdir -p "$OUT"
+OUT=$(realpath "$OUT")
+
+cleanup() {
+    for i in $(seq 0 $((PEERS - 1))); do
+        ip netns pids "h$i" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+        ip netns del "h$i" 2>/dev/null || true
+    done
+    ip link del "$BR" 2>/dev/null || true
+}
+trap cleanup EXIT
+cleanup
+
+ip link add "$BR" type bridge
+ip link set "$BR" up
+for i in $(seq 0 $((PEERS - 1))); do
+    ip netns add "h$i"
+    ip link add "mrv$i" type veth peer name eth0 netns "h$i"
+    ip link set "mrv$i" master "$BR" up
+    ip -n "h$i" addr add "$NET.$((i + 1))/24" dev eth0
+    ip -n "h$i" link set eth0 up
+    ip -n "h$i" link set lo up
+done
+
+# Egress of host i: one htb class per ring neighbour j (rate FAST, or SLOW on the slow
+# edge), chosen by destination address; everything else (the bootstrap's control traffic
+# to non-neighbours) unshaped.
+slow_a=${SLOW_LINK%-*}
+slow_b=${SLOW_LINK#*-}
+for i in $(seq 0 $((PEERS - 1))); do
+    tc -n "h$i" qdisc add dev eth0 root handle 1: htb default 1 r2q 1000
+    tc -n "h$i" class add dev eth0 parent 1: classid 1:1 htb rate 10gbit
+    for j in $(((i + 1) % PEERS)) $(((i + PEERS - 1) % PEERS)); do
+        rate=$FAST
+        if { [ "$i" = "$slow_a" ] && [ "$j" = "$slow_b" ]; } || { [ "$i" = "$slow_b" ] && [ "$j" = "$slow_a" ]; }; then
+            rate=$SLOW
+        fi
+        tc -n "h$i" class add dev eth0 parent 1: classid "1:$((j + 10))" htb rate "$rate" ceil "$rate"
+        tc -n "h$i" filter add dev eth0 parent 1: protocol ip prio 1 u32 \
+            match ip dst "$NET.$((j + 1))/32" flowid "1:$((j + 10))"
+    done
+done
+
+common=(--peers "$PEERS" --topology ring "$@")
+ip netns exec h0 "$MURMUR" peer --rank 0 "${common[@]}" \
+    --listen "/ip4/$NET.1/udp/4001/quic-v1" --data-addr "$NET.1:5001" \
+    --bootstrap-file "$OUT/boot.addr" --out "$OUT/run" >"$OUT/peer-0.log" 2>&1 &
+pids=($!)
+for _ in $(seq 100); do [ -s "$OUT/boot.addr" ] && break; sleep 0.1; done
+[ -s "$OUT/boot.addr" ] || { echo "netns-ring.sh: peer 0 wrote no bootstrap address; see $OUT/peer-0.log" >&2; exit 1; }
+BOOT=$(cat "$OUT/boot.addr")
+for i in $(seq 1 $((PEERS - 1))); do
+    ip netns exec "h$i" "$MURMUR" peer --rank "$i" "${common[@]}" --bootstrap "$BOOT" \
+        --listen "/ip4/$NET.$((i + 1))/udp/4001/quic-v1" --data-addr "$NET.$((i + 1)):5001" \
+        --out "$OUT/peer-$i" >"$OUT/peer-$i.log" 2>&1 &
+    pids+=($!)
+done
+status=0
+for r in "${!pids[@]}"; do
+    if ! wait "${pids[$r]}"; then
+        echo "netns-ring.sh: peer $r failed; see $OUT/peer-$r.log" >&2
+        status=1
+    fi
+done
+grep -h "epochs in" "$OUT/peer-0.log" | sed 's/\x1b\[[0-9;]*m//g' | tail -1 || true
+exit $status

@@ -1,0 +1,568 @@
+//! CHOCO-SGD with a compressor chosen per link from the link's measured bandwidth
+//! (`--algorithm choco-auto`): a slow link carries a smaller message, so that it does not
+//! set the pace of the whole graph.
+//!
+//! # The algorithm
+//!
+//! CHOCO-SGD ([`crate::Choco`], Koloskova, Stich & Jaggi 2019, Algorithm 2) sends one
+//! message q_i = Q(x_i − x̂_i) to every neighbour, so every link carries the same bytes and
+//! a synchronous round lasts as long as the slowest link takes to move them. Here every
+//! *link* keeps its own public copy: for each neighbour j, peer i keeps x̂_{i→j} (what j
+//! knows of x_i) and x̂_{j→i} (what it knows of x_j), and round t (g_i the gradient):
+//!
+//! ```text
+//! x_i^(t+½)        = x_i^(t) − η g_i
+//! q_{i→j}          = Q_ij(x_i^(t+½) − x̂_{i→j})              sent to j only
+//! x̂_{i→j}         += q_{i→j}      (and on j: x̂_{i→j} += q_{i→j})
+//! x_i^(t+1)        = x_i^(t+½) + γ Σ_j w_ij (x̂_{j→i} − x̂_{i→j})
+//! ```
+//!
+//! with Q_ij the compressor of link i → j this round, chosen by i ([below](#choosing-q_ij)).
+//! With one operator on every link the copies x̂_{i→j} of all j coincide and this is
+//! Algorithm 2; with a different one per link each edge runs its own CHOCO estimate.
+//! Mixing keeps the network average exactly for a symmetric W (so this needs an undirected
+//! graph): Σ_i Σ_j w_ij x̂_{j→i} = Σ_j Σ_i w_ji x̂_{j→i} is the second sum renamed. Memory:
+//! (2 + 2·degree)·d floats (x_i, the scratch difference, two copies per neighbour).
+//! Receivers need not know Q_ij: a `murmur_compress` message names its operator.
+//!
+//! # Choosing Q_ij
+//!
+//! Each link's bandwidth B_j (bytes/s) is measured by the transport: the time from the
+//! first to the last byte of each incoming frame of at least [`ChocoAutoConfig::min_sample_bytes`]
+//! bytes ([`Gossip::observe_link`]); the estimate is the median of the last
+//! [`ChocoAutoConfig::window`] samples. A receiver busy computing reads a frame late: the
+//! first bytes may already wait in its buffers (the sample comes out too fast) or the last
+//! ones wait for it (too slow); the median ignores both tails. The link j → i is taken for
+//! i → j (the same bandwidth both ways; an asymmetric link is not measured in the direction
+//! it is used).
+//!
+//! Every round has the communication budget
+//!
+//! ```text
+//! T = max(fastest link's time for a dense message, κ · C)
+//! ```
+//!
+//! with C the median compute time of the last rounds (from a round's end to the next
+//! `begin_round`) and κ = [`ChocoAutoConfig::compute_share`]. Q_ij is the least
+//! compressing operator of the ladder (identity, fp16, int8, top-k from 25% down to
+//! 0.1%) whose largest message fits (1 + [`SLACK`]) · T · B_j (links measured within 25% of
+//! the fastest one stay dense: equal links differ by a few percent); a link without a measurement yet sends dense
+//! (round 0 measures every link). On equal links everything stays dense; a link k times
+//! slower than the fastest one gets a message about k times smaller.
+//!
+//! Not supported: the skip straggler policy, a returning peer and resuming from a
+//! checkpoint (refused with an error); departures re-weight as for CHOCO-SGD.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use murmur_compress::{Compressor, CompressorSpec};
+use murmur_topology::MixingMatrix;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use crate::exchange::{max_lead, Exchange, ExchangeParams};
+use crate::registry::{Algorithm, BuildContext, BuildError, Resumable};
+use crate::{Gossip, GossipError, GossipEvent, LinkChoice, MembershipError, Rank};
+
+/// Configuration of one [`ChocoAuto`] peer.
+#[derive(Debug, Clone)]
+pub struct ChocoAutoConfig {
+    /// This peer's rank i.
+    pub rank: Rank,
+    /// w_ii.
+    pub self_weight: f64,
+    /// (j, w_ij) for every neighbour j ≠ i (W symmetric: the same peers receive x_i).
+    pub in_weights: Vec<(Rank, f64)>,
+    /// Learning rate η.
+    pub lr: f32,
+    /// Consensus step size γ ∈ (0, 1].
+    pub gamma: f32,
+    /// How long a round may wait for its messages.
+    pub round_timeout: Duration,
+    /// Largest frame payload accepted, in bytes.
+    pub max_payload_bytes: u32,
+    /// Seed of the RNG handed to the compressors.
+    pub seed: u64,
+    /// How many rounds a neighbour can be ahead (1 on an undirected graph).
+    pub max_lead_rounds: u64,
+    /// κ: the share of the compute time a round's communication may take (default 0.25).
+    pub compute_share: f64,
+    /// Frames shorter than this (bytes) give no bandwidth sample: their transfer time is
+    /// mostly the receiver's scheduling (default 16 KiB).
+    pub min_sample_bytes: usize,
+    /// How many recent samples the bandwidth and compute-time estimates (medians) keep
+    /// (default 16).
+    pub window: usize,
+}
+
+impl ChocoAutoConfig {
+    /// Peer `rank` of symmetric `w` (n×n) with the defaults.
+    ///
+    /// # Errors
+    /// A message if `w` is not symmetric.
+    pub fn from_matrix(w: &MixingMatrix, rank: Rank, lr: f32, gamma: f32) -> Result<Self, String> {
+        let n = w.n();
+        for i in 0..n {
+            for j in 0..i {
+                if (w.get(i, j) - w.get(j, i)).abs() > 1e-12 {
+                    return Err(format!(
+                        "W must be symmetric (an undirected graph): w[{i}][{j}] = {} but \
+                         w[{j}][{i}] = {}",
+                        w.get(i, j),
+                        w.get(j, i)
+                    ));
+                }
+            }
+        }
+        Ok(ChocoAutoConfig {
+            rank,
+            self_weight: w.get(rank, rank),
+            in_weights: w.in_weights(rank),
+            lr,
+            gamma,
+            round_timeout: Duration::from_secs(60),
+            max_payload_bytes: u32::MAX,
+            seed: rank as u64,
+            max_lead_rounds: max_lead(w, rank),
+            compute_share: 0.25,
+            min_sample_bytes: 16 << 10,
+            window: 16,
+        })
+    }
+}
+
+/// The operators a link can be given, from the least to the most compressing, each with
+/// the largest message it writes for d coordinates.
+pub struct Ladder {
+    rungs: Vec<(CompressorSpec, Box<dyn Compressor>, usize)>,
+}
+
+/// How much a link's message may exceed T · B_j: 25%.
+pub const SLACK: f64 = 0.25;
+
+/// Top-k ratios of the ladder below int8.
+const TOPK_RATIOS: [f64; 8] = [0.25, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001];
+
+impl Ladder {
+    /// identity, fp16, int8 and top-k at [`TOPK_RATIOS`], for d coordinates.
+    ///
+    /// # Panics
+    /// If d = 0.
+    pub fn new(d: usize) -> Self {
+        assert!(d > 0, "d must be positive");
+        let mut specs = vec![
+            CompressorSpec::Identity,
+            CompressorSpec::Fp16,
+            CompressorSpec::Int8 { bucket: 128 },
+        ];
+        specs.extend(TOPK_RATIOS.iter().map(|&ratio| CompressorSpec::TopK {
+            ratio,
+            layerwise: false,
+        }));
+        let mut rungs: Vec<(CompressorSpec, Box<dyn Compressor>, usize)> = Vec::new();
+        for spec in specs {
+            let c = spec.build(None).expect("the ladder's specs are valid");
+            let bytes = c.max_encoded_len(d);
+            // A rung must be smaller than the one before it (top-k of a tiny d is not).
+            if rungs.last().is_none_or(|r| bytes < r.2) {
+                rungs.push((spec, c, bytes));
+            }
+        }
+        Ladder { rungs }
+    }
+
+    /// The least compressing rung whose message fits `budget` bytes, else the last.
+    pub fn fit(&self, budget: f64) -> usize {
+        self.rungs
+            .iter()
+            .position(|r| r.2 as f64 <= budget)
+            .unwrap_or(self.rungs.len() - 1)
+    }
+
+    /// The operator of rung `k`.
+    pub fn spec(&self, k: usize) -> &CompressorSpec {
+        &self.rungs[k].0
+    }
+
+    /// The largest message of rung `k`, in bytes.
+    pub fn bytes(&self, k: usize) -> usize {
+        self.rungs[k].2
+    }
+
+    /// How many rungs.
+    pub fn len(&self) -> usize {
+        self.rungs.len()
+    }
+
+    /// Never: there is always the identity.
+    pub fn is_empty(&self) -> bool {
+        self.rungs.is_empty()
+    }
+}
+
+/// The last `window` values, for a median.
+#[derive(Debug, Clone, Default)]
+struct Recent(VecDeque<f64>);
+
+impl Recent {
+    fn push(&mut self, v: f64, window: usize) {
+        self.0.push_back(v);
+        while self.0.len() > window.max(1) {
+            self.0.pop_front();
+        }
+    }
+
+    fn median(&self) -> Option<f64> {
+        let mut v: Vec<f64> = self.0.iter().copied().collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    }
+}
+
+/// One peer of CHOCO-SGD with per-link compressors, a sans-I/O state machine; see the
+/// [module docs](self). While a round mixes, [`Gossip::params`] returns x^(t+½); after
+/// [`GossipEvent::Mixed`], x^(t+1).
+pub struct ChocoAuto {
+    cfg: ChocoAutoConfig,
+    ex: Exchange,
+    rng: StdRng,
+    ladder: Ladder,
+    x: Vec<f32>,
+    diff: Vec<f32>,
+    /// x̂_{i→j} per neighbour (index into `cfg.in_weights`).
+    own: Vec<Vec<f32>>,
+    /// x̂_{j→i} per neighbour.
+    copies: Vec<Vec<f32>>,
+    /// Per neighbour: recent bandwidth samples (bytes/s).
+    rates: Vec<Recent>,
+    /// Per neighbour: this round's rung, and rounds sent per rung.
+    choice: Vec<usize>,
+    used: Vec<Vec<u64>>,
+    /// Recent compute times (seconds) and when the last round mixed.
+    compute: Recent,
+    mixed_at: Option<Instant>,
+    reweighting: crate::reweight::Reweighting,
+}
+
+impl ChocoAuto {
+    /// Peer from `cfg` with x_i^(0) = `x0` (`[d]`, d > 0); the copies start at 0.
+    pub fn new(cfg: ChocoAutoConfig, x0: Vec<f32>) -> Self {
+        let d = x0.len();
+        let k = cfg.in_weights.len();
+        let neighbours: Vec<Rank> = cfg.in_weights.iter().map(|&(j, _)| j).collect();
+        let ex = Exchange::new(ExchangeParams {
+            rank: cfg.rank,
+            in_neighbors: neighbours.clone(),
+            out_neighbors: neighbours,
+            d,
+            round_timeout: cfg.round_timeout,
+            max_payload_bytes: cfg.max_payload_bytes,
+            max_lead_rounds: cfg.max_lead_rounds,
+            skip_after: None,
+            auto_deadline: None,
+            skip_mode: crate::exchange::SkipMode::Late,
+        });
+        let ladder = Ladder::new(d);
+        ChocoAuto {
+            rng: StdRng::seed_from_u64(cfg.seed),
+            ex,
+            x: x0,
+            diff: vec![0.0; d],
+            own: vec![vec![0.0; d]; k],
+            copies: vec![vec![0.0; d]; k],
+            rates: vec![Recent::default(); k],
+            choice: vec![0; k],
+            used: vec![vec![0; ladder.len()]; k],
+            ladder,
+            compute: Recent::default(),
+            mixed_at: None,
+            reweighting: Default::default(),
+            cfg,
+        }
+    }
+
+    /// The links: measured bandwidth and chosen operators, in neighbour order.
+    pub fn links(&self) -> Vec<LinkChoice> {
+        self.cfg
+            .in_weights
+            .iter()
+            .enumerate()
+            .map(|(k, &(peer, _))| LinkChoice {
+                peer,
+                bytes_per_sec: self.rates[k].median(),
+                compressor: self.ladder.spec(self.choice[k]).to_string(),
+                rounds_by_compressor: self.used[k]
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &n)| n > 0)
+                    .map(|(r, &n)| (self.ladder.spec(r).to_string(), n))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// This round's communication budget T in seconds ([module docs](self#choosing-q_ij));
+    /// `None` before any link was measured.
+    pub fn budget_secs(&self) -> Option<f64> {
+        let fastest = self
+            .rates
+            .iter()
+            .filter_map(Recent::median)
+            .reduce(f64::max)?;
+        let dense = self.ladder.bytes(0) as f64 / fastest;
+        let share = self.compute.median().unwrap_or(0.0) * self.cfg.compute_share;
+        Some(dense.max(share))
+    }
+
+    /// Chooses every link's rung for this round.
+    fn choose(&mut self) {
+        let budget = self.budget_secs();
+        for (k, rate) in self.rates.iter().enumerate() {
+            self.choice[k] = match (budget, rate.median()) {
+                (Some(t), Some(b)) => self.ladder.fit((1.0 + SLACK) * t * b),
+                _ => 0,
+            };
+            self.used[k][self.choice[k]] += 1;
+        }
+    }
+
+    fn absorb(&mut self, idx: usize, payload: &[u8]) -> Result<(), GossipError> {
+        let from = self.cfg.in_weights[idx].0;
+        murmur_compress::decode_add(payload, 1.0, &mut self.copies[idx])
+            .map_err(|cause| GossipError::Payload { from, cause })
+    }
+
+    /// Mixes if every message of the round is in; `now` (if known) starts the next
+    /// compute-time sample.
+    fn finish_if_complete(&mut self, now: Option<Instant>) {
+        if !self.ex.is_complete() {
+            return;
+        }
+        // x^(t+1) = x^(t+½) + γ Σ_j w_ij (x̂_{j→i} − x̂_{i→j}), summed in f64.
+        let gamma = f64::from(self.cfg.gamma);
+        for (c, x) in self.x.iter_mut().enumerate() {
+            let mut mix = 0.0f64;
+            for (((_, w), theirs), mine) in
+                self.cfg.in_weights.iter().zip(&self.copies).zip(&self.own)
+            {
+                mix += w * (f64::from(theirs[c]) - f64::from(mine[c]));
+            }
+            *x = (f64::from(*x) + gamma * mix) as f32;
+        }
+        self.ex.finish();
+        self.mixed_at = now;
+    }
+}
+
+impl Gossip for ChocoAuto {
+    /// Starts round t from `x` = x_i^(t) and the gradient g_i (none: gossip only). A
+    /// non-finite x^(t+½) − x̂_{i→j} reports [`GossipEvent::Diverged`] and the round never
+    /// completes.
+    ///
+    /// # Panics
+    /// If `x` or `grad` does not have length d, or the previous round is still mixing.
+    fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) {
+        self.ex.assert_idle();
+        let d = self.x.len();
+        assert_eq!(x.len(), d, "x must have length d");
+        if let Some(at) = self.mixed_at.take() {
+            let secs = now.saturating_duration_since(at).as_secs_f64();
+            self.compute.push(secs, self.cfg.window);
+        }
+        self.reweighting.apply(
+            self.ex.round(),
+            &mut self.cfg.self_weight,
+            &mut self.cfg.in_weights,
+        );
+        match grad {
+            Some(g) => {
+                assert_eq!(g.len(), d, "grad must have length d");
+                let lr = self.cfg.lr;
+                for ((xh, xi), gi) in self.x.iter_mut().zip(x).zip(g) {
+                    *xh = xi - lr * gi;
+                }
+            }
+            None => self.x.copy_from_slice(x),
+        }
+        self.choose();
+        let mut bad = None;
+        let (ladder, choice, own, diff, xh, rng) = (
+            &mut self.ladder,
+            &self.choice,
+            &mut self.own,
+            &mut self.diff,
+            &self.x,
+            &mut self.rng,
+        );
+        let begun = self.ex.begin_per_link(now, |k, out| {
+            for ((q, a), b) in diff.iter_mut().zip(xh).zip(&own[k]) {
+                *q = a - b;
+            }
+            let len = ladder.rungs[choice[k]].1.compress(diff, rng, out);
+            // x̂_{i→j} += q_{i→j}, decoded from the bytes j gets.
+            if let Err(e) = murmur_compress::decode_add(&out[out.len() - len..], 1.0, &mut own[k]) {
+                bad.get_or_insert(e);
+            }
+            len
+        });
+        if let Some(e) = bad {
+            let round = self.ex.round();
+            self.ex.push_event(GossipEvent::Diverged {
+                round,
+                reason: format!(
+                    "peer {}: x − x̂ is not finite, its CHOCO message does not decode ({e})",
+                    self.cfg.rank
+                ),
+            });
+            return;
+        }
+        for (idx, payload) in begun.early {
+            match self.absorb(idx, &payload) {
+                Ok(()) => self.ex.absorbed_early(idx),
+                Err(e) => debug_assert!(false, "early frame failed late: {e}"),
+            }
+        }
+        self.finish_if_complete(Some(now));
+    }
+
+    fn handle_message(
+        &mut self,
+        now: Instant,
+        from: Rank,
+        frame: &[u8],
+    ) -> Result<(), GossipError> {
+        match self.ex.check(now, from, frame)? {
+            crate::exchange::Arrival::Current { idx, payload } => {
+                self.absorb(idx, payload)?;
+                self.ex.accept(now, idx, frame.len());
+            }
+            crate::exchange::Arrival::Buffered => {}
+            // No skip policy: the exchange never asks for one.
+            crate::exchange::Arrival::Skip(_) => {}
+        }
+        self.finish_if_complete(Some(now));
+        Ok(())
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        // Without the skip policy the exchange only reports the round timeout.
+        let _ = self.ex.handle_timeout(now);
+        self.finish_if_complete(Some(now));
+    }
+
+    fn poll_transmit(&mut self) -> Option<crate::Transmit> {
+        self.ex.poll_transmit()
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.ex.poll_timeout()
+    }
+
+    fn poll_event(&mut self) -> Option<GossipEvent> {
+        self.ex.poll_event()
+    }
+
+    fn params(&self) -> &[f32] {
+        &self.x
+    }
+
+    fn round(&self) -> u64 {
+        self.ex.round()
+    }
+
+    fn stats(&self) -> crate::GossipStats {
+        self.ex.stats()
+    }
+
+    fn out_peers(&self) -> Vec<Rank> {
+        self.ex.out_peers()
+    }
+
+    fn in_peers(&self) -> Vec<Rank> {
+        self.ex.in_peers()
+    }
+
+    /// A bandwidth sample of the link from `from`: `bytes` in `secs` seconds (first to last
+    /// byte of a frame). Ignored for frames under [`ChocoAutoConfig::min_sample_bytes`], a
+    /// non-positive time or a peer that is not a neighbour.
+    fn observe_link(&mut self, from: Rank, bytes: usize, secs: f64) {
+        if bytes < self.cfg.min_sample_bytes || secs.is_nan() || secs <= 0.0 {
+            return;
+        }
+        if let Some(k) = self.cfg.in_weights.iter().position(|&(j, _)| j == from) {
+            self.rates[k].push(bytes as f64 / secs, self.cfg.window);
+        }
+    }
+
+    fn link_choices(&self) -> Vec<LinkChoice> {
+        self.links()
+    }
+
+    /// Re-weights with `w` (the survivors' W') from the next round on, as CHOCO-SGD.
+    fn peer_left(&mut self, gone: Rank, w: &MixingMatrix) -> Result<(), MembershipError> {
+        let (wii, wij) =
+            crate::reweight::weights_without(self.cfg.rank, &self.cfg.in_weights, w, gone)?;
+        if let Some(idx) = self.ex.leave(gone) {
+            self.ex.stood_in(idx);
+            self.finish_if_complete(None);
+        }
+        let from = self.ex.round() + u64::from(!self.ex.is_idle());
+        self.reweighting.schedule(from, wii, wij);
+        Ok(())
+    }
+}
+
+/// CHOCO-SGD with per-link compressors in the [`crate::registry`].
+pub struct ChocoAutoAlgorithm;
+
+/// The registry's entry.
+pub const CHOCO_AUTO: ChocoAutoAlgorithm = ChocoAutoAlgorithm;
+
+impl Algorithm for ChocoAutoAlgorithm {
+    fn name(&self) -> &'static str {
+        "choco-auto"
+    }
+    fn about(&self) -> &'static str {
+        "CHOCO-SGD with a compressor per link, chosen each round from the link's measured \
+         bandwidth so that a slow link sends a smaller message (--gamma)"
+    }
+    fn compresses(&self) -> bool {
+        true
+    }
+    fn chooses_compressor_per_link(&self) -> bool {
+        true
+    }
+    fn default_compressor(&self) -> CompressorSpec {
+        // Not used to compress: it sets the default γ of a compressing CHOCO (0.1).
+        CompressorSpec::TopK {
+            ratio: 0.01,
+            layerwise: false,
+        }
+    }
+    fn check_compressor(&self, spec: &CompressorSpec) -> Result<(), BuildError> {
+        Err(BuildError::Options(format!(
+            "--compressor {spec}: choco-auto chooses each link's compressor from its measured \
+             bandwidth (identity, fp16, int8, top-k 25% to 0.1%); leave --compressor out, or \
+             use --algorithm choco for one compressor on every link"
+        )))
+    }
+    fn options(&self) -> &'static [crate::ProtocolOption] {
+        &[crate::ProtocolOption::Gamma]
+    }
+    fn survives_departure(&self) -> bool {
+        true
+    }
+    fn resumable(&self, _skip_policy: bool) -> Resumable {
+        Resumable::No
+    }
+    fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
+        let gamma = ctx.options.gamma(self);
+        let mut cfg = ChocoAutoConfig::from_matrix(&ctx.topology.w, ctx.rank, ctx.lr, gamma)
+            .map_err(|e| BuildError::Options(format!("choco-auto: {e}")))?;
+        cfg.round_timeout = ctx.round_timeout;
+        cfg.max_payload_bytes = ctx.max_payload_bytes;
+        cfg.seed = ctx.seed;
+        Ok(Box::new(ChocoAuto::new(cfg, ctx.x0)))
+    }
+}
