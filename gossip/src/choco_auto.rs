@@ -533,6 +533,9 @@ impl Algorithm for ChocoAutoAlgorithm {
     fn chooses_compressor_per_link(&self) -> bool {
         true
     }
+    fn needs_symmetric_w(&self) -> bool {
+        true
+    }
     fn default_compressor(&self) -> CompressorSpec {
         // Not used to compress: it sets the default γ of a compressing CHOCO (0.1).
         CompressorSpec::TopK {

@@ -103,6 +103,11 @@ pub trait Algorithm: Sync {
         false
     }
 
+    /// Whether it needs a symmetric W (an undirected graph), checked before any peer starts.
+    fn needs_symmetric_w(&self) -> bool {
+        false
+    }
+
     /// Whether it chooses each link's compressor itself (from measured bandwidth), so that
     /// no one compressor describes a run ([`crate::ChocoAuto`]).
     fn chooses_compressor_per_link(&self) -> bool {

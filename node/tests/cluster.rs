@@ -1342,6 +1342,14 @@ fn bad_topologies_are_refused_before_any_peer_starts() {
     assert!(err.contains("line 3"), "the error names the line: {err}");
     let err = launch_fails("ring4.toml", "topology = \"ring\"\nnodes = 4\n", 8);
     assert!(err.contains("4 peers") && err.contains("8"), "{err}");
+    // An algorithm that needs a symmetric W on a directed graph.
+    let out = murmur()
+        .args(["launch", "--algorithm=choco-auto", "--topology=exponential"])
+        .arg(format!("--out={}", runs.display()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("needs an undirected graph"), "{err}");
     assert!(!runs.exists(), "no run folder, so no peer, was started");
 }
 
@@ -2164,6 +2172,7 @@ fn byzantine_peers_are_left_out_of_the_report_and_clipping_holds_them_off() {
             "needs --algorithm dpsgd",
         ),
         (vec!["--robust=clip:0"], "clip:TAU"),
+        (vec!["--algorithm=choco-auto"], "not per link"),
     ] {
         let out = murmur()
             .arg("simulate")

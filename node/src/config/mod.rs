@@ -715,11 +715,22 @@ impl RunArgs {
     /// [`Topology::push_schedule`]).
     ///
     /// # Errors
-    /// As [`load_topology`]; a schedule for an algorithm that needs a static W.
+    /// As [`load_topology`]; a schedule for an algorithm that needs a static W; a directed
+    /// graph for an algorithm that needs a symmetric W.
     pub fn topology(&self) -> anyhow::Result<Topology> {
         let topo = load_topology(&self.gossip.topology, Some(self.peers))?;
         if topo.schedule.is_some() {
             self.refuse_schedule_for_static_algorithms()?;
+        }
+        if let Some(a) = self.algorithms().iter().find(|a| a.needs_symmetric_w()) {
+            if !topo.w.graph().is_symmetric() {
+                anyhow::bail!(
+                    "--topology {}: {a} needs an undirected graph (a symmetric W: every link \
+                     carries messages both ways); {} is directed",
+                    self.gossip.topology,
+                    topo.name
+                );
+            }
         }
         Ok(topo)
     }

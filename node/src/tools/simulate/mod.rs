@@ -264,7 +264,9 @@ pub fn run(args: &RunArgs, sim: &SimArgs) -> anyhow::Result<()> {
         .any(|a| a.chooses_compressor_per_link())
     {
         bail!(
-            "{} chooses each link's compressor from bandwidth measured by the data plane,              and the simulator's NICs are per peer, not per link: run it with real peers              (`murmur launch`, or experiments/cluster/netns-ring.sh for shaped links)",
+            "{} chooses each link's compressor from bandwidth measured by the data plane, \
+             and the simulator's NICs are per peer, not per link: run it with real peers \
+             (`murmur launch`, or experiments/cluster/netns-ring.sh for shaped links)",
             args.algorithm_name()
         );
     }
