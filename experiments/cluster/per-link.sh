@@ -6,7 +6,9 @@
 #
 #   sudo experiments/cluster/per-link.sh [OUT]        # OUT: experiments/results/per-link
 #
-# Environment: MURMUR, FAST (200mbit), SLOW (20mbit), EPOCHS (20), SEEDS ("1"). Writes
+# Environment: MURMUR, FAST (200mbit), SLOW (20mbit), EPOCHS (20), SEEDS ("1"), CONFIGS (an
+# extended regular expression: run only the configs whose name matches; default all). Runs
+# already in OUT/runs are kept (delete them to run again) and go into the CSV. Writes
 # OUT/runs/<config>-s<seed>/ (every peer's log, peer 0's run folder), OUT/per-link.csv
 # (config, seed, links, algorithm, compressor, seconds per round, final mean / min test
 # accuracy, MB sent per peer, what link 3 → 4 sent) and, for choco-auto,
@@ -34,11 +36,14 @@ for seed in $SEEDS; do
     for c in "${configs[@]}"; do
         IFS='|' read -r name slow opts <<<"$c"
         dir="$OUT/runs/${name// /-}-s$seed"
-        rm -rf "$dir"
-        echo "== $name (slow link $slow, seed $seed)" >&2
-        # shellcheck disable=SC2086
-        FAST=$FAST SLOW=$slow "$here/netns-ring.sh" "$dir" $opts --epochs "$EPOCHS" --seed "$seed" \
-            2> >(grep -v "quantum of class" >&2)
+        if [ ! -f "$dir/run/summary.json" ]; then
+            [[ $name =~ ${CONFIGS:-.} ]] || continue
+            rm -rf "$dir"
+            echo "== $name (slow link $slow, seed $seed)" >&2
+            # shellcheck disable=SC2086
+            FAST=$FAST SLOW=$slow "$here/netns-ring.sh" "$dir" $opts --epochs "$EPOCHS" --seed "$seed" \
+                2> >(grep -v "quantum of class" >&2)
+        fi
         links="fast=$FAST slow(3-4)=$slow"
         sent=$(grep -h " link to=4 " "$dir/peer-3.log" 2>/dev/null | tail -1 | sed 's/\x1b\[[0-9;]*m//g; s/.*bandwidth=//' || true)
         if [ -n "$sent" ]; then
