@@ -12,7 +12,9 @@
 #
 #   sudo experiments/cluster/netns-nat.sh OUT [murmur peer options…]
 #
-# MURMUR: the binary (target/release/murmur). Writes OUT/peer-<r>.log and peer 0's run
+# MURMUR: the binary (target/release/murmur). SYMMETRIC=1 makes the routers pick a random
+# port for every destination (MASQUERADE --random-fully, a "symmetric" NAT): hole punching
+# then fails, and so does the run, with an error that says why (murmur has no relay). Writes OUT/peer-<r>.log and peer 0's run
 # folder OUT/run; prints what each peer said about NATs and its links, and peer 0's summary.
 # Needs root and iptables; removes its namespaces when it ends, also on failure.
 set -euo pipefail
@@ -59,7 +61,9 @@ for k in 1 2; do
     ip -n "lan$k" link set lo up
     ip -n "lan$k" route add default via "192.168.$k.1"
     ip netns exec "nat$k" sysctl -qw net.ipv4.ip_forward=1
-    ip netns exec "nat$k" iptables -t nat -A POSTROUTING -o wan -j MASQUERADE
+    random=()
+    [ "${SYMMETRIC:-0}" = 1 ] && random=(--random-fully)
+    ip netns exec "nat$k" iptables -t nat -A POSTROUTING -o wan -j MASQUERADE "${random[@]}"
     ip netns exec "nat$k" iptables -A INPUT -i wan -m conntrack --ctstate NEW,INVALID -j DROP
     ip netns exec "nat$k" iptables -A FORWARD -i wan -m conntrack --ctstate NEW,INVALID -j DROP
 done

@@ -1349,7 +1349,10 @@ fn bad_topologies_are_refused_before_any_peer_starts() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("needs an undirected graph"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("needs an undirected graph"),
+        "{err}"
+    );
     assert!(!runs.exists(), "no run folder, so no peer, was started");
 }
 
