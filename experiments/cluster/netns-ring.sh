@@ -7,7 +7,8 @@
 #
 # Environment: MURMUR (binary; default target/release/murmur), PEERS (8), FAST (link rate,
 # tc units; 200mbit), SLOW (rate of the link SLOW_LINK; default: FAST), SLOW_LINK ("3-4":
-# the ring edge between ranks 3 and 4). Latency is not shaped (netem is not in every
+# the ring edge between ranks 3 and 4), SLOW_ONEWAY (1: only the direction 3 → 4 of that
+# edge is slow, 4 → 3 runs at FAST: an asymmetric link). Latency is not shaped (netem is not in every
 # kernel); tc's htb queues add what a full link adds.
 #
 # Writes OUT/peer-<r>.log (every peer's log; the `link` lines of choco-auto say what each
@@ -62,7 +63,8 @@ for i in $(seq 0 $((PEERS - 1))); do
     tc -n "h$i" class add dev eth0 parent 1: classid 1:1 htb rate 10gbit
     for j in $(((i + 1) % PEERS)) $(((i + PEERS - 1) % PEERS)); do
         rate=$FAST
-        if { [ "$i" = "$slow_a" ] && [ "$j" = "$slow_b" ]; } || { [ "$i" = "$slow_b" ] && [ "$j" = "$slow_a" ]; }; then
+        if { [ "$i" = "$slow_a" ] && [ "$j" = "$slow_b" ]; } ||
+            { [ "${SLOW_ONEWAY:-0}" != 1 ] && [ "$i" = "$slow_b" ] && [ "$j" = "$slow_a" ]; }; then
             rate=$SLOW
         fi
         tc -n "h$i" class add dev eth0 parent 1: classid "1:$((j + 10))" htb rate "$rate" ceil "$rate"

@@ -32,9 +32,12 @@
 //! bytes ([`Gossip::observe_link`]); the estimate is the median of the last
 //! [`ChocoAutoConfig::window`] samples. A receiver busy computing reads a frame late: the
 //! first bytes may already wait in its buffers (the sample comes out too fast) or the last
-//! ones wait for it (too slow); the median ignores both tails. The link j → i is taken for
-//! i → j (the same bandwidth both ways; an asymmetric link is not measured in the direction
-//! it is used).
+//! ones wait for it (too slow); the median ignores both tails. The receiver measures the
+//! direction j → i; every [`ChocoAutoConfig::report_every`] rounds it tells j its estimate
+//! in a [`crate::FrameKind::LinkRate`] frame, and j chooses Q_ji from that — the direction
+//! it sends on, so an asymmetric link (a home uplink slower than its downlink) is judged by
+//! the right direction. Until a report comes, a peer takes the other direction's estimate
+//! for its own.
 //!
 //! Every round has the communication budget
 //!
@@ -94,6 +97,9 @@ pub struct ChocoAutoConfig {
     /// How many recent samples the bandwidth and compute-time estimates (medians) keep
     /// (default 16).
     pub window: usize,
+    /// Every how many rounds each neighbour is told the bandwidth measured on its link to
+    /// this peer (default 4; ≥ 1).
+    pub report_every: u64,
 }
 
 impl ChocoAutoConfig {
@@ -128,6 +134,7 @@ impl ChocoAutoConfig {
             compute_share: 0.25,
             min_sample_bytes: 16 << 10,
             window: 16,
+            report_every: 4,
         })
     }
 }
@@ -234,8 +241,13 @@ pub struct ChocoAuto {
     own: Vec<Vec<f32>>,
     /// x̂_{j→i} per neighbour.
     copies: Vec<Vec<f32>>,
-    /// Per neighbour: recent bandwidth samples (bytes/s).
+    /// Per neighbour j: recent bandwidth samples of j → i (bytes/s), and what j last
+    /// reported of i → j.
     rates: Vec<Recent>,
+    reported: Vec<Option<f64>>,
+    /// Link-rate reports waiting to be sent, and (frames, bytes) of those sent.
+    reports: VecDeque<crate::Transmit>,
+    reports_sent: (u64, u64),
     /// Per neighbour: this round's rung, and rounds sent per rung.
     choice: Vec<usize>,
     used: Vec<Vec<u64>>,
@@ -272,6 +284,9 @@ impl ChocoAuto {
             own: vec![vec![0.0; d]; k],
             copies: vec![vec![0.0; d]; k],
             rates: vec![Recent::default(); k],
+            reported: vec![None; k],
+            reports: VecDeque::new(),
+            reports_sent: (0, 0),
             choice: vec![0; k],
             used: vec![vec![0; ladder.len()]; k],
             ladder,
@@ -290,7 +305,7 @@ impl ChocoAuto {
             .enumerate()
             .map(|(k, &(peer, _))| LinkChoice {
                 peer,
-                bytes_per_sec: self.rates[k].median(),
+                bytes_per_sec: self.rate_to(k),
                 compressor: self.ladder.spec(self.choice[k]).to_string(),
                 rounds_by_compressor: self.used[k]
                     .iter()
@@ -302,13 +317,68 @@ impl ChocoAuto {
             .collect()
     }
 
+    /// The bandwidth of the link to neighbour `k` (bytes/s): what it reported, else this
+    /// peer's estimate of the other direction; `None` before either.
+    fn rate_to(&self, k: usize) -> Option<f64> {
+        self.reported[k].or_else(|| self.rates[k].median())
+    }
+
+    /// Queues, for every neighbour whose link to this peer was measured, a
+    /// [`crate::FrameKind::LinkRate`] frame with the estimate.
+    fn queue_reports(&mut self) {
+        let (rank, round, d) = (self.cfg.rank, self.ex.round(), self.x.len());
+        for (&(to, _), rate) in self.cfg.in_weights.iter().zip(&self.rates) {
+            let Some(r) = rate.median() else { continue };
+            let mut frame = Vec::with_capacity(crate::FRAME_HEADER_LEN + 8);
+            crate::FrameHeader {
+                kind: crate::FrameKind::LinkRate,
+                sender: rank,
+                round,
+                dim: d as u32,
+                payload_len: 8,
+            }
+            .emit(&mut frame);
+            frame.extend_from_slice(&r.to_le_bytes());
+            self.reports.push_back(crate::Transmit {
+                to,
+                frame: crate::Bytes::from(frame),
+            });
+        }
+    }
+
+    /// Takes neighbour `from`'s report of the link to it.
+    fn on_report(&mut self, from: Rank, frame: &[u8]) -> Result<(), GossipError> {
+        let (_, payload) = crate::parse_frame(
+            frame,
+            self.cfg.max_payload_bytes,
+            crate::FrameKind::LinkRate,
+            from,
+        )?;
+        let k = self
+            .cfg
+            .in_weights
+            .iter()
+            .position(|&(j, _)| j == from)
+            .ok_or(GossipError::NotANeighbour(from))?;
+        let bad = |what: String| GossipError::BadLinkRate { from, what };
+        let bytes: [u8; 8] = payload
+            .try_into()
+            .map_err(|_| bad(format!("{} payload bytes, expected 8", payload.len())))?;
+        let rate = f64::from_le_bytes(bytes);
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(bad(format!(
+                "{rate} bytes/s is not a positive finite number"
+            )));
+        }
+        self.reported[k] = Some(rate);
+        Ok(())
+    }
+
     /// This round's communication budget T in seconds ([module docs](self#choosing-q_ij));
     /// `None` before any link was measured.
     pub fn budget_secs(&self) -> Option<f64> {
-        let fastest = self
-            .rates
-            .iter()
-            .filter_map(Recent::median)
+        let fastest = (0..self.rates.len())
+            .filter_map(|k| self.rate_to(k))
             .reduce(f64::max)?;
         let dense = self.ladder.bytes(0) as f64 / fastest;
         let share = self.compute.median().unwrap_or(0.0) * self.cfg.compute_share;
@@ -318,8 +388,8 @@ impl ChocoAuto {
     /// Chooses every link's rung for this round.
     fn choose(&mut self) {
         let budget = self.budget_secs();
-        for (k, rate) in self.rates.iter().enumerate() {
-            self.choice[k] = match (budget, rate.median()) {
+        for k in 0..self.rates.len() {
+            self.choice[k] = match (budget, self.rate_to(k)) {
                 (Some(t), Some(b)) => self.ladder.fit((1.0 + SLACK) * t * b),
                 _ => 0,
             };
@@ -386,6 +456,9 @@ impl Gossip for ChocoAuto {
             None => self.x.copy_from_slice(x),
         }
         self.choose();
+        if self.ex.round().is_multiple_of(self.cfg.report_every.max(1)) {
+            self.queue_reports();
+        }
         let mut bad = None;
         let (ladder, choice, own, diff, xh, rng) = (
             &mut self.ladder,
@@ -432,6 +505,11 @@ impl Gossip for ChocoAuto {
         from: Rank,
         frame: &[u8],
     ) -> Result<(), GossipError> {
+        let max = self.cfg.max_payload_bytes;
+        if matches!(crate::FrameHeader::parse(frame, max), Ok((h, _)) if h.kind == crate::FrameKind::LinkRate)
+        {
+            return self.on_report(from, frame);
+        }
         match self.ex.check(now, from, frame)? {
             crate::exchange::Arrival::Current { idx, payload } => {
                 self.absorb(idx, payload)?;
@@ -452,7 +530,12 @@ impl Gossip for ChocoAuto {
     }
 
     fn poll_transmit(&mut self) -> Option<crate::Transmit> {
-        self.ex.poll_transmit()
+        self.ex.poll_transmit().or_else(|| {
+            let t = self.reports.pop_front()?;
+            self.reports_sent.0 += 1;
+            self.reports_sent.1 += t.frame.len() as u64;
+            Some(t)
+        })
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
@@ -471,8 +554,12 @@ impl Gossip for ChocoAuto {
         self.ex.round()
     }
 
+    /// The exchange's counters, the link-rate reports included.
     fn stats(&self) -> crate::GossipStats {
-        self.ex.stats()
+        let mut s = self.ex.stats();
+        s.frames_sent += self.reports_sent.0;
+        s.bytes_sent += self.reports_sent.1;
+        s
     }
 
     fn out_peers(&self) -> Vec<Rank> {

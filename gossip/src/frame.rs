@@ -63,18 +63,28 @@ pub enum FrameKind {
     /// A membership notice: a new peer took an empty rank of the running run, with this
     /// identity (payload defined by the node).
     Admit = 13,
+    /// What the sender measured of the link from the receiver to it: its bandwidth in
+    /// bytes per second (payload: `f64` LE), so that the receiver chooses what to send on
+    /// that link from a measurement of the direction it uses (see [`crate::ChocoAuto`]).
+    LinkRate = 14,
 }
 
 impl FrameKind {
     /// Whether the algorithms' state machines handle this kind (their messages: `Gossip`,
-    /// `PushSum`, `Reduce`, `Push`, `Pull`, `Skip`). The other kinds are the node's: metrics
+    /// `PushSum`, `Reduce`, `Push`, `Pull`, `Skip`, `LinkRate`). The other kinds are the node's: metrics
     /// (`Report`), shutdown (`Bye`) and membership (`Leave`, `Hello`, `Welcome`, `Rejoin`,
     /// `Admit`). A new algorithm that needs a new message adds a kind here and returns true
     /// for it; the node's driver then hands its frames to the state machine unchanged.
     pub fn is_algorithm(self) -> bool {
         matches!(
             self,
-            Self::Gossip | Self::PushSum | Self::Reduce | Self::Push | Self::Pull | Self::Skip
+            Self::Gossip
+                | Self::PushSum
+                | Self::Reduce
+                | Self::Push
+                | Self::Pull
+                | Self::Skip
+                | Self::LinkRate
         )
     }
 
@@ -102,6 +112,7 @@ impl FrameKind {
             11 => Some(Self::Rejoin),
             12 => Some(Self::Skip),
             13 => Some(Self::Admit),
+            14 => Some(Self::LinkRate),
             _ => None,
         }
     }

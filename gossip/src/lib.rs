@@ -202,6 +202,15 @@ pub enum GossipError {
         /// What was wrong.
         cause: murmur_compress::DecodeError,
     },
+    /// A link-rate report ([`FrameKind::LinkRate`]) whose payload is not one positive,
+    /// finite `f64` (bytes per second).
+    #[error("link-rate report from peer {from}: {what}")]
+    BadLinkRate {
+        /// Sender.
+        from: Rank,
+        /// What was wrong.
+        what: String,
+    },
     /// A push-sum share's mixing weight or push-sum weight is NaN or outside its range.
     #[error("push-sum share from peer {from}: {field} = {value} is outside ({lo}, {hi}]")]
     BadWeight {

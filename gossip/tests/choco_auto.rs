@@ -112,3 +112,84 @@ fn a_directed_graph_is_refused() {
     let err = ChocoAutoConfig::from_matrix(&w, 0, 0.1, 0.1).unwrap_err();
     assert!(err.contains("symmetric"), "{err}");
 }
+
+#[test]
+fn an_asymmetric_link_is_judged_by_the_direction_it_sends_on() {
+    // 3 → 4 is slow, 4 → 3 fast: peer 4 measures the slow direction (frames from 3) and
+    // tells peer 3, which compresses; peer 3 measures a fast link from 4 and tells peer 4,
+    // which stays dense.
+    let (n, d) = (8, 20_000);
+    let w = ring_mh(n);
+    let xs = common::uniform_vectors(n, d, 1.0, 11);
+    let peers: Vec<Box<dyn Gossip>> = (0..n)
+        .map(|i| {
+            let cfg = ChocoAutoConfig::from_matrix(&w, i, 0.0, 0.1).unwrap();
+            let mut p = ChocoAuto::new(cfg, xs[i].clone());
+            for (j, _) in w.in_weights(i) {
+                // What peer i measures of the link j → i.
+                let rate = if (j, i) == (3, 4) { 10e6 } else { 100e6 };
+                p.observe_link(j, 1 << 20, (1 << 20) as f64 / rate);
+            }
+            Box::new(p) as Box<dyn Gossip>
+        })
+        .collect();
+    let mut sim = Sim::new(peers);
+    // Round 0 sends the reports; from round 1 on the choice uses them.
+    for _ in 0..3 {
+        sim.run_round(None).unwrap();
+    }
+    let link = |i: usize, j: usize| {
+        sim.peer(i)
+            .link_choices()
+            .into_iter()
+            .find(|l| l.peer == j)
+            .unwrap()
+    };
+    let (slow, back) = (link(3, 4), link(4, 3));
+    println!("3 → 4: {slow:?}\n4 → 3: {back:?}");
+    assert!(slow.compressor.starts_with("topk"), "{slow:?}");
+    assert!((slow.bytes_per_sec.unwrap() - 10e6).abs() < 1.0, "{slow:?}");
+    assert_eq!(back.compressor, "identity", "{back:?}");
+    assert!(
+        (back.bytes_per_sec.unwrap() - 100e6).abs() < 1.0,
+        "{back:?}"
+    );
+}
+
+#[test]
+fn a_bad_link_rate_report_is_refused_and_changes_nothing() {
+    let w = ring_mh(4);
+    let cfg = ChocoAutoConfig::from_matrix(&w, 0, 0.0, 0.1).unwrap();
+    let mut p = ChocoAuto::new(cfg, vec![0.0; 100]);
+    let report = |sender: u32, payload: &[u8]| {
+        let mut f = Vec::new();
+        murmur_gossip::FrameHeader {
+            kind: murmur_gossip::FrameKind::LinkRate,
+            sender: sender as usize,
+            round: 0,
+            dim: 100,
+            payload_len: payload.len() as u32,
+        }
+        .emit(&mut f);
+        f.extend_from_slice(payload);
+        f
+    };
+    let now = std::time::Instant::now();
+    for (from, payload) in [
+        (1, f64::NAN.to_le_bytes().to_vec()),
+        (1, (-5.0f64).to_le_bytes().to_vec()),
+        (1, vec![0u8; 4]),
+        (2, 1e6f64.to_le_bytes().to_vec()), // not a neighbour of 0 on the 4-ring
+    ] {
+        assert!(
+            p.handle_message(now, from, &report(from as u32, &payload))
+                .is_err(),
+            "{from}: {payload:?}"
+        );
+    }
+    assert!(p.links().iter().all(|l| l.bytes_per_sec.is_none()));
+    p.handle_message(now, 1, &report(1, &2e6f64.to_le_bytes()))
+        .unwrap();
+    let l1 = p.links().into_iter().find(|l| l.peer == 1).unwrap();
+    assert_eq!(l1.bytes_per_sec, Some(2e6));
+}
