@@ -269,13 +269,13 @@ mod tests {
     #[test]
     fn every_kind_is_the_algorithms_or_the_nodes() {
         let kinds: Vec<FrameKind> = (0..=255).filter_map(FrameKind::from_u8).collect();
-        assert_eq!(kinds.len(), 13);
+        assert_eq!(kinds.len(), 14);
         let algorithm: Vec<u8> = kinds
             .iter()
             .filter(|k| k.is_algorithm())
             .map(|&k| k as u8)
             .collect();
-        assert_eq!(algorithm, [1, 4, 5, 6, 7, 12]);
+        assert_eq!(algorithm, [1, 4, 5, 6, 7, 12, 14]);
         let handshake: Vec<u8> = kinds
             .iter()
             .filter(|k| k.is_membership_handshake())

@@ -20,6 +20,11 @@
 //!   drains at its bandwidth `B_j`: frames whose first bytes arrive while it is busy queue
 //!   behind each other (fluid cut-through: an uncontended frame is not delayed). This is
 //!   what makes an incast (many senders, one receiver) slow.
+//! - **Slower paths** ([`NetworkModel::link_bandwidth_bytes_per_sec`], off by default).
+//!   A path i → j slower than i's NIC (a wide-area hop): the frame leaves the NIC at `B_i`
+//!   and takes `m / B_ij` on the path, which carries one frame at a time; frames to other
+//!   peers are not held up. The receiver is told each frame's time on its path
+//!   ([`Gossip::observe_link`]), as the data plane measures first to last byte.
 //! - **Loss.** Each transmission attempt is lost with probability `p`, independently. The
 //!   transport is reliable (QUIC): the sender notices the loss `rto_latency_factor × L_ij`
 //!   after the attempt finished serializing (3 × the one-way latency by default, about 1.5
@@ -97,6 +102,11 @@ pub struct NetworkModel {
     /// NIC bandwidth of a peer, in bytes per second, where it differs from
     /// `bandwidth_bytes_per_sec`.
     pub peer_bandwidth_bytes_per_sec: BTreeMap<Rank, f64>,
+    /// The rate of the path `from → to`, in bytes per second, where it is slower than the
+    /// sender's NIC (a slow wide-area hop): a frame on it leaves the NIC at the NIC's rate
+    /// and then takes `m / B_path` on the path, which carries one frame at a time; frames
+    /// to other peers are not held up.
+    pub link_bandwidth_bytes_per_sec: BTreeMap<(Rank, Rank), f64>,
     /// Whether receiving NICs are a bottleneck too (frames queue at the receiver's
     /// bandwidth). Off by default: only egress serializes.
     pub ingress: bool,
@@ -134,6 +144,7 @@ impl NetworkModel {
             link_latency_secs: BTreeMap::new(),
             bandwidth_bytes_per_sec: f64::INFINITY,
             peer_bandwidth_bytes_per_sec: BTreeMap::new(),
+            link_bandwidth_bytes_per_sec: BTreeMap::new(),
             ingress: false,
             drop_probability: 0.0,
             rto_latency_factor: 3.0,
@@ -176,6 +187,14 @@ impl NetworkModel {
     pub fn with_peer_bandwidth(mut self, rank: Rank, bytes_per_sec: f64) -> Self {
         self.peer_bandwidth_bytes_per_sec
             .insert(rank, bytes_per_sec);
+        self
+    }
+
+    /// Sets the rate of the path `from → to`, in bytes per second (see
+    /// [`NetworkModel::link_bandwidth_bytes_per_sec`]).
+    pub fn with_link_bandwidth(mut self, from: Rank, to: Rank, bytes_per_sec: f64) -> Self {
+        self.link_bandwidth_bytes_per_sec
+            .insert((from, to), bytes_per_sec);
         self
     }
 
@@ -271,6 +290,13 @@ impl NetworkModel {
             if rank >= n || !bandwidth_ok(b) {
                 return bad(format!(
                     "peer {rank} bandwidth {b} bytes/s, expected rank < {n} and > 0"
+                ));
+            }
+        }
+        for (&(from, to), &b) in &self.link_bandwidth_bytes_per_sec {
+            if from >= n || to >= n || from == to || !bandwidth_ok(b) {
+                return bad(format!(
+                    "link {from} → {to} bandwidth {b} bytes/s, expected two ranks < {n} and > 0"
                 ));
             }
         }
@@ -536,6 +562,8 @@ pub struct NetSim {
     seq: u64,
     next_frame_id: u64,
     state: Vec<PeerState>,
+    /// When each slower path ([`NetworkModel::link_bandwidth_bytes_per_sec`]) is free.
+    link_free: BTreeMap<(Rank, Rank), f64>,
     history: Vec<Vec<PeerRound>>,
     track_consensus: bool,
     /// Whether algorithms that can overlap communication with computation do.
@@ -650,9 +678,14 @@ enum EventKind {
     Retransmit { frame: Bytes, id: u64, attempt: u32 },
     /// The first byte of a frame from `a` reaches `b`'s NIC (ingress modelled); its last
     /// byte would arrive at `tail` without contention.
-    Arrive { frame: Bytes, tail: f64 },
-    /// A frame from `a` is handed to `b`.
-    Deliver { frame: Bytes },
+    Arrive {
+        frame: Bytes,
+        tail: f64,
+        transfer: f64,
+    },
+    /// A frame from `a` is handed to `b`; it took `transfer` seconds on its path, first to
+    /// last byte (what [`Gossip::observe_link`] is told).
+    Deliver { frame: Bytes, transfer: f64 },
     /// Peer `a`'s timer for `deadline`.
     Timeout { deadline: Instant },
 }
@@ -764,6 +797,7 @@ impl NetSim {
             seq: 0,
             next_frame_id: 0,
             state,
+            link_free: BTreeMap::new(),
             track_consensus: true,
             overlap: true,
             pending: BTreeMap::new(),
@@ -980,18 +1014,25 @@ impl NetSim {
                 self.send(ev.a, ev.b, frame, t, ev.round, id, attempt);
                 Ok(())
             }
-            EventKind::Arrive { frame, tail } => {
+            EventKind::Arrive {
+                frame,
+                tail,
+                transfer,
+            } => {
                 let (from, to) = (ev.a, ev.b);
                 let bw = self.model.bandwidth(to);
                 let s = &mut self.state[to];
                 let done = tail.max(t.max(s.ingress_free) + frame.len() as f64 / bw);
                 s.ingress_free = done;
-                self.push(done, ev.round, from, to, EventKind::Deliver { frame });
+                let transfer = transfer.max(done - t);
+                let kind = EventKind::Deliver { frame, transfer };
+                self.push(done, ev.round, from, to, kind);
                 Ok(())
             }
-            EventKind::Deliver { frame } => {
+            EventKind::Deliver { frame, transfer } => {
                 let (from, to) = (ev.a, ev.b);
                 let now = self.instant(t)?;
+                self.peers[to].observe_link(from, frame.len(), transfer);
                 match self.peers[to].handle_message(now, from, &frame) {
                     // The straggler policy dropped that round's edge: the frame is late.
                     Ok(()) | Err(GossipError::Skipped { .. }) => {}
@@ -1163,8 +1204,20 @@ impl NetSim {
         let latency = self.model.latency(from, to);
         let s = &mut self.state[from];
         let start = t.max(s.egress_free);
-        let end = start + serialization;
+        let mut end = start + serialization;
         s.egress_free = end;
+        // A slower path: one frame at a time on it, after the NIC has started the frame.
+        let mut transfer = serialization;
+        if let Some(&b) = self.model.link_bandwidth_bytes_per_sec.get(&(from, to)) {
+            let free = self.link_free.entry((from, to)).or_insert(0.0);
+            let on_path = frame.len() as f64 / b;
+            if on_path > serialization {
+                let path_start = start.max(*free);
+                end = end.max(path_start + on_path);
+                *free = end;
+                transfer = on_path;
+            }
+        }
         let p = self.model.drop_probability;
         if p > 0.0 && unit(self.model.seed, STREAM_DROP, id, u64::from(attempt)) < p {
             s.dropped += 1;
@@ -1179,10 +1232,12 @@ impl NetSim {
             let kind = EventKind::Arrive {
                 frame,
                 tail: end + latency,
+                transfer,
             };
             self.push(start + latency, round, from, to, kind);
         } else {
-            self.push(end + latency, round, from, to, EventKind::Deliver { frame });
+            let kind = EventKind::Deliver { frame, transfer };
+            self.push(end + latency, round, from, to, kind);
         }
     }
 

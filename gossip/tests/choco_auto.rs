@@ -193,3 +193,65 @@ fn a_bad_link_rate_report_is_refused_and_changes_nothing() {
     let l1 = p.links().into_iter().find(|l| l.peer == 1).unwrap();
     assert_eq!(l1.bytes_per_sec, Some(2e6));
 }
+
+/// 8-ring on the simulated network: NICs at 1 Gb/s, the path 3 ↔ 4 at 100 Mb/s (10×
+/// slower), 10 ms of compute a round, 40 rounds of gossip with random gradients; returns the
+/// mean round time in seconds.
+fn simulated_round_secs(peers: Vec<Box<dyn Gossip>>, slow: bool) -> f64 {
+    use murmur_gossip::{Compute, NetSim, NetworkModel};
+    let mut model = NetworkModel::gbps(1.0);
+    if slow {
+        model = model
+            .with_link_bandwidth(3, 4, 12.5e6)
+            .with_link_bandwidth(4, 3, 12.5e6);
+    }
+    let mut net = NetSim::new(peers, model).unwrap();
+    let d = net.d();
+    let report = net
+        .run_rounds(40, |rank, round, _| Compute {
+            grad: Some(common::uniform_vectors(1, d, 0.01, rank as u64 * 1000 + round)[0].clone()),
+            seconds: 0.010,
+        })
+        .unwrap();
+    report.mean_round_secs()
+}
+
+#[test]
+fn on_the_simulated_network_a_slow_link_costs_choco_auto_little_and_choco_much() {
+    let (n, d) = (8, 200_000);
+    let w = ring_mh(n);
+    let xs = common::uniform_vectors(n, d, 1.0, 3);
+    let auto = |_: ()| -> Vec<Box<dyn Gossip>> {
+        (0..n)
+            .map(|i| {
+                let cfg = ChocoAutoConfig::from_matrix(&w, i, 0.01, 0.1).unwrap();
+                Box::new(ChocoAuto::new(cfg, xs[i].clone())) as Box<dyn Gossip>
+            })
+            .collect()
+    };
+    let dense = |_: ()| -> Vec<Box<dyn Gossip>> {
+        (0..n)
+            .map(|i| {
+                let cfg = murmur_gossip::ChocoConfig::from_matrix(&w, i, 0.01, 0.1, d);
+                Box::new(murmur_gossip::Choco::new(
+                    cfg,
+                    xs[i].clone(),
+                    Box::new(murmur_compress::Identity),
+                )) as Box<dyn Gossip>
+            })
+            .collect()
+    };
+    let fast = simulated_round_secs(auto(()), false);
+    let adaptive = simulated_round_secs(auto(()), true);
+    let uniform = simulated_round_secs(dense(()), true);
+    println!(
+        "mean round: all fast {:.2} ms, slow link: choco-auto {:.2} ms ({:.2}×), choco identity {:.2} ms ({:.2}×)",
+        fast * 1e3,
+        adaptive * 1e3,
+        adaptive / fast,
+        uniform * 1e3,
+        uniform / fast
+    );
+    assert!(adaptive < 1.5 * fast, "choco-auto {adaptive} vs {fast}");
+    assert!(uniform > 3.0 * fast, "uniform identity {uniform} vs {fast}");
+}

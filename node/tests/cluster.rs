@@ -2175,7 +2175,12 @@ fn byzantine_peers_are_left_out_of_the_report_and_clipping_holds_them_off() {
             "needs --algorithm dpsgd",
         ),
         (vec!["--robust=clip:0"], "clip:TAU"),
-        (vec!["--algorithm=choco-auto"], "not per link"),
+        (vec!["--slow-link=3-4:10"], "--bandwidth-gbps"),
+        (vec!["--slow-link=3-3:10"], "must differ"),
+        (
+            vec!["--bandwidth-gbps=1", "--slow-link=3-9:10"],
+            "no such peer",
+        ),
     ] {
         let out = murmur()
             .arg("simulate")

@@ -91,6 +91,37 @@ impl std::str::FromStr for Straggler {
     }
 }
 
+/// A slow link: `A-B:FACTOR`, the path between peers A and B (both directions) at the NIC
+/// bandwidth divided by FACTOR > 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SlowLink {
+    /// One end.
+    pub a: Rank,
+    /// The other end.
+    pub b: Rank,
+    /// How many times slower than the NICs.
+    pub factor: f64,
+}
+
+impl std::str::FromStr for SlowLink {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let example = "A-B:FACTOR, e.g. 3-4:10";
+        let (ends, factor): (String, f64) = parse_pair(s, "slow link", example)?;
+        let (a, b) = ends
+            .split_once('-')
+            .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+            .ok_or_else(|| format!("slow link {s:?}: expected {example}"))?;
+        if a == b {
+            return Err(format!("slow link {s:?}: the two ends must differ"));
+        }
+        if !(factor.is_finite() && factor > 1.0) {
+            return Err(format!("slow link {s:?}: the factor must be > 1"));
+        }
+        Ok(SlowLink { a, b, factor })
+    }
+}
+
 /// Random stragglers: `P:FACTOR`, each peer's round is FACTOR× slower with probability P.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RandomStragglers {
@@ -149,6 +180,11 @@ pub struct SimArgs {
     /// Random stragglers, P:FACTOR: each peer's round is FACTOR× slower with probability P.
     #[arg(long)]
     pub random_stragglers: Option<RandomStragglers>,
+    /// A slow link, A-B:FACTOR: the path between peers A and B (both ways) runs FACTOR
+    /// times slower than the NICs (needs --bandwidth-gbps); repeat for several. choco-auto
+    /// measures it and compresses that link.
+    #[arg(long = "slow-link", value_name = "A-B:FACTOR")]
+    pub slow_links: Vec<SlowLink>,
     /// A Byzantine peer for robustness experiments, RANK:ATTACK: its gossip messages carry
     /// signflip (−x), noise[:SIGMA] (x + N(0, σ²), σ = 1), alie[:Z] (mean − z·std of the
     /// models it heard, z = 1) or constant[:C]; repeat for several. Accuracy, loss and Ξ²
@@ -220,6 +256,22 @@ impl SimArgs {
         if let Some(r) = self.random_stragglers {
             m = m.with_random_stragglers(r.probability, r.factor);
         }
+        for l in &self.slow_links {
+            let Some(g) = self.bandwidth_gbps else {
+                bail!(
+                    "--slow-link {}-{}: give the NICs' bandwidth with --bandwidth-gbps",
+                    l.a,
+                    l.b
+                );
+            };
+            if l.a >= n || l.b >= n {
+                bail!("--slow-link {}-{}: no such peer among {n}", l.a, l.b);
+            }
+            let rate = g * 1e9 / 8.0 / l.factor;
+            m = m
+                .with_link_bandwidth(l.a, l.b, rate)
+                .with_link_bandwidth(l.b, l.a, rate);
+        }
         m.validate(n).map_err(|e| anyhow!("network model: {e}"))?;
         Ok(m)
     }
@@ -239,6 +291,9 @@ impl SimArgs {
         if let Some(r) = self.random_stragglers {
             s += &format!(", random stragglers p={} ×{}", r.probability, r.factor);
         }
+        for l in &self.slow_links {
+            s += &format!(", link {}-{} ×{} slower", l.a, l.b, l.factor);
+        }
         s
     }
 }
@@ -257,18 +312,6 @@ pub fn run(args: &RunArgs, sim: &SimArgs) -> anyhow::Result<()> {
     }
     if args.train.device != DeviceSpec::Cpu {
         bail!("murmur simulate trains every virtual peer on the CPU; leave out --device");
-    }
-    if args
-        .algorithms()
-        .iter()
-        .any(|a| a.chooses_compressor_per_link())
-    {
-        bail!(
-            "{} chooses each link's compressor from bandwidth measured by the data plane, \
-             and the simulator's NICs are per peer, not per link: run it with real peers \
-             (`murmur launch`, or experiments/cluster/netns-ring.sh for shaped links)",
-            args.algorithm_name()
-        );
     }
     for w in args.warnings() {
         eprintln!("murmur: warning: {w}");
