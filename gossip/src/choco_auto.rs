@@ -14,10 +14,17 @@
 //! x_i^(t+½)        = x_i^(t) − η g_i
 //! q_{i→j}          = Q_ij(x_i^(t+½) − x̂_{i→j})              sent to j only
 //! x̂_{i→j}         += q_{i→j}      (and on j: x̂_{i→j} += q_{i→j})
-//! x_i^(t+1)        = x_i^(t+½) + γ Σ_j w_ij (x̂_{j→i} − x̂_{i→j})
+//! x_i^(t+1)        = x_i^(t+½) + Σ_j γ_ij w_ij (x̂_{j→i} − x̂_{i→j})
 //! ```
 //!
-//! with Q_ij the compressor of link i → j this round, chosen by i ([below](#choosing-q_ij)).
+//! with Q_ij the compressor of link i → j this round, chosen by i ([below](#choosing-q_ij)),
+//! and γ_ij the edge's consensus step: [`ChocoAutoConfig::dense_gamma`] (0.5) when both
+//! directions of the edge carried an exact or cast message this round (identity, fp16,
+//! bf16), else [`ChocoAutoConfig::gamma`] (0.1) — the steps `--algorithm choco` takes by
+//! default for those compressors. Each end knows both operators of the round (its own, and
+//! the one named in the message it received), so both take the same γ_ij, and mixing with
+//! γ_ij w_ij symmetric keeps the average. A dense link thus mixes as fast as plain gossip
+//! while a compressed one stays stable (γ = 0.3 with a top-k link stalled in a test).
 //! With one operator on every link the copies x̂_{i→j} of all j coincide and this is
 //! Algorithm 2; with a different one per link each edge runs its own CHOCO estimate.
 //! Mixing keeps the network average exactly for a symmetric W (so this needs an undirected
@@ -59,7 +66,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use murmur_compress::{Compressor, CompressorSpec};
+use murmur_compress::{Compressor, CompressorSpec, OperatorId};
 use murmur_topology::MixingMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -79,8 +86,12 @@ pub struct ChocoAutoConfig {
     pub in_weights: Vec<(Rank, f64)>,
     /// Learning rate η.
     pub lr: f32,
-    /// Consensus step size γ ∈ (0, 1].
+    /// Consensus step size γ ∈ (0, 1] of an edge that carried a compressed message in
+    /// either direction this round.
     pub gamma: f32,
+    /// Consensus step size of an edge whose messages were both exact or casts (identity,
+    /// fp16, bf16) this round.
+    pub dense_gamma: f32,
     /// How long a round may wait for its messages.
     pub round_timeout: Duration,
     /// Largest frame payload accepted, in bytes.
@@ -127,6 +138,7 @@ impl ChocoAutoConfig {
             in_weights: w.in_weights(rank),
             lr,
             gamma,
+            dense_gamma: 0.5,
             round_timeout: Duration::from_secs(60),
             max_payload_bytes: u32::MAX,
             seed: rank as u64,
@@ -208,6 +220,22 @@ impl Ladder {
     }
 }
 
+/// Whether an operator is exact or a cast (the steps of `--algorithm choco` differ there).
+fn is_dense(spec: &CompressorSpec) -> bool {
+    matches!(
+        spec,
+        CompressorSpec::Identity | CompressorSpec::Fp16 | CompressorSpec::Bf16
+    )
+}
+
+/// [`is_dense`] for an operator named by a message.
+fn is_dense_id(id: OperatorId) -> bool {
+    matches!(
+        id,
+        OperatorId::Identity | OperatorId::Fp16 | OperatorId::Bf16
+    )
+}
+
 /// The last `window` values, for a median.
 #[derive(Debug, Clone, Default)]
 struct Recent(VecDeque<f64>);
@@ -248,6 +276,9 @@ pub struct ChocoAuto {
     /// Link-rate reports waiting to be sent, and (frames, bytes) of those sent.
     reports: VecDeque<crate::Transmit>,
     reports_sent: (u64, u64),
+    /// Per neighbour: the operator of its message of the mixing round (`None` before one
+    /// came, or when the round stood in for it).
+    incoming: Vec<Option<OperatorId>>,
     /// Per neighbour: this round's rung, and rounds sent per rung.
     choice: Vec<usize>,
     used: Vec<Vec<u64>>,
@@ -288,6 +319,7 @@ impl ChocoAuto {
             reports: VecDeque::new(),
             reports_sent: (0, 0),
             choice: vec![0; k],
+            incoming: vec![None; k],
             used: vec![vec![0; ladder.len()]; k],
             ladder,
             compute: Recent::default(),
@@ -400,7 +432,10 @@ impl ChocoAuto {
     fn absorb(&mut self, idx: usize, payload: &[u8]) -> Result<(), GossipError> {
         let from = self.cfg.in_weights[idx].0;
         murmur_compress::decode_add(payload, 1.0, &mut self.copies[idx])
-            .map_err(|cause| GossipError::Payload { from, cause })
+            .map_err(|cause| GossipError::Payload { from, cause })?;
+        // Decoded, so the first byte names a known operator.
+        self.incoming[idx] = payload.first().and_then(|&b| OperatorId::from_u8(b));
+        Ok(())
     }
 
     /// Mixes if every message of the round is in; `now` (if known) starts the next
@@ -409,18 +444,28 @@ impl ChocoAuto {
         if !self.ex.is_complete() {
             return;
         }
-        // x^(t+1) = x^(t+½) + γ Σ_j w_ij (x̂_{j→i} − x̂_{i→j}), summed in f64.
-        let gamma = f64::from(self.cfg.gamma);
+        // x^(t+1) = x^(t+½) + Σ_j γ_ij w_ij (x̂_{j→i} − x̂_{i→j}), summed in f64.
+        let steps: Vec<f64> = (0..self.cfg.in_weights.len())
+            .map(|k| {
+                let dense = is_dense(self.ladder.spec(self.choice[k]))
+                    && self.incoming[k].is_some_and(is_dense_id);
+                let g = if dense {
+                    self.cfg.dense_gamma
+                } else {
+                    self.cfg.gamma
+                };
+                f64::from(g) * self.cfg.in_weights[k].1
+            })
+            .collect();
         for (c, x) in self.x.iter_mut().enumerate() {
             let mut mix = 0.0f64;
-            for (((_, w), theirs), mine) in
-                self.cfg.in_weights.iter().zip(&self.copies).zip(&self.own)
-            {
-                mix += w * (f64::from(theirs[c]) - f64::from(mine[c]));
+            for ((step, theirs), mine) in steps.iter().zip(&self.copies).zip(&self.own) {
+                mix += step * (f64::from(theirs[c]) - f64::from(mine[c]));
             }
-            *x = (f64::from(*x) + gamma * mix) as f32;
+            *x = (f64::from(*x) + mix) as f32;
         }
         self.ex.finish();
+        self.incoming.fill(None);
         self.mixed_at = now;
     }
 }
@@ -612,7 +657,8 @@ impl Algorithm for ChocoAutoAlgorithm {
     }
     fn about(&self) -> &'static str {
         "CHOCO-SGD with a compressor per link, chosen each round from the link's measured \
-         bandwidth so that a slow link sends a smaller message (--gamma)"
+         bandwidth so that a slow link sends a smaller message (--gamma: every edge's step; \
+         default 0.5 on dense edges, 0.1 on compressed ones)"
     }
     fn compresses(&self) -> bool {
         true
@@ -647,9 +693,13 @@ impl Algorithm for ChocoAutoAlgorithm {
         Resumable::No
     }
     fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
+        // --gamma sets every edge's step; by default 0.1 for compressed edges, 0.5 for dense.
         let gamma = ctx.options.gamma(self);
         let mut cfg = ChocoAutoConfig::from_matrix(&ctx.topology.w, ctx.rank, ctx.lr, gamma)
             .map_err(|e| BuildError::Options(format!("choco-auto: {e}")))?;
+        if let Some(g) = ctx.options.gamma {
+            cfg.dense_gamma = g;
+        }
         cfg.round_timeout = ctx.round_timeout;
         cfg.max_payload_bytes = ctx.max_payload_bytes;
         cfg.seed = ctx.seed;
