@@ -18,6 +18,8 @@
 # folder OUT/run; prints what each peer said about NATs and its links, and peer 0's summary.
 # Needs root and iptables; removes its namespaces when it ends, also on failure.
 set -euo pipefail
+# shellcheck source=experiments/cluster/netns-lib.sh
+. "$(dirname "$(realpath "$0")")/netns-lib.sh"
 OUT=${1:?usage: netns-nat.sh OUT [murmur peer options…]}
 shift
 MURMUR=$(realpath "${MURMUR:-target/release/murmur}")
@@ -27,13 +29,7 @@ mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
 NS=(pub0 nat1 nat2 lan1 lan2)
 
-cleanup() {
-    for n in "${NS[@]}"; do
-        ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-        ip netns del "$n" 2>/dev/null || true
-    done
-    ip link del mrpub 2>/dev/null || true
-}
+cleanup() { netns_remove mrpub "${NS[@]}"; }
 trap cleanup EXIT
 cleanup
 
@@ -73,9 +69,7 @@ ip netns exec pub0 "$MURMUR" peer --rank 0 "${common[@]}" \
     --listen /ip4/10.80.0.1/udp/4001/quic-v1 --data-addr 10.80.0.1:5001 \
     --bootstrap-file "$OUT/boot.addr" --out "$OUT/run" >"$OUT/peer-0.log" 2>&1 &
 pids=($!)
-for _ in $(seq 100); do [ -s "$OUT/boot.addr" ] && break; sleep 0.1; done
-[ -s "$OUT/boot.addr" ] || { echo "netns-nat.sh: peer 0 wrote no bootstrap address; see $OUT/peer-0.log" >&2; exit 1; }
-BOOT=$(cat "$OUT/boot.addr")
+BOOT=$(bootstrap_address "$OUT")
 for k in 1 2; do
     ip netns exec "lan$k" "$MURMUR" peer --rank "$k" "${common[@]}" --bootstrap "$BOOT" \
         --listen /ip4/0.0.0.0/udp/4001/quic-v1 --data-addr 0.0.0.0:5001 \
@@ -83,15 +77,10 @@ for k in 1 2; do
     pids+=($!)
 done
 status=0
-for r in "${!pids[@]}"; do
-    if ! wait "${pids[$r]}"; then
-        echo "netns-nat.sh: peer $r failed; see $OUT/peer-$r.log" >&2
-        status=1
-    fi
-done
+wait_peers "$OUT" "${pids[@]}" || status=1
 for r in 0 1 2; do
     sed 's/\x1b\[[0-9;]*m//g' "$OUT/peer-$r.log" |
         grep -E "NAT|links:" | sed "s/^[^ ]* *INFO /peer $r: /" || true
 done
-grep -h "epochs in" "$OUT/peer-0.log" | sed 's/\x1b\[[0-9;]*m//g' | tail -1 || true
+summary_line "$OUT"
 exit $status

@@ -16,6 +16,8 @@
 # peer 0's summary line. Needs root (ip netns, tc); removes its namespaces and bridge when
 # it ends, also on failure.
 set -euo pipefail
+# shellcheck source=experiments/cluster/netns-lib.sh
+. "$(dirname "$(realpath "$0")")/netns-lib.sh"
 
 OUT=${1:?usage: netns-ring.sh OUT [murmur peer options…]}
 shift
@@ -33,11 +35,9 @@ mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
 
 cleanup() {
-    for i in $(seq 0 $((PEERS - 1))); do
-        ip netns pids "h$i" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-        ip netns del "h$i" 2>/dev/null || true
-    done
-    ip link del "$BR" 2>/dev/null || true
+    local hosts=()
+    for i in $(seq 0 $((PEERS - 1))); do hosts+=("h$i"); done
+    netns_remove "$BR" "${hosts[@]}"
 }
 trap cleanup EXIT
 cleanup
@@ -78,9 +78,7 @@ ip netns exec h0 "$MURMUR" peer --rank 0 "${common[@]}" \
     --listen "/ip4/$NET.1/udp/4001/quic-v1" --data-addr "$NET.1:5001" \
     --bootstrap-file "$OUT/boot.addr" --out "$OUT/run" >"$OUT/peer-0.log" 2>&1 &
 pids=($!)
-for _ in $(seq 100); do [ -s "$OUT/boot.addr" ] && break; sleep 0.1; done
-[ -s "$OUT/boot.addr" ] || { echo "netns-ring.sh: peer 0 wrote no bootstrap address; see $OUT/peer-0.log" >&2; exit 1; }
-BOOT=$(cat "$OUT/boot.addr")
+BOOT=$(bootstrap_address "$OUT")
 for i in $(seq 1 $((PEERS - 1))); do
     ip netns exec "h$i" "$MURMUR" peer --rank "$i" "${common[@]}" --bootstrap "$BOOT" \
         --listen "/ip4/$NET.$((i + 1))/udp/4001/quic-v1" --data-addr "$NET.$((i + 1)):5001" \
@@ -88,11 +86,6 @@ for i in $(seq 1 $((PEERS - 1))); do
     pids+=($!)
 done
 status=0
-for r in "${!pids[@]}"; do
-    if ! wait "${pids[$r]}"; then
-        echo "netns-ring.sh: peer $r failed; see $OUT/peer-$r.log" >&2
-        status=1
-    fi
-done
-grep -h "epochs in" "$OUT/peer-0.log" | sed 's/\x1b\[[0-9;]*m//g' | tail -1 || true
+wait_peers "$OUT" "${pids[@]}" || status=1
+summary_line "$OUT"
 exit $status

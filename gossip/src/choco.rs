@@ -240,6 +240,23 @@ pub fn suggested_gamma(w: &MixingMatrix, omega: f64) -> f64 {
     theorem2_gamma(delta.min(1.0), (norm_1 * norm_inf).sqrt(), omega)
 }
 
+/// x^(t+½) = x − η g into `out: [d]` (`x` itself without a gradient): the local step that
+/// starts a CHOCO round ([`Choco`], [`crate::ChocoAuto`]).
+///
+/// # Panics
+/// If `grad` does not have the length of `x`.
+pub(crate) fn half_step(out: &mut [f32], x: &[f32], grad: Option<&[f32]>, lr: f32) {
+    match grad {
+        Some(g) => {
+            assert_eq!(g.len(), x.len(), "grad must have length d");
+            for ((xh, xi), gi) in out.iter_mut().zip(x).zip(g) {
+                *xh = xi - lr * gi;
+            }
+        }
+        None => out.copy_from_slice(x),
+    }
+}
+
 /// One peer of CHOCO-SGD (CHOCO-Gossip when no gradient is given) as a sans-I/O state
 /// machine; see the [module docs](self).
 ///
@@ -335,21 +352,7 @@ impl Choco {
             .iter()
             .map(|c| crate::robust::distance(&self.x_hat, c))
             .collect();
-        let finite: Vec<f64> = distances
-            .iter()
-            .copied()
-            .filter(|d| d.is_finite())
-            .collect();
-        let tau = rule.radius(&finite).unwrap_or(0.0);
-        for (s, d) in self.scales.iter_mut().zip(&distances) {
-            *s = if !d.is_finite() {
-                0.0
-            } else if *d > tau {
-                tau / d
-            } else {
-                1.0
-            };
-        }
+        self.scales = rule.scales(&distances);
         self.clipped += self.scales.iter().filter(|&&s| s < 1.0).count() as u64;
     }
 
@@ -506,17 +509,7 @@ impl Gossip for Choco {
             &mut self.cfg.self_weight,
             &mut self.cfg.in_weights,
         );
-        // x^(t+½) = x − η g
-        match grad {
-            Some(g) => {
-                assert_eq!(g.len(), d, "grad must have length d");
-                let lr = self.cfg.lr;
-                for ((xh, xi), gi) in self.x.iter_mut().zip(x).zip(g) {
-                    *xh = xi - lr * gi;
-                }
-            }
-            None => self.x.copy_from_slice(x),
-        }
+        half_step(&mut self.x, x, grad, self.cfg.lr);
         if let Some(make_up) = self.pending.take() {
             for (xi, m) in self.x.iter_mut().zip(make_up) {
                 *xi += m;

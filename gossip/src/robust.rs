@@ -63,6 +63,32 @@ impl ClipRule {
     }
 }
 
+impl ClipRule {
+    /// Each neighbour's clipping scale min(1, τ/‖v_j‖) for neighbours at `distances` (0 for
+    /// one that is not finite: infinitely far), with τ from [`ClipRule::radius`] over the
+    /// finite distances. A neighbour is clipped when its scale is below 1.
+    pub fn scales(&self, distances: &[f64]) -> Vec<f64> {
+        let finite: Vec<f64> = distances
+            .iter()
+            .copied()
+            .filter(|d| d.is_finite())
+            .collect();
+        let tau = self.radius(&finite).unwrap_or(0.0);
+        distances
+            .iter()
+            .map(|&d| {
+                if !d.is_finite() {
+                    0.0
+                } else if d > tau {
+                    tau / d
+                } else {
+                    1.0
+                }
+            })
+            .collect()
+    }
+}
+
 impl fmt::Display for ClipRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -115,23 +141,9 @@ pub fn clipped_mix(
     acc: &mut [f32],
 ) -> usize {
     let distances: Vec<f64> = neighbours.iter().map(|(_, xj)| distance(x, xj)).collect();
-    let finite: Vec<f64> = distances
-        .iter()
-        .copied()
-        .filter(|d| d.is_finite())
-        .collect();
-    let tau = rule.radius(&finite).unwrap_or(0.0);
-    let mut clipped = 0;
-    for ((w, xj), dist) in neighbours.iter().zip(&distances) {
-        let scale = if !dist.is_finite() {
-            clipped += 1;
-            0.0
-        } else if *dist > tau {
-            clipped += 1;
-            (tau / dist) as f32
-        } else {
-            1.0
-        };
+    let scales = rule.scales(&distances);
+    for ((w, xj), &scale) in neighbours.iter().zip(&scales) {
+        let scale = scale as f32;
         let (a, b) = (w * (1.0 - scale), w * scale);
         if b == 0.0 {
             // None of x_j (it may not be finite): w_j · x.
@@ -144,7 +156,7 @@ pub fn clipped_mix(
             }
         }
     }
-    clipped
+    scales.iter().filter(|&&s| s < 1.0).count()
 }
 
 /// ‖a − b‖₂ in `f64` (infinite if any difference is not finite).

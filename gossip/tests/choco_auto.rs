@@ -9,8 +9,9 @@ mod common;
 use common::ring_mh;
 
 /// 8-ring peers with x0 = `xs`; every link measured at `fast` bytes/s except 3 ↔ 4 at
-/// `slow` (one sample per link, as the transport would give after round 0); γ = 0.1, the
-/// default (with top-k on a link, γ = 0.3 stalls at Ξ²/Ξ²(0) ≈ 3·10⁻⁵ on this ring).
+/// `slow` (one sample per link, as the transport would give after round 0); the default
+/// steps: 0.1 on the compressed edge, 0.5 on the dense ones. (Before per-edge steps, one
+/// γ = 0.3 on every edge stalled this test at Ξ²/Ξ²(0) ≈ 3·10⁻⁵.)
 fn ring_with_one_slow_link(xs: &[Vec<f32>], fast: f64, slow: f64) -> Vec<Box<dyn Gossip>> {
     let w = ring_mh(xs.len());
     (0..xs.len())

@@ -435,21 +435,19 @@ fn wire<B: AutodiffBackend>(
     let me_behind_nat = directory[rank].as_ref().and_then(|me| me.nat_published);
     for (&(to, info, _), result) in targets.iter().zip(connected) {
         // A link that crosses a NAT and cannot be opened: say what it needs.
-        let result = result.map_err(|e| match (info.nat_published, me_behind_nat) {
-            (None, None) => e,
-            (theirs, mine) => {
-                let who = match (theirs, mine) {
-                    (Some(p), _) => format!("peer {to} is behind a NAT (it published {p})"),
-                    (None, Some(p)) => format!("this peer is behind a NAT (it published {p})"),
-                    (None, None) => unreachable!(),
-                };
-                e.context(format!(
-                    "{who}, and the direct path through it did not open: a NAT that changes \
+        let behind = match (info.nat_published, me_behind_nat) {
+            (Some(p), _) => Some(format!("peer {to} is behind a NAT (it published {p})")),
+            (None, Some(p)) => Some(format!("this peer is behind a NAT (it published {p})")),
+            (None, None) => None,
+        };
+        let result = result.map_err(|e| match behind {
+            None => e,
+            Some(who) => e.context(format!(
+                "{who}, and the direct path through it did not open: a NAT that changes \
                      the port for every destination (a symmetric NAT) or that answers \
                      unsolicited packets defeats hole punching, and murmur has no relay yet; \
                      give that peer a reachable address (or forward its data port)"
-                ))
-            }
+            )),
         });
         match result {
             Ok(link) => {
