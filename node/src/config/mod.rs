@@ -330,6 +330,13 @@ pub struct NetArgs {
     /// QUIC; `quic` uses QUIC everywhere.
     #[arg(long, value_enum, default_value_t = TransportChoice::Auto)]
     pub transport: TransportChoice,
+    /// No relayed links: peer 0 does not relay for the run, and a peer whose direct path to
+    /// a neighbour does not open (a symmetric NAT) fails instead of asking it. By default a
+    /// link that hole punching cannot open is relayed through peer 0's data-plane address
+    /// (every datagram crosses peer 0: slow by design), and each peer says which of its
+    /// links are relayed.
+    #[arg(long)]
+    pub no_relay: bool,
 }
 
 /// Parses `RANK:MS` of `--slow-peer`.

@@ -201,6 +201,8 @@ struct Parts {
     admitted: Admitted,
     directory: crate::control::discovery::Directory,
     max_payload: u32,
+    /// How this peer gets relayed links.
+    relay: crate::control::discovery::RelayClient,
     /// Peer 0: where its bootstrap learns that a new peer mixes with the run.
     settle: tokio::sync::mpsc::UnboundedSender<Rank>,
 }
@@ -282,12 +284,16 @@ fn join(
             resume: peer.resume.then(|| {
                 resumable_rounds(&checkpoint_rounds, &peer.out, fingerprint.rounds_per_epoch)
             }),
+            // Peer 0 relays the links that hole punching cannot open.
+            relay: (!args.net.no_relay)
+                .then(|| Relay::new(plane.local_addr.ip(), me.data_addr.ip())),
         },
         true => Role::Join {
             bootstrap: peer.bootstrap.clone(),
             rejoin: peer.resume || peer.join_running,
             checkpoint_rounds,
             any_rank: assigned,
+            relay: !args.net.no_relay,
         },
     };
     let gate = Gate {
@@ -312,11 +318,14 @@ fn join(
         .flatten()
         .collect(),
     };
-    let Discovered {
-        rank: given,
-        directory,
-        resume_round,
-    } = rt.block_on(discover(
+    let (
+        Discovered {
+            rank: given,
+            directory,
+            resume_round,
+        },
+        relay,
+    ) = rt.block_on(discover(
         role,
         listen,
         me.clone(),
@@ -348,6 +357,7 @@ fn join(
             admitted,
             directory,
             max_payload,
+            relay,
             settle,
         },
     })
@@ -374,6 +384,7 @@ fn wire<B: AutodiffBackend>(
         admitted,
         directory,
         max_payload,
+        relay,
         settle,
     } = parts;
     let n = args.peers;
@@ -408,77 +419,25 @@ fn wire<B: AutodiffBackend>(
     if rank != 0 && !destinations.contains(&0) {
         destinations.push(0);
     }
-    let mut links = Links::new();
     // A rejoining peer may find some destinations gone; the run's answer says which.
-    let mut unreachable = BTreeMap::new();
     // Empty ranks of an elastic run have no entry.
     let targets: Vec<(Rank, &PeerInfo, libp2p::PeerId)> = destinations
         .iter()
         .filter_map(|&to| Some((to, directory[to].as_ref()?, peer_ids[to]?)))
         .collect();
-    if let Some(published) = directory[rank].as_ref().and_then(|me| me.nat_published) {
-        let public = directory[rank].as_ref().map(|me| me.data_addr);
-        info!(
-            %published,
-            public = ?public,
-            "this peer is behind a NAT: the bootstrap saw it at another address, which its \
-             neighbours dial"
-        );
-    }
-    // All at once: behind NATs both ends of a link must dial each other at the same time
-    // (hole punching), and no link may wait for another to be set up first.
-    let connected = rt.block_on(futures::future::join_all(
-        targets
-            .iter()
-            .map(|&(to, info, id)| plane.connect(to, info.data_addr, id)),
-    ));
-    let me_behind_nat = directory[rank].as_ref().and_then(|me| me.nat_published);
-    for (&(to, info, _), result) in targets.iter().zip(connected) {
-        // A link that crosses a NAT and cannot be opened: say what it needs.
-        let behind = match (info.nat_published, me_behind_nat) {
-            (Some(p), _) => Some(format!("peer {to} is behind a NAT (it published {p})")),
-            (None, Some(p)) => Some(format!("this peer is behind a NAT (it published {p})")),
-            (None, None) => None,
-        };
-        let result = result.map_err(|e| match behind {
-            None => e,
-            Some(who) => e.context(format!(
-                "{who}, and the direct path through it did not open: a NAT that changes \
-                     the port for every destination (a symmetric NAT) or that answers \
-                     unsolicited packets defeats hole punching, and murmur has no relay yet; \
-                     give that peer a reachable address (or forward its data port)"
-            )),
-        });
-        match result {
-            Ok(link) => {
-                if let Some(published) = info.nat_published {
-                    info!(
-                        to,
-                        addr = %info.data_addr,
-                        %published,
-                        "link to peer {to}: direct QUIC through its NAT (hole-punched)"
-                    );
-                }
-                links.insert(to, link);
-            }
-            Err(e) if peer.resume || peer.join_running => {
-                unreachable.insert(to, e);
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    let shared = links
-        .values()
-        .filter(|l| l.kind == LinkKind::SharedMemory)
-        .count();
-    info!(
-        "links: {shared} through shared memory, {} over QUIC",
-        links.len() - shared
-    );
     let mut expected_in: HashSet<Rank> = gossip.in_peers().into_iter().collect();
     if rank == 0 {
         expected_in.extend(1..n);
     }
+    let incoming: Vec<Rank> = expected_in.iter().copied().collect();
+    let (links, unreachable) = rt.block_on(links::open(
+        &plane,
+        &relay,
+        (rank, directory[rank].as_ref()),
+        &targets,
+        &incoming,
+        peer.resume || peer.join_running,
+    ))?;
     let mut drv = Driver {
         rank,
         rt,

@@ -26,6 +26,7 @@
 mod local_link;
 mod quic;
 mod receive;
+pub mod relay;
 pub mod send;
 pub mod shm;
 
@@ -129,6 +130,9 @@ pub struct DataPlane {
     /// The transports of the links opened by [`DataPlane::connect`] from then on.
     pub transport: TransportChoice,
     inbound: Inbound,
+    /// The endpoint's UDP socket, shared with quinn: relay registrations leave from it, so
+    /// that they open the same NAT mapping as the link's QUIC packets ([`relay`]).
+    raw: Arc<std::net::UdpSocket>,
 }
 
 impl DataPlane {
@@ -212,10 +216,19 @@ pub struct Link {
     conn: Connection,
     /// The transport its frames use.
     pub kind: LinkKind,
+    /// The relay port its datagrams go through, if the direct path did not open
+    /// ([`relay`]).
+    pub relayed: Option<SocketAddr>,
 }
 
 /// Incoming connections by the peer they are bound to (by their first frame), oldest first.
 type Inbound = Arc<std::sync::Mutex<HashMap<Rank, Vec<Connection>>>>;
+
+/// Whether `inbound` holds a connection from peer `from`.
+fn has_inbound(inbound: &Inbound, from: Rank) -> bool {
+    let inbound = inbound.lock().unwrap_or_else(|e| e.into_inner());
+    inbound.get(&from).is_some_and(|c| !c.is_empty())
+}
 
 /// Application close code of a connection this side gave up (its peer left the run, or it
 /// is not admitted).
@@ -256,6 +269,7 @@ impl DataPlane {
             .bind(&addr.into())
             .with_context(|| format!("cannot bind the data-plane address {addr} (port in use?)"))?;
         let socket: std::net::UdpSocket = socket.into();
+        let raw = Arc::new(socket.try_clone()?);
         let endpoint = Endpoint::new(
             quinn::EndpointConfig::default(),
             Some(server),
@@ -283,6 +297,7 @@ impl DataPlane {
                 emulation: LinkEmulation::default(),
                 transport: TransportChoice::default(),
                 inbound,
+                raw,
             },
             rx,
         ))
@@ -298,6 +313,76 @@ impl DataPlane {
         addr: SocketAddr,
         peer_id: PeerId,
     ) -> anyhow::Result<Link> {
+        self.connect_via(to, addr, peer_id, false).await
+    }
+
+    /// Connects to peer `to` (identity `peer_id`) through the relay port of `allocation`
+    /// ([`relay`]): registers there as the dialer (every 250 ms until the connection is up)
+    /// and dials the port. The link is QUIC, end to end; peer `to` must register as the
+    /// listener ([`DataPlane::expect_relayed`]).
+    ///
+    /// # Errors
+    /// A malformed token, or the connection does not open within 10 s.
+    pub async fn connect_relayed(
+        &self,
+        to: Rank,
+        allocation: &relay::Allocation,
+        peer_id: PeerId,
+    ) -> anyhow::Result<Link> {
+        allocation.token_bytes()?;
+        let up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = up.clone();
+        tokio::spawn(relay::keep_registered(
+            self.raw.clone(),
+            allocation.clone(),
+            relay::Role::Dialer,
+            Duration::from_millis(250),
+            Duration::from_secs(15),
+            move || done.load(std::sync::atomic::Ordering::Relaxed),
+        ));
+        let link = self.connect_via(to, allocation.addr, peer_id, true).await;
+        up.store(true, std::sync::atomic::Ordering::Relaxed);
+        link.with_context(|| format!("through the relay at {}", allocation.addr))
+    }
+
+    /// Registers as the listener of the relayed link from peer `from` ([`relay`]): every
+    /// second, until a connection from `from` (relayed or direct) is up, for at most
+    /// `limit`. Returns at once; the registrations run as a task.
+    ///
+    /// # Errors
+    /// A malformed token.
+    pub fn expect_relayed(
+        &self,
+        from: Rank,
+        allocation: &relay::Allocation,
+        limit: Duration,
+    ) -> anyhow::Result<()> {
+        allocation.token_bytes()?;
+        let inbound = self.inbound.clone();
+        tokio::spawn(relay::keep_registered(
+            self.raw.clone(),
+            allocation.clone(),
+            relay::Role::Listener,
+            Duration::from_secs(1),
+            limit,
+            move || has_inbound(&inbound, from),
+        ));
+        Ok(())
+    }
+
+    /// Whether a connection from peer `from` has been accepted.
+    pub fn has_inbound(&self, from: Rank) -> bool {
+        has_inbound(&self.inbound, from)
+    }
+
+    /// [`DataPlane::connect`], through a relay port at `addr` if `relayed` (always QUIC).
+    async fn connect_via(
+        &self,
+        to: Rank,
+        addr: SocketAddr,
+        peer_id: PeerId,
+        relayed: bool,
+    ) -> anyhow::Result<Link> {
         let tls = auth::client_config(&self.key, peer_id, crypto_provider())?;
         let mut client = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls)?));
         client.transport_config(self.quic_config.clone());
@@ -310,7 +395,8 @@ impl DataPlane {
         .with_context(|| format!("connecting to peer {to} at {addr}"))?;
         let (tx, rx) = mpsc::channel(SEND_QUEUE);
         let (me, events, emulation) = (self.rank, self.events.clone(), self.emulation);
-        let ring = if self.transport == TransportChoice::Auto && local_link::same_host(addr) {
+        let shm = self.transport == TransportChoice::Auto && !relayed;
+        let ring = if shm && local_link::same_host(addr) {
             match local_link::offer(&conn).await {
                 Ok(ring) => Some(ring),
                 Err(e) => {
@@ -335,7 +421,14 @@ impl DataPlane {
                 LinkKind::Quic
             }
         };
-        Ok(Link { to, tx, conn, kind })
+        let relayed = relayed.then_some(addr);
+        Ok(Link {
+            to,
+            tx,
+            conn,
+            kind,
+            relayed,
+        })
     }
 
     /// Closes the incoming connections from `peer` (which left the run) without reporting
@@ -360,6 +453,11 @@ impl DataPlane {
 }
 
 impl Link {
+    /// The destination's rank.
+    pub fn to(&self) -> Rank {
+        self.to
+    }
+
     /// Gives the link up (its peer left the run): the connection is closed at once, with
     /// no goodbye and no [`NetEvent::Lost`].
     pub fn abandon(self) {

@@ -45,6 +45,7 @@ mod messages;
 pub mod nat;
 mod policy;
 mod record;
+mod relaying;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -63,10 +64,14 @@ use tracing::{debug, info, warn};
 pub use messages::{Directory, Discovered, Fingerprint, JoinRequest, JoinResponse, PeerInfo};
 pub use policy::Gate;
 pub use record::{BootstrapRecord, BOOTSTRAP_KEY};
+pub use relaying::RelayClient;
 
 use join::join;
 use policy::Late;
 use record::verified_record;
+use relaying::{Pending, RelayRequest, RelayResponse, RELAY_PROTOCOL};
+
+use crate::plane::relay::Relay;
 
 /// Kademlia protocol id of a run's DHT.
 pub const KAD_PROTOCOL: &str = "/murmur/kad/1";
@@ -78,6 +83,8 @@ const LOOKUP_RETRY: Duration = Duration::from_secs(1);
 #[derive(NetworkBehaviour)]
 struct Behaviour {
     join: request_response::json::Behaviour<JoinRequest, JoinResponse>,
+    /// Relayed links ([`relaying`]).
+    relay: request_response::json::Behaviour<RelayRequest, RelayResponse>,
     ping: ping::Behaviour,
     identify: identify::Behaviour,
     /// With `--mdns` only.
@@ -114,6 +121,8 @@ pub enum Role {
         settled: tokio::sync::mpsc::UnboundedReceiver<Rank>,
         /// Resume the whole run from checkpoints: the rounds of peer 0's own checkpoints.
         resume: Option<Vec<u64>>,
+        /// The relay it offers the run's peers (`None`: `--no-relay`).
+        relay: Option<std::sync::Arc<Relay>>,
     },
     /// Any other peer: dial `bootstrap`.
     Join {
@@ -128,6 +137,8 @@ pub enum Role {
         checkpoint_rounds: Vec<u64>,
         /// No `--rank`: the bootstrap assigns one ([`JoinRequest::any_rank`]).
         any_rank: bool,
+        /// Ask the bootstrap for relayed links when the direct path fails.
+        relay: bool,
     },
 }
 
@@ -158,6 +169,11 @@ fn build_swarm(key: Keypair, timeout: Duration, mdns: bool) -> anyhow::Result<Sw
                 join: request_response::json::Behaviour::new(
                     [(StreamProtocol::new("/murmur/join/1"), ProtocolSupport::Full)],
                     request_response::Config::default().with_request_timeout(timeout),
+                ),
+                relay: request_response::json::Behaviour::new(
+                    [(StreamProtocol::new(RELAY_PROTOCOL), ProtocolSupport::Full)],
+                    request_response::Config::default()
+                        .with_request_timeout(Duration::from_secs(10)),
                 ),
                 ping: ping::Behaviour::new(ping::Config::new()),
                 identify: identify::Behaviour::new(identify::Config::new(
@@ -278,7 +294,7 @@ fn publish_record(swarm: &mut Swarm<Behaviour>, key: &Keypair, addrs: &[Multiadd
 }
 
 /// Runs discovery with the identity `key`, listening on `listen`, and returns the directory
-/// (n entries, indexed by rank). `me` is this peer's entry except for `peer_id`, which is
+/// (n entries, indexed by rank) and how this peer gets relayed links from then on. `me` is this peer's entry except for `peer_id`, which is
 /// filled in here. The bootstrap admits only the peers `gate` lets in; a joining peer takes
 /// a directory only from a bootstrap that proves the run key, if there is one.
 ///
@@ -295,19 +311,20 @@ pub async fn discover(
     key: Keypair,
     gate: Gate,
     mdns: bool,
-) -> anyhow::Result<Discovered> {
+) -> anyhow::Result<(Discovered, RelayClient)> {
     let mut swarm = build_swarm(key.clone(), timeout, mdns)?;
     me.peer_id = swarm.local_peer_id().to_string();
     swarm
         .listen_on(listen.addr.clone())
         .with_context(|| format!("cannot listen on {} (--listen)", listen.addr))?;
     let deadline = tokio::time::Instant::now() + timeout;
-    let (directory, late) = match role {
+    let (directory, late, use_relay) = match role {
         Role::Bootstrap {
             initial,
             joined,
             settled,
             resume,
+            relay,
         } => {
             let directory = tokio::time::timeout_at(
                 deadline,
@@ -326,13 +343,14 @@ pub async fn discover(
             // Offer the record again, now that the initial peers are in the routing table.
             let addrs: Vec<Multiaddr> = swarm.listeners().cloned().collect();
             publish_record(&mut swarm, &key, &addrs);
-            (directory, Some((joined, settled)))
+            (directory, Some((joined, settled, relay)), true)
         }
         Role::Join {
             bootstrap,
             rejoin,
             checkpoint_rounds,
             any_rank,
+            relay,
         } => {
             let request = JoinRequest {
                 info: me,
@@ -354,7 +372,7 @@ pub async fn discover(
                         b => anyhow!("no directory from the bootstrap {} within {timeout:?}: {refused} (is peer 0 running, and reachable at the addresses it publishes, its --listen?)", list(b)),
                     }
                 })??;
-            (directory, None)
+            (directory, None, relay)
         }
     };
     // Keep the control plane alive for liveness; the bootstrap answers late joins.
@@ -363,9 +381,15 @@ pub async fn discover(
         .first()
         .and_then(|p| p.as_ref())
         .and_then(|p| p.peer_id.parse().ok());
+    let (requests, mut asked) = tokio::sync::mpsc::channel::<Pending>(16);
+    let client = match &late {
+        Some((_, _, relay)) => relay.clone().map_or(RelayClient::Off, RelayClient::Local),
+        None if use_relay => RelayClient::Remote(requests),
+        None => RelayClient::Off,
+    };
     tokio::spawn(async move {
         match late {
-            Some((joined, settled)) => {
+            Some((joined, settled, relay)) => {
                 let mut late = LateJoins {
                     dir,
                     fingerprint,
@@ -375,20 +399,86 @@ pub async fn discover(
                     waiting: std::collections::VecDeque::new(),
                     limit: timeout,
                     observed: Default::default(),
+                    relay,
                 };
                 late.run(swarm, settled).await
             }
-            None => loop {
-                let event = swarm.select_next_some().await;
-                match as_member(&mut swarm, event, boot, &listen.files) {
-                    Ok(Some(other)) => log_event(other),
-                    Ok(None) => {}
-                    Err(e) => warn!("{e:#}"),
+            None => {
+                // Relay requests sent to the bootstrap, by id, with where their answer goes.
+                let mut sent = std::collections::HashMap::new();
+                loop {
+                    tokio::select! {
+                        Some((request, answer)) = asked.recv() => match boot {
+                            Some(b) => {
+                                let id = swarm.behaviour_mut().relay.send_request(&b, request);
+                                sent.insert(id, answer);
+                            }
+                            None => {
+                                let why = "the bootstrap's identity is not known".to_string();
+                                let _ = answer.send(RelayResponse::Refused(why));
+                            }
+                        },
+                        event = swarm.select_next_some() => {
+                            match as_member(&mut swarm, event, boot, &listen.files) {
+                                Ok(Some(SwarmEvent::Behaviour(BehaviourEvent::Relay(e)))) => {
+                                    relay_as_member(&mut swarm, e, &mut sent)
+                                }
+                                Ok(Some(other)) => log_event(other),
+                                Ok(None) => {}
+                                Err(e) => warn!("{e:#}"),
+                            }
+                        }
+                    }
                 }
-            },
+            }
         }
     });
-    Ok(directory)
+    Ok((directory, client))
+}
+
+/// A relay event at a node that is not the bootstrap: an answer to one of its requests goes
+/// to whoever asked (`sent`); a request (it is not the relay) is refused.
+fn relay_as_member(
+    swarm: &mut Swarm<Behaviour>,
+    event: request_response::Event<RelayRequest, RelayResponse>,
+    sent: &mut std::collections::HashMap<
+        request_response::OutboundRequestId,
+        tokio::sync::oneshot::Sender<RelayResponse>,
+    >,
+) {
+    match event {
+        request_response::Event::Message {
+            message:
+                request_response::Message::Response {
+                    request_id,
+                    response,
+                },
+            ..
+        } => {
+            if let Some(answer) = sent.remove(&request_id) {
+                let _ = answer.send(response);
+            }
+        }
+        request_response::Event::OutboundFailure {
+            request_id, error, ..
+        } => {
+            if let Some(answer) = sent.remove(&request_id) {
+                let why = format!("the request did not reach it: {error}");
+                let _ = answer.send(RelayResponse::Refused(why));
+            }
+        }
+        request_response::Event::Message {
+            message: request_response::Message::Request { channel, .. },
+            ..
+        } => {
+            let why = "this peer is not the run's bootstrap (peer 0 relays)".to_string();
+            let _ = swarm
+                .behaviour_mut()
+                .relay
+                .send_response(channel, RelayResponse::Refused(why));
+        }
+        other => debug!(?other, "relay protocol"),
+    }
 }
 
 /// What a node that is not the bootstrap does with a control-plane `event`, besides its own
@@ -460,6 +550,8 @@ struct LateJoins {
     limit: Duration,
     /// Where each peer's control-plane connection comes from ([`nat`]).
     observed: std::collections::HashMap<PeerId, std::net::IpAddr>,
+    /// The relay for links whose direct path fails (`None`: `--no-relay`).
+    relay: Option<std::sync::Arc<Relay>>,
 }
 
 impl LateJoins {
@@ -490,6 +582,17 @@ impl LateJoins {
                         } else {
                             self.answer(&mut swarm, (peer, request, channel)).await;
                         }
+                    }
+                    SwarmEvent::Behaviour(BehaviourEvent::Relay(request_response::Event::Message {
+                        peer,
+                        message: request_response::Message::Request { request, channel, .. },
+                        ..
+                    })) => {
+                        let answer = relaying::answer(self.relay.as_deref(), &self.dir, &peer, &request);
+                        if let RelayResponse::Refused(why) = &answer {
+                            warn!(%peer, from = request.from, to = request.to, "refused to relay: {why}");
+                        }
+                        let _ = swarm.behaviour_mut().relay.send_response(channel, answer);
                     }
                     other => log_event(other),
                 }},

@@ -1,0 +1,188 @@
+//! Opening a peer's links at the start of a run: the direct path first (all at once, so that
+//! both ends of a link through NATs dial each other together: hole punching), then, for a
+//! link whose direct path did not open and that crosses a NAT, the relayed fallback through
+//! peer 0 ([`crate::plane::relay`]). Each link says which path it took.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use libp2p::PeerId;
+use murmur_gossip::Rank;
+use tracing::{info, warn};
+
+use crate::control::discovery::{PeerInfo, RelayClient};
+use crate::plane::{DataPlane, LinkKind, Links};
+
+/// How long a peer behind a NAT waits for a neighbour's direct connection before it also
+/// registers as the listener of that link's relayed path (the sender asks for the relay
+/// only after its own direct dial timed out, 10 s).
+const LISTEN_FOR_DIRECT: Duration = Duration::from_secs(3);
+/// How long a listener keeps registering at a relay port before giving up on that link.
+const LISTEN_LIMIT: Duration = Duration::from_secs(120);
+
+/// A destination: its rank, its directory entry, its identity.
+pub type Target<'a> = (Rank, &'a PeerInfo, PeerId);
+
+/// Opens the links from this peer (`me`, its directory entry) to `targets`. Behind a NAT,
+/// it also takes the relayed path for each of `incoming` (the peers that send to it) whose
+/// direct connection has not come within 3 s. `Ok` holds the links and, with
+/// `tolerate_unreachable` (a rejoining peer: some destinations may have left), the
+/// destinations that could not be reached and why.
+///
+/// # Errors
+/// A destination cannot be reached, directly or relayed (unless `tolerate_unreachable`);
+/// the error says whether a NAT is in the way and what to do.
+pub async fn open(
+    plane: &DataPlane,
+    relay: &RelayClient,
+    (rank, me): (Rank, Option<&PeerInfo>),
+    targets: &[Target<'_>],
+    incoming: &[Rank],
+    tolerate_unreachable: bool,
+) -> anyhow::Result<(Links, BTreeMap<Rank, anyhow::Error>)> {
+    let me_behind_nat = me.and_then(|m| m.nat_published);
+    if let (Some(published), Some(me)) = (me_behind_nat, me) {
+        info!(
+            %published,
+            public = %me.data_addr,
+            "this peer is behind a NAT: the bootstrap saw it at another address, which its \
+             neighbours dial"
+        );
+    }
+    let listening = async {
+        if me_behind_nat.is_some() && relay.is_on() {
+            listen_relayed(plane, relay, rank, incoming).await;
+        }
+    };
+    // All at once: behind NATs both ends of a link must dial each other at the same time
+    // (hole punching), and no link may wait for another to be set up first.
+    let direct = futures::future::join_all(
+        targets
+            .iter()
+            .map(|&(to, info, id)| plane.connect(to, info.data_addr, id)),
+    );
+    let (direct, ()) = tokio::join!(direct, listening);
+    let mut links = Links::new();
+    let mut failed = Vec::new();
+    for (&(to, info, id), result) in targets.iter().zip(direct) {
+        match result {
+            Ok(link) => {
+                if let Some(published) = info.nat_published {
+                    info!(
+                        to,
+                        addr = %info.data_addr,
+                        %published,
+                        "link to peer {to}: direct QUIC through its NAT (hole-punched)"
+                    );
+                }
+                links.insert(to, link);
+            }
+            Err(e) => failed.push((to, info, id, e)),
+        }
+    }
+    // The fallback: relayed, for the links that cross a NAT.
+    let relayed = futures::future::join_all(failed.into_iter().map(|(to, info, id, e)| {
+        let behind = match (info.nat_published, me_behind_nat) {
+            (Some(p), _) => Some(format!("peer {to} is behind a NAT (it published {p})")),
+            (None, Some(p)) => Some(format!("this peer is behind a NAT (it published {p})")),
+            (None, None) => None,
+        };
+        async move {
+            let Some(who) = behind else {
+                return (to, Err(e));
+            };
+            if !relay.is_on() {
+                let e = e.context(format!(
+                    "{who}, and the direct path through it did not open: a NAT that changes \
+                     the port for every destination (a symmetric NAT) or that answers \
+                     unsolicited packets defeats hole punching, and relaying is off \
+                     (--no-relay); give that peer a reachable address (or forward its data \
+                     port), or let peer 0 relay"
+                ));
+                return (to, Err(e));
+            }
+            let attempt = async {
+                let allocation = relay.allocate(rank, to).await?;
+                plane.connect_relayed(to, &allocation, id).await
+            };
+            match attempt.await {
+                Ok(link) => {
+                    warn!(
+                        to,
+                        relay = ?link.relayed,
+                        "link to peer {to}: RELAYED through peer 0 ({who}, and the direct \
+                         path did not open: {e:#}); slow by design, every byte crosses peer 0"
+                    );
+                    (to, Ok(link))
+                }
+                Err(relay_err) => (
+                    to,
+                    Err(e.context(format!(
+                        "{who}, the direct path through it did not open (a symmetric NAT, or \
+                         one that answers unsolicited packets, defeats hole punching), and \
+                         neither did the relayed path through peer 0: {relay_err:#}"
+                    ))),
+                ),
+            }
+        }
+    }))
+    .await;
+    let mut unreachable = BTreeMap::new();
+    for (to, result) in relayed {
+        match result {
+            Ok(link) => {
+                links.insert(to, link);
+            }
+            Err(e) if tolerate_unreachable => {
+                unreachable.insert(to, e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let shared = links
+        .values()
+        .filter(|l| l.kind == LinkKind::SharedMemory)
+        .count();
+    let through_relay: Vec<Rank> = links
+        .values()
+        .filter(|l| l.relayed.is_some())
+        .map(|l| l.to())
+        .collect();
+    info!(
+        relayed = ?through_relay,
+        "links: {shared} through shared memory, {} over QUIC ({} of them relayed)",
+        links.len() - shared,
+        through_relay.len()
+    );
+    Ok((links, unreachable))
+}
+
+/// Behind a NAT: for each peer of `incoming` whose direct connection has not come within
+/// [`LISTEN_FOR_DIRECT`], asks for the relayed link from it to `rank` and registers there
+/// as its listener (in the background, until a connection from it is up). Returns once
+/// every such request was answered.
+async fn listen_relayed(plane: &DataPlane, relay: &RelayClient, rank: Rank, incoming: &[Rank]) {
+    tokio::time::sleep(LISTEN_FOR_DIRECT).await;
+    let asks = incoming
+        .iter()
+        .filter(|&&from| from != rank && !plane.has_inbound(from))
+        .map(|&from| async move {
+            let registered = async {
+                let allocation = relay.allocate(from, rank).await?;
+                plane.expect_relayed(from, &allocation, LISTEN_LIMIT)?;
+                anyhow::Ok(allocation.addr)
+            };
+            match registered.await {
+                Ok(at) => info!(
+                    from,
+                    relay = %at,
+                    "no direct connection from peer {from} yet: listening on the relayed path too"
+                ),
+                Err(e) => warn!(
+                    from,
+                    "cannot listen on a relayed path from peer {from}: {e:#}"
+                ),
+            }
+        });
+    futures::future::join_all(asks).await;
+}
