@@ -12,10 +12,12 @@
 #
 #   sudo experiments/cluster/netns-nat.sh OUT [murmur peer options…]
 #
-# MURMUR: the binary (target/release/murmur). SYMMETRIC=1 makes the routers pick a random
-# port for every destination (MASQUERADE --random-fully, a "symmetric" NAT): hole punching
-# then fails, and so does the run, with an error that says why (murmur has no relay). Writes OUT/peer-<r>.log and peer 0's run
-# folder OUT/run; prints what each peer said about NATs and its links, and peer 0's summary.
+# MURMUR: the binary (target/release/murmur). SYMMETRIC=1 makes both routers pick a random
+# port for every destination (MASQUERADE --random-fully, a "symmetric" NAT), SYMMETRIC=2
+# only router 2: hole punching then fails on the links that cross such a NAT, and those
+# links are relayed through peer 0 (each peer says which; with --no-relay the run fails
+# with an error that says why). Writes OUT/peer-<r>.log and peer 0's run folder OUT/run;
+# prints what each peer said about NATs and its links, and peer 0's summary.
 # Needs root and iptables; removes its namespaces when it ends, also on failure.
 set -euo pipefail
 # shellcheck source=experiments/cluster/netns-lib.sh
@@ -58,7 +60,10 @@ for k in 1 2; do
     ip -n "lan$k" route add default via "192.168.$k.1"
     ip netns exec "nat$k" sysctl -qw net.ipv4.ip_forward=1
     random=()
-    [ "${SYMMETRIC:-0}" = 1 ] && random=(--random-fully)
+    case "${SYMMETRIC:-0}" in
+        1) random=(--random-fully) ;;
+        2) [ "$k" = 2 ] && random=(--random-fully) ;;
+    esac
     ip netns exec "nat$k" iptables -t nat -A POSTROUTING -o wan -j MASQUERADE "${random[@]}"
     ip netns exec "nat$k" iptables -A INPUT -i wan -m conntrack --ctstate NEW,INVALID -j DROP
     ip netns exec "nat$k" iptables -A FORWARD -i wan -m conntrack --ctstate NEW,INVALID -j DROP
@@ -80,7 +85,7 @@ status=0
 wait_peers "$OUT" "${pids[@]}" || status=1
 for r in 0 1 2; do
     sed 's/\x1b\[[0-9;]*m//g' "$OUT/peer-$r.log" |
-        grep -E "NAT|links:" | sed "s/^[^ ]* *INFO /peer $r: /" || true
+        grep -E "NAT|links:|RELAYED|relayed path" | sed -E "s/^[^ ]* *(INFO|WARN) /peer $r: /" || true
 done
 summary_line "$OUT"
 exit $status

@@ -594,6 +594,79 @@ mod tests {
         }
     }
 
+    /// Through the relay: the listener's connection comes from the relay port, frames
+    /// arrive whole, the goodbye finishes both ends, and the identities are still checked
+    /// end to end (dialling the relay expecting another identity fails).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_relayed_link_delivers_finishes_and_authenticates_like_a_direct_one() {
+        let lo: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let any = SocketAddr::new(lo, 0);
+        let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+        let admitted = Admitted::default();
+        admitted.admit_all([(a.public().to_peer_id(), 0)]);
+        let timeout = Duration::from_secs(5);
+        let (sender, mut sender_events) =
+            DataPlane::bind(0, any, 2 << 20, timeout, &a, Admitted::default()).unwrap();
+        let (receiver, mut events) =
+            DataPlane::bind(1, any, 2 << 20, timeout, &b, admitted).unwrap();
+        let relay = relay::Relay::new(lo, lo);
+        let allocation = relay.allocate(0, 1).unwrap();
+        receiver
+            .expect_relayed(0, &allocation, Duration::from_secs(30))
+            .unwrap();
+        let stranger = Keypair::generate_ed25519().public().to_peer_id();
+        assert!(sender
+            .connect_relayed(1, &allocation, stranger)
+            .await
+            .is_err());
+        let link = sender
+            .connect_relayed(1, &allocation, b.public().to_peer_id())
+            .await
+            .unwrap();
+        assert_eq!(link.relayed, Some(allocation.addr));
+        assert_eq!(
+            link.kind,
+            LinkKind::Quic,
+            "a relayed link is never shared memory"
+        );
+        for n in [5usize, 1 << 20] {
+            link.send(sized(0, n, 3)).await.unwrap();
+        }
+        drop(link);
+        let mut got = Vec::new();
+        loop {
+            match next(&mut events).await {
+                NetEvent::Frame {
+                    from: 0,
+                    header,
+                    bytes,
+                    ..
+                } => {
+                    assert!(bytes[FRAME_HEADER_LEN..].iter().all(|&b| b == 3));
+                    got.push(header.payload_len as usize);
+                }
+                NetEvent::Finished { from: 0 } => break,
+                // The connection that expected another identity.
+                NetEvent::Refused { peer: None, .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(got, [5, 1 << 20]);
+        let remotes: Vec<SocketAddr> = receiver.inbound.lock().unwrap()[&0]
+            .iter()
+            .map(|c| c.remote_address())
+            .collect();
+        assert_eq!(
+            remotes,
+            [allocation.addr],
+            "the connection came through the relay"
+        );
+        match next(&mut sender_events).await {
+            NetEvent::LinkDone { to: 1 } => {}
+            other => panic!("expected the link done, got {other:?}"),
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn only_admitted_identities_may_connect_and_each_only_as_itself() {
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();

@@ -163,13 +163,20 @@ mod tests {
     }
 
     #[test]
-    fn a_bootstrap_without_relay_or_a_stranger_gets_a_refusal_with_the_reason() {
+    fn a_bootstrap_without_a_relay_or_a_stranger_asking_gets_a_refusal_with_the_reason() {
         let ids: Vec<PeerId> = (0..3).map(|_| PeerId::random()).collect();
         let d = dir(&ids);
         let link = RelayRequest { from: 1, to: 2 };
-        match answer(None, &d, &ids[1], &link) {
-            RelayResponse::Refused(why) => assert!(why.contains("--no-relay"), "{why}"),
-            other => panic!("{other:?}"),
+        let lo = "127.0.0.1".parse().unwrap();
+        let relay = Relay::new(lo, lo);
+        for (relay, asker, says) in [
+            (None, ids[1], "--no-relay"),
+            (Some(&*relay), PeerId::random(), "neither peer 1 nor peer 2"),
+        ] {
+            match answer(relay, &d, &asker, &link) {
+                RelayResponse::Refused(why) => assert!(why.contains(says), "{why}"),
+                other => panic!("{other:?}"),
+            }
         }
     }
 }
