@@ -43,5 +43,5 @@ wait_peers() {
 
 # summary_line OUT: peer 0's summary line, without colours.
 summary_line() {
-    grep -h "epochs in" "$1/peer-0.log" | sed 's/\x1b\[[0-9;]*m//g' | tail -1 || true
+    grep -hE "epochs? in" "$1/peer-0.log" | sed 's/\x1b\[[0-9;]*m//g' | tail -1 || true
 }

@@ -18,6 +18,9 @@
 # links are relayed through peer 0 (each peer says which; with --no-relay the run fails
 # with an error that says why). Writes OUT/peer-<r>.log and peer 0's run folder OUT/run;
 # prints what each peer said about NATs and its links, and peer 0's summary.
+# RATE (e.g. 100mbit) shapes every site's access link, both directions (tc tbf on the
+# routers' and peer 0's side of the public bridge): relayed traffic then crosses peer 0's
+# link twice, as it would on the internet. Default: unshaped.
 # Needs root and iptables; removes its namespaces when it ends, also on failure.
 set -euo pipefail
 # shellcheck source=experiments/cluster/netns-lib.sh
@@ -68,6 +71,21 @@ for k in 1 2; do
     ip netns exec "nat$k" iptables -A INPUT -i wan -m conntrack --ctstate NEW,INVALID -j DROP
     ip netns exec "nat$k" iptables -A FORWARD -i wan -m conntrack --ctstate NEW,INVALID -j DROP
 done
+
+# shape DEV [NETNS]: a token bucket of RATE on DEV's egress.
+shape() {
+    local ns=()
+    [ -n "${2:-}" ] && ns=(-n "$2")
+    tc "${ns[@]}" qdisc add dev "$1" root tbf rate "$RATE" burst 64kb latency 100ms
+}
+if [ -n "${RATE:-}" ]; then
+    shape eth0 pub0
+    shape mrp0
+    for k in 1 2; do
+        shape wan "nat$k"
+        shape "mrn$k"
+    done
+fi
 
 common=(--peers 3 --topology ring "$@")
 ip netns exec pub0 "$MURMUR" peer --rank 0 "${common[@]}" \

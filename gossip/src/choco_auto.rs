@@ -35,17 +35,9 @@
 //!
 //! # Choosing Q_ij
 //!
-//! Each link's bandwidth B_j (bytes/s) is measured by the transport: the time from the
-//! first to the last byte of each incoming frame of at least [`ChocoAutoConfig::min_sample_bytes`]
-//! bytes ([`Gossip::observe_link`]); the estimate is the median of the last
-//! [`ChocoAutoConfig::window`] samples. A receiver busy computing reads a frame late: the
-//! first bytes may already wait in its buffers (the sample comes out too fast) or the last
-//! ones wait for it (too slow); the median ignores both tails. The receiver measures the
-//! direction j → i; every [`ChocoAutoConfig::report_every`] rounds it tells j its estimate
-//! in a [`crate::FrameKind::LinkRate`] frame, and j chooses Q_ji from that — the direction
-//! it sends on, so an asymmetric link (a home uplink slower than its downlink) is judged by
-//! the right direction. Until a report comes, a peer takes the other direction's estimate
-//! for its own.
+//! Each link's bandwidth B_j (bytes/s) is measured by the transport and the receivers'
+//! reports ([`crate::link_meter`]: the median of the last 16 frames of at least 16 KiB,
+//! first to last byte; each direction judged by its receiver, reported every 4 rounds).
 //!
 //! Every round has the communication budget
 //!
@@ -64,7 +56,6 @@
 //! Not supported: the skip straggler policy, a returning peer and resuming from a
 //! checkpoint (refused with an error); departures re-weight as for CHOCO-SGD.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use murmur_compress::{Compressor, CompressorSpec, OperatorId};
@@ -73,6 +64,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::exchange::{max_lead, Exchange, ExchangeParams};
+use crate::link_meter::{LinkMeter, MeterConfig};
 use crate::registry::{Algorithm, BuildContext, BuildError, Resumable};
 use crate::{Gossip, GossipError, GossipEvent, LinkChoice, MembershipError, Rank};
 
@@ -103,15 +95,8 @@ pub struct ChocoAutoConfig {
     pub max_lead_rounds: u64,
     /// κ: the share of the compute time a round's communication may take (default 0.25).
     pub compute_share: f64,
-    /// Frames shorter than this (bytes) give no bandwidth sample: their transfer time is
-    /// mostly the receiver's scheduling (default 16 KiB).
-    pub min_sample_bytes: usize,
-    /// How many recent samples the bandwidth and compute-time estimates (medians) keep
-    /// (default 16).
-    pub window: usize,
-    /// Every how many rounds each neighbour is told the bandwidth measured on its link to
-    /// this peer (default 4; ≥ 1).
-    pub report_every: u64,
+    /// How the links are measured and reported ([`crate::link_meter`]).
+    pub meter: MeterConfig,
 }
 
 impl ChocoAutoConfig {
@@ -145,9 +130,7 @@ impl ChocoAutoConfig {
             seed: rank as u64,
             max_lead_rounds: max_lead(w, rank),
             compute_share: 0.25,
-            min_sample_bytes: 16 << 10,
-            window: 16,
-            report_every: 4,
+            meter: MeterConfig::default(),
         })
     }
 }
@@ -237,25 +220,6 @@ fn is_dense_id(id: OperatorId) -> bool {
     )
 }
 
-/// The last `window` values, for a median.
-#[derive(Debug, Clone, Default)]
-struct Recent(VecDeque<f64>);
-
-impl Recent {
-    fn push(&mut self, v: f64, window: usize) {
-        self.0.push_back(v);
-        while self.0.len() > window.max(1) {
-            self.0.pop_front();
-        }
-    }
-
-    fn median(&self) -> Option<f64> {
-        let mut v: Vec<f64> = self.0.iter().copied().collect();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied()
-    }
-}
-
 /// One peer of CHOCO-SGD with per-link compressors, a sans-I/O state machine; see the
 /// [module docs](self). While a round mixes, [`Gossip::params`] returns x^(t+½); after
 /// [`GossipEvent::Mixed`], x^(t+1).
@@ -270,22 +234,14 @@ pub struct ChocoAuto {
     own: Vec<Vec<f32>>,
     /// x̂_{j→i} per neighbour.
     copies: Vec<Vec<f32>>,
-    /// Per neighbour j: recent bandwidth samples of j → i (bytes/s), and what j last
-    /// reported of i → j.
-    rates: Vec<Recent>,
-    reported: Vec<Option<f64>>,
-    /// Link-rate reports waiting to be sent, and (frames, bytes) of those sent.
-    reports: VecDeque<crate::Transmit>,
-    reports_sent: (u64, u64),
+    /// Each link's bandwidth, the compute time, the link-rate reports.
+    meter: LinkMeter,
     /// Per neighbour: the operator of its message of the mixing round (`None` before one
     /// came, or when the round stood in for it).
     incoming: Vec<Option<OperatorId>>,
     /// Per neighbour: this round's rung, and rounds sent per rung.
     choice: Vec<usize>,
     used: Vec<Vec<u64>>,
-    /// Recent compute times (seconds) and when the last round mixed.
-    compute: Recent,
-    mixed_at: Option<Instant>,
     reweighting: crate::reweight::Reweighting,
 }
 
@@ -298,7 +254,7 @@ impl ChocoAuto {
         let ex = Exchange::new(ExchangeParams {
             rank: cfg.rank,
             in_neighbors: neighbours.clone(),
-            out_neighbors: neighbours,
+            out_neighbors: neighbours.clone(),
             d,
             round_timeout: cfg.round_timeout,
             max_payload_bytes: cfg.max_payload_bytes,
@@ -315,16 +271,11 @@ impl ChocoAuto {
             diff: vec![0.0; d],
             own: vec![vec![0.0; d]; k],
             copies: vec![vec![0.0; d]; k],
-            rates: vec![Recent::default(); k],
-            reported: vec![None; k],
-            reports: VecDeque::new(),
-            reports_sent: (0, 0),
+            meter: LinkMeter::new(cfg.rank, neighbours, cfg.meter),
             choice: vec![0; k],
             incoming: vec![None; k],
             used: vec![vec![0; ladder.len()]; k],
             ladder,
-            compute: Recent::default(),
-            mixed_at: None,
             reweighting: Default::default(),
             cfg,
         }
@@ -338,9 +289,10 @@ impl ChocoAuto {
             .enumerate()
             .map(|(k, &(peer, _))| LinkChoice {
                 peer,
-                bytes_per_sec: self.rate_to(k),
-                compressor: self.ladder.spec(self.choice[k]).to_string(),
-                rounds_by_compressor: self.used[k]
+                bytes_per_sec: self.meter.rate_to(k),
+                what: "compressor",
+                choice: self.ladder.spec(self.choice[k]).to_string(),
+                rounds_by_choice: self.used[k]
                     .iter()
                     .enumerate()
                     .filter(|(_, &n)| n > 0)
@@ -350,79 +302,20 @@ impl ChocoAuto {
             .collect()
     }
 
-    /// The bandwidth of the link to neighbour `k` (bytes/s): what it reported, else this
-    /// peer's estimate of the other direction; `None` before either.
-    fn rate_to(&self, k: usize) -> Option<f64> {
-        self.reported[k].or_else(|| self.rates[k].median())
-    }
-
-    /// Queues, for every neighbour whose link to this peer was measured, a
-    /// [`crate::FrameKind::LinkRate`] frame with the estimate.
-    fn queue_reports(&mut self) {
-        let (rank, round, d) = (self.cfg.rank, self.ex.round(), self.x.len());
-        for (&(to, _), rate) in self.cfg.in_weights.iter().zip(&self.rates) {
-            let Some(r) = rate.median() else { continue };
-            let mut frame = Vec::with_capacity(crate::FRAME_HEADER_LEN + 8);
-            crate::FrameHeader {
-                kind: crate::FrameKind::LinkRate,
-                sender: rank,
-                round,
-                dim: d as u32,
-                payload_len: 8,
-            }
-            .emit(&mut frame);
-            frame.extend_from_slice(&r.to_le_bytes());
-            self.reports.push_back(crate::Transmit {
-                to,
-                frame: crate::Bytes::from(frame),
-            });
-        }
-    }
-
-    /// Takes neighbour `from`'s report of the link to it.
-    fn on_report(&mut self, from: Rank, frame: &[u8]) -> Result<(), GossipError> {
-        let (_, payload) = crate::parse_frame(
-            frame,
-            self.cfg.max_payload_bytes,
-            crate::FrameKind::LinkRate,
-            from,
-        )?;
-        let k = self
-            .cfg
-            .in_weights
-            .iter()
-            .position(|&(j, _)| j == from)
-            .ok_or(GossipError::NotANeighbour(from))?;
-        let bad = |what: String| GossipError::BadLinkRate { from, what };
-        let bytes: [u8; 8] = payload
-            .try_into()
-            .map_err(|_| bad(format!("{} payload bytes, expected 8", payload.len())))?;
-        let rate = f64::from_le_bytes(bytes);
-        if !(rate.is_finite() && rate > 0.0) {
-            return Err(bad(format!(
-                "{rate} bytes/s is not a positive finite number"
-            )));
-        }
-        self.reported[k] = Some(rate);
-        Ok(())
-    }
-
     /// This round's communication budget T in seconds ([module docs](self#choosing-q_ij));
     /// `None` before any link was measured.
     pub fn budget_secs(&self) -> Option<f64> {
-        let fastest = (0..self.rates.len())
-            .filter_map(|k| self.rate_to(k))
-            .reduce(f64::max)?;
+        let fastest = self.meter.fastest()?;
         let dense = self.ladder.bytes(0) as f64 / fastest;
-        let share = self.compute.median().unwrap_or(0.0) * self.cfg.compute_share;
+        let share = self.meter.compute_secs().unwrap_or(0.0) * self.cfg.compute_share;
         Some(dense.max(share))
     }
 
     /// Chooses every link's rung for this round.
     fn choose(&mut self) {
         let budget = self.budget_secs();
-        for k in 0..self.rates.len() {
-            self.choice[k] = match (budget, self.rate_to(k)) {
+        for k in 0..self.choice.len() {
+            self.choice[k] = match (budget, self.meter.rate_to(k)) {
                 (Some(t), Some(b)) => self.ladder.fit((1.0 + SLACK) * t * b),
                 _ => 0,
             };
@@ -467,7 +360,7 @@ impl ChocoAuto {
         }
         self.ex.finish();
         self.incoming.fill(None);
-        self.mixed_at = now;
+        self.meter.round_mixed(now);
     }
 }
 
@@ -482,10 +375,7 @@ impl Gossip for ChocoAuto {
         self.ex.assert_idle();
         let d = self.x.len();
         assert_eq!(x.len(), d, "x must have length d");
-        if let Some(at) = self.mixed_at.take() {
-            let secs = now.saturating_duration_since(at).as_secs_f64();
-            self.compute.push(secs, self.cfg.window);
-        }
+        self.meter.round_begins(now, self.ex.round(), d);
         self.reweighting.apply(
             self.ex.round(),
             &mut self.cfg.self_weight,
@@ -493,9 +383,6 @@ impl Gossip for ChocoAuto {
         );
         crate::choco::half_step(&mut self.x, x, grad, self.cfg.lr);
         self.choose();
-        if self.ex.round().is_multiple_of(self.cfg.report_every.max(1)) {
-            self.queue_reports();
-        }
         let mut bad = None;
         let (ladder, choice, own, diff, xh, rng) = (
             &mut self.ladder,
@@ -543,9 +430,8 @@ impl Gossip for ChocoAuto {
         frame: &[u8],
     ) -> Result<(), GossipError> {
         let max = self.cfg.max_payload_bytes;
-        if matches!(crate::FrameHeader::parse(frame, max), Ok((h, _)) if h.kind == crate::FrameKind::LinkRate)
-        {
-            return self.on_report(from, frame);
+        if LinkMeter::is_report(frame, max) {
+            return self.meter.on_report(from, frame, max);
         }
         match self.ex.check(now, from, frame)? {
             crate::exchange::Arrival::Current { idx, payload } => {
@@ -567,12 +453,7 @@ impl Gossip for ChocoAuto {
     }
 
     fn poll_transmit(&mut self) -> Option<crate::Transmit> {
-        self.ex.poll_transmit().or_else(|| {
-            let t = self.reports.pop_front()?;
-            self.reports_sent.0 += 1;
-            self.reports_sent.1 += t.frame.len() as u64;
-            Some(t)
-        })
+        self.ex.poll_transmit().or_else(|| self.meter.poll_report())
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
@@ -594,8 +475,9 @@ impl Gossip for ChocoAuto {
     /// The exchange's counters, the link-rate reports included.
     fn stats(&self) -> crate::GossipStats {
         let mut s = self.ex.stats();
-        s.frames_sent += self.reports_sent.0;
-        s.bytes_sent += self.reports_sent.1;
+        let (frames, bytes) = self.meter.sent();
+        s.frames_sent += frames;
+        s.bytes_sent += bytes;
         s
     }
 
@@ -607,16 +489,9 @@ impl Gossip for ChocoAuto {
         self.ex.in_peers()
     }
 
-    /// A bandwidth sample of the link from `from`: `bytes` in `secs` seconds (first to last
-    /// byte of a frame). Ignored for frames under [`ChocoAutoConfig::min_sample_bytes`], a
-    /// non-positive time or a peer that is not a neighbour.
+    /// A bandwidth sample of the link from `from` ([`LinkMeter::observe`]).
     fn observe_link(&mut self, from: Rank, bytes: usize, secs: f64) {
-        if bytes < self.cfg.min_sample_bytes || secs.is_nan() || secs <= 0.0 {
-            return;
-        }
-        if let Some(k) = self.cfg.in_weights.iter().position(|&(j, _)| j == from) {
-            self.rates[k].push(bytes as f64 / secs, self.cfg.window);
-        }
+        self.meter.observe(from, bytes, secs);
     }
 
     fn link_choices(&self) -> Vec<LinkChoice> {

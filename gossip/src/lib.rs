@@ -30,6 +30,7 @@ pub mod diloco;
 pub mod dpsgd;
 mod exchange;
 pub mod frame;
+pub mod link_meter;
 pub mod local;
 pub mod netsim;
 pub mod optim;
@@ -345,18 +346,20 @@ pub struct GossipStats {
 }
 
 /// What one link of a peer measured and chose, for algorithms that choose per link
-/// ([`ChocoAuto`]).
+/// ([`ChocoAuto`]: the compressor; [`local_auto`]: the period).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LinkChoice {
     /// The neighbour j.
     pub peer: Rank,
     /// Estimated bandwidth of the link, bytes/s; `None` before the first sample.
     pub bytes_per_sec: Option<f64>,
-    /// The operator of the last round's message to j (`identity`, `topk:0.05`, …).
-    pub compressor: String,
-    /// Rounds sent with each operator, least compressing first (operators never used left
-    /// out).
-    pub rounds_by_compressor: Vec<(String, u64)>,
+    /// What is chosen per link: `compressor` or `period`.
+    pub what: &'static str,
+    /// The last round's choice for the link to j (`identity`, `topk:0.05`; `4`: every 4th
+    /// communication round).
+    pub choice: String,
+    /// Rounds with each choice, in the order of the choices (those never made left out).
+    pub rounds_by_choice: Vec<(String, u64)>,
 }
 
 /// One peer's side of a decentralized algorithm. Performs no I/O and reads no clock.
@@ -523,8 +526,9 @@ pub trait Gossip: Send {
         let _ = (from, bytes, secs);
     }
 
-    /// Per link, the measured bandwidth and the operator chosen ([`ChocoAuto`]); empty for
-    /// algorithms with one compressor for every link (the default).
+    /// Per link, the measured bandwidth and what was chosen ([`ChocoAuto`]: the operator,
+    /// [`local_auto`]: the period); empty for algorithms that treat every link alike (the
+    /// default).
     fn link_choices(&self) -> Vec<LinkChoice> {
         Vec::new()
     }

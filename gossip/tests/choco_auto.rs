@@ -62,23 +62,23 @@ fn a_slow_link_gets_a_smaller_message_and_mixing_keeps_the_average() {
     for i in 0..n {
         for link in sim.peer(i).link_choices() {
             let slow = (i, link.peer) == (3, 4) || (i, link.peer) == (4, 3);
-            println!("{i} → {}: {}", link.peer, link.compressor);
+            println!("{i} → {}: {}", link.peer, link.choice);
             let rung = (0..ladder.len())
-                .find(|&k| ladder.spec(k).to_string() == link.compressor)
+                .find(|&k| ladder.spec(k).to_string() == link.choice)
                 .expect("a rung of the ladder");
             if slow {
                 assert!(
                     ladder.bytes(rung) * 8 <= ladder.bytes(0),
                     "slow link {i} → {}: {} ({} bytes)",
                     link.peer,
-                    link.compressor,
+                    link.choice,
                     ladder.bytes(rung)
                 );
-                assert!(link.compressor.starts_with("topk"), "{}", link.compressor);
+                assert!(link.choice.starts_with("topk"), "{}", link.choice);
             } else {
-                assert_eq!(link.compressor, "identity", "{i} → {}", link.peer);
+                assert_eq!(link.choice, "identity", "{i} → {}", link.peer);
             }
-            assert_eq!(link.rounds_by_compressor.len(), 1, "{link:?}");
+            assert_eq!(link.rounds_by_choice.len(), 1, "{link:?}");
         }
     }
 }
@@ -148,9 +148,9 @@ fn an_asymmetric_link_is_judged_by_the_direction_it_sends_on() {
     };
     let (slow, back) = (link(3, 4), link(4, 3));
     println!("3 → 4: {slow:?}\n4 → 3: {back:?}");
-    assert!(slow.compressor.starts_with("topk"), "{slow:?}");
+    assert!(slow.choice.starts_with("topk"), "{slow:?}");
     assert!((slow.bytes_per_sec.unwrap() - 10e6).abs() < 1.0, "{slow:?}");
-    assert_eq!(back.compressor, "identity", "{back:?}");
+    assert_eq!(back.choice, "identity", "{back:?}");
     assert!(
         (back.bytes_per_sec.unwrap() - 100e6).abs() < 1.0,
         "{back:?}"

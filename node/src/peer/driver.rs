@@ -33,6 +33,8 @@ pub(super) struct Driver {
     pub(super) started: Instant,
     /// Our QUIC endpoint: links to restarted peers are opened during the run.
     pub(super) plane: DataPlane,
+    /// How this peer gets a relayed link when the direct path does not open.
+    pub(super) relay: crate::control::discovery::RelayClient,
     /// Each rank's identity (`None`: an empty rank of an elastic run).
     pub(super) peer_ids: Vec<Option<libp2p::PeerId>>,
     /// The identities the data plane accepts, each as its rank.
@@ -205,8 +207,9 @@ impl Driver {
     }
 
     /// Opens a link to the restarted peer `to` at its new data-plane address `addr` (its
-    /// PeerId is checked) and counts it as a destination again. `false` (logged) if the
-    /// connection failed.
+    /// PeerId is checked), relayed through peer 0 if the direct path does not open (a new
+    /// process behind a NAT), and counts it as a destination again. `false` (logged) if
+    /// the connection failed.
     pub(super) fn link_to(&mut self, to: Rank, addr: SocketAddr) -> bool {
         let Some(id) = self.peer_ids[to] else {
             warn!(
@@ -215,7 +218,29 @@ impl Driver {
             );
             return false;
         };
-        match self.rt.block_on(self.plane.connect(to, addr, id)) {
+        let (plane, relay, rank) = (&self.plane, &self.relay, self.rank);
+        let connected = self.rt.block_on(async {
+            let direct = match plane.connect(to, addr, id).await {
+                Ok(link) => return Ok(link),
+                Err(e) if !relay.is_on() => return Err(e),
+                Err(e) => e,
+            };
+            let relayed = async {
+                let allocation = relay.allocate(rank, to).await?;
+                plane.connect_relayed(to, &allocation, id).await
+            };
+            match relayed.await {
+                Ok(link) => {
+                    warn!(
+                        to,
+                        "link to peer {to}: RELAYED through peer 0 (direct: {direct:#})"
+                    );
+                    Ok(link)
+                }
+                Err(e) => Err(direct.context(format!("relayed: {e:#}"))),
+            }
+        });
+        match connected {
             Ok(link) => {
                 self.links.insert(to, link);
                 self.destinations.insert(to);

@@ -465,6 +465,7 @@ fn wire<B: AutodiffBackend>(
         epoch: 0,
         started: Instant::now(),
         plane,
+        relay,
         peer_ids,
         admitted,
         welcomes: BTreeMap::new(),
@@ -633,17 +634,24 @@ impl<B: AutodiffBackend> Training<'_, B> {
             test_accuracy,
             "epoch done"
         );
-        // Algorithms that choose per link (choco-auto): what each link measured and sent.
+        // Algorithms that choose per link (choco-auto, local-auto): what each link measured and
+        // chose.
         for l in self.drv.gossip.link_choices() {
             let bandwidth = l
                 .bytes_per_sec
                 .map_or("unmeasured".to_string(), |b| format!("{:.2} MB/s", b / 1e6));
             let sent: Vec<String> = l
-                .rounds_by_compressor
+                .rounds_by_choice
                 .iter()
                 .map(|(c, k)| format!("{c}×{k}"))
                 .collect();
-            info!(to = l.peer, %bandwidth, compressor = %l.compressor, sent = %sent.join(" "), "link");
+            info!(
+                "link to={} bandwidth={bandwidth} {}={} sent={}",
+                l.peer,
+                l.what,
+                l.choice,
+                sent.join(" ")
+            );
         }
         report::append_json_line(&self.peer_log, &report)?;
         self.drv.report(report.clone(), &self.x)?;

@@ -17,8 +17,9 @@
 //! destination (endpoint-independent mapping, as Linux's MASQUERADE does when the port is
 //! free) and to drop unsolicited packets rather than answer them, and both ends must dial
 //! (a directed edge i → j has no packet from j to open i's NAT). The bootstrap must be on
-//! the public side: its view is every peer's view. Not built: a relay for the peers whose
-//! NATs do not allow this (symmetric NATs), and a bootstrap behind a NAT.
+//! the public side: its view is every peer's view. Where the direct path does not open, the
+//! link is relayed through peer 0 ([`crate::plane::relay`], opened by
+//! `crate::peer::links`). Not built: a bootstrap behind a NAT.
 
 use std::net::{IpAddr, SocketAddr};
 
