@@ -105,19 +105,7 @@ impl ChocoAutoConfig {
     /// # Errors
     /// A message if `w` is not symmetric.
     pub fn from_matrix(w: &MixingMatrix, rank: Rank, lr: f32, gamma: f32) -> Result<Self, String> {
-        let n = w.n();
-        for i in 0..n {
-            for j in 0..i {
-                if (w.get(i, j) - w.get(j, i)).abs() > 1e-12 {
-                    return Err(format!(
-                        "W must be symmetric (an undirected graph): w[{i}][{j}] = {} but \
-                         w[{j}][{i}] = {}",
-                        w.get(i, j),
-                        w.get(j, i)
-                    ));
-                }
-            }
-        }
+        check_symmetric(w)?;
         Ok(ChocoAutoConfig {
             rank,
             self_weight: w.get(rank, rank),
@@ -133,6 +121,26 @@ impl ChocoAutoConfig {
             meter: MeterConfig::default(),
         })
     }
+}
+
+/// `Ok` if `w` (n×n) is symmetric within 1e-12 (an undirected graph), else a message naming
+/// the first pair that differs: the per-link algorithms mix pairwise and keep the average
+/// only then.
+pub(crate) fn check_symmetric(w: &MixingMatrix) -> Result<(), String> {
+    let n = w.n();
+    for i in 0..n {
+        for j in 0..i {
+            if (w.get(i, j) - w.get(j, i)).abs() > 1e-12 {
+                return Err(format!(
+                    "W must be symmetric (an undirected graph): w[{i}][{j}] = {} but \
+                     w[{j}][{i}] = {}",
+                    w.get(i, j),
+                    w.get(j, i)
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The operators a link can be given, from the least to the most compressing, each with

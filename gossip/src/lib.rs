@@ -32,6 +32,7 @@ mod exchange;
 pub mod frame;
 pub mod link_meter;
 pub mod local;
+pub mod local_auto;
 pub mod netsim;
 pub mod optim;
 pub mod phased;
@@ -346,7 +347,7 @@ pub struct GossipStats {
 }
 
 /// What one link of a peer measured and chose, for algorithms that choose per link
-/// ([`ChocoAuto`]: the compressor; [`local_auto`]: the period).
+/// ([`ChocoAuto`]: the compressor; [`local_auto::AsyncLinks`]: the period).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LinkChoice {
     /// The neighbour j.
@@ -527,7 +528,7 @@ pub trait Gossip: Send {
     }
 
     /// Per link, the measured bandwidth and what was chosen ([`ChocoAuto`]: the operator,
-    /// [`local_auto`]: the period); empty for algorithms that treat every link alike (the
+    /// [`local_auto::AsyncLinks`]: the period); empty for algorithms that treat every link alike (the
     /// default).
     fn link_choices(&self) -> Vec<LinkChoice> {
         Vec::new()

@@ -161,6 +161,14 @@ impl Gossip for LocalSgd {
     fn in_peers(&self) -> Vec<Rank> {
         self.inner.in_peers()
     }
+
+    fn observe_link(&mut self, from: Rank, bytes: usize, secs: f64) {
+        self.inner.observe_link(from, bytes, secs);
+    }
+
+    fn link_choices(&self) -> Vec<crate::LinkChoice> {
+        self.inner.link_choices()
+    }
 }
 
 /// Local-SGD gossip in the [`crate::registry`]: H local steps, then one D-PSGD mixing round.

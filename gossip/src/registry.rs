@@ -29,6 +29,7 @@ pub const ALGORITHMS: &[&dyn Algorithm] = &[
     &crate::choco_auto::CHOCO_AUTO,
     &crate::sgp::SGP,
     &crate::local::LOCAL_SGD,
+    &crate::local_auto::LOCAL_AUTO,
     &crate::local::LOCAL_AVG,
     &crate::diloco::DILOCO,
     &crate::diloco::DILOCO_GOSSIP,
