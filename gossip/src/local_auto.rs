@@ -71,8 +71,8 @@ struct Edge {
     theirs: BTreeMap<u64, Vec<f32>>,
     /// The communication round the snapshot in flight was sent at.
     sent_at: u64,
-    /// Rounds from sending to mixing, of the last exchange, and how many exchanges took
-    /// each number of rounds.
+    /// The period of the last exchange (rounds from sending to mixing, both counted: 1 for
+    /// an exchange within one round), and how many exchanges had each period.
     last_period: Option<u64>,
     periods: BTreeMap<u64, u64>,
 }
@@ -264,7 +264,8 @@ impl AsyncLinks {
         for e in &mut self.edges {
             if e.sent > e.mixed && e.theirs.remove(&e.mixed).is_some() {
                 e.mixed += 1;
-                let period = round - e.sent_at;
+                // Sent and mixed in the same round: every round, period 1.
+                let period = round - e.sent_at + 1;
                 e.last_period = Some(period);
                 *e.periods.entry(period).or_default() += 1;
             }
@@ -380,7 +381,7 @@ impl Gossip for AsyncLinks {
     }
 
     fn stats(&self) -> GossipStats {
-        self.stats.clone()
+        self.stats
     }
 
     fn out_peers(&self) -> Vec<Rank> {
