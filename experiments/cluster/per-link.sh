@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Per-link compression on shaped links: an 8-peer ring (one network namespace per peer,
-# netns-ring.sh) where every link runs at FAST except one at SLOW (10× slower by default),
+# Per-link choices on shaped links: an 8-peer ring (one network namespace per peer,
+# netns-ring.sh) where every link runs at FAST except one at SLOW (10× slower by default):
 # CHOCO-SGD with one compressor on every link against choco-auto (a compressor per link
-# from its measured bandwidth).
+# from its measured bandwidth), and local-SGD gossip (H = 4) against local-auto (a period
+# per link). CONFIGS=local runs only the latter.
 #
 #   sudo experiments/cluster/per-link.sh [OUT]        # OUT: experiments/results/per-link
 #
@@ -31,6 +32,10 @@ configs=(
     "slow choco identity|$SLOW|--algorithm choco --compressor identity --gamma 0.1"
     "slow choco topk:0.05|$SLOW|--algorithm choco --compressor topk:0.05 --gamma 0.1"
     "slow choco-auto|$SLOW|--algorithm choco-auto"
+    "all-fast local-sgd|$FAST|--algorithm local-sgd"
+    "all-fast local-auto|$FAST|--algorithm local-auto"
+    "slow local-sgd|$SLOW|--algorithm local-sgd"
+    "slow local-auto|$SLOW|--algorithm local-auto"
 )
 for seed in $SEEDS; do
     for c in "${configs[@]}"; do

@@ -117,6 +117,16 @@ impl LinkMeter {
         self.reported[k].or_else(|| self.rates[k].median())
     }
 
+    /// The bandwidth of the slower direction of the link with neighbour `k` (bytes/s): the
+    /// smaller of what it reported of this peer → it and what this peer measured of it →
+    /// this peer; whichever is known; `None` before either.
+    pub(crate) fn rate_either_way(&self, k: usize) -> Option<f64> {
+        match (self.reported[k], self.rates[k].median()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// The fastest outgoing link's bandwidth; `None` before any was measured.
     pub(crate) fn fastest(&self) -> Option<f64> {
         (0..self.rates.len())

@@ -29,14 +29,15 @@
 //! overlap SGP), with a per-edge delay that the link's bandwidth decides.
 //!
 //! **Which links are fast, and the deadline.** Each link's bandwidth is measured as for
-//! [`crate::ChocoAuto`] ([`crate::link_meter`]; here from the receiving end only). A link
-//! whose transfer time for a model is within (1 + [`crate::choco_auto::SLACK`]) of the
-//! fastest link's is fast, and so is a link not measured yet (round 0 waits for every link,
-//! and measures it). A round waits for its fast links' snapshots until they are in, or until
-//! its deadline: max(4 × the fastest link's transfer time, the median compute time of a
-//! round) after it began — so a neighbour a little slower to compute is waited for, and a
-//! stalled one is not (its snapshot is mixed when it comes). A round with no deadline yet
-//! (nothing measured) waits up to the round timeout.
+//! [`crate::ChocoAuto`] ([`crate::link_meter`]: each direction by its receiver, reported to
+//! the sender every 4 rounds), and a link is as fast as its slower direction — an exchange
+//! needs both. A link is slow when it takes more than [`SLOW_FACTOR`] (3) times the fastest
+//! link's time to carry a model; the others are fast, and so is a link not measured yet (round 0 waits for
+//! every link, and measures it). A round waits for its fast links' snapshots until they are
+//! in, or until its deadline: [`DEADLINE_FACTOR`] (4) times the longer of its slowest
+//! awaited link's transfer time and the median compute time of a round — so a neighbour a
+//! little slower to compute is waited for, and a stalled one is not (its snapshot is mixed
+//! when it comes). Before any link was measured a round waits up to the round timeout.
 //!
 //! Each edge has one exchange in flight (an end sends snapshot k + 1 only after it mixed
 //! k), so a link never queues more than one model per direction, and an end receives
@@ -58,6 +59,14 @@ use rand::SeedableRng;
 use crate::link_meter::{LinkMeter, MeterConfig};
 use crate::registry::{Algorithm, BuildContext, BuildError, Resumable};
 use crate::{Gossip, GossipError, GossipEvent, GossipStats, LinkChoice, Rank, Transmit};
+
+/// A link is slow (not waited for) when it takes more than this many times the fastest
+/// link's time to carry a model: 3, so that measurement noise between equal links (a few
+/// tens of percent on a busy host) never makes one of them slow.
+pub const SLOW_FACTOR: f64 = 3.0;
+/// A round's deadline: this many times the longer of its slowest awaited link's transfer
+/// time and the median compute time of a round.
+pub const DEADLINE_FACTOR: f64 = 4.0;
 
 /// One edge's exchange of snapshots.
 #[derive(Debug, Clone, Default)]
@@ -119,10 +128,7 @@ impl AsyncLinks {
         crate::choco_auto::check_symmetric(w)?;
         let weights = w.in_weights(rank);
         let neighbours: Vec<Rank> = weights.iter().map(|&(j, _)| j).collect();
-        let meter = MeterConfig {
-            report_every: 0,
-            ..MeterConfig::default()
-        };
+        let meter = MeterConfig::default();
         Ok(AsyncLinks {
             rank,
             round_timeout,
@@ -154,7 +160,7 @@ impl AsyncLinks {
             .enumerate()
             .map(|(k, (&(peer, _), e))| LinkChoice {
                 peer,
-                bytes_per_sec: self.meter.rate_to(k),
+                bytes_per_sec: self.meter.rate_either_way(k),
                 what: "period",
                 choice: e.last_period.map_or("-".to_string(), |p| p.to_string()),
                 rounds_by_choice: e.periods.iter().map(|(p, n)| (p.to_string(), *n)).collect(),
@@ -202,20 +208,23 @@ impl AsyncLinks {
     /// its deadline ([module docs](self#which-links-are-fast-and-the-deadline)).
     fn plan_wait(&mut self, now: Instant) {
         let model_bytes = (4 * self.x.len()) as f64;
-        let fastest = self.meter.fastest();
+        let fastest = self.meter.fastest().map(|f| model_bytes / f);
+        let mut longest: f64 = 0.0;
         for (k, e) in self.edges.iter().enumerate() {
-            let fast = match (fastest, self.meter.rate_to(k)) {
-                (Some(f), Some(r)) => {
-                    model_bytes / r <= (1.0 + crate::choco_auto::SLACK) * model_bytes / f
-                }
+            let transfer = self.meter.rate_either_way(k).map(|r| model_bytes / r);
+            let fast = match (fastest, transfer) {
+                (Some(f), Some(t)) => t <= SLOW_FACTOR * f,
                 _ => true,
             };
             self.awaited[k] = fast && e.sent > e.mixed;
+            if self.awaited[k] {
+                longest = longest.max(transfer.unwrap_or(0.0));
+            }
         }
         let wait = match fastest {
-            Some(f) => {
-                let transfer = 4.0 * model_bytes / f;
-                Duration::from_secs_f64(transfer.max(self.meter.compute_secs().unwrap_or(0.0)))
+            Some(_) => {
+                let compute = self.meter.compute_secs().unwrap_or(0.0);
+                Duration::from_secs_f64(DEADLINE_FACTOR * longest.max(compute))
             }
             None => self.round_timeout,
         };
@@ -308,6 +317,9 @@ impl Gossip for AsyncLinks {
         from: Rank,
         frame: &[u8],
     ) -> Result<(), GossipError> {
+        if LinkMeter::is_report(frame, self.max_payload_bytes) {
+            return self.meter.on_report(from, frame, self.max_payload_bytes);
+        }
         let (h, payload) = crate::parse_frame(
             frame,
             self.max_payload_bytes,
@@ -361,7 +373,9 @@ impl Gossip for AsyncLinks {
     }
 
     fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.outgoing.pop_front()
+        self.outgoing
+            .pop_front()
+            .or_else(|| self.meter.poll_report())
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
@@ -380,8 +394,13 @@ impl Gossip for AsyncLinks {
         self.round
     }
 
+    /// Snapshots and link-rate reports.
     fn stats(&self) -> GossipStats {
-        self.stats
+        let mut s = self.stats;
+        let (frames, bytes) = self.meter.sent();
+        s.frames_sent += frames;
+        s.bytes_sent += bytes;
+        s
     }
 
     fn out_peers(&self) -> Vec<Rank> {
