@@ -654,6 +654,14 @@ impl Gossip for DiLoCo {
         self.mixer.gossip().reweights()
     }
 
+    fn observe_link(&mut self, from: Rank, bytes: usize, secs: f64) {
+        self.mixer.gossip_mut().observe_link(from, bytes, secs);
+    }
+
+    fn link_choices(&self) -> Vec<crate::LinkChoice> {
+        self.mixer.gossip().link_choices()
+    }
+
     /// Passed to the inner algorithm (gossip re-weights W; all-reduce cannot lose a peer).
     fn peer_left(
         &mut self,
@@ -789,7 +797,7 @@ pub struct DiLoCoAlgorithm;
 pub const DILOCO: DiLoCoAlgorithm = DiLoCoAlgorithm;
 
 /// The protocol options of `diloco`.
-const OPTIONS: &[ProtocolOption] = &[
+pub(crate) const OPTIONS: &[ProtocolOption] = &[
     ProtocolOption::LocalSteps,
     ProtocolOption::OuterOptimizer,
     ProtocolOption::OuterLr,

@@ -1,6 +1,7 @@
-//! Local-SGD gossip with a communication period per link, set by the link itself
-//! (`--algorithm local-auto`): each link exchanges the two ends' models as fast as it can
-//! carry them, and no round waits for a slow link.
+//! Local-SGD gossip (`--algorithm local-auto`) and decentralized DiLoCo (`--algorithm
+//! diloco-auto`) with a communication period per link, set by the link itself: each link
+//! exchanges the two ends' models as fast as it can carry them, and no round waits for a
+//! slow link.
 //!
 //! # The algorithm
 //!
@@ -38,6 +39,11 @@
 //! awaited link's transfer time and the median compute time of a round — so a neighbour a
 //! little slower to compute is waited for, and a stalled one is not (its snapshot is mixed
 //! when it comes). Before any link was measured a round waits up to the round timeout.
+//!
+//! **DiLoCo.** `--algorithm diloco-auto` puts the same per-link mixing under decentralized
+//! DiLoCo ([`crate::DiLoCo`], as `diloco-gossip`): H inner steps, then the models that have
+//! arrived are mixed this way, and the outer step is taken on each peer's own anchor; a slow
+//! link's models reach the outer steps later instead of delaying them.
 //!
 //! Each edge has one exchange in flight (an end sends snapshot k + 1 only after it mixed
 //! k), so a link never queues more than one model per direction, and an end receives
@@ -454,5 +460,44 @@ impl Algorithm for LocalAutoAlgorithm {
         let inner = AsyncLinks::new(w, rank, ctx.x0, limit, ctx.round_timeout)
             .map_err(|e| BuildError::Options(format!("local-auto: {e}")))?;
         Ok(Box::new(crate::LocalSgd::new(Box::new(inner), h, lr)))
+    }
+}
+
+/// Decentralized DiLoCo with per-link periods in the [`crate::registry`]: DiLoCo's inner
+/// and outer steps ([`crate::DiLoCo`]) around [`AsyncLinks`], so that each outer step mixes
+/// the models that have arrived and a slow link's models arrive outer steps later.
+pub struct DiLoCoAutoAlgorithm;
+
+/// The registry's entry.
+pub const DILOCO_AUTO: DiLoCoAutoAlgorithm = DiLoCoAutoAlgorithm;
+
+impl Algorithm for DiLoCoAutoAlgorithm {
+    fn name(&self) -> &'static str {
+        "diloco-auto"
+    }
+    fn about(&self) -> &'static str {
+        "Decentralized DiLoCo with a period per link: H inner steps, then the models that have          arrived from each neighbour are mixed (a slow link's later, no outer step waits for          it), then the outer step on each peer's own anchor"
+    }
+    fn has_local_steps(&self) -> bool {
+        true
+    }
+    fn default_local_steps(&self) -> u64 {
+        crate::diloco::DEFAULT_LOCAL_STEPS
+    }
+    fn needs_symmetric_w(&self) -> bool {
+        true
+    }
+    fn options(&self) -> &'static [crate::ProtocolOption] {
+        crate::diloco::OPTIONS
+    }
+    fn resumable(&self, _skip_policy: bool) -> Resumable {
+        Resumable::No
+    }
+    fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
+        let (h, lr, outer) = (ctx.options.local_steps(self), ctx.lr, ctx.options.outer());
+        let (w, rank, limit) = (&ctx.topology.w, ctx.rank, ctx.max_payload_bytes);
+        let inner = AsyncLinks::new(w, rank, ctx.x0, limit, ctx.round_timeout)
+            .map_err(|e| BuildError::Options(format!("diloco-auto: {e}")))?;
+        Ok(Box::new(crate::DiLoCo::new(Box::new(inner), h, lr, outer)?))
     }
 }

@@ -33,6 +33,7 @@ pub const ALGORITHMS: &[&dyn Algorithm] = &[
     &crate::local::LOCAL_AVG,
     &crate::diloco::DILOCO,
     &crate::diloco::DILOCO_GOSSIP,
+    &crate::local_auto::DILOCO_AUTO,
     &crate::streaming::STREAMING_DILOCO,
     &crate::allreduce::ALLREDUCE,
     &crate::ps::PS,
@@ -665,7 +666,7 @@ mod tests {
             assert!(names.insert(a.name()), "{} listed twice", a.name());
             assert!(!a.about().is_empty());
         }
-        assert_eq!(names.len(), 11);
+        assert_eq!(names.len(), 13);
         let err = "gossip".parse::<AlgorithmSpec>().unwrap_err();
         assert!(err.contains("dpsgd, choco, choco-auto, sgp"), "{err}");
         assert_eq!(AlgorithmSpec::default().name(), "dpsgd");

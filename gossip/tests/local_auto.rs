@@ -73,6 +73,33 @@ fn on_equal_links_it_is_local_sgd_gossip_up_to_rounding() {
 }
 
 #[test]
+fn on_equal_links_diloco_auto_is_diloco_gossip_up_to_rounding() {
+    let (n, d) = (8, 100_000);
+    let xs = common::uniform_vectors(n, d, 1.0, 6);
+    let (gossip, t_gossip) = run(peers("diloco-gossip", &xs, 2), false, 40, true);
+    let (auto, t_auto) = run(peers("diloco-auto", &xs, 2), false, 40, true);
+    let diff = params(&gossip)
+        .iter()
+        .flatten()
+        .zip(params(&auto).iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(diff < 1e-4, "the models differ by up to {diff}");
+    assert_eq!(t_gossip, t_auto);
+    // With the slow link, its outer steps do not wait for it.
+    let (_, slow_auto) = run(peers("diloco-auto", &xs, 2), true, 40, true);
+    let (_, slow_gossip) = run(peers("diloco-gossip", &xs, 2), true, 40, true);
+    println!(
+        "mean step: all fast {:.2} ms; slow link: diloco-auto {:.2} ms, diloco-gossip {:.2} ms",
+        t_auto * 1e3,
+        slow_auto * 1e3,
+        slow_gossip * 1e3
+    );
+    assert!(slow_auto < 1.2 * t_auto, "{slow_auto} vs {t_auto}");
+    assert!(slow_gossip > 1.5 * t_auto, "{slow_gossip} vs {t_auto}");
+}
+
+#[test]
 fn a_slow_link_mixes_less_often_and_does_not_slow_the_rounds() {
     let (n, d) = (8, 200_000);
     let xs = common::uniform_vectors(n, d, 1.0, 3);
