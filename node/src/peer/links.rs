@@ -159,10 +159,19 @@ pub async fn open(
 
 /// Behind a NAT: for each peer of `incoming` whose direct connection has not come within
 /// [`LISTEN_FOR_DIRECT`], asks for the relayed link from it to `rank` and registers there
-/// as its listener (in the background, until a connection from it is up). Returns once
-/// every such request was answered.
+/// as its listener (in the background, until a connection from it is up). Returns as soon
+/// as every peer of `incoming` has connected, else once every such request was answered.
 async fn listen_relayed(plane: &DataPlane, relay: &RelayClient, rank: Rank, incoming: &[Rank]) {
-    tokio::time::sleep(LISTEN_FOR_DIRECT).await;
+    let until = tokio::time::Instant::now() + LISTEN_FOR_DIRECT;
+    while tokio::time::Instant::now() < until {
+        if incoming
+            .iter()
+            .all(|&from| from == rank || plane.has_inbound(from))
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let asks = incoming
         .iter()
         .filter(|&&from| from != rank && !plane.has_inbound(from))

@@ -345,6 +345,12 @@ fn join(
     } else if given != rank {
         bail!("the bootstrap's directory has this peer as rank {given}, not {rank}");
     }
+    // This peer as the others see it: behind a NAT, at the address the bootstrap saw (which
+    // a restarted peer's hello must give its neighbours, not its own interface's).
+    if let Some(entry) = directory.get(given).and_then(Option::as_ref) {
+        me.data_addr = entry.data_addr;
+        me.nat_published = entry.nat_published;
+    }
     Ok(Joined {
         me,
         resume_round,
