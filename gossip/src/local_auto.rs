@@ -35,8 +35,9 @@
 //! needs both. A link is slow when it takes more than [`SLOW_FACTOR`] (3) times the fastest
 //! link's time to carry a model; the others are fast, and so is a link not measured yet (round 0 waits for
 //! every link, and measures it). A round waits for its fast links' snapshots until they are
-//! in, or until its deadline: [`DEADLINE_FACTOR`] (4) times the longer of its slowest
-//! awaited link's transfer time and the median compute time of a round — so a neighbour a
+//! in, or until its deadline: [`DEADLINE_FACTOR`] (4) times the longer of its awaited links'
+//! transfer times added up (their models share the NICs) and the median compute time of a
+//! round — so a neighbour a
 //! little slower to compute is waited for, and a stalled one is not (its snapshot is mixed
 //! when it comes). Before any link was measured a round waits up to the round timeout.
 //!
@@ -70,8 +71,8 @@ use crate::{Gossip, GossipError, GossipEvent, GossipStats, LinkChoice, Rank, Tra
 /// link's time to carry a model: 3, so that measurement noise between equal links (a few
 /// tens of percent on a busy host) never makes one of them slow.
 pub const SLOW_FACTOR: f64 = 3.0;
-/// A round's deadline: this many times the longer of its slowest awaited link's transfer
-/// time and the median compute time of a round.
+/// A round's deadline: this many times the longer of its awaited links' transfer times
+/// added up and the median compute time of a round.
 pub const DEADLINE_FACTOR: f64 = 4.0;
 
 /// One edge's exchange of snapshots.
@@ -215,7 +216,7 @@ impl AsyncLinks {
     fn plan_wait(&mut self, now: Instant) {
         let model_bytes = (4 * self.x.len()) as f64;
         let fastest = self.meter.fastest().map(|f| model_bytes / f);
-        let mut longest: f64 = 0.0;
+        let mut awaited_secs: f64 = 0.0;
         for (k, e) in self.edges.iter().enumerate() {
             let transfer = self.meter.rate_either_way(k).map(|r| model_bytes / r);
             let fast = match (fastest, transfer) {
@@ -224,13 +225,15 @@ impl AsyncLinks {
             };
             self.awaited[k] = fast && e.sent > e.mixed;
             if self.awaited[k] {
-                longest = longest.max(transfer.unwrap_or(0.0));
+                // The awaited models share this peer's and its neighbours' NICs: budget
+                // their transfers one after another.
+                awaited_secs += transfer.unwrap_or(0.0);
             }
         }
         let wait = match fastest {
             Some(_) => {
                 let compute = self.meter.compute_secs().unwrap_or(0.0);
-                Duration::from_secs_f64(DEADLINE_FACTOR * longest.max(compute))
+                Duration::from_secs_f64(DEADLINE_FACTOR * awaited_secs.max(compute))
             }
             None => self.round_timeout,
         };
