@@ -1005,6 +1005,32 @@ fn whole_run_resumes(extra: &[&str]) -> Cluster {
         let v: Vec<f64> = after.iter().map(|r| r[key].as_f64().unwrap()).collect();
         assert!(v.windows(2).all(|w| w[1] >= w[0]), "{key}: {v:?}");
     }
+    // Each peer's own log has each epoch once, and its totals go on from its checkpoint:
+    // D-PSGD sends the same two frames every round, so after 40 rounds a peer has sent 4×
+    // what it had after the 10 rounds of epoch 1, the rounds of the resumed epoch before the
+    // checkpoint included (the rounds after it, redone, count once).
+    for rank in 0..3 {
+        let log = c.out().join("peers").join(format!("peer-{rank}.jsonl"));
+        let lines: Vec<Value> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let epochs: Vec<u64> = lines.iter().map(|r| r["epoch"].as_u64().unwrap()).collect();
+        assert_eq!(epochs, vec![0, 1, 2, 3, 4], "peer {rank}: each epoch once");
+        if extra.is_empty() {
+            let sent = |e: usize| lines[e]["bytes_sent"].as_u64().unwrap();
+            assert_eq!(sent(4), 4 * sent(1), "peer {rank}: bytes sent over the run");
+        }
+    }
+    if extra.is_empty() {
+        let per_peer = |e: usize| after[e]["bytes_sent_per_peer"].as_f64().unwrap();
+        assert_eq!(
+            per_peer(4),
+            4.0 * per_peer(1),
+            "the run's bytes sent per peer"
+        );
+    }
     // Trained, not broken (chance is 0.1). The value depends on the round resumed from,
     // which depends on when the kill lands: 0.815-0.843 seen here for rounds 20 and 25 with
     // CHOCO top-10% and D-PSGD, and below 0.8 once in CI under load, so the bar is 0.7.

@@ -6,7 +6,7 @@
 //! means and variances, `[s]`, s = 0 without BatchNorm; with x it rebuilds the model
 //! exactly), its optimizer state (`[o]`: the heavy-ball velocity, o = d, or AdamW's moments
 //! and step count, o = 2d + 1), its round, the peers it
-//! knows to have left, and the algorithm's own state ([`AlgorithmState`]: CHOCO's x̂_i and copies x̂_j, SGP's push-sum weight and
+//! knows to have left, what it had reported so far (bytes, seconds: [`PeerTotals`]), and the algorithm's own state ([`AlgorithmState`]: CHOCO's x̂_i and copies x̂_j, SGP's push-sum weight and
 //! numerator, a compressor's error-feedback residual or DGC buffers). The file is written
 //! to a temporary name, flushed to disk and renamed, so a kill at any moment leaves either
 //! the previous checkpoint or the new one, never a torn file: a kill -9 loses only the
@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use murmur_gossip::AlgorithmState;
 
 use crate::control::discovery::Fingerprint;
+use crate::report::PeerTotals;
 
 const MAGIC: &[u8; 8] = b"MURMURCK";
 const VERSION: u32 = 4;
@@ -45,6 +46,11 @@ pub struct CheckpointMeta {
     pub fingerprint: Fingerprint,
     /// Peers this peer knew to have left, ascending.
     pub departed: Vec<Rank>,
+    /// What this peer had reported so far at `round` (bytes, seconds, refused frames): a
+    /// peer resumed from the checkpoint counts on from these. `None` in checkpoints written
+    /// before it was saved (such a peer counts from 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub totals: Option<PeerTotals>,
 }
 
 /// One peer's saved state.
@@ -283,6 +289,12 @@ mod tests {
                 round: 40,
                 fingerprint: fingerprint(),
                 departed: vec![3],
+                totals: Some(PeerTotals {
+                    bytes_sent: 1_628_240,
+                    wall_seconds: 2.5,
+                    refused_frames: 1,
+                    ..PeerTotals::default()
+                }),
             },
             x: vec![1.0, -2.0, 0.5],
             velocity: vec![0.25, 0.0, -1.0],

@@ -3,6 +3,7 @@
 //! reports), finish (the last reports, the summary).
 
 use super::*;
+use crate::report::PeerTotals;
 use crate::train::learner::Learner;
 use crate::train::optim::Optimizer;
 
@@ -58,7 +59,7 @@ pub(super) fn run_on<B: AutodiffBackend>(
         rounds_per_epoch,
     )?;
     let mut optimizer = args.optimizer(x.len());
-    let first_round = enter(
+    let (first_round, carried) = enter(
         args,
         peer,
         &start,
@@ -79,8 +80,12 @@ pub(super) fn run_on<B: AutodiffBackend>(
         }
         r => (r / rounds_per_epoch) as usize + 1,
     };
-    if let (Some(c), true) = (drv.collector.as_mut(), first_epoch > 0) {
-        c.keep_rows_before(first_epoch)?;
+    let peer_log = peer.out.join("peers").join(format!("peer-{rank}.jsonl"));
+    if first_epoch > 0 {
+        if let Some(c) = drv.collector.as_mut() {
+            c.keep_rows_before(first_epoch, carried.map(|t| t.wall_seconds))?;
+        }
+        report::keep_peer_epochs_before(&peer_log, first_epoch)?;
     }
 
     // The mini-batch order of a resumed peer differs from the one before its stop.
@@ -112,9 +117,10 @@ pub(super) fn run_on<B: AutodiffBackend>(
         test: &data.test,
         fingerprint,
         checkpoint_path: checkpoint::path(&peer.out, rank),
-        peer_log: peer.out.join("peers").join(format!("peer-{rank}.jsonl")),
+        peer_log,
         rounds_per_epoch,
         first_round,
+        carried: carried.unwrap_or_default(),
         times: Times::default(),
         started: Instant::now(),
     };
@@ -490,7 +496,8 @@ fn wire<B: AutodiffBackend>(
 /// Where this peer's training starts: round 0; with the whole run resuming, its checkpoint
 /// of the agreed round; or, restarted or new in a run under way, the mean of its
 /// neighbours at a round agreed with them (and the momentum of its latest checkpoint).
-/// Sets the model, x and the optimizer's state; returns the first round.
+/// Sets the model, x and the optimizer's state; returns the first round and the totals
+/// this peer had reported at its checkpoint (to count on from), if it resumed from one.
 #[allow(clippy::too_many_arguments)]
 fn enter<B: AutodiffBackend>(
     args: &RunArgs,
@@ -503,7 +510,7 @@ fn enter<B: AutodiffBackend>(
     mut checkpoints: Vec<Checkpoint>,
     rounds_per_epoch: u64,
     (net, x, optimizer): (&mut Net<B>, &mut Vec<f32>, &mut dyn Optimizer),
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<(u64, Option<PeerTotals>)> {
     let restore = |net: &mut Net<B>, x: &[f32], model_state: &[f32]| -> anyhow::Result<()> {
         let m = model::unflatten(net.clone(), x)?;
         *net = restore_running_state(m, model_state)?;
@@ -530,10 +537,10 @@ fn enter<B: AutodiffBackend>(
                 args.algorithm_name()
             )
         })?;
-        return Ok(round);
+        return Ok((round, c.meta.totals));
     }
     if !(peer.resume || peer.join_running) {
-        return Ok(0);
+        return Ok((0, None));
     }
     if start.resumable != Resumable::Rejoin {
         bail!(
@@ -552,13 +559,15 @@ fn enter<B: AutodiffBackend>(
     )?;
     *x = mean;
     let mut model_state = Vec::new();
+    let mut totals = None;
     if let Some(c) = checkpoints.into_iter().max_by_key(|c| c.meta.round) {
         info!(round = c.meta.round, "loaded the checkpoint");
         optimizer.restore(c.velocity)?;
         model_state = c.model_state;
+        totals = c.meta.totals;
     }
     restore(net, x, &model_state)?;
-    Ok(at)
+    Ok((at, totals))
 }
 
 /// Seconds of a peer's rounds so far: computing the step, in the round until mixed, and
@@ -589,6 +598,9 @@ struct Training<'a, B: AutodiffBackend> {
     rounds_per_epoch: u64,
     /// The first round this process trains (0, or after a resume or rejoin).
     first_round: u64,
+    /// What this peer had reported at the checkpoint it resumed from (zeros without one):
+    /// its reports and checkpoints count on from these.
+    carried: PeerTotals,
     times: Times,
     started: Instant,
 }
@@ -616,7 +628,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
             batch_loss,
             &self.device,
         )?;
-        let stats = self.drv.gossip.stats();
+        let t = self.totals();
         let report = PeerEpoch {
             peer: self.rank,
             epoch,
@@ -625,14 +637,14 @@ impl<B: AutodiffBackend> Training<'_, B> {
             train_loss,
             test_accuracy,
             test_loss,
-            bytes_sent: stats.bytes_sent,
-            bytes_received: stats.bytes_received,
-            compute_seconds: self.times.compute,
-            communicate_seconds: self.times.communicate,
-            wait_seconds: self.times.wait,
-            refused_frames: self.drv.refused_frames,
-            skipped: stats.skipped,
-            wall_seconds: self.started.elapsed().as_secs_f64(),
+            bytes_sent: t.bytes_sent,
+            bytes_received: t.bytes_received,
+            compute_seconds: t.compute_seconds,
+            communicate_seconds: t.communicate_seconds,
+            wait_seconds: t.wait_seconds,
+            refused_frames: t.refused_frames,
+            skipped: t.skipped,
+            wall_seconds: t.wall_seconds,
         };
         info!(
             epoch,
@@ -662,6 +674,23 @@ impl<B: AutodiffBackend> Training<'_, B> {
         report::append_json_line(&self.peer_log, &report)?;
         self.drv.report(report.clone(), &self.x)?;
         Ok(report)
+    }
+
+    /// This peer's running totals: this process's counters on top of those carried over
+    /// from the checkpoint it resumed from.
+    fn totals(&self) -> PeerTotals {
+        let stats = self.drv.gossip.stats();
+        PeerTotals {
+            bytes_sent: stats.bytes_sent,
+            bytes_received: stats.bytes_received,
+            compute_seconds: self.times.compute,
+            communicate_seconds: self.times.communicate,
+            wait_seconds: self.times.wait,
+            wall_seconds: self.started.elapsed().as_secs_f64(),
+            refused_frames: self.drv.refused_frames,
+            skipped: stats.skipped,
+        }
+        .plus(self.carried)
     }
 
     /// One round: the local step, the algorithm's exchange, the mixed parameters back into
@@ -749,6 +778,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
                 round,
                 fingerprint: self.fingerprint.clone(),
                 departed: self.drv.membership.departed().keys().copied().collect(),
+                totals: Some(self.totals()),
             },
             x: self.x.clone(),
             velocity: self.learner.optimizer().state(),

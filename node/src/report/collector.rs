@@ -144,8 +144,17 @@ impl Collector {
 
     /// A whole run resumed at `first_epoch`: keeps the rows of the epochs before it from
     /// `epochs.jsonl` (the later ones are recorded again) and rewrites `epochs.jsonl` and
-    /// `epochs.csv` with them.
-    pub(crate) fn keep_rows_before(&mut self, first_epoch: usize) -> anyhow::Result<()> {
+    /// `epochs.csv` with them. The later rows' totals go on from the resume:
+    /// `peer0_wall_seconds` is peer 0's training time at the checkpoint resumed from, when
+    /// the checkpoints carry the peers' totals (the peers' reports then count on from their
+    /// checkpoint, and only the wall time is the collector's to continue); without it (an
+    /// older checkpoint) the last kept row's totals are added to the new reports, which
+    /// leaves out the rounds of the resumed epoch before the checkpoint.
+    pub(crate) fn keep_rows_before(
+        &mut self,
+        first_epoch: usize,
+        peer0_wall_seconds: Option<f64>,
+    ) -> anyhow::Result<()> {
         let path = self.dir.join("epochs.jsonl");
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         let mut rows = Vec::new();
@@ -166,7 +175,13 @@ impl Collector {
             &self.dir.join("epochs.csv"),
             report::to_csv(&rows)?.as_bytes(),
         )?;
-        self.carried = rows.last().cloned();
+        self.carried = match peer0_wall_seconds {
+            Some(wall_seconds) => Some(EpochRow {
+                wall_seconds,
+                ..EpochRow::default()
+            }),
+            None => rows.last().cloned(),
+        };
         self.rows = rows;
         Ok(())
     }

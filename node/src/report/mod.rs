@@ -53,6 +53,45 @@ pub struct PeerEpoch {
     pub skipped: u64,
 }
 
+/// A peer's running totals as its [`PeerEpoch`] reports them: kept in its checkpoints, so
+/// that a peer resumed from one (the whole run, or a restarted peer rejoining) goes on
+/// counting from the checkpoint's round instead of from 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeerTotals {
+    /// Gossip bytes sent.
+    pub bytes_sent: u64,
+    /// Gossip bytes received.
+    pub bytes_received: u64,
+    /// Seconds of forward/backward.
+    pub compute_seconds: f64,
+    /// Seconds from sending a round's messages to having mixed.
+    pub communicate_seconds: f64,
+    /// Seconds blocked waiting for a round to mix.
+    pub wait_seconds: f64,
+    /// Seconds of training.
+    pub wall_seconds: f64,
+    /// Frames refused.
+    pub refused_frames: u64,
+    /// Neighbour contributions dropped under the straggler policy.
+    pub skipped: u64,
+}
+
+impl PeerTotals {
+    /// The sum of two sets of totals, field by field.
+    pub fn plus(self, o: PeerTotals) -> PeerTotals {
+        PeerTotals {
+            bytes_sent: self.bytes_sent + o.bytes_sent,
+            bytes_received: self.bytes_received + o.bytes_received,
+            compute_seconds: self.compute_seconds + o.compute_seconds,
+            communicate_seconds: self.communicate_seconds + o.communicate_seconds,
+            wait_seconds: self.wait_seconds + o.wait_seconds,
+            wall_seconds: self.wall_seconds + o.wall_seconds,
+            refused_frames: self.refused_frames + o.refused_frames,
+            skipped: self.skipped + o.skipped,
+        }
+    }
+}
+
 /// One printed row: the network's state at the end of an epoch (a line of `epochs.jsonl`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct EpochRow {
@@ -288,6 +327,33 @@ pub fn append_json_line<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<
     line.push(b'\n');
     f.write_all(&line)
         .with_context(|| format!("writing {}", path.display()))
+}
+
+/// A peer resumed into epoch `first_epoch` (the whole run, or a restarted peer rejoining)
+/// records that epoch and the later ones again: keeps only the lines of its
+/// `peers/peer-<rank>.jsonl` at `path` of the epochs before, so that each epoch is there
+/// once. A line that is not a JSON object with an `epoch` (one torn by a kill) goes too. No
+/// file: nothing to do.
+///
+/// # Errors
+/// The file cannot be read or written.
+pub fn keep_peer_epochs_before(path: &Path, first_epoch: usize) -> anyhow::Result<()> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let mut kept = String::new();
+    for line in text.lines() {
+        let epoch = serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| v.get("epoch").and_then(serde_json::Value::as_u64));
+        if epoch.is_some_and(|e| e < first_epoch as u64) {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    write_atomic(path, kept.as_bytes())
 }
 
 /// Writes `contents` to `path` atomically (temporary file, then rename).
