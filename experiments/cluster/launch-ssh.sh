@@ -16,7 +16,8 @@
 # through any of them); peer 0 also bootstrap.addr, the epochs, the summary and the
 # membership. Back on this machine, in RUN_DIR: every peer's log (logs/peer-<r>.log) and,
 # from peer 0's host, summary.json, summary.csv, epochs.csv, epochs.jsonl, membership.jsonl
-# and distances.jsonl (those that exist); peer 0's table and summary line are printed.
+# and distances.jsonl (those that exist), and the charts, plots/ (drawn there with `murmur
+# plot`); peer 0's table and summary line are printed.
 # Run options: passed to every peer (e.g. --epochs 20 --topology ring --checkpoint-every 50);
 # --peers is set from the host file.
 #
@@ -174,6 +175,24 @@ for f in summary.json summary.csv epochs.csv epochs.jsonl membership.jsonl dista
         rm -f "$run_dir/$f.fetch"
     fi
 done
+# The run's charts (plots/, as `launch` draws them), drawn on peer 0's host (where MURMUR
+# is) and brought here the same way: a tar stream into a temporary folder, then moved in
+# place. A missing font or a run with no epoch recorded is said, not fatal.
+if [[ ${#fetched[@]} -gt 0 ]]; then
+    plot_log=$(mktemp)
+    plots_tmp=$(mktemp -d "$run_dir/.plots.XXXXXX")
+    if on "${hosts[0]}" "$(quote "$MURMUR" plot "$run_dir")" > "$plot_log" 2>&1 \
+        && on "${hosts[0]}" "tar -C $(quote "$run_dir") -cf - plots" | tar -C "$plots_tmp" -xf - \
+        && [[ -d $plots_tmp/plots ]]; then
+        rm -rf "$run_dir/plots"
+        mv "$plots_tmp/plots" "$run_dir/plots"
+        fetched+=("plots/")
+    else
+        cat "$plot_log" >&2
+        echo "launch-ssh: no plots (see above); \`murmur plot $run_dir\` draws them later" >&2
+    fi
+    rm -rf "$plots_tmp" "$plot_log"
+fi
 # Peer 0's table and summary line.
 grep -v '^[0-9TZ:.-]* *\(INFO\|WARN\|DEBUG\)' "$run_dir/logs/peer-0.log" || true
 if [[ ${#fetched[@]} -gt 0 ]]; then

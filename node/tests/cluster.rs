@@ -1518,6 +1518,15 @@ fn the_ssh_launcher_runs_a_host_file_of_peers() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+    // The charts were drawn on peer 0's host and came back here.
+    for f in ["accuracy.png", "accuracy_vs_bytes.svg", "time.svg"] {
+        assert_eq!(
+            std::fs::read(run.join("plots").join(f)).unwrap(),
+            std::fs::read(remote.join("plots").join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    assert!(stderr.contains("plots/"), "{stderr}");
     // A host file without hosts is an error, not a run.
     std::fs::write(&hosts, "# nobody\n").unwrap();
     let out = Command::new("bash")
