@@ -70,6 +70,7 @@ pub(crate) fn decode_with_params<T: serde::de::DeserializeOwned>(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::report::PeerTotals;
 
     /// A report with every field set, for the codec and collector tests.
     pub(crate) fn report() -> PeerEpoch {
@@ -81,14 +82,16 @@ pub(crate) mod tests {
             train_loss: 0.5,
             test_accuracy: 0.9,
             test_loss: 0.3,
-            bytes_sent: 1000,
-            bytes_received: 999,
-            compute_seconds: 1.5,
-            communicate_seconds: 2.5,
-            wait_seconds: 0.5,
-            refused_frames: 0,
-            skipped: 0,
-            wall_seconds: 4.0,
+            totals: PeerTotals {
+                bytes_sent: 1000,
+                bytes_received: 999,
+                compute_seconds: 1.5,
+                communicate_seconds: 2.5,
+                wait_seconds: 0.5,
+                refused_frames: 0,
+                skipped: 0,
+                wall_seconds: 4.0,
+            },
         }
     }
 
@@ -102,7 +105,7 @@ pub(crate) mod tests {
             (FrameKind::Report, 3, 2, 3)
         );
         let (r, y) = decode_report(payload, 3).unwrap();
-        assert_eq!((r.peer, r.epoch, r.bytes_sent), (3, 2, 1000));
+        assert_eq!((r.peer, r.epoch, r.totals.bytes_sent), (3, 2, 1000));
         assert_eq!(y, x);
     }
 

@@ -628,7 +628,6 @@ impl<B: AutodiffBackend> Training<'_, B> {
             batch_loss,
             &self.device,
         )?;
-        let t = self.totals();
         let report = PeerEpoch {
             peer: self.rank,
             epoch,
@@ -637,14 +636,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
             train_loss,
             test_accuracy,
             test_loss,
-            bytes_sent: t.bytes_sent,
-            bytes_received: t.bytes_received,
-            compute_seconds: t.compute_seconds,
-            communicate_seconds: t.communicate_seconds,
-            wait_seconds: t.wait_seconds,
-            refused_frames: t.refused_frames,
-            skipped: t.skipped,
-            wall_seconds: t.wall_seconds,
+            totals: self.totals(),
         };
         info!(
             epoch,

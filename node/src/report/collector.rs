@@ -312,14 +312,14 @@ pub(crate) fn epoch_row(
         mean_test_bits_per_byte: tokens.then(|| mean(|r| r.test_loss) / std::f64::consts::LN_2),
         consensus_distance: xi2,
         mean_train_loss: mean(|r| r.train_loss),
-        bytes_sent_per_peer: mean(|r| r.bytes_sent as f64),
-        compute_seconds: mean(|r| r.compute_seconds),
-        communicate_seconds: mean(|r| r.communicate_seconds),
-        wait_seconds: mean(|r| r.wait_seconds),
-        refused_frames: all.iter().map(|(r, _)| r.refused_frames).sum(),
+        bytes_sent_per_peer: mean(|r| r.totals.bytes_sent as f64),
+        compute_seconds: mean(|r| r.totals.compute_seconds),
+        communicate_seconds: mean(|r| r.totals.communicate_seconds),
+        wait_seconds: mean(|r| r.totals.wait_seconds),
+        refused_frames: all.iter().map(|(r, _)| r.totals.refused_frames).sum(),
         wall_seconds,
         peers: all.len(),
-        skipped: all.iter().map(|(r, _)| r.skipped).sum(),
+        skipped: all.iter().map(|(r, _)| r.totals.skipped).sum(),
     })
 }
 

@@ -32,6 +32,17 @@ pub struct PeerEpoch {
     pub test_accuracy: f64,
     /// Mean cross-entropy on the test split.
     pub test_loss: f64,
+    /// What this peer has sent, spent and refused so far (flattened: its fields are this
+    /// line's `bytes_sent`, `compute_seconds`, …).
+    #[serde(flatten)]
+    pub totals: PeerTotals,
+}
+
+/// A peer's running totals as its [`PeerEpoch`] reports them: kept in its checkpoints, so
+/// that a peer resumed from one (the whole run, or a restarted peer rejoining) goes on
+/// counting from the checkpoint's round instead of from 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeerTotals {
     /// Gossip bytes sent so far (whole frames: 24-byte header + compressed message).
     pub bytes_sent: u64,
     /// Gossip bytes received so far.
@@ -50,29 +61,6 @@ pub struct PeerEpoch {
     pub refused_frames: u64,
     /// Neighbour contributions this peer dropped under the straggler policy so far.
     #[serde(default)]
-    pub skipped: u64,
-}
-
-/// A peer's running totals as its [`PeerEpoch`] reports them: kept in its checkpoints, so
-/// that a peer resumed from one (the whole run, or a restarted peer rejoining) goes on
-/// counting from the checkpoint's round instead of from 0.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct PeerTotals {
-    /// Gossip bytes sent.
-    pub bytes_sent: u64,
-    /// Gossip bytes received.
-    pub bytes_received: u64,
-    /// Seconds of forward/backward.
-    pub compute_seconds: f64,
-    /// Seconds from sending a round's messages to having mixed.
-    pub communicate_seconds: f64,
-    /// Seconds blocked waiting for a round to mix.
-    pub wait_seconds: f64,
-    /// Seconds of training.
-    pub wall_seconds: f64,
-    /// Frames refused.
-    pub refused_frames: u64,
-    /// Neighbour contributions dropped under the straggler policy.
     pub skipped: u64,
 }
 

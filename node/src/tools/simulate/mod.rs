@@ -45,7 +45,7 @@ use crate::peer::algo::{self, Host};
 use crate::report::collector::{
     epoch_row, evaluate_epoch, summary, write_sample, write_summary, Reported,
 };
-use crate::report::{self, progress, PeerEpoch};
+use crate::report::{self, progress, PeerEpoch, PeerTotals};
 use crate::train::data::{partition, Batches, Dataset, RunData};
 use crate::train::learner::Learner;
 use crate::train::model::{self, Net};
