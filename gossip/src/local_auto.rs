@@ -37,9 +37,8 @@
 //! every link, and measures it). A round waits for its fast links' snapshots until they are
 //! in, or until its deadline: [`DEADLINE_FACTOR`] (4) times the longer of its awaited links'
 //! transfer times added up (their models share the NICs) and the median compute time of a
-//! round — so a neighbour a
-//! little slower to compute is waited for, and a stalled one is not (its snapshot is mixed
-//! when it comes). Before any link was measured a round waits up to the round timeout.
+//! round — so a neighbour a little slower to compute is waited for, and a stalled one is
+//! not (its snapshot is mixed when it comes). Before any link was measured a round waits up to the round timeout.
 //!
 //! **DiLoCo.** `--algorithm diloco-auto` puts the same per-link mixing under decentralized
 //! DiLoCo ([`crate::DiLoCo`], as `diloco-gossip`): H inner steps, then the models that have
@@ -479,7 +478,9 @@ impl Algorithm for DiLoCoAutoAlgorithm {
         "diloco-auto"
     }
     fn about(&self) -> &'static str {
-        "Decentralized DiLoCo with a period per link: H inner steps, then the models that have          arrived from each neighbour are mixed (a slow link's later, no outer step waits for          it), then the outer step on each peer's own anchor"
+        "Decentralized DiLoCo with a period per link: H inner steps, then the models that have \
+         arrived from each neighbour are mixed (a slow link's later, no outer step waits for \
+         it), then the outer step on each peer's own anchor"
     }
     fn has_local_steps(&self) -> bool {
         true

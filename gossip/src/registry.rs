@@ -665,6 +665,8 @@ mod tests {
             assert_eq!(a.to_string().parse::<AlgorithmSpec>().unwrap(), a);
             assert!(names.insert(a.name()), "{} listed twice", a.name());
             assert!(!a.about().is_empty());
+            // A line break in the source without `\` puts its indentation into --help.
+            assert!(!a.about().contains("  "), "{}: {:?}", a.name(), a.about());
         }
         assert_eq!(names.len(), 13);
         let err = "gossip".parse::<AlgorithmSpec>().unwrap_err();

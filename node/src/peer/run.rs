@@ -672,7 +672,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
     /// from the checkpoint it resumed from.
     fn totals(&self) -> PeerTotals {
         let stats = self.drv.gossip.stats();
-        PeerTotals {
+        let this_process = PeerTotals {
             bytes_sent: stats.bytes_sent,
             bytes_received: stats.bytes_received,
             compute_seconds: self.times.compute,
@@ -681,8 +681,8 @@ impl<B: AutodiffBackend> Training<'_, B> {
             wall_seconds: self.started.elapsed().as_secs_f64(),
             refused_frames: self.drv.refused_frames,
             skipped: stats.skipped,
-        }
-        .plus(self.carried)
+        };
+        this_process + self.carried
     }
 
     /// One round: the local step, the algorithm's exchange, the mixed parameters back into

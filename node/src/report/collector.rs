@@ -65,10 +65,12 @@ pub(crate) struct Collector {
     /// Rounds per epoch, to place a rejoin round in its epoch.
     pub(crate) rounds_per_epoch: u64,
     pub(crate) rows: Vec<EpochRow>,
-    /// A whole run resumed: the last row the earlier process(es) recorded, whose running
-    /// totals (bytes, seconds, refused and skipped frames, wall time) the new rows continue
-    /// from, so that the record and the summary cover the whole run. The rounds between
-    /// that row and the checkpoint resumed from are not counted twice, nor at all.
+    /// A whole run resumed: the running totals the new rows add on ([`continue_totals`]),
+    /// so that the record and the summary cover the whole run. When the checkpoints carry
+    /// the peers' totals (their reports count on from them) only the wall time is left to
+    /// add: peer 0's at the checkpoint, every other field 0. From older checkpoints, the
+    /// last row the earlier process(es) recorded: the rounds between that row and the
+    /// checkpoint are then not counted.
     pub(crate) carried: Option<EpochRow>,
     /// When peer 0 started training.
     pub(crate) started: Instant,

@@ -64,9 +64,11 @@ pub struct PeerTotals {
     pub skipped: u64,
 }
 
-impl PeerTotals {
+impl std::ops::Add for PeerTotals {
+    type Output = PeerTotals;
+
     /// The sum of two sets of totals, field by field.
-    pub fn plus(self, o: PeerTotals) -> PeerTotals {
+    fn add(self, o: PeerTotals) -> PeerTotals {
         PeerTotals {
             bytes_sent: self.bytes_sent + o.bytes_sent,
             bytes_received: self.bytes_received + o.bytes_received,
@@ -461,6 +463,26 @@ mod tests {
         b: u32,
         a: f64,
         name: String,
+    }
+
+    #[test]
+    fn a_resumed_peer_log_keeps_the_epochs_before_and_drops_a_torn_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("peer-1.jsonl");
+        std::fs::write(
+            &log,
+            "{\"epoch\":0,\"a\":1}\n{\"epoch\":1}\n{\"epoch\":2}\n{\"epoch\":1}\n{\"epo",
+        )
+        .unwrap();
+        keep_peer_epochs_before(&log, 2).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "{\"epoch\":0,\"a\":1}\n{\"epoch\":1}\n{\"epoch\":1}\n"
+        );
+        // No log yet (a peer that never reported): nothing to do, no file made.
+        let none = dir.path().join("peer-2.jsonl");
+        keep_peer_epochs_before(&none, 2).unwrap();
+        assert!(!none.exists());
     }
 
     #[test]
