@@ -37,13 +37,13 @@ pub enum FrameKind {
     /// The sender has finished; payload defined by the node.
     Bye = 3,
     /// A push-sum message of SGP: the push-sum weight share and a compressed parameter
-    /// share (payload defined by [`crate::sgp`]).
+    /// share (payload defined by [`crate::algorithms::sgp`]).
     PushSum = 4,
-    /// One chunk of a ring all-reduce step (payload defined by [`crate::allreduce`]).
+    /// One chunk of a ring all-reduce step (payload defined by [`crate::algorithms::allreduce`]).
     Reduce = 5,
-    /// A parameter-server worker's gradient for the server (payload defined by [`crate::ps`]).
+    /// A parameter-server worker's gradient for the server (payload defined by [`crate::algorithms::ps`]).
     Push = 6,
-    /// A parameter server's parameters for a worker (payload defined by [`crate::ps`]).
+    /// A parameter server's parameters for a worker (payload defined by [`crate::algorithms::ps`]).
     Pull = 7,
     /// A membership notice: a peer has left the run (payload defined by the node).
     Leave = 8,

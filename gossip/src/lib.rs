@@ -22,28 +22,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod allreduce;
-pub mod byzantine;
-pub mod choco;
-pub mod choco_auto;
-pub mod diloco;
-pub mod dpsgd;
-mod exchange;
+pub mod algorithms;
 pub mod frame;
-pub mod link_meter;
-pub mod local;
-pub mod local_auto;
-pub mod netsim;
-pub mod optim;
-pub mod phased;
-pub mod ps;
+pub mod mixing;
+pub mod optimizer;
 pub mod registry;
-mod relay;
-mod reweight;
-pub mod robust;
-pub mod sgp;
 pub mod sim;
-pub mod streaming;
 
 use std::time::Instant;
 
@@ -51,27 +35,29 @@ pub use bytes::Bytes;
 
 use murmur_topology::MixingMatrix;
 
-pub use allreduce::{chunk_range, AllReduce, AllReduceConfig};
-pub use byzantine::{Attack, Byzantine, ByzantineSpec};
-pub use choco::{suggested_gamma, theorem2_gamma, Choco, ChocoConfig};
-pub use choco_auto::{ChocoAuto, ChocoAutoConfig, Ladder};
-pub use diloco::{DiLoCo, OuterConfig, OuterOptimizer};
-pub use dpsgd::{DPsgd, DPsgdConfig};
-pub use exchange::AutoDeadline;
+pub use algorithms::allreduce::{chunk_range, AllReduce, AllReduceConfig};
+pub use algorithms::choco::{suggested_gamma, theorem2_gamma, Choco, ChocoConfig};
+pub use algorithms::choco_auto::{ChocoAuto, ChocoAutoConfig, Ladder};
+pub use algorithms::diloco::DiLoCo;
+pub use algorithms::dpsgd::{DPsgd, DPsgdConfig};
+pub use algorithms::local_sgd::LocalSgd;
+pub use algorithms::phased::{Phase, Phased};
+pub use algorithms::ps::{ParameterServer, PsConfig, PsMode};
+pub use algorithms::sgp::{Sgp, SgpConfig};
+pub use algorithms::streaming_diloco::{Schedule as StreamingSchedule, StreamingDiLoCo};
 pub use frame::{FrameError, FrameHeader, FrameKind, FRAME_HEADER_LEN};
-pub use local::LocalSgd;
+pub use mixing::exchange::AutoDeadline;
+pub use mixing::robust::ClipRule;
 pub use murmur_topology::Rank;
-pub use netsim::{
+pub use optimizer::{OuterConfig, OuterOptimizer};
+pub use registry::{
+    Algorithm, AlgorithmOptions, AlgorithmSpec, BuildContext, Capabilities, Compresses, Departures,
+    GraphNeeds, Pattern, ProtocolOption, Resumable, Resume,
+};
+pub use sim::byzantine::{Attack, Byzantine, ByzantineSpec};
+pub use sim::netsim::{
     Compute, ConsensusPoint, NetSim, NetSimError, NetworkModel, PeerRound, RunReport, Totals,
 };
-pub use phased::{Phase, Phased};
-pub use ps::{ParameterServer, PsConfig, PsMode};
-pub use registry::{
-    Algorithm, AlgorithmOptions, AlgorithmSpec, BuildContext, BuildError, ProtocolOption, Resumable,
-};
-pub use robust::ClipRule;
-pub use sgp::{Sgp, SgpConfig};
-pub use streaming::{Schedule as StreamingSchedule, StreamingDiLoCo};
 
 /// Under the skip straggler policy of the algorithms that absorb a late message instead of
 /// dropping it ([`Sgp`], [`Choco`]): the most rounds a message may be late. Round k waits
@@ -80,6 +66,21 @@ pub use streaming::{Schedule as StreamingSchedule, StreamingDiLoCo};
 /// in-neighbour than without the policy, and buffers that many more rounds of frames.
 pub const SKIP_STALENESS: u64 = 8;
 use thiserror::Error;
+
+/// Why a state machine could not be built, or options were refused.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// The protocol options do not suit the run's algorithms.
+    #[error("{0}")]
+    Options(String),
+    /// The topology does not suit the algorithm.
+    #[error("{0}")]
+    Topology(String),
+    /// The compressor cannot be built for this model.
+    #[error("--compressor: {0}")]
+    Compressor(#[from] murmur_compress::SpecError),
+}
 
 /// A frame the state machine wants sent: its destination and its bytes, header included.
 ///

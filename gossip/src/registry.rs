@@ -1,15 +1,21 @@
-//! The algorithm registry: every algorithm the peers can run, by name.
+//! The algorithm registry: every algorithm the peers can run, by name, and the protocol
+//! options they take.
 //!
-//! Each algorithm describes itself in its own module with an [`Algorithm`] implementation —
-//! its name, what it needs (a mixing matrix W, local steps, a compressor), which of the
-//! shared [`AlgorithmOptions`] it takes, whether a run survives the loss of a peer, and how
-//! to build one peer's state machine. [`ALGORITHMS`] lists them; an [`AlgorithmSpec`] is a
-//! name parsed against that list, as `murmur_compress::CompressorSpec` and
-//! `murmur_topology::TopologySpec` are for compressors and topologies.
+//! Each algorithm declares itself in its own file under [`crate::algorithms`] with one
+//! [`Algorithm`] implementation: its name and source, one [`Capabilities`] value (every
+//! field written out, none defaulted: what it mixes on, whether it takes local steps,
+//! what it compresses, the straggler policy, departures, `--resume`, the protocol options
+//! it takes), its own checks in [`Algorithm::check`], and how to build one peer's state
+//! machine. [`ALGORITHMS`] lists them; an [`AlgorithmSpec`] is a name parsed against that
+//! list, as `murmur_compress::CompressorSpec` and `murmur_topology::TopologySpec` are for
+//! compressors and topologies. The registry knows the algorithms only through these rows.
 //!
-//! Adding an algorithm: its module with the state machine and one `impl Algorithm`, plus
-//! one line in [`ALGORITHMS`] (and, for a new protocol option, a field of
-//! [`AlgorithmOptions`] and a [`ProtocolOption`]).
+//! The protocol options are rows of one table ([`ProtocolOption::ALL`]): flag, fingerprint
+//! key, description, whether it was given, its value and its check, so that a new option
+//! is one row and one field of [`AlgorithmOptions`]. What a run's setup must satisfy for
+//! its algorithms (the options, the straggler policy, the topology) is checked in one
+//! place, [`check_run`], which the node calls before any peer starts and every `build`
+//! calls again.
 
 use std::fmt;
 use std::str::FromStr;
@@ -17,29 +23,31 @@ use std::time::Duration;
 
 use murmur_compress::{Compressor, CompressorSpec};
 use murmur_topology::{PushSchedule, Topology};
-use thiserror::Error;
 
-use crate::diloco::{OuterConfig, OuterOptimizer};
-use crate::{Gossip, PsMode, Rank};
+use crate::optimizer::{check_outer_lr, check_outer_momentum, OuterConfig};
+use crate::{BuildError, Gossip, PsMode, Rank};
 
 /// Every algorithm, in the order `--help` lists them. The first is the default.
 pub const ALGORITHMS: &[&dyn Algorithm] = &[
-    &crate::dpsgd::DPSGD,
-    &crate::choco::CHOCO,
-    &crate::choco_auto::CHOCO_AUTO,
-    &crate::sgp::SGP,
-    &crate::local::LOCAL_SGD,
-    &crate::local_auto::LOCAL_AUTO,
-    &crate::local::LOCAL_AVG,
-    &crate::diloco::DILOCO,
-    &crate::diloco::DILOCO_GOSSIP,
-    &crate::local_auto::DILOCO_AUTO,
-    &crate::streaming::STREAMING_DILOCO,
-    &crate::allreduce::ALLREDUCE,
-    &crate::ps::PS,
+    &crate::algorithms::dpsgd::DPSGD,
+    &crate::algorithms::choco::CHOCO,
+    &crate::algorithms::choco_auto::CHOCO_AUTO,
+    &crate::algorithms::sgp::SGP,
+    &crate::algorithms::local_sgd::LOCAL_SGD,
+    &crate::algorithms::local_auto::LOCAL_AUTO,
+    &crate::algorithms::local_avg::LOCAL_AVG,
+    &crate::algorithms::diloco::DILOCO,
+    &crate::algorithms::diloco_gossip::DILOCO_GOSSIP,
+    &crate::algorithms::diloco_auto::DILOCO_AUTO,
+    &crate::algorithms::streaming_diloco::STREAMING_DILOCO,
+    &crate::algorithms::allreduce::ALLREDUCE,
+    &crate::algorithms::ps::PS,
 ];
 
-/// One algorithm as the registry knows it. Implemented once per algorithm, in its module.
+/// One algorithm as the registry knows it. Implemented once per algorithm, in its file.
+///
+/// Nothing here has a silent default but [`Algorithm::check`] (no checks of its own):
+/// what an algorithm can do is one [`Capabilities`] value whose every field it writes.
 pub trait Algorithm: Sync {
     /// The name on the command line and in results, e.g. `dpsgd`.
     fn name(&self) -> &'static str;
@@ -47,116 +55,18 @@ pub trait Algorithm: Sync {
     /// One line for `--help`: what it does and its source (paper, year).
     fn about(&self) -> &'static str;
 
-    /// Whether it mixes on the topology's graph. The centralized baselines (all-reduce,
-    /// parameter server) have a fixed pattern and ignore `--topology`.
-    fn uses_topology(&self) -> bool {
-        true
-    }
+    /// What it needs and what it can do.
+    fn capabilities(&self) -> &'static Capabilities;
 
-    /// Whether it takes a time-varying push schedule (SGP); the others need a static W.
-    fn takes_push_schedule(&self) -> bool {
-        false
-    }
-
-    /// Whether it takes H local steps per communication round (`local_steps`).
-    fn has_local_steps(&self) -> bool {
-        false
-    }
-
-    /// H when `local_steps` is not given: 4 for an algorithm with local steps, 1 for the
-    /// others (DiLoCo takes more).
-    fn default_local_steps(&self) -> u64 {
-        if self.has_local_steps() {
-            4
-        } else {
-            1
-        }
-    }
-
-    /// τ when `--tau` is not given: 0 (SGP: synchronous; Streaming DiLoCo takes 1).
-    fn default_tau(&self) -> u64 {
-        0
-    }
-
-    /// Whether its messages go through the compressor (the baselines send raw `f32`).
-    fn compresses(&self) -> bool {
-        self.uses_topology()
-    }
-
-    /// The compressor when none is given.
-    fn default_compressor(&self) -> CompressorSpec {
-        CompressorSpec::Identity
-    }
-
-    /// Refuses a compressor that this algorithm cannot use, naming why (checked by
-    /// [`AlgorithmOptions::validate`] and by `build`). The default accepts every one.
+    /// Its own checks of a run's setup, beyond what [`check_run`] derives from its
+    /// [`Capabilities`] (e.g. which compressors it can use). Called by [`check_run`], so by
+    /// the node before any peer starts, and by `build`.
     ///
     /// # Errors
-    /// [`BuildError::Options`].
-    fn check_compressor(&self, spec: &CompressorSpec) -> Result<(), BuildError> {
-        let _ = spec;
+    /// [`BuildError`] naming the flag and what is wrong.
+    fn check(&self, run: &RunSetup<'_>) -> Result<(), BuildError> {
+        let _ = run;
         Ok(())
-    }
-
-    /// Whether its gossip messages are increments of a public copy that receivers sum
-    /// (CHOCO-SGD's q), rather than the model itself: what [`crate::Byzantine`] needs to
-    /// know to attack it.
-    fn sends_increments(&self) -> bool {
-        false
-    }
-
-    /// Whether it needs a symmetric W (an undirected graph), checked before any peer starts.
-    fn needs_symmetric_w(&self) -> bool {
-        false
-    }
-
-    /// Whether it chooses each link's compressor itself (from measured bandwidth), so that
-    /// no one compressor describes a run ([`crate::ChocoAuto`]).
-    fn chooses_compressor_per_link(&self) -> bool {
-        false
-    }
-
-    /// Whether its compressor compresses DiLoCo pseudo-gradients applied by an outer
-    /// optimizer (`diloco`, `streaming-diloco`), where a biased operator needs a small
-    /// outer learning rate.
-    fn compresses_pseudo_gradients(&self) -> bool {
-        false
-    }
-
-    /// Whether it mixes the neighbours' compressed *parameters* (not differences), so that a
-    /// compressor other than a cast biases the models (D-PSGD and its local-step variant).
-    fn mixes_compressed_parameters(&self) -> bool {
-        false
-    }
-
-    /// The protocol options it takes, in [`ProtocolOption`] order.
-    fn options(&self) -> &'static [ProtocolOption] {
-        &[]
-    }
-
-    /// Whether it supports the skip straggler policy (mixing a round without a late
-    /// neighbour's frame).
-    fn skips_stragglers(&self) -> bool {
-        false
-    }
-
-    /// Whether the other peers train on when a peer leaves (re-weighting W or pushing around
-    /// the gap); otherwise a lost peer ends the run.
-    fn survives_departure(&self) -> bool {
-        false
-    }
-
-    /// What `--resume` can do: one restarted peer rejoins the running run, only the whole run
-    /// resumes from its checkpoints, or neither. `skip_policy`: whether the run uses the skip
-    /// straggler policy.
-    fn resumable(&self, skip_policy: bool) -> Resumable {
-        let _ = skip_policy;
-        Resumable::No
-    }
-
-    /// The communication pattern when it ignores the topology (e.g. `ring all-reduce`).
-    fn fixed_pattern(&self) -> Option<&'static str> {
-        None
     }
 
     /// Peer `ctx.rank`'s state machine.
@@ -167,7 +77,136 @@ pub trait Algorithm: Sync {
     fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError>;
 }
 
-/// What `--resume` can do for an algorithm.
+/// What an algorithm needs and can do: one value per algorithm, every field written out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Capabilities {
+    /// Whom it talks to: the topology's W, or a fixed pattern that ignores `--topology`.
+    pub pattern: Pattern,
+    /// H when `--local-steps` is not given, if it takes local steps (`None`: one step per
+    /// communication round, and `--local-steps` is not among its options).
+    pub local_steps: Option<u64>,
+    /// τ in rounds when `--tau` is not given (read only if it takes [`ProtocolOption::TAU`]).
+    pub default_tau: u64,
+    /// What its messages carry through the compressor.
+    pub compresses: Compresses,
+    /// The compressor when `--compressor` is not given.
+    pub default_compressor: CompressorSpec,
+    /// The protocol options it takes, rows of [`ProtocolOption::ALL`].
+    pub options: &'static [ProtocolOption],
+    /// Whether it supports the skip straggler policy (mixing a round without a late
+    /// neighbour's frame).
+    pub skips_stragglers: bool,
+    /// What the others do when a peer leaves.
+    pub departures: Departures,
+    /// What `--resume` can do.
+    pub resume: Resume,
+}
+
+/// Whom an algorithm talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pattern {
+    /// It mixes on the topology's graph (W: n×n).
+    Graph(GraphNeeds),
+    /// A fixed communication pattern that ignores `--topology` (e.g. `ring all-reduce`).
+    Fixed(&'static str),
+}
+
+/// The graphs an algorithm that mixes on W can use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraphNeeds {
+    /// Any static W, directed or not (D-PSGD, CHOCO-SGD).
+    Static,
+    /// A symmetric W (an undirected graph): it mixes pairwise.
+    Symmetric,
+    /// A static W or a time-varying push schedule (`one-peer-exponential`), directed or not
+    /// (SGP).
+    PushSchedule,
+}
+
+/// What an algorithm's messages carry through the compressor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compresses {
+    /// Nothing: it sends raw `f32`, and `--compressor` other than the identity is refused.
+    Nothing,
+    /// The neighbours' parameters, mixed as they arrive (D-PSGD and its local-step kin):
+    /// a compressor other than a cast biases the models (the node warns).
+    Parameters,
+    /// Increments q of a public copy that the receivers sum (CHOCO-SGD's x̂).
+    Increments,
+    /// Push-sum shares (SGP).
+    Shares,
+    /// Pseudo-gradients applied by an outer optimizer (DiLoCo over all-reduce): a biased
+    /// operator needs a small outer learning rate (the node warns).
+    PseudoGradients,
+    /// Each link's messages, with a compressor it chooses per link from measured bandwidth:
+    /// no one compressor describes the run, and `--compressor` is refused.
+    PerLink,
+}
+
+impl Compresses {
+    /// Whether `--compressor` applies (the algorithm compresses with the one given).
+    pub fn takes_compressor(self) -> bool {
+        !matches!(self, Self::Nothing | Self::PerLink)
+    }
+}
+
+/// What the other peers do when a peer leaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Departures {
+    /// They train on (re-weighting W, or pushing around the gap).
+    TrainOn,
+    /// The run ends.
+    EndRun,
+}
+
+/// What `--resume` can do for an algorithm, whatever the straggler policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resume {
+    /// One restarted peer rejoins a running run, or the whole run resumes.
+    Rejoin,
+    /// One restarted peer rejoins, but not under the skip straggler policy (then only the
+    /// whole run resumes): CHOCO-SGD, whose returning peer's full copy could not be told
+    /// from a late message.
+    RejoinWithoutSkip,
+    /// Only the whole run resumes from its checkpoints.
+    WholeRun,
+    /// Neither.
+    No,
+}
+
+impl Capabilities {
+    /// Whether it mixes on the topology's W.
+    pub fn uses_topology(&self) -> bool {
+        matches!(self.pattern, Pattern::Graph(_))
+    }
+
+    /// Whether it takes H local steps per communication round.
+    pub fn has_local_steps(&self) -> bool {
+        self.local_steps.is_some()
+    }
+
+    /// Whether the other peers train on when a peer leaves.
+    pub fn survives_departure(&self) -> bool {
+        self.departures == Departures::TrainOn
+    }
+
+    /// What `--resume` can do; `skip_policy`: whether the run uses the skip straggler
+    /// policy.
+    pub fn resumable(&self, skip_policy: bool) -> Resumable {
+        match (self.resume, skip_policy) {
+            (Resume::Rejoin, _) | (Resume::RejoinWithoutSkip, false) => Resumable::Rejoin,
+            (Resume::RejoinWithoutSkip, true) | (Resume::WholeRun, _) => Resumable::WholeRun,
+            (Resume::No, _) => Resumable::No,
+        }
+    }
+
+    /// Whether it takes `option`.
+    pub fn takes(&self, option: &ProtocolOption) -> bool {
+        self.options.contains(option)
+    }
+}
+
+/// What `--resume` can do for a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resumable {
     /// One restarted peer rejoins a running run, or the whole run resumes.
@@ -178,169 +217,217 @@ pub enum Resumable {
     No,
 }
 
-/// A protocol option: an algorithm's parameter that every peer of a run must share (it
-/// changes the protocol or the update), with its command-line flag.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum ProtocolOption {
-    /// CHOCO-SGD's consensus step size γ (`--gamma`).
-    Gamma,
-    /// Local steps per communication round H (`--local-steps`).
-    LocalSteps,
-    /// The overlap τ in rounds (`--tau`): SGP's bound on the age of in-peers' messages,
-    /// Streaming DiLoCo's delay between a fragment's sync and its application.
-    Tau,
-    /// The parameter server's synchronisation (`--ps-mode`).
-    PsMode,
-    /// DiLoCo's outer optimizer, `nesterov` or `sgd` (`--outer-optimizer`).
-    OuterOptimizer,
-    /// DiLoCo's outer learning rate η_out (`--outer-lr`).
-    OuterLr,
-    /// DiLoCo's outer momentum μ (`--outer-momentum`).
-    OuterMomentum,
-    /// Streaming DiLoCo's fragments P (`--fragments`).
-    Fragments,
-    /// Streaming DiLoCo's merge factor α (`--merge-alpha`).
-    MergeAlpha,
-    /// Byzantine-robust mixing (`--robust`).
-    Robust,
+/// One protocol option: an algorithm's parameter that every peer of a run must share (it
+/// changes the protocol or the update), as a row of [`ProtocolOption::ALL`].
+///
+/// A new option: a field of [`AlgorithmOptions`], a row here (an associated constant and
+/// its place in `ALL`), the algorithms that take it list it in their [`Capabilities`].
+#[derive(Clone, Copy)]
+pub struct ProtocolOption {
+    /// The command-line flag, e.g. `--gamma`.
+    pub flag: &'static str,
+    /// The key in a run's protocol fingerprint (`gamma=0.1`).
+    pub key: &'static str,
+    /// What the option is, for error messages.
+    pub what: &'static str,
+    /// Whether the option was given (for the PS mode: differs from `bsp`).
+    pub given: fn(&AlgorithmOptions) -> bool,
+    /// Its value for an algorithm, as the fingerprint prints it (the default if not given).
+    pub value: fn(&AlgorithmOptions, &dyn Algorithm) -> String,
+    /// Checks the value given; `Err` ends "… must be …" after the flag.
+    pub check: fn(&AlgorithmOptions) -> Result<(), String>,
+}
+
+fn no_check(_: &AlgorithmOptions) -> Result<(), String> {
+    Ok(())
 }
 
 impl ProtocolOption {
+    /// CHOCO-SGD's consensus step size γ ∈ (0, 1] (`--gamma`).
+    pub const GAMMA: Self = Self {
+        flag: "--gamma",
+        key: "gamma",
+        what: "CHOCO-SGD's consensus step size",
+        given: |o| o.gamma.is_some(),
+        value: |o, a| o.gamma(a).to_string(),
+        check: |o| match o.gamma {
+            Some(g) if !(g > 0.0 && g <= 1.0) => Err(format!("must be in (0, 1], got {g}")),
+            _ => Ok(()),
+        },
+    };
+    /// Local steps per communication round H ≥ 1 (`--local-steps`).
+    pub const LOCAL_STEPS: Self = Self {
+        flag: "--local-steps",
+        key: "local_steps",
+        what: "the local steps per communication round",
+        given: |o| o.local_steps.is_some(),
+        value: |o, a| o.local_steps(a).to_string(),
+        check: |o| match o.local_steps {
+            Some(0) => Err("must be at least 1".into()),
+            _ => Ok(()),
+        },
+    };
+    /// The overlap τ in rounds (`--tau`): SGP's bound on the age of in-peers' messages,
+    /// Streaming DiLoCo's delay between a fragment's sync and its application.
+    pub const TAU: Self = Self {
+        flag: "--tau",
+        key: "tau",
+        what: "the overlap in rounds (SGP's bound, Streaming DiLoCo's delay)",
+        given: |o| o.tau.is_some(),
+        value: |o, a| o.tau(a).to_string(),
+        check: no_check,
+    };
+    /// The parameter server's synchronisation (`--ps-mode`).
+    pub const PS_MODE: Self = Self {
+        flag: "--ps-mode",
+        key: "ps_mode",
+        what: "the parameter server's synchronisation",
+        given: |o| o.ps_mode != PsMode::Bsp,
+        value: |o, _| ps_mode_name(o.ps_mode),
+        check: no_check,
+    };
+    /// DiLoCo's outer optimizer, `nesterov` or `sgd` (`--outer-optimizer`).
+    pub const OUTER_OPTIMIZER: Self = Self {
+        flag: "--outer-optimizer",
+        key: "outer_optimizer",
+        what: "DiLoCo's outer optimizer",
+        given: |o| o.outer_optimizer.is_some(),
+        value: |o, _| o.outer().optimizer.to_string(),
+        check: no_check,
+    };
+    /// DiLoCo's outer learning rate η_out > 0 (`--outer-lr`).
+    pub const OUTER_LR: Self = Self {
+        flag: "--outer-lr",
+        key: "outer_lr",
+        what: "DiLoCo's outer learning rate",
+        given: |o| o.outer_lr.is_some(),
+        value: |o, _| o.outer().lr.to_string(),
+        check: |o| o.outer_lr.map_or(Ok(()), check_outer_lr),
+    };
+    /// DiLoCo's outer momentum μ ∈ [0, 1) (`--outer-momentum`).
+    pub const OUTER_MOMENTUM: Self = Self {
+        flag: "--outer-momentum",
+        key: "outer_momentum",
+        what: "DiLoCo's outer momentum",
+        given: |o| o.outer_momentum.is_some(),
+        value: |o, _| o.outer().momentum.to_string(),
+        check: |o| o.outer_momentum.map_or(Ok(()), check_outer_momentum),
+    };
+    /// Streaming DiLoCo's fragments P ≥ 1 (`--fragments`).
+    pub const FRAGMENTS: Self = Self {
+        flag: "--fragments",
+        key: "fragments",
+        what: "Streaming DiLoCo's fragments",
+        given: |o| o.fragments.is_some(),
+        value: |o, _| o.fragments().to_string(),
+        check: |o| match o.fragments {
+            Some(0) => Err("must be at least 1".into()),
+            _ => Ok(()),
+        },
+    };
+    /// Streaming DiLoCo's merge factor α ∈ [0, 1] (`--merge-alpha`).
+    pub const MERGE_ALPHA: Self = Self {
+        flag: "--merge-alpha",
+        key: "merge_alpha",
+        what: "Streaming DiLoCo's merge factor",
+        given: |o| o.merge_alpha.is_some(),
+        value: |o, _| o.merge_alpha().to_string(),
+        check: |o| match o.merge_alpha {
+            Some(a) if !(0.0..=1.0).contains(&a) => Err(format!("must be in [0, 1], got {a}")),
+            _ => Ok(()),
+        },
+    };
+    /// Byzantine-robust mixing (`--robust`).
+    pub const ROBUST: Self = Self {
+        flag: "--robust",
+        key: "robust",
+        what: "Byzantine-robust mixing (ClippedGossip)",
+        given: |o| o.robust.is_some(),
+        value: |o, _| {
+            o.robust
+                .map_or_else(|| "none".to_string(), |r| r.to_string())
+        },
+        check: no_check,
+    };
+
     /// Every option, in the order the fingerprint prints them.
-    pub const ALL: [ProtocolOption; 10] = [
-        Self::Gamma,
-        Self::LocalSteps,
-        Self::Tau,
-        Self::PsMode,
-        Self::OuterOptimizer,
-        Self::OuterLr,
-        Self::OuterMomentum,
-        Self::Fragments,
-        Self::MergeAlpha,
-        Self::Robust,
+    pub const ALL: &'static [ProtocolOption] = &[
+        Self::GAMMA,
+        Self::LOCAL_STEPS,
+        Self::TAU,
+        Self::PS_MODE,
+        Self::OUTER_OPTIMIZER,
+        Self::OUTER_LR,
+        Self::OUTER_MOMENTUM,
+        Self::FRAGMENTS,
+        Self::MERGE_ALPHA,
+        Self::ROBUST,
     ];
+}
 
-    /// The command-line flag, e.g. `--gamma`.
-    pub fn flag(self) -> &'static str {
-        match self {
-            Self::Gamma => "--gamma",
-            Self::LocalSteps => "--local-steps",
-            Self::Tau => "--tau",
-            Self::PsMode => "--ps-mode",
-            Self::OuterOptimizer => "--outer-optimizer",
-            Self::OuterLr => "--outer-lr",
-            Self::OuterMomentum => "--outer-momentum",
-            Self::Fragments => "--fragments",
-            Self::MergeAlpha => "--merge-alpha",
-            Self::Robust => "--robust",
-        }
-    }
-
-    /// The key in a run's protocol fingerprint (`gamma=0.1`).
-    pub fn key(self) -> &'static str {
-        match self {
-            Self::Gamma => "gamma",
-            Self::LocalSteps => "local_steps",
-            Self::Tau => "tau",
-            Self::PsMode => "ps_mode",
-            Self::OuterOptimizer => "outer_optimizer",
-            Self::OuterLr => "outer_lr",
-            Self::OuterMomentum => "outer_momentum",
-            Self::Fragments => "fragments",
-            Self::MergeAlpha => "merge_alpha",
-            Self::Robust => "robust",
-        }
-    }
-
-    /// What the option is, for error messages.
-    pub fn what(self) -> &'static str {
-        match self {
-            Self::Gamma => "CHOCO-SGD's consensus step size",
-            Self::LocalSteps => "the local steps per communication round",
-            Self::Tau => "the overlap in rounds (SGP's bound, Streaming DiLoCo's delay)",
-            Self::PsMode => "the parameter server's synchronisation",
-            Self::OuterOptimizer => "DiLoCo's outer optimizer",
-            Self::OuterLr => "DiLoCo's outer learning rate",
-            Self::OuterMomentum => "DiLoCo's outer momentum",
-            Self::Fragments => "Streaming DiLoCo's fragments",
-            Self::MergeAlpha => "Streaming DiLoCo's merge factor",
-            Self::Robust => "Byzantine-robust mixing (ClippedGossip)",
-        }
+/// Two rows are the same option when their keys are.
+impl PartialEq for ProtocolOption {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
     }
 }
 
+impl Eq for ProtocolOption {}
+
+impl fmt::Debug for ProtocolOption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.flag)
+    }
+}
+
+/// Streaming DiLoCo's fragments P when `--fragments` is not given.
+pub const DEFAULT_FRAGMENTS: u64 = 4;
+/// Streaming DiLoCo's merge factor α when `--merge-alpha` is not given.
+pub const DEFAULT_MERGE_ALPHA: f32 = 0.5;
+
 /// The protocol options as given (`None`: the algorithm's default).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct AlgorithmOptions {
-    /// The compressor of the messages; `None`: [`Algorithm::default_compressor`].
+    /// The compressor of the messages; `None`: [`Capabilities::default_compressor`].
     pub compressor: Option<CompressorSpec>,
     /// CHOCO-SGD's consensus step size γ ∈ (0, 1]; `None`: [`AlgorithmOptions::gamma`].
     pub gamma: Option<f32>,
     /// Local steps per communication round H ≥ 1; `None`: the algorithm's
-    /// [`Algorithm::default_local_steps`] (4; DiLoCo 50).
+    /// [`Capabilities::local_steps`] (4; DiLoCo 50).
     pub local_steps: Option<u64>,
     /// The overlap τ in rounds (SGP's bound, Streaming DiLoCo's delay); `None`: the
-    /// algorithm's [`Algorithm::default_tau`] (SGP 0: synchronous; Streaming DiLoCo 1).
+    /// algorithm's [`Capabilities::default_tau`] (SGP 0: synchronous; Streaming DiLoCo 1).
     pub tau: Option<u64>,
     /// The parameter server's synchronisation.
     pub ps_mode: PsMode,
     /// DiLoCo's outer optimizer; `None`: Nesterov (the paper's).
-    pub outer_optimizer: Option<OuterOptimizer>,
+    pub outer_optimizer: Option<crate::OuterOptimizer>,
     /// DiLoCo's outer learning rate η_out > 0; `None`: the optimizer's default (Nesterov
     /// 0.7, SGD 1).
     pub outer_lr: Option<f32>,
     /// DiLoCo's outer momentum μ ∈ [0, 1); `None`: the optimizer's default (Nesterov 0.9,
     /// SGD 0).
     pub outer_momentum: Option<f32>,
-    /// Streaming DiLoCo's fragments P, 1 ≤ P ≤ H; `None`: 4.
+    /// Streaming DiLoCo's fragments P, 1 ≤ P ≤ H; `None`: [`DEFAULT_FRAGMENTS`].
     pub fragments: Option<u64>,
     /// Streaming DiLoCo's merge factor α ∈ [0, 1] (the share of the local fragment kept
-    /// when a synchronised one is applied); `None`: 0.5.
+    /// when a synchronised one is applied); `None`: [`DEFAULT_MERGE_ALPHA`].
     pub merge_alpha: Option<f32>,
     /// Byzantine-robust mixing (ClippedGossip); `None`: plain gossip.
-    pub robust: Option<crate::robust::ClipRule>,
-}
-
-impl Default for AlgorithmOptions {
-    fn default() -> Self {
-        Self {
-            compressor: None,
-            gamma: None,
-            local_steps: None,
-            tau: None,
-            ps_mode: PsMode::Bsp,
-            outer_optimizer: None,
-            outer_lr: None,
-            outer_momentum: None,
-            fragments: None,
-            merge_alpha: None,
-            robust: None,
-        }
-    }
+    pub robust: Option<crate::mixing::robust::ClipRule>,
 }
 
 impl AlgorithmOptions {
     /// Whether the option was given (for the PS mode: differs from `bsp`).
-    pub fn is_set(&self, o: ProtocolOption) -> bool {
-        match o {
-            ProtocolOption::Gamma => self.gamma.is_some(),
-            ProtocolOption::LocalSteps => self.local_steps.is_some(),
-            ProtocolOption::Tau => self.tau.is_some(),
-            ProtocolOption::PsMode => self.ps_mode != PsMode::Bsp,
-            ProtocolOption::OuterOptimizer => self.outer_optimizer.is_some(),
-            ProtocolOption::OuterLr => self.outer_lr.is_some(),
-            ProtocolOption::OuterMomentum => self.outer_momentum.is_some(),
-            ProtocolOption::Fragments => self.fragments.is_some(),
-            ProtocolOption::MergeAlpha => self.merge_alpha.is_some(),
-            ProtocolOption::Robust => self.robust.is_some(),
-        }
+    pub fn is_set(&self, o: &ProtocolOption) -> bool {
+        (o.given)(self)
     }
 
     /// The compressor for `algorithm`: the one given, else its default.
     pub fn compressor(&self, algorithm: &dyn Algorithm) -> CompressorSpec {
         self.compressor
             .clone()
-            .unwrap_or_else(|| algorithm.default_compressor())
+            .unwrap_or_else(|| algorithm.capabilities().default_compressor.clone())
     }
 
     /// γ: the one given, else 0.5 for the identity and the casts and 0.1 for the other
@@ -352,16 +439,27 @@ impl AlgorithmOptions {
         })
     }
 
-    /// H: the one given, else the algorithm's [`Algorithm::default_local_steps`] (4 for an
-    /// algorithm with local steps, 50 for DiLoCo, 1 for the others).
+    /// H: the one given, else the algorithm's [`Capabilities::local_steps`] (4 for most
+    /// algorithms with local steps, 50 for DiLoCo), 1 for those without.
     pub fn local_steps(&self, algorithm: &dyn Algorithm) -> u64 {
         self.local_steps
-            .unwrap_or_else(|| algorithm.default_local_steps())
+            .or(algorithm.capabilities().local_steps)
+            .unwrap_or(1)
     }
 
-    /// τ: the one given, else the algorithm's [`Algorithm::default_tau`].
+    /// τ: the one given, else the algorithm's [`Capabilities::default_tau`].
     pub fn tau(&self, algorithm: &dyn Algorithm) -> u64 {
-        self.tau.unwrap_or_else(|| algorithm.default_tau())
+        self.tau.unwrap_or(algorithm.capabilities().default_tau)
+    }
+
+    /// Streaming DiLoCo's fragments P: the one given, else [`DEFAULT_FRAGMENTS`].
+    pub fn fragments(&self) -> u64 {
+        self.fragments.unwrap_or(DEFAULT_FRAGMENTS)
+    }
+
+    /// Streaming DiLoCo's merge factor α: the one given, else [`DEFAULT_MERGE_ALPHA`].
+    pub fn merge_alpha(&self) -> f32 {
+        self.merge_alpha.unwrap_or(DEFAULT_MERGE_ALPHA)
     }
 
     /// DiLoCo's outer step: the optimizer given (else Nesterov), with the η_out and μ given
@@ -376,83 +474,17 @@ impl AlgorithmOptions {
     }
 
     /// The value of `o` for `algorithm` as the fingerprint prints it.
-    pub fn value(&self, o: ProtocolOption, algorithm: &dyn Algorithm) -> String {
-        match o {
-            ProtocolOption::Gamma => self.gamma(algorithm).to_string(),
-            ProtocolOption::LocalSteps => self.local_steps(algorithm).to_string(),
-            ProtocolOption::Tau => self.tau(algorithm).to_string(),
-            ProtocolOption::PsMode => ps_mode_name(self.ps_mode),
-            ProtocolOption::OuterOptimizer => self.outer().optimizer.to_string(),
-            ProtocolOption::OuterLr => self.outer().lr.to_string(),
-            ProtocolOption::OuterMomentum => self.outer().momentum.to_string(),
-            ProtocolOption::Fragments => self
-                .fragments
-                .unwrap_or(crate::streaming::DEFAULT_FRAGMENTS)
-                .to_string(),
-            ProtocolOption::MergeAlpha => self
-                .merge_alpha
-                .unwrap_or(crate::streaming::DEFAULT_MERGE_ALPHA)
-                .to_string(),
-            ProtocolOption::Robust => self
-                .robust
-                .map_or_else(|| "none".to_string(), |r| r.to_string()),
-        }
+    pub fn value(&self, o: &ProtocolOption, algorithm: &dyn Algorithm) -> String {
+        (o.value)(self, algorithm)
     }
 
-    /// Checks the values and refuses an option that none of `algorithms` takes.
+    /// Checks the options alone for a run of `algorithms` ([`check_run`] without a
+    /// topology, under the wait straggler policy).
     ///
     /// # Errors
     /// [`BuildError::Options`] naming the flag and what is wrong.
     pub fn validate(&self, algorithms: &[AlgorithmSpec]) -> Result<(), BuildError> {
-        for o in ProtocolOption::ALL {
-            if self.is_set(o) && !algorithms.iter().any(|a| a.options().contains(&o)) {
-                return Err(BuildError::Options(format!(
-                    "{} is {}; it needs --algorithm {}",
-                    o.flag(),
-                    o.what(),
-                    AlgorithmSpec::names_where(|a| a.options().contains(&o)).replace(", ", " or ")
-                )));
-            }
-        }
-        if let Some(g) = self.gamma {
-            if !(g > 0.0 && g <= 1.0) {
-                return Err(BuildError::Options(format!(
-                    "--gamma must be in (0, 1], got {g}"
-                )));
-            }
-        }
-        if self.local_steps == Some(0) {
-            return Err(BuildError::Options(
-                "--local-steps must be at least 1".into(),
-            ));
-        }
-        if let Some(lr) = self.outer_lr {
-            crate::diloco::check_outer_lr(lr)?;
-        }
-        if let Some(mu) = self.outer_momentum {
-            crate::diloco::check_outer_momentum(mu)?;
-        }
-        if self.fragments == Some(0) {
-            return Err(BuildError::Options("--fragments must be at least 1".into()));
-        }
-        if let Some(alpha) = self.merge_alpha {
-            crate::streaming::check_merge_alpha(alpha)?;
-        }
-        if let Some(c) = &self.compressor {
-            if !algorithms.iter().any(|a| a.compresses()) && *c != CompressorSpec::Identity {
-                let run: Vec<String> = algorithms.iter().map(|a| a.to_string()).collect();
-                return Err(BuildError::Options(format!(
-                    "--compressor {c}: {} sends raw f32 (an uncompressed baseline); \
-                     compression applies to {}",
-                    run.join(", "),
-                    AlgorithmSpec::names_where(|a| a.compresses())
-                )));
-            }
-            for a in algorithms.iter().filter(|a| a.compresses()) {
-                a.check_compressor(c)?;
-            }
-        }
-        Ok(())
+        check_run(algorithms, &RunSetup::options(self))
     }
 
     /// The options that `algorithms` take, as `key=value` pairs joined by spaces (e.g.
@@ -460,12 +492,128 @@ impl AlgorithmOptions {
     pub fn protocol_fingerprint(&self, algorithms: &[AlgorithmSpec]) -> String {
         let mut out = Vec::new();
         for o in ProtocolOption::ALL {
-            if let Some(a) = algorithms.iter().find(|a| a.options().contains(&o)) {
-                out.push(format!("{}={}", o.key(), self.value(o, &**a)));
+            if let Some(a) = algorithms.iter().find(|a| a.capabilities().takes(o)) {
+                out.push(format!("{}={}", o.key, self.value(o, &**a)));
             }
         }
         out.join(" ")
     }
+}
+
+/// A run's setup as the algorithms' checks see it.
+#[derive(Clone, Copy)]
+pub struct RunSetup<'a> {
+    /// The protocol options.
+    pub options: &'a AlgorithmOptions,
+    /// The run's topology, once it is loaded (`None`: not checked yet).
+    pub topology: Option<&'a Topology>,
+    /// Whether the run uses the skip straggler policy.
+    pub skip_policy: bool,
+    /// Whether the skip policy's deadlines are per neighbour from observed arrival times
+    /// (`--straggler-deadline-ms auto`).
+    pub auto_deadline: bool,
+}
+
+impl<'a> RunSetup<'a> {
+    /// The options alone: no topology, the wait straggler policy.
+    pub fn options(options: &'a AlgorithmOptions) -> Self {
+        Self {
+            options,
+            topology: None,
+            skip_policy: false,
+            auto_deadline: false,
+        }
+    }
+}
+
+/// Checks a run of `algorithms` (one, or a phase schedule's) against `run`: every
+/// option given is taken by one of them and has a valid value; `--compressor` applies to
+/// them; the skip straggler policy is supported (by a single algorithm); the topology, if
+/// loaded, is one they mix on (a push schedule only for SGP, an undirected graph where W
+/// must be symmetric); then each algorithm's own [`Algorithm::check`].
+///
+/// # Errors
+/// [`BuildError::Options`] or [`BuildError::Topology`], one line naming the flag.
+pub fn check_run(algorithms: &[AlgorithmSpec], run: &RunSetup<'_>) -> Result<(), BuildError> {
+    let o = run.options;
+    for opt in ProtocolOption::ALL {
+        if o.is_set(opt) && !algorithms.iter().any(|a| a.capabilities().takes(opt)) {
+            return Err(BuildError::Options(format!(
+                "{} is {}; it needs --algorithm {}",
+                opt.flag,
+                opt.what,
+                AlgorithmSpec::names_where(|a| a.capabilities().takes(opt)).replace(", ", " or ")
+            )));
+        }
+        (opt.check)(o).map_err(|e| BuildError::Options(format!("{} {e}", opt.flag)))?;
+    }
+    if let Some(c) = &o.compressor {
+        let takes = |a: &AlgorithmSpec| a.capabilities().compresses.takes_compressor();
+        if !algorithms.iter().any(takes) && *c != CompressorSpec::Identity {
+            let run: Vec<String> = algorithms.iter().map(|a| a.to_string()).collect();
+            return Err(BuildError::Options(format!(
+                "--compressor {c}: {} sends raw f32 or chooses its own compressor; \
+                 compression applies to {}",
+                run.join(", "),
+                AlgorithmSpec::names_where(|a| a.capabilities().compresses.takes_compressor())
+            )));
+        }
+    }
+    if run.skip_policy {
+        let skips = |a: &AlgorithmSpec| a.capabilities().skips_stragglers;
+        if algorithms.len() != 1 || !algorithms.iter().all(skips) {
+            let run: Vec<String> = algorithms.iter().map(|a| a.to_string()).collect();
+            return Err(BuildError::Options(format!(
+                "--straggler-policy skip works with {}, not {}",
+                AlgorithmSpec::names_where(|a| a.capabilities().skips_stragglers),
+                run.join(" then ")
+            )));
+        }
+    }
+    if let Some(topo) = run.topology {
+        check_topology(algorithms, topo)?;
+    }
+    for a in algorithms {
+        a.check(run)?;
+    }
+    Ok(())
+}
+
+/// A time-varying schedule only for SGP; an undirected graph where W must be symmetric.
+fn check_topology(algorithms: &[AlgorithmSpec], topo: &Topology) -> Result<(), BuildError> {
+    let needs = |a: &AlgorithmSpec| match a.capabilities().pattern {
+        Pattern::Graph(n) => Some(n),
+        Pattern::Fixed(_) => None,
+    };
+    if topo.schedule.is_some() {
+        let static_users: Vec<String> = algorithms
+            .iter()
+            .filter(|a| matches!(needs(a), Some(GraphNeeds::Static | GraphNeeds::Symmetric)))
+            .map(|a| a.to_string())
+            .collect();
+        if !static_users.is_empty() {
+            return Err(BuildError::Topology(format!(
+                "--topology {}: {} is a time-varying push schedule for --algorithm sgp; {} \
+                 need a mixing matrix W (try exponential)",
+                topo.name,
+                topo.name,
+                static_users.join(", ")
+            )));
+        }
+    }
+    if let Some(a) = algorithms
+        .iter()
+        .find(|a| needs(a) == Some(GraphNeeds::Symmetric))
+    {
+        if !topo.w.graph().is_symmetric() {
+            return Err(BuildError::Topology(format!(
+                "--topology {}: {a} needs an undirected graph (a symmetric W: every link \
+                 carries messages both ways); {} is directed",
+                topo.name, topo.name
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `bsp`, `asp` or `ssp:S`.
@@ -564,19 +712,16 @@ impl BuildContext<'_> {
     }
 }
 
-/// Why a state machine could not be built, or options were refused.
-#[derive(Debug, Clone, PartialEq, Error)]
-#[non_exhaustive]
-pub enum BuildError {
-    /// The protocol options do not suit the run's algorithms.
-    #[error("{0}")]
-    Options(String),
-    /// The topology does not suit the algorithm.
-    #[error("{0}")]
-    Topology(String),
-    /// The compressor cannot be built for this model.
-    #[error("--compressor: {0}")]
-    Compressor(#[from] murmur_compress::SpecError),
+impl<'a> BuildContext<'a> {
+    /// The run's setup as [`Algorithm::check`] sees it.
+    pub fn setup(&self) -> RunSetup<'a> {
+        RunSetup {
+            options: self.options,
+            topology: Some(self.topology),
+            skip_policy: self.skip_after.is_some(),
+            auto_deadline: self.auto_deadline.is_some(),
+        }
+    }
 }
 
 /// An algorithm of the registry, by name: parses, prints, compares by name; dereferences to
@@ -668,7 +813,7 @@ mod tests {
             // A line break in the source without `\` puts its indentation into --help.
             assert!(!a.about().contains("  "), "{}: {:?}", a.name(), a.about());
         }
-        assert_eq!(names.len(), 13);
+        assert_eq!(names.len(), ALGORITHMS.len());
         let err = "gossip".parse::<AlgorithmSpec>().unwrap_err();
         assert!(err.contains("dpsgd, choco, choco-auto, sgp"), "{err}");
         assert_eq!(AlgorithmSpec::default().name(), "dpsgd");

@@ -571,16 +571,18 @@ fn the_fingerprint_names_the_outer_step_with_its_defaults() {
         assert_eq!(name.parse::<OuterOptimizer>().unwrap().to_string(), name);
     }
     let d = spec("diloco");
-    assert!(d.has_local_steps() && !d.uses_topology() && d.compresses());
-    assert!(
-        !d.mixes_compressed_parameters(),
-        "it compresses Δ with error feedback"
+    let dc = d.capabilities();
+    assert!(dc.has_local_steps() && !dc.uses_topology());
+    assert_eq!(
+        dc.compresses,
+        murmur_gossip::Compresses::PseudoGradients,
+        "it compresses Δ with error feedback, not the models"
     );
     assert_eq!(o.local_steps(&*d), 50);
     assert_eq!(o.local_steps(&*spec("local-sgd")), 4, "unchanged");
-    let g = spec("diloco-gossip");
-    assert!(g.uses_topology() && g.compresses() && g.survives_departure());
-    assert!(!d.survives_departure());
+    let g = spec("diloco-gossip").capabilities();
+    assert!(g.uses_topology() && g.compresses.takes_compressor() && g.survives_departure());
+    assert!(!dc.survives_departure());
 }
 
 // ---- Compressed pseudo-gradients: the INTELLECT-1 int8 ring all-reduce ------------------

@@ -2,7 +2,7 @@
 //! gossip (up to rounding); a slow link mixes less often without slowing the rounds; mixing keeps
 //! the network average whatever the timing; bad snapshots are refused.
 
-use murmur_gossip::local_auto::AsyncLinks;
+use murmur_gossip::algorithms::local_auto::AsyncLinks;
 use murmur_gossip::registry::AlgorithmOptions;
 use murmur_gossip::{Compute, Gossip, NetSim, NetworkModel};
 

@@ -32,7 +32,7 @@ fn peers_of(
     let spec: AlgorithmSpec = algorithm.parse().unwrap();
     let opts = AlgorithmOptions {
         robust,
-        local_steps: spec.has_local_steps().then_some(2),
+        local_steps: spec.capabilities().has_local_steps().then_some(2),
         outer_optimizer: (algorithm == "diloco-gossip")
             .then_some(murmur_gossip::OuterOptimizer::Sgd),
         compressor: (algorithm == "choco").then_some(murmur_compress::CompressorSpec::Identity),
@@ -42,10 +42,9 @@ fn peers_of(
         .map(|i| {
             let p = build_with_skip(algorithm, topo, i, x0[i].clone(), 0.1, &opts, None).unwrap();
             match attackers.iter().find(|(r, _)| *r == i) {
-                Some((_, a)) => {
-                    Box::new(Byzantine::new(p, *a, 99).with_increments(spec.sends_increments()))
-                        as Box<dyn Gossip>
-                }
+                Some((_, a)) => Box::new(Byzantine::new(p, *a, 99).with_increments(
+                    spec.capabilities().compresses == murmur_gossip::Compresses::Increments,
+                )) as Box<dyn Gossip>,
                 None => p,
             }
         })
@@ -56,7 +55,7 @@ fn peers_of(
 fn honest_spread(sim: &Sim, honest: &[usize], centre: &[f32]) -> f64 {
     honest
         .iter()
-        .map(|&i| murmur_gossip::robust::distance(sim.peer(i).params(), centre))
+        .map(|&i| murmur_gossip::mixing::robust::distance(sim.peer(i).params(), centre))
         .fold(0.0, f64::max)
 }
 

@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use murmur_compress::Compressor;
+use murmur_gossip::algorithms::sgp::{max_lead, PUSH_SUM_PREFIX_LEN, SKIP_STALENESS};
 use murmur_gossip::frame::{FrameHeader, FrameKind};
-use murmur_gossip::sgp::{max_lead, PUSH_SUM_PREFIX_LEN, SKIP_STALENESS};
 use murmur_gossip::sim::Sim;
 use murmur_gossip::{Gossip, GossipError, GossipEvent, GossipStats, Rank, Sgp, SgpConfig};
 use murmur_topology::{Graph, PushSchedule};
@@ -943,10 +943,13 @@ fn a_push_not_yet_handed_out_to_a_departed_peer_is_taken_back() {
 fn a_departure_lets_the_survivors_run_further_ahead() {
     let one = PushSchedule::one_peer_exponential(6).unwrap();
     let full = max_lead(&one, 2, 0);
-    let without = murmur_gossip::sgp::max_lead_without(&one, 2, 0, &[3]);
+    let without = murmur_gossip::algorithms::sgp::max_lead_without(&one, 2, 0, &[3]);
     eprintln!("one-peer exponential of 6, peer 2: lead {full}, without peer 3: {without}");
     assert!(without > full, "{without} vs {full}");
-    assert_eq!(murmur_gossip::sgp::max_lead_without(&one, 2, 0, &[]), full);
+    assert_eq!(
+        murmur_gossip::algorithms::sgp::max_lead_without(&one, 2, 0, &[]),
+        full
+    );
 }
 
 // Straggler policy "skip" ------------------------------------------------------------------

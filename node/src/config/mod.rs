@@ -13,8 +13,10 @@ pub use murmur_topology::ONE_PEER_EXPONENTIAL;
 
 use crate::plane::TransportChoice;
 use crate::train::data::Partition;
+use crate::train::inner_optimizer::{
+    AdamWConfig, Optimizer, OptimizerKind, Schedule, ScheduleKind,
+};
 use crate::train::model::ModelKind;
-use crate::train::optim::{AdamWConfig, Optimizer, OptimizerKind, Schedule, ScheduleKind};
 
 mod file;
 mod values;
@@ -26,7 +28,7 @@ pub use values::{
 };
 
 pub use murmur_gossip::AlgorithmSpec;
-use murmur_gossip::{AlgorithmOptions, PsMode, Resumable};
+use murmur_gossip::{AlgorithmOptions, Compresses, Pattern, PsMode, Resumable};
 
 /// The run: what every peer of it must agree on, by concern (training, gossip, network)
 /// and the run-wide options. Serialized (`RunArgs::to_toml`) it is a flat run config whose
@@ -401,7 +403,7 @@ impl RunArgs {
             weight_decay: t.weight_decay,
             ..AdamWConfig::default()
         };
-        crate::train::optim::build(t.optimizer, t.momentum, adamw, d)
+        crate::train::inner_optimizer::build(t.optimizer, t.momentum, adamw, d)
     }
 
     /// The learning-rate schedule over the run's `epochs · rounds_per_epoch` rounds.
@@ -452,15 +454,11 @@ impl RunArgs {
                 self.train.adam_beta2
             );
         }
-        self.algorithm_options().validate(&self.algorithms())?;
         if let Some(r) = self.inject_bad_frames.filter(|&r| r >= self.peers) {
             bail!(
                 "--inject-bad-frames {r}: there is no peer {r} among {}",
                 self.peers
             );
-        }
-        if self.gossip.topology == ONE_PEER_EXPONENTIAL {
-            self.refuse_schedule_for_static_algorithms()?;
         }
         if let Some(p) = &self.gossip.phases {
             let before_last: usize = p.0.iter().filter_map(|(_, e)| *e).sum();
@@ -488,16 +486,16 @@ impl RunArgs {
             (StragglerPolicy::Wait, Some(_)) => {
                 bail!("--straggler-deadline-ms applies to --straggler-policy skip")
             }
-            (StragglerPolicy::Skip, Some(_))
-                if self.gossip.phases.is_some() || !self.gossip.algorithm.skips_stragglers() =>
-            {
-                bail!(
-                    "--straggler-policy skip works with {}, not {}",
-                    AlgorithmSpec::names_where(|a| a.skips_stragglers()),
-                    self.algorithm_name()
-                )
-            }
             _ => {}
+        }
+        // Everything the algorithms ask of the run, in one place (the registry); the
+        // topology once more when it is loaded (`RunArgs::topology`).
+        murmur_gossip::registry::check_run(
+            &self.algorithms(),
+            &self.run_setup(&self.algorithm_options(), None),
+        )?;
+        if self.gossip.topology == ONE_PEER_EXPONENTIAL {
+            self.topology()?;
         }
         if let Some((r, _)) = self.slow_peer.filter(|&(r, _)| r >= self.peers) {
             bail!("--slow-peer {r}: there is no peer {r} among {}", self.peers);
@@ -577,7 +575,9 @@ impl RunArgs {
     /// What `--resume` can do for the run: a phase schedule resumes neither way.
     pub fn resumable(&self) -> Resumable {
         match self.algorithms().as_slice() {
-            [a] => a.resumable(self.gossip.straggler_policy == StragglerPolicy::Skip),
+            [a] => a
+                .capabilities()
+                .resumable(self.gossip.straggler_policy == StragglerPolicy::Skip),
             _ => Resumable::No,
         }
     }
@@ -585,7 +585,24 @@ impl RunArgs {
     /// Whether the other peers train on when a peer leaves (no phase schedule, and an
     /// algorithm that re-weights W or pushes around the gap).
     pub fn survives_departure(&self) -> bool {
-        matches!(self.algorithms().as_slice(), [a] if a.survives_departure())
+        matches!(self.algorithms().as_slice(), [a] if a.capabilities().survives_departure())
+    }
+
+    /// The run's setup as the registry's checks see it ([`murmur_gossip::registry::check_run`]).
+    fn run_setup<'a>(
+        &self,
+        options: &'a AlgorithmOptions,
+        topology: Option<&'a Topology>,
+    ) -> murmur_gossip::registry::RunSetup<'a> {
+        murmur_gossip::registry::RunSetup {
+            options,
+            topology,
+            skip_policy: self.gossip.straggler_policy == StragglerPolicy::Skip,
+            auto_deadline: matches!(
+                self.gossip.straggler_deadline_ms,
+                Some(StragglerDeadline::Auto)
+            ),
+        }
     }
 
     /// The link emulation of `--link-bandwidth` and `--link-latency`.
@@ -649,7 +666,7 @@ impl RunArgs {
     /// The compressor as runs print and record it: [`RunArgs::compressor`], or `auto (per
     /// link)` for an algorithm that chooses each link's compressor (choco-auto).
     pub fn compressor_label(&self) -> String {
-        if self.gossip.algorithm.chooses_compressor_per_link() {
+        if self.gossip.algorithm.capabilities().compresses == Compresses::PerLink {
             "auto (per link)".to_string()
         } else {
             self.compressor().to_string()
@@ -670,7 +687,8 @@ impl RunArgs {
             self.compressor(),
             CompressorSpec::Identity | CompressorSpec::Fp16 | CompressorSpec::Bf16
         );
-        if self.gossip.algorithm.mixes_compressed_parameters() && !casts {
+        let compresses = self.gossip.algorithm.capabilities().compresses;
+        if compresses == Compresses::Parameters && !casts {
             w.push(format!(
                 "{} mixes the neighbours' compressed parameters directly, so the error of \
                  `{}` enters the models every round it communicates (sparsifiers and sign pull \
@@ -681,13 +699,13 @@ impl RunArgs {
             ));
         }
         let outer = self.algorithm_options().outer();
-        if self.gossip.algorithm.compresses_pseudo_gradients() && !casts && outer.lr > 0.5 {
+        if compresses == Compresses::PseudoGradients && !casts && outer.lr > 0.5 {
             let biased = self.compressor().build(None).is_ok_and(|c| !c.unbiased());
             if biased {
                 w.push(format!(
                     "{} with the biased compressor `{}` and --outer-lr {}: a biased \
                      pseudo-gradient with a large outer step can diverge (top-10% at \
-                     --outer-lr 1 did on quadratics, gossip/src/diloco.rs); try --outer-lr 0.3",
+                     --outer-lr 1 did on quadratics, gossip/src/algorithms/diloco.rs); try --outer-lr 0.3",
                     self.algorithm_name(),
                     self.compressor(),
                     outer.lr
@@ -695,25 +713,6 @@ impl RunArgs {
             }
         }
         w
-    }
-
-    /// Errors if a time-varying schedule is given to an algorithm that needs a static W.
-    fn refuse_schedule_for_static_algorithms(&self) -> anyhow::Result<()> {
-        let static_users: Vec<String> = self
-            .algorithms()
-            .into_iter()
-            .filter(|a| a.uses_topology() && !a.takes_push_schedule())
-            .map(|a| a.to_string())
-            .collect();
-        if !static_users.is_empty() {
-            bail!(
-                "--topology {}: {ONE_PEER_EXPONENTIAL} is a time-varying push schedule for \
-                 --algorithm sgp; {} need a mixing matrix W (try exponential)",
-                self.gossip.topology,
-                static_users.join(", ")
-            );
-        }
-        Ok(())
     }
 
     /// Builds the topology for `self.peers` peers from a name or a file. For the
@@ -726,19 +725,11 @@ impl RunArgs {
     /// graph for an algorithm that needs a symmetric W.
     pub fn topology(&self) -> anyhow::Result<Topology> {
         let topo = load_topology(&self.gossip.topology, Some(self.peers))?;
-        if topo.schedule.is_some() {
-            self.refuse_schedule_for_static_algorithms()?;
-        }
-        if let Some(a) = self.algorithms().iter().find(|a| a.needs_symmetric_w()) {
-            if !topo.w.graph().is_symmetric() {
-                anyhow::bail!(
-                    "--topology {}: {a} needs an undirected graph (a symmetric W: every link \
-                     carries messages both ways); {} is directed",
-                    self.gossip.topology,
-                    topo.name
-                );
-            }
-        }
+        let options = self.algorithm_options();
+        murmur_gossip::registry::check_run(
+            &self.algorithms(),
+            &self.run_setup(&options, Some(&topo)),
+        )?;
         Ok(topo)
     }
 
@@ -746,9 +737,9 @@ impl RunArgs {
     /// or the centralized baselines' fixed pattern (which ignores `--topology`).
     pub fn topology_label(&self, topo: &Topology) -> String {
         let algs = self.algorithms();
-        let pattern = |a: &AlgorithmSpec| match a.fixed_pattern() {
-            Some(p) => p.to_string(),
-            None => topo.name.clone(),
+        let pattern = |a: &AlgorithmSpec| match a.capabilities().pattern {
+            Pattern::Fixed(p) => p.to_string(),
+            Pattern::Graph(_) => topo.name.clone(),
         };
         let mut labels: Vec<String> = algs.iter().map(pattern).collect();
         labels.dedup();

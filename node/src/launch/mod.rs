@@ -199,7 +199,7 @@ fn check(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Checked> {
             "--restart-failed: a restarted peer rejoins {} runs (without --straggler-policy \
              skip), not {}",
             murmur_gossip::AlgorithmSpec::names_where(
-                |a| a.resumable(false) == murmur_gossip::Resumable::Rejoin
+                |a| a.capabilities().resumable(false) == murmur_gossip::Resumable::Rejoin
             ),
             args.algorithm_name()
         );
@@ -237,7 +237,11 @@ fn check(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Checked> {
 
 /// The run's first line: peers, algorithm, compressor, graph, model, device, epochs, folder.
 fn announce(args: &RunArgs, topo: &murmur_topology::Topology, run_dir: &Path) {
-    let pattern = if args.algorithms().iter().any(|a| a.uses_topology()) {
+    let pattern = if args
+        .algorithms()
+        .iter()
+        .any(|a| a.capabilities().uses_topology())
+    {
         format!(
             "{}; |λ₂| = {:.4}, spectral gap {:.4}",
             args.topology_label(topo),

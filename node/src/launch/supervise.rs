@@ -317,7 +317,9 @@ impl<'a> Supervisor<'a> {
                     "peer {rank} failed ({how}) at epoch {epoch}{cause}, and {} cannot go on \
                      without a peer ({} can)",
                     args.algorithm_name(),
-                    murmur_gossip::AlgorithmSpec::names_where(|a| a.survives_departure())
+                    murmur_gossip::AlgorithmSpec::names_where(|a| a
+                        .capabilities()
+                        .survives_departure())
                 ));
                 continue;
             }

@@ -60,7 +60,7 @@ pub struct Checkpoint {
     pub meta: CheckpointMeta,
     /// Parameters x: `[d]`.
     pub x: Vec<f32>,
-    /// The inner optimizer's state, `[o]` ([`crate::train::optim::Optimizer::state`]:
+    /// The inner optimizer's state, `[o]` ([`crate::train::inner_optimizer::Optimizer::state`]:
     /// the heavy-ball velocity, o = d; AdamW's moments and step, o = 2d + 1).
     pub velocity: Vec<f32>,
     /// The algorithm's state beyond x and the round (vectors `[d]`).

@@ -12,7 +12,7 @@ pub mod checkpoint;
 mod driver;
 pub(crate) mod frames;
 mod links;
-mod membership;
+mod membership_effects;
 mod plan;
 mod run;
 

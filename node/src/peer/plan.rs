@@ -71,7 +71,7 @@ pub(super) fn plan(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<Start> {
     if peer.resume && resumable == Resumable::No {
         bail!(
             "--resume works for {} runs, not {}",
-            AlgorithmSpec::names_where(|a| a.resumable(false) != Resumable::No),
+            AlgorithmSpec::names_where(|a| a.capabilities().resumable(false) != Resumable::No),
             args.algorithm_name()
         );
     }
@@ -87,7 +87,7 @@ pub(super) fn plan(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<Start> {
         bail!(
             "an elastic run (--initial-peers, --join-running) needs an algorithm that takes a \
              peer in mid-run: {} (without --straggler-policy skip), not {}",
-            AlgorithmSpec::names_where(|a| a.resumable(false) == Resumable::Rejoin),
+            AlgorithmSpec::names_where(|a| a.capabilities().resumable(false) == Resumable::Rejoin),
             args.algorithm_name()
         );
     }

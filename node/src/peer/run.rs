@@ -4,8 +4,8 @@
 
 use super::*;
 use crate::report::PeerTotals;
+use crate::train::inner_optimizer::Optimizer;
 use crate::train::learner::Learner;
-use crate::train::optim::Optimizer;
 
 pub(super) fn run_on<B: AutodiffBackend>(
     args: &RunArgs,

@@ -33,9 +33,9 @@ use serde::Serialize;
 use crate::config::DeviceSpec;
 use crate::peer::check_device;
 use crate::train::data::Dataset;
+use crate::train::inner_optimizer::{HeavyBall, Schedule, ScheduleKind};
 use crate::train::learner::Learner;
 use crate::train::model::{self, ModelKind, Net};
-use crate::train::optim::{HeavyBall, Schedule, ScheduleKind};
 
 /// Learning rate η of the benchmarked update.
 const LR: f32 = 0.01;

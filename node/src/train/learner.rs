@@ -9,8 +9,8 @@ use anyhow::bail;
 use burn::tensor::backend::AutodiffBackend;
 
 use super::data::{Batches, Dataset};
+use super::inner_optimizer::{Optimizer, Schedule};
 use super::model::{self, Net};
-use super::optim::{Optimizer, Schedule};
 
 /// A peer's shard, its mini-batch order, the optimizer and the running training loss.
 pub struct Learner {

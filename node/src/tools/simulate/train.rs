@@ -33,7 +33,10 @@ pub(super) fn run(setup: &Setup<'_>) -> anyhow::Result<()> {
                         b.attack,
                         args.train.seed.wrapping_add(7919 * (rank as u64 + 1)),
                     )
-                    .with_increments(args.gossip.algorithm.sends_increments()),
+                    .with_increments(
+                        args.gossip.algorithm.capabilities().compresses
+                            == murmur_gossip::Compresses::Increments,
+                    ),
                 ) as Box<dyn Gossip>,
                 None => p,
             },

@@ -36,7 +36,7 @@
 //! # Choosing Q_ij
 //!
 //! Each link's bandwidth B_j (bytes/s) is measured by the transport and the receivers'
-//! reports ([`crate::link_meter`]: the median of the last 16 frames of at least 16 KiB,
+//! reports ([`crate::mixing::link_meter`]: the median of the last 16 frames of at least 16 KiB,
 //! first to last byte; each direction judged by its receiver, reported every 4 rounds).
 //!
 //! Every round has the communication budget
@@ -56,16 +56,21 @@
 //! Not supported: the skip straggler policy, a returning peer and resuming from a
 //! checkpoint (refused with an error); departures re-weight as for CHOCO-SGD.
 
+use crate::registry::{
+    Algorithm, BuildContext, Capabilities, Compresses, Departures, GraphNeeds, Pattern,
+    ProtocolOption, Resume, RunSetup,
+};
+use crate::BuildError;
+use murmur_compress::CompressorSpec;
 use std::time::{Duration, Instant};
 
-use murmur_compress::{Compressor, CompressorSpec, OperatorId};
+use murmur_compress::{Compressor, OperatorId};
 use murmur_topology::MixingMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::exchange::{max_lead, Exchange, ExchangeParams};
-use crate::link_meter::{LinkMeter, MeterConfig};
-use crate::registry::{Algorithm, BuildContext, BuildError, Resumable};
+use crate::mixing::exchange::{max_lead, Exchange, ExchangeParams};
+use crate::mixing::link_meter::{LinkMeter, MeterConfig};
 use crate::{Gossip, GossipError, GossipEvent, LinkChoice, MembershipError, Rank};
 
 /// Configuration of one [`ChocoAuto`] peer.
@@ -95,7 +100,7 @@ pub struct ChocoAutoConfig {
     pub max_lead_rounds: u64,
     /// κ: the share of the compute time a round's communication may take (default 0.25).
     pub compute_share: f64,
-    /// How the links are measured and reported ([`crate::link_meter`]).
+    /// How the links are measured and reported ([`crate::mixing::link_meter`]).
     pub meter: MeterConfig,
 }
 
@@ -105,7 +110,7 @@ impl ChocoAutoConfig {
     /// # Errors
     /// A message if `w` is not symmetric.
     pub fn from_matrix(w: &MixingMatrix, rank: Rank, lr: f32, gamma: f32) -> Result<Self, String> {
-        check_symmetric(w)?;
+        crate::mixing::check_symmetric(w)?;
         Ok(ChocoAutoConfig {
             rank,
             self_weight: w.get(rank, rank),
@@ -121,26 +126,6 @@ impl ChocoAutoConfig {
             meter: MeterConfig::default(),
         })
     }
-}
-
-/// `Ok` if `w` (n×n) is symmetric within 1e-12 (an undirected graph), else a message naming
-/// the first pair that differs: the per-link algorithms mix pairwise and keep the average
-/// only then.
-pub(crate) fn check_symmetric(w: &MixingMatrix) -> Result<(), String> {
-    let n = w.n();
-    for i in 0..n {
-        for j in 0..i {
-            if (w.get(i, j) - w.get(j, i)).abs() > 1e-12 {
-                return Err(format!(
-                    "W must be symmetric (an undirected graph): w[{i}][{j}] = {} but \
-                     w[{j}][{i}] = {}",
-                    w.get(i, j),
-                    w.get(j, i)
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The operators a link can be given, from the least to the most compressing, each with
@@ -250,7 +235,7 @@ pub struct ChocoAuto {
     /// Per neighbour: this round's rung, and rounds sent per rung.
     choice: Vec<usize>,
     used: Vec<Vec<u64>>,
-    reweighting: crate::reweight::Reweighting,
+    reweighting: crate::mixing::reweight::Reweighting,
 }
 
 impl ChocoAuto {
@@ -269,7 +254,7 @@ impl ChocoAuto {
             max_lead_rounds: cfg.max_lead_rounds,
             skip_after: None,
             auto_deadline: None,
-            skip_mode: crate::exchange::SkipMode::Late,
+            skip_mode: crate::mixing::exchange::SkipMode::Late,
         });
         let ladder = Ladder::new(d);
         ChocoAuto {
@@ -389,7 +374,8 @@ impl Gossip for ChocoAuto {
             &mut self.cfg.self_weight,
             &mut self.cfg.in_weights,
         );
-        crate::choco::half_step(&mut self.x, x, grad, self.cfg.lr);
+        // x^(t+½) = x − η g
+        crate::mixing::local_step(&mut self.x, x, grad, self.cfg.lr);
         self.choose();
         let mut bad = None;
         let (ladder, choice, own, diff, xh, rng) = (
@@ -413,13 +399,8 @@ impl Gossip for ChocoAuto {
         });
         if let Some(e) = bad {
             let round = self.ex.round();
-            self.ex.push_event(GossipEvent::Diverged {
-                round,
-                reason: format!(
-                    "peer {}: x − x̂ is not finite, its CHOCO message does not decode ({e})",
-                    self.cfg.rank
-                ),
-            });
+            self.ex
+                .push_event(crate::mixing::choco_diverged(self.cfg.rank, round, e));
             return;
         }
         for (idx, payload) in begun.early {
@@ -442,13 +423,13 @@ impl Gossip for ChocoAuto {
             return self.meter.on_report(from, frame, max);
         }
         match self.ex.check(now, from, frame)? {
-            crate::exchange::Arrival::Current { idx, payload } => {
+            crate::mixing::exchange::Arrival::Current { idx, payload } => {
                 self.absorb(idx, payload)?;
                 self.ex.accept(now, idx, frame.len());
             }
-            crate::exchange::Arrival::Buffered => {}
+            crate::mixing::exchange::Arrival::Buffered => {}
             // No skip policy: the exchange never asks for one.
-            crate::exchange::Arrival::Skip(_) => {}
+            crate::mixing::exchange::Arrival::Skip(_) => {}
         }
         self.finish_if_complete(Some(now));
         Ok(())
@@ -509,7 +490,7 @@ impl Gossip for ChocoAuto {
     /// Re-weights with `w` (the survivors' W') from the next round on, as CHOCO-SGD.
     fn peer_left(&mut self, gone: Rank, w: &MixingMatrix) -> Result<(), MembershipError> {
         let (wii, wij) =
-            crate::reweight::weights_without(self.cfg.rank, &self.cfg.in_weights, w, gone)?;
+            crate::mixing::reweight::weights_without(self.cfg.rank, &self.cfg.in_weights, w, gone)?;
         if let Some(idx) = self.ex.leave(gone) {
             self.ex.stood_in(idx);
             self.finish_if_complete(None);
@@ -526,6 +507,21 @@ pub struct ChocoAutoAlgorithm;
 /// The registry's entry.
 pub const CHOCO_AUTO: ChocoAutoAlgorithm = ChocoAutoAlgorithm;
 
+static CAPABILITIES: Capabilities = Capabilities {
+    pattern: Pattern::Graph(GraphNeeds::Symmetric),
+    local_steps: None,
+    default_tau: 0,
+    compresses: Compresses::PerLink,
+    default_compressor: CompressorSpec::TopK {
+        ratio: 0.01,
+        layerwise: false,
+    },
+    options: &[ProtocolOption::GAMMA],
+    skips_stragglers: false,
+    departures: Departures::TrainOn,
+    resume: Resume::No,
+};
+
 impl Algorithm for ChocoAutoAlgorithm {
     fn name(&self) -> &'static str {
         "choco-auto"
@@ -535,37 +531,19 @@ impl Algorithm for ChocoAutoAlgorithm {
          bandwidth so that a slow link sends a smaller message (--gamma: every edge's step; \
          default 0.5 on dense edges, 0.1 on compressed ones)"
     }
-    fn compresses(&self) -> bool {
-        true
+    fn capabilities(&self) -> &'static Capabilities {
+        &CAPABILITIES
     }
-    fn chooses_compressor_per_link(&self) -> bool {
-        true
-    }
-    fn needs_symmetric_w(&self) -> bool {
-        true
-    }
-    fn default_compressor(&self) -> CompressorSpec {
-        // Not used to compress: it sets the default γ of a compressing CHOCO (0.1).
-        CompressorSpec::TopK {
-            ratio: 0.01,
-            layerwise: false,
+    /// Refuses `--compressor`: each link's is chosen from its measured bandwidth.
+    fn check(&self, run: &RunSetup<'_>) -> Result<(), BuildError> {
+        match &run.options.compressor {
+            Some(spec) => Err(BuildError::Options(format!(
+                "--compressor {spec}: choco-auto chooses each link's compressor from its \
+                 measured bandwidth (identity, fp16, int8, top-k 25% to 0.1%); leave \
+                 --compressor out, or use --algorithm choco for one compressor on every link"
+            ))),
+            None => Ok(()),
         }
-    }
-    fn check_compressor(&self, spec: &CompressorSpec) -> Result<(), BuildError> {
-        Err(BuildError::Options(format!(
-            "--compressor {spec}: choco-auto chooses each link's compressor from its measured \
-             bandwidth (identity, fp16, int8, top-k 25% to 0.1%); leave --compressor out, or \
-             use --algorithm choco for one compressor on every link"
-        )))
-    }
-    fn options(&self) -> &'static [crate::ProtocolOption] {
-        &[crate::ProtocolOption::Gamma]
-    }
-    fn survives_departure(&self) -> bool {
-        true
-    }
-    fn resumable(&self, _skip_policy: bool) -> Resumable {
-        Resumable::No
     }
     fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
         // --gamma sets every edge's step; by default 0.1 for compressed edges, 0.5 for dense.

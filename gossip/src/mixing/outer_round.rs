@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use crate::{Gossip, GossipEvent};
 
 /// The outer state of a wrapping algorithm.
-pub(crate) struct Relay {
+pub(crate) struct OuterRound {
     /// x_i: `[d]`, the parameters after the last completed outer round.
     pub x: Vec<f32>,
     /// The outer round that is mixing, or the next one when idle.
@@ -18,10 +18,10 @@ pub(crate) struct Relay {
     events: VecDeque<GossipEvent>,
 }
 
-impl Relay {
+impl OuterRound {
     /// Starts at outer round 0 from `x0: [d]`.
     pub fn new(x0: Vec<f32>) -> Self {
-        Relay {
+        OuterRound {
             x: x0,
             round: 0,
             waiting: false,

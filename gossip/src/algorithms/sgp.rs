@@ -134,6 +134,10 @@
 //! Memory: x_i and z_i (2d `f32`), the outgoing frame, and at most (S + L) × in-degree
 //! buffered payloads.
 
+use crate::registry::{
+    Algorithm, Capabilities, Compresses, Departures, GraphNeeds, Pattern, ProtocolOption, Resume,
+};
+use murmur_compress::CompressorSpec;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
@@ -972,7 +976,19 @@ pub struct SgpAlgorithm;
 /// The registry's entry for SGP.
 pub const SGP: SgpAlgorithm = SgpAlgorithm;
 
-impl crate::registry::Algorithm for SgpAlgorithm {
+static CAPABILITIES: Capabilities = Capabilities {
+    pattern: Pattern::Graph(GraphNeeds::PushSchedule),
+    local_steps: None,
+    default_tau: 0,
+    compresses: Compresses::Shares,
+    default_compressor: CompressorSpec::Identity,
+    options: &[ProtocolOption::TAU],
+    skips_stragglers: true,
+    departures: Departures::TrainOn,
+    resume: Resume::Rejoin,
+};
+
+impl Algorithm for SgpAlgorithm {
     fn name(&self) -> &'static str {
         "sgp"
     }
@@ -980,29 +996,22 @@ impl crate::registry::Algorithm for SgpAlgorithm {
         "SGP (Assran et al. 2019): push-sum gossip with column-stochastic weights on a \
          directed or time-varying graph (--topology one-peer-exponential), overlap bound --tau"
     }
-    fn takes_push_schedule(&self) -> bool {
-        true
+    fn capabilities(&self) -> &'static Capabilities {
+        &CAPABILITIES
     }
-    fn options(&self) -> &'static [crate::ProtocolOption] {
-        &[crate::ProtocolOption::Tau]
-    }
-    fn skips_stragglers(&self) -> bool {
-        true
-    }
-    fn survives_departure(&self) -> bool {
-        true
-    }
-    fn resumable(&self, _skip_policy: bool) -> crate::Resumable {
-        crate::Resumable::Rejoin
-    }
-    fn build(&self, ctx: crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
-        if ctx.auto_deadline.is_some() {
+    /// Refuses `--straggler-deadline-ms auto`.
+    fn check(&self, run: &crate::registry::RunSetup<'_>) -> Result<(), crate::BuildError> {
+        if run.auto_deadline {
             return Err(crate::BuildError::Options(
                 "--straggler-deadline-ms auto is not built for sgp (its rounds wait for \
                  push-sum shares, not per-neighbour frames); give a number of milliseconds"
                     .into(),
             ));
         }
+        Ok(())
+    }
+    fn build(&self, ctx: crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
+        self.check(&ctx.setup())?;
         let mut cfg = SgpConfig::new(ctx.push_schedule()?, ctx.rank, ctx.lr, ctx.dim())
             .with_tau(ctx.options.tau(self))
             .with_skip(ctx.skip_after);

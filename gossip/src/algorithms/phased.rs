@@ -16,7 +16,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use crate::relay::Relay;
+use crate::mixing::outer_round::OuterRound;
 use crate::{Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
 
 /// One phase: a state machine and how many rounds it runs (`None`: until the end).
@@ -36,7 +36,7 @@ pub struct Phased {
     current: usize,
     /// x_i, the round t over all phases and the events; `waiting` while the current phase
     /// has a round in progress.
-    outer: Relay,
+    outer: OuterRound,
     /// First round of the current phase.
     phase_start: u64,
     /// Frames refused by the current phase that may belong to the next: (from, frame).
@@ -68,7 +68,7 @@ impl Phased {
             }
         }
         Phased {
-            outer: Relay::new(phases[0].gossip.params().to_vec()),
+            outer: OuterRound::new(phases[0].gossip.params().to_vec()),
             phases,
             current: 0,
             phase_start: 0,

@@ -30,7 +30,7 @@
 //! overlap SGP), with a per-edge delay that the link's bandwidth decides.
 //!
 //! **Which links are fast, and the deadline.** Each link's bandwidth is measured as for
-//! [`crate::ChocoAuto`] ([`crate::link_meter`]: each direction by its receiver, reported to
+//! [`crate::ChocoAuto`] ([`crate::mixing::link_meter`]: each direction by its receiver, reported to
 //! the sender every 4 rounds), and a link is as fast as its slower direction — an exchange
 //! needs both. A link is slow when it takes more than [`SLOW_FACTOR`] (3) times the fastest
 //! link's time to carry a model; the others are fast, and so is a link not measured yet (round 0 waits for
@@ -54,16 +54,21 @@
 //! Not supported: the skip straggler policy (nothing waits), departures, resuming from a
 //! checkpoint (refused with an error); a directed graph (no symmetric pair to cancel).
 
+use crate::registry::{
+    Algorithm, BuildContext, Capabilities, Compresses, Departures, GraphNeeds, Pattern,
+    ProtocolOption, Resume,
+};
+use crate::BuildError;
+use murmur_compress::CompressorSpec;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use murmur_compress::{Compressor, CompressorSpec};
+use murmur_compress::Compressor;
 use murmur_topology::MixingMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::link_meter::{LinkMeter, MeterConfig};
-use crate::registry::{Algorithm, BuildContext, BuildError, Resumable};
+use crate::mixing::link_meter::{LinkMeter, MeterConfig};
 use crate::{Gossip, GossipError, GossipEvent, GossipStats, LinkChoice, Rank, Transmit};
 
 /// A link is slow (not waited for) when it takes more than this many times the fastest
@@ -131,7 +136,7 @@ impl AsyncLinks {
         max_payload_bytes: u32,
         round_timeout: Duration,
     ) -> Result<Self, String> {
-        crate::choco_auto::check_symmetric(w)?;
+        crate::mixing::check_symmetric(w)?;
         let weights = w.in_weights(rank);
         let neighbours: Vec<Rank> = weights.iter().map(|&(j, _)| j).collect();
         let meter = MeterConfig::default();
@@ -435,6 +440,18 @@ pub struct LocalAutoAlgorithm;
 /// The registry's entry.
 pub const LOCAL_AUTO: LocalAutoAlgorithm = LocalAutoAlgorithm;
 
+static CAPABILITIES: Capabilities = Capabilities {
+    pattern: Pattern::Graph(GraphNeeds::Symmetric),
+    local_steps: Some(4),
+    default_tau: 0,
+    compresses: Compresses::Nothing,
+    default_compressor: CompressorSpec::Identity,
+    options: &[ProtocolOption::LOCAL_STEPS],
+    skips_stragglers: false,
+    departures: Departures::EndRun,
+    resume: Resume::No,
+};
+
 impl Algorithm for LocalAutoAlgorithm {
     fn name(&self) -> &'static str {
         "local-auto"
@@ -444,17 +461,8 @@ impl Algorithm for LocalAutoAlgorithm {
          edge mixes the neighbours' models that have arrived and sends on the edges that are \
          free, so a slow link mixes less often and no round waits for it"
     }
-    fn has_local_steps(&self) -> bool {
-        true
-    }
-    fn needs_symmetric_w(&self) -> bool {
-        true
-    }
-    fn options(&self) -> &'static [crate::ProtocolOption] {
-        &[crate::ProtocolOption::LocalSteps]
-    }
-    fn resumable(&self, _skip_policy: bool) -> Resumable {
-        Resumable::No
+    fn capabilities(&self) -> &'static Capabilities {
+        &CAPABILITIES
     }
     fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
         let (h, lr) = (ctx.options.local_steps(self), ctx.lr);
@@ -462,46 +470,5 @@ impl Algorithm for LocalAutoAlgorithm {
         let inner = AsyncLinks::new(w, rank, ctx.x0, limit, ctx.round_timeout)
             .map_err(|e| BuildError::Options(format!("local-auto: {e}")))?;
         Ok(Box::new(crate::LocalSgd::new(Box::new(inner), h, lr)))
-    }
-}
-
-/// Decentralized DiLoCo with per-link periods in the [`crate::registry`]: DiLoCo's inner
-/// and outer steps ([`crate::DiLoCo`]) around [`AsyncLinks`], so that each outer step mixes
-/// the models that have arrived and a slow link's models arrive outer steps later.
-pub struct DiLoCoAutoAlgorithm;
-
-/// The registry's entry.
-pub const DILOCO_AUTO: DiLoCoAutoAlgorithm = DiLoCoAutoAlgorithm;
-
-impl Algorithm for DiLoCoAutoAlgorithm {
-    fn name(&self) -> &'static str {
-        "diloco-auto"
-    }
-    fn about(&self) -> &'static str {
-        "Decentralized DiLoCo with a period per link: H inner steps, then the models that have \
-         arrived from each neighbour are mixed (a slow link's later, no outer step waits for \
-         it), then the outer step on each peer's own anchor"
-    }
-    fn has_local_steps(&self) -> bool {
-        true
-    }
-    fn default_local_steps(&self) -> u64 {
-        crate::diloco::DEFAULT_LOCAL_STEPS
-    }
-    fn needs_symmetric_w(&self) -> bool {
-        true
-    }
-    fn options(&self) -> &'static [crate::ProtocolOption] {
-        crate::diloco::OPTIONS
-    }
-    fn resumable(&self, _skip_policy: bool) -> Resumable {
-        Resumable::No
-    }
-    fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
-        let (h, lr, outer) = (ctx.options.local_steps(self), ctx.lr, ctx.options.outer());
-        let (w, rank, limit) = (&ctx.topology.w, ctx.rank, ctx.max_payload_bytes);
-        let inner = AsyncLinks::new(w, rank, ctx.x0, limit, ctx.round_timeout)
-            .map_err(|e| BuildError::Options(format!("diloco-auto: {e}")))?;
-        Ok(Box::new(crate::DiLoCo::new(Box::new(inner), h, lr, outer)?))
     }
 }

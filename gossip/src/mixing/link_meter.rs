@@ -1,5 +1,5 @@
 //! Measuring a peer's links, for the algorithms that choose per link ([`crate::ChocoAuto`]'s
-//! compressor, [`crate::local_auto`]'s period): each link's bandwidth in both directions
+//! compressor, [`crate::algorithms::local_auto`]'s period): each link's bandwidth in both directions
 //! and the compute time between rounds.
 //!
 //! The transport times each incoming frame from its first to its last byte

@@ -23,9 +23,13 @@
 //! ⌊t / H⌋; [`Gossip::round`] and [`GossipEvent`]s use t. Bytes per SGD step fall by a
 //! factor H.
 
+use crate::registry::{
+    Algorithm, Capabilities, Compresses, Departures, GraphNeeds, Pattern, ProtocolOption, Resume,
+};
+use murmur_compress::CompressorSpec;
 use std::time::Instant;
 
-use crate::relay::Relay;
+use crate::mixing::outer_round::OuterRound;
 use crate::{Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
 
 /// Local SGD with `h` local steps per communication round around `inner`
@@ -38,7 +42,7 @@ pub struct LocalSgd {
     lr: f32,
     /// x_i, the round t (one per SGD step) and the events; `waiting` while a
     /// communication round is mixing in `inner`.
-    outer: Relay,
+    outer: OuterRound,
 }
 
 impl LocalSgd {
@@ -50,7 +54,7 @@ impl LocalSgd {
     pub fn new(inner: Box<dyn Gossip>, h: u64, lr: f32) -> Self {
         assert!(h >= 1, "local SGD needs H ≥ 1 local steps per round");
         LocalSgd {
-            outer: Relay::new(inner.params().to_vec()),
+            outer: OuterRound::new(inner.params().to_vec()),
             inner,
             h,
             lr,
@@ -75,17 +79,8 @@ impl Gossip for LocalSgd {
     /// If `x` or `grad` is not `[d]`, or the previous round is still mixing.
     fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) {
         self.outer.assert_idle();
-        let y = &mut self.outer.x;
-        assert_eq!(x.len(), y.len(), "x must have length d");
-        match grad {
-            Some(g) => {
-                assert_eq!(g.len(), x.len(), "grad must have length d");
-                for ((y, xi), gi) in y.iter_mut().zip(x).zip(g) {
-                    *y = xi - self.lr * gi;
-                }
-            }
-            None => y.copy_from_slice(x),
-        }
+        // y = x − η g
+        crate::mixing::local_step(&mut self.outer.x, x, grad, self.lr);
         if self.communicates(self.outer.round) {
             self.outer.waiting = true;
             self.inner.begin_round(now, &self.outer.x, None);
@@ -177,7 +172,19 @@ pub struct LocalSgdAlgorithm;
 /// The registry's entry for local-SGD gossip.
 pub const LOCAL_SGD: LocalSgdAlgorithm = LocalSgdAlgorithm;
 
-impl crate::registry::Algorithm for LocalSgdAlgorithm {
+static CAPABILITIES: Capabilities = Capabilities {
+    pattern: Pattern::Graph(GraphNeeds::Static),
+    local_steps: Some(4),
+    default_tau: 0,
+    compresses: Compresses::Parameters,
+    default_compressor: CompressorSpec::Identity,
+    options: &[ProtocolOption::LOCAL_STEPS, ProtocolOption::ROBUST],
+    skips_stragglers: true,
+    departures: Departures::TrainOn,
+    resume: Resume::No,
+};
+
+impl Algorithm for LocalSgdAlgorithm {
     fn name(&self) -> &'static str {
         "local-sgd"
     }
@@ -185,64 +192,13 @@ impl crate::registry::Algorithm for LocalSgdAlgorithm {
         "Local-SGD gossip (Koloskova et al. 2020): H local SGD steps (--local-steps), then \
          one D-PSGD mixing round on W (H = 1 is D-PSGD)"
     }
-    fn has_local_steps(&self) -> bool {
-        true
-    }
-    fn mixes_compressed_parameters(&self) -> bool {
-        true
-    }
-    /// H, and `--robust` for the D-PSGD rounds that mix the models.
-    fn options(&self) -> &'static [crate::ProtocolOption] {
-        &[
-            crate::ProtocolOption::LocalSteps,
-            crate::ProtocolOption::Robust,
-        ]
-    }
-    fn skips_stragglers(&self) -> bool {
-        true
-    }
-    fn survives_departure(&self) -> bool {
-        true
+    fn capabilities(&self) -> &'static Capabilities {
+        &CAPABILITIES
     }
     fn build(&self, ctx: crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
         let (h, lr, compressor) = (ctx.options.local_steps(self), ctx.lr, ctx.compressor(self)?);
         // The inner gossip only mixes (η = 0); the wrapper takes the local steps.
-        let inner = crate::dpsgd::build(ctx, 0.0, compressor)?;
-        Ok(Box::new(LocalSgd::new(Box::new(inner), h, lr)))
-    }
-}
-
-/// Local SGD / model averaging in the [`crate::registry`]: H local steps, then exact
-/// averaging by ring all-reduce.
-pub struct LocalAvgAlgorithm;
-
-/// The registry's entry for local SGD with model averaging.
-pub const LOCAL_AVG: LocalAvgAlgorithm = LocalAvgAlgorithm;
-
-impl crate::registry::Algorithm for LocalAvgAlgorithm {
-    fn name(&self) -> &'static str {
-        "local-avg"
-    }
-    fn about(&self) -> &'static str {
-        "Local SGD / model averaging (Stich 2019): H local steps, then exact global averaging \
-         of the parameters by ring all-reduce"
-    }
-    fn uses_topology(&self) -> bool {
-        false
-    }
-    fn has_local_steps(&self) -> bool {
-        true
-    }
-    fn options(&self) -> &'static [crate::ProtocolOption] {
-        &[crate::ProtocolOption::LocalSteps]
-    }
-    fn fixed_pattern(&self) -> Option<&'static str> {
-        Some("ring all-reduce")
-    }
-    fn build(&self, ctx: crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
-        let (h, lr) = (ctx.options.local_steps(self), ctx.lr);
-        // All-reduce begun without a gradient averages the parameters exactly.
-        let inner = crate::allreduce::build(ctx, 0.0);
+        let inner = crate::DPsgd::from_context(ctx, 0.0, compressor)?;
         Ok(Box::new(LocalSgd::new(Box::new(inner), h, lr)))
     }
 }

@@ -3,7 +3,7 @@
 //! communication runs behind the next inner steps (Douillard, Donchev, Rush, Kale, Charles,
 //! Garrett, Teston, Lacey, McIlroy, Shen, Ramé, Szlam, Ranzato & Barham 2025, "Streaming
 //! DiLoCo with overlapping communication: Towards a Distributed Free Lunch", Algorithm 2).
-//! The outer step itself is DiLoCo's ([`crate::diloco`]): the averaged pseudo-gradient of
+//! The outer step itself is DiLoCo's ([`crate::algorithms::diloco`]): the averaged pseudo-gradient of
 //! H inner steps through an outer optimizer (Nesterov, or SGD), here per fragment.
 //!
 //! The model x_i: `[d]` is cut into P fragments, the contiguous ranges
@@ -48,7 +48,7 @@
 //! operator `diloco` takes) it all-reduces the compressed pseudo-gradients with error
 //! feedback, as `diloco` does, with one residual per fragment (swapped into the ring for
 //! its sync); each fragment's first sync averages the models raw and sets the anchor to
-//! that average on every peer (the alignment of [`crate::diloco`]'s compressed form), so the
+//! that average on every peer (the alignment of [`crate::algorithms::diloco`]'s compressed form), so the
 //! first P syncs are raw and all later ones compressed. The compressor is seeded per sync
 //! from the peer's seed and the sync's number.
 //!
@@ -70,16 +70,22 @@
 //! **Not built:** the paper's 4-bit floating-point pseudo-gradients (`int8` is the nearest
 //! operator here), strided layer fragments, streaming over gossip (decentralized DiLoCo).
 
+use crate::mixing::pseudo_gradient::{
+    check_pseudo_gradient_compressor, outer_step_seed, outer_update, DILOCO_LOCAL_STEPS,
+};
+use crate::optimizer::OuterConfig;
+use crate::registry::{
+    Algorithm, BuildContext, Capabilities, Compresses, Departures, Pattern, ProtocolOption, Resume,
+    RunSetup,
+};
+use crate::BuildError;
+use murmur_compress::CompressorSpec;
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use murmur_compress::CompressorSpec;
-
-use crate::allreduce::{chunk_range, AllReduce};
-use crate::diloco::{check_pseudo_gradient_compressor, outer_step_seed, outer_update, OuterConfig};
-use crate::optim::Optimizer;
-use crate::registry::{Algorithm, BuildContext, BuildError, ProtocolOption, Resumable};
-use crate::relay::Relay;
+use crate::algorithms::allreduce::{chunk_range, AllReduce};
+use crate::mixing::outer_round::OuterRound;
+use crate::optimizer::Optimizer;
 use crate::{
     AlgorithmState, Gossip, GossipError, GossipEvent, GossipStats, MembershipError, Rank,
     StateError, Transmit,
@@ -113,15 +119,15 @@ impl Schedule {
         if h == 0 {
             return Err(BuildError::Options(format!(
                 "{} must be at least 1 (the inner steps per outer step)",
-                ProtocolOption::LocalSteps.flag()
+                ProtocolOption::LOCAL_STEPS.flag
             )));
         }
         if fragments == 0 || fragments > h {
             return Err(BuildError::Options(format!(
                 "{} must be in 1..={h} (at most one fragment syncs per inner step, and \
                  {} is {h}), got {fragments}",
-                ProtocolOption::Fragments.flag(),
-                ProtocolOption::LocalSteps.flag()
+                ProtocolOption::FRAGMENTS.flag,
+                ProtocolOption::LOCAL_STEPS.flag
             )));
         }
         let gap = h / fragments;
@@ -129,7 +135,7 @@ impl Schedule {
             return Err(BuildError::Options(format!(
                 "{} must be at most H/P = {h}/{fragments} = {gap} for streaming-diloco \
                  (a fragment is applied before the next one syncs), got {tau}",
-                ProtocolOption::Tau.flag()
+                ProtocolOption::TAU.flag
             )));
         }
         Ok(Self { fragments, h, tau })
@@ -235,7 +241,7 @@ pub struct StreamingDiLoCo {
     /// Whether the current round has begun its sync.
     started: bool,
     /// x_i, round t and the events.
-    outer: Relay,
+    outer: OuterRound,
     diverged: VecDeque<GossipEvent>,
     /// Whether the run has diverged (the round never completes).
     stuck: bool,
@@ -267,7 +273,7 @@ impl StreamingDiLoCo {
         if p > d {
             return Err(BuildError::Options(format!(
                 "{} = {p} is more than the model's {d} parameters",
-                ProtocolOption::Fragments.flag()
+                ProtocolOption::FRAGMENTS.flag
             )));
         }
         let m = d.div_ceil(p);
@@ -307,7 +313,7 @@ impl StreamingDiLoCo {
             pending: None,
             restart: None,
             started: false,
-            outer: Relay::new(x0),
+            outer: OuterRound::new(x0),
             diverged: VecDeque::new(),
             stuck: false,
             background_nanos: 0,
@@ -517,7 +523,7 @@ pub(crate) fn check_merge_alpha(alpha: f32) -> Result<(), BuildError> {
     } else {
         Err(BuildError::Options(format!(
             "{} must be in [0, 1], got {alpha}",
-            ProtocolOption::MergeAlpha.flag()
+            ProtocolOption::MERGE_ALPHA.flag
         )))
     }
 }
@@ -540,16 +546,8 @@ impl Gossip for StreamingDiLoCo {
             self.pending = Some(Pending::new(&self.schedule, s, now));
             self.begin_ring(now);
         }
-        let y = &mut self.outer.x;
-        match grad {
-            Some(g) => {
-                assert_eq!(g.len(), x.len(), "grad must have length d");
-                for ((y, xi), gi) in y.iter_mut().zip(x).zip(g) {
-                    *y = xi - self.lr * gi;
-                }
-            }
-            None => y.copy_from_slice(x),
-        }
+        // y = x − η g
+        crate::mixing::local_step(&mut self.outer.x, x, grad, self.lr);
         self.advance(now);
     }
 
@@ -755,22 +753,28 @@ pub struct StreamingDiLoCoAlgorithm;
 /// The registry's entry for Streaming DiLoCo.
 pub const STREAMING_DILOCO: StreamingDiLoCoAlgorithm = StreamingDiLoCoAlgorithm;
 
-/// Fragments P when `--fragments` is not given.
-pub const DEFAULT_FRAGMENTS: u64 = 4;
 /// The overlap τ when `--tau` is not given.
 pub const DEFAULT_TAU: u64 = 1;
-/// The merge factor α when `--merge-alpha` is not given.
-pub const DEFAULT_MERGE_ALPHA: f32 = 0.5;
 
-const OPTIONS: &[ProtocolOption] = &[
-    ProtocolOption::LocalSteps,
-    ProtocolOption::Tau,
-    ProtocolOption::OuterOptimizer,
-    ProtocolOption::OuterLr,
-    ProtocolOption::OuterMomentum,
-    ProtocolOption::Fragments,
-    ProtocolOption::MergeAlpha,
-];
+static CAPABILITIES: Capabilities = Capabilities {
+    pattern: Pattern::Fixed("ring all-reduce"),
+    local_steps: Some(DILOCO_LOCAL_STEPS),
+    default_tau: DEFAULT_TAU,
+    compresses: Compresses::PseudoGradients,
+    default_compressor: CompressorSpec::Identity,
+    options: &[
+        ProtocolOption::LOCAL_STEPS,
+        ProtocolOption::TAU,
+        ProtocolOption::OUTER_OPTIMIZER,
+        ProtocolOption::OUTER_LR,
+        ProtocolOption::OUTER_MOMENTUM,
+        ProtocolOption::FRAGMENTS,
+        ProtocolOption::MERGE_ALPHA,
+    ],
+    skips_stragglers: false,
+    departures: Departures::EndRun,
+    resume: Resume::WholeRun,
+};
 
 impl Algorithm for StreamingDiLoCoAlgorithm {
     fn name(&self) -> &'static str {
@@ -783,44 +787,21 @@ impl Algorithm for StreamingDiLoCoAlgorithm {
          0.5), so communication hides behind compute; --compressor int8 compresses the \
          pseudo-gradients"
     }
-    fn uses_topology(&self) -> bool {
-        false
+    fn capabilities(&self) -> &'static Capabilities {
+        &CAPABILITIES
     }
-    fn has_local_steps(&self) -> bool {
-        true
-    }
-    fn default_local_steps(&self) -> u64 {
-        crate::diloco::DEFAULT_LOCAL_STEPS
-    }
-    fn default_tau(&self) -> u64 {
-        DEFAULT_TAU
-    }
-    fn options(&self) -> &'static [ProtocolOption] {
-        OPTIONS
-    }
-    fn resumable(&self, _skip_policy: bool) -> Resumable {
-        Resumable::WholeRun
-    }
-    fn fixed_pattern(&self) -> Option<&'static str> {
-        Some("ring all-reduce")
-    }
-    fn compresses(&self) -> bool {
-        true
-    }
-    fn compresses_pseudo_gradients(&self) -> bool {
-        true
-    }
-    fn check_compressor(&self, spec: &CompressorSpec) -> Result<(), BuildError> {
-        check_pseudo_gradient_compressor(spec)
+    /// Refuses a compressor that a pseudo-gradient ring cannot use
+    /// ([`check_pseudo_gradient_compressor`]).
+    fn check(&self, run: &RunSetup<'_>) -> Result<(), BuildError> {
+        run.options
+            .compressor
+            .as_ref()
+            .map_or(Ok(()), check_pseudo_gradient_compressor)
     }
     fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
         let o = ctx.options;
-        let schedule = Schedule::new(
-            o.fragments.unwrap_or(DEFAULT_FRAGMENTS),
-            o.local_steps(self),
-            o.tau(self),
-        )?;
-        let alpha = o.merge_alpha.unwrap_or(DEFAULT_MERGE_ALPHA);
+        let schedule = Schedule::new(o.fragments(), o.local_steps(self), o.tau(self))?;
+        let alpha = o.merge_alpha();
         // P > d is refused by `StreamingDiLoCo::new`.
         let (d, p) = (ctx.dim(), schedule.fragments as usize);
         let m = d.div_ceil(p);

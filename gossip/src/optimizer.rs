@@ -10,7 +10,12 @@
 //! averaged pseudo-gradient Δ = x_before − x_after of H inner steps. State travels in
 //! checkpoints ([`Optimizer::state`], [`Optimizer::restore`]).
 
+use std::fmt;
+use std::str::FromStr;
+
 use thiserror::Error;
+
+use crate::BuildError;
 
 /// A checkpointed optimizer state that does not fit.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -243,6 +248,132 @@ fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), Stat
             expected,
             got,
         })
+    }
+}
+
+/// The outer optimizer of DiLoCo, applied to the averaged pseudo-gradient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OuterOptimizer {
+    /// Nesterov momentum ([`Nesterov`]), the paper's (η_out = 0.7, μ = 0.9).
+    #[default]
+    Nesterov,
+    /// SGD with heavy-ball momentum ([`HeavyBall`]); μ = 0 and η_out = 1 (its defaults) is
+    /// plain model averaging, i.e. local SGD.
+    Sgd,
+}
+
+impl OuterOptimizer {
+    /// The default outer learning rate η_out: 0.7 for Nesterov (the paper's), 1 for SGD
+    /// (plain averaging).
+    pub fn default_lr(self) -> f32 {
+        match self {
+            Self::Nesterov => 0.7,
+            Self::Sgd => 1.0,
+        }
+    }
+
+    /// The default outer momentum μ: 0.9 for Nesterov (the paper's), 0 for SGD.
+    pub fn default_momentum(self) -> f32 {
+        match self {
+            Self::Nesterov => 0.9,
+            Self::Sgd => 0.0,
+        }
+    }
+}
+
+impl fmt::Display for OuterOptimizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Nesterov => "nesterov",
+            Self::Sgd => "sgd",
+        })
+    }
+}
+
+impl FromStr for OuterOptimizer {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "nesterov" => Ok(Self::Nesterov),
+            "sgd" => Ok(Self::Sgd),
+            other => Err(format!(
+                "unknown outer optimizer {other:?}: expected nesterov or sgd"
+            )),
+        }
+    }
+}
+
+/// DiLoCo's outer step: optimizer, learning rate η_out and momentum μ.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OuterConfig {
+    /// The outer optimizer.
+    pub optimizer: OuterOptimizer,
+    /// η_out > 0.
+    pub lr: f32,
+    /// μ ∈ [0, 1).
+    pub momentum: f32,
+}
+
+impl OuterConfig {
+    /// The paper's outer step: Nesterov, η_out = 0.7, μ = 0.9.
+    pub fn paper() -> Self {
+        Self::defaults(OuterOptimizer::Nesterov)
+    }
+
+    /// Plain model averaging: SGD, η_out = 1, μ = 0 (DiLoCo is then local SGD).
+    pub fn averaging() -> Self {
+        Self::defaults(OuterOptimizer::Sgd)
+    }
+
+    /// `optimizer` with its default η_out and μ.
+    pub fn defaults(optimizer: OuterOptimizer) -> Self {
+        Self {
+            optimizer,
+            lr: optimizer.default_lr(),
+            momentum: optimizer.default_momentum(),
+        }
+    }
+
+    /// Checks η_out > 0 (finite) and μ ∈ [0, 1).
+    ///
+    /// # Errors
+    /// [`BuildError::Options`] naming the flag (`--outer-lr`, `--outer-momentum`).
+    pub fn check(&self) -> Result<(), BuildError> {
+        check_outer_lr(self.lr).map_err(|e| BuildError::Options(format!("--outer-lr {e}")))?;
+        check_outer_momentum(self.momentum)
+            .map_err(|e| BuildError::Options(format!("--outer-momentum {e}")))
+    }
+
+    /// The outer optimizer for `d` parameters, from a zero state.
+    pub(crate) fn optimizer(&self, d: usize) -> Box<dyn Optimizer> {
+        match self.optimizer {
+            OuterOptimizer::Nesterov => Box::new(Nesterov::new(self.momentum, d)),
+            OuterOptimizer::Sgd => Box::new(HeavyBall::new(self.momentum, d)),
+        }
+    }
+}
+
+/// Refuses an outer learning rate that is not a finite number > 0.
+///
+/// # Errors
+/// "must be a finite number > 0, got …", to follow the flag.
+pub fn check_outer_lr(lr: f32) -> Result<(), String> {
+    if lr.is_finite() && lr > 0.0 {
+        Ok(())
+    } else {
+        Err(format!("must be a finite number > 0, got {lr}"))
+    }
+}
+
+/// Refuses an outer momentum outside [0, 1).
+///
+/// # Errors
+/// "must be in [0, 1), got …", to follow the flag.
+pub fn check_outer_momentum(mu: f32) -> Result<(), String> {
+    if (0.0..1.0).contains(&mu) {
+        Ok(())
+    } else {
+        Err(format!("must be in [0, 1), got {mu}"))
     }
 }
 

@@ -70,6 +70,10 @@
 //! under SSP/ASP but does not change what is computed. A dedicated server would feed
 //! frames continuously.
 
+use crate::registry::{
+    Algorithm, Capabilities, Compresses, Departures, Pattern, ProtocolOption, Resume,
+};
+use murmur_compress::CompressorSpec;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -82,10 +86,11 @@ use crate::{Bytes, Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit
 const PAYLOAD: &str = "parameter server vector (raw f32)";
 
 /// How the server synchronises its workers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum PsMode {
     /// Bulk-synchronous: one update with the mean of all n gradients per round.
+    #[default]
     Bsp,
     /// Stale-synchronous: per-gradient updates; a worker may be at most `staleness`
     /// rounds (of pushes) ahead of the slowest when it is answered.
@@ -511,7 +516,19 @@ pub struct PsAlgorithm;
 /// The registry's entry for the parameter server.
 pub const PS: PsAlgorithm = PsAlgorithm;
 
-impl crate::registry::Algorithm for PsAlgorithm {
+static CAPABILITIES: Capabilities = Capabilities {
+    pattern: Pattern::Fixed("parameter server on peer 0"),
+    local_steps: None,
+    default_tau: 0,
+    compresses: Compresses::Nothing,
+    default_compressor: CompressorSpec::Identity,
+    options: &[ProtocolOption::PS_MODE],
+    skips_stragglers: false,
+    departures: Departures::EndRun,
+    resume: Resume::No,
+};
+
+impl Algorithm for PsAlgorithm {
     fn name(&self) -> &'static str {
         "ps"
     }
@@ -519,14 +536,8 @@ impl crate::registry::Algorithm for PsAlgorithm {
         "Parameter server on peer 0 (also a worker): workers push gradients, the server \
          updates and answers with the parameters; --ps-mode bsp, ssp:S or asp"
     }
-    fn uses_topology(&self) -> bool {
-        false
-    }
-    fn options(&self) -> &'static [crate::ProtocolOption] {
-        &[crate::ProtocolOption::PsMode]
-    }
-    fn fixed_pattern(&self) -> Option<&'static str> {
-        Some("parameter server on peer 0")
+    fn capabilities(&self) -> &'static Capabilities {
+        &CAPABILITIES
     }
     fn build(&self, ctx: crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
         let mut cfg = PsConfig::new(

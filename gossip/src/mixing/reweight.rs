@@ -24,7 +24,7 @@ impl Reweighting {
     /// [`MembershipError::BadMatrix`] ([`new_weights`]); [`MembershipError::TooLate`].
     pub(crate) fn take_back(
         &mut self,
-        ex: &mut crate::exchange::Exchange,
+        ex: &mut crate::mixing::exchange::Exchange,
         (me, in_weights): (Rank, &[(Rank, f64)]),
         w: &MixingMatrix,
         (back, at): (Rank, u64),

@@ -89,7 +89,7 @@
 //!
 //! A Byzantine neighbour b controls its public copy x̂_b completely (every q_b is added to
 //! it), so plain CHOCO moves x_i by γ w_ib (x̂_b − x̂_i), unbounded. With
-//! [`ChocoConfig::robust`] (`--robust`), each term is clipped as in ClippedGossip ([`crate::robust`],
+//! [`ChocoConfig::robust`] (`--robust`), each term is clipped as in ClippedGossip ([`crate::mixing::robust`],
 //! He, Karimireddy & Jaggi 2022), centred on the peer's own public copy:
 //!
 //! ```text
@@ -111,6 +111,10 @@
 //! converges in about a thousand rounds. The paper's experiments tune γ by grid search;
 //! do the same and use γ* as a floor that is safe by proof.
 
+use crate::registry::{
+    Algorithm, Capabilities, Compresses, Departures, GraphNeeds, Pattern, ProtocolOption, Resume,
+};
+use murmur_compress::CompressorSpec;
 use std::time::{Duration, Instant};
 
 use murmur_compress::Compressor;
@@ -118,8 +122,8 @@ use murmur_topology::MixingMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::exchange::{max_lead, Exchange, ExchangeParams};
-use crate::{AlgorithmState, Gossip, GossipError, GossipEvent, MembershipError, Rank, StateError};
+use crate::mixing::exchange::{max_lead, Exchange, ExchangeParams};
+use crate::{AlgorithmState, Gossip, GossipError, MembershipError, Rank, StateError};
 
 /// Configuration of one CHOCO peer.
 #[derive(Debug, Clone)]
@@ -153,11 +157,11 @@ pub struct ChocoConfig {
     /// With the skip policy: per-neighbour deadlines from observed arrival times, with
     /// `skip_after` as the longest ([`crate::AutoDeadline`]); `None`: `skip_after`
     /// for every neighbour.
-    pub auto_deadline: Option<crate::exchange::AutoDeadline>,
+    pub auto_deadline: Option<crate::mixing::exchange::AutoDeadline>,
     /// Byzantine-robust mixing: each neighbour's term x̂_j − x̂_i clipped to a radius
-    /// ([`crate::robust`], ClippedGossip on the public copies; see the [module
+    /// ([`crate::mixing::robust`], ClippedGossip on the public copies; see the [module
     /// docs](self#byzantine-neighbours-clipping)); `None`: plain CHOCO.
-    pub robust: Option<crate::robust::ClipRule>,
+    pub robust: Option<crate::mixing::robust::ClipRule>,
 }
 
 impl ChocoConfig {
@@ -240,23 +244,6 @@ pub fn suggested_gamma(w: &MixingMatrix, omega: f64) -> f64 {
     theorem2_gamma(delta.min(1.0), (norm_1 * norm_inf).sqrt(), omega)
 }
 
-/// x^(t+½) = x − η g into `out: [d]` (`x` itself without a gradient): the local step that
-/// starts a CHOCO round ([`Choco`], [`crate::ChocoAuto`]).
-///
-/// # Panics
-/// If `grad` does not have the length of `x`.
-pub(crate) fn half_step(out: &mut [f32], x: &[f32], grad: Option<&[f32]>, lr: f32) {
-    match grad {
-        Some(g) => {
-            assert_eq!(g.len(), x.len(), "grad must have length d");
-            for ((xh, xi), gi) in out.iter_mut().zip(x).zip(g) {
-                *xh = xi - lr * gi;
-            }
-        }
-        None => out.copy_from_slice(x),
-    }
-}
-
 /// One peer of CHOCO-SGD (CHOCO-Gossip when no gradient is given) as a sans-I/O state
 /// machine; see the [module docs](self).
 ///
@@ -277,7 +264,7 @@ pub struct Choco {
     /// x̂_j (`[d]`) of every in-neighbour, in the order of `cfg.in_weights`.
     copies: Vec<Vec<f32>>,
     /// Changes of weights after departures.
-    reweighting: crate::reweight::Reweighting,
+    reweighting: crate::mixing::reweight::Reweighting,
     /// Rounds, frames, deadlines, events and counters.
     ex: Exchange,
     /// Skip policy: make-up for late messages that came between rounds, added to x when
@@ -317,7 +304,7 @@ impl Choco {
             // are absorbed when they come.
             skip_after: cfg.skip_after,
             auto_deadline: cfg.auto_deadline,
-            skip_mode: crate::exchange::SkipMode::Late,
+            skip_mode: crate::mixing::exchange::SkipMode::Late,
         });
         Choco {
             rng: StdRng::seed_from_u64(cfg.seed),
@@ -350,7 +337,7 @@ impl Choco {
         let distances: Vec<f64> = self
             .copies
             .iter()
-            .map(|c| crate::robust::distance(&self.x_hat, c))
+            .map(|c| crate::mixing::robust::distance(&self.x_hat, c))
             .collect();
         self.scales = rule.scales(&distances);
         self.clipped += self.scales.iter().filter(|&&s| s < 1.0).count() as u64;
@@ -424,8 +411,8 @@ impl Choco {
     /// that stops waiting mixes the stale copy (nothing to do); a late message is absorbed
     /// into its copy, and x_i makes up for the mixes that went without it. On `Err`
     /// nothing changed.
-    fn skip(&mut self, action: crate::exchange::SkipAction) -> Result<(), GossipError> {
-        use crate::exchange::SkipAction;
+    fn skip(&mut self, action: crate::mixing::exchange::SkipAction) -> Result<(), GossipError> {
+        use crate::mixing::exchange::SkipAction;
         match action {
             SkipAction::Late {
                 idx,
@@ -509,7 +496,8 @@ impl Gossip for Choco {
             &mut self.cfg.self_weight,
             &mut self.cfg.in_weights,
         );
-        half_step(&mut self.x, x, grad, self.cfg.lr);
+        // x^(t+½) = x − η g
+        crate::mixing::local_step(&mut self.x, x, grad, self.cfg.lr);
         if let Some(make_up) = self.pending.take() {
             for (xi, m) in self.x.iter_mut().zip(make_up) {
                 *xi += m;
@@ -544,13 +532,8 @@ impl Gossip for Choco {
         };
         if let Err(e) = own {
             let round = self.ex.round();
-            self.ex.push_event(GossipEvent::Diverged {
-                round,
-                reason: format!(
-                    "peer {}: x − x̂ is not finite, its CHOCO message does not decode ({e})",
-                    self.cfg.rank
-                ),
-            });
+            self.ex
+                .push_event(crate::mixing::choco_diverged(self.cfg.rank, round, e));
             return;
         }
         // Frames that arrived early for this round were validated then; absorb them now.
@@ -572,7 +555,7 @@ impl Gossip for Choco {
     /// round completes without `gone`'s q (see the [module docs](self#departures)).
     fn peer_left(&mut self, gone: Rank, w: &MixingMatrix) -> Result<(), MembershipError> {
         let (wii, wij) =
-            crate::reweight::weights_without(self.cfg.rank, &self.cfg.in_weights, w, gone)?;
+            crate::mixing::reweight::weights_without(self.cfg.rank, &self.cfg.in_weights, w, gone)?;
         if let Some(idx) = self.ex.leave(gone) {
             self.ex.stood_in(idx);
             self.finish_if_complete();
@@ -665,7 +648,7 @@ impl Gossip for Choco {
         Ok(())
     }
 
-    crate::exchange::exchange_driven_gossip!();
+    crate::mixing::exchange::exchange_driven_gossip!();
 }
 
 /// CHOCO-SGD in the [`crate::registry`].
@@ -674,7 +657,22 @@ pub struct ChocoAlgorithm;
 /// The registry's entry for CHOCO-SGD.
 pub const CHOCO: ChocoAlgorithm = ChocoAlgorithm;
 
-impl crate::registry::Algorithm for ChocoAlgorithm {
+static CAPABILITIES: Capabilities = Capabilities {
+    pattern: Pattern::Graph(GraphNeeds::Static),
+    local_steps: None,
+    default_tau: 0,
+    compresses: Compresses::Increments,
+    default_compressor: CompressorSpec::TopK {
+        ratio: 0.01,
+        layerwise: false,
+    },
+    options: &[ProtocolOption::GAMMA, ProtocolOption::ROBUST],
+    skips_stragglers: true,
+    departures: Departures::TrainOn,
+    resume: Resume::RejoinWithoutSkip,
+};
+
+impl Algorithm for ChocoAlgorithm {
     fn name(&self) -> &'static str {
         "choco"
     }
@@ -682,32 +680,8 @@ impl crate::registry::Algorithm for ChocoAlgorithm {
         "CHOCO-SGD (Koloskova, Stich & Jaggi 2019): gossip of compressed differences \
          Q(x_i − x̂_i), consensus step size γ (--gamma)"
     }
-    fn default_compressor(&self) -> murmur_compress::CompressorSpec {
-        murmur_compress::CompressorSpec::TopK {
-            ratio: 0.01,
-            layerwise: false,
-        }
-    }
-    fn options(&self) -> &'static [crate::ProtocolOption] {
-        &[crate::ProtocolOption::Gamma, crate::ProtocolOption::Robust]
-    }
-    fn skips_stragglers(&self) -> bool {
-        true
-    }
-    fn sends_increments(&self) -> bool {
-        true
-    }
-    fn survives_departure(&self) -> bool {
-        true
-    }
-    fn resumable(&self, skip_policy: bool) -> crate::Resumable {
-        // A returning peer and its in-neighbours send their copies in full once; a late
-        // message under the skip policy could not be told from one.
-        if skip_policy {
-            crate::Resumable::WholeRun
-        } else {
-            crate::Resumable::Rejoin
-        }
+    fn capabilities(&self) -> &'static Capabilities {
+        &CAPABILITIES
     }
     fn build(&self, ctx: crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
         let (gamma, compressor) = (ctx.options.gamma(self), ctx.compressor(self)?);

@@ -1,6 +1,6 @@
 //! A Byzantine peer for tests and experiments: wraps an honest peer's state machine and
 //! replaces the model in every gossip message it sends by an attack, so that the honest
-//! peers' robustness ([`crate::robust`]) can be measured. It is never part of a real run.
+//! peers' robustness ([`crate::mixing::robust`]) can be measured. It is never part of a real run.
 //!
 //! The wrapped peer runs the algorithm as usual (it receives, mixes and trains, so its
 //! frames keep the run's schedule); only the values of its outgoing [`FrameKind::Gossip`]

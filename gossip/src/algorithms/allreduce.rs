@@ -110,6 +110,8 @@
 //! A peer cannot legitimately be further ahead: finishing a round needs every peer's
 //! frames of that round.
 
+use crate::registry::{Algorithm, Capabilities, Compresses, Departures, Pattern, Resume};
+use murmur_compress::CompressorSpec;
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -735,7 +737,19 @@ pub struct AllReduceAlgorithm;
 /// The registry's entry for all-reduce.
 pub const ALLREDUCE: AllReduceAlgorithm = AllReduceAlgorithm;
 
-impl crate::registry::Algorithm for AllReduceAlgorithm {
+static CAPABILITIES: Capabilities = Capabilities {
+    pattern: Pattern::Fixed("ring all-reduce"),
+    local_steps: None,
+    default_tau: 0,
+    compresses: Compresses::Nothing,
+    default_compressor: CompressorSpec::Identity,
+    options: &[],
+    skips_stragglers: false,
+    departures: Departures::EndRun,
+    resume: Resume::No,
+};
+
+impl Algorithm for AllReduceAlgorithm {
     fn name(&self) -> &'static str {
         "allreduce"
     }
@@ -743,34 +757,33 @@ impl crate::registry::Algorithm for AllReduceAlgorithm {
         "Synchronous data-parallel SGD: ring all-reduce of the gradients every round, so all \
          peers hold the same model (the centralized baseline)"
     }
-    fn uses_topology(&self) -> bool {
-        false
-    }
-    fn fixed_pattern(&self) -> Option<&'static str> {
-        Some("ring all-reduce")
+    fn capabilities(&self) -> &'static Capabilities {
+        &CAPABILITIES
     }
     fn build(&self, ctx: crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
         let lr = ctx.lr;
-        Ok(Box::new(build(ctx, lr)))
+        Ok(Box::new(AllReduce::from_context(ctx, lr)))
     }
 }
 
-/// An all-reduce peer for `ctx` with step size `lr` (0: exact averaging of the parameters).
-pub(crate) fn build(ctx: crate::BuildContext<'_>, lr: f32) -> AllReduce {
-    let mut cfg = AllReduceConfig::new(ctx.rank, ctx.peers(), lr, ctx.dim());
-    cfg.round_timeout = ctx.round_timeout;
-    AllReduce::new(cfg, ctx.x0)
-}
+impl AllReduce {
+    /// An all-reduce peer for `ctx` with step size `lr` (0: exact averaging of the parameters).
+    pub fn from_context(ctx: crate::BuildContext<'_>, lr: f32) -> AllReduce {
+        let mut cfg = AllReduceConfig::new(ctx.rank, ctx.peers(), lr, ctx.dim());
+        cfg.round_timeout = ctx.round_timeout;
+        AllReduce::new(cfg, ctx.x0)
+    }
 
-/// An all-reduce peer for `ctx` that averages (η = 0) and compresses its rounds with
-/// `compressor` (see the [module docs](self#compressed-rounds)).
-pub(crate) fn build_compressed(
-    ctx: crate::BuildContext<'_>,
-    compressor: Box<dyn Compressor>,
-) -> AllReduce {
-    let mut cfg = AllReduceConfig::new(ctx.rank, ctx.peers(), 0.0, ctx.dim());
-    cfg.round_timeout = ctx.round_timeout;
-    AllReduce::compressed(cfg, ctx.x0, compressor)
+    /// An all-reduce peer for `ctx` that averages (η = 0) and compresses its rounds with
+    /// `compressor` (see the [module docs](self#compressed-rounds)).
+    pub fn compressed_from_context(
+        ctx: crate::BuildContext<'_>,
+        compressor: Box<dyn Compressor>,
+    ) -> AllReduce {
+        let mut cfg = AllReduceConfig::new(ctx.rank, ctx.peers(), 0.0, ctx.dim());
+        cfg.round_timeout = ctx.round_timeout;
+        AllReduce::compressed(cfg, ctx.x0, compressor)
+    }
 }
 
 #[cfg(test)]

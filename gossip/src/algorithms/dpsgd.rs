@@ -24,6 +24,12 @@
 //! still needs it (a neighbour stood in for, or gone), is read back from the outgoing
 //! message, which holds it exactly: two vectors instead of three.
 
+use crate::registry::{
+    Algorithm, BuildContext, Capabilities, Compresses, Departures, GraphNeeds, Pattern,
+    ProtocolOption, Resume,
+};
+use crate::BuildError;
+use murmur_compress::CompressorSpec;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -33,10 +39,9 @@ use rand::SeedableRng;
 
 use murmur_topology::MixingMatrix;
 
-use crate::exchange::{max_lead, Exchange, ExchangeParams, SkipAction, SKIP_HISTORY};
-use crate::registry::{Algorithm, BuildContext, BuildError, ProtocolOption, Resumable};
-use crate::reweight::{weights_without, Reweighting};
-use crate::robust::ClipRule;
+use crate::mixing::exchange::{max_lead, Exchange, ExchangeParams, SkipAction, SKIP_HISTORY};
+use crate::mixing::reweight::{weights_without, Reweighting};
+use crate::mixing::robust::ClipRule;
 use crate::{AlgorithmState, Gossip, GossipError, MembershipError, Rank, StateError};
 
 /// Configuration of one D-PSGD peer.
@@ -76,7 +81,7 @@ pub struct DPsgdConfig {
     /// With the skip policy: per-neighbour deadlines from observed arrival times, with
     /// `skip_after` as the longest ([`crate::AutoDeadline`]); `None`: `skip_after`
     /// for every neighbour.
-    pub auto_deadline: Option<crate::exchange::AutoDeadline>,
+    pub auto_deadline: Option<crate::mixing::exchange::AutoDeadline>,
     /// Accumulate the mix in x_i itself when the compressor is the identity (see the
     /// [module docs](self)): one `[d]` vector less, but while a round is mixing
     /// [`Gossip::params`] is the partial mix, not x_i^t. For drivers that read the
@@ -84,7 +89,7 @@ pub struct DPsgdConfig {
     /// restarted neighbour mid-round, so it leaves this off.
     pub in_place: bool,
     /// Byzantine-robust mixing: clip each neighbour's difference x_j − x_i to a radius
-    /// ([`crate::robust`], ClippedGossip); `None`: plain gossip. The neighbours' models of
+    /// ([`crate::mixing::robust`], ClippedGossip); `None`: plain gossip. The neighbours' models of
     /// a round are held (k vectors `[d]`, k the in-degree) until the round mixes, and the
     /// mix is not in place. Not with the skip straggler policy.
     pub robust: Option<ClipRule>,
@@ -162,7 +167,7 @@ impl DPsgd {
             max_lead_rounds: cfg.max_lead_rounds,
             skip_after: cfg.skip_after,
             auto_deadline: cfg.auto_deadline,
-            skip_mode: crate::exchange::SkipMode::Drop,
+            skip_mode: crate::mixing::exchange::SkipMode::Drop,
         });
         let in_place =
             cfg.in_place && cfg.robust.is_none() && compressor.id() == OperatorId::Identity;
@@ -300,7 +305,8 @@ impl DPsgd {
                     .map(|((x, _), &(_, w))| (w as f32, x.as_slice()))
                     .collect();
                 self.clipped +=
-                    crate::robust::clipped_mix(rule, &self.x, &neighbours, &mut self.acc) as u64;
+                    crate::mixing::robust::clipped_mix(rule, &self.x, &neighbours, &mut self.acc)
+                        as u64;
                 for (_, heard) in &mut self.held {
                     *heard = false;
                 }
@@ -441,7 +447,7 @@ impl Gossip for DPsgd {
         Ok(())
     }
 
-    crate::exchange::exchange_driven_gossip!();
+    crate::mixing::exchange::exchange_driven_gossip!();
 }
 
 /// D-PSGD in the [`crate::registry`].
@@ -450,6 +456,18 @@ pub struct DPsgdAlgorithm;
 /// The registry's entry for D-PSGD.
 pub const DPSGD: DPsgdAlgorithm = DPsgdAlgorithm;
 
+static CAPABILITIES: Capabilities = Capabilities {
+    pattern: Pattern::Graph(GraphNeeds::Static),
+    local_steps: None,
+    default_tau: 0,
+    compresses: Compresses::Parameters,
+    default_compressor: CompressorSpec::Identity,
+    options: &[ProtocolOption::ROBUST],
+    skips_stragglers: true,
+    departures: Departures::TrainOn,
+    resume: Resume::Rejoin,
+};
+
 impl Algorithm for DPsgdAlgorithm {
     fn name(&self) -> &'static str {
         "dpsgd"
@@ -457,58 +475,48 @@ impl Algorithm for DPsgdAlgorithm {
     fn about(&self) -> &'static str {
         "D-PSGD (Lian et al. 2017): x_i ← Σ_j W_ij x_j − η ∇F_i(x_i)"
     }
-    fn mixes_compressed_parameters(&self) -> bool {
-        true
-    }
-    fn skips_stragglers(&self) -> bool {
-        true
-    }
-    fn survives_departure(&self) -> bool {
-        true
-    }
-    fn resumable(&self, _skip_policy: bool) -> Resumable {
-        Resumable::Rejoin
-    }
-    fn options(&self) -> &'static [ProtocolOption] {
-        &[ProtocolOption::Robust]
+    fn capabilities(&self) -> &'static Capabilities {
+        &CAPABILITIES
     }
     fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
         let (compressor, lr) = (ctx.compressor(self)?, ctx.lr);
-        Ok(Box::new(build(ctx, lr, compressor)?))
+        Ok(Box::new(DPsgd::from_context(ctx, lr, compressor)?))
     }
 }
 
-/// A D-PSGD peer for `ctx` with step size `lr` (0: mixing only, as inside local SGD).
-///
-/// # Errors
-/// [`BuildError::Topology`] for the skip straggler policy on a directed graph: D-PSGD's
-/// skip notice goes back along the edge it drops; [`BuildError::Options`] for `--robust`
-/// with the skip policy.
-pub(crate) fn build(
-    ctx: BuildContext<'_>,
-    lr: f32,
-    compressor: Box<dyn Compressor>,
-) -> Result<DPsgd, BuildError> {
-    if ctx.skip_after.is_some() && !ctx.topology.w.graph().is_symmetric() {
-        return Err(BuildError::Topology(format!(
-            "--straggler-policy skip needs an undirected topology; {} is directed",
-            ctx.topology.name
-        )));
+impl DPsgd {
+    /// A D-PSGD peer for `ctx` with step size `lr` (0: mixing only, as inside local SGD).
+    ///
+    /// # Errors
+    /// [`BuildError::Topology`] for the skip straggler policy on a directed graph: D-PSGD's
+    /// skip notice goes back along the edge it drops; [`BuildError::Options`] for `--robust`
+    /// with the skip policy.
+    pub fn from_context(
+        ctx: BuildContext<'_>,
+        lr: f32,
+        compressor: Box<dyn Compressor>,
+    ) -> Result<DPsgd, BuildError> {
+        if ctx.skip_after.is_some() && !ctx.topology.w.graph().is_symmetric() {
+            return Err(BuildError::Topology(format!(
+                "--straggler-policy skip needs an undirected topology; {} is directed",
+                ctx.topology.name
+            )));
+        }
+        let mut cfg = DPsgdConfig::from_matrix(&ctx.topology.w, ctx.rank, lr, ctx.dim());
+        cfg.round_timeout = ctx.round_timeout;
+        cfg.max_payload_bytes = ctx.max_payload_bytes;
+        cfg.seed = ctx.seed;
+        cfg.skip_after = ctx.skip_after;
+        cfg.auto_deadline = ctx.auto_deadline;
+        cfg.in_place = ctx.in_place;
+        cfg.robust = ctx.options.robust;
+        if cfg.robust.is_some() && ctx.skip_after.is_some() {
+            return Err(BuildError::Options(
+                "--robust clips the neighbours a round has heard; it does not combine with \
+                 --straggler-policy skip (a dropped edge's correction would bypass the clip)"
+                    .into(),
+            ));
+        }
+        Ok(DPsgd::with_compressor(cfg, ctx.x0, compressor))
     }
-    let mut cfg = DPsgdConfig::from_matrix(&ctx.topology.w, ctx.rank, lr, ctx.dim());
-    cfg.round_timeout = ctx.round_timeout;
-    cfg.max_payload_bytes = ctx.max_payload_bytes;
-    cfg.seed = ctx.seed;
-    cfg.skip_after = ctx.skip_after;
-    cfg.auto_deadline = ctx.auto_deadline;
-    cfg.in_place = ctx.in_place;
-    cfg.robust = ctx.options.robust;
-    if cfg.robust.is_some() && ctx.skip_after.is_some() {
-        return Err(BuildError::Options(
-            "--robust clips the neighbours a round has heard; it does not combine with \
-             --straggler-policy skip (a dropped edge's correction would bypass the clip)"
-                .into(),
-        ));
-    }
-    Ok(DPsgd::with_compressor(cfg, ctx.x0, compressor))
 }

@@ -2,11 +2,13 @@
 //! schedule (`--lr-schedule`, `--warmup-rounds`).
 //!
 //! The optimizers themselves are pure and live with the algorithms in
-//! [`murmur_gossip::optim`] (DiLoCo's outer optimizer is one of them); this module picks and
+//! [`murmur_gossip::optimizer`] (DiLoCo's outer optimizer is one of them); this module picks and
 //! builds the inner one from the command line.
 
 use clap::ValueEnum;
-pub use murmur_gossip::optim::{AdamW, AdamWConfig, HeavyBall, Nesterov, Optimizer, StateError};
+pub use murmur_gossip::optimizer::{
+    AdamW, AdamWConfig, HeavyBall, Nesterov, Optimizer, StateError,
+};
 
 /// `--optimizer`: the peer's local optimizer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

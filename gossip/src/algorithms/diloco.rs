@@ -45,7 +45,7 @@
 //! form, with error feedback, would need the neighbours' anchors on the receiving side
 //! (CHOCO-style copies) and is not built. Streaming DiLoCo (fragments of the model
 //! synchronised at staggered times, overlapped with the inner steps) is
-//! [`crate::streaming`]. The all-reduce form compresses the pseudo-gradients, below.
+//! [`crate::algorithms::streaming_diloco`]. The all-reduce form compresses the pseudo-gradients, below.
 //! [`Gossip::stats`] counts the inner algorithm's frames: the bytes actually sent.
 //!
 //! # Compressed pseudo-gradients
@@ -98,7 +98,7 @@
 //!
 //! A frame whose message does not decode for that length, whose step or round is out of
 //! range, whose header dim is not d, or whose values are not finite is refused with a
-//! [`GossipError`] and changes nothing (see [`crate::allreduce`]).
+//! [`GossipError`] and changes nothing (see [`crate::algorithms::allreduce`]).
 //!
 //! *The residual* e_i: `[d]` (`diloco.residual`, zero at the start) is one vector per peer:
 //! in every compressed outer step peer i compresses each coordinate exactly once, the
@@ -139,146 +139,26 @@
 //! the first [`Gossip::begin_round`] (not from x⁰ at construction), so a DiLoCo phase of a
 //! phase schedule starts from where the previous phase ended.
 
+use crate::mixing::pseudo_gradient::{
+    check_pseudo_gradient_compressor, outer_step_seed, outer_update, DILOCO_LOCAL_STEPS,
+};
+use crate::optimizer::OuterConfig;
+use crate::registry::{
+    Algorithm, BuildContext, Capabilities, Compresses, Departures, Pattern, ProtocolOption, Resume,
+    RunSetup,
+};
+use crate::BuildError;
+use murmur_compress::CompressorSpec;
 use std::collections::VecDeque;
-use std::fmt;
-use std::str::FromStr;
 use std::time::Instant;
 
-use murmur_compress::CompressorSpec;
-
-use crate::allreduce::AllReduce;
-use crate::optim::{HeavyBall, Nesterov, Optimizer};
-use crate::registry::{Algorithm, BuildContext, BuildError, ProtocolOption, Resumable};
-use crate::relay::Relay;
+use crate::algorithms::allreduce::AllReduce;
+use crate::mixing::outer_round::OuterRound;
+use crate::optimizer::Optimizer;
 use crate::{
     AlgorithmState, Gossip, GossipError, GossipEvent, GossipStats, MembershipError, Rank,
     StateError, Transmit,
 };
-
-/// The outer optimizer of DiLoCo, applied to the averaged pseudo-gradient.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OuterOptimizer {
-    /// Nesterov momentum ([`Nesterov`]), the paper's (η_out = 0.7, μ = 0.9).
-    #[default]
-    Nesterov,
-    /// SGD with heavy-ball momentum ([`HeavyBall`]); μ = 0 and η_out = 1 (its defaults) is
-    /// plain model averaging, i.e. local SGD.
-    Sgd,
-}
-
-impl OuterOptimizer {
-    /// The default outer learning rate η_out: 0.7 for Nesterov (the paper's), 1 for SGD
-    /// (plain averaging).
-    pub fn default_lr(self) -> f32 {
-        match self {
-            Self::Nesterov => 0.7,
-            Self::Sgd => 1.0,
-        }
-    }
-
-    /// The default outer momentum μ: 0.9 for Nesterov (the paper's), 0 for SGD.
-    pub fn default_momentum(self) -> f32 {
-        match self {
-            Self::Nesterov => 0.9,
-            Self::Sgd => 0.0,
-        }
-    }
-}
-
-impl fmt::Display for OuterOptimizer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Nesterov => "nesterov",
-            Self::Sgd => "sgd",
-        })
-    }
-}
-
-impl FromStr for OuterOptimizer {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "nesterov" => Ok(Self::Nesterov),
-            "sgd" => Ok(Self::Sgd),
-            other => Err(format!(
-                "unknown outer optimizer {other:?}: expected nesterov or sgd"
-            )),
-        }
-    }
-}
-
-/// DiLoCo's outer step: optimizer, learning rate η_out and momentum μ.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct OuterConfig {
-    /// The outer optimizer.
-    pub optimizer: OuterOptimizer,
-    /// η_out > 0.
-    pub lr: f32,
-    /// μ ∈ [0, 1).
-    pub momentum: f32,
-}
-
-impl OuterConfig {
-    /// The paper's outer step: Nesterov, η_out = 0.7, μ = 0.9.
-    pub fn paper() -> Self {
-        Self::defaults(OuterOptimizer::Nesterov)
-    }
-
-    /// Plain model averaging: SGD, η_out = 1, μ = 0 (DiLoCo is then local SGD).
-    pub fn averaging() -> Self {
-        Self::defaults(OuterOptimizer::Sgd)
-    }
-
-    /// `optimizer` with its default η_out and μ.
-    pub fn defaults(optimizer: OuterOptimizer) -> Self {
-        Self {
-            optimizer,
-            lr: optimizer.default_lr(),
-            momentum: optimizer.default_momentum(),
-        }
-    }
-
-    /// Checks η_out > 0 (finite) and μ ∈ [0, 1).
-    ///
-    /// # Errors
-    /// [`BuildError::Options`] naming the flag (`--outer-lr`, `--outer-momentum`).
-    pub fn check(&self) -> Result<(), BuildError> {
-        check_outer_lr(self.lr)?;
-        check_outer_momentum(self.momentum)
-    }
-
-    /// The outer optimizer for `d` parameters, from a zero state.
-    pub(crate) fn optimizer(&self, d: usize) -> Box<dyn Optimizer> {
-        match self.optimizer {
-            OuterOptimizer::Nesterov => Box::new(Nesterov::new(self.momentum, d)),
-            OuterOptimizer::Sgd => Box::new(HeavyBall::new(self.momentum, d)),
-        }
-    }
-}
-
-/// Refuses an outer learning rate that is not a finite number > 0.
-pub(crate) fn check_outer_lr(lr: f32) -> Result<(), BuildError> {
-    if lr.is_finite() && lr > 0.0 {
-        Ok(())
-    } else {
-        Err(BuildError::Options(format!(
-            "{} must be a finite number > 0, got {lr}",
-            ProtocolOption::OuterLr.flag()
-        )))
-    }
-}
-
-/// Refuses an outer momentum outside [0, 1).
-pub(crate) fn check_outer_momentum(mu: f32) -> Result<(), BuildError> {
-    if (0.0..1.0).contains(&mu) {
-        Ok(())
-    } else {
-        Err(BuildError::Options(format!(
-            "{} must be in [0, 1), got {mu}",
-            ProtocolOption::OuterMomentum.flag()
-        )))
-    }
-}
 
 /// Names of DiLoCo's own vectors and scalars in [`AlgorithmState`].
 const ANCHOR: &str = "diloco.anchor";
@@ -349,7 +229,7 @@ pub struct DiLoCo {
     delta: Vec<f32>,
     /// x_i, the round t (one per inner step) and the events; `waiting` while an outer step's
     /// mixing runs in `inner`.
-    outer: Relay,
+    outer: OuterRound,
     /// [`GossipEvent::Diverged`], after the relayed events.
     diverged: VecDeque<GossipEvent>,
 }
@@ -370,7 +250,7 @@ impl DiLoCo {
         if h == 0 {
             return Err(BuildError::Options(format!(
                 "{} must be at least 1 (DiLoCo's inner steps per outer step)",
-                ProtocolOption::LocalSteps.flag()
+                ProtocolOption::LOCAL_STEPS.flag
             )));
         }
         Self::with_mixer(Mixer::Models(inner), h, lr, outer)
@@ -380,7 +260,7 @@ impl DiLoCo {
         if h == 0 {
             return Err(BuildError::Options(format!(
                 "{} must be at least 1 (DiLoCo's inner steps per outer step)",
-                ProtocolOption::LocalSteps.flag()
+                ProtocolOption::LOCAL_STEPS.flag
             )));
         }
         outer.check()?;
@@ -392,7 +272,7 @@ impl DiLoCo {
             anchor: x0.clone(),
             anchored: false,
             delta: vec![0.0; d],
-            outer: Relay::new(x0),
+            outer: OuterRound::new(x0),
             diverged: VecDeque::new(),
             mixer,
             kind: OuterKind::Models,
@@ -527,24 +407,15 @@ impl Gossip for DiLoCo {
             self.anchor.copy_from_slice(x);
             self.anchored = true;
         }
-        let y = &mut self.outer.x;
-        match grad {
-            Some(g) => {
-                assert_eq!(g.len(), x.len(), "grad must have length d");
-                for ((y, xi), gi) in y.iter_mut().zip(x).zip(g) {
-                    *y = xi - self.lr * gi;
-                }
-            }
-            None => y.copy_from_slice(x),
-        }
+        // y = x − η g
+        crate::mixing::local_step(&mut self.outer.x, x, grad, self.lr);
         if self.communicates(self.outer.round) {
             self.outer.waiting = true;
-            if let Some(k) = self.outer.x.iter().position(|v| !v.is_finite()) {
+            if let Some((k, v)) = crate::mixing::not_finite(&self.outer.x) {
                 self.diverged.push_back(GossipEvent::Diverged {
                     round: self.outer.round,
                     reason: format!(
-                        "DiLoCo's model to average has x[{k}] = {} after the inner steps",
-                        self.outer.x[k]
+                        "DiLoCo's model to average has x[{k}] = {v} after the inner steps"
                     ),
                 });
                 return;
@@ -775,47 +646,28 @@ impl Gossip for DiLoCo {
     }
 }
 
-/// The outer step a ← a − η_out · OuterOpt(Δ̄) on `anchor: [k]` with the averaged
-/// pseudo-gradient `delta: [k]` (all of the model for DiLoCo, one fragment for
-/// [`crate::streaming`]).
-pub(crate) fn outer_update(opt: &mut dyn Optimizer, eta: f32, anchor: &mut [f32], delta: &[f32]) {
-    let u = opt.step(anchor, delta);
-    for (a, u) in anchor.iter_mut().zip(u) {
-        *a -= eta * u;
-    }
-}
-
-/// The compressor seed of outer step `k` for a peer of seed `seed`.
-pub(crate) fn outer_step_seed(seed: u64, k: u64) -> u64 {
-    seed ^ k.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-}
-
 /// DiLoCo with exact averaging (ring all-reduce) in the [`crate::registry`].
 pub struct DiLoCoAlgorithm;
 
 /// The registry's entry for DiLoCo (all-reduce).
 pub const DILOCO: DiLoCoAlgorithm = DiLoCoAlgorithm;
 
-/// The protocol options of `diloco`.
-pub(crate) const OPTIONS: &[ProtocolOption] = &[
-    ProtocolOption::LocalSteps,
-    ProtocolOption::OuterOptimizer,
-    ProtocolOption::OuterLr,
-    ProtocolOption::OuterMomentum,
-];
-
-/// The protocol options of `diloco-gossip`: DiLoCo's and robust mixing.
-const GOSSIP_OPTIONS: &[ProtocolOption] = &[
-    ProtocolOption::LocalSteps,
-    ProtocolOption::OuterOptimizer,
-    ProtocolOption::OuterLr,
-    ProtocolOption::OuterMomentum,
-    ProtocolOption::Robust,
-];
-
-/// DiLoCo's default inner steps per outer step H (the paper takes 500 for language models;
-/// the models here see a few hundred steps per epoch).
-pub const DEFAULT_LOCAL_STEPS: u64 = 50;
+static CAPABILITIES: Capabilities = Capabilities {
+    pattern: Pattern::Fixed("ring all-reduce"),
+    local_steps: Some(DILOCO_LOCAL_STEPS),
+    default_tau: 0,
+    compresses: Compresses::PseudoGradients,
+    default_compressor: CompressorSpec::Identity,
+    options: &[
+        ProtocolOption::LOCAL_STEPS,
+        ProtocolOption::OUTER_OPTIMIZER,
+        ProtocolOption::OUTER_LR,
+        ProtocolOption::OUTER_MOMENTUM,
+    ],
+    skips_stragglers: false,
+    departures: Departures::EndRun,
+    resume: Resume::WholeRun,
+};
 
 impl Algorithm for DiLoCoAlgorithm {
     fn name(&self) -> &'static str {
@@ -828,128 +680,30 @@ impl Algorithm for DiLoCoAlgorithm {
          8 bits a value) the pseudo-gradients go through a compressed ring with error \
          feedback (INTELLECT-1, Prime Intellect 2024)"
     }
-    fn uses_topology(&self) -> bool {
-        false
+    fn capabilities(&self) -> &'static Capabilities {
+        &CAPABILITIES
     }
-    fn has_local_steps(&self) -> bool {
-        true
-    }
-    fn default_local_steps(&self) -> u64 {
-        DEFAULT_LOCAL_STEPS
-    }
-    fn options(&self) -> &'static [ProtocolOption] {
-        OPTIONS
-    }
-    fn resumable(&self, _skip_policy: bool) -> Resumable {
-        Resumable::WholeRun
-    }
-    fn fixed_pattern(&self) -> Option<&'static str> {
-        Some("ring all-reduce")
-    }
-    /// The pseudo-gradients go through the compressor (identity: the models, raw f32).
-    fn compresses(&self) -> bool {
-        true
-    }
-    fn compresses_pseudo_gradients(&self) -> bool {
-        true
-    }
-    fn check_compressor(&self, spec: &CompressorSpec) -> Result<(), BuildError> {
-        check_pseudo_gradient_compressor(spec)
+    /// Refuses a compressor that a pseudo-gradient ring cannot use
+    /// ([`check_pseudo_gradient_compressor`]).
+    fn check(&self, run: &RunSetup<'_>) -> Result<(), BuildError> {
+        run.options
+            .compressor
+            .as_ref()
+            .map_or(Ok(()), check_pseudo_gradient_compressor)
     }
     fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
         let (h, lr, outer) = (ctx.options.local_steps(self), ctx.lr, ctx.options.outer());
         let spec = ctx.options.compressor(self);
         if spec == CompressorSpec::Identity {
             // All-reduce begun without a gradient averages the parameters exactly.
-            let inner = crate::allreduce::build(ctx, 0.0);
+            let inner = crate::AllReduce::from_context(ctx, 0.0);
             return Ok(Box::new(DiLoCo::new(Box::new(inner), h, lr, outer)?));
         }
         check_pseudo_gradient_compressor(&spec)?;
         // Not layer-wise (refused above): the chunks do not follow the tensors.
         let compressor = spec.build(None)?;
         let seed = ctx.seed;
-        let ring = crate::allreduce::build_compressed(ctx, compressor);
+        let ring = crate::AllReduce::compressed_from_context(ctx, compressor);
         Ok(Box::new(DiLoCo::compressed(ring, h, lr, outer, seed)?))
-    }
-}
-
-/// Refuses a compressor that the compressed ring of `diloco` cannot use: one with state
-/// of its own (`ef+`: the ring keeps its own residual; DGC), a layer-wise one (the ring's
-/// chunks do not follow the tensors), and one around which error feedback diverges (what
-/// `ef+` refuses: scaled random-k, TernGrad, QSGD with ω ≥ 1).
-pub(crate) fn check_pseudo_gradient_compressor(spec: &CompressorSpec) -> Result<(), BuildError> {
-    let refuse = |why: String| {
-        Err(BuildError::Options(format!(
-            "--compressor {spec} for diloco: {why}"
-        )))
-    };
-    match spec {
-        CompressorSpec::Identity => Ok(()),
-        CompressorSpec::ErrorFeedback(inner) => refuse(format!(
-            "diloco keeps its own error-feedback residual for the pseudo-gradient; \
-             give the operator without ef+ (--compressor {inner})"
-        )),
-        CompressorSpec::Dgc(_) => refuse(
-            "DGC keeps momentum state of its own; diloco needs a stateless operator \
-             (e.g. topk, int8)"
-                .into(),
-        ),
-        CompressorSpec::TopK {
-            layerwise: true, ..
-        }
-        | CompressorSpec::ApproxTopK {
-            layerwise: true, ..
-        } => refuse("the ring's chunks do not follow the model's tensors; drop ,layerwise".into()),
-        other => {
-            // Error feedback is applied to it, so it must suit ef+.
-            CompressorSpec::ErrorFeedback(Box::new(other.clone()))
-                .validate()
-                .or_else(|e| refuse(format!("it is applied with error feedback, and {e}")))
-        }
-    }
-}
-
-/// Decentralized DiLoCo (gossip on W) in the [`crate::registry`].
-pub struct DiLoCoGossipAlgorithm;
-
-/// The registry's entry for decentralized DiLoCo.
-pub const DILOCO_GOSSIP: DiLoCoGossipAlgorithm = DiLoCoGossipAlgorithm;
-
-impl Algorithm for DiLoCoGossipAlgorithm {
-    fn name(&self) -> &'static str {
-        "diloco-gossip"
-    }
-    fn about(&self) -> &'static str {
-        "Decentralized DiLoCo (NoLoCo, Kolehmainen et al. 2025): H inner steps, one D-PSGD \
-         mixing round of the models on W, then the outer step on each peer's own anchor"
-    }
-    fn has_local_steps(&self) -> bool {
-        true
-    }
-    fn default_local_steps(&self) -> u64 {
-        DEFAULT_LOCAL_STEPS
-    }
-    fn mixes_compressed_parameters(&self) -> bool {
-        true
-    }
-    /// DiLoCo's options, and `--robust` for the D-PSGD rounds that mix the models.
-    fn options(&self) -> &'static [ProtocolOption] {
-        GOSSIP_OPTIONS
-    }
-    fn skips_stragglers(&self) -> bool {
-        true
-    }
-    fn survives_departure(&self) -> bool {
-        true
-    }
-    fn resumable(&self, _skip_policy: bool) -> Resumable {
-        Resumable::WholeRun
-    }
-    fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
-        let (h, lr, outer) = (ctx.options.local_steps(self), ctx.lr, ctx.options.outer());
-        let compressor = ctx.compressor(self)?;
-        // The inner gossip only mixes (η = 0); the wrapper takes the inner and outer steps.
-        let inner = crate::dpsgd::build(ctx, 0.0, compressor)?;
-        Ok(Box::new(DiLoCo::new(Box::new(inner), h, lr, outer)?))
     }
 }

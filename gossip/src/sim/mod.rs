@@ -4,7 +4,12 @@
 //! Rounds are synchronous and every frame is delivered, in the order it was sent, before
 //! the round ends (including frames that handling a frame causes, as in ring all-reduce);
 //! the clock advances by a fixed step per round. Latency, bandwidth, drops and stragglers
-//! are modelled by [`crate::netsim::NetSim`].
+//! are modelled by [`netsim::NetSim`], which drives the same state machines on a
+//! simulated network to predict wall-clock time; [`byzantine`] wraps a peer's state machine
+//! as an attacker for robustness experiments.
+
+pub mod byzantine;
+pub mod netsim;
 
 use std::time::{Duration, Instant};
 

@@ -37,13 +37,13 @@ macro_rules! exchange_driven_gossip {
             frame: &[u8],
         ) -> Result<(), $crate::GossipError> {
             match self.ex.check(now, from, frame)? {
-                $crate::exchange::Arrival::Current { idx, payload } => {
+                $crate::mixing::exchange::Arrival::Current { idx, payload } => {
                     self.absorb(idx, payload)?;
                     self.ex.keep(idx, payload);
                     self.ex.accept(now, idx, frame.len());
                 }
-                $crate::exchange::Arrival::Buffered => {}
-                $crate::exchange::Arrival::Skip(action) => self.skip(action)?,
+                $crate::mixing::exchange::Arrival::Buffered => {}
+                $crate::mixing::exchange::Arrival::Skip(action) => self.skip(action)?,
             }
             self.finish_if_complete();
             Ok(())
@@ -51,7 +51,7 @@ macro_rules! exchange_driven_gossip {
 
         fn handle_timeout(&mut self, now: std::time::Instant) {
             for idx in self.ex.handle_timeout(now) {
-                self.skip($crate::exchange::SkipAction::StandIn(idx))
+                self.skip($crate::mixing::exchange::SkipAction::StandIn(idx))
                     .expect("standing in cannot fail");
             }
             self.finish_if_complete();
