@@ -27,6 +27,7 @@ pub mod frame;
 pub mod mixing;
 pub mod optimizer;
 pub mod registry;
+pub mod round;
 pub mod sim;
 
 use std::time::Instant;

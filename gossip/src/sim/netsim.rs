@@ -83,6 +83,7 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+use crate::round::Round;
 use crate::{consensus_distance, Bytes, Gossip, GossipError, GossipEvent, GossipStats, Rank};
 
 /// The network and the machines: latency, bandwidth, loss and stragglers (see the
@@ -600,7 +601,8 @@ struct Active {
     start: f64,
     compute_secs: f64,
     compute_end: f64,
-    overlap: bool,
+    /// The round's protocol, shared with `murmur peer` ([`crate::round::Round`]).
+    protocol: Round,
     /// The parameters the round started from, kept until `begin_round` (no overlap).
     x: Option<Vec<f32>>,
     grad: Option<Vec<f32>>,
@@ -1104,14 +1106,16 @@ impl NetSim {
         }
         let compute_secs = seconds * self.model.compute_factor(rank, round);
         let compute_end = t + compute_secs;
-        let overlap = self.overlap && self.peers[rank].overlaps_gradient();
+        let now = self.instant(t)?;
+        let protocol = Round::start(&mut *self.peers[rank], now, &x, self.overlap);
+        let overlap = protocol.overlaps();
         self.state[rank].active = Some(Active {
             round,
             start: t,
             compute_secs,
             compute_end,
-            overlap,
-            x: (!overlap).then_some(x.clone()),
+            protocol,
+            x: (!overlap).then_some(x),
             grad,
             compute_done: false,
             comm_start: overlap.then_some(t),
@@ -1119,8 +1123,6 @@ impl NetSim {
         });
         self.push(compute_end, round, rank, rank, EventKind::ComputeDone);
         if overlap {
-            let now = self.instant(t)?;
-            self.peers[rank].begin_round(now, &x, None);
             self.after_input(rank, t)?;
         }
         Ok(())
@@ -1132,16 +1134,18 @@ impl NetSim {
             return Ok(());
         };
         a.compute_done = true;
-        if a.overlap {
+        let x = a.x.take().unwrap_or_default();
+        if !a
+            .protocol
+            .computed(&mut *self.peers[rank], now, &x, a.grad.as_deref())
+        {
+            // The exchange began with the round (overlap); it may have mixed already.
             if a.mixed_at.is_some() {
                 self.finish_round(rank, t)?;
             }
             return Ok(());
         }
         a.comm_start = Some(t);
-        let x = a.x.take().unwrap_or_default();
-        let grad = a.grad.take();
-        self.peers[rank].begin_round(now, &x, grad.as_deref());
         self.after_input(rank, t)
     }
 
@@ -1271,11 +1275,7 @@ impl NetSim {
         let Some(a) = self.state[rank].active.take() else {
             return Ok(());
         };
-        if a.overlap {
-            if let Some(g) = &a.grad {
-                self.peers[rank].apply_gradient(g);
-            }
-        }
+        a.protocol.finish(&mut *self.peers[rank], a.grad.as_deref());
         let stats = self.peers[rank].stats();
         let s = &mut self.state[rank];
         let mixed = a.mixed_at.unwrap_or(t);

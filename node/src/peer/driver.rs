@@ -219,27 +219,15 @@ impl Driver {
             return false;
         };
         let (plane, relay, rank) = (&self.plane, &self.relay, self.rank);
-        let connected = self.rt.block_on(async {
-            let direct = match plane.connect(to, addr, id).await {
-                Ok(link) => return Ok(link),
-                Err(e) if !relay.is_on() => return Err(e),
-                Err(e) => e,
-            };
-            let relayed = async {
-                let allocation = relay.allocate(rank, to).await?;
-                plane.connect_relayed(to, &allocation, id).await
-            };
-            match relayed.await {
-                Ok(link) => {
-                    warn!(
-                        to,
-                        "link to peer {to}: RELAYED through peer 0 (direct: {direct:#})"
-                    );
-                    Ok(link)
-                }
-                Err(e) => Err(direct.context(format!("relayed: {e:#}"))),
-            }
-        });
+        // A restarted peer's hello does not say whether it is behind a NAT.
+        let nat = super::links::Nat::Unknown;
+        let connected = self.rt.block_on(super::links::connect(
+            plane,
+            relay,
+            rank,
+            (to, addr, id),
+            nat,
+        ));
         match connected {
             Ok(link) => {
                 self.links.insert(to, link);

@@ -82,49 +82,12 @@ pub async fn open(
     }
     // The fallback: relayed, for the links that cross a NAT.
     let relayed = futures::future::join_all(failed.into_iter().map(|(to, info, id, e)| {
-        let behind = match (info.nat_published, me_behind_nat) {
-            (Some(p), _) => Some(format!("peer {to} is behind a NAT (it published {p})")),
-            (None, Some(p)) => Some(format!("this peer is behind a NAT (it published {p})")),
-            (None, None) => None,
+        let nat = match (info.nat_published, me_behind_nat) {
+            (Some(p), _) => Nat::Behind(format!("peer {to} is behind a NAT (it published {p})")),
+            (None, Some(p)) => Nat::Behind(format!("this peer is behind a NAT (it published {p})")),
+            (None, None) => Nat::NotInTheWay,
         };
-        async move {
-            let Some(who) = behind else {
-                return (to, Err(e));
-            };
-            if !relay.is_on() {
-                let e = e.context(format!(
-                    "{who}, and the direct path through it did not open: a NAT that changes \
-                     the port for every destination (a symmetric NAT) or that answers \
-                     unsolicited packets defeats hole punching, and relaying is off \
-                     (--no-relay); give that peer a reachable address (or forward its data \
-                     port), or let peer 0 relay"
-                ));
-                return (to, Err(e));
-            }
-            let attempt = async {
-                let allocation = relay.allocate(rank, to).await?;
-                plane.connect_relayed(to, &allocation, id).await
-            };
-            match attempt.await {
-                Ok(link) => {
-                    warn!(
-                        to,
-                        relay = ?link.relayed,
-                        "link to peer {to}: RELAYED through peer 0 ({who}, and the direct \
-                         path did not open: {e:#}); slow by design, every byte crosses peer 0"
-                    );
-                    (to, Ok(link))
-                }
-                Err(relay_err) => (
-                    to,
-                    Err(e.context(format!(
-                        "{who}, the direct path through it did not open (a symmetric NAT, or \
-                         one that answers unsolicited packets, defeats hole punching), and \
-                         neither did the relayed path through peer 0: {relay_err:#}"
-                    ))),
-                ),
-            }
-        }
+        async move { (to, fallback(plane, relay, rank, (to, id), nat, e).await) }
     }))
     .await;
     let mut unreachable = BTreeMap::new();
@@ -155,6 +118,83 @@ pub async fn open(
         through_relay.len()
     );
     Ok((links, unreachable))
+}
+
+/// Whether a NAT lies on a link's direct path, as far as this peer knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Nat {
+    /// One end is behind a NAT: the text says which (for the log and the error).
+    Behind(String),
+    /// Neither end is: a direct path that did not open is not a NAT's doing (no relay).
+    NotInTheWay,
+    /// Not known (a restarted peer's new address comes without its NAT status): relay if
+    /// relaying is on.
+    Unknown,
+}
+
+/// The one link-opening rule, for the start of a run ([`open`]) and for a restarted peer
+/// (`Driver::link_to`): the direct path first; if it did not open, the relayed path
+/// through peer 0 when a NAT is (or may be) in the way and relaying is on.
+///
+/// # Errors
+/// The direct path's error, with why no relay was tried or why the relayed path failed.
+pub async fn connect(
+    plane: &DataPlane,
+    relay: &RelayClient,
+    rank: Rank,
+    (to, addr, id): (Rank, std::net::SocketAddr, PeerId),
+    nat: Nat,
+) -> anyhow::Result<crate::plane::Link> {
+    match plane.connect(to, addr, id).await {
+        Ok(link) => Ok(link),
+        Err(e) => fallback(plane, relay, rank, (to, id), nat, e).await,
+    }
+}
+
+/// The relayed fallback of a link whose direct path failed with `direct` (see [`connect`]).
+async fn fallback(
+    plane: &DataPlane,
+    relay: &RelayClient,
+    rank: Rank,
+    (to, id): (Rank, PeerId),
+    nat: Nat,
+    direct: anyhow::Error,
+) -> anyhow::Result<crate::plane::Link> {
+    let who = match nat {
+        Nat::NotInTheWay => return Err(direct),
+        Nat::Unknown if !relay.is_on() => return Err(direct),
+        Nat::Unknown => "a NAT may be in the way".to_string(),
+        Nat::Behind(who) if !relay.is_on() => {
+            return Err(direct.context(format!(
+                "{who}, and the direct path through it did not open: a NAT that changes \
+                 the port for every destination (a symmetric NAT) or that answers \
+                 unsolicited packets defeats hole punching, and relaying is off \
+                 (--no-relay); give that peer a reachable address (or forward its data \
+                 port), or let peer 0 relay"
+            )))
+        }
+        Nat::Behind(who) => who,
+    };
+    let attempt = async {
+        let allocation = relay.allocate(rank, to).await?;
+        plane.connect_relayed(to, &allocation, id).await
+    };
+    match attempt.await {
+        Ok(link) => {
+            warn!(
+                to,
+                relay = ?link.relayed,
+                "link to peer {to}: RELAYED through peer 0 ({who}, and the direct path did \
+                 not open: {direct:#}); slow by design, every byte crosses peer 0"
+            );
+            Ok(link)
+        }
+        Err(relay_err) => Err(direct.context(format!(
+            "{who}, the direct path did not open (a symmetric NAT, or one that answers \
+             unsolicited packets, defeats hole punching), and neither did the relayed path \
+             through peer 0: {relay_err:#}"
+        ))),
+    }
 }
 
 /// Behind a NAT: for each peer of `incoming` whose direct connection has not come within

@@ -6,6 +6,7 @@ use super::*;
 use crate::report::PeerTotals;
 use crate::train::inner_optimizer::Optimizer;
 use crate::train::learner::Learner;
+use murmur_gossip::round::Round;
 
 pub(super) fn run_on<B: AutodiffBackend>(
     args: &RunArgs,
@@ -689,12 +690,17 @@ impl<B: AutodiffBackend> Training<'_, B> {
     /// the model; then a checkpoint if one is due, and what arrived meanwhile is served.
     fn round(&mut self) -> anyhow::Result<()> {
         let args = self.args;
-        // D-PSGD-like algorithms send x_t before its gradient is known: overlap the two.
-        let overlap = !args.gossip.no_overlap && self.drv.gossip.overlaps_gradient();
+        // The round's protocol is the simulator's too (murmur_gossip::round): D-PSGD-like
+        // algorithms send x_t before its gradient is known, overlapping the two.
         let t0 = Instant::now();
-        if overlap {
+        let mut protocol = Round::start(
+            &mut *self.drv.gossip,
+            Instant::now(),
+            &self.x,
+            !args.gossip.no_overlap,
+        );
+        if protocol.overlaps() {
             // Frames with x_t leave while the gradient at x_t is computed.
-            self.drv.gossip.begin_round(Instant::now(), &self.x, None);
             self.drv.transmit()?;
         }
         if let Some((_, ms)) = args.slow_peer.filter(|&(r, _)| r == self.rank) {
@@ -727,18 +733,15 @@ impl<B: AutodiffBackend> Training<'_, B> {
         }
         let t1 = Instant::now();
         self.times.compute += (t1 - t0).as_secs_f64();
-        if overlap {
-            self.drv.wait_mixed()?;
-            self.drv.gossip.apply_gradient(self.learner.direction());
-            self.times.communicate += t0.elapsed().as_secs_f64();
-        } else {
-            self.drv
-                .gossip
-                .begin_round(Instant::now(), &self.x, Some(self.learner.direction()));
+        let direction = Some(self.learner.direction());
+        let began_now = protocol.computed(&mut *self.drv.gossip, t1, &self.x, direction);
+        if began_now {
             self.drv.transmit()?;
-            self.drv.wait_mixed()?;
-            self.times.communicate += t1.elapsed().as_secs_f64();
         }
+        self.drv.wait_mixed()?;
+        protocol.finish(&mut *self.drv.gossip, direction);
+        let comm_start = if began_now { t1 } else { t0 };
+        self.times.communicate += comm_start.elapsed().as_secs_f64();
         self.times.wait += t1.elapsed().as_secs_f64();
         self.x.copy_from_slice(self.drv.gossip.params());
         self.net = model::unflatten(self.net.clone(), &self.x)?;
