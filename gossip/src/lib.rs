@@ -7,18 +7,31 @@
 //! [`Gossip::poll_timeout`] and [`Gossip::poll_event`]. The same state machine is driven by
 //! the real network in `murmur peer` and by the in-process [`sim::Sim`], so a result of the
 //! simulator is a result about the shipped code (the quinn-proto / quinn split).
-//! [`netsim::NetSim`] drives the same state machines on a simulated network (latency,
-//! bandwidth, loss, stragglers) to predict wall-clock time.
+//! [`NetSim`] drives the same state machines, through the same [`round::Round`] as the
+//! peer, on a simulated network (latency, bandwidth, loss, stragglers) to predict
+//! wall-clock time.
 //!
-//! Algorithms: [`DPsgd`] (Lian et al. 2017), [`Choco`] (CHOCO-SGD and CHOCO-Gossip, Koloskova,
-//! Stich & Jaggi 2019), [`Sgp`] (Stochastic Gradient Push and its overlap variant OSGP on
-//! directed, time-varying graphs, Assran et al. 2019; push-sum, Kempe et al. 2003),
-//! [`LocalSgd`] (H local steps around any of them: local-SGD gossip and model averaging),
-//! [`DiLoCo`] (H inner steps, then an outer optimizer step on the averaged pseudo-gradient,
-//! Douillard et al. 2023; its decentralized form after NoLoCo, Kolehmainen et al. 2025),
-//! [`Phased`] (one algorithm after another: phase schedules); the centralized baselines
-//! [`AllReduce`] (ring all-reduce, Patarasuk & Yuan 2009) and [`ParameterServer`] (BSP, Li
-//! et al. 2014; SSP/ASP, Ho et al. 2013).
+//! The crate is in rooms:
+//! - [`algorithms`]: one file per algorithm, named by its `--algorithm` name: [`DPsgd`]
+//!   (Lian et al. 2017), [`Choco`] (CHOCO-SGD and CHOCO-Gossip, Koloskova, Stich & Jaggi
+//!   2019) and `choco-auto` ([`ChocoAuto`]), [`Sgp`] (Stochastic Gradient Push and its
+//!   overlap variant OSGP, Assran et al. 2019; push-sum, Kempe et al. 2003), [`LocalSgd`]
+//!   (`local-sgd`, `local-avg`, `local-auto`: H local steps around another algorithm),
+//!   [`DiLoCo`] (`diloco`, `diloco-gossip`, `diloco-auto`: Douillard et al. 2023; NoLoCo,
+//!   Kolehmainen et al. 2025), [`StreamingDiLoCo`] (Douillard et al. 2025), the
+//!   centralized baselines [`AllReduce`] (ring all-reduce, Patarasuk & Yuan 2009) and
+//!   [`ParameterServer`] (BSP, Li et al. 2014; SSP/ASP, Ho et al. 2013), and [`Phased`]
+//!   (phase schedules);
+//! - [`mixing`]: what several algorithms share (the local step, the W-weighted exchange,
+//!   re-weighting around departed peers, robust clipping, link meters, outer rounds,
+//!   DiLoCo's outer step);
+//! - [`registry`]: every algorithm by name, its [`Capabilities`], the protocol options
+//!   as table rows, and the one check of a run's setup ([`registry::check_run`]);
+//! - [`round`]: the round protocol that `murmur peer` and the simulator both run;
+//! - [`sim`]: the lock-step harness [`sim::Sim`], the network simulator [`NetSim`], and
+//!   Byzantine attackers;
+//! - [`frame`]: the data-plane frame header; [`optimizer`]: the inner and outer optimizers
+//!   over flat vectors.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -530,7 +530,7 @@ impl<'a> RunSetup<'a> {
 /// option given is taken by one of them and has a valid value; `--compressor` applies to
 /// them; the skip straggler policy is supported (by a single algorithm); the topology, if
 /// loaded, is one they mix on (a push schedule only for SGP, an undirected graph where W
-/// must be symmetric); then each algorithm's own [`Algorithm::check`].
+/// must be symmetric); and each algorithm's own [`Algorithm::check`].
 ///
 /// # Errors
 /// [`BuildError::Options`] or [`BuildError::Topology`], one line naming the flag.
@@ -546,6 +546,11 @@ pub fn check_run(algorithms: &[AlgorithmSpec], run: &RunSetup<'_>) -> Result<(),
             )));
         }
         (opt.check)(o).map_err(|e| BuildError::Options(format!("{} {e}", opt.flag)))?;
+    }
+    // The algorithms' own checks first: they say best why a compressor does not apply
+    // (choco-auto chooses its own).
+    for a in algorithms {
+        a.check(run)?;
     }
     if let Some(c) = &o.compressor {
         let takes = |a: &AlgorithmSpec| a.capabilities().compresses.takes_compressor();
@@ -572,9 +577,6 @@ pub fn check_run(algorithms: &[AlgorithmSpec], run: &RunSetup<'_>) -> Result<(),
     }
     if let Some(topo) = run.topology {
         check_topology(algorithms, topo)?;
-    }
-    for a in algorithms {
-        a.check(run)?;
     }
     Ok(())
 }
@@ -881,6 +883,86 @@ mod tests {
             o.protocol_fingerprint(&[spec("choco"), spec("ps")]),
             "gamma=0.5 ps_mode=ssp:3 robust=none"
         );
+    }
+
+    #[test]
+    fn a_compressor_is_refused_where_it_would_be_ignored() {
+        let o = AlgorithmOptions {
+            compressor: Some("topk:0.1".parse().unwrap()),
+            ..Default::default()
+        };
+        for name in ["local-auto", "diloco-auto", "local-avg", "allreduce", "ps"] {
+            let a: AlgorithmSpec = name.parse().unwrap();
+            let err = o.validate(&[a]).unwrap_err().to_string();
+            assert!(err.contains("--compressor topk:0.1"), "{name}: {err}");
+        }
+        let err = o
+            .validate(&["choco-auto".parse().unwrap()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("chooses each link's compressor"), "{err}");
+        assert!(o.validate(&["dpsgd".parse().unwrap()]).is_ok());
+    }
+
+    #[test]
+    fn capabilities_say_what_resume_can_do_under_each_straggler_policy() {
+        let caps = |s: &str| s.parse::<AlgorithmSpec>().unwrap().capabilities().clone();
+        assert_eq!(caps("choco").resumable(false), Resumable::Rejoin);
+        assert_eq!(caps("choco").resumable(true), Resumable::WholeRun);
+        assert_eq!(caps("dpsgd").resumable(true), Resumable::Rejoin);
+        assert_eq!(caps("diloco").resumable(false), Resumable::WholeRun);
+        assert_eq!(caps("local-auto").resumable(false), Resumable::No);
+        // Every option an algorithm lists is a row of the table.
+        for a in AlgorithmSpec::all() {
+            for o in a.capabilities().options {
+                assert!(ProtocolOption::ALL.contains(o), "{a}: {o:?}");
+            }
+            assert_eq!(
+                a.capabilities().has_local_steps(),
+                a.capabilities().takes(&ProtocolOption::LOCAL_STEPS),
+                "{a}: H is a default exactly when --local-steps is taken"
+            );
+        }
+    }
+
+    #[test]
+    fn the_skip_policy_and_a_topology_are_checked_from_the_capabilities() {
+        let o = AlgorithmOptions::default();
+        let skip = RunSetup {
+            skip_policy: true,
+            ..RunSetup::options(&o)
+        };
+        let spec = |s: &str| s.parse::<AlgorithmSpec>().unwrap();
+        assert!(check_run(&[spec("dpsgd")], &skip).is_ok());
+        let err = check_run(&[spec("allreduce")], &skip)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--straggler-policy skip works with dpsgd"),
+            "{err}"
+        );
+        let err = check_run(&[spec("dpsgd"), spec("choco")], &skip)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not dpsgd then choco"), "{err}");
+        let schedule = murmur_topology::TopologySpec::parse(&format!(
+            "schedule = \"{}\"",
+            murmur_topology::ONE_PEER_EXPONENTIAL
+        ))
+        .unwrap()
+        .build(Some(8))
+        .unwrap();
+        let on = RunSetup {
+            topology: Some(&schedule),
+            ..RunSetup::options(&o)
+        };
+        assert!(check_run(&[spec("sgp")], &on).is_ok());
+        assert!(
+            check_run(&[spec("allreduce")], &on).is_ok(),
+            "a fixed pattern"
+        );
+        let err = check_run(&[spec("dpsgd")], &on).unwrap_err().to_string();
+        assert!(err.contains("time-varying push schedule"), "{err}");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The murmur peer: Burn training, the QUIC data plane, libp2p discovery, the launcher and
-//! metrics. This is the only crate of the workspace that does I/O; the algorithms live in
-//! `murmur-gossip`, the compressors in `murmur-compress` and the graph maths in
-//! `murmur-topology`.
+//! metrics: the workspace's I/O (sockets, clocks, files, processes, Burn) is here and in
+//! the experiment drivers of `murmur-experiments`, which run this crate's binary. The
+//! algorithms and the round they run live in `murmur-gossip`, the compressors in
+//! `murmur-compress` and the graph maths in `murmur-topology`, none of which does I/O.
 //!
 //! The crate is arranged by wing:
 //! - [`config`]: the command line and run configs, parsed and checked once;

@@ -30,7 +30,7 @@ use murmur_compress::CompressorSpec;
 use std::time::Instant;
 
 use crate::mixing::outer_round::OuterRound;
-use crate::{Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
+use crate::{Gossip, GossipError, GossipEvent, Rank};
 
 /// Local SGD with `h` local steps per communication round around `inner`
 /// (see the [module docs](self)).
@@ -106,14 +106,6 @@ impl Gossip for LocalSgd {
         self.outer.pump(self.inner.as_mut());
     }
 
-    fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.inner.poll_transmit()
-    }
-
-    fn poll_timeout(&self) -> Option<Instant> {
-        self.inner.poll_timeout()
-    }
-
     fn poll_event(&mut self) -> Option<GossipEvent> {
         self.outer.pump(self.inner.as_mut());
         self.outer.poll_event()
@@ -127,18 +119,6 @@ impl Gossip for LocalSgd {
         self.outer.round
     }
 
-    fn stats(&self) -> GossipStats {
-        self.inner.stats()
-    }
-
-    fn set_epoch(&mut self, epoch: usize) {
-        self.inner.set_epoch(epoch);
-    }
-
-    fn reweights(&self) -> bool {
-        self.inner.reweights()
-    }
-
     fn peer_left(
         &mut self,
         gone: Rank,
@@ -149,21 +129,11 @@ impl Gossip for LocalSgd {
         r
     }
 
-    fn out_peers(&self) -> Vec<Rank> {
-        self.inner.out_peers()
-    }
-
-    fn in_peers(&self) -> Vec<Rank> {
-        self.inner.in_peers()
-    }
-
-    fn observe_link(&mut self, from: Rank, bytes: usize, secs: f64) {
-        self.inner.observe_link(from, bytes, secs);
-    }
-
     fn link_choices(&self) -> Vec<crate::LinkChoice> {
         self.inner.link_choices()
     }
+
+    crate::forward_gossip!(inner: poll_transmit, poll_timeout, stats, set_epoch, reweights, out_peers, in_peers, observe_link);
 }
 
 /// Local-SGD gossip in the [`crate::registry`]: H local steps, then one D-PSGD mixing round.

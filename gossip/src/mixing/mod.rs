@@ -12,10 +12,12 @@
 //! * [`robust`]: Byzantine-robust mixing by clipping (ClippedGossip);
 //! * [`link_meter`]: per-link bandwidth measurement for the per-link algorithms;
 //! * [`pseudo_gradient`]: DiLoCo's outer step and the compressors its pseudo-gradients take;
+//! * [`forward`]: the `Gossip` methods a wrapping algorithm passes on, written once;
 //! * [`outer_round`]: the outer-round bookkeeping of algorithms that wrap another
 //!   (local SGD, DiLoCo, phase schedules).
 
 pub(crate) mod exchange;
+pub mod forward;
 pub mod link_meter;
 pub(crate) mod outer_round;
 pub mod pseudo_gradient;

@@ -35,10 +35,7 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
 
 use crate::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
-use crate::{
-    AlgorithmState, Bytes, Gossip, GossipError, GossipEvent, GossipStats, MembershipError, Rank,
-    StateError, Transmit,
-};
+use crate::{Bytes, Gossip, GossipError, MembershipError, Rank, Transmit};
 
 /// What a Byzantine peer sends (see the [module docs](self)).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -259,10 +256,6 @@ impl Byzantine {
 }
 
 impl Gossip for Byzantine {
-    fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) {
-        self.inner.begin_round(now, x, grad);
-    }
-
     /// Passed on; a gossip frame's model is also kept for ALIE.
     fn handle_message(
         &mut self,
@@ -291,56 +284,12 @@ impl Gossip for Byzantine {
         Ok(())
     }
 
-    fn handle_timeout(&mut self, now: Instant) {
-        self.inner.handle_timeout(now);
-    }
-
     fn poll_transmit(&mut self) -> Option<Transmit> {
         let t = self.inner.poll_transmit()?;
         Some(Transmit {
             to: t.to,
             frame: self.corrupt(t.frame),
         })
-    }
-
-    fn poll_timeout(&self) -> Option<Instant> {
-        self.inner.poll_timeout()
-    }
-
-    fn poll_event(&mut self) -> Option<GossipEvent> {
-        self.inner.poll_event()
-    }
-
-    fn params(&self) -> &[f32] {
-        self.inner.params()
-    }
-
-    fn round(&self) -> u64 {
-        self.inner.round()
-    }
-
-    fn stats(&self) -> GossipStats {
-        self.inner.stats()
-    }
-
-    fn set_epoch(&mut self, epoch: usize) {
-        self.inner.set_epoch(epoch);
-    }
-
-    fn out_peers(&self) -> Vec<Rank> {
-        self.inner.out_peers()
-    }
-
-    fn in_peers(&self) -> Vec<Rank> {
-        self.inner.in_peers()
-    }
-
-    fn reweights(&self) -> bool {
-        self.inner.reweights()
-    }
-
-    fn in_peers_at(&self, round: u64) -> Vec<Rank> {
-        self.inner.in_peers_at(round)
     }
 
     fn peer_left(
@@ -360,27 +309,9 @@ impl Gossip for Byzantine {
         self.inner.peer_rejoined(back, w, at)
     }
 
-    fn start_at_round(&mut self, round: u64) -> Result<(), MembershipError> {
-        self.inner.start_at_round(round)
-    }
-
-    fn state(&self) -> AlgorithmState {
-        self.inner.state()
-    }
-
-    fn restore_state(&mut self, state: &AlgorithmState) -> Result<(), StateError> {
-        self.inner.restore_state(state)
-    }
-
-    fn overlaps_gradient(&self) -> bool {
-        self.inner.overlaps_gradient()
-    }
-
-    fn communicates_in_background(&self) -> bool {
-        self.inner.communicates_in_background()
-    }
-
     fn apply_gradient(&mut self, grad: &[f32]) {
         self.inner.apply_gradient(grad);
     }
+
+    crate::forward_gossip!(inner: begin_round, handle_timeout, poll_timeout, poll_event, params, round, stats, set_epoch, out_peers, in_peers, reweights, in_peers_at, start_at_round, state, restore_state, overlaps_gradient, communicates_in_background);
 }

@@ -3,6 +3,63 @@
 
 use super::*;
 
+/// What the launcher does when a peer process exits: the restart policy, apart from the
+/// processes and the printing (pure; unit-tested below).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RestartPolicy {
+    /// `--restart-failed`: how many times one peer may be restarted.
+    pub restart_failed: u32,
+    /// The run's epochs: a peer that fails in the last one is not restarted.
+    pub epochs: usize,
+    /// Whether the run's algorithm trains on without a peer.
+    pub survives_departure: bool,
+}
+
+/// The launcher's verdict on a peer process that exited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Exit {
+    /// It exited with success: the run ended for it.
+    Finished,
+    /// Peer 0 failed: the bootstrap and metrics collector; the run stops.
+    StopBootstrap,
+    /// It failed, will not be restarted, and the algorithm cannot go on without it.
+    StopRun,
+    /// It failed and will not be restarted; the others train on without it.
+    GoOn,
+    /// Restart it with `--resume` once the others noticed; its `attempt`-th restart.
+    Restart {
+        /// 1 for the first restart.
+        attempt: u32,
+    },
+}
+
+impl RestartPolicy {
+    /// The verdict on peer `rank`'s process exiting (`success`: exit status 0) at `epoch`,
+    /// after `restarts_done` restarts of that peer.
+    pub(super) fn on_exit(
+        &self,
+        rank: usize,
+        success: bool,
+        epoch: usize,
+        restarts_done: u32,
+    ) -> Exit {
+        if success {
+            return Exit::Finished;
+        }
+        if rank == 0 {
+            return Exit::StopBootstrap;
+        }
+        let restart = restarts_done < self.restart_failed && epoch < self.epochs;
+        match (restart, self.survives_departure) {
+            (true, _) => Exit::Restart {
+                attempt: restarts_done + 1,
+            },
+            (false, true) => Exit::GoOn,
+            (false, false) => Exit::StopRun,
+        }
+    }
+}
+
 /// How long peers get to exit after SIGTERM before they are killed.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
@@ -295,7 +352,15 @@ impl<'a> Supervisor<'a> {
         });
         let mut stop = None;
         for (rank, status) in exited {
-            if status.is_some_and(|s| s.success()) {
+            let success = status.is_some_and(|s| s.success());
+            let done = self.record.restarts_of.get(&rank).copied().unwrap_or(0);
+            let policy = RestartPolicy {
+                restart_failed: launch.restart_failed,
+                epochs: args.train.epochs,
+                survives_departure: args.survives_departure(),
+            };
+            let verdict = policy.on_exit(rank, success, epoch, done);
+            if verdict == Exit::Finished {
                 continue;
             }
             let how = status.map_or_else(|| "lost".to_string(), how);
@@ -303,43 +368,39 @@ impl<'a> Supervisor<'a> {
             let cause = last_error(&self.spawner.run_dir, rank)
                 .map(|c| format!(": {c}"))
                 .unwrap_or_default();
-            if rank == 0 {
-                stop.get_or_insert(format!(
-                    "peer 0 (the bootstrap, which collects the metrics) failed ({how}) at epoch \
-                     {epoch}{cause}"
-                ));
-                continue;
-            }
-            let done = self.record.restarts_of.entry(rank).or_insert(0);
-            let restart = *done < launch.restart_failed && epoch < args.train.epochs;
-            if !restart && !args.survives_departure() {
-                stop.get_or_insert(format!(
-                    "peer {rank} failed ({how}) at epoch {epoch}{cause}, and {} cannot go on \
-                     without a peer ({} can)",
-                    args.algorithm_name(),
-                    murmur_gossip::AlgorithmSpec::names_where(|a| a
-                        .capabilities()
-                        .survives_departure())
-                ));
-                continue;
-            }
-            print(format!(
-                "peer {rank} failed ({how}) at epoch {epoch}{cause}; {}",
-                if restart {
-                    format!(
-                        "restarting it with --resume once the others have noticed ({} of {})",
-                        *done + 1,
-                        launch.restart_failed
-                    )
-                } else {
-                    "the others go on without it".to_string()
+            match verdict {
+                Exit::Finished => {}
+                Exit::StopBootstrap => {
+                    stop.get_or_insert(format!(
+                        "peer 0 (the bootstrap, which collects the metrics) failed ({how}) at \
+                         epoch {epoch}{cause}"
+                    ));
                 }
-            ));
-            if restart {
-                *done += 1;
-                self.record.restarts.push(format!("{rank}@{epoch}"));
-                self.pending
-                    .push((rank, Instant::now(), departures_of(events, rank)));
+                Exit::StopRun => {
+                    stop.get_or_insert(format!(
+                        "peer {rank} failed ({how}) at epoch {epoch}{cause}, and {} cannot go \
+                         on without a peer ({} can)",
+                        args.algorithm_name(),
+                        murmur_gossip::AlgorithmSpec::names_where(|a| a
+                            .capabilities()
+                            .survives_departure())
+                    ));
+                }
+                Exit::GoOn => print(format!(
+                    "peer {rank} failed ({how}) at epoch {epoch}{cause}; the others go on \
+                     without it"
+                )),
+                Exit::Restart { attempt } => {
+                    print(format!(
+                        "peer {rank} failed ({how}) at epoch {epoch}{cause}; restarting it \
+                         with --resume once the others have noticed ({attempt} of {})",
+                        launch.restart_failed
+                    ));
+                    self.record.restarts_of.insert(rank, attempt);
+                    self.record.restarts.push(format!("{rank}@{epoch}"));
+                    self.pending
+                        .push((rank, Instant::now(), departures_of(events, rank)));
+                }
             }
         }
         stop
@@ -430,5 +491,44 @@ impl<'a> Supervisor<'a> {
 
     fn membership_file(&self) -> PathBuf {
         self.spawner.run_dir.join("membership.jsonl")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Exit, RestartPolicy};
+
+    #[test]
+    fn the_restart_policy_restarts_up_to_its_limit_and_never_peer_0() {
+        let p = RestartPolicy {
+            restart_failed: 2,
+            epochs: 10,
+            survives_departure: true,
+        };
+        assert_eq!(p.on_exit(3, true, 4, 0), Exit::Finished);
+        assert_eq!(p.on_exit(3, false, 4, 0), Exit::Restart { attempt: 1 });
+        assert_eq!(p.on_exit(3, false, 4, 1), Exit::Restart { attempt: 2 });
+        assert_eq!(
+            p.on_exit(3, false, 4, 2),
+            Exit::GoOn,
+            "the limit is reached"
+        );
+        assert_eq!(p.on_exit(3, false, 10, 0), Exit::GoOn, "the last epoch");
+        assert_eq!(p.on_exit(0, false, 4, 0), Exit::StopBootstrap);
+        assert_eq!(p.on_exit(0, true, 10, 0), Exit::Finished);
+        let fixed = RestartPolicy {
+            survives_departure: false,
+            restart_failed: 0,
+            ..p
+        };
+        assert_eq!(fixed.on_exit(3, false, 4, 0), Exit::StopRun);
+        let restarting = RestartPolicy {
+            restart_failed: 1,
+            ..fixed
+        };
+        assert_eq!(
+            restarting.on_exit(3, false, 4, 0),
+            Exit::Restart { attempt: 1 }
+        );
     }
 }
