@@ -17,6 +17,8 @@
 //! does not depend on the values). Loss is of the averaged model x̄ = (1/n) Σ x_i, which
 //! for all-reduce and DiLoCo is every peer's model.
 
+use std::path::Path;
+
 use anyhow::Context;
 use serde::Serialize;
 
@@ -195,22 +197,40 @@ fn measure_compute_ms(ctx: &Ctx, model: &str) -> anyhow::Result<f64> {
     Ok(json_f64(&parse_json(out.as_bytes())?, "forward_backward_seconds")? * 1e3)
 }
 
+/// A column of [`Row`] to plot against.
+type Field = fn(&Row) -> f64;
+
 /// Runs the experiment.
 pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     let dir = ctx.dir("diloco")?;
     let runs = dir.join("runs");
     let size: &[&str] = if ctx.quick { &QUICK } else { &FULL };
+    let compute_ms = compute_ms(ctx, &dir, size[0])?;
+    ctx.run_all_ok("diloco", &jobs(ctx, &runs, size, compute_ms))?;
+    let rows = read_rows(&runs)?;
+    write_csv(&dir, &rows)?;
+    plot(&dir, &rows)?;
+    write_summary(&dir, &rows, size, compute_ms)
+}
+
+/// The compute time per step of `model`: measured here, or with `--reuse` the kept runs'
+/// (so that they are timed on the same clock); saved in compute_ms.txt.
+fn compute_ms(ctx: &Ctx, dir: &Path, model: &str) -> anyhow::Result<f64> {
     let saved = dir.join("compute_ms.txt");
     let compute_ms = match std::fs::read_to_string(&saved) {
         Ok(text) if ctx.reuse => text.trim().parse().context("compute_ms.txt")?,
         _ => {
-            let ms = measure_compute_ms(ctx, size[0])?;
+            let ms = measure_compute_ms(ctx, model)?;
             std::fs::write(&saved, format!("{ms}\n"))?;
             ms
         }
     };
     eprintln!("[diloco] compute time per step (measured here): {compute_ms:.3} ms");
+    Ok(compute_ms)
+}
 
+/// Per run: the training job at 100 Mb/s, then the 1 Gb/s timing-only job.
+fn jobs(ctx: &Ctx, runs: &Path, size: &[&str], compute_ms: f64) -> Vec<Job> {
     let mut jobs = Vec::new();
     for (id, _, own) in RUNS {
         let base = || {
@@ -222,7 +242,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
         };
         let mut train = base();
         train.extend(["--bandwidth-gbps=0.1".into(), "--latency-us=1000".into()]);
-        jobs.push(Job::in_run(&runs, id, train, Some("summary.json")));
+        jobs.push(Job::in_run(runs, id, train, Some("summary.json")));
         let mut timing = base();
         timing.extend([
             "--timing-only".into(),
@@ -230,14 +250,17 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
             "--latency-us=1000".into(),
         ]);
         jobs.push(Job::in_run(
-            &runs,
+            runs,
             &format!("{id}-timing-1gbps"),
             timing,
             Some("timing.csv"),
         ));
     }
-    ctx.run_all_ok("diloco", &jobs)?;
+    jobs
+}
 
+/// Every epoch of every run, with its time at 1 Gb/s.
+fn read_rows(runs: &Path) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
     for (id, _, _) in RUNS {
         let t = Table::read(&runs.join(id).join("epochs.csv"))?;
@@ -277,9 +300,14 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
             });
         }
     }
+    Ok(rows)
+}
+
+/// Writes diloco.csv.
+fn write_csv(dir: &Path, rows: &[Row]) -> anyhow::Result<()> {
     write_checked_csv(
         &dir.join("diloco.csv"),
-        &rows,
+        rows,
         &[
             "epoch",
             "rounds",
@@ -291,48 +319,53 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
             "hidden_100mbps",
         ],
         &["run"],
-    )?;
+    )
+}
 
-    type Field = fn(&Row) -> f64;
-    let chart = |title: &str, x_label: &str, log_x: bool, x: Field| -> Chart {
-        let mut c = Chart::new(
-            format!("{title} — 8 peers, transformer on the KJV Bible"),
-            x_label,
-            "validation bits per byte (averaged model)",
-        );
-        c.log_x = log_x;
-        c.legend = SeriesLabelPosition::UpperRight;
-        for (i, (id, label, _)) in RUNS.iter().enumerate() {
-            // Epoch 0 sent nothing and took no time: drawn only against epochs.
-            let pts = rows
-                .iter()
-                .filter(|r| r.run == *id && (!log_x || x(r) > 0.0))
-                .map(|r| (x(r), r.avg_model_bits_per_byte))
-                .collect();
-            // The palette has ten colours: the streaming runs, which reuse the first two,
-            // are dashed.
-            let stroke = if id.starts_with("streaming") {
-                Stroke::Dashed
-            } else {
-                Stroke::Solid
-            };
-            c.series.push(Series::line(*label, i, pts).stroke(stroke));
-        }
-        c
-    };
+/// The averaged model's validation loss of every run against `x`.
+fn chart(rows: &[Row], title: &str, x_label: &str, log_x: bool, x: Field) -> Chart {
+    let mut c = Chart::new(
+        format!("{title} — 8 peers, transformer on the KJV Bible"),
+        x_label,
+        "validation bits per byte (averaged model)",
+    );
+    c.log_x = log_x;
+    c.legend = SeriesLabelPosition::UpperRight;
+    for (i, (id, label, _)) in RUNS.iter().enumerate() {
+        // Epoch 0 sent nothing and took no time: drawn only against epochs.
+        let pts = rows
+            .iter()
+            .filter(|r| r.run == *id && (!log_x || x(r) > 0.0))
+            .map(|r| (x(r), r.avg_model_bits_per_byte))
+            .collect();
+        // The palette has ten colours: the streaming runs, which reuse the first two,
+        // are dashed.
+        let stroke = if id.starts_with("streaming") {
+            Stroke::Dashed
+        } else {
+            Stroke::Solid
+        };
+        c.series.push(Series::line(*label, i, pts).stroke(stroke));
+    }
+    c
+}
+
+/// Draws the loss against epochs, bytes sent and simulated time at 100 Mb/s and 1 Gb/s.
+fn plot(dir: &Path, rows: &[Row]) -> anyhow::Result<()> {
     for (c, name) in [
         (
-            chart("Loss vs epoch", "epoch", false, |r| r.epoch as f64),
+            chart(rows, "Loss vs epoch", "epoch", false, |r| r.epoch as f64),
             "loss_vs_epoch",
         ),
         (
-            chart("Loss vs bytes", "MB sent per peer", true, |r| {
+            chart(rows, "Loss vs bytes", "MB sent per peer", true, |r| {
                 r.bytes_sent_per_peer / 1e6
             }),
             "loss_vs_bytes",
         ),
         (
             chart(
+                rows,
                 "Loss vs simulated time at 100 Mb/s",
                 "simulated seconds (100 Mb/s, 1 ms)",
                 true,
@@ -342,6 +375,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
         ),
         (
             chart(
+                rows,
                 "Loss vs simulated time at 1 Gb/s",
                 "simulated seconds (1 Gb/s, 1 ms)",
                 true,
@@ -352,31 +386,39 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     ] {
         c.save(&dir.join(name))?;
     }
+    Ok(())
+}
 
-    // The table: the last epoch of each run, against all-reduce's.
+/// One run's row of the table: its last epoch against all-reduce's (`base`).
+fn table_row(label: &str, r: &Row, base: &Row) -> Vec<String> {
+    vec![
+        label.to_string(),
+        format!("{:.3}", r.avg_model_bits_per_byte),
+        format!(
+            "{:+.1}%",
+            100.0 * (r.avg_model_bits_per_byte / base.avg_model_bits_per_byte - 1.0)
+        ),
+        format!("{:.3}", r.mean_bits_per_byte),
+        format!("{:.2}", r.bytes_sent_per_peer / 1e6),
+        if r.bytes_sent_per_peer > 0.0 {
+            format!("{:.0}×", base.bytes_sent_per_peer / r.bytes_sent_per_peer)
+        } else {
+            "—".into()
+        },
+        format!("{:.1}", r.seconds_100mbps),
+        format!("{:.1}", r.seconds_1gbps),
+        format!("{:.0}%", 100.0 * r.hidden_100mbps),
+    ]
+}
+
+/// Writes summary.md: the last epoch of each run, against all-reduce's.
+fn write_summary(dir: &Path, rows: &[Row], size: &[&str], compute_ms: f64) -> anyhow::Result<()> {
     let last = |id: &str| rows.iter().rfind(|r| r.run == id);
     let base = last("allreduce").context("the all-reduce run has no epochs")?;
     let mut table = Vec::new();
     for (id, label, _) in RUNS {
         let r = last(id).with_context(|| format!("the {id} run has no epochs"))?;
-        table.push(vec![
-            label.to_string(),
-            format!("{:.3}", r.avg_model_bits_per_byte),
-            format!(
-                "{:+.1}%",
-                100.0 * (r.avg_model_bits_per_byte / base.avg_model_bits_per_byte - 1.0)
-            ),
-            format!("{:.3}", r.mean_bits_per_byte),
-            format!("{:.2}", r.bytes_sent_per_peer / 1e6),
-            if r.bytes_sent_per_peer > 0.0 {
-                format!("{:.0}×", base.bytes_sent_per_peer / r.bytes_sent_per_peer)
-            } else {
-                "—".into()
-            },
-            format!("{:.1}", r.seconds_100mbps),
-            format!("{:.1}", r.seconds_1gbps),
-            format!("{:.0}%", 100.0 * r.hidden_100mbps),
-        ]);
+        table.push(table_row(label, r, base));
     }
     let summary = format!(
         "8 peers, {} for {} epochs ({} rounds), AdamW lr 0.002 with 20 warm-up rounds and a cosine schedule, \

@@ -6,6 +6,8 @@
 //! the honest peers' mean and lowest test accuracy and their consensus distance Ξ² after the
 //! last epoch.
 
+use std::path::Path;
+
 use serde::Serialize;
 
 use crate::runner::{Ctx, Job};
@@ -92,8 +94,16 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
         &["--epochs=10"]
     };
     let plan = runs();
-    let jobs: Vec<Job> = plan
-        .iter()
+    ctx.run_all_ok("robust", &jobs(&plan, &runs_dir, size))?;
+    let rows = read_rows(&plan, &runs_dir)?;
+    write_csv(&dir, &rows)?;
+    plot(&dir, &rows)?;
+    write_summary(&dir, &rows, size)
+}
+
+/// The `murmur simulate` job of each run.
+fn jobs(plan: &[Plan], runs_dir: &Path, size: &[&str]) -> Vec<Job> {
+    plan.iter()
         .map(|p| {
             let mut a: Vec<String> = ["simulate", "--peers=16", "--seed=1", "--compute-ms=2"]
                 .iter()
@@ -101,13 +111,15 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                 .collect();
             a.extend(size.iter().map(|s| s.to_string()));
             a.extend(p.args.iter().cloned());
-            Job::in_run(&runs_dir, &p.id, a, Some("summary.json"))
+            Job::in_run(runs_dir, &p.id, a, Some("summary.json"))
         })
-        .collect();
-    ctx.run_all_ok("robust", &jobs)?;
+        .collect()
+}
 
+/// The last epoch of each run.
+fn read_rows(plan: &[Plan], runs_dir: &Path) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
-    for p in &plan {
+    for p in plan {
         let id = &p.id;
         let t = Table::read(&runs_dir.join(id).join("epochs.csv"))?;
         let last = |c: &str| -> anyhow::Result<f64> {
@@ -127,9 +139,14 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
             consensus_distance: last("consensus_distance")?,
         });
     }
+    Ok(rows)
+}
+
+/// Writes robust.csv.
+fn write_csv(dir: &Path, rows: &[Row]) -> anyhow::Result<()> {
     write_checked_csv(
         &dir.join("robust.csv"),
-        &rows,
+        rows,
         &[
             "attackers",
             "mean_accuracy",
@@ -138,18 +155,19 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
             "consensus_distance",
         ],
         &["topology", "attack", "rule"],
-    )?;
+    )
+}
 
-    // One chart per attack: honest mean accuracy against the number of attackers, a colour
-    // per topology: solid plain, dashed `clip`, points `clip:auto:2`.
-    let find = |topo: &str, attack: &str, k: usize, rule: &str| {
-        rows.iter().find(|r| {
-            r.topology == topo
-                && r.rule == rule
-                && r.attackers == k
-                && (k == 0 || r.attack == attack)
-        })
-    };
+/// The row of (topology, attack, attackers, rule); with no attacker, whatever the attack.
+fn find<'a>(rows: &'a [Row], topo: &str, attack: &str, k: usize, rule: &str) -> Option<&'a Row> {
+    rows.iter().find(|r| {
+        r.topology == topo && r.rule == rule && r.attackers == k && (k == 0 || r.attack == attack)
+    })
+}
+
+/// One chart per attack: honest mean accuracy against the number of attackers, a colour
+/// per topology: solid plain, dashed `clip`, points `clip:auto:2`.
+fn plot(dir: &Path, rows: &[Row]) -> anyhow::Result<()> {
     for attack in ATTACKS {
         let mut c = Chart::new(
             format!("Honest peers under {attack} — 16 peers, MNIST, D-PSGD"),
@@ -166,7 +184,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                 ("clip2", Stroke::Points),
             ] {
                 let pts = (0..=3)
-                    .filter_map(|k| find(topo, attack, k, rule))
+                    .filter_map(|k| find(rows, topo, attack, k, rule))
                     .map(|r| (r.attackers as f64, r.mean_accuracy))
                     .collect();
                 let label = if rule == "clip2" { "clip:auto:2" } else { rule };
@@ -176,15 +194,19 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
         }
         c.save(&dir.join(format!("accuracy_{attack}")))?;
     }
+    Ok(())
+}
 
+/// The summary table: per topology and attack, each rule's honest accuracy (lowest) and Ξ².
+fn table(rows: &[Row]) -> Vec<Vec<String>> {
     let pct = |v: f64| format!("{:.1}%", 100.0 * v);
     let mut table = Vec::new();
     for topo in TOPOLOGIES {
         for (attack, k) in attacks() {
             let (Some(p), Some(c), Some(c2)) = (
-                find(topo, attack, k, "plain"),
-                find(topo, attack, k, "clip"),
-                find(topo, attack, k, "clip2"),
+                find(rows, topo, attack, k, "plain"),
+                find(rows, topo, attack, k, "clip"),
+                find(rows, topo, attack, k, "clip2"),
             ) else {
                 continue;
             };
@@ -205,6 +227,11 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
             ]);
         }
     }
+    table
+}
+
+/// Writes summary.md.
+fn write_summary(dir: &Path, rows: &[Row], size: &[&str]) -> anyhow::Result<()> {
     let summary = format!(
         "16 peers, D-PSGD, MNIST MLP, {}, seed 1; Byzantine ranks 3 / 3, 11 / 3, 8, 13. \
          Accuracy: the honest peers' mean (lowest) test accuracy after the last epoch; Ξ²: \
@@ -222,7 +249,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
                 "clip Ξ²",
                 "clip:auto:2 Ξ²",
             ],
-            &table,
+            &table(rows),
         )
     );
     std::fs::write(dir.join("summary.md"), summary)?;

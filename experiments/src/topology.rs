@@ -4,6 +4,8 @@
 //! (Tang, Shi, Chu et al.; Ying et al. 2021 for the exponential graph): a larger gap
 //! means fewer rounds to consensus, a larger degree means more bytes per round.
 
+use std::path::Path;
+
 use serde::Serialize;
 
 use murmur_topology::{Topology, TopologySpec};
@@ -67,34 +69,52 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     } else {
         vec![4, 8, 16, 32, 64, 128, 256]
     };
+    let rows = measure(&ns);
+    write_csv(&dir, &rows)?;
+    plot(&dir, &rows)?;
+    write_summary(&dir, &rows)
+}
+
+/// The row of one (family, n): degrees, |λ₂(W)|, spectral gap and the cost of 10⁶.
+fn row(family: &str, n: usize, t: &Topology) -> Row {
+    let r = t.inspect();
+    let rounds = if r.lambda2_abs > 0.0 {
+        (1e6f64.ln() / (-2.0 * r.lambda2_abs.ln())).ceil()
+    } else {
+        1.0
+    };
+    Row {
+        family: family.to_string(),
+        n,
+        mean_degree: r.mean_degree,
+        max_degree: r.max_degree,
+        edges: r.edges,
+        lambda2_abs: r.lambda2_abs,
+        spectral_gap: r.spectral_gap,
+        rounds_to_1e6: rounds,
+        messages_to_1e6: rounds * r.mean_degree,
+    }
+}
+
+/// Builds every family at every n of `ns` and measures its mixing matrix W.
+fn measure(ns: &[usize]) -> Vec<Row> {
     let mut rows = Vec::new();
     for family in FAMILIES {
-        for &n in &ns {
+        for &n in ns {
             let Some(t) = build(family, n) else { continue };
-            let r = t.inspect();
-            let rounds = if r.lambda2_abs > 0.0 {
-                (1e6f64.ln() / (-2.0 * r.lambda2_abs.ln())).ceil()
-            } else {
-                1.0
-            };
-            rows.push(Row {
-                family: family.to_string(),
-                n,
-                mean_degree: r.mean_degree,
-                max_degree: r.max_degree,
-                edges: r.edges,
-                lambda2_abs: r.lambda2_abs,
-                spectral_gap: r.spectral_gap,
-                rounds_to_1e6: rounds,
-                messages_to_1e6: rounds * r.mean_degree,
-            });
+            rows.push(row(family, n, &t));
         }
         eprintln!("[topology] {family}: {} sizes", ns.len());
     }
+    rows
+}
+
+/// Writes spectral_gap.csv.
+fn write_csv(dir: &Path, rows: &[Row]) -> anyhow::Result<()> {
     let csv = dir.join("spectral_gap.csv");
     write_checked_csv(
         &csv,
-        &rows,
+        rows,
         &[
             "n",
             "mean_degree",
@@ -105,22 +125,27 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
             "messages_to_1e6",
         ],
         &["family"],
-    )?;
+    )
+}
 
-    let series = |f: &dyn Fn(&Row) -> f64| -> Vec<Series> {
-        FAMILIES
-            .iter()
-            .enumerate()
-            .map(|(i, fam)| {
-                let pts = rows
-                    .iter()
-                    .filter(|r| r.family == *fam)
-                    .map(|r| (r.n as f64, f(r)))
-                    .collect();
-                Series::line(*fam, i, pts)
-            })
-            .collect()
-    };
+/// One series per family of `f(row)` against n.
+fn family_series(rows: &[Row], f: &dyn Fn(&Row) -> f64) -> Vec<Series> {
+    FAMILIES
+        .iter()
+        .enumerate()
+        .map(|(i, fam)| {
+            let pts = rows
+                .iter()
+                .filter(|r| r.family == *fam)
+                .map(|r| (r.n as f64, f(r)))
+                .collect();
+            Series::line(*fam, i, pts)
+        })
+        .collect()
+}
+
+/// Draws spectral gap, degree and messages to 10⁶ against n.
+fn plot(dir: &Path, rows: &[Row]) -> anyhow::Result<()> {
     let mut gap = Chart::new(
         "Spectral gap 1 − |λ₂(W)| vs peers",
         "peers n",
@@ -129,7 +154,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     gap.log_x = true;
     gap.log_y = true;
     gap.y_floor = 1e-6;
-    gap.series = series(&|r| r.spectral_gap);
+    gap.series = family_series(rows, &|r| r.spectral_gap);
     gap.legend = SeriesLabelPosition::LowerLeft;
     gap.save(&dir.join("spectral_gap_vs_n"))?;
     let mut deg = Chart::new(
@@ -140,7 +165,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     deg.log_x = true;
     deg.log_y = true;
     deg.y_floor = 0.5;
-    deg.series = series(&|r| r.mean_degree);
+    deg.series = family_series(rows, &|r| r.mean_degree);
     deg.legend = SeriesLabelPosition::UpperLeft;
     deg.save(&dir.join("degree_vs_n"))?;
     let mut cost = Chart::new(
@@ -151,10 +176,14 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<()> {
     cost.log_x = true;
     cost.log_y = true;
     cost.y_floor = 0.5;
-    cost.series = series(&|r| r.messages_to_1e6);
+    cost.series = family_series(rows, &|r| r.messages_to_1e6);
     cost.legend = SeriesLabelPosition::UpperLeft;
     cost.save(&dir.join("messages_vs_n"))?;
+    Ok(())
+}
 
+/// Writes summary.md: the table at n = 16 and 64.
+fn write_summary(dir: &Path, rows: &[Row]) -> anyhow::Result<()> {
     let table: Vec<Vec<String>> = rows
         .iter()
         .filter(|r| r.n == 16 || r.n == 64)
