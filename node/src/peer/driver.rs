@@ -1,6 +1,7 @@
 //! The peer's driver: moves events, frames and timers between the algorithm's state
 //! machine, the data plane and the training loop.
 
+use super::policy::{self, Route};
 use super::*;
 
 /// Everything the training loop owns besides the model.
@@ -10,13 +11,8 @@ pub(super) struct Driver {
     pub(super) events: mpsc::Receiver<NetEvent>,
     pub(super) links: Links,
     pub(super) gossip: Box<dyn Gossip>,
-    /// Peers that still owe us a goodbye: in-neighbours, and everyone for rank 0.
-    pub(super) expected_in: HashSet<Rank>,
-    pub(super) finished_in: HashSet<Rank>,
-    /// Peers we have a link to: out-neighbours, and peer 0 for the reports.
-    pub(super) destinations: HashSet<Rank>,
-    /// Destinations whose receiver closed our link after our goodbye.
-    pub(super) links_done: HashSet<Rank>,
+    /// Who owes whom the counted goodbye (pure; [`super::policy::Goodbyes`]).
+    pub(super) goodbyes: super::policy::Goodbyes,
     pub(super) refused_frames: u64,
     /// Rank 0 only.
     pub(super) collector: Option<Collector>,
@@ -191,8 +187,37 @@ impl Driver {
             link.abandon();
         }
         self.plane.forget(gone, keep_newest);
-        self.destinations.remove(&gone);
-        self.expected_in.remove(&gone);
+        self.goodbyes.forget(gone);
+    }
+
+    /// An algorithm frame from `from`: the link's measured transfer time to the algorithm,
+    /// the frame to its state machine; a refused frame is counted (a late frame of a round
+    /// both ends mixed without is not: it is a straggler's, not a bad one).
+    fn on_algorithm_frame(
+        &mut self,
+        from: Rank,
+        header: &murmur_gossip::FrameHeader,
+        bytes: &[u8],
+        transfer: Option<Duration>,
+    ) {
+        if let Some(t) = transfer {
+            self.gossip.observe_link(from, bytes.len(), t.as_secs_f64());
+        }
+        if let Some((at, arrived)) = self.first_frames.as_mut() {
+            if header.round == *at {
+                arrived.insert(from);
+            }
+        }
+        match self.gossip.handle_message(Instant::now(), from, bytes) {
+            Ok(()) => {}
+            Err(murmur_gossip::GossipError::Skipped { round, .. }) => {
+                debug!(from, round, "dropped the frame of a skipped round")
+            }
+            Err(e) => {
+                self.refused_frames += 1;
+                warn!(from, "dropped an algorithm frame: {e}");
+            }
+        }
     }
 
     /// Sends `frame` on every link except those to `skip` (best effort: a failing link is
@@ -231,8 +256,7 @@ impl Driver {
         match connected {
             Ok(link) => {
                 self.links.insert(to, link);
-                self.destinations.insert(to);
-                self.links_done.remove(&to);
+                self.goodbyes.linked(to);
                 true
             }
             Err(e) => {
@@ -254,75 +278,40 @@ impl Driver {
     /// Handles one network event.
     pub(super) fn handle_net_event(&mut self, ev: NetEvent) -> anyhow::Result<()> {
         match ev {
-            NetEvent::Frame {
-                from,
-                header,
-                bytes,
-                ..
-            } if header.kind.is_membership_handshake() => {
-                self.on_membership_frame(from, header, &bytes)?;
-            }
             NetEvent::Joined {
                 rank,
                 peer_id,
                 data_addr: _,
             } => self.on_admit(rank, peer_id, Vec::new(), self.rank)?,
-            NetEvent::Frame { from, .. } if self.membership.departed().contains_key(&from) => {
-                debug!(from, "dropped a frame of a peer that has left");
-            }
             NetEvent::Frame {
                 from,
                 header,
                 bytes,
                 transfer,
-            } => match header.kind {
-                kind if kind.is_algorithm() => {
-                    if let Some(t) = transfer {
-                        self.gossip.observe_link(from, bytes.len(), t.as_secs_f64());
-                    }
-                    if let Some((at, arrived)) = self.first_frames.as_mut() {
-                        if header.round == *at {
-                            arrived.insert(from);
-                        }
-                    }
-                    match self.gossip.handle_message(Instant::now(), from, &bytes) {
-                        Ok(()) => {}
-                        // A straggler's frame of a round both ends mixed without: late, not bad.
-                        Err(murmur_gossip::GossipError::Skipped { round, .. }) => {
-                            debug!(from, round, "dropped the frame of a skipped round")
-                        }
-                        Err(e) => {
-                            self.refused_frames += 1;
-                            warn!(from, "dropped an algorithm frame: {e}");
-                        }
-                    }
-                }
-                FrameKind::Report => match self.collector.as_mut() {
-                    Some(c) => {
-                        if let Err(e) = c.add_frame(from, &bytes[FRAME_HEADER_LEN..]) {
+            } => {
+                let departed = self.membership.departed().contains_key(&from);
+                match policy::route(header.kind, departed, self.collector.is_some()) {
+                    Route::Membership => self.on_membership_frame(from, header, &bytes)?,
+                    Route::Departed => debug!(from, "dropped a frame of a peer that has left"),
+                    Route::Algorithm => self.on_algorithm_frame(from, &header, &bytes, transfer),
+                    Route::Report => {
+                        let collector = self.collector.as_mut().expect("routed to peer 0");
+                        if let Err(e) = collector.add_frame(from, &bytes[FRAME_HEADER_LEN..]) {
                             self.refused_frames += 1;
                             warn!(from, "dropped a report: {e:#}");
                         }
                     }
-                    None => {
-                        self.refused_frames += 1;
-                        warn!(from, "dropped a report sent to a peer other than 0");
+                    Route::Leave => {
+                        self.on_leave_frame(from, header.round, &bytes[FRAME_HEADER_LEN..])?;
                     }
-                },
-                FrameKind::Leave => {
-                    self.on_leave_frame(from, header.round, &bytes[FRAME_HEADER_LEN..])?;
+                    Route::Refuse => {
+                        self.refused_frames += 1;
+                        warn!(from, kind = ?header.kind, "dropped a frame no one here takes (a report goes to peer 0)");
+                    }
                 }
-                other => {
-                    self.refused_frames += 1;
-                    warn!(from, ?other, "dropped an unexpected frame");
-                }
-            },
-            NetEvent::Finished { from } => {
-                self.finished_in.insert(from);
             }
-            NetEvent::LinkDone { to } => {
-                self.links_done.insert(to);
-            }
+            NetEvent::Finished { from } => self.goodbyes.finished(from),
+            NetEvent::LinkDone { to } => self.goodbyes.link_done(to),
             NetEvent::Lost { peer, reason } if self.membership.departed().contains_key(&peer) => {
                 // The new process of a peer that was restarting is gone as well.
                 debug!(
@@ -333,9 +322,7 @@ impl Driver {
             }
             NetEvent::Lost { peer, reason } => {
                 // Harmless once nothing more is owed either way on that peer's links.
-                let owes_us = self.expected_in.contains(&peer) && !self.finished_in.contains(&peer);
-                let we_owe = self.destinations.contains(&peer) && !self.links_done.contains(&peer);
-                if owes_us || we_owe {
+                if self.goodbyes.loss_matters(peer) {
                     let round = self.gossip.round();
                     self.on_departure(peer, reason, self.rank, round)?;
                 }
@@ -367,13 +354,9 @@ impl Driver {
     pub(super) fn finish(&mut self) -> anyhow::Result<()> {
         self.links.clear(); // each sender task now sends its goodbye
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !(self.destinations.is_subset(&self.links_done)
-            && self.expected_in.is_subset(&self.finished_in))
-        {
+        while !self.goodbyes.settled() {
             if !self.next_event(deadline)? {
-                let missing: Vec<_> = self.expected_in.difference(&self.finished_in).collect();
-                let unacknowledged: Vec<_> =
-                    self.destinations.difference(&self.links_done).collect();
+                let (missing, unacknowledged) = self.goodbyes.outstanding();
                 warn!(
                     ?missing,
                     ?unacknowledged,

@@ -188,7 +188,7 @@ impl Driver {
             self.gossip
                 .peer_left(g, &w)
                 .map_err(|e| anyhow!("{} cannot start without peer {g}: {e}", self.algorithm))?;
-            self.expected_in.remove(&g);
+            self.goodbyes.not_expected(g);
             if let Some(c) = self.collector.as_mut() {
                 c.membership(record, None)?;
             }
@@ -286,8 +286,7 @@ impl Driver {
             self.link_to(back, notice.addr);
         }
         if self.gossip.in_peers().contains(&back) || self.rank == 0 {
-            self.expected_in.insert(back);
-            self.finished_in.remove(&back);
+            self.goodbyes.expect(back);
         }
         self.broadcast(&readmitted.flood.frame, &readmitted.flood.except);
         if self.collector.is_some() {
@@ -358,7 +357,9 @@ impl Driver {
         }
         self.gossip.start_at_round(at)?;
         // Every peer that welcomed us opened a link to us and says goodbye on it at the end.
-        self.expected_in.extend(plan.welcomed);
+        for &w in &plan.welcomed {
+            self.goodbyes.expect(w);
+        }
         let in_peers: Vec<Rank> = self
             .gossip
             .in_peers()

@@ -14,6 +14,7 @@ pub(crate) mod frames;
 mod links;
 mod membership_effects;
 mod plan;
+mod policy;
 mod run;
 
 use crate::report::collector::{evaluate_epoch, summary, write_summary, Collector};

@@ -455,12 +455,9 @@ fn wire<B: AutodiffBackend>(
         rank,
         rt,
         events,
-        destinations: links.keys().copied().collect(),
+        goodbyes: super::policy::Goodbyes::new(links.keys().copied(), expected_in),
         links,
         gossip,
-        expected_in,
-        finished_in: HashSet::new(),
-        links_done: HashSet::new(),
         refused_frames: 0,
         collector: (rank == 0).then(|| {
             Collector::new(
