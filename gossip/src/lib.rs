@@ -25,8 +25,9 @@
 //! - [`mixing`]: what several algorithms share (the local step, the W-weighted exchange,
 //!   re-weighting around departed peers, robust clipping, link meters, outer rounds,
 //!   DiLoCo's outer step);
-//! - [`registry`]: every algorithm by name, its [`Capabilities`], the protocol options
-//!   as table rows, and the one check of a run's setup ([`registry::check_run`]);
+//! - [`algorithm`]: what an algorithm declares (the [`Algorithm`] trait, its
+//!   [`Capabilities`], the protocol options as table rows); [`registry`]: every algorithm by
+//!   name and the one check of a run's setup ([`registry::check_run`]);
 //! - [`round`]: the round protocol that `murmur peer` and the simulator both run;
 //! - [`sim`]: the lock-step harness [`sim::Sim`], the network simulator [`NetSim`], and
 //!   Byzantine attackers;
@@ -35,6 +36,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod algorithm;
 pub mod algorithms;
 pub mod frame;
 pub mod mixing;
@@ -49,6 +51,10 @@ pub use bytes::Bytes;
 
 use murmur_topology::MixingMatrix;
 
+pub use algorithm::{
+    Algorithm, AlgorithmOptions, BuildContext, Capabilities, Compresses, Departures, GraphNeeds,
+    Pattern, ProtocolOption, Resumable, Resume,
+};
 pub use algorithms::allreduce::{chunk_range, AllReduce, AllReduceConfig};
 pub use algorithms::choco::{suggested_gamma, theorem2_gamma, Choco, ChocoConfig};
 pub use algorithms::choco_auto::{ChocoAuto, ChocoAutoConfig, Ladder};
@@ -64,10 +70,7 @@ pub use mixing::exchange::AutoDeadline;
 pub use mixing::robust::ClipRule;
 pub use murmur_topology::Rank;
 pub use optimizer::{OuterConfig, OuterOptimizer};
-pub use registry::{
-    Algorithm, AlgorithmOptions, AlgorithmSpec, BuildContext, Capabilities, Compresses, Departures,
-    GraphNeeds, Pattern, ProtocolOption, Resumable, Resume,
-};
+pub use registry::AlgorithmSpec;
 pub use sim::byzantine::{Attack, Byzantine, ByzantineSpec};
 pub use sim::netsim::{
     Compute, ConsensusPoint, NetSim, NetSimError, NetworkModel, PeerRound, RunReport, Totals,

@@ -110,7 +110,7 @@
 //! A peer cannot legitimately be further ahead: finishing a round needs every peer's
 //! frames of that round.
 
-use crate::registry::{Algorithm, Capabilities, Compresses, Departures, Pattern, Resume};
+use crate::algorithm::{Algorithm, Capabilities, Compresses, Departures, Pattern, Resume};
 use murmur_compress::CompressorSpec;
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;

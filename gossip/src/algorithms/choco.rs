@@ -111,7 +111,7 @@
 //! converges in about a thousand rounds. The paper's experiments tune γ by grid search;
 //! do the same and use γ* as a floor that is safe by proof.
 
-use crate::registry::{
+use crate::algorithm::{
     Algorithm, Capabilities, Compresses, Departures, GraphNeeds, Pattern, ProtocolOption, Resume,
 };
 use murmur_compress::CompressorSpec;

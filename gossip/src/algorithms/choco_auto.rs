@@ -56,7 +56,7 @@
 //! Not supported: the skip straggler policy, a returning peer and resuming from a
 //! checkpoint (refused with an error); departures re-weight as for CHOCO-SGD.
 
-use crate::registry::{
+use crate::algorithm::{
     Algorithm, BuildContext, Capabilities, Compresses, Departures, GraphNeeds, Pattern,
     ProtocolOption, Resume, RunSetup,
 };

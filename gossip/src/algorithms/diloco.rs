@@ -139,14 +139,14 @@
 //! the first [`Gossip::begin_round`] (not from x⁰ at construction), so a DiLoCo phase of a
 //! phase schedule starts from where the previous phase ended.
 
+use crate::algorithm::{
+    Algorithm, BuildContext, Capabilities, Compresses, Departures, Pattern, ProtocolOption, Resume,
+    RunSetup,
+};
 use crate::mixing::pseudo_gradient::{
     check_pseudo_gradient_compressor, outer_step_seed, outer_update, DILOCO_LOCAL_STEPS,
 };
 use crate::optimizer::OuterConfig;
-use crate::registry::{
-    Algorithm, BuildContext, Capabilities, Compresses, Departures, Pattern, ProtocolOption, Resume,
-    RunSetup,
-};
 use crate::BuildError;
 use murmur_compress::CompressorSpec;
 use std::collections::VecDeque;

@@ -5,12 +5,12 @@
 //! steps instead of delaying them. The algorithm and its deadline rule are in
 //! [`crate::algorithms::local_auto`]'s docs.
 
-use crate::algorithms::local_auto::AsyncLinks;
-use crate::mixing::pseudo_gradient::DILOCO_LOCAL_STEPS;
-use crate::registry::{
+use crate::algorithm::{
     Algorithm, BuildContext, Capabilities, Compresses, Departures, GraphNeeds, Pattern,
     ProtocolOption, Resume,
 };
+use crate::algorithms::local_auto::AsyncLinks;
+use crate::mixing::pseudo_gradient::DILOCO_LOCAL_STEPS;
 use crate::BuildError;
 use crate::Gossip;
 use murmur_compress::CompressorSpec;

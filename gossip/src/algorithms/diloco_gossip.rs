@@ -4,11 +4,11 @@
 //! The state machine is [`crate::DiLoCo`] around [`crate::DPsgd`]; why the models are mixed
 //! rather than the pseudo-gradients is in [`crate::algorithms::diloco`]'s docs.
 
-use crate::mixing::pseudo_gradient::DILOCO_LOCAL_STEPS;
-use crate::registry::{
+use crate::algorithm::{
     Algorithm, BuildContext, Capabilities, Compresses, Departures, GraphNeeds, Pattern,
     ProtocolOption, Resume,
 };
+use crate::mixing::pseudo_gradient::DILOCO_LOCAL_STEPS;
 use crate::BuildError;
 use crate::DiLoCo;
 use crate::Gossip;

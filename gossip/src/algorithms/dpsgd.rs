@@ -24,7 +24,7 @@
 //! still needs it (a neighbour stood in for, or gone), is read back from the outgoing
 //! message, which holds it exactly: two vectors instead of three.
 
-use crate::registry::{
+use crate::algorithm::{
     Algorithm, BuildContext, Capabilities, Compresses, Departures, GraphNeeds, Pattern,
     ProtocolOption, Resume,
 };

@@ -54,7 +54,7 @@
 //! Not supported: the skip straggler policy (nothing waits), departures, resuming from a
 //! checkpoint (refused with an error); a directed graph (no symmetric pair to cancel).
 
-use crate::registry::{
+use crate::algorithm::{
     Algorithm, BuildContext, Capabilities, Compresses, Departures, GraphNeeds, Pattern,
     ProtocolOption, Resume,
 };

@@ -3,7 +3,7 @@
 //! H local steps ([`crate::LocalSgd`]), then exact global averaging of the parameters by
 //! ring all-reduce ([`crate::AllReduce`] begun without a gradient).
 
-use crate::registry::{
+use crate::algorithm::{
     Algorithm, BuildContext, Capabilities, Compresses, Departures, Pattern, ProtocolOption, Resume,
 };
 use crate::BuildError;

@@ -23,7 +23,7 @@
 //! ⌊t / H⌋; [`Gossip::round`] and [`GossipEvent`]s use t. Bytes per SGD step fall by a
 //! factor H.
 
-use crate::registry::{
+use crate::algorithm::{
     Algorithm, Capabilities, Compresses, Departures, GraphNeeds, Pattern, ProtocolOption, Resume,
 };
 use murmur_compress::CompressorSpec;

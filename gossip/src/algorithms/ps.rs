@@ -70,7 +70,7 @@
 //! under SSP/ASP but does not change what is computed. A dedicated server would feed
 //! frames continuously.
 
-use crate::registry::{
+use crate::algorithm::{
     Algorithm, Capabilities, Compresses, Departures, Pattern, ProtocolOption, Resume,
 };
 use murmur_compress::CompressorSpec;

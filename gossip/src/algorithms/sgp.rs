@@ -134,7 +134,7 @@
 //! Memory: x_i and z_i (2d `f32`), the outgoing frame, and at most (S + L) × in-degree
 //! buffered payloads.
 
-use crate::registry::{
+use crate::algorithm::{
     Algorithm, Capabilities, Compresses, Departures, GraphNeeds, Pattern, ProtocolOption, Resume,
 };
 use murmur_compress::CompressorSpec;
@@ -1000,7 +1000,7 @@ impl Algorithm for SgpAlgorithm {
         &CAPABILITIES
     }
     /// Refuses `--straggler-deadline-ms auto`.
-    fn check(&self, run: &crate::registry::RunSetup<'_>) -> Result<(), crate::BuildError> {
+    fn check(&self, run: &crate::algorithm::RunSetup<'_>) -> Result<(), crate::BuildError> {
         if run.auto_deadline {
             return Err(crate::BuildError::Options(
                 "--straggler-deadline-ms auto is not built for sgp (its rounds wait for \

@@ -70,14 +70,14 @@
 //! **Not built:** the paper's 4-bit floating-point pseudo-gradients (`int8` is the nearest
 //! operator here), strided layer fragments, streaming over gossip (decentralized DiLoCo).
 
+use crate::algorithm::{
+    Algorithm, BuildContext, Capabilities, Compresses, Departures, Pattern, ProtocolOption, Resume,
+    RunSetup,
+};
 use crate::mixing::pseudo_gradient::{
     check_pseudo_gradient_compressor, outer_step_seed, outer_update, DILOCO_LOCAL_STEPS,
 };
 use crate::optimizer::OuterConfig;
-use crate::registry::{
-    Algorithm, BuildContext, Capabilities, Compresses, Departures, Pattern, ProtocolOption, Resume,
-    RunSetup,
-};
 use crate::BuildError;
 use murmur_compress::CompressorSpec;
 use std::collections::VecDeque;

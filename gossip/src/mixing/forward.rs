@@ -3,7 +3,7 @@
 //! around D-PSGD, a Byzantine attacker around an honest peer, …) writes the methods it
 //! changes and names the rest:
 //!
-//! ```ignore
+//! ```text
 //! impl Gossip for LocalSgd {
 //!     fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) { … }
 //!     // …

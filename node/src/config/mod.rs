@@ -19,6 +19,7 @@ use crate::train::inner_optimizer::{
 use crate::train::model::ModelKind;
 
 mod file;
+pub mod keys;
 mod values;
 
 pub use file::{count, expand_config_args, load_topology};
@@ -471,10 +472,10 @@ impl RunArgs {
             }
         }
         if let Some(path) = &self.net.allow_peers {
-            crate::control::auth::read_allow_list(path)?;
+            keys::read_allow_list(path)?;
         }
         if let Some(path) = &self.net.run_key {
-            crate::control::auth::RunKey::read(path)?;
+            keys::read_run_key(path)?;
         }
         match (
             self.gossip.straggler_policy,

@@ -167,38 +167,7 @@ pub fn save_identity(path: &Path, key: &Keypair) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads an allow-list: one `PeerId` per line (as `murmur identity` prints them); blank
-/// lines and lines starting with `#` are skipped.
-///
-/// # Errors
-/// The file cannot be read, a line is not a `PeerId` (named with its line number), or it
-/// lists nobody.
-pub fn read_allow_list(path: &Path) -> anyhow::Result<std::collections::HashSet<PeerId>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading the allow-list {}", path.display()))?;
-    let mut peers = std::collections::HashSet::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let peer: PeerId = line.parse().map_err(|e| {
-            anyhow!(
-                "{} line {}: {line:?} is not a PeerId: {e}",
-                path.display(),
-                i + 1
-            )
-        })?;
-        peers.insert(peer);
-    }
-    if peers.is_empty() {
-        anyhow::bail!("the allow-list {} lists no PeerId", path.display());
-    }
-    Ok(peers)
-}
-
-/// Shortest run key accepted, in bytes.
-pub const RUN_KEY_MIN_BYTES: usize = 16;
+pub use crate::config::keys::{read_allow_list, RUN_KEY_MIN_BYTES};
 
 /// A run key (`--run-key FILE`): a secret every peer of the run holds. A joining peer
 /// proves it to the bootstrap and the bootstrap proves it back, each with an HMAC-SHA256
@@ -221,16 +190,7 @@ impl RunKey {
     /// # Errors
     /// The file cannot be read or holds fewer than [`RUN_KEY_MIN_BYTES`] bytes.
     pub fn read(path: &Path) -> anyhow::Result<RunKey> {
-        let secret = std::fs::read(path)
-            .with_context(|| format!("reading the run key {}", path.display()))?;
-        if secret.len() < RUN_KEY_MIN_BYTES {
-            anyhow::bail!(
-                "the run key {} has {} bytes; it needs at least {RUN_KEY_MIN_BYTES} (e.g. head -c 32 /dev/urandom > {})",
-                path.display(),
-                secret.len(),
-                path.display()
-            );
-        }
+        let secret = crate::config::keys::read_run_key(path)?;
         Ok(RunKey(ring::hmac::Key::new(
             ring::hmac::HMAC_SHA256,
             &secret,

@@ -10,7 +10,6 @@ mod address;
 pub mod algo;
 pub mod checkpoint;
 mod driver;
-pub(crate) mod frames;
 mod links;
 mod membership_effects;
 mod plan;
@@ -18,8 +17,8 @@ mod policy;
 mod run;
 
 use crate::report::collector::{evaluate_epoch, summary, write_summary, Collector};
+use crate::report::frames::*;
 use driver::{Driver, Welcome};
-use frames::*;
 use plan::{plan, Start};
 use run::run_on;
 
@@ -38,7 +37,6 @@ use murmur_gossip::{consensus_distance, Gossip, GossipEvent, Rank, Resumable};
 use murmur_topology::MixingMatrix;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use serde::Serialize;
 use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn};
 

@@ -14,7 +14,7 @@ use crate::report::{self, EpochRow, MembershipEvent, PeerEpoch, Summary};
 use crate::train::data::{text, Dataset};
 use crate::train::model::{self, Net};
 
-use crate::peer::frames::*;
+use crate::report::frames::*;
 
 /// Samples per batch when a model is evaluated on a data set (a memory bound, not a
 /// hyperparameter).
@@ -434,7 +434,7 @@ pub(crate) fn write_summary(dir: &Path, summary: &Summary) -> anyhow::Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::peer::frames::tests::report;
+    use crate::report::frames::tests::report;
 
     #[test]
     fn a_resumed_run_continues_the_running_totals_of_its_record() {

@@ -1,7 +1,7 @@
 //! The membership notices on the data plane and their wire format: leave, hello, admit
 //! and rejoin frames (a 24-byte frame header, then the payload described on each encoder),
 //! and the message peer 0 signs to admit a new peer. A welcome is a frame with parameters
-//! (`peer::frames::encode_with_params`) carrying a [`super::Welcome`].
+//! (`report::frames::encode_with_params`) carrying a [`super::Welcome`].
 
 use std::net::SocketAddr;
 
@@ -145,7 +145,7 @@ mod tests {
     use super::super::Welcome;
     use super::*;
     use crate::control::auth;
-    use crate::peer::frames::{decode_with_params, encode_with_params};
+    use crate::report::frames::{decode_with_params, encode_with_params};
 
     #[test]
     fn an_admission_holds_only_with_peer_0s_signature() {

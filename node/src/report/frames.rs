@@ -2,7 +2,15 @@
 //! (those are in [`crate::control::membership::codec`]): the epoch reports to peer 0, and
 //! frames carrying a JSON value and parameters (reports, welcomes).
 
-use super::*;
+use anyhow::{anyhow, Context};
+use murmur_compress::Compressor;
+use murmur_gossip::frame::{FrameHeader, FrameKind};
+use murmur_gossip::Rank;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use serde::Serialize;
+
+use super::PeerEpoch;
 
 /// A report frame (kind `Report`, round = epoch): see [`encode_with_params`].
 pub(crate) fn encode_report(
@@ -71,6 +79,7 @@ pub(crate) fn decode_with_params<T: serde::de::DeserializeOwned>(
 pub(crate) mod tests {
     use super::*;
     use crate::report::PeerTotals;
+    use murmur_gossip::frame::FRAME_HEADER_LEN;
 
     /// A report with every field set, for the codec and collector tests.
     pub(crate) fn report() -> PeerEpoch {
