@@ -368,6 +368,20 @@ mod tests {
             err.contains("--straggler-policy skip works with dpsgd"),
             "{err}"
         );
+        // --robust does not combine with skipping (D-PSGD's rounds and CHOCO-SGD's),
+        // refused before any peer is built.
+        let robust = AlgorithmOptions {
+            robust: Some("clip".parse().unwrap()),
+            ..Default::default()
+        };
+        for name in ["dpsgd", "local-sgd", "diloco-gossip", "choco"] {
+            let run = RunSetup {
+                skip_policy: true,
+                ..RunSetup::options(&robust)
+            };
+            let err = check_run(&[spec(name)], &run).unwrap_err().to_string();
+            assert!(err.contains("--robust"), "{name}: {err}");
+        }
         let err = check_run(&[spec("dpsgd"), spec("choco")], &skip)
             .unwrap_err()
             .to_string();

@@ -683,7 +683,19 @@ impl Algorithm for ChocoAlgorithm {
     fn capabilities(&self) -> &'static Capabilities {
         &CAPABILITIES
     }
+    /// Refuses `--robust` with the skip straggler policy.
+    fn check(&self, run: &crate::algorithm::RunSetup<'_>) -> Result<(), crate::BuildError> {
+        if run.options.robust.is_some() && run.skip_policy {
+            return Err(crate::BuildError::Options(
+                "--robust clips the neighbours' copies when a round mixes; it does not combine \
+                 with --straggler-policy skip (a late message's make-up would bypass the clip)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
     fn build(&self, ctx: crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
+        self.check(&ctx.setup())?;
         let (gamma, compressor) = (ctx.options.gamma(self), ctx.compressor(self)?);
         let mut cfg = ChocoConfig::from_matrix(&ctx.topology.w, ctx.rank, ctx.lr, gamma, ctx.dim());
         cfg.round_timeout = ctx.round_timeout;
@@ -692,13 +704,6 @@ impl Algorithm for ChocoAlgorithm {
         cfg.skip_after = ctx.skip_after;
         cfg.auto_deadline = ctx.auto_deadline;
         cfg.robust = ctx.options.robust;
-        if cfg.robust.is_some() && ctx.skip_after.is_some() {
-            return Err(crate::BuildError::Options(
-                "--robust clips the neighbours' copies when a round mixes; it does not combine \
-                 with --straggler-policy skip (a late message's make-up would bypass the clip)"
-                    .into(),
-            ));
-        }
         Ok(Box::new(Choco::new(cfg, ctx.x0, compressor)))
     }
 }

@@ -49,6 +49,10 @@ impl Algorithm for DiLoCoGossipAlgorithm {
     fn capabilities(&self) -> &'static Capabilities {
         &CAPABILITIES
     }
+    /// D-PSGD's rounds mix the models: [`crate::DPsgd::check_setup`].
+    fn check(&self, run: &crate::algorithm::RunSetup<'_>) -> Result<(), crate::BuildError> {
+        crate::DPsgd::check_setup(run)
+    }
     fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
         let (h, lr, outer) = (ctx.options.local_steps(self), ctx.lr, ctx.options.outer());
         let compressor = ctx.compressor(self)?;

@@ -26,7 +26,7 @@
 
 use crate::algorithm::{
     Algorithm, BuildContext, Capabilities, Compresses, Departures, GraphNeeds, Pattern,
-    ProtocolOption, Resume,
+    ProtocolOption, Resume, RunSetup,
 };
 use crate::BuildError;
 use murmur_compress::CompressorSpec;
@@ -478,6 +478,9 @@ impl Algorithm for DPsgdAlgorithm {
     fn capabilities(&self) -> &'static Capabilities {
         &CAPABILITIES
     }
+    fn check(&self, run: &RunSetup<'_>) -> Result<(), BuildError> {
+        DPsgd::check_setup(run)
+    }
     fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
         let (compressor, lr) = (ctx.compressor(self)?, ctx.lr);
         Ok(Box::new(DPsgd::from_context(ctx, lr, compressor)?))
@@ -485,23 +488,44 @@ impl Algorithm for DPsgdAlgorithm {
 }
 
 impl DPsgd {
+    /// What a run must satisfy for D-PSGD's rounds (`dpsgd`, and the D-PSGD mixing inside
+    /// `local-sgd` and `diloco-gossip`): the skip straggler policy needs an undirected graph
+    /// (D-PSGD's skip notice goes back along the edge it drops), and `--robust` does not
+    /// combine with it (a dropped edge's correction would bypass the clip). Each of those
+    /// algorithms' [`Algorithm::check`] is this, so `launch` refuses before any peer starts.
+    ///
+    /// # Errors
+    /// [`BuildError::Topology`] or [`BuildError::Options`], naming the flag.
+    pub fn check_setup(run: &RunSetup<'_>) -> Result<(), BuildError> {
+        if !run.skip_policy {
+            return Ok(());
+        }
+        if let Some(topo) = run.topology.filter(|t| !t.w.graph().is_symmetric()) {
+            return Err(BuildError::Topology(format!(
+                "--straggler-policy skip needs an undirected topology; {} is directed",
+                topo.name
+            )));
+        }
+        if run.options.robust.is_some() {
+            return Err(BuildError::Options(
+                "--robust clips the neighbours a round has heard; it does not combine with \
+                 --straggler-policy skip (a dropped edge's correction would bypass the clip)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// A D-PSGD peer for `ctx` with step size `lr` (0: mixing only, as inside local SGD).
     ///
     /// # Errors
-    /// [`BuildError::Topology`] for the skip straggler policy on a directed graph: D-PSGD's
-    /// skip notice goes back along the edge it drops; [`BuildError::Options`] for `--robust`
-    /// with the skip policy.
+    /// As [`DPsgd::check_setup`].
     pub fn from_context(
         ctx: BuildContext<'_>,
         lr: f32,
         compressor: Box<dyn Compressor>,
     ) -> Result<DPsgd, BuildError> {
-        if ctx.skip_after.is_some() && !ctx.topology.w.graph().is_symmetric() {
-            return Err(BuildError::Topology(format!(
-                "--straggler-policy skip needs an undirected topology; {} is directed",
-                ctx.topology.name
-            )));
-        }
+        Self::check_setup(&ctx.setup())?;
         let mut cfg = DPsgdConfig::from_matrix(&ctx.topology.w, ctx.rank, lr, ctx.dim());
         cfg.round_timeout = ctx.round_timeout;
         cfg.max_payload_bytes = ctx.max_payload_bytes;
@@ -510,13 +534,6 @@ impl DPsgd {
         cfg.auto_deadline = ctx.auto_deadline;
         cfg.in_place = ctx.in_place;
         cfg.robust = ctx.options.robust;
-        if cfg.robust.is_some() && ctx.skip_after.is_some() {
-            return Err(BuildError::Options(
-                "--robust clips the neighbours a round has heard; it does not combine with \
-                 --straggler-policy skip (a dropped edge's correction would bypass the clip)"
-                    .into(),
-            ));
-        }
         Ok(DPsgd::with_compressor(cfg, ctx.x0, compressor))
     }
 }

@@ -165,6 +165,10 @@ impl Algorithm for LocalSgdAlgorithm {
     fn capabilities(&self) -> &'static Capabilities {
         &CAPABILITIES
     }
+    /// D-PSGD's rounds mix the models: [`crate::DPsgd::check_setup`].
+    fn check(&self, run: &crate::algorithm::RunSetup<'_>) -> Result<(), crate::BuildError> {
+        crate::DPsgd::check_setup(run)
+    }
     fn build(&self, ctx: crate::BuildContext<'_>) -> Result<Box<dyn Gossip>, crate::BuildError> {
         let (h, lr, compressor) = (ctx.options.local_steps(self), ctx.lr, ctx.compressor(self)?);
         // The inner gossip only mixes (η = 0); the wrapper takes the local steps.

@@ -29,7 +29,7 @@ fn parse(args: &[&str]) -> anyhow::Result<RunArgs> {
 #[test]
 fn the_run_written_as_a_config_reads_back_as_the_same_run() {
     let dir = tempfile::tempdir().unwrap();
-    let runs: [&[&str]; 6] = [
+    let runs: [&[&str]; 7] = [
         &["murmur", "launch"],
         &[
             "murmur",
@@ -70,8 +70,9 @@ fn the_run_written_as_a_config_reads_back_as_the_same_run() {
             "launch",
             "--straggler-policy=skip",
             "--straggler-deadline-ms=auto",
-            "--robust=clip:auto:2",
         ],
+        // --robust does not combine with skipping (refused before any peer starts).
+        &["murmur", "launch", "--robust=clip:auto:2"],
         &[
             "murmur",
             "launch",
@@ -146,6 +147,32 @@ fn bad_run_configs_are_clear_errors() {
             Err(e) => format!("{e:#}"),
         };
         assert!(err.contains(expect), "{file}: {err}");
+    }
+    // What the algorithms ask of a run is checked before any peer starts (the registry's
+    // check_run): --robust with skipping, a compressor where none applies.
+    for (argv, expect) in [
+        (
+            &[
+                "murmur",
+                "launch",
+                "--straggler-policy=skip",
+                "--straggler-deadline-ms=5",
+                "--robust=clip",
+            ][..],
+            "--robust",
+        ),
+        (
+            &[
+                "murmur",
+                "launch",
+                "--algorithm=local-auto",
+                "--compressor=topk:0.1",
+            ][..],
+            "sends raw f32",
+        ),
+    ] {
+        let err = format!("{:#}", parse(argv).unwrap_err());
+        assert!(err.contains(expect), "{argv:?}: {err}");
     }
     let missing = parse(&["murmur", "launch", "--config", "/nonexistent/run.toml"]);
     assert!(format!("{:#}", missing.unwrap_err()).contains("cannot read run config"));
