@@ -33,8 +33,8 @@ pub trait Algorithm: Sync {
     /// What it needs and what it can do.
     fn capabilities(&self) -> &'static Capabilities;
 
-    /// Its own checks of a run's setup, beyond what [`check_run`] derives from its
-    /// [`Capabilities`] (e.g. which compressors it can use). Called by [`check_run`], so by
+    /// Its own checks of a run's setup, beyond what [`crate::registry::check_run`] derives from its
+    /// [`Capabilities`] (e.g. which compressors it can use). Called by [`crate::registry::check_run`], so by
     /// the node before any peer starts, and by `build`.
     ///
     /// # Errors

@@ -365,7 +365,7 @@ pub struct GossipStats {
 }
 
 /// What one link of a peer measured and chose, for algorithms that choose per link
-/// ([`ChocoAuto`]: the compressor; [`local_auto::AsyncLinks`]: the period).
+/// ([`ChocoAuto`]: the compressor; [`algorithms::local_auto::AsyncLinks`]: the period).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LinkChoice {
     /// The neighbour j.
@@ -546,7 +546,7 @@ pub trait Gossip: Send {
     }
 
     /// Per link, the measured bandwidth and what was chosen ([`ChocoAuto`]: the operator,
-    /// [`local_auto::AsyncLinks`]: the period); empty for algorithms that treat every link alike (the
+    /// [`algorithms::local_auto::AsyncLinks`]: the period); empty for algorithms that treat every link alike (the
     /// default).
     fn link_choices(&self) -> Vec<LinkChoice> {
         Vec::new()

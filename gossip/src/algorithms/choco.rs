@@ -482,7 +482,7 @@ impl Gossip for Choco {
     /// Starts round t from `x` = x_i^(t) and the gradient g_i (none: CHOCO-Gossip).
     ///
     /// If x^(t+½) − x̂_i has a non-finite coordinate (the run has diverged; the message
-    /// would be refused by every neighbour), [`GossipEvent::Diverged`] is reported and the
+    /// would be refused by every neighbour), [`crate::GossipEvent::Diverged`] is reported and the
     /// round never completes.
     ///
     /// # Panics

@@ -547,7 +547,7 @@ impl Gossip for DiLoCo {
     /// Moves to inner step `round`; the inner algorithm to its outer step ⌊round / H⌋. An
     /// inner algorithm that cannot start mid-run (ring all-reduce) counts its outer steps
     /// from 0 again: every peer of a resumed run does the same, so their frames agree (a
-    /// single peer cannot rejoin a running run: [`Resumable::WholeRun`]).
+    /// single peer cannot rejoin a running run: [`crate::Resumable::WholeRun`]).
     ///
     /// # Panics
     /// If a round is mixing (a driver bug).

@@ -61,7 +61,7 @@
 //! is in the air (τ ≥ 1) therefore resumes by running that sync's all-reduce again from the
 //! same values, residual and seed; every peer of the run does the same, and the resumed
 //! run continues bit for bit (test `a_run_resumed_mid_sync_continues_bit_for_bit`). Only the
-//! whole run resumes ([`Resumable::WholeRun`]).
+//! whole run resumes ([`crate::Resumable::WholeRun`]).
 //!
 //! **Drivers.** [`crate::NetSim`] delivers the ring's frames as they arrive (a
 //! communication thread); a network peer learns from

@@ -6,14 +6,14 @@
 //! * [`choco_diverged`]: CHOCO-SGD's divergence event, for `choco` and `choco-auto`;
 //! * [`not_finite`]: the first coordinate of a vector that is not finite, for the
 //!   divergence checks that end a run with [`crate::GossipEvent::Diverged`];
-//! * [`exchange`]: the W-weighted exchange of one round (who sends, who is awaited,
+//! * `exchange`: the W-weighted exchange of one round (who sends, who is awaited,
 //!   early and late frames, the straggler policy) under D-PSGD, CHOCO-SGD and their kin;
-//! * [`reweight`]: W re-weighted around departed peers;
+//! * `reweight`: W re-weighted around departed peers;
 //! * [`robust`]: Byzantine-robust mixing by clipping (ClippedGossip);
 //! * [`link_meter`]: per-link bandwidth measurement for the per-link algorithms;
 //! * [`pseudo_gradient`]: DiLoCo's outer step and the compressors its pseudo-gradients take;
 //! * [`forward`]: the `Gossip` methods a wrapping algorithm passes on, written once;
-//! * [`outer_round`]: the outer-round bookkeeping of algorithms that wrap another
+//! * `outer_round`: the outer-round bookkeeping of algorithms that wrap another
 //!   (local SGD, DiLoCo, phase schedules).
 
 pub(crate) mod exchange;
