@@ -82,14 +82,11 @@ pub fn check_run(algorithms: &[AlgorithmSpec], run: &RunSetup<'_>) -> Result<(),
         }
         (opt.check)(o).map_err(|e| BuildError::Options(format!("{} {e}", opt.flag)))?;
     }
-    // The algorithms' own checks first: they say best why a compressor does not apply
-    // (choco-auto chooses its own).
-    for a in algorithms {
-        a.check(run)?;
-    }
     if let Some(c) = &o.compressor {
-        let takes = |a: &AlgorithmSpec| a.capabilities().compresses.takes_compressor();
-        if !algorithms.iter().any(takes) && *c != CompressorSpec::Identity {
+        // Refused here only where nothing of the run compresses; an algorithm that chooses
+        // its own compressor (choco-auto) refuses it in its own check, saying why.
+        let raw = |a: &AlgorithmSpec| a.capabilities().compresses == Compresses::Nothing;
+        if algorithms.iter().all(raw) && *c != CompressorSpec::Identity {
             let run: Vec<String> = algorithms.iter().map(|a| a.to_string()).collect();
             return Err(BuildError::Options(format!(
                 "--compressor {c}: {} sends raw f32 (no compressor applies); compression \
@@ -112,6 +109,9 @@ pub fn check_run(algorithms: &[AlgorithmSpec], run: &RunSetup<'_>) -> Result<(),
     }
     if let Some(topo) = run.topology {
         check_topology(algorithms, topo)?;
+    }
+    for a in algorithms {
+        a.check(run)?;
     }
     Ok(())
 }

@@ -512,6 +512,8 @@ static CAPABILITIES: Capabilities = Capabilities {
     local_steps: None,
     default_tau: 0,
     compresses: Compresses::PerLink,
+    // Not used to compress (each link's is chosen): it sets the default γ of a compressing
+    // CHOCO (0.1).
     default_compressor: CompressorSpec::TopK {
         ratio: 0.01,
         layerwise: false,
