@@ -20,9 +20,9 @@ use serde::Serialize;
 
 use murmur_topology::TopologySpec;
 
+use crate::chart::{Chart, Series, SeriesLabelPosition, Stroke};
 use crate::runner::{Ctx, Job};
 use crate::table::{markdown, write_checked_csv, Table};
-use murmur::report::chart::{Chart, Series, SeriesLabelPosition, Stroke};
 
 /// The consensus error the tables and the choice of γ measure to.
 const TARGET: f64 = 1e-3;
@@ -295,13 +295,16 @@ impl Spectra {
     }
 }
 
+/// The curves read back, each with its setting's index, and the ids of the failed runs.
+type Curves = (Vec<(usize, Curve)>, Vec<String>);
+
 /// The curve of each run that succeeded; failed CHOCO runs (a γ too large for the
 /// compressor) are listed, not drawn; a failed exact run is the error.
 fn read_curves(
     settings: &[Setting],
     results: &[anyhow::Result<String>],
     runs: &Path,
-) -> anyhow::Result<(Vec<(usize, Curve)>, Vec<String>)> {
+) -> anyhow::Result<Curves> {
     let mut curves: Vec<(usize, Curve)> = Vec::new();
     let mut failed = Vec::new();
     for (i, (s, r)) in settings.iter().zip(results).enumerate() {

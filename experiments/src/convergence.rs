@@ -18,9 +18,9 @@ use std::path::Path;
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::chart::{Chart, Series, SeriesLabelPosition};
 use crate::runner::{json_f64, parse_json, Ctx, Job};
 use crate::table::{markdown, mean_sd, write_checked_csv, Table};
-use murmur::report::chart::{Chart, Series, SeriesLabelPosition};
 
 /// (config file stem, label), in plot order.
 const ALGORITHMS: [(&str, &str); 8] = [

@@ -22,9 +22,9 @@ use std::path::Path;
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::chart::{Chart, Series, SeriesLabelPosition, Stroke};
 use crate::runner::{json_f64, parse_json, Ctx, Job};
 use crate::table::{markdown, write_checked_csv, Table};
-use murmur::report::chart::{Chart, Series, SeriesLabelPosition, Stroke};
 
 /// (id, label, the run's own arguments), in plot order.
 const RUNS: [(&str, &str, &[&str]); 12] = [

@@ -20,9 +20,9 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::chart::{Chart, Series, SeriesLabelPosition, Stroke};
 use crate::runner::{json_f64, parse_json, Ctx};
 use crate::table::{markdown, write_checked_csv};
-use murmur::report::chart::{Chart, Series, SeriesLabelPosition, Stroke};
 
 /// Peers, the killed one, and the seconds of silence after which a peer counts as gone.
 const PEERS: usize = 8;

@@ -2,9 +2,15 @@
 //!
 //! Each driver runs the `murmur` binary (the simulator, `murmur launch`, `murmur bench`) or
 //! the topology library, gathers the runs into one CSV per experiment, draws the plots
-//! (PNG and SVG, [`murmur::report::chart`]) and checks what it wrote ([`table::write_checked_csv`], [`murmur::report::chart::Chart::save`]): every plot
+//! (PNG and SVG, [`crate::chart`]) and checks what it wrote ([`table::write_checked_csv`], [`crate::chart::Chart::save`]): every plot
 //! file present, every CSV with its expected columns and finite values.
 
+// The charts of the run folders, the same file as `murmur`'s (one look for every plot),
+// compiled here on its own so that drawing a line needs neither Burn nor libp2p.
+// (`allow`: some of its items are for murmur's own plots only.)
+#[path = "../../node/src/report/chart.rs"]
+#[allow(dead_code)]
+mod chart;
 mod consensus;
 mod convergence;
 mod diloco;
@@ -80,7 +86,7 @@ enum Experiment {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    murmur::report::chart::init_fonts()?;
+    crate::chart::init_fonts()?;
     let murmur = match cli.murmur {
         Some(p) => p,
         None => std::env::current_exe()

@@ -10,9 +10,9 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::chart::{Chart, Series, SeriesLabelPosition, Stroke};
 use crate::runner::{Ctx, Job};
 use crate::table::{markdown, write_checked_csv, Table};
-use murmur::report::chart::{Chart, Series, SeriesLabelPosition, Stroke};
 
 const TOPOLOGIES: [&str; 3] = ["ring", "torus", "exponential"];
 const ATTACKS: [&str; 3] = ["signflip", "alie", "noise"];

@@ -9,9 +9,9 @@ use std::path::Path;
 use anyhow::anyhow;
 use serde::Serialize;
 
+use crate::chart::{Chart, Series, SeriesLabelPosition, Stroke};
 use crate::runner::{json_f64, parse_json, Ctx, Job};
 use crate::table::{markdown, write_checked_csv, Table};
-use murmur::report::chart::{Chart, Series, SeriesLabelPosition, Stroke};
 
 /// (label, murmur arguments) of the simulated algorithms.
 const SIM_ALGORITHMS: [(&str, &[&str]); 4] = [

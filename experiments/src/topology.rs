@@ -10,9 +10,9 @@ use serde::Serialize;
 
 use murmur_topology::{Topology, TopologySpec};
 
+use crate::chart::{Chart, Series, SeriesLabelPosition};
 use crate::runner::Ctx;
 use crate::table::{markdown, write_checked_csv};
-use murmur::report::chart::{Chart, Series, SeriesLabelPosition};
 
 /// The families, in plot order.
 const FAMILIES: [&str; 7] = [

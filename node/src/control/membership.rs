@@ -4,8 +4,8 @@
 //!
 //! [`Membership`] decides; it sends nothing, opens and closes no connection, reads no clock
 //! (the time of an event comes in as [`Now`]) and logs nothing. Its answers say what the
-//! driver (`peer::membership_effects`) must do: re-weight and tell the algorithm, drop or open
-//! links, flood a notice ([`Flood`]), record a [`MembershipEvent`], or count a refused
+//! peer's core (`peer::core`, which turns them into actions for its shell) must do:
+//! re-weight and tell the algorithm, drop or open links, flood a notice ([`Flood`]), record a [`MembershipEvent`], or count a refused
 //! frame ([`Refusal`]). The notices' wire format is in [`codec`] (re-exported here).
 
 pub mod codec;

@@ -9,20 +9,19 @@
 mod address;
 pub mod algo;
 pub mod checkpoint;
+mod core;
 mod driver;
 mod links;
-mod membership_effects;
 mod plan;
-mod policy;
 mod run;
 
 use crate::report::collector::{evaluate_epoch, summary, write_summary, Collector};
 use crate::report::frames::*;
-use driver::{Driver, Welcome};
+use driver::Driver;
 use plan::{plan, Start};
 use run::run_on;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -31,12 +30,7 @@ use anyhow::{anyhow, bail, Context};
 use burn::tensor::backend::AutodiffBackend;
 use bytes::Bytes;
 use clap::Args;
-use murmur_compress::Compressor;
-use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
-use murmur_gossip::{consensus_distance, Gossip, GossipEvent, Rank, Resumable};
-use murmur_topology::MixingMatrix;
-use rand::rngs::StdRng;
-use rand::SeedableRng;
+use murmur_gossip::{Rank, Resumable};
 use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn};
 

@@ -125,7 +125,7 @@ pub(super) fn run_on<B: AutodiffBackend>(
         times: Times::default(),
         started: Instant::now(),
     };
-    training.drv.started = training.started;
+    training.drv.core.started = training.started;
     if rank == 0 {
         println!("{}", report::table_header());
     }
@@ -139,7 +139,7 @@ pub(super) fn run_on<B: AutodiffBackend>(
     if let Some(r) = last_report {
         info!(
             accuracy = r.test_accuracy,
-            refused_frames = training.drv.refused_frames,
+            refused_frames = training.drv.core.refused_frames,
             "peer finished"
         );
     }
@@ -451,14 +451,20 @@ fn wire<B: AutodiffBackend>(
         &incoming,
         peer.resume || peer.join_running,
     ))?;
-    let mut drv = Driver {
+    let setup = super::core::CoreSetup {
         rank,
+        w: topo.w.clone(),
+        algorithm: args.algorithm_name(),
+        peer_ids,
+        linked: links.keys().copied().collect(),
+        expected_in: expected_in.into_iter().collect(),
+        admit_signer: (rank == 0).then_some(key),
+    };
+    let mut drv = Driver {
         rt,
         events,
-        goodbyes: super::policy::Goodbyes::new(links.keys().copied(), expected_in),
         links,
-        gossip,
-        refused_frames: 0,
+        core: super::core::PeerCore::new(gossip, setup, Instant::now()),
         collector: (rank == 0).then(|| {
             Collector::new(
                 n,
@@ -469,25 +475,16 @@ fn wire<B: AutodiffBackend>(
                 args.train.model,
             )
         }),
-        w: topo.w.clone(),
-        algorithm: args.algorithm_name(),
-        membership: crate::control::membership::Membership::new(rank, n),
-        epoch: 0,
-        started: Instant::now(),
         plane,
         relay,
-        peer_ids,
         admitted,
-        welcomes: BTreeMap::new(),
-        first_frames: None,
         settle: (rank == 0).then_some(settle),
-        admit_signer: (rank == 0).then_some(key),
-        settling: Vec::new(),
     };
     // Every peer mixes without the empty ranks of an elastic run (a peer joining the run
     // under way learns the other departed peers from its neighbours' welcomes), and knows
     // them as empty, so that it admits a new peer taking one.
-    drv.start_without(&empty)?;
+    let actions = drv.core.start_without(&empty)?;
+    drv.execute(actions)?;
     Ok((drv, unreachable))
 }
 
@@ -528,8 +525,8 @@ fn enter<B: AutodiffBackend>(
         *x = c.x;
         optimizer.restore(c.velocity)?;
         restore(net, x, &c.model_state)?;
-        drv.gossip.start_at_round(round)?;
-        drv.gossip.restore_state(&c.state).with_context(|| {
+        drv.core.gossip.start_at_round(round)?;
+        drv.core.gossip.restore_state(&c.state).with_context(|| {
             format!(
                 "--resume: the checkpoint of round {round} does not fit {}",
                 args.algorithm_name()
@@ -612,9 +609,9 @@ impl<B: AutodiffBackend> Training<'_, B> {
             0 => 0,
             e => (e * r).saturating_sub(self.first_round.max((e - 1) * r)),
         };
-        self.drv.epoch = epoch;
+        self.drv.core.epoch = epoch;
         // Compressor schedules (DGC's warm-up) count training epochs from 0.
-        self.drv.gossip.set_epoch(epoch.saturating_sub(1));
+        self.drv.core.gossip.set_epoch(epoch.saturating_sub(1));
         for _ in 0..rounds {
             self.round().with_context(|| format!("epoch {epoch}"))?;
         }
@@ -630,7 +627,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
             peer: self.rank,
             epoch,
             phase: self.args.algorithm_at(epoch).to_string(),
-            rounds: self.drv.gossip.round(),
+            rounds: self.drv.core.gossip.round(),
             train_loss,
             test_accuracy,
             test_loss,
@@ -644,7 +641,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
         );
         // Algorithms that choose per link (choco-auto, local-auto): what each link measured and
         // chose.
-        for l in self.drv.gossip.link_choices() {
+        for l in self.drv.core.gossip.link_choices() {
             let bandwidth = l
                 .bytes_per_sec
                 .map_or("unmeasured".to_string(), |b| format!("{:.2} MB/s", b / 1e6));
@@ -669,7 +666,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
     /// This peer's running totals: this process's counters on top of those carried over
     /// from the checkpoint it resumed from.
     fn totals(&self) -> PeerTotals {
-        let stats = self.drv.gossip.stats();
+        let stats = self.drv.core.gossip.stats();
         let this_process = PeerTotals {
             bytes_sent: stats.bytes_sent,
             bytes_received: stats.bytes_received,
@@ -677,7 +674,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
             communicate_seconds: self.times.communicate,
             wait_seconds: self.times.wait,
             wall_seconds: self.started.elapsed().as_secs_f64(),
-            refused_frames: self.drv.refused_frames,
+            refused_frames: self.drv.core.refused_frames,
             skipped: stats.skipped,
         };
         this_process + self.carried
@@ -691,7 +688,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
         // algorithms send x_t before its gradient is known, overlapping the two.
         let t0 = Instant::now();
         let mut protocol = Round::start(
-            &mut *self.drv.gossip,
+            &mut *self.drv.core.gossip,
             Instant::now(),
             &self.x,
             !args.gossip.no_overlap,
@@ -705,7 +702,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
         }
         // The optimizer's direction (heavy ball: v ← μ v + g); D-PSGD then applies
         // x ← Σ W x − η v.
-        if self.drv.gossip.communicates_in_background() {
+        if self.drv.core.gossip.communicates_in_background() {
             // Streaming DiLoCo's fragment syncs run between rounds: serve their frames
             // while the gradient is computed on another thread.
             let (learner, net, x, device, drv) = (
@@ -731,18 +728,18 @@ impl<B: AutodiffBackend> Training<'_, B> {
         let t1 = Instant::now();
         self.times.compute += (t1 - t0).as_secs_f64();
         let direction = Some(self.learner.direction());
-        let began_now = protocol.computed(&mut *self.drv.gossip, t1, &self.x, direction);
+        let began_now = protocol.computed(&mut *self.drv.core.gossip, t1, &self.x, direction);
         if began_now {
             self.drv.transmit()?;
         }
         self.drv.wait_mixed()?;
-        protocol.finish(&mut *self.drv.gossip, direction);
+        protocol.finish(&mut *self.drv.core.gossip, direction);
         let comm_start = if began_now { t1 } else { t0 };
         self.times.communicate += comm_start.elapsed().as_secs_f64();
         self.times.wait += t1.elapsed().as_secs_f64();
-        self.x.copy_from_slice(self.drv.gossip.params());
+        self.x.copy_from_slice(self.drv.core.gossip.params());
         self.net = model::unflatten(self.net.clone(), &self.x)?;
-        let round = self.drv.gossip.round();
+        let round = self.drv.core.gossip.round();
         if args.checkpoint_every > 0 && round.is_multiple_of(args.checkpoint_every) {
             self.checkpoint(round)?;
         }
@@ -769,12 +766,19 @@ impl<B: AutodiffBackend> Training<'_, B> {
                 rank: self.rank,
                 round,
                 fingerprint: self.fingerprint.clone(),
-                departed: self.drv.membership.departed().keys().copied().collect(),
+                departed: self
+                    .drv
+                    .core
+                    .membership
+                    .departed()
+                    .keys()
+                    .copied()
+                    .collect(),
                 totals: Some(self.totals()),
             },
             x: self.x.clone(),
             velocity: self.learner.optimizer().state(),
-            state: self.drv.gossip.state(),
+            state: self.drv.core.gossip.state(),
             model_state,
         }
         .save(&self.checkpoint_path)

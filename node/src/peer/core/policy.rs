@@ -1,7 +1,5 @@
-//! The peer's policy, the first pieces of its sans-I/O core: decisions of the driver that need no
-//! socket, no clock and no runtime, written as pure values and functions and unit-tested,
-//! as quinn-proto's `Connection` decides and quinn's driver only moves bytes. The driver
-//! (`peer/driver.rs`) keeps the links, the runtime and the logging, and asks these.
+//! The core's smallest decisions, as pure values and functions (no state machine, no
+//! clock), unit-tested on their own; [`super::PeerCore`] asks them.
 //!
 //! - [`Goodbyes`]: who owes whom the counted goodbye that ends a run without losing frames,
 //!   hence whether a lost connection matters and when a peer may exit;

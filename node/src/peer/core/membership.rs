@@ -1,27 +1,48 @@
-//! Membership on the driver: carries out what the membership state machine
+//! Membership in the core: turns what the membership state machine
 //! ([`crate::control::membership`]) decides about departures, a restarted peer's hello and
-//! rejoin, and the admission of a new peer into a running run — re-weighting and telling
-//! the algorithm, sending, linking, dropping links, logging and recording.
+//! rejoin, and the admission of a new peer into a running run into the algorithm's
+//! re-weighting and [`Action`]s (send, link, drop links, admit, record), with the log lines.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail};
+use bytes::Bytes;
+use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
+use murmur_gossip::{consensus_distance, Rank};
+use murmur_topology::MixingMatrix;
+use tracing::{info, warn};
+
+use super::{Action, PeerCore};
+use crate::control::discovery::PeerInfo;
 use crate::control::membership::{
-    encode_hello, surviving, Admission, Departure, Membership, MembershipError, Now, Refusal,
-    RejoinError, Restart, Verdict,
+    encode_hello, surviving, Admission, Departure, Flood, Membership, MembershipError, Refusal,
+    RejoinError, Restart, Verdict, Welcome,
 };
+use crate::report::frames::{decode_with_params, encode_with_params};
 
-impl Driver {
-    /// The time of an event for the state machine.
-    fn now(&self) -> Now {
-        Now {
-            round: self.gossip.round(),
-            epoch: self.epoch,
-            wall_seconds: self.started.elapsed().as_secs_f64(),
-        }
+/// A restarted peer's agreed way back, from [`PeerCore::plan_rejoin`].
+#[derive(Debug)]
+pub(crate) struct Rejoining {
+    /// The round it mixes again from.
+    pub(crate) at: u64,
+    /// The mean x (`[d]`) of the in-neighbours that welcomed it: its new parameters.
+    pub(crate) mean: Vec<f32>,
+}
+
+/// `flood` as a broadcast.
+fn broadcast(flood: Flood) -> Action {
+    Action::Broadcast {
+        frame: Bytes::from(flood.frame),
+        except: flood.except,
     }
+}
 
+impl PeerCore {
     /// Counts and logs a refused membership frame from `from`.
-    fn refuse(&mut self, from: Rank, refusal: Refusal) {
-        self.refused_frames += 1;
+    fn refuse_membership(&mut self, from: Rank, refusal: Refusal) {
+        self.refuse();
         match refusal {
             Refusal::Unsigned { rank } | Refusal::NotEmpty { rank } => {
                 warn!(from, rank, "{refusal}")
@@ -30,28 +51,27 @@ impl Driver {
         }
     }
 
-    /// Peer `gone` left the run (`reason`, noticed by peer `noticed_by`): re-weights W
-    /// without the departed peers (Metropolis–Hastings on the surviving graph), tells the
-    /// algorithm, stops sending to and waiting for `gone`, and passes the news on to every
-    /// peer this one has a link to, so that every survivor uses the same W'. Known
-    /// departures are ignored.
+    /// Peer `gone` left the run (`reason`, noticed by peer `noticed_by` in its round
+    /// `noticed_round`): see [`PeerCore::departure`]. Known departures are ignored.
     ///
     /// # Errors
     /// `gone` is peer 0 (the metrics collector), W' cannot be formed (a directed topology)
     /// or the algorithm cannot continue without a peer.
     pub(super) fn on_departure(
         &mut self,
+        now: Instant,
         gone: Rank,
         reason: String,
         noticed_by: Rank,
         noticed_round: u64,
+        out: &mut Vec<Action>,
     ) -> anyhow::Result<()> {
-        let now = self.now();
+        let now = self.now(now);
         let departure =
             self.membership
                 .depart(gone, reason, noticed_by, noticed_round, false, now)?;
         match departure {
-            Some(d) => self.departure(d),
+            Some(d) => self.departure(d, out),
             None => Ok(()),
         }
     }
@@ -59,28 +79,33 @@ impl Driver {
     /// A `Leave` frame of round `noticed_round` from `from` (its `payload`).
     pub(super) fn on_leave_frame(
         &mut self,
+        now: Instant,
         from: Rank,
         noticed_round: u64,
         payload: &[u8],
+        out: &mut Vec<Action>,
     ) -> anyhow::Result<()> {
-        let now = self.now();
+        let now = self.now(now);
         match self
             .membership
             .on_leave(from, noticed_round, payload, now)?
         {
-            Verdict::Accept(d) => self.departure(d),
+            Verdict::Accept(d) => self.departure(d, out),
             Verdict::Ignore => Ok(()),
             Verdict::Refuse(r) => {
-                self.refuse(from, r);
+                self.refuse_membership(from, r);
                 Ok(())
             }
         }
     }
 
-    /// Carries out a departure the state machine recorded (see [`Driver::on_departure`]);
-    /// with `keep_newest`, it was noticed through the hello of the peer's new process,
-    /// whose connection (the newest from it) stays open.
-    fn departure(&mut self, d: Departure) -> anyhow::Result<()> {
+    /// Carries out a departure the state machine recorded: re-weights W without the
+    /// departed peers (Metropolis–Hastings on the surviving graph), tells the algorithm,
+    /// stops sending to and waiting for the peer, and passes the news on to every peer this
+    /// one has a link to, so that every survivor uses the same W'. With `keep_newest`, it
+    /// was noticed through the hello of the peer's new process, whose connection (the
+    /// newest from it) stays open.
+    fn departure(&mut self, d: Departure, out: &mut Vec<Action>) -> anyhow::Result<()> {
         let Departure {
             gone,
             reason,
@@ -112,12 +137,22 @@ impl Driver {
                     self.algorithm
                 )
             })?;
-        self.drop_links(gone, keep_newest);
-        self.broadcast(&flood.frame, &flood.except);
-        if let Some(c) = self.collector.as_mut() {
-            c.membership(record, None)?;
-        }
+        self.drop_links(gone, keep_newest, out);
+        out.push(broadcast(flood));
+        self.record(record, None, out);
         Ok(())
+    }
+
+    /// Peer 0 records a line of `membership.jsonl`.
+    fn record(
+        &self,
+        event: crate::report::MembershipEvent,
+        at: Option<u64>,
+        out: &mut Vec<Action>,
+    ) {
+        if self.collects {
+            out.push(Action::Record { event, at });
+        }
     }
 
     /// The mixing matrix for the survivors once the peers in `gone` have left, and, if the
@@ -126,7 +161,7 @@ impl Driver {
     ///
     /// # Errors
     /// A re-weighting algorithm on a directed topology.
-    pub(super) fn surviving(
+    pub(crate) fn surviving(
         &self,
         gone: &[Rank],
     ) -> Result<(MixingMatrix, Option<String>), murmur_topology::TopologyError> {
@@ -134,29 +169,31 @@ impl Driver {
     }
 
     /// A restarted peer `from` says hello with its new data-plane address: if it was still
-    /// counted as a member it has left (its old process is gone); open a link to it and
-    /// answer with this peer's round, the departed peers and x.
-    pub(super) fn on_hello(&mut self, from: Rank, payload: &[u8]) -> anyhow::Result<()> {
-        let now = self.now();
+    /// counted as a member it has left (its old process is gone); open a link to it and,
+    /// once open, answer with this peer's round, the departed peers and x.
+    fn on_hello(
+        &mut self,
+        now: Instant,
+        from: Rank,
+        payload: &[u8],
+        out: &mut Vec<Action>,
+    ) -> anyhow::Result<()> {
+        let now = self.now(now);
         let hello = match self.membership.on_hello(from, payload, now)? {
             Verdict::Accept(h) => h,
             Verdict::Ignore => return Ok(()),
             Verdict::Refuse(r) => {
-                self.refuse(from, r);
+                self.refuse_membership(from, r);
                 return Ok(());
             }
         };
         // The old process's connections are closed; the hello came on the newest one.
         match hello.restart {
-            Restart::KnownDeparted => self.plane.forget(from, true),
-            Restart::Departed(d) => self.departure(*d)?,
+            Restart::KnownDeparted => out.push(Action::ForgetOldConnections { peer: from }),
+            Restart::Departed(d) => self.departure(*d, out)?,
             Restart::Unchanged => {}
         }
-        if !self.link_to(from, hello.addr) {
-            return Ok(());
-        }
-        let round = self.gossip.round();
-        let welcome = self.membership.welcome(from, round);
+        let welcome = self.membership.welcome(from, self.gossip.round());
         let frame = encode_with_params(
             FrameKind::Welcome,
             self.rank,
@@ -164,20 +201,34 @@ impl Driver {
             &welcome,
             self.gossip.params(),
         )?;
-        info!(from, round = welcome.round, "welcomed a restarted peer");
-        self.send_to(from, frame)
+        info!(from, round = welcome.round, "welcoming a restarted peer");
+        self.connect(from, hello.addr, Some(Bytes::from(frame)), out);
+        Ok(())
+    }
+
+    /// Asks the shell to open a link to `to` at `addr` (then to send `then` on it), if its
+    /// identity is known here.
+    fn connect(&self, to: Rank, addr: SocketAddr, then: Option<Bytes>, out: &mut Vec<Action>) {
+        match self.peer_ids[to] {
+            Some(id) => out.push(Action::Connect { to, addr, id, then }),
+            None => warn!(
+                to,
+                "cannot connect to peer {to}: its identity is not known here"
+            ),
+        }
     }
 
     /// The ranks of an elastic run that nobody has taken yet (`empty`) are out of the run
     /// from the start: the algorithm mixes without them, nothing is sent to or awaited from
     /// them, and peer 0 records them in `membership.jsonl` (event `empty`). They come in
-    /// later through [`Driver::on_admit`] and a rejoin.
+    /// later through an admission and a rejoin.
     ///
     /// # Errors
     /// The algorithm cannot go on without a peer, or W cannot be re-weighted.
-    pub(super) fn start_without(&mut self, empty: &[Rank]) -> anyhow::Result<()> {
+    pub(crate) fn start_without(&mut self, empty: &[Rank]) -> anyhow::Result<Vec<Action>> {
+        let mut out = Vec::new();
         if empty.is_empty() {
-            return Ok(());
+            return Ok(out);
         }
         let (w, split) = self.surviving(empty)?;
         if let Some(split) = split {
@@ -189,12 +240,10 @@ impl Driver {
                 .peer_left(g, &w)
                 .map_err(|e| anyhow!("{} cannot start without peer {g}: {e}", self.algorithm))?;
             self.goodbyes.not_expected(g);
-            if let Some(c) = self.collector.as_mut() {
-                c.membership(record, None)?;
-            }
+            self.record(record, None, &mut out);
         }
         info!(empty = ?empty, "elastic run: starting without the empty ranks");
-        Ok(())
+        Ok(out)
     }
 
     /// A new peer with identity `id` took the empty rank `rank` (told by peer `from`; by
@@ -209,6 +258,7 @@ impl Driver {
         id: libp2p::PeerId,
         signature: Vec<u8>,
         from: Rank,
+        out: &mut Vec<Action>,
     ) -> anyhow::Result<()> {
         let verdict = self.membership.admit(
             rank,
@@ -218,15 +268,7 @@ impl Driver {
             &self.peer_ids,
             self.admit_signer.as_ref(),
         );
-        self.admission(verdict, from)
-    }
-
-    /// An `Admit` frame from `from` (its `payload`): see [`Driver::on_admit`].
-    fn on_admit_frame(&mut self, from: Rank, payload: &[u8]) -> anyhow::Result<()> {
-        let verdict =
-            self.membership
-                .on_admit(from, payload, &self.peer_ids, self.admit_signer.as_ref());
-        self.admission(verdict, from)
+        self.admission(verdict, from, out)
     }
 
     /// Carries out the state machine's verdict on an admission told by `from`.
@@ -234,20 +276,21 @@ impl Driver {
         &mut self,
         verdict: Result<Verdict<Admission>, MembershipError>,
         from: Rank,
+        out: &mut Vec<Action>,
     ) -> anyhow::Result<()> {
         let admission = match verdict? {
             Verdict::Accept(a) => a,
             Verdict::Ignore => return Ok(()),
             Verdict::Refuse(r) => {
-                self.refuse(from, r);
+                self.refuse_membership(from, r);
                 return Ok(());
             }
         };
         let (rank, id) = (admission.rank, admission.id);
         info!(rank, %id, "a new peer takes rank {rank}");
         self.peer_ids[rank] = Some(id);
-        self.admitted.admit_all([(id, rank)]);
-        self.broadcast(&admission.flood.frame, &admission.flood.except);
+        out.push(Action::Admit { id, rank });
+        out.push(broadcast(admission.flood));
         Ok(())
     }
 
@@ -255,12 +298,18 @@ impl Driver {
     /// — re-weight with it, admit it if it is a neighbour (opening a link to its new address
     /// if this peer sends to it and its hello did not come here: a directed graph), and
     /// pass the news on. Handled once per (peer, round).
-    pub(super) fn on_rejoin(&mut self, from: Rank, payload: &[u8]) -> anyhow::Result<()> {
+    fn on_rejoin(
+        &mut self,
+        now: Instant,
+        from: Rank,
+        payload: &[u8],
+        out: &mut Vec<Action>,
+    ) -> anyhow::Result<()> {
         let notice = match self.membership.on_rejoin(from, payload) {
             Verdict::Accept(n) => n,
             Verdict::Ignore => return Ok(()),
             Verdict::Refuse(r) => {
-                self.refuse(from, r);
+                self.refuse_membership(from, r);
                 return Ok(());
             }
         };
@@ -275,84 +324,115 @@ impl Driver {
         }
         info!(back, at, "peer {back} rejoins the run from round {at}");
         let readmitted = self.membership.readmit(&notice);
-        if readmitted.new && self.settle.is_some() {
-            self.settling.push((back, at));
+        if readmitted.new {
+            if let Some(settling) = self.settling.as_mut() {
+                settling.push((back, at));
+            }
         }
         if readmitted.all_taken {
-            // Every rank is taken: a stranger is refused at once again.
-            self.admitted.set_open(false);
+            out.push(Action::CloseAdmission);
         }
-        if self.gossip.out_peers().contains(&back) && !self.links.contains_key(&back) {
-            self.link_to(back, notice.addr);
+        if self.gossip.out_peers().contains(&back) && !self.linked.contains(&back) {
+            self.connect(back, notice.addr, None, out);
         }
         if self.gossip.in_peers().contains(&back) || self.rank == 0 {
             self.goodbyes.expect(back);
         }
-        self.broadcast(&readmitted.flood.frame, &readmitted.flood.except);
-        if self.collector.is_some() {
-            let record = Membership::rejoin_record(back, at, readmitted.new, self.now());
-            if let Some(c) = self.collector.as_mut() {
-                c.membership(record, Some(at))?;
-            }
-        }
+        out.push(broadcast(readmitted.flood));
+        let record = Membership::rejoin_record(back, at, readmitted.new, self.now(now));
+        self.record(record, Some(at), out);
         Ok(())
     }
 
-    /// A restarted peer's way back into the run: hello to every peer it has a link to
-    /// (`me`: its new directory entry), their welcomes (round, departed peers, x), then the
-    /// round it mixes again from — the highest round heard plus [`REJOIN_MARGIN_ROUNDS`],
-    /// so that every neighbour learns it before beginning it — announced to all, and a wait
-    /// until every in-neighbour has sent its frame for that round. Destinations it could not
-    /// connect to (`unreachable`) must be among the departed peers of the welcomes.
-    /// Returns that round and the mean x of the in-neighbours that answered.
+    /// Handles a `Hello`, `Welcome`, `Admit` or `Rejoin` frame from `from`.
+    pub(super) fn on_membership_frame(
+        &mut self,
+        now: Instant,
+        from: Rank,
+        header: FrameHeader,
+        frame: &[u8],
+        out: &mut Vec<Action>,
+    ) -> anyhow::Result<()> {
+        let payload = &frame[FRAME_HEADER_LEN..];
+        match header.kind {
+            FrameKind::Hello => self.on_hello(now, from, payload, out),
+            FrameKind::Welcome if self.first_frames.is_none() => {
+                match decode_with_params::<Welcome>(payload, self.gossip.params().len()) {
+                    Ok(w) => {
+                        self.welcomes.insert(from, w);
+                    }
+                    Err(e) => {
+                        self.refuse();
+                        warn!(from, "dropped a malformed welcome: {e:#}");
+                    }
+                }
+                Ok(())
+            }
+            FrameKind::Admit => {
+                let verdict = self.membership.on_admit(
+                    from,
+                    payload,
+                    &self.peer_ids,
+                    self.admit_signer.as_ref(),
+                );
+                self.admission(verdict, from, out)
+            }
+            FrameKind::Rejoin => self.on_rejoin(now, from, payload, out),
+            other => {
+                self.refuse();
+                warn!(from, ?other, "dropped an unexpected frame");
+                Ok(())
+            }
+        }
+    }
+
+    /// A restarted peer's hello (`me`: its new directory entry), sent on every link it has.
+    pub(crate) fn hello(&self, me: &PeerInfo) -> anyhow::Result<Bytes> {
+        Ok(Bytes::from(encode_hello(self.rank, me)?))
+    }
+
+    /// Whether `peer` has answered this peer's hello.
+    pub(crate) fn welcomed_by(&self, peer: Rank) -> bool {
+        self.welcomes.contains_key(&peer)
+    }
+
+    /// A restarted peer, every welcome in: agrees the round it mixes again from (the
+    /// highest round heard plus `margin` rounds, so that every neighbour learns it before
+    /// beginning it), forgets the peers the welcomes name as departed, starts the algorithm
+    /// at that round and announces it to all (`my_addr`: its data-plane address). Returns
+    /// the round, the mean x of the in-neighbours that answered, and what to send and drop.
+    /// Wait then until [`PeerCore::ready_to_mix`].
     ///
     /// # Errors
-    /// No welcome within `timeout`, a peer unreachable that the run still counts, the run
-    /// ending before the agreed round (`total_rounds`), or no in-neighbour answering.
-    pub(super) fn rejoin(
+    /// A destination it could not connect to (`unreachable`, with why) that the run still
+    /// counts, the run ending before the agreed round (`total_rounds`), or no in-neighbour
+    /// answering.
+    pub(crate) fn plan_rejoin(
         &mut self,
-        me: &PeerInfo,
-        unreachable: BTreeMap<Rank, anyhow::Error>,
+        unreachable: &BTreeMap<Rank, anyhow::Error>,
         total_rounds: u64,
-        timeout: Duration,
-    ) -> anyhow::Result<(u64, Vec<f32>)> {
-        let hello = encode_hello(self.rank, me)?;
-        for &to in self.links.keys() {
-            self.send_to(to, hello.clone())?;
-        }
-        let deadline = Instant::now() + timeout;
-        loop {
-            let waiting: Vec<Rank> = self
-                .links
-                .keys()
-                .copied()
-                .filter(|r| !self.welcomes.contains_key(r))
-                .collect();
-            if waiting.is_empty() {
-                break;
-            }
-            if !self.next_event(deadline)? {
-                bail!("--resume: no answer from peers {waiting:?} within {timeout:?}");
-            }
-        }
+        margin: u64,
+        my_addr: SocketAddr,
+    ) -> anyhow::Result<(Rejoining, Vec<Action>)> {
         let plan = self.membership.plan_rejoin(
             &self.welcomes,
             unreachable.keys().copied(),
             total_rounds,
-            REJOIN_MARGIN_ROUNDS,
+            margin,
         );
         let plan = match plan {
             Ok(p) => p,
             Err(e @ RejoinError::Unreachable(r)) => bail!("{e}: {:#}", unreachable[&r]),
             Err(e) => return Err(e.into()),
         };
+        let mut out = Vec::new();
         let at = plan.at;
         let departed: &BTreeSet<Rank> = &plan.departed;
         // This peer's view of the membership: the departed peers are forgotten.
         let (survivors, _) = self.surviving(&departed.iter().copied().collect::<Vec<_>>())?;
         for &g in departed {
             self.gossip.peer_left(g, &survivors)?;
-            self.drop_links(g, false);
+            self.drop_links(g, false, &mut out);
             self.membership.gone_before_rejoin(g, at);
         }
         self.gossip.start_at_round(at)?;
@@ -374,60 +454,26 @@ impl Driver {
             bail!("--resume: none of the in-neighbours {in_peers:?} answered");
         }
         let (_, mean) = consensus_distance(xs.iter().copied());
-        let flood = self.membership.rejoining(at, me.data_addr);
+        let flood = self.membership.rejoining(at, my_addr);
         self.first_frames = Some((at, HashSet::new()));
-        self.broadcast(&flood.frame, &flood.except);
+        out.push(broadcast(flood));
         info!(at, neighbours = ?in_peers, "rejoining: mixing again from round {at}");
-        // Begin only when every in-neighbour of that round is at it: its frame for it is here.
-        let in_peers = self.gossip.in_peers_at(at);
-        loop {
-            let arrived = self
-                .first_frames
-                .as_ref()
-                .map(|(_, f)| f.clone())
-                .unwrap_or_default();
-            // Not waited for: a departed peer, or one that (re)joins after this round.
-            if self.membership.ready_to_mix(at, &in_peers, &arrived) {
-                break;
-            }
-            let deadline = Instant::now() + timeout;
-            if !self.next_event(deadline)? {
-                bail!("--resume: in-neighbours {in_peers:?} did not reach round {at} within {timeout:?}");
-            }
-        }
-        self.first_frames = None;
-        Ok((at, mean))
+        Ok((Rejoining { at, mean }, out))
     }
 
-    /// Handles a `Hello`, `Welcome`, `Admit` or `Rejoin` frame from `from`.
-    pub(super) fn on_membership_frame(
-        &mut self,
-        from: Rank,
-        header: FrameHeader,
-        frame: &[u8],
-    ) -> anyhow::Result<()> {
-        let payload = &frame[FRAME_HEADER_LEN..];
-        match header.kind {
-            FrameKind::Hello => self.on_hello(from, payload),
-            FrameKind::Welcome if self.first_frames.is_none() => {
-                match decode_with_params::<Welcome>(payload, self.gossip.params().len()) {
-                    Ok(w) => {
-                        self.welcomes.insert(from, w);
-                    }
-                    Err(e) => {
-                        self.refused_frames += 1;
-                        warn!(from, "dropped a malformed welcome: {e:#}");
-                    }
-                }
-                Ok(())
-            }
-            FrameKind::Admit => self.on_admit_frame(from, payload),
-            FrameKind::Rejoin => self.on_rejoin(from, payload),
-            other => {
-                self.refused_frames += 1;
-                warn!(from, ?other, "dropped an unexpected frame");
-                Ok(())
-            }
-        }
+    /// A rejoining peer: whether every in-neighbour of its first round is at it (its frame
+    /// for that round is here, or it left, or it (re)joins after that round). `true` once
+    /// not rejoining.
+    pub(crate) fn ready_to_mix(&self) -> bool {
+        let Some((at, arrived)) = &self.first_frames else {
+            return true;
+        };
+        let in_peers = self.gossip.in_peers_at(*at);
+        self.membership.ready_to_mix(*at, &in_peers, arrived)
+    }
+
+    /// The rejoin is over: welcomes are taken no more.
+    pub(crate) fn end_rejoin(&mut self) {
+        self.first_frames = None;
     }
 }

@@ -1,0 +1,421 @@
+//! The peer's sans-I/O core, as quinn-proto's `Connection` is to quinn's driver: it takes
+//! what happened ([`Input`]: a frame, a lost connection, a goodbye, a new peer, a failed
+//! send, an opened link) with the time it happened, decides, and returns what to do
+//! ([`Action`]: send, broadcast, connect, drop links, admit an identity, record). It owns
+//! the algorithm's state machine, the membership state machine, the goodbye bookkeeping
+//! and the refused-frame count; it has no socket, no runtime and no file. The shell
+//! ([`super::driver::Driver`]) owns those, carries the actions out, and feeds back what
+//! came of them.
+//!
+//! - [`policy`]: the pure decisions it asks ([`policy::Goodbyes`], [`policy::route`]);
+//! - `membership`: departures, a restarted peer's hello and rejoin, the admission of a new
+//!   peer ([`crate::control::membership`] decides; the core turns verdicts into actions).
+
+mod membership;
+pub(super) mod policy;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use murmur_compress::Compressor;
+use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
+use murmur_gossip::{Gossip, GossipEvent, Rank};
+use murmur_topology::MixingMatrix;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use tracing::{debug, warn};
+
+use crate::control::membership::{Membership, Now, Welcome};
+use crate::report::MembershipEvent;
+use policy::{Goodbyes, Route};
+
+/// Something that happened to this peer, fed to [`PeerCore::handle`].
+#[derive(Debug)]
+pub(crate) enum Input {
+    /// A complete frame (header and payload, `bytes`) from peer `from`; `transfer`: the
+    /// link's transfer time of it (QUIC only).
+    Frame {
+        from: Rank,
+        header: FrameHeader,
+        bytes: Bytes,
+        transfer: Option<Duration>,
+    },
+    /// Peer `from` said goodbye and all its frames were delivered.
+    Finished { from: Rank },
+    /// Our link to `to` was closed by its receiver after our goodbye.
+    LinkDone { to: Rank },
+    /// A connection to or from `peer` failed before the goodbye.
+    Lost { peer: Rank, reason: String },
+    /// The data plane refused a frame (it logged why).
+    Refused { peer: Option<Rank>, reason: String },
+    /// Peer 0's bootstrap admitted a new peer `peer_id` into the empty rank `rank`.
+    Joined { rank: Rank, peer_id: libp2p::PeerId },
+    /// A frame of [`Action::Send`] to `to` could not be sent: its link's task ended.
+    SendFailed { to: Rank, reason: String },
+    /// The link of [`Action::Connect`] to `to` is open.
+    Connected { to: Rank },
+}
+
+/// What the shell does for the core, in order.
+#[derive(Debug)]
+pub(crate) enum Action {
+    /// Send `frame` on the link to `to`; a failure comes back as [`Input::SendFailed`].
+    Send { to: Rank, frame: Bytes },
+    /// Send `frame` on every link except those to `except`, best effort (a failing link is
+    /// reported by the data plane on its own).
+    Broadcast { frame: Bytes, except: Vec<Rank> },
+    /// Open a link to `to` (identity `id`) at `addr`, direct first and relayed as the
+    /// fallback; once open, [`Input::Connected`] and then `then` is sent on it. A failure is
+    /// logged and nothing more happens.
+    Connect {
+        to: Rank,
+        addr: SocketAddr,
+        id: libp2p::PeerId,
+        then: Option<Bytes>,
+    },
+    /// Close the link to `peer` and its connections to us (all, or all but the newest
+    /// with `keep_newest`).
+    DropLinks { peer: Rank, keep_newest: bool },
+    /// Close `peer`'s connections to us but its newest (its new process said hello on it).
+    ForgetOldConnections { peer: Rank },
+    /// Let the data plane accept identity `id` as rank `rank`.
+    Admit { id: libp2p::PeerId, rank: Rank },
+    /// Every rank is taken: the data plane refuses strangers at once again.
+    CloseAdmission,
+    /// Peer 0: a line of `membership.jsonl` (`at`: the round a rejoining peer mixes from).
+    Record {
+        event: MembershipEvent,
+        at: Option<u64>,
+    },
+    /// Peer 0: an epoch report (the frame's payload) of `from` for the collector; a report
+    /// the collector refuses is counted with [`PeerCore::refuse`].
+    Collect { from: Rank, report: Bytes },
+}
+
+/// How a round ended, as the algorithm's state machine says.
+#[derive(Debug)]
+pub(crate) enum RoundEnd {
+    /// Mixed: the next round may begin.
+    Mixed,
+    /// Not mixed: a neighbour's frame did not come in time, or training diverged. The
+    /// message is the peer's error line.
+    Failed(String),
+}
+
+/// One peer's state, apart from its model and its I/O.
+pub(crate) struct PeerCore {
+    pub(crate) rank: Rank,
+    /// The algorithm's state machine.
+    pub(crate) gossip: Box<dyn Gossip>,
+    /// Who owes whom the counted goodbye.
+    pub(crate) goodbyes: Goodbyes,
+    /// Frames dropped as malformed, unexpected or not allowed.
+    pub(crate) refused_frames: u64,
+    /// Whether this peer collects the epoch reports (peer 0).
+    collects: bool,
+    /// The run's mixing matrix W (n×n); re-weighted without the departed peers when used.
+    w: MixingMatrix,
+    /// Algorithm name, for messages.
+    algorithm: String,
+    /// The membership state machine: the peers that left the run (and have not rejoined),
+    /// as this peer learned of them, and the rejoins it has taken part in.
+    pub(crate) membership: Membership,
+    /// The epoch being trained (0 before training).
+    pub(crate) epoch: usize,
+    /// When training started.
+    pub(crate) started: Instant,
+    /// Each rank's identity (`None`: an empty rank of an elastic run).
+    peer_ids: Vec<Option<libp2p::PeerId>>,
+    /// The ranks the shell holds a link to, as far as the core has asked for them.
+    linked: BTreeSet<Rank>,
+    /// A rejoining peer only: the answers to its hellos, by sender.
+    welcomes: BTreeMap<Rank, (Welcome, Vec<f32>)>,
+    /// A rejoining peer only: the round it mixes again from, and the in-neighbours whose
+    /// frame for that round has arrived.
+    first_frames: Option<(u64, HashSet<Rank>)>,
+    /// Peer 0 only: its key, to sign the admission of a new peer.
+    admit_signer: Option<libp2p::identity::Keypair>,
+    /// Peer 0 with a bootstrap only: the new peers whose first round this peer has not
+    /// reached yet, as (rank, first round); see [`PeerCore::settled_joins`].
+    settling: Option<Vec<(Rank, u64)>>,
+}
+
+/// What [`PeerCore::new`] needs besides the state machine.
+pub(crate) struct CoreSetup {
+    pub(crate) rank: Rank,
+    /// The run's W (n×n).
+    pub(crate) w: MixingMatrix,
+    pub(crate) algorithm: String,
+    /// Each rank's identity (`None`: an empty rank).
+    pub(crate) peer_ids: Vec<Option<libp2p::PeerId>>,
+    /// The ranks a link is open to.
+    pub(crate) linked: Vec<Rank>,
+    /// The peers that owe this one a goodbye.
+    pub(crate) expected_in: Vec<Rank>,
+    /// Peer 0: its key, to sign admissions (and it collects the reports).
+    pub(crate) admit_signer: Option<libp2p::identity::Keypair>,
+}
+
+impl PeerCore {
+    /// The core of peer `setup.rank` running `gossip`, training not yet started.
+    pub(crate) fn new(gossip: Box<dyn Gossip>, setup: CoreSetup, started: Instant) -> Self {
+        let n = setup.w.n();
+        let collects = setup.rank == 0;
+        Self {
+            rank: setup.rank,
+            goodbyes: Goodbyes::new(setup.linked.iter().copied(), setup.expected_in),
+            linked: setup.linked.into_iter().collect(),
+            gossip,
+            refused_frames: 0,
+            collects,
+            w: setup.w,
+            algorithm: setup.algorithm,
+            membership: Membership::new(setup.rank, n),
+            epoch: 0,
+            started,
+            peer_ids: setup.peer_ids,
+            welcomes: BTreeMap::new(),
+            first_frames: None,
+            settling: setup.admit_signer.is_some().then(Vec::new),
+            admit_signer: setup.admit_signer,
+        }
+    }
+
+    /// The time of an event for the membership state machine.
+    fn now(&self, at: Instant) -> Now {
+        Now {
+            round: self.gossip.round(),
+            epoch: self.epoch,
+            wall_seconds: at.saturating_duration_since(self.started).as_secs_f64(),
+        }
+    }
+
+    /// Counts a refused frame (the caller logged it).
+    pub(crate) fn refuse(&mut self) {
+        self.refused_frames += 1;
+    }
+
+    /// Handles `input`, which happened at `now`, and returns what to do.
+    ///
+    /// # Errors
+    /// The run cannot go on here: peer 0 left, the survivors cannot re-weight W, the
+    /// algorithm cannot continue without a departed peer.
+    pub(crate) fn handle(&mut self, now: Instant, input: Input) -> anyhow::Result<Vec<Action>> {
+        let mut out = Vec::new();
+        match input {
+            Input::Joined { rank, peer_id } => {
+                self.on_admit(rank, peer_id, Vec::new(), self.rank, &mut out)?
+            }
+            Input::Frame {
+                from,
+                header,
+                bytes,
+                transfer,
+            } => self.on_frame(now, from, header, bytes, transfer, &mut out)?,
+            Input::Finished { from } => self.goodbyes.finished(from),
+            Input::LinkDone { to } => self.goodbyes.link_done(to),
+            Input::Lost { peer, reason } if self.membership.has_left(peer) => {
+                // The new process of a peer that was restarting is gone as well.
+                debug!(
+                    peer,
+                    "lost the connection to a departed peer's new process: {reason}"
+                );
+                self.drop_links(peer, false, &mut out);
+            }
+            Input::Lost { peer, reason } => {
+                // Harmless once nothing more is owed either way on that peer's links.
+                if self.goodbyes.loss_matters(peer) {
+                    let round = self.gossip.round();
+                    self.on_departure(now, peer, reason, self.rank, round, &mut out)?;
+                }
+            }
+            Input::SendFailed { to, reason } => {
+                let round = self.gossip.round();
+                self.on_departure(now, to, reason, self.rank, round, &mut out)?;
+            }
+            Input::Refused { peer, reason } => {
+                self.refuse();
+                // The data plane logged it when it refused it.
+                debug!(?peer, "refused a frame: {reason}");
+            }
+            Input::Connected { to } => {
+                self.linked.insert(to);
+                self.goodbyes.linked(to);
+            }
+        }
+        Ok(out)
+    }
+
+    /// A data-plane frame from `from`, routed by [`policy::route`].
+    fn on_frame(
+        &mut self,
+        now: Instant,
+        from: Rank,
+        header: FrameHeader,
+        bytes: Bytes,
+        transfer: Option<Duration>,
+        out: &mut Vec<Action>,
+    ) -> anyhow::Result<()> {
+        let departed = self.membership.has_left(from);
+        match policy::route(header.kind, departed, self.collects) {
+            Route::Membership => self.on_membership_frame(now, from, header, &bytes, out)?,
+            Route::Departed => debug!(from, "dropped a frame of a peer that has left"),
+            Route::Algorithm => self.on_algorithm_frame(now, from, &header, &bytes, transfer),
+            Route::Report => out.push(Action::Collect {
+                from,
+                report: bytes.slice(FRAME_HEADER_LEN..),
+            }),
+            Route::Leave => {
+                self.on_leave_frame(now, from, header.round, &bytes[FRAME_HEADER_LEN..], out)?
+            }
+            Route::Refuse => {
+                self.refuse();
+                warn!(from, kind = ?header.kind, "dropped a frame no one here takes (a report goes to peer 0)");
+            }
+        }
+        Ok(())
+    }
+
+    /// An algorithm frame from `from`: the link's measured transfer time to the algorithm,
+    /// the frame to its state machine; a refused frame is counted (a late frame of a round
+    /// both ends mixed without is not: it is a straggler's, not a bad one).
+    fn on_algorithm_frame(
+        &mut self,
+        now: Instant,
+        from: Rank,
+        header: &FrameHeader,
+        bytes: &[u8],
+        transfer: Option<Duration>,
+    ) {
+        if let Some(t) = transfer {
+            self.gossip.observe_link(from, bytes.len(), t.as_secs_f64());
+        }
+        if let Some((at, arrived)) = self.first_frames.as_mut() {
+            if header.round == *at {
+                arrived.insert(from);
+            }
+        }
+        match self.gossip.handle_message(now, from, bytes) {
+            Ok(()) => {}
+            Err(murmur_gossip::GossipError::Skipped { round, .. }) => {
+                debug!(from, round, "dropped the frame of a skipped round")
+            }
+            Err(e) => {
+                self.refuse();
+                warn!(from, "dropped an algorithm frame: {e}");
+            }
+        }
+    }
+
+    /// Stops linking to and expecting anything of `gone`: the shell closes its link and its
+    /// connections to us (all, or all but the newest with `keep_newest`).
+    fn drop_links(&mut self, gone: Rank, keep_newest: bool, out: &mut Vec<Action>) {
+        self.linked.remove(&gone);
+        self.goodbyes.forget(gone);
+        out.push(Action::DropLinks {
+            peer: gone,
+            keep_newest,
+        });
+    }
+
+    /// The frames the algorithm's state machine has queued, as [`Action::Send`]s.
+    pub(crate) fn poll_transmit(&mut self) -> Option<Action> {
+        self.gossip.poll_transmit().map(|t| Action::Send {
+            to: t.to,
+            frame: t.frame,
+        })
+    }
+
+    /// When the state machine next needs [`PeerCore::handle_timeout`] (`None`: not until
+    /// an input).
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.gossip.poll_timeout()
+    }
+
+    /// The state machine's deadline passed at `now`.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        self.gossip.handle_timeout(now);
+    }
+
+    /// Whether the round under way has ended, and how (`None`: not yet). `waited`: how long
+    /// the shell has waited for it, for the message.
+    pub(crate) fn poll_round_end(&mut self, waited: Duration) -> Option<RoundEnd> {
+        while let Some(ev) = self.gossip.poll_event() {
+            match ev {
+                GossipEvent::Mixed { .. } => return Some(RoundEnd::Mixed),
+                GossipEvent::RoundTimedOut { round, missing } => {
+                    return Some(RoundEnd::Failed(format!(
+                        "round {round} timed out after {:.0} s waiting for peers {missing:?}",
+                        waited.as_secs_f64()
+                    )))
+                }
+                GossipEvent::Diverged { round, reason } => {
+                    return Some(RoundEnd::Failed(format!(
+                    "training diverged in round {round}: {reason} (try a smaller --lr or --gamma)"
+                )))
+                }
+                other => debug!(?other, "gossip event"),
+            }
+        }
+        None
+    }
+
+    /// Peer 0: the new peers whose first round this peer has now reached; its bootstrap
+    /// lets the next new peer in once told.
+    pub(crate) fn settled_joins(&mut self) -> Vec<Rank> {
+        let round = self.gossip.round();
+        let Some(settling) = self.settling.as_mut() else {
+            return Vec::new();
+        };
+        let mut done = Vec::new();
+        settling.retain(|&(rank, at)| {
+            if round >= at {
+                done.push(rank);
+            }
+            round < at
+        });
+        done
+    }
+}
+
+/// `--inject-bad-frames`: the five malformed frames sent to every destination (see
+/// [`crate::config::RunArgs::inject_bad_frames`]) by peer `rank` of a model of `d`
+/// parameters at round `round` — garbage, a truncated frame, an oversized length, NaN
+/// parameters and a frame 1000 rounds ahead — each of which the receiver must refuse.
+pub(crate) fn bad_frames(rank: Rank, round: u64, d: usize) -> [Bytes; 5] {
+    let header = |payload_len: u32, round: u64| {
+        let mut f = Vec::new();
+        FrameHeader {
+            kind: FrameKind::Gossip,
+            sender: rank,
+            round,
+            dim: d as u32,
+            payload_len,
+        }
+        .emit(&mut f);
+        f
+    };
+    let identity = |value: f32| {
+        let mut out = Vec::new();
+        let mut rng = StdRng::seed_from_u64(0);
+        murmur_compress::Identity.compress(&vec![value; d], &mut rng, &mut out);
+        out
+    };
+    let garbage = vec![0xFFu8; 64];
+    let mut truncated = header(1000, round);
+    truncated.extend_from_slice(&[0u8; 10]);
+    let mut oversized = header(u32::MAX, round);
+    oversized.extend_from_slice(&[0u8; 8]);
+    let nan_msg = identity(f32::NAN);
+    let mut nan = header(nan_msg.len() as u32, round);
+    nan.extend_from_slice(&nan_msg);
+    let ok_msg = identity(0.0);
+    let mut late = header(ok_msg.len() as u32, round + 1000);
+    late.extend_from_slice(&ok_msg);
+    [garbage, truncated, oversized, nan, late].map(Bytes::from)
+}
+
+#[cfg(test)]
+mod tests;

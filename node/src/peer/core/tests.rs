@@ -1,0 +1,284 @@
+//! The core driven by hand, without a socket: inputs in, actions and state out.
+
+use super::*;
+use crate::control::discovery::PeerInfo;
+use murmur_gossip::{DPsgd, DPsgdConfig};
+use murmur_topology::{Graph, MixingMatrix};
+
+const D: usize = 8;
+
+/// Peer `rank` of D-PSGD on a ring of 4 (W Metropolis–Hastings, ⅓ each), linked to its two
+/// neighbours (and to peer 0 for the reports), expecting goodbyes from its neighbours
+/// (from everyone on peer 0).
+fn core(rank: Rank) -> PeerCore {
+    let w = MixingMatrix::metropolis_hastings(&Graph::ring(4).unwrap()).unwrap();
+    let gossip = DPsgd::new(DPsgdConfig::from_matrix(&w, rank, 0.1, D), vec![1.0; D]);
+    let mut linked = w.out_neighbors(rank);
+    let mut expected_in: Vec<Rank> = w.in_weights(rank).iter().map(|&(j, _)| j).collect();
+    if rank == 0 {
+        expected_in = vec![1, 2, 3];
+    } else if !linked.contains(&0) {
+        linked.push(0);
+    }
+    let ids = (0..4)
+        .map(|_| {
+            Some(
+                libp2p::identity::Keypair::generate_ed25519()
+                    .public()
+                    .to_peer_id(),
+            )
+        })
+        .collect();
+    let setup = CoreSetup {
+        rank,
+        w,
+        algorithm: "dpsgd".into(),
+        peer_ids: ids,
+        linked,
+        expected_in,
+        admit_signer: (rank == 0).then(libp2p::identity::Keypair::generate_ed25519),
+    };
+    PeerCore::new(Box::new(gossip), setup, Instant::now())
+}
+
+/// A frame of `kind` from `from` at `round` with `payload`.
+fn frame(kind: FrameKind, from: Rank, round: u64, payload: &[u8]) -> Input {
+    let mut bytes = Vec::new();
+    FrameHeader {
+        kind,
+        sender: from,
+        round,
+        dim: D as u32,
+        payload_len: payload.len() as u32,
+    }
+    .emit(&mut bytes);
+    bytes.extend_from_slice(payload);
+    let (header, _) = FrameHeader::parse(&bytes, u32::MAX).unwrap();
+    Input::Frame {
+        from,
+        header,
+        bytes: Bytes::from(bytes),
+        transfer: None,
+    }
+}
+
+fn kinds(actions: &[Action]) -> Vec<&'static str> {
+    actions
+        .iter()
+        .map(|a| match a {
+            Action::Send { .. } => "send",
+            Action::Broadcast { .. } => "broadcast",
+            Action::Connect { .. } => "connect",
+            Action::DropLinks { .. } => "drop",
+            Action::ForgetOldConnections { .. } => "forget",
+            Action::Admit { .. } => "admit",
+            Action::CloseAdmission => "close",
+            Action::Record { .. } => "record",
+            Action::Collect { .. } => "collect",
+        })
+        .collect()
+}
+
+#[test]
+fn a_lost_neighbour_is_a_departure_told_to_all_and_recorded_by_peer_0() {
+    let mut c = core(0);
+    let now = Instant::now();
+    let out = c
+        .handle(
+            now,
+            Input::Lost {
+                peer: 1,
+                reason: "closed".into(),
+            },
+        )
+        .unwrap();
+    assert_eq!(kinds(&out), ["drop", "broadcast", "record"]);
+    assert!(matches!(
+        out[0],
+        Action::DropLinks {
+            peer: 1,
+            keep_newest: false
+        }
+    ));
+    // The link to 1 is dropped before the leave notice goes to every link left.
+    let Action::Broadcast { frame: notice, .. } = &out[1] else {
+        unreachable!()
+    };
+    assert_eq!(
+        FrameHeader::parse(notice, u32::MAX).unwrap().0.kind,
+        FrameKind::Leave
+    );
+    assert!(c.membership.has_left(1));
+    // The algorithm mixes without peer 1: round 0 ends on peer 3's frame alone.
+    c.gossip.begin_round(now, &[1.0; D], Some(&[0.0; D]));
+    while c.poll_transmit().is_some() {}
+    let mut x3 = Vec::new();
+    let mut rng = StdRng::seed_from_u64(0);
+    murmur_compress::Identity.compress(&[1.0; D], &mut rng, &mut x3);
+    assert!(c
+        .handle(now, frame(FrameKind::Gossip, 3, 0, &x3))
+        .unwrap()
+        .is_empty());
+    assert!(matches!(
+        c.poll_round_end(Duration::ZERO),
+        Some(RoundEnd::Mixed)
+    ));
+    // Its frames are dropped now, and not counted as refused.
+    let late = c
+        .handle(now, frame(FrameKind::Gossip, 1, 0, &[0; 4]))
+        .unwrap();
+    assert!(late.is_empty());
+    assert_eq!(c.refused_frames, 0);
+    // Told again (a second connection, a neighbour's notice): nothing more to do.
+    let again = c
+        .handle(
+            now,
+            Input::Lost {
+                peer: 1,
+                reason: "again".into(),
+            },
+        )
+        .unwrap();
+    assert_eq!(kinds(&again), ["drop"]);
+}
+
+#[test]
+fn a_peer_other_than_0_records_nothing_and_a_failed_send_is_a_departure() {
+    let mut c = core(2);
+    let out = c
+        .handle(
+            Instant::now(),
+            Input::SendFailed {
+                to: 3,
+                reason: "reset".into(),
+            },
+        )
+        .unwrap();
+    assert_eq!(kinds(&out), ["drop", "broadcast"]);
+    assert!(c.membership.has_left(3));
+}
+
+#[test]
+fn a_loss_after_the_goodbyes_is_harmless() {
+    let mut c = core(1);
+    for p in [0, 2] {
+        c.handle(Instant::now(), Input::Finished { from: p })
+            .unwrap();
+        c.handle(Instant::now(), Input::LinkDone { to: p }).unwrap();
+    }
+    assert!(c.goodbyes.settled());
+    let out = c
+        .handle(
+            Instant::now(),
+            Input::Lost {
+                peer: 2,
+                reason: "closed".into(),
+            },
+        )
+        .unwrap();
+    assert!(out.is_empty());
+    assert!(!c.membership.has_left(2));
+}
+
+#[test]
+fn peer_0_cannot_leave() {
+    let mut c = core(1);
+    let err = c
+        .handle(
+            Instant::now(),
+            Input::Lost {
+                peer: 0,
+                reason: "killed".into(),
+            },
+        )
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("peer 0"), "{err:#}");
+}
+
+#[test]
+fn reports_go_to_peer_0_s_collector_and_are_refused_elsewhere() {
+    let mut c = core(0);
+    let out = c
+        .handle(Instant::now(), frame(FrameKind::Report, 2, 0, b"r"))
+        .unwrap();
+    let [Action::Collect { from: 2, report }] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(&report[..], b"r", "the payload, without the header");
+    let mut c = core(1);
+    let out = c
+        .handle(Instant::now(), frame(FrameKind::Report, 2, 0, b"r"))
+        .unwrap();
+    assert!(out.is_empty());
+    assert_eq!(c.refused_frames, 1);
+}
+
+#[test]
+fn the_injected_bad_frames_with_a_header_are_refused_and_counted() {
+    let mut c = core(1);
+    let mut refused = 0;
+    for f in bad_frames(2, 0, D) {
+        // The data plane refuses what has no header of its own (garbage, truncated, an
+        // oversized length); the rest reach the core.
+        let Ok((header, _)) = FrameHeader::parse(&f, 1 << 20) else {
+            continue;
+        };
+        let input = Input::Frame {
+            from: 2,
+            header,
+            bytes: f,
+            transfer: None,
+        };
+        assert!(c.handle(Instant::now(), input).unwrap().is_empty());
+        refused += 1;
+    }
+    assert_eq!(refused, 2, "NaN parameters and a frame 1000 rounds ahead");
+    assert_eq!(c.refused_frames, 2);
+}
+
+#[test]
+fn a_restarted_peer_s_hello_opens_a_link_that_carries_the_welcome() {
+    let mut c = core(0);
+    let addr: SocketAddr = "127.0.0.1:4100".parse().unwrap();
+    let me = PeerInfo {
+        rank: 1,
+        peer_id: libp2p::identity::Keypair::generate_ed25519()
+            .public()
+            .to_peer_id()
+            .to_string(),
+        data_addr: addr,
+        nat_published: None,
+    };
+    let hello = crate::control::membership::encode_hello(1, &me).unwrap();
+    let input = frame(FrameKind::Hello, 1, 0, &hello[FRAME_HEADER_LEN..]);
+    let out = c.handle(Instant::now(), input).unwrap();
+    // Its old process has left (re-weighted, told, recorded), then the new one is linked.
+    assert_eq!(kinds(&out), ["drop", "broadcast", "record", "connect"]);
+    let Action::Connect {
+        to: 1,
+        addr: a,
+        then: Some(welcome),
+        ..
+    } = &out[3]
+    else {
+        panic!("{out:?}")
+    };
+    assert_eq!(*a, addr);
+    assert_eq!(
+        FrameHeader::parse(welcome, u32::MAX).unwrap().0.kind,
+        FrameKind::Welcome
+    );
+    assert!(
+        !c.goodbyes.loss_matters(1),
+        "nothing owed to the old process"
+    );
+    c.handle(Instant::now(), Input::Connected { to: 1 })
+        .unwrap();
+    assert!(c.goodbyes.loss_matters(1), "the new link owes a goodbye");
+    // A malformed hello is refused and counted.
+    let out = c
+        .handle(Instant::now(), frame(FrameKind::Hello, 2, 0, b"{"))
+        .unwrap();
+    assert!(out.is_empty());
+    assert_eq!(c.refused_frames, 1);
+}
