@@ -35,9 +35,10 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn};
 
 use crate::config::{DeviceSpec, Init, RunArgs};
-use crate::control::auth::{self, Admitted};
+use crate::control::auth;
 use crate::control::discovery::{discover, Discovered, Fingerprint, Gate, Listen, PeerInfo, Role};
 use crate::plane::relay::Relay;
+use crate::plane::tls::Admitted;
 use crate::plane::{DataPlane, Links, NetEvent};
 use crate::report::{self, EpochRow, PeerEpoch};
 use crate::train::data::{partition, RunData};

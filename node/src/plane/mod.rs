@@ -11,7 +11,7 @@
 //! connection losses reach the training loop through one bounded channel of [`NetEvent`]s.
 //!
 //! Connections are mutually authenticated with the peers' libp2p identities
-//! ([`crate::control::auth`]): a client accepts only the `PeerId` it dials, a server only `PeerId`s
+//! ([`tls`]): a client accepts only the `PeerId` it dials, a server only `PeerId`s
 //! admitted to the run, and each incoming connection is bound to its peer's rank from the
 //! start — a frame on it (or on the ring it offered) that claims another sender is refused.
 //! Connections that fail authentication are refused and reported ([`NetEvent::Refused`]).
@@ -31,6 +31,7 @@ mod receive;
 pub mod relay;
 pub mod send;
 pub mod shm;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -52,7 +53,7 @@ use tracing::info;
 use quic::{accept_loop, crypto_provider, transport_config, QuicFrames};
 use send::send_loop;
 
-use crate::control::auth::{self, Admitted};
+use tls::Admitted;
 
 /// UDP socket buffer size requested from the OS (measured: ~1 GB/s on loopback with 4 MiB).
 pub const UDP_BUFFER_BYTES: usize = 4 << 20;
@@ -255,7 +256,7 @@ impl DataPlane {
     ) -> anyhow::Result<(DataPlane, mpsc::Receiver<NetEvent>)> {
         let quic_config = Arc::new(transport_config(peer_timeout));
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(
-            auth::server_config(key, crypto_provider())?,
+            tls::server_config(key, crypto_provider())?,
         )?));
         server.transport_config(quic_config.clone());
 
@@ -385,7 +386,7 @@ impl DataPlane {
         peer_id: PeerId,
         relayed: bool,
     ) -> anyhow::Result<Link> {
-        let tls = auth::client_config(&self.key, peer_id, crypto_provider())?;
+        let tls = tls::client_config(&self.key, peer_id, crypto_provider())?;
         let mut client = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls)?));
         client.transport_config(self.quic_config.clone());
         let conn = tokio::time::timeout(

@@ -21,8 +21,8 @@ use tracing::warn;
 
 use super::receive::{deliver, Receiving};
 use super::send::FrameTransport;
+use super::tls::{self, Admitted};
 use super::{closed_here, local_link, Inbound, NetEvent, ABANDONED};
-use crate::control::auth::{self, Admitted};
 
 /// How long an incoming connection waits for the directory before it is refused.
 const ADMISSION_WAIT: Duration = Duration::from_secs(120);
@@ -96,7 +96,7 @@ pub(super) async fn accept_loop(
                     id.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
                         .ok()
                 })
-                .and_then(|certs| auth::peer_id_of(&certs).ok());
+                .and_then(|certs| tls::peer_id_of(&certs).ok());
             let rank = match peer {
                 Some(p) => admitted.rank_when_known(&p, ADMISSION_WAIT).await,
                 None => None,

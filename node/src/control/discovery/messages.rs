@@ -91,7 +91,7 @@ pub struct PeerInfo {
     pub rank: Rank,
     /// libp2p identity, as text.
     pub peer_id: String,
-    /// QUIC data-plane address; its connections prove `peer_id` ([`crate::control::auth`]).
+    /// QUIC data-plane address; its connections prove `peer_id` ([`crate::plane::tls`]).
     pub data_addr: SocketAddr,
     /// Set by the bootstrap when it saw the peer come from another address than the one
     /// it published (a NAT, [`super::nat`]): the published address, `data_addr` being the

@@ -5,7 +5,7 @@
 //! peer sends a [`JoinRequest`] carrying its rank, its run fingerprint (peers, topology,
 //! model, d — so a mis-configured peer is refused with a message saying what differs), its
 //! QUIC data-plane address; the bootstrap records the `PeerId` libp2p authenticated, which
-//! the data plane's certificates must then prove ([`crate::control::auth`]). When all n ranks have
+//! the data plane's certificates must then prove ([`crate::plane::tls`]). When all n ranks have
 //! joined (or the `--initial-peers` of an elastic run), the bootstrap answers every request
 //! with the directory: an entry per rank, empty for the ranks that have not joined. The
 //! swarm then keeps running in the background for liveness (ping, identify), and the

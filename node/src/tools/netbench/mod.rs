@@ -23,7 +23,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::config::{LinkLatency, LinkRate};
-use crate::control::auth::Admitted;
+use crate::plane::tls::Admitted;
 use crate::plane::{DataPlane, LinkEmulation, LinkKind, NetEvent, TransportChoice};
 use crate::report::progress;
 use libp2p::identity::Keypair;
