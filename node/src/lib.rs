@@ -8,8 +8,10 @@
 //! - [`config`]: the command line and run configs, parsed and checked once;
 //! - [`train`]: models, data, the local optimizer;
 //! - [`control`]: discovery, admission, identities, membership (libp2p, the control plane);
-//! - [`plane`]: the data plane that carries the parameters (QUIC);
-//! - [`peer`]: one peer's run, which drives an algorithm of `murmur-gossip` over the planes;
+//! - [`plane`]: the data plane that carries the parameters (QUIC, shared memory) and its
+//!   identity-bound TLS;
+//! - [`peer`]: one peer's run: a sans-I/O core (the algorithm of `murmur-gossip`, membership,
+//!   goodbyes) and the shell that moves its frames over the planes;
 //! - [`report`]: epoch rows, the collector on peer 0, summaries;
 //! - [`launch`]: n peers on one machine, supervised;
 //! - [`tools`]: the simulator and the benchmarks.

@@ -51,6 +51,18 @@ impl PeerCore {
         }
     }
 
+    /// What was accepted of `verdict` on a frame from `from`; a refusal is counted and logged.
+    fn accepted<T>(&mut self, verdict: Verdict<T>, from: Rank) -> Option<T> {
+        match verdict {
+            Verdict::Accept(t) => Some(t),
+            Verdict::Ignore => None,
+            Verdict::Refuse(r) => {
+                self.refuse_membership(from, r);
+                None
+            }
+        }
+    }
+
     /// Peer `gone` left the run (`reason`, noticed by peer `noticed_by` in its round
     /// `noticed_round`): see [`PeerCore::departure`]. Known departures are ignored.
     ///
@@ -86,16 +98,12 @@ impl PeerCore {
         out: &mut Vec<Action>,
     ) -> anyhow::Result<()> {
         let now = self.now(now);
-        match self
+        let verdict = self
             .membership
-            .on_leave(from, noticed_round, payload, now)?
-        {
-            Verdict::Accept(d) => self.departure(d, out),
-            Verdict::Ignore => Ok(()),
-            Verdict::Refuse(r) => {
-                self.refuse_membership(from, r);
-                Ok(())
-            }
+            .on_leave(from, noticed_round, payload, now)?;
+        match self.accepted(verdict, from) {
+            Some(d) => self.departure(d, out),
+            None => Ok(()),
         }
     }
 
@@ -179,13 +187,9 @@ impl PeerCore {
         out: &mut Vec<Action>,
     ) -> anyhow::Result<()> {
         let now = self.now(now);
-        let hello = match self.membership.on_hello(from, payload, now)? {
-            Verdict::Accept(h) => h,
-            Verdict::Ignore => return Ok(()),
-            Verdict::Refuse(r) => {
-                self.refuse_membership(from, r);
-                return Ok(());
-            }
+        let verdict = self.membership.on_hello(from, payload, now)?;
+        let Some(hello) = self.accepted(verdict, from) else {
+            return Ok(());
         };
         // The old process's connections are closed; the hello came on the newest one.
         match hello.restart {
@@ -278,13 +282,8 @@ impl PeerCore {
         from: Rank,
         out: &mut Vec<Action>,
     ) -> anyhow::Result<()> {
-        let admission = match verdict? {
-            Verdict::Accept(a) => a,
-            Verdict::Ignore => return Ok(()),
-            Verdict::Refuse(r) => {
-                self.refuse_membership(from, r);
-                return Ok(());
-            }
+        let Some(admission) = self.accepted(verdict?, from) else {
+            return Ok(());
         };
         let (rank, id) = (admission.rank, admission.id);
         info!(rank, %id, "a new peer takes rank {rank}");
@@ -305,13 +304,9 @@ impl PeerCore {
         payload: &[u8],
         out: &mut Vec<Action>,
     ) -> anyhow::Result<()> {
-        let notice = match self.membership.on_rejoin(from, payload) {
-            Verdict::Accept(n) => n,
-            Verdict::Ignore => return Ok(()),
-            Verdict::Refuse(r) => {
-                self.refuse_membership(from, r);
-                return Ok(());
-            }
+        let verdict = self.membership.on_rejoin(from, payload);
+        let Some(notice) = self.accepted(verdict, from) else {
+            return Ok(());
         };
         let (back, at) = (notice.back, notice.at);
         let (w, _) = self.surviving(&notice.still_gone)?;
