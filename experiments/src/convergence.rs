@@ -23,8 +23,10 @@ use crate::runner::{json_f64, parse_json, Ctx, Job};
 use crate::table::{markdown, mean_sd, write_checked_csv, Table};
 
 /// (config file stem, label), in plot order.
-const ALGORITHMS: [(&str, &str); 8] = [
+const ALGORITHMS: [(&str, &str); 10] = [
     ("dpsgd", "D-PSGD"),
+    ("gradient-tracking", "gradient tracking"),
+    ("d2", "D²"),
     ("sgp", "SGP"),
     ("choco-topk", "CHOCO top-1%"),
     ("choco-sign", "CHOCO sign"),

@@ -27,6 +27,8 @@ pub const ALGORITHMS: &[&dyn Algorithm] = &[
     &crate::algorithms::choco::CHOCO,
     &crate::algorithms::choco_auto::CHOCO_AUTO,
     &crate::algorithms::sgp::SGP,
+    &crate::algorithms::gradient_tracking::GRADIENT_TRACKING,
+    &crate::algorithms::d2::D2_ALGORITHM,
     &crate::algorithms::local_sgd::LOCAL_SGD,
     &crate::algorithms::local_auto::LOCAL_AUTO,
     &crate::algorithms::local_avg::LOCAL_AVG,

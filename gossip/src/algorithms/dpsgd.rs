@@ -536,4 +536,21 @@ impl DPsgd {
         cfg.robust = ctx.options.robust;
         Ok(DPsgd::with_compressor(cfg, ctx.x0, compressor))
     }
+
+    /// Exact mixing only (η = 0, no compression, no straggler skipping, no clipping) of a
+    /// vector `v0: [len]` on the mixing matrix `w` (n×n; the run's W, or a matrix derived
+    /// from it with the same support), with the timeouts, payload limit and seed of `ctx`:
+    /// the inner mixer of algorithms that gossip more than x_i (gradient tracking mixes the
+    /// stacked `[x_i; y_i]`, `len` = 2d) or mix through another matrix (D²'s (I + W)/2).
+    pub(crate) fn mixer(
+        ctx: &BuildContext<'_>,
+        w: &murmur_topology::MixingMatrix,
+        v0: Vec<f32>,
+    ) -> DPsgd {
+        let mut cfg = DPsgdConfig::from_matrix(w, ctx.rank, 0.0, v0.len());
+        cfg.round_timeout = ctx.round_timeout;
+        cfg.max_payload_bytes = ctx.max_payload_bytes.max(cfg.max_payload_bytes);
+        cfg.seed = ctx.seed;
+        DPsgd::new(cfg, v0)
+    }
 }

@@ -13,10 +13,12 @@
 pub mod allreduce;
 pub mod choco;
 pub mod choco_auto;
+pub mod d2;
 pub mod diloco;
 pub mod diloco_auto;
 pub mod diloco_gossip;
 pub mod dpsgd;
+pub mod gradient_tracking;
 pub mod local_auto;
 pub mod local_avg;
 pub mod local_sgd;

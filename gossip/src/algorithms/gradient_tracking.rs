@@ -1,0 +1,193 @@
+//! Gradient tracking (DSGT: Pu & Nedić 2020, "Distributed stochastic gradient tracking
+//! methods", Math. Programming 187; its deterministic form DIGing: Nedić, Olshevsky & Shi
+//! 2017; analysed on deep networks by Koloskova, Lin & Stich 2021, "An improved analysis of
+//! gradient tracking for decentralized machine learning"). Each peer i keeps, besides x_i,
+//! a tracker y_i of the network's mean gradient and mixes both with W:
+//!
+//! ```text
+//! y_i^t     = z_i^t + g_i^t                       (z_i^0 = 0, so y_i^0 = g_i^0)
+//! x_i^{t+1} = Σ_j W_ij (x_j^t − η y_j^t)
+//! z_i^{t+1} = Σ_j W_ij y_j^t − g_i^t              (so y^{t+1} = W y^t + g^{t+1} − g^t)
+//! ```
+//!
+//! with g_i^t the local update direction at x_i^t (the gradient, or the momentum buffer: the
+//! heavy-ball form the deep-learning papers train with). W doubly stochastic keeps
+//! Σ_i y_i^t = Σ_i g_i^t every round, so each peer steps along an estimate of the *global*
+//! gradient rather than its own: on non-IID data D-PSGD's peers are pulled toward their own
+//! optima and stall at a bias floor ∝ the heterogeneity ζ², gradient tracking does not
+//! (with exact gradients it converges linearly to the exact optimum; `tests/tracking.rs`).
+//!
+//! One round sends one frame per out-neighbour carrying the stacked `[x_i − η y_i; y_i]`
+//! (2d values: twice D-PSGD's bytes), mixed by an inner [`crate::DPsgd`] that only mixes.
+//! Messages are not compressed (a compressed tracker needs its own error feedback, as BEER
+//! does: Zhao et al. 2022); the round needs its gradient before it sends, so communication
+//! is not overlapped with it. A departed peer takes its share of Σ y with it: the run ends
+//! (`Departures::EndRun`); the whole run resumes from checkpoints (z_i is saved).
+
+use std::time::Instant;
+
+use murmur_compress::CompressorSpec;
+
+use crate::algorithm::{
+    Algorithm, BuildContext, Capabilities, Compresses, Departures, GraphNeeds, Pattern, Resume,
+};
+use crate::{
+    AlgorithmState, BuildError, DPsgd, Gossip, GossipError, GossipEvent, MembershipError, Rank,
+    StateError,
+};
+
+/// One peer of gradient tracking (see the [module docs](self)).
+pub struct GradientTracking {
+    /// Mixes the stacked `[x_i − η y_i; y_i]: [2d]` on W.
+    inner: DPsgd,
+    /// η.
+    lr: f32,
+    /// x_i: `[d]`, after the last mixed round.
+    x: Vec<f32>,
+    /// z_i = (W y)_i − g_i of the last round: `[d]` (zeros before the first).
+    z: Vec<f32>,
+    /// g_i of the round that is mixing: `[d]`.
+    g: Vec<f32>,
+    /// Whether a round is mixing.
+    mixing: bool,
+    /// Scratch for the stacked vector: `[2d]`.
+    stacked: Vec<f32>,
+}
+
+impl GradientTracking {
+    /// Peer `ctx.rank` from x⁰ = `ctx.x0` with step η = `ctx.lr`, mixing on the run's W.
+    pub fn from_context(ctx: &BuildContext<'_>) -> Self {
+        let d = ctx.x0.len();
+        let mut v0 = ctx.x0.clone();
+        v0.resize(2 * d, 0.0);
+        GradientTracking {
+            inner: DPsgd::mixer(ctx, &ctx.topology.w, v0),
+            lr: ctx.lr,
+            x: ctx.x0.clone(),
+            z: vec![0.0; d],
+            g: vec![0.0; d],
+            mixing: false,
+            stacked: vec![0.0; 2 * d],
+        }
+    }
+
+    /// The tracker's part of the last mix, z_i = (W y)_i − g_i: `[d]`.
+    pub fn tracker_residual(&self) -> &[f32] {
+        &self.z
+    }
+}
+
+impl Gossip for GradientTracking {
+    /// Sends `[x − η y; y]` with y = z + `grad` (`grad: [d]`; `None` is a zero direction).
+    ///
+    /// # Panics
+    /// If `x` or `grad` is not `[d]`, or a round is mixing.
+    fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) {
+        let d = self.x.len();
+        assert!(!self.mixing, "begin_round while a round is mixing");
+        assert_eq!(x.len(), d, "x must have length d");
+        match grad {
+            Some(g) => {
+                assert_eq!(g.len(), d, "grad must have length d");
+                self.g.copy_from_slice(g);
+            }
+            None => self.g.fill(0.0),
+        }
+        let (top, bottom) = self.stacked.split_at_mut(d);
+        for i in 0..d {
+            let y = self.z[i] + self.g[i];
+            top[i] = x[i] - self.lr * y;
+            bottom[i] = y;
+        }
+        self.mixing = true;
+        self.inner.begin_round(now, &self.stacked, None);
+    }
+
+    fn handle_message(
+        &mut self,
+        now: Instant,
+        from: Rank,
+        frame: &[u8],
+    ) -> Result<(), GossipError> {
+        self.inner.handle_message(now, from, frame)
+    }
+
+    /// The inner mixer's events; its `Mixed` first splits the mix into x_i and z_i.
+    fn poll_event(&mut self) -> Option<GossipEvent> {
+        let ev = self.inner.poll_event()?;
+        if matches!(ev, GossipEvent::Mixed { .. }) && self.mixing {
+            let d = self.x.len();
+            let mixed = self.inner.params();
+            self.x.copy_from_slice(&mixed[..d]);
+            for ((z, m), g) in self.z.iter_mut().zip(&mixed[d..]).zip(&self.g) {
+                *z = m - g;
+            }
+            self.mixing = false;
+        }
+        Some(ev)
+    }
+
+    fn params(&self) -> &[f32] {
+        &self.x
+    }
+
+    fn start_at_round(&mut self, round: u64) -> Result<(), MembershipError> {
+        self.inner.start_at_round(round)
+    }
+
+    /// z_i, as `tracker_residual`.
+    fn state(&self) -> AlgorithmState {
+        AlgorithmState {
+            scalars: Vec::new(),
+            vectors: vec![("tracker_residual".into(), self.z.clone())],
+        }
+    }
+
+    fn restore_state(&mut self, state: &AlgorithmState) -> Result<(), StateError> {
+        let d = self.x.len();
+        let (_, mut v) = state.restore_into(
+            &[],
+            &["tracker_residual"],
+            d,
+            &mut murmur_compress::Identity,
+        )?;
+        self.z = v.remove(0);
+        Ok(())
+    }
+
+    crate::forward_gossip!(inner: handle_timeout, poll_transmit, poll_timeout, round, stats, out_peers, in_peers);
+}
+
+/// Gradient tracking in the [`crate::registry`].
+pub struct GradientTrackingAlgorithm;
+
+/// The registry's entry for gradient tracking.
+pub const GRADIENT_TRACKING: GradientTrackingAlgorithm = GradientTrackingAlgorithm;
+
+static CAPABILITIES: Capabilities = Capabilities {
+    pattern: Pattern::Graph(GraphNeeds::Static),
+    local_steps: None,
+    default_tau: 0,
+    compresses: Compresses::Nothing,
+    default_compressor: CompressorSpec::Identity,
+    options: &[],
+    skips_stragglers: false,
+    departures: Departures::EndRun,
+    resume: Resume::WholeRun,
+};
+
+impl Algorithm for GradientTrackingAlgorithm {
+    fn name(&self) -> &'static str {
+        "gradient-tracking"
+    }
+    fn about(&self) -> &'static str {
+        "Gradient tracking (DSGT, Pu & Nedić 2020): mixes x and a tracker of the mean \
+         gradient on W, for non-IID data; 2× D-PSGD's bytes"
+    }
+    fn capabilities(&self) -> &'static Capabilities {
+        &CAPABILITIES
+    }
+    fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
+        Ok(Box::new(GradientTracking::from_context(&ctx)))
+    }
+}
