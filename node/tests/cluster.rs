@@ -961,6 +961,18 @@ fn a_whole_choco_run_resumes_from_its_checkpoints_with_its_copies() {
     );
 }
 
+/// Gradient tracking's tracker residual z_i and D²'s ψ_i come back from the checkpoints
+/// (without them the resumed rounds would step along a wrong direction).
+#[test]
+fn whole_gradient_tracking_and_d2_runs_resume_from_their_checkpoints() {
+    for (algorithm, state) in [("gradient-tracking", "tracker_residual"), ("d2", "psi")] {
+        let c = whole_run_resumes(&[&format!("--algorithm={algorithm}")]);
+        let ckpt = std::fs::read(c.out().join("checkpoints").join("peer-1.ckpt")).unwrap();
+        let text = String::from_utf8_lossy(&ckpt);
+        assert!(text.contains(state), "{algorithm}: {text:.300}");
+    }
+}
+
 /// Runs 3 peers (ring, 4 epochs × 10 rounds, checkpoints every 5) with `extra`, kills them
 /// all after epoch 2, restarts all with --resume and checks the run completes once.
 fn whole_run_resumes(extra: &[&str]) -> Cluster {
