@@ -19,6 +19,7 @@
 //! | [`TernGrad`] | quantiser | yes | variance ≤ ‖x‖∞‖x‖₁ − ‖x‖² per bucket | 2 |
 //! | [`Natural`] | quantiser | yes | variance ≤ ‖x‖²/8 | 9 |
 //! | [`Fp16`], [`Bf16`] | cast | no | relative error 2⁻¹¹, 2⁻⁸ | 16 |
+//! | [`SparseLoco`] (top-k per chunk of C, 2-bit values) | sparsifier + quantiser | no | top-k of each chunk, magnitudes at 2 levels | 18 per kept + 64 per chunk |
 //!
 //! [`ErrorFeedback`] turns any of them into an error-feedback operator (residual memory,
 //! 1-bit SGD / EF-SGD), and [`Dgc`] adds deep gradient compression's momentum correction,
@@ -135,6 +136,7 @@ mod quant;
 pub mod rng;
 mod select;
 mod sparse;
+mod sparseloco;
 mod spec;
 mod wire;
 
@@ -143,6 +145,7 @@ pub use ef::{Dgc, DgcConfig, ErrorFeedback};
 pub use quant::{Int8, Natural, Qsgd, Sign, TernGrad};
 pub use select::{top_k_exact, top_k_threshold};
 pub use sparse::{ApproxTopK, IndexCoding, RandK, TopK};
+pub use sparseloco::SparseLoco;
 pub use spec::{CompressorSpec, SpecError};
 pub use wire::{packed_len, DecodeError, Header, OperatorId, HEADER_LEN, WIRE_VERSION};
 
@@ -343,6 +346,7 @@ fn checked(msg: &[u8], expected_dim: usize) -> Result<(MessageInfo, &[u8]), Deco
         OperatorId::TopK | OperatorId::ApproxTopK | OperatorId::RandK => {
             sparse::validate(header.operator, payload, d)?
         }
+        OperatorId::SparseLoco => sparseloco::validate(payload, d)?,
         OperatorId::Qsgd | OperatorId::Sign | OperatorId::TernGrad | OperatorId::Natural => {
             quant::validate(header.operator, payload, d)?
         }
@@ -359,6 +363,7 @@ fn add_payload(op: OperatorId, payload: &[u8], scale: f32, acc: &mut [f32]) {
         OperatorId::TopK | OperatorId::ApproxTopK | OperatorId::RandK => {
             sparse::add(op, payload, scale, acc)
         }
+        OperatorId::SparseLoco => sparseloco::add(payload, scale, acc),
         OperatorId::Qsgd | OperatorId::Sign | OperatorId::TernGrad | OperatorId::Natural => {
             quant::add(op, payload, scale, acc)
         }

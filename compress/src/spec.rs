@@ -42,7 +42,7 @@ use thiserror::Error;
 
 use crate::{
     ApproxTopK, Bf16, Compressor, Dgc, DgcConfig, ErrorFeedback, Fp16, Identity, Int8, Natural,
-    Qsgd, RandK, Sign, TernGrad, TopK,
+    Qsgd, RandK, Sign, SparseLoco, TernGrad, TopK,
 };
 
 /// Default ratio of `topk`, `approx-topk` and `randk`.
@@ -56,7 +56,8 @@ const DEFAULT_INT8_BUCKET: usize = 128;
 
 /// The operator names, as listed in error messages.
 const OPERATORS: &str =
-    "identity, topk, approx-topk, randk, qsgd, int8, sign, terngrad, natural, fp16, bf16, dgc \
+    "identity, topk, approx-topk, randk, qsgd, int8, sign, terngrad, natural, fp16, bf16, dgc, \
+     sparseloco \
      (optionally prefixed ef+ for error feedback, e.g. ef+topk:0.01)";
 
 /// A compression operator as written in configs and on the command line (see the module
@@ -118,6 +119,14 @@ pub enum CompressorSpec {
     Fp16,
     /// `bf16`: cast to bfloat16 ([`Bf16`]).
     Bf16,
+    /// `sparseloco[:RATIO][,chunk=C]`: SparseLoCo's top-k per chunk of C coordinates with
+    /// 2-bit values ([`SparseLoco`]); ratio 1/64 and C = 4096 by default.
+    SparseLoco {
+        /// Share of each chunk kept, in (0, 1].
+        ratio: f64,
+        /// Coordinates per chunk, 1..=65536.
+        chunk: usize,
+    },
     /// `ef+OPERATOR`: error feedback ([`ErrorFeedback`]) around an operator that is neither
     /// error feedback nor DGC.
     ErrorFeedback(Box<CompressorSpec>),
@@ -248,6 +257,7 @@ const EXPECT_LEVELS: &str = "an integer from 1 to 65535";
 const EXPECT_BUCKET: &str = "an integer from 1 to 4294967295";
 const EXPECT_MOMENTUM: &str = "a number in [0, 1)";
 const EXPECT_WARMUP: &str = "a non-negative integer (epochs)";
+const EXPECT_CHUNK: &str = "an integer from 1 to 65536";
 
 /// One operator of the grammar: its name, usage line and valid keys.
 struct Grammar {
@@ -257,7 +267,7 @@ struct Grammar {
 }
 
 /// The grammar of each operator name (the order of [`OPERATORS`]).
-const GRAMMARS: [Grammar; 12] = [
+const GRAMMARS: [Grammar; 13] = [
     Grammar {
         name: "identity",
         usage: "identity",
@@ -312,6 +322,11 @@ const GRAMMARS: [Grammar; 12] = [
         name: "bf16",
         usage: "bf16",
         keys: "none",
+    },
+    Grammar {
+        name: "sparseloco",
+        usage: "sparseloco[:RATIO][,chunk=C]",
+        keys: "chunk",
     },
     Grammar {
         name: "dgc",
@@ -491,6 +506,7 @@ impl CompressorSpec {
             Self::Natural => "natural",
             Self::Fp16 => "fp16",
             Self::Bf16 => "bf16",
+            Self::SparseLoco { .. } => "sparseloco",
             Self::ErrorFeedback(_) => "ef",
             Self::Dgc(_) => "dgc",
         }
@@ -512,6 +528,7 @@ impl CompressorSpec {
             | Self::Sign { .. }
             | Self::Fp16
             | Self::Bf16
+            | Self::SparseLoco { .. }
             | Self::ErrorFeedback(_)
             | Self::Dgc(_) => false,
         }
@@ -534,11 +551,17 @@ impl CompressorSpec {
             Self::TopK { ratio, .. }
             | Self::ApproxTopK { ratio, .. }
             | Self::RandK { ratio, .. }
+            | Self::SparseLoco { ratio, .. }
                 if !valid_ratio(*ratio) =>
             {
                 invalid(name, "ratio", ratio.to_string(), EXPECT_RATIO)
             }
             Self::Qsgd { levels: 0, .. } => invalid(name, "levels", "0".into(), EXPECT_LEVELS),
+            Self::SparseLoco { chunk, .. }
+                if !(1..=crate::sparseloco::MAX_CHUNK).contains(chunk) =>
+            {
+                invalid(name, "chunk", chunk.to_string(), EXPECT_CHUNK)
+            }
             Self::Qsgd { bucket, .. }
             | Self::Int8 { bucket }
             | Self::Sign {
@@ -658,6 +681,7 @@ impl CompressorSpec {
             Self::Natural => Box::new(Natural::new()),
             Self::Fp16 => Box::new(Fp16::default()),
             Self::Bf16 => Box::new(Bf16::default()),
+            Self::SparseLoco { ratio, chunk } => Box::new(SparseLoco::new(*ratio, *chunk)),
             Self::ErrorFeedback(inner) => Box::new(ErrorFeedback::new(inner.build(layers)?)),
             Self::Dgc(cfg) => Box::new(Dgc::new(*cfg)),
         })
@@ -707,6 +731,17 @@ impl CompressorSpec {
             "natural" => Self::Natural,
             "fp16" => Self::Fp16,
             "bf16" => Self::Bf16,
+            "sparseloco" => Self::SparseLoco {
+                ratio: p.ratio(1.0 / 64.0)?,
+                chunk: match p.value("chunk")? {
+                    None => crate::sparseloco::DEFAULT_CHUNK,
+                    Some(text) => text
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|c| (1..=crate::sparseloco::MAX_CHUNK).contains(c))
+                        .ok_or_else(|| p.invalid("chunk", text, EXPECT_CHUNK))?,
+                },
+            },
             _ => {
                 let default = DgcConfig::default();
                 let ratio = p.ratio(default.ratio)?;
@@ -790,6 +825,7 @@ impl fmt::Display for CompressorSpec {
                 }
                 Ok(())
             }
+            Self::SparseLoco { ratio, chunk } => write!(f, "{name}:{ratio},chunk={chunk}"),
             Self::ErrorFeedback(inner) => write!(f, "ef+{inner}"),
             Self::Dgc(cfg) => {
                 write!(

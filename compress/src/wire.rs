@@ -38,11 +38,13 @@ pub enum OperatorId {
     Fp16 = 8,
     /// [`crate::Bf16`]: `d` bfloat16 values.
     Bf16 = 9,
+    /// [`crate::SparseLoco`]: per chunk two levels, `u16` indices and 2-bit codes.
+    SparseLoco = 10,
 }
 
 impl OperatorId {
     /// Every operator id, in wire-byte order.
-    pub const ALL: [OperatorId; 10] = [
+    pub const ALL: [OperatorId; 11] = [
         Self::Identity,
         Self::TopK,
         Self::ApproxTopK,
@@ -53,6 +55,7 @@ impl OperatorId {
         Self::Natural,
         Self::Fp16,
         Self::Bf16,
+        Self::SparseLoco,
     ];
 
     /// Maps the wire byte to an operator; `None` for an unknown byte.
@@ -73,6 +76,7 @@ impl OperatorId {
             Self::Natural => "natural",
             Self::Fp16 => "fp16",
             Self::Bf16 => "bf16",
+            Self::SparseLoco => "sparseloco",
         }
     }
 }

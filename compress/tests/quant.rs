@@ -1089,13 +1089,14 @@ proptest! {
     #[test]
     fn mutated_messages_never_panic(
         x in proptest::collection::vec(-100f32..100.0, 0..100),
-        which in 0usize..4,
+        which in 0usize..5,
         flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
     ) {
         let mut op: Box<dyn Compressor> = match which {
             0 => Box::new(Qsgd::new(6, 16)),
             1 => Box::new(Sign::new(Some(10))),
             2 => Box::new(TernGrad::new(None)),
+            3 => Box::new(murmur_compress::SparseLoco::new(0.25, 8)),
             _ => Box::new(Natural::new()),
         };
         let mut msg = encode(&mut *op, &x, 5);

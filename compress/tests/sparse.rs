@@ -208,7 +208,7 @@ proptest! {
 
     #[test]
     fn decoding_arbitrary_payloads_never_panics(
-        op in 0u8..10,
+        op in 0u8..11,
         d in 0u32..300,
         payload in proptest::collection::vec(any::<u8>(), 0..200),
     ) {

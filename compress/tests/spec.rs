@@ -19,7 +19,7 @@ fn error(s: &str) -> String {
 }
 
 /// Every example of the grammar, with its canonical form.
-const EXAMPLES: [(&str, &str); 26] = [
+const EXAMPLES: [(&str, &str); 28] = [
     ("identity", "identity"),
     ("topk", "topk:0.01"),
     ("topk:0.01", "topk:0.01"),
@@ -41,6 +41,8 @@ const EXAMPLES: [(&str, &str); 26] = [
     ("natural", "natural"),
     ("fp16", "fp16"),
     ("bf16", "bf16"),
+    ("sparseloco", "sparseloco:0.015625,chunk=4096"),
+    ("sparseloco:0.02,chunk=1024", "sparseloco:0.02,chunk=1024"),
     ("ef+topk:0.01", "ef+topk:0.01"),
     ("ef+sign", "ef+sign"),
     ("dgc", "dgc:0.001,momentum=0.9,warmup=4"),
@@ -162,6 +164,14 @@ fn bad_specs_are_refused_with_a_clear_message() {
             &["empty compressor spec", "identity, topk, approx-topk"],
         ),
         ("   ", &["empty compressor spec"]),
+        (
+            "sparseloco:0.02,chunk=0",
+            &["sparseloco", "chunk", "an integer from 1 to 65536"],
+        ),
+        (
+            "sparseloco,chunk=70000",
+            &["sparseloco", "chunk", "an integer from 1 to 65536"],
+        ),
         (
             "topc",
             &[
@@ -331,6 +341,7 @@ fn build_gives_the_right_operator() {
         ("randk:0.1,unscaled", OperatorId::RandK),
         ("fp16", OperatorId::Fp16),
         ("bf16", OperatorId::Bf16),
+        ("sparseloco:0.02", OperatorId::SparseLoco),
         ("ef+topk:0.01", OperatorId::TopK),
         ("ef+randk:0.5,unscaled", OperatorId::RandK),
         ("ef+fp16", OperatorId::Fp16),
@@ -431,6 +442,7 @@ fn names_and_bias() {
         ("natural", "natural", true),
         ("fp16", "fp16", false),
         ("bf16", "bf16", false),
+        ("sparseloco", "sparseloco", false),
         ("ef+identity", "ef", false),
         ("dgc", "dgc", false),
     ];
@@ -473,6 +485,8 @@ fn plain_spec() -> impl Strategy<Value = CompressorSpec> {
         Just(CompressorSpec::Natural),
         Just(CompressorSpec::Fp16),
         Just(CompressorSpec::Bf16),
+        (ratio(), 1usize..=65536)
+            .prop_map(|(ratio, chunk)| CompressorSpec::SparseLoco { ratio, chunk }),
         (
             ratio(),
             prop_oneof![Just(0.0f32), 0f32..1.0],

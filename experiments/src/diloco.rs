@@ -27,7 +27,7 @@ use crate::runner::{json_f64, parse_json, Ctx, Job};
 use crate::table::{markdown, write_checked_csv, Table};
 
 /// (id, label, the run's own arguments), in plot order.
-const RUNS: [(&str, &str, &[&str]); 12] = [
+const RUNS: [(&str, &str, &[&str]); 14] = [
     (
         "allreduce",
         "all-reduce (every step)",
@@ -83,6 +83,25 @@ const RUNS: [(&str, &str, &[&str]); 12] = [
             "--algorithm=diloco",
             "--local-steps=50",
             "--compressor=topk:0.1",
+            "--outer-lr=0.3",
+        ],
+    ),
+    (
+        "diloco-h50-sparseloco",
+        "DiLoCo H=50 SparseLoCo (1/64 of 4096, 2 bits)",
+        &[
+            "--algorithm=diloco",
+            "--local-steps=50",
+            "--compressor=sparseloco",
+        ],
+    ),
+    (
+        "diloco-h50-sparseloco-lr03",
+        "DiLoCo H=50 SparseLoCo (η_out 0.3)",
+        &[
+            "--algorithm=diloco",
+            "--local-steps=50",
+            "--compressor=sparseloco",
             "--outer-lr=0.3",
         ],
     ),
