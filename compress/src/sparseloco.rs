@@ -128,7 +128,7 @@ impl Compressor for SparseLoco {
                     byte = 0;
                 }
             }
-            if kc % 4 != 0 {
+            if !kc.is_multiple_of(4) {
                 out.push(byte);
             }
         }
@@ -202,7 +202,7 @@ pub(crate) fn validate(payload: &[u8], d: usize) -> Result<usize, DecodeError> {
             last = Some(i);
         }
         let codes = r.take(kc.div_ceil(4))?;
-        if kc % 4 != 0 && codes[kc / 4] >> (2 * (kc % 4)) != 0 {
+        if !kc.is_multiple_of(4) && codes[kc / 4] >> (2 * (kc % 4)) != 0 {
             return Err(DecodeError::BadParameter {
                 operator: NAME,
                 name: "padding",
