@@ -265,7 +265,16 @@ impl TopologySpec {
     /// with line and column); [`TopologyError::Spec`] when not exactly one of `topology`,
     /// `edges`, `matrix` is given or a key does not apply to the form;
     /// [`TopologyError::UnknownTopology`]; [`TopologyError::UnknownWeights`].
+    ///
+    /// A text that is an edge list instead — decentralizepy's `.edges` files (the peer count
+    /// on the first line, then one `i j` edge per line, both directions listed) or a plain
+    /// edge list (`u v` per line, `#` comments, as NetworkX's `write_edgelist(G, path,
+    /// data=False)` writes) — is read as an undirected graph on ranks 0..n
+    /// ([`TopologySpec::parse_edge_list`]); it is told from TOML by its content.
     pub fn parse(text: &str) -> Result<TopologySpec, TopologyError> {
+        if let Some(edges) = Self::parse_edge_list(text) {
+            return edges;
+        }
         let raw: RawSpec = toml::from_str(text).map_err(|e| TopologyError::Toml {
             message: e.to_string(),
         })?;
@@ -357,6 +366,72 @@ impl TopologySpec {
             weights,
             source,
         })
+    }
+
+    /// An undirected graph from an edge list, if `text` is one: every line that is not
+    /// blank or a `#` comment holds whitespace-separated non-negative integers, two per edge
+    /// (`i j`, 0-based ranks), and the first such line may hold one, the peer count n
+    /// (decentralizepy's `.edges` format); without it n is the largest rank + 1. An edge
+    /// listed in both directions counts once. `None` if the text is not an edge list (then
+    /// it is TOML); `Some(Err)` for a peer count below a listed rank, an edge of one rank,
+    /// or no edge at all.
+    pub fn parse_edge_list(text: &str) -> Option<Result<TopologySpec, TopologyError>> {
+        let mut rows: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let numbers: Option<Vec<usize>> =
+                line.split_whitespace().map(|t| t.parse().ok()).collect();
+            rows.push((i + 1, numbers?));
+        }
+        let (declared, edge_rows) = match rows.split_first() {
+            Some(((_, first), rest)) if first.len() == 1 => (Some(first[0]), rest),
+            _ => (None, &rows[..]),
+        };
+        let mut edges = Vec::new();
+        for (line, numbers) in edge_rows {
+            match numbers[..] {
+                [a, b] if a != b => edges.push((a.min(b), a.max(b))),
+                [a, b] => {
+                    return Some(Err(spec_err(format!(
+                        "edge list, line {line}: the edge {a} {b} joins a peer to itself"
+                    ))))
+                }
+                _ => {
+                    return Some(Err(spec_err(format!(
+                        "edge list, line {line}: expected two ranks `i j`, found {} numbers",
+                        numbers.len()
+                    ))))
+                }
+            }
+        }
+        if edges.is_empty() {
+            return if rows.is_empty() {
+                None
+            } else {
+                Some(Err(spec_err("edge list without an edge")))
+            };
+        }
+        edges.sort_unstable();
+        edges.dedup();
+        let largest = edges.iter().map(|&(_, b)| b).max().unwrap_or(0);
+        let n = declared.unwrap_or(largest + 1);
+        if largest >= n {
+            return Some(Err(spec_err(format!(
+                "edge list: rank {largest} is listed but the first line says {n} peers"
+            ))));
+        }
+        Some(Ok(TopologySpec {
+            name: None,
+            nodes: Some(n),
+            weights: None,
+            source: SpecSource::Edges {
+                edges,
+                directed: false,
+            },
+        }))
     }
 
     /// A named topology as the command line gives it: `NAME` or `NAME:key=value,...` with

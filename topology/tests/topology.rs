@@ -985,3 +985,53 @@ fn named_topology_options_on_the_command_line() {
         Err(TopologyError::InvalidProbability { .. })
     ));
 }
+
+/// decentralizepy's `.edges` files (n, then `i j` per line, both directions) and plain edge
+/// lists (`u v`, `#` comments) load as undirected graphs; bad lists get one clear line.
+#[test]
+fn edge_list_files_of_the_field_s_tools_load() {
+    // A 4-ring in decentralizepy's form, both directions listed.
+    let decentralizepy = "4\n0 1\n1 0\n1 2\n2 1\n2 3\n3 2\n3 0\n0 3\n";
+    let plain = "# a ring\n0 1\n1 2\n\n2 3  # last but one\n3 0\n";
+    let ring = TopologySpec::named("ring").unwrap().build(Some(4)).unwrap();
+    for text in [decentralizepy, plain] {
+        let t = TopologySpec::parse(text).unwrap().build(None).unwrap();
+        assert_eq!(t.w.n(), 4);
+        assert!(t.w.graph().is_symmetric());
+        for i in 0..4 {
+            for j in 0..4 {
+                assert!(
+                    (t.w.get(i, j) - ring.w.get(i, j)).abs() < 1e-12,
+                    "{text}: W[{i}][{j}]"
+                );
+            }
+        }
+    }
+    // The peer count of the first line may exceed the ranks listed: they are unconnected.
+    let err = TopologySpec::parse("5\n0 1\n1 2\n2 3\n3 0\n")
+        .unwrap()
+        .build(None)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            murmur_topology::TopologyError::NotConnected { peer: 4 }
+        ),
+        "{err}"
+    );
+    for (text, says) in [
+        (
+            "3\n0 1\n1 5\n",
+            "rank 5 is listed but the first line says 3 peers",
+        ),
+        ("0 1\n1 1\n", "line 2: the edge 1 1 joins a peer to itself"),
+        ("0 1 2\n", "line 1: expected two ranks"),
+        ("7\n", "edge list without an edge"),
+    ] {
+        let err = TopologySpec::parse(text).unwrap_err().to_string();
+        assert!(err.contains(says), "{text:?}: {err}");
+    }
+    // TOML is still TOML, with toml's own errors.
+    let err = TopologySpec::parse("topology = ").unwrap_err().to_string();
+    assert!(err.contains("invalid topology file"), "{err}");
+}
