@@ -35,7 +35,9 @@ const NAME: &str = "sparseloco";
 pub struct SparseLoco {
     ratio: f64,
     chunk: usize,
+    /// Scratch, kept between calls: the kept indices and magnitudes of a chunk.
     idx: Vec<u32>,
+    mags: Vec<f32>,
 }
 
 impl SparseLoco {
@@ -57,6 +59,7 @@ impl SparseLoco {
             ratio,
             chunk,
             idx: Vec::new(),
+            mags: Vec::new(),
         }
     }
 
@@ -94,7 +97,7 @@ impl Compressor for SparseLoco {
         );
         out.extend_from_slice(&(self.chunk as u32).to_le_bytes());
         out.extend_from_slice(&(k as u32).to_le_bytes());
-        let mut mags: Vec<f32> = Vec::with_capacity(k);
+        let mut mags = std::mem::take(&mut self.mags);
         for part in x.chunks(self.chunk) {
             self.idx.clear();
             top_k_exact(part, k, 0, &mut self.idx);
@@ -132,6 +135,7 @@ impl Compressor for SparseLoco {
                 out.push(byte);
             }
         }
+        self.mags = mags;
         finish_message(start, out)
     }
 

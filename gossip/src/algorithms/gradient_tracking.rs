@@ -31,10 +31,7 @@ use murmur_compress::CompressorSpec;
 use crate::algorithm::{
     Algorithm, BuildContext, Capabilities, Compresses, Departures, GraphNeeds, Pattern, Resume,
 };
-use crate::{
-    AlgorithmState, BuildError, DPsgd, Gossip, GossipError, GossipEvent, MembershipError, Rank,
-    StateError,
-};
+use crate::{AlgorithmState, BuildError, DPsgd, Gossip, GossipEvent, StateError};
 
 /// One peer of gradient tracking (see the [module docs](self)).
 pub struct GradientTracking {
@@ -70,11 +67,6 @@ impl GradientTracking {
             stacked: vec![0.0; 2 * d],
         }
     }
-
-    /// The tracker's part of the last mix, z_i = (W y)_i − g_i: `[d]`.
-    pub fn tracker_residual(&self) -> &[f32] {
-        &self.z
-    }
 }
 
 impl Gossip for GradientTracking {
@@ -103,15 +95,6 @@ impl Gossip for GradientTracking {
         self.inner.begin_round(now, &self.stacked, None);
     }
 
-    fn handle_message(
-        &mut self,
-        now: Instant,
-        from: Rank,
-        frame: &[u8],
-    ) -> Result<(), GossipError> {
-        self.inner.handle_message(now, from, frame)
-    }
-
     /// The inner mixer's events; its `Mixed` first splits the mix into x_i and z_i.
     fn poll_event(&mut self) -> Option<GossipEvent> {
         let ev = self.inner.poll_event()?;
@@ -129,10 +112,6 @@ impl Gossip for GradientTracking {
 
     fn params(&self) -> &[f32] {
         &self.x
-    }
-
-    fn start_at_round(&mut self, round: u64) -> Result<(), MembershipError> {
-        self.inner.start_at_round(round)
     }
 
     /// z_i, as `tracker_residual`.
@@ -155,7 +134,7 @@ impl Gossip for GradientTracking {
         Ok(())
     }
 
-    crate::forward_gossip!(inner: handle_timeout, poll_transmit, poll_timeout, round, stats, out_peers, in_peers);
+    crate::forward_gossip!(inner: handle_message, handle_timeout, start_at_round, poll_transmit, poll_timeout, round, stats, out_peers, in_peers);
 }
 
 /// Gradient tracking in the [`crate::registry`].

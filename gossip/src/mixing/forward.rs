@@ -27,6 +27,16 @@ macro_rules! forward_gossip {
             self.$i.begin_round(now, x, grad)
         }
     };
+    (@one $i:ident handle_message) => {
+        fn handle_message(
+            &mut self,
+            now: std::time::Instant,
+            from: $crate::Rank,
+            frame: &[u8],
+        ) -> Result<(), $crate::GossipError> {
+            self.$i.handle_message(now, from, frame)
+        }
+    };
     (@one $i:ident handle_timeout) => {
         fn handle_timeout(&mut self, now: std::time::Instant) { self.$i.handle_timeout(now) }
     };

@@ -47,17 +47,6 @@ impl Driver {
     pub(super) fn execute(&mut self, actions: Vec<Action>) -> anyhow::Result<()> {
         for action in actions {
             match action {
-                Action::Send { to, frame } => {
-                    let link = self
-                        .links
-                        .get(&to)
-                        .ok_or_else(|| anyhow!("no link to peer {to}"))?;
-                    if let Err(e) = self.rt.block_on(link.send(frame)) {
-                        // The link's task ended: its connection was lost.
-                        let reason = format!("{e:#}");
-                        self.handle(Input::SendFailed { to, reason })?;
-                    }
-                }
                 Action::Broadcast { frame, except } => {
                     for (&to, link) in self.links.iter().filter(|(to, _)| !except.contains(to)) {
                         if let Err(e) = self.rt.block_on(link.send(frame.clone())) {
@@ -81,7 +70,7 @@ impl Driver {
                             self.links.insert(to, link);
                             self.handle(Input::Connected { to })?;
                             if let Some(frame) = then {
-                                self.execute(vec![Action::Send { to, frame }])?;
+                                self.send(to, frame)?;
                             }
                         }
                         Err(e) => warn!(to, "cannot connect to peer {to}: {e:#}"),
@@ -116,10 +105,24 @@ impl Driver {
         Ok(())
     }
 
+    /// Sends `frame` on the link to `to`; a link whose task ended (its connection was lost)
+    /// goes back to the core as [`Input::SendFailed`].
+    fn send(&mut self, to: Rank, frame: Bytes) -> anyhow::Result<()> {
+        let link = self
+            .links
+            .get(&to)
+            .ok_or_else(|| anyhow!("no link to peer {to}"))?;
+        if let Err(e) = self.rt.block_on(link.send(frame)) {
+            let reason = format!("{e:#}");
+            self.handle(Input::SendFailed { to, reason })?;
+        }
+        Ok(())
+    }
+
     /// Sends every frame the algorithm's state machine has queued.
     pub(super) fn transmit(&mut self) -> anyhow::Result<()> {
-        while let Some(send) = self.core.poll_transmit() {
-            self.execute(vec![send])?;
+        while let Some(t) = self.core.gossip.poll_transmit() {
+            self.send(t.to, t.frame)?;
         }
         Ok(())
     }

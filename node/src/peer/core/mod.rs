@@ -52,7 +52,8 @@ pub(crate) enum Input {
     Refused { peer: Option<Rank>, reason: String },
     /// Peer 0's bootstrap admitted a new peer `peer_id` into the empty rank `rank`.
     Joined { rank: Rank, peer_id: libp2p::PeerId },
-    /// A frame of [`Action::Send`] to `to` could not be sent: its link's task ended.
+    /// A frame to `to` (the algorithm's, or a welcome) could not be sent: its link's task
+    /// ended.
     SendFailed { to: Rank, reason: String },
     /// The link of [`Action::Connect`] to `to` is open.
     Connected { to: Rank },
@@ -61,8 +62,6 @@ pub(crate) enum Input {
 /// What the shell does for the core, in order.
 #[derive(Debug)]
 pub(crate) enum Action {
-    /// Send `frame` on the link to `to`; a failure comes back as [`Input::SendFailed`].
-    Send { to: Rank, frame: Bytes },
     /// Send `frame` on every link except those to `except`, best effort (a failing link is
     /// reported by the data plane on its own).
     Broadcast { frame: Bytes, except: Vec<Rank> },
@@ -318,14 +317,6 @@ impl PeerCore {
             peer: gone,
             keep_newest,
         });
-    }
-
-    /// The frames the algorithm's state machine has queued, as [`Action::Send`]s.
-    pub(crate) fn poll_transmit(&mut self) -> Option<Action> {
-        self.gossip.poll_transmit().map(|t| Action::Send {
-            to: t.to,
-            frame: t.frame,
-        })
     }
 
     /// When the state machine next needs [`PeerCore::handle_timeout`] (`None`: not until

@@ -66,7 +66,6 @@ fn kinds(actions: &[Action]) -> Vec<&'static str> {
     actions
         .iter()
         .map(|a| match a {
-            Action::Send { .. } => "send",
             Action::Broadcast { .. } => "broadcast",
             Action::Connect { .. } => "connect",
             Action::DropLinks { .. } => "drop",
@@ -111,7 +110,7 @@ fn a_lost_neighbour_is_a_departure_told_to_all_and_recorded_by_peer_0() {
     assert!(c.membership.has_left(1));
     // The algorithm mixes without peer 1: round 0 ends on peer 3's frame alone.
     c.gossip.begin_round(now, &[1.0; D], Some(&[0.0; D]));
-    while c.poll_transmit().is_some() {}
+    while c.gossip.poll_transmit().is_some() {}
     let mut x3 = Vec::new();
     let mut rng = StdRng::seed_from_u64(0);
     murmur_compress::Identity.compress(&[1.0; D], &mut rng, &mut x3);
