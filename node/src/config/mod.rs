@@ -11,7 +11,7 @@ use serde::Serialize;
 /// The time-varying one-peer exponential schedule's name for `--topology`.
 pub use murmur_topology::ONE_PEER_EXPONENTIAL;
 
-use crate::plane::TransportChoice;
+use crate::plane::{TransportChoice, Wire};
 use crate::train::data::Partition;
 use crate::train::inner_optimizer::{
     AdamWConfig, Optimizer, OptimizerKind, Schedule, ScheduleKind,
@@ -329,10 +329,19 @@ pub struct NetArgs {
     #[arg(long, default_value_t = 60)]
     pub join_timeout_secs: u64,
     /// Transport of the data-plane links: `auto` sends to peers on this host through shared
-    /// memory (a ring in /dev/shm; QUIC if it cannot be mapped) and to other hosts over
-    /// QUIC; `quic` uses QUIC everywhere.
+    /// memory (a ring in /dev/shm; QUIC if it cannot be mapped), to other hosts it reaches
+    /// directly over TCP (QUIC if the TCP port does not answer or the peer is behind a NAT)
+    /// and over QUIC through relays; `quic` uses QUIC everywhere; `tcp` TCP on every direct
+    /// link, this host's included.
     #[arg(long, value_enum, default_value_t = TransportChoice::Auto)]
     pub transport: TransportChoice,
+    /// Protection of the TCP links: `encrypted` (TLS 1.3 with the peers' identities) or
+    /// `plaintext`, for a fabric whose every host is trusted (as gloo and NCCL run): the
+    /// link is still set up and bound to its peer through the authenticated QUIC
+    /// connection, but its frames travel in clear, so anyone on the path can read or alter
+    /// them. A link is plaintext only when both ends give `plaintext`.
+    #[arg(long, value_enum, default_value_t = Wire::Encrypted)]
+    pub wire: Wire,
     /// No relayed links: peer 0 does not relay for the run, and a peer whose direct path to
     /// a neighbour does not open (a symmetric NAT) fails instead of asking it. By default a
     /// link that hole punching cannot open is relayed through peer 0's data-plane address

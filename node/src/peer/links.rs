@@ -102,10 +102,10 @@ pub async fn open(
             Err(e) => return Err(e),
         }
     }
-    let shared = links
-        .values()
-        .filter(|l| l.kind == LinkKind::SharedMemory)
-        .count();
+    let count = |kinds: &[LinkKind]| links.values().filter(|l| kinds.contains(&l.kind)).count();
+    let shared = count(&[LinkKind::SharedMemory]);
+    let tcp = count(&[LinkKind::Tcp, LinkKind::TcpPlaintext]);
+    let plaintext = count(&[LinkKind::TcpPlaintext]);
     let through_relay: Vec<Rank> = links
         .values()
         .filter(|l| l.relayed.is_some())
@@ -113,8 +113,9 @@ pub async fn open(
         .collect();
     info!(
         relayed = ?through_relay,
-        "links: {shared} through shared memory, {} over QUIC ({} of them relayed)",
-        links.len() - shared,
+        "links: {shared} through shared memory, {tcp} over TCP ({plaintext} of them in \
+         clear), {} over QUIC ({} of them relayed)",
+        links.len() - shared - tcp,
         through_relay.len()
     );
     Ok((links, unreachable))

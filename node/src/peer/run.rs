@@ -255,6 +255,7 @@ fn join(
     })?;
     plane.emulation = args.link_emulation();
     plane.transport = args.net.transport;
+    plane.set_wire(args.net.wire);
     let mut me = PeerInfo {
         rank,
         peer_id: String::new(),
@@ -357,6 +358,7 @@ fn join(
     if let Some(entry) = directory.get(given).and_then(Option::as_ref) {
         me.data_addr = entry.data_addr;
         me.nat_published = entry.nat_published;
+        plane.set_behind_nat(me.nat_published.is_some());
     }
     Ok(Joined {
         me,

@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use bytes::Bytes;
 use murmur_gossip::frame::{FrameHeader, FRAME_HEADER_LEN};
-use quinn::{Connection, RecvStream, SendStream, VarInt};
+use quinn::{Connection, SendStream, VarInt};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
@@ -31,7 +31,7 @@ use super::{NetEvent, ABANDONED};
 
 /// How long the sender waits for the answer to its offer.
 const OFFER_TIMEOUT: Duration = Duration::from_secs(10);
-const OFFER_TAG: &[u8; 4] = b"SHM1";
+pub(super) const OFFER_TAG: &[u8; 4] = b"SHM1";
 
 /// Whether `addr` is this host's: loopback, or an address a socket here can bind (one of
 /// this network namespace's interfaces).
@@ -122,14 +122,14 @@ fn parse_offer(msg: &[u8]) -> anyhow::Result<(u64, String)> {
     Ok((u64::from_le_bytes(*cap), name.to_string()))
 }
 
-/// Answers the ring offered on (`send`, `recv`) by the peer of `conn` (bound to
-/// `state.peer`) and, once mapped, reads the ring's frames on a thread of its own until
+/// Answers the ring offered (`msg`, read from `send`'s stream) by the peer of `conn`
+/// (bound to `state.peer`) and, once mapped, reads the ring's frames on a thread of its own until
 /// the connection closes or the goodbye's count is complete. Only the `first` offer of a
 /// connection is taken (one ring per link).
 pub(super) async fn answer_offer(
     conn: Connection,
+    msg: &[u8],
     mut send: SendStream,
-    mut recv: RecvStream,
     events: mpsc::Sender<NetEvent>,
     state: Arc<tokio::sync::Mutex<Receiving>>,
     max_payload_bytes: u32,
@@ -137,9 +137,8 @@ pub(super) async fn answer_offer(
 ) {
     let peer = state.lock().await.peer;
     let opened = async {
-        anyhow::ensure!(first, "this link has a ring already");
-        let msg = recv.read_to_end(256).await?;
-        let (capacity, name) = parse_offer(&msg)?;
+        anyhow::ensure!(first, "this link has a transport already");
+        let (capacity, name) = parse_offer(msg)?;
         shm::Reader::open(Path::new(shm::SHM_DIR), &name, capacity, stop_flag(&conn))
     }
     .await;
@@ -175,7 +174,9 @@ fn read_ring(
     let limit = FRAME_HEADER_LEN + max_payload_bytes as usize;
     loop {
         let frame = match reader.read_frame(limit) {
-            Ok(Incoming::Frame(buf)) => check(buf, max_payload_bytes),
+            Ok(Incoming::Frame(buf)) => {
+                check(&buf, max_payload_bytes).map(|h| (h, Bytes::from(buf), None))
+            }
             Ok(Incoming::TooLong(n)) => Err(anyhow!(
                 "a {n}-byte frame exceeds the limit of {limit} bytes"
             )),
@@ -200,19 +201,16 @@ fn read_ring(
     }
 }
 
-/// The header of a frame read whole from a ring, checked as on QUIC, and its length against
-/// the header's.
-fn check(
-    buf: Vec<u8>,
-    max_payload_bytes: u32,
-) -> anyhow::Result<(FrameHeader, Bytes, Option<std::time::Duration>)> {
-    let header = FrameHeader::parse_prefix(&buf, max_payload_bytes)?;
+/// The header of a frame read whole (from a ring or a TCP stream), checked as on QUIC, and
+/// its length against the header's.
+pub(super) fn check(buf: &[u8], max_payload_bytes: u32) -> anyhow::Result<FrameHeader> {
+    let header = FrameHeader::parse_prefix(buf, max_payload_bytes)?;
     let declared = FRAME_HEADER_LEN + header.payload_len as usize;
     anyhow::ensure!(
         declared == buf.len(),
         "a frame longer than the {declared} bytes it declares"
     );
-    Ok((header, Bytes::from(buf), None))
+    Ok(header)
 }
 
 #[cfg(test)]

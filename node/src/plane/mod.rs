@@ -31,6 +31,7 @@ mod receive;
 pub mod relay;
 pub mod send;
 pub mod shm;
+pub mod tcp;
 pub mod tls;
 
 use std::collections::HashMap;
@@ -53,6 +54,8 @@ use tracing::info;
 use quic::{accept_loop, crypto_provider, transport_config, QuicFrames};
 use send::send_loop;
 
+pub use tcp::Wire;
+use tcp::{TcpFrames, TcpSide};
 use tls::Admitted;
 
 /// UDP socket buffer size requested from the OS (measured: ~1 GB/s on loopback with 4 MiB).
@@ -132,6 +135,10 @@ pub struct DataPlane {
     pub emulation: LinkEmulation,
     /// The transports of the links opened by [`DataPlane::connect`] from then on.
     pub transport: TransportChoice,
+    /// How the TCP links this plane opens are protected ([`DataPlane::set_wire`]).
+    wire: Wire,
+    /// The TCP listener and its pending offers ([`tcp`]).
+    tcp: Arc<TcpSide>,
     inbound: Inbound,
     /// The endpoint's UDP socket, shared with quinn: relay registrations leave from it, so
     /// that they open the same NAT mapping as the link's QUIC packets ([`relay`]).
@@ -148,6 +155,30 @@ impl DataPlane {
     /// the bootstrap after binding. Links opened before keep the old one.
     pub fn set_rank(&mut self, rank: Rank) {
         self.rank = rank;
+    }
+
+    /// Sets how TCP links are protected, both ways: the links this plane opens ask for
+    /// `wire`, and incoming plaintext links are accepted only with [`Wire::Plaintext`] (a
+    /// link is plaintext only when both ends say so).
+    pub fn set_wire(&mut self, wire: Wire) {
+        self.wire = wire;
+        self.tcp.plaintext_ok.store(
+            wire == Wire::Plaintext,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Says that this peer is behind a NAT: TCP offers to it are refused at once (the
+    /// sender's dial could not reach its port), so its incoming links stay on QUIC.
+    pub fn set_behind_nat(&self, behind: bool) {
+        self.tcp
+            .behind_nat
+            .store(behind, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The port of the TCP listener (on the data plane's address).
+    pub fn tcp_port(&self) -> u16 {
+        self.tcp.port()
     }
 }
 
@@ -186,12 +217,17 @@ impl LinkEmulation {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum TransportChoice {
-    /// Shared memory to peers on this host (when both ends can map the ring), QUIC to the
-    /// others.
+    /// Shared memory to peers on this host (when both ends can map the ring), TCP to peers
+    /// on other hosts that the link reached directly (when the receiver's TCP port answers
+    /// within 3 s and it is not behind a NAT), QUIC otherwise (relayed links, NATs); each
+    /// fallback is logged.
     #[default]
     Auto,
     /// QUIC on every link.
     Quic,
+    /// TCP on every direct link, this host's included; a link whose TCP connection cannot
+    /// be set up fails (relayed links stay QUIC).
+    Tcp,
 }
 
 /// The transport a link's frames use.
@@ -201,6 +237,10 @@ pub enum LinkKind {
     Quic,
     /// A shared-memory ring (same host).
     SharedMemory,
+    /// A TCP stream, TLS 1.3 inside it.
+    Tcp,
+    /// A TCP stream in clear (both ends asked, `--wire plaintext`).
+    TcpPlaintext,
 }
 
 impl std::fmt::Display for LinkKind {
@@ -208,6 +248,8 @@ impl std::fmt::Display for LinkKind {
         f.write_str(match self {
             LinkKind::Quic => "QUIC",
             LinkKind::SharedMemory => "shared memory",
+            LinkKind::Tcp => "TCP (TLS)",
+            LinkKind::TcpPlaintext => "TCP (plaintext)",
         })
     }
 }
@@ -281,6 +323,15 @@ impl DataPlane {
         )?;
         let local_addr = endpoint.local_addr()?;
         let (events, rx) = mpsc::channel(EVENT_QUEUE);
+        let pool = receive::BufferPool::default();
+        let tcp = TcpSide::bind(
+            local_addr.ip(),
+            local_addr.port(),
+            key,
+            crypto_provider(),
+            events.clone(),
+            pool.clone(),
+        )?;
         let inbound = Inbound::default();
         tokio::spawn(accept_loop(
             endpoint.clone(),
@@ -288,6 +339,8 @@ impl DataPlane {
             max_payload_bytes,
             inbound.clone(),
             admitted,
+            tcp.clone(),
+            pool,
         ));
         Ok((
             DataPlane {
@@ -299,6 +352,8 @@ impl DataPlane {
                 rank,
                 emulation: LinkEmulation::default(),
                 transport: TransportChoice::default(),
+                wire: Wire::default(),
+                tcp,
                 inbound,
                 raw,
             },
@@ -398,27 +453,22 @@ impl DataPlane {
         .with_context(|| format!("connecting to peer {to} at {addr}"))?;
         let (tx, rx) = mpsc::channel(SEND_QUEUE);
         let (me, events, emulation) = (self.rank, self.events.clone(), self.emulation);
-        let shm = self.transport == TransportChoice::Auto && !relayed;
-        let ring = if shm && local_link::same_host(addr) {
-            match local_link::offer(&conn).await {
-                Ok(ring) => Some(ring),
-                Err(e) => {
-                    info!(
-                        to,
-                        "the link to peer {to} stays on QUIC: shared memory failed: {e:#}"
-                    );
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        let kind = match ring {
-            Some(ring) => {
+        let kind = match self
+            .other_transport(to, addr, peer_id, &conn, relayed)
+            .await?
+        {
+            Other::Ring(ring) => {
                 tokio::spawn(send_loop(me, to, conn.clone(), ring, rx, events, emulation));
                 LinkKind::SharedMemory
             }
-            None => {
+            Other::Tcp(tcp) => {
+                tokio::spawn(send_loop(me, to, conn.clone(), tcp, rx, events, emulation));
+                match self.wire {
+                    Wire::Encrypted => LinkKind::Tcp,
+                    Wire::Plaintext => LinkKind::TcpPlaintext,
+                }
+            }
+            Other::None => {
                 let quic = QuicFrames(conn.clone());
                 tokio::spawn(send_loop(me, to, conn.clone(), quic, rx, events, emulation));
                 LinkKind::Quic
@@ -431,6 +481,60 @@ impl DataPlane {
             conn,
             kind,
             relayed,
+        })
+    }
+
+    /// The transport other than QUIC that the link to `to` (at `addr`, identity
+    /// `peer_id`, over `conn`) takes by [`TransportChoice`]: a ring to this host, TCP to a
+    /// direct destination, none (QUIC) for a relayed one or when the choice's attempt
+    /// failed (logged) under [`TransportChoice::Auto`].
+    ///
+    /// # Errors
+    /// Under [`TransportChoice::Tcp`], the TCP link could not be set up.
+    async fn other_transport(
+        &self,
+        to: Rank,
+        addr: SocketAddr,
+        peer_id: PeerId,
+        conn: &Connection,
+        relayed: bool,
+    ) -> anyhow::Result<Other> {
+        let here = local_link::same_host(addr);
+        let tcp = || {
+            tcp::offer(
+                conn,
+                addr.ip(),
+                self.wire,
+                &self.key,
+                peer_id,
+                crypto_provider(),
+            )
+        };
+        Ok(match self.transport {
+            _ if relayed => Other::None,
+            TransportChoice::Quic => Other::None,
+            TransportChoice::Tcp => {
+                Other::Tcp(tcp().await.with_context(|| {
+                    format!("a TCP link to peer {to} at {addr} (--transport tcp)")
+                })?)
+            }
+            TransportChoice::Auto if here => match local_link::offer(conn).await {
+                Ok(ring) => Other::Ring(ring),
+                Err(e) => {
+                    info!(
+                        to,
+                        "the link to peer {to} stays on QUIC: shared memory failed: {e:#}"
+                    );
+                    Other::None
+                }
+            },
+            TransportChoice::Auto => match tcp().await {
+                Ok(t) => Other::Tcp(t),
+                Err(e) => {
+                    info!(to, "the link to peer {to} stays on QUIC: TCP failed: {e:#}");
+                    Other::None
+                }
+            },
         })
     }
 
@@ -474,6 +578,13 @@ impl Link {
             .await
             .map_err(|_| anyhow!("the link to peer {} is closed", self.to))
     }
+}
+
+/// A link's transport besides its QUIC connection.
+enum Other {
+    Ring(local_link::ShmFrames),
+    Tcp(TcpFrames),
+    None,
 }
 
 /// Whether this side closed `conn` (it gave the link up, or the endpoint shut down): its
@@ -530,15 +641,26 @@ mod tests {
         Bytes::from(f)
     }
 
-    /// On both transports: frames arrive whole, one over the limit and one with a lying
+    /// On every transport (shared memory, QUIC, TCP with TLS, TCP in clear): frames arrive
+    /// whole, one over the limit and one with a lying
     /// header are refused (counted) and the frames after them still arrive, and the goodbye
     /// finishes both ends.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn both_transports_deliver_refuse_and_finish_alike() {
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        for (choice, kind) in [
-            (TransportChoice::Auto, LinkKind::SharedMemory),
-            (TransportChoice::Quic, LinkKind::Quic),
+        for (choice, wire, kind) in [
+            (
+                TransportChoice::Auto,
+                Wire::Encrypted,
+                LinkKind::SharedMemory,
+            ),
+            (TransportChoice::Quic, Wire::Encrypted, LinkKind::Quic),
+            (TransportChoice::Tcp, Wire::Encrypted, LinkKind::Tcp),
+            (
+                TransportChoice::Tcp,
+                Wire::Plaintext,
+                LinkKind::TcpPlaintext,
+            ),
         ] {
             let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
             let admitted = Admitted::default();
@@ -548,8 +670,10 @@ mod tests {
             let (mut sender, mut sender_events) =
                 DataPlane::bind(0, any, limit, timeout, &a, Admitted::default()).unwrap();
             sender.transport = choice;
-            let (receiver, mut events) =
+            sender.set_wire(wire);
+            let (mut receiver, mut events) =
                 DataPlane::bind(1, any, limit, timeout, &b, admitted).unwrap();
+            receiver.set_wire(wire);
             let link = sender
                 .connect(1, receiver.local_addr, b.public().to_peer_id())
                 .await
@@ -593,6 +717,50 @@ mod tests {
             match next(&mut sender_events).await {
                 NetEvent::LinkDone { to: 1 } => {}
                 other => panic!("{kind}: expected the link done, got {other:?}"),
+            }
+        }
+    }
+
+    /// A plaintext link needs both ends to ask for it: a plaintext sender to an encrypted
+    /// receiver is refused (and `--transport tcp` fails the link with the reason), an
+    /// encrypted sender to a plaintext-ready receiver gets TLS.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plaintext_link_only_when_both_ends_ask_for_it() {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let timeout = Duration::from_secs(5);
+        for (sender_wire, receiver_wire, expect) in [
+            (Wire::Plaintext, Wire::Encrypted, None),
+            (Wire::Encrypted, Wire::Plaintext, Some(LinkKind::Tcp)),
+            (
+                Wire::Plaintext,
+                Wire::Plaintext,
+                Some(LinkKind::TcpPlaintext),
+            ),
+        ] {
+            let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+            let admitted = Admitted::default();
+            admitted.admit_all([(a.public().to_peer_id(), 0)]);
+            let (mut sender, _e) =
+                DataPlane::bind(0, any, 1 << 20, timeout, &a, Admitted::default()).unwrap();
+            sender.transport = TransportChoice::Tcp;
+            sender.set_wire(sender_wire);
+            let (mut receiver, _events) =
+                DataPlane::bind(1, any, 1 << 20, timeout, &b, admitted).unwrap();
+            receiver.set_wire(receiver_wire);
+            let link = sender
+                .connect(1, receiver.local_addr, b.public().to_peer_id())
+                .await;
+            match (link, expect) {
+                (Ok(link), Some(kind)) => assert_eq!(link.kind, kind),
+                (Err(e), None) => {
+                    let e = format!("{e:#}");
+                    assert!(
+                        e.contains("plaintext") && e.contains("--transport tcp"),
+                        "{e}"
+                    )
+                }
+                (Ok(link), None) => panic!("a {} link", link.kind),
+                (Err(e), Some(_)) => panic!("{e:#}"),
             }
         }
     }

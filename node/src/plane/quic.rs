@@ -3,8 +3,8 @@
 //! peer's rank, each frame read with its header checked before the payload is allocated.
 //!
 //! Every link has a QUIC connection, also when its frames travel through shared memory
-//! ([`super::local_link`]): the connection proves the peers' identities, carries the
-//! shared-memory offer (a bidirectional stream), notices a silent peer (idle timeout) and
+//! ([`super::local_link`]) or TCP ([`super::tcp`]): the connection proves the peers'
+//! identities, carries the offer of the other transport (a bidirectional stream), notices a silent peer (idle timeout) and
 //! carries the close that ends the link.
 
 use std::net::SocketAddr;
@@ -13,14 +13,16 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use bytes::Bytes;
+use libp2p::PeerId;
 use murmur_gossip::frame::{FrameHeader, FRAME_HEADER_LEN};
 use murmur_gossip::Rank;
 use quinn::{Connection, Endpoint, TransportConfig, VarInt};
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::receive::{deliver, Receiving};
+use super::receive::{deliver, BufferPool, Receiving};
 use super::send::FrameTransport;
+use super::tcp::TcpSide;
 use super::tls::{self, Admitted};
 use super::{closed_here, local_link, Inbound, NetEvent, ABANDONED};
 
@@ -78,11 +80,15 @@ pub(super) async fn accept_loop(
     max_payload_bytes: u32,
     inbound: Inbound,
     admitted: Admitted,
+    tcp: Arc<TcpSide>,
+    pool: BufferPool,
 ) {
     while let Some(incoming) = endpoint.accept().await {
         let events = events.clone();
         let inbound = inbound.clone();
         let admitted = admitted.clone();
+        let tcp = tcp.clone();
+        let pool = pool.clone();
         tokio::spawn(async move {
             let remote = incoming.remote_address();
             let conn = match incoming.await {
@@ -103,7 +109,17 @@ pub(super) async fn accept_loop(
             };
             match rank {
                 Some(rank) => {
-                    serve_connection(conn, rank, events, max_payload_bytes, inbound).await
+                    let peer = peer.expect("a rank is known only for an identity");
+                    let link = Serving {
+                        conn,
+                        rank,
+                        peer,
+                        events,
+                        max_payload_bytes,
+                        tcp,
+                        pool,
+                    };
+                    serve_connection(link, inbound).await
                 }
                 None => {
                     conn.close(VarInt::from_u32(ABANDONED), b"not admitted");
@@ -127,15 +143,31 @@ async fn refuse_connection(events: &mpsc::Sender<NetEvent>, remote: SocketAddr, 
         .await;
 }
 
-/// Reads the frames of peer `rank`'s connection: one per unidirectional stream, or, once
-/// the peer has offered its shared-memory ring on a bidirectional stream, from the ring.
-async fn serve_connection(
+/// An incoming connection bound to its peer, and what serving it needs.
+struct Serving {
     conn: Connection,
     rank: Rank,
+    /// The identity its certificate proved.
+    peer: PeerId,
     events: mpsc::Sender<NetEvent>,
     max_payload_bytes: u32,
-    inbound: Inbound,
-) {
+    tcp: Arc<TcpSide>,
+    pool: BufferPool,
+}
+
+/// Reads the frames of peer `rank`'s connection: one per unidirectional stream, or, once
+/// the peer has offered another transport on a bidirectional stream (its shared-memory
+/// ring, [`local_link`], or a TCP connection, [`super::tcp`]), from that transport.
+async fn serve_connection(link: Serving, inbound: Inbound) {
+    let Serving {
+        conn,
+        rank,
+        peer,
+        events,
+        max_payload_bytes,
+        tcp,
+        pool,
+    } = link;
     inbound
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -162,12 +194,26 @@ async fn serve_connection(
                 }
             },
             bi = conn.accept_bi() => {
-                if let Ok((send, recv)) = bi {
+                if let Ok((send, mut recv)) = bi {
                     offers += 1;
+                    let first = offers == 1;
                     let (conn, events, state) = (conn.clone(), events.clone(), state.clone());
-                    tokio::spawn(local_link::answer_offer(
-                        conn, send, recv, events, state, max_payload_bytes, offers == 1,
-                    ));
+                    let tcp = tcp.clone();
+                    tokio::spawn(async move {
+                        let Ok(msg) = recv.read_to_end(256).await else { return };
+                        if msg.starts_with(super::tcp::OFFER_TAG) {
+                            super::tcp::answer_offer(
+                                &tcp, &msg, (conn, peer), send, events, state,
+                                max_payload_bytes, first,
+                            )
+                            .await
+                        } else {
+                            local_link::answer_offer(
+                                conn, &msg, send, events, state, max_payload_bytes, first,
+                            )
+                            .await
+                        }
+                    });
                 }
                 continue;
             }
@@ -175,6 +221,7 @@ async fn serve_connection(
         let events = events.clone();
         let state = state.clone();
         let conn = conn.clone();
+        let pool = pool.clone();
         tokio::spawn(async move {
             let frame = async {
                 let mut head = [0u8; FRAME_HEADER_LEN];
@@ -184,7 +231,10 @@ async fn serve_connection(
                     .map_err(|e| anyhow!("reading a frame header: {e}"))?;
                 let first_byte = std::time::Instant::now();
                 let header = FrameHeader::parse_prefix(&head, max_payload_bytes)?;
-                let mut buf = vec![0u8; FRAME_HEADER_LEN + header.payload_len as usize];
+                let n = FRAME_HEADER_LEN + header.payload_len as usize;
+                let mut buf = pool.take(n);
+                // Pooled memory is mapped already: zeroing it is cheap next to mapping it.
+                buf.resize(n, 0);
                 buf[..FRAME_HEADER_LEN].copy_from_slice(&head);
                 stream
                     .read_exact(&mut buf[FRAME_HEADER_LEN..])
@@ -196,7 +246,7 @@ async fn serve_connection(
                 if let Ok(Some(_)) = stream.read(&mut more).await {
                     anyhow::bail!("a frame longer than the {} bytes it declares", buf.len());
                 }
-                anyhow::Ok((header, Bytes::from(buf), Some(transfer)))
+                anyhow::Ok((header, pool.freeze(buf), Some(transfer)))
             }
             .await;
             let mut st = state.lock().await;

@@ -4,6 +4,8 @@
 //! connection once every frame has arrived. A QUIC frame comes with its transfer time
 //! (first to last byte), a ring's without.
 
+use std::sync::{Arc, Mutex, Weak};
+
 use bytes::Bytes;
 use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use murmur_gossip::Rank;
@@ -12,6 +14,71 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use super::NetEvent;
+
+/// Most buffers a [`BufferPool`] keeps.
+const POOL_BUFFERS: usize = 4;
+
+/// Receive buffers handed back when the training loop drops the frame read into them, so
+/// that a frame is read into memory already mapped: a fresh 100 MB buffer costs about as
+/// much CPU in page faults as its bytes cost to receive (`murmur netbench`'s memcpy row).
+/// One pool per data plane, shared by its links; it keeps at most [`POOL_BUFFERS`].
+#[derive(Clone, Default)]
+pub(super) struct BufferPool(Arc<Mutex<Vec<Vec<u8>>>>);
+
+impl BufferPool {
+    /// An empty buffer of capacity ≥ `n` bytes: the smallest pooled one that is big
+    /// enough, else a new one.
+    pub fn take(&self, n: usize) -> Vec<u8> {
+        let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let fit = (0..pool.len())
+            .filter(|&i| pool[i].capacity() >= n)
+            .min_by_key(|&i| pool[i].capacity());
+        match fit {
+            Some(i) => {
+                let mut b = pool.swap_remove(i);
+                b.clear();
+                b
+            }
+            None => Vec::with_capacity(n),
+        }
+    }
+
+    /// `buf` as a frame's bytes; its memory comes back to the pool when they are dropped.
+    pub fn freeze(&self, buf: Vec<u8>) -> Bytes {
+        Bytes::from_owner(Recycled {
+            buf,
+            pool: Arc::downgrade(&self.0),
+        })
+    }
+}
+
+/// A pooled buffer lent out as [`Bytes`].
+struct Recycled {
+    buf: Vec<u8>,
+    pool: Weak<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl AsRef<[u8]> for Recycled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Recycled {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.upgrade() {
+            let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
+            if pool.len() < POOL_BUFFERS {
+                pool.push(std::mem::take(&mut self.buf));
+            } else if let Some(smallest) = pool.iter_mut().min_by_key(|b| b.capacity()) {
+                // Keep the larger buffers: they are the costly ones to map again.
+                if smallest.capacity() < self.buf.capacity() {
+                    *smallest = std::mem::take(&mut self.buf);
+                }
+            }
+        }
+    }
+}
 
 /// Per-connection receive state: who the sender is and how many frames arrived.
 #[derive(Debug)]
@@ -107,4 +174,43 @@ pub(super) async fn deliver(
         conn.close(VarInt::from_u32(0), b"done");
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dropped_frame_lends_its_buffer_to_the_next_one_that_fits() {
+        let pool = BufferPool::default();
+        let mut b = pool.take(1000);
+        b.extend_from_slice(&[7; 1000]);
+        let ptr = b.as_ptr();
+        let frame = pool.freeze(b);
+        assert_eq!(&frame[..], &[7; 1000][..]);
+        // Still lent: a new buffer.
+        let other = pool.take(10);
+        assert_ne!(other.as_ptr(), ptr);
+        let copy = frame.clone();
+        drop(frame);
+        let other = pool.take(10);
+        assert_ne!(other.as_ptr(), ptr, "a clone still holds it");
+        drop(copy);
+        let again = pool.take(500);
+        assert_eq!(again.as_ptr(), ptr);
+        assert!(again.is_empty() && again.capacity() >= 1000);
+        // Too small for a bigger frame: not taken.
+        drop(pool.freeze(again));
+        let bigger = pool.take(2000);
+        assert_ne!(bigger.as_ptr(), ptr);
+        // At most POOL_BUFFERS kept, the largest.
+        let frames: Vec<Bytes> = (1..=6).map(|k| pool.freeze(pool.take(k * 100))).collect();
+        drop(frames);
+        let kept = pool.0.lock().unwrap();
+        assert_eq!(kept.len(), POOL_BUFFERS);
+        assert!(
+            kept.iter().all(|b| b.capacity() >= 300),
+            "the largest are kept"
+        );
+    }
 }

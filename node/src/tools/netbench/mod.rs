@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 
 use crate::config::{LinkLatency, LinkRate};
 use crate::plane::tls::Admitted;
-use crate::plane::{DataPlane, LinkEmulation, LinkKind, NetEvent, TransportChoice};
+use crate::plane::{DataPlane, LinkEmulation, LinkKind, NetEvent, TransportChoice, Wire};
 use crate::report::progress;
 use libp2p::identity::Keypair;
 
@@ -34,6 +34,11 @@ const PEER_TIMEOUT: Duration = Duration::from_secs(15);
 /// Options of `murmur netbench`.
 #[derive(Debug, Clone, Args)]
 pub struct NetBenchArgs {
+    /// Which of murmur's links to measure (with `--baselines`, the others too): `quic`,
+    /// `tcp` (TLS 1.3 inside), `tcp-plaintext` (`--wire plaintext` on both ends) or
+    /// `shared-memory`.
+    #[arg(long, value_enum, default_value_t = MurmurLink::Quic)]
+    pub link: MurmurLink,
     /// Megabytes (10⁶ bytes) to move in the throughput test.
     #[arg(long, default_value_t = 100)]
     pub megabytes: usize,
@@ -66,6 +71,31 @@ pub struct NetBenchArgs {
     pub json: bool,
 }
 
+/// One of murmur's links (`murmur netbench --link`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MurmurLink {
+    /// QUIC (`--transport quic`).
+    Quic,
+    /// TCP, TLS 1.3 inside (`--transport tcp`).
+    Tcp,
+    /// TCP in clear (`--transport tcp --wire plaintext`).
+    TcpPlaintext,
+    /// The shared-memory ring (`--transport auto`, same host).
+    SharedMemory,
+}
+
+impl MurmurLink {
+    /// Its row in the report.
+    fn transport(self) -> Transport {
+        match self {
+            MurmurLink::Quic => Transport::Murmur,
+            MurmurLink::Tcp => Transport::MurmurTcp,
+            MurmurLink::TcpPlaintext => Transport::MurmurTcpPlain,
+            MurmurLink::SharedMemory => Transport::Shm,
+        }
+    }
+}
+
 /// A way of moving the benchmark's frames whose throughput `murmur netbench` measures.
 /// Each measurement moves the same frames (same count, same size); a new transport is one
 /// more variant, with its name and its measurement in `Bench::measure`.
@@ -79,6 +109,13 @@ pub enum Transport {
     /// (`--baselines`).
     #[serde(rename = "murmur_shm")]
     Shm,
+    /// murmur's data plane over TCP with TLS 1.3 inside (`--transport tcp`, `--baselines`).
+    #[serde(rename = "murmur_tcp")]
+    MurmurTcp,
+    /// murmur's data plane over TCP in clear (`--transport tcp --wire plaintext`,
+    /// `--baselines`).
+    #[serde(rename = "murmur_tcp_plaintext")]
+    MurmurTcpPlain,
     /// A bare quinn connection (`--compare-bare`).
     #[serde(rename = "bare_quinn")]
     Bare,
@@ -87,7 +124,7 @@ pub enum Transport {
     Tls,
     /// Raw TCP on loopback, two threads (`--baselines`).
     Tcp,
-    /// Each frame copied into a fresh buffer in one thread (`--baselines`).
+    /// Each frame copied into one reused buffer in one thread (`--baselines`).
     Memcpy,
 }
 
@@ -97,6 +134,8 @@ impl Transport {
         match self {
             Transport::Murmur => "murmur QUIC (authenticated)",
             Transport::Shm => "murmur shared memory",
+            Transport::MurmurTcp => "murmur TCP (TLS, authenticated)",
+            Transport::MurmurTcpPlain => "murmur TCP (plaintext, authenticated)",
             Transport::Bare => "bare quinn",
             Transport::Tls => "TLS 1.3 over TCP (AES-128-GCM)",
             Transport::Tcp => "TCP",
@@ -104,11 +143,33 @@ impl Transport {
         }
     }
 
-    /// The transports `args` asks for, in the order of each round (murmur first).
+    /// The link kind of one of murmur's rows (`None` for the others).
+    fn link_kind(self) -> Option<LinkKind> {
+        match self {
+            Transport::Murmur => Some(LinkKind::Quic),
+            Transport::Shm => Some(LinkKind::SharedMemory),
+            Transport::MurmurTcp => Some(LinkKind::Tcp),
+            Transport::MurmurTcpPlain => Some(LinkKind::TcpPlaintext),
+            _ => None,
+        }
+    }
+
+    /// The transports `args` asks for, in the order of each round: the measured murmur link
+    /// (`--link`) first, then with `--baselines` murmur's other links.
     fn selected(args: &NetBenchArgs) -> Vec<Transport> {
-        let mut t = vec![Transport::Murmur];
+        let main = args.link.transport();
+        let mut t = vec![main];
         if args.baselines {
-            t.push(Transport::Shm);
+            t.extend(
+                [
+                    Transport::Murmur,
+                    Transport::MurmurTcp,
+                    Transport::MurmurTcpPlain,
+                    Transport::Shm,
+                ]
+                .into_iter()
+                .filter(|&o| o != main),
+            );
         }
         if args.compare_bare {
             t.push(Transport::Bare);
@@ -120,13 +181,18 @@ impl Transport {
     }
 }
 
-/// One transport's median throughput.
+/// One transport's median throughput and CPU cost.
 #[derive(Debug, Clone, Serialize)]
 pub struct TransportRate {
-    /// Which transport (`murmur`, `bare_quinn`, `tls_tcp`, `tcp`, `memcpy`).
+    /// Which transport (`murmur`, `murmur_shm`, `murmur_tcp`, `murmur_tcp_plaintext`,
+    /// `bare_quinn`, `tls_tcp`, `tcp`, `memcpy`).
     pub transport: Transport,
     /// Median throughput of its measurements, bytes per second.
     pub bytes_per_second: f64,
+    /// Median CPU time (user + system, of this process: both ends and every thread) per
+    /// 10⁹ bytes moved, seconds; the measurement's setup (keys, handshakes, the pings)
+    /// included.
+    pub cpu_seconds_per_gb: f64,
     /// murmur's (QUIC) median throughput / this one's (1 for murmur itself).
     pub murmur_over_this: f64,
     /// With `--baselines`: murmur's shared-memory median throughput / this one's.
@@ -216,7 +282,7 @@ pub fn run(args: &NetBenchArgs) -> anyhow::Result<()> {
         murmur: None,
         shm_delay: None,
     };
-    let mut rates: Vec<(Transport, Vec<f64>)> =
+    let mut rates: Vec<(Transport, Vec<Measured>)> =
         transports.iter().map(|&t| (t, Vec::new())).collect();
     for _ in 0..measurements {
         for (transport, r) in &mut rates {
@@ -241,21 +307,39 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// One measurement: (bytes per second, CPU-seconds per 10⁹ bytes).
+type Measured = (f64, f64);
+
+/// CPU seconds (user + system) this process has used so far, all threads.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes the struct it is given and nothing else.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return f64::NAN;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(u.ru_utime) + secs(u.ru_stime)
+}
+
 impl NetBenchReport {
     /// Replaces the first measurement's throughput by the medians of `rates` (bytes per
     /// second, murmur's among them) and fills in the other transports and the ratios.
     fn set_medians(
         &mut self,
-        rates: Vec<(Transport, Vec<f64>)>,
+        rates: Vec<(Transport, Vec<Measured>)>,
         measurements: usize,
     ) -> anyhow::Result<()> {
-        let medians: Vec<(Transport, f64)> = rates
+        let medians: Vec<(Transport, f64, f64)> = rates
             .into_iter()
             .filter(|(_, v)| !v.is_empty())
-            .map(|(t, mut v)| (t, median(&mut v)))
+            .map(|(t, v)| {
+                let (mut rate, mut cpu): (Vec<f64>, Vec<f64>) = v.into_iter().unzip();
+                (t, median(&mut rate), median(&mut cpu))
+            })
             .collect();
-        let of = |want: Transport| medians.iter().find(|(t, _)| *t == want).map(|m| m.1);
-        let ours = of(Transport::Murmur).context("murmur was not measured")?;
+        let of = |want: Transport| medians.iter().find(|m| m.0 == want).map(|m| m.1);
+        // The measured link (`--link`) is the first row.
+        let ours = medians.first().context("murmur was not measured")?.1;
         let shm = of(Transport::Shm);
         self.bytes_per_second = ours;
         self.seconds = (self.frames * self.frame_bytes) as f64 / ours;
@@ -264,12 +348,15 @@ impl NetBenchReport {
         self.ratio_to_bare = self.bare_bytes_per_second.map(|b| ours / b);
         self.transports = medians
             .iter()
-            .map(|&(transport, bytes_per_second)| TransportRate {
-                transport,
-                bytes_per_second,
-                murmur_over_this: ours / bytes_per_second,
-                shm_over_this: shm.map(|s| s / bytes_per_second),
-            })
+            .map(
+                |&(transport, bytes_per_second, cpu_seconds_per_gb)| TransportRate {
+                    transport,
+                    bytes_per_second,
+                    cpu_seconds_per_gb,
+                    murmur_over_this: ours / bytes_per_second,
+                    shm_over_this: shm.map(|s| s / bytes_per_second),
+                },
+            )
             .collect();
         self.measurements = measurements;
         Ok(())
@@ -313,17 +400,19 @@ fn print_text(report: &NetBenchReport) {
         );
         let shm = report.shm_delay_seconds.is_some();
         println!(
-            "{:<width$}  {:>10}  {:>11}{}",
+            "{:<width$}  {:>10}  {:>10}  {:>11}{}",
             "transport",
             "MB/s",
-            "QUIC / this",
+            "CPU s/GB",
+            "ours / this",
             if shm { "   shm / this" } else { "" }
         );
         for t in &report.transports {
             println!(
-                "{:<width$}  {:>10.1}  {:>11.3}{}",
+                "{:<width$}  {:>10.1}  {:>10.2}  {:>11.3}{}",
                 t.transport.name(),
                 mb(t.bytes_per_second),
+                t.cpu_seconds_per_gb,
                 t.murmur_over_this,
                 t.shm_over_this
                     .map(|r| format!("  {r:>11.3}"))
@@ -351,45 +440,50 @@ struct Bench<'a> {
 
 impl Bench<'_> {
     /// One measurement of `transport`: bytes per second, the frames' bytes over the seconds
-    /// from the first send to the last frame delivered. The bar counts the bytes delivered.
-    fn measure(&mut self, transport: Transport) -> anyhow::Result<f64> {
+    /// from the first send to the last frame delivered, and the CPU-seconds per 10⁹ bytes
+    /// (this process's, the setup included). The bar counts the bytes delivered.
+    fn measure(&mut self, transport: Transport) -> anyhow::Result<Measured> {
         let (frames, frame_bytes) = (self.frames, self.args.frame_bytes);
         let bar = self.bar.clone();
         let count = move |f: &[u8]| {
             bar.inc(f.len() as u64);
             anyhow::Ok(())
         };
-        let seconds = match transport {
-            Transport::Murmur => {
-                let r = self.rt.block_on(measure(
-                    self.args,
-                    self.emulation,
-                    LinkKind::Quic,
-                    &self.bar,
-                ))?;
+        let cpu = cpu_seconds();
+        let seconds = match transport.link_kind() {
+            Some(kind) => {
+                // The measured link has the emulation; the others are measured as they are.
+                let main = transport == self.args.link.transport();
+                let emulation = if main {
+                    self.emulation
+                } else {
+                    LinkEmulation::default()
+                };
+                let r = self
+                    .rt
+                    .block_on(measure(self.args, emulation, kind, &self.bar))?;
+                if transport == Transport::Shm {
+                    self.shm_delay.get_or_insert(r.delay_seconds);
+                }
                 let s = r.seconds;
-                self.murmur.get_or_insert(r);
+                if main {
+                    self.murmur.get_or_insert(r);
+                }
                 s
             }
-            Transport::Shm => {
-                let r = self.rt.block_on(measure(
-                    self.args,
-                    LinkEmulation::default(),
-                    LinkKind::SharedMemory,
-                    &self.bar,
-                ))?;
-                self.shm_delay.get_or_insert(r.delay_seconds);
-                r.seconds
-            }
-            Transport::Bare => {
-                self.rt
-                    .block_on(bare_quinn(frames, frame_bytes, self.bar.clone()))?
-            }
-            Transport::Tls => baselines::tls(self.baseline_frame()?, frames, count)?,
-            Transport::Tcp => baselines::tcp(self.baseline_frame()?, frames, count)?,
-            Transport::Memcpy => baselines::memcpy(self.baseline_frame()?, frames, count)?,
+            None => match transport {
+                Transport::Bare => {
+                    self.rt
+                        .block_on(bare_quinn(frames, frame_bytes, self.bar.clone()))?
+                }
+                Transport::Tls => baselines::tls(self.baseline_frame()?, frames, count)?,
+                Transport::Tcp => baselines::tcp(self.baseline_frame()?, frames, count)?,
+                Transport::Memcpy => baselines::memcpy(self.baseline_frame()?, frames, count)?,
+                _ => unreachable!("murmur's links have a link kind"),
+            },
         };
-        Ok((frames * frame_bytes) as f64 / seconds)
+        let bytes = (frames * frame_bytes) as f64;
+        Ok((bytes / seconds, (cpu_seconds() - cpu) * 1e9 / bytes))
     }
 
     /// The frame of `--frame-bytes` bytes the baselines move.
@@ -510,12 +604,17 @@ async fn measure(
         &sender_key,
         Admitted::default(),
     )?;
-    let (receiver, mut events) =
+    let (mut receiver, mut events) =
         DataPlane::bind(1, any, limit, PEER_TIMEOUT, &receiver_key, admitted)?;
+    if kind == LinkKind::TcpPlaintext {
+        sender.set_wire(Wire::Plaintext);
+        receiver.set_wire(Wire::Plaintext);
+    }
     sender.emulation = emulation;
     sender.transport = match kind {
         LinkKind::Quic => TransportChoice::Quic,
         LinkKind::SharedMemory => TransportChoice::Auto,
+        LinkKind::Tcp | LinkKind::TcpPlaintext => TransportChoice::Tcp,
     };
     let link = sender
         .connect(1, receiver.local_addr, receiver_key.public().to_peer_id())
@@ -590,6 +689,7 @@ mod tests {
             link_bandwidth: None,
             link_latency: None,
             pings: 1,
+            link: MurmurLink::Quic,
             compare_bare: false,
             baselines: true,
             repeat: 1,
@@ -609,14 +709,17 @@ mod tests {
     }
 
     #[test]
-    fn every_selected_transport_is_one_row_with_murmurs_ratio_to_it() {
+    fn every_selected_transport_is_one_row_with_the_measured_links_ratio_to_it() {
         let mut a = args();
         a.compare_bare = true;
+        a.link = MurmurLink::TcpPlaintext;
         let transports = Transport::selected(&a);
         assert_eq!(
             transports,
             [
+                Transport::MurmurTcpPlain,
                 Transport::Murmur,
+                Transport::MurmurTcp,
                 Transport::Shm,
                 Transport::Bare,
                 Transport::Tls,
@@ -624,17 +727,23 @@ mod tests {
                 Transport::Memcpy
             ]
         );
-        // Rates worked out by hand: medians 300, 3000, 400, 600, 1200, 12000 (bytes per
-        // second).
+        a.link = MurmurLink::Quic;
+        a.baselines = false;
+        a.compare_bare = false;
+        assert_eq!(Transport::selected(&a), [Transport::Murmur]);
+        // Rates worked out by hand: medians 300, 150, 200, 3000, 400, 600, 1200, 12000
+        // (bytes per second); CPU-seconds per GB the medians of each row's second values.
         let rates = transports
             .iter()
             .zip([
-                vec![300.0, 100.0, 900.0],
-                vec![3000.0, 2400.0, 3600.0],
-                vec![400.0, 500.0, 1.0],
-                vec![600.0; 3],
-                vec![1200.0, 1100.0, 1300.0],
-                vec![12_000.0, 11_000.0, 13_000.0],
+                vec![(300.0, 1.0), (100.0, 3.0), (900.0, 2.0)],
+                vec![(150.0, 5.0); 3],
+                vec![(200.0, 2.5); 3],
+                vec![(3000.0, 1.5), (2400.0, 1.0), (3600.0, 2.0)],
+                vec![(400.0, 4.0), (500.0, 4.0), (1.0, 4.0)],
+                vec![(600.0, 2.0); 3],
+                vec![(1200.0, 0.5), (1100.0, 0.7), (1300.0, 0.6)],
+                vec![(12_000.0, 0.2), (11_000.0, 0.2), (13_000.0, 0.2)],
             ])
             .map(|(&t, v)| (t, v))
             .collect();
@@ -658,27 +767,53 @@ mod tests {
         assert_eq!(report.seconds, 1.0);
         assert_eq!(report.bare_bytes_per_second, Some(400.0));
         assert_eq!(report.ratio_to_bare, Some(0.75));
-        let rows: Vec<(Transport, f64, f64)> = report
+        let rows: Vec<(Transport, f64, f64, f64)> = report
             .transports
             .iter()
-            .map(|r| (r.transport, r.bytes_per_second, r.murmur_over_this))
+            .map(|r| {
+                (
+                    r.transport,
+                    r.bytes_per_second,
+                    r.murmur_over_this,
+                    r.cpu_seconds_per_gb,
+                )
+            })
             .collect();
         assert_eq!(
             rows,
             [
-                (Transport::Murmur, 300.0, 1.0),
-                (Transport::Shm, 3000.0, 0.1),
-                (Transport::Bare, 400.0, 0.75),
-                (Transport::Tls, 600.0, 0.5),
-                (Transport::Tcp, 1200.0, 0.25),
-                (Transport::Memcpy, 12_000.0, 0.025)
+                (Transport::MurmurTcpPlain, 300.0, 1.0, 2.0),
+                (Transport::Murmur, 150.0, 2.0, 5.0),
+                (Transport::MurmurTcp, 200.0, 1.5, 2.5),
+                (Transport::Shm, 3000.0, 0.1, 1.5),
+                (Transport::Bare, 400.0, 0.75, 4.0),
+                (Transport::Tls, 600.0, 0.5, 2.0),
+                (Transport::Tcp, 1200.0, 0.25, 0.6),
+                (Transport::Memcpy, 12_000.0, 0.025, 0.2)
             ]
         );
         let json = serde_json::to_value(&report).unwrap();
-        assert_eq!(json["transports"][3]["transport"], "tls_tcp");
-        assert_eq!(json["transports"][1]["transport"], "murmur_shm");
+        assert_eq!(json["transports"][0]["transport"], "murmur_tcp_plaintext");
+        assert_eq!(json["transports"][5]["transport"], "tls_tcp");
+        assert_eq!(json["transports"][3]["transport"], "murmur_shm");
+        assert_eq!(json["transports"][6]["cpu_seconds_per_gb"], 0.6);
         let memcpy = report.transports.last().unwrap();
         assert_eq!(memcpy.shm_over_this, Some(0.25));
         assert_eq!(json["measurements"], 3);
+    }
+
+    #[test]
+    fn this_process_cpu_time_grows_with_work() {
+        let before = cpu_seconds();
+        let mut x = 0u64;
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_millis(50) {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let used = cpu_seconds() - before;
+        assert!(
+            used > 0.01 && used < 10.0,
+            "{used} CPU-seconds for 50 ms of spinning"
+        );
     }
 }

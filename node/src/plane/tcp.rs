@@ -1,0 +1,689 @@
+//! Links between hosts over kernel TCP, set up over the link's authenticated QUIC
+//! connection — what gloo, NCCL and MPI use inside a cluster: large writes into the kernel,
+//! no per-packet work in user space.
+//!
+//! The sender of a link offers TCP on a bidirectional QUIC stream: `TCP1` and the wire it
+//! asks for (one byte: 0 encrypted, 1 plaintext). The receiver answers `NO` and why (it
+//! refuses a plaintext link unless it was told to accept one, [`Wire`]; it refuses when it
+//! is behind a NAT, where a TCP dial could not reach it), or `OK`, its TCP port (u16 LE) and
+//! a one-time token of 32 random bytes. The sender then dials that port at the address it
+//! reached the receiver's QUIC endpoint at and writes the wire byte in clear; then, on an
+//! encrypted link, a TLS 1.3 handshake in which both ends prove their libp2p identities
+//! exactly as on QUIC ([`super::tls`]: the client checks the server's `PeerId`, the server
+//! requires a client certificate, which must carry the `PeerId` of the QUIC connection
+//! that made the offer); then the token. The receiver binds the TCP connection to the offer
+//! the token names (once, within [`OFFER_LIFE`]) and answers `OK` on it; any other token,
+//! identity or wire is refused ([`super::NetEvent::Refused`]) and the TCP connection
+//! closed. A plaintext link is therefore authenticated by the token that travelled inside
+//! the QUIC connection's TLS 1.3; what it gives up is the confidentiality and integrity of
+//! the frames after it (someone on the path can read them, alter them or take the stream
+//! over), as gloo and NCCL do on a trusted fabric.
+//!
+//! From then on every frame of the link, the goodbye included, goes over the TCP stream,
+//! each preceded by its length (u64 LE): a frame over the receiver's limit is read past
+//! and refused, one whose header lies about its length refused, and the frames after them
+//! still arrive — the checks, refusals and counting of [`super::receive::deliver`], as on
+//! the other transports. One thread per side does the blocking I/O (`write_all` of the whole
+//! frame; a read straight into the frame's buffer). The QUIC connection stays, as for
+//! shared memory: it carries liveness and the close; when it closes, both ends shut the
+//! TCP socket down.
+
+use std::collections::HashMap;
+use std::io::{IoSlice, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use bytes::Bytes;
+use libp2p::identity::Keypair;
+use libp2p::PeerId;
+use murmur_gossip::frame::FRAME_HEADER_LEN;
+use quinn::{Connection, SendStream};
+use ring::rand::SecureRandom;
+use rustls::{ClientConnection, ServerConnection, StreamOwned};
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::local_link::check;
+use super::receive::{deliver, BufferPool, Receiving};
+use super::send::FrameTransport;
+use super::{tls, NetEvent};
+
+/// The offer's first bytes on the QUIC stream.
+pub(super) const OFFER_TAG: &[u8; 4] = b"TCP1";
+/// Bytes of the one-time token.
+const TOKEN_LEN: usize = 32;
+/// How long the sender waits for the answer to its offer, and for the TCP connection's
+/// handshake, token and acknowledgement.
+const OFFER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the sender tries to open the TCP connection: a receiver whose TCP port cannot
+/// be reached (a firewall) costs the link this long before it stays on QUIC.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long an offer's token stays valid.
+pub const OFFER_LIFE: Duration = Duration::from_secs(30);
+/// How long a TCP connection to the listener may take to present its token.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How a TCP link's frames are protected (`--wire`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Wire {
+    /// TLS 1.3 (AES-128-GCM first) over the TCP stream, both ends proving their identities.
+    #[default]
+    Encrypted,
+    /// Frames in clear after an authenticated setup: for fabrics whose every host is
+    /// trusted, as gloo and NCCL run. A link is plaintext only if both ends say so.
+    Plaintext,
+}
+
+impl Wire {
+    fn byte(self) -> u8 {
+        match self {
+            Wire::Encrypted => 0,
+            Wire::Plaintext => 1,
+        }
+    }
+
+    fn from_byte(b: u8) -> anyhow::Result<Wire> {
+        match b {
+            0 => Ok(Wire::Encrypted),
+            1 => Ok(Wire::Plaintext),
+            other => bail!("an unknown wire {other}"),
+        }
+    }
+}
+
+/// An offer answered, waiting for its TCP connection.
+struct Pending {
+    /// The identity of the QUIC connection that made the offer.
+    peer: PeerId,
+    wire: Wire,
+    conn: Connection,
+    state: Arc<tokio::sync::Mutex<Receiving>>,
+    events: mpsc::Sender<NetEvent>,
+    max_payload_bytes: u32,
+    pool: BufferPool,
+    made: Instant,
+}
+
+/// The receiving side of the TCP links of one data plane: its listener and the offers
+/// whose connection has not come yet.
+pub(super) struct TcpSide {
+    /// The listener's port (on the data plane's address).
+    port: u16,
+    pending: Mutex<HashMap<[u8; TOKEN_LEN], Pending>>,
+    server_tls: Arc<rustls::ServerConfig>,
+    /// Plaintext links are accepted.
+    pub plaintext_ok: std::sync::atomic::AtomicBool,
+    /// This peer is behind a NAT: TCP offers are refused (a dial could not reach it).
+    pub behind_nat: std::sync::atomic::AtomicBool,
+    /// Where refused connections are reported.
+    events: mpsc::Sender<NetEvent>,
+    /// The data plane's receive buffers.
+    pool: BufferPool,
+}
+
+impl TcpSide {
+    /// Binds the TCP listener at `ip` (the data plane's address; the port the same as the
+    /// QUIC port when it is free, else any) and accepts its connections on the runtime.
+    pub fn bind(
+        ip: IpAddr,
+        quic_port: u16,
+        key: &Keypair,
+        provider: Arc<rustls::crypto::CryptoProvider>,
+        events: mpsc::Sender<NetEvent>,
+        pool: BufferPool,
+    ) -> anyhow::Result<Arc<TcpSide>> {
+        let listener = std::net::TcpListener::bind((ip, quic_port))
+            .or_else(|_| std::net::TcpListener::bind((ip, 0)))
+            .with_context(|| format!("cannot bind a TCP port on {ip}"))?;
+        let port = listener.local_addr()?.port();
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let mut server_tls = tls::server_config(key, provider)?;
+        server_tls.send_tls13_tickets = 0;
+        let side = Arc::new(TcpSide {
+            port,
+            pending: Mutex::new(HashMap::new()),
+            server_tls: Arc::new(server_tls),
+            plaintext_ok: false.into(),
+            behind_nat: false.into(),
+            events,
+            pool,
+        });
+        tokio::spawn(accept_loop(listener, side.clone()));
+        Ok(side)
+    }
+
+    /// The listener's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Takes the offer `token` names, if it is still valid.
+    fn take(&self, token: &[u8; TOKEN_LEN]) -> Option<Pending> {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.retain(|_, p| p.made.elapsed() < OFFER_LIFE);
+        pending.remove(token)
+    }
+}
+
+/// Frames over a TCP stream (in clear or inside TLS), each preceded by its length; writes
+/// are serialised and done on tokio's blocking pool.
+#[derive(Clone)]
+pub struct TcpFrames(Arc<Mutex<Box<dyn Write + Send>>>);
+
+impl FrameTransport for TcpFrames {
+    async fn write(&self, frame: Bytes) -> anyhow::Result<()> {
+        let writer = self.0.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut w = writer.lock().unwrap_or_else(|e| e.into_inner());
+            write_frame(&mut **w, &frame)?;
+            w.flush()
+        })
+        .await?
+        .map_err(anyhow::Error::from)
+    }
+}
+
+/// Writes `frame` preceded by its length (u64 LE), in as few system calls as the writer
+/// takes.
+fn write_frame(w: &mut dyn Write, frame: &[u8]) -> std::io::Result<()> {
+    let len = (frame.len() as u64).to_le_bytes();
+    let mut done = 0;
+    let total = len.len() + frame.len();
+    while done < total {
+        let n = if done < len.len() {
+            w.write_vectored(&[IoSlice::new(&len[done..]), IoSlice::new(frame)])?
+        } else {
+            w.write(&frame[done - len.len()..])?
+        };
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+/// Shuts `socket` down once `conn` closes: the blocking reads and writes of its link end.
+fn shut_when_closed(conn: &Connection, socket: TcpStream) {
+    let conn = conn.clone();
+    tokio::spawn(async move {
+        conn.closed().await;
+        let _ = socket.shutdown(Shutdown::Both);
+    });
+}
+
+/// Offers TCP to the receiver at the other end of `conn` (dialled at `ip`), whose identity
+/// is `remote`; returns the link's transport once the TCP connection is bound to the
+/// link. `key` is our identity.
+///
+/// # Errors
+/// The receiver refused (its reason), its TCP port could not be reached within 3 s, the
+/// TLS handshake failed (the wrong identity), or no answer within 10 s.
+pub async fn offer(
+    conn: &Connection,
+    ip: IpAddr,
+    wire: Wire,
+    key: &Keypair,
+    remote: PeerId,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> anyhow::Result<TcpFrames> {
+    let exchange = async {
+        let (mut send, mut recv) = conn.open_bi().await?;
+        send.write_all(&[OFFER_TAG.as_slice(), &[wire.byte()]].concat())
+            .await?;
+        send.finish()?;
+        let answer = recv.read_to_end(1024).await?;
+        let (port, token) = parse_answer(&answer)?;
+        let addr = SocketAddr::new(ip, port);
+        let tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
+            .await
+            .map_err(|_| anyhow!("its TCP port {addr} did not answer within {CONNECT_TIMEOUT:?}"))?
+            .with_context(|| format!("dialling its TCP port {addr}"))?
+            .into_std()?;
+        tcp.set_nonblocking(false)?;
+        let config = Arc::new({
+            let mut c = tls::client_config(key, remote, provider)?;
+            c.resumption = rustls::client::Resumption::disabled();
+            c
+        });
+        tokio::task::spawn_blocking(move || dial(tcp, wire, &token, config)).await?
+    };
+    tokio::time::timeout(OFFER_TIMEOUT, exchange)
+        .await
+        .map_err(|_| anyhow!("no TCP link within {OFFER_TIMEOUT:?}"))?
+        .map(|(socket, writer)| {
+            shut_when_closed(conn, socket);
+            TcpFrames(Arc::new(Mutex::new(writer)))
+        })
+}
+
+/// Parses the receiver's answer: its TCP port and the token, or its refusal.
+fn parse_answer(answer: &[u8]) -> anyhow::Result<(u16, [u8; TOKEN_LEN])> {
+    match answer.split_first_chunk::<2>() {
+        Some((b"OK", rest)) => {
+            let (port, token) = rest
+                .split_first_chunk::<2>()
+                .ok_or_else(|| anyhow!("a truncated answer"))?;
+            let token: [u8; TOKEN_LEN] = token
+                .try_into()
+                .map_err(|_| anyhow!("an answer with a token of {} bytes", token.len()))?;
+            Ok((u16::from_le_bytes(*port), token))
+        }
+        Some((b"NO", why)) => bail!("refused: {}", String::from_utf8_lossy(why)),
+        _ => bail!("an answer that is not one"),
+    }
+}
+
+/// The dialling side's setup on a fresh TCP connection (blocking): the wire byte, the TLS
+/// handshake on an encrypted link, the token, the receiver's `OK`. Returns a handle of
+/// the socket (for the shutdown) and the writer of the link's frames.
+fn dial(
+    tcp: TcpStream,
+    wire: Wire,
+    token: &[u8; TOKEN_LEN],
+    config: Arc<rustls::ClientConfig>,
+) -> anyhow::Result<(TcpStream, Box<dyn Write + Send>)> {
+    tcp.set_nodelay(true)?;
+    tcp.set_read_timeout(Some(OFFER_TIMEOUT))?;
+    tcp.set_write_timeout(Some(OFFER_TIMEOUT))?;
+    let socket = tcp.try_clone()?;
+    let mut tcp = tcp;
+    tcp.write_all(&[wire.byte()])?;
+    let mut stream: Box<dyn ReadWrite> = match wire {
+        Wire::Plaintext => Box::new(tcp),
+        Wire::Encrypted => {
+            let name = rustls::pki_types::ServerName::try_from(super::SERVER_NAME)?;
+            let mut s = StreamOwned::new(ClientConnection::new(config, name)?, tcp);
+            while s.conn.is_handshaking() {
+                s.conn
+                    .complete_io(&mut s.sock)
+                    .context("the TLS handshake")?;
+            }
+            Box::new(s)
+        }
+    };
+    stream.write_all(token)?;
+    stream.flush()?;
+    let mut ok = [0u8; 2];
+    stream
+        .read_exact(&mut ok)
+        .context("the receiver closed the TCP connection instead of binding it")?;
+    anyhow::ensure!(&ok == b"OK", "the receiver did not bind the TCP connection");
+    // From here on the QUIC connection's close ends the link, not a timeout.
+    socket.set_read_timeout(None)?;
+    socket.set_write_timeout(None)?;
+    Ok((socket, stream.into_writer()))
+}
+
+/// A stream both ways (TCP in clear, or TLS over it).
+trait ReadWrite: Read + Write + Send {
+    fn into_writer(self: Box<Self>) -> Box<dyn Write + Send>;
+    fn into_reader(self: Box<Self>) -> Box<dyn Read + Send>;
+}
+
+impl<T: Read + Write + Send + 'static> ReadWrite for T {
+    fn into_writer(self: Box<Self>) -> Box<dyn Write + Send> {
+        self
+    }
+    fn into_reader(self: Box<Self>) -> Box<dyn Read + Send> {
+        self
+    }
+}
+
+/// Answers a TCP offer (`msg`, read from (`send`, `recv`)'s stream) of the peer of `conn`,
+/// whose identity is `peer` and whose frames `state` counts. Only the `first` offer of a
+/// connection is taken (one transport per link).
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn answer_offer(
+    side: &TcpSide,
+    msg: &[u8],
+    (conn, peer): (Connection, PeerId),
+    mut send: SendStream,
+    events: mpsc::Sender<NetEvent>,
+    state: Arc<tokio::sync::Mutex<Receiving>>,
+    max_payload_bytes: u32,
+    first: bool,
+) {
+    let rank = state.lock().await.peer;
+    let answer = (|| {
+        anyhow::ensure!(first, "this link has a transport already");
+        let wire = match msg.strip_prefix(OFFER_TAG.as_slice()) {
+            Some([w]) => Wire::from_byte(*w)?,
+            _ => bail!("a malformed TCP offer"),
+        };
+        use std::sync::atomic::Ordering::Relaxed;
+        anyhow::ensure!(
+            !side.behind_nat.load(Relaxed),
+            "this peer is behind a NAT: a TCP dial cannot reach it"
+        );
+        anyhow::ensure!(
+            wire == Wire::Encrypted || side.plaintext_ok.load(Relaxed),
+            "a plaintext link needs --wire plaintext on both ends, and this peer's links \
+             are encrypted"
+        );
+        let mut token = [0u8; TOKEN_LEN];
+        ring::rand::SystemRandom::new()
+            .fill(&mut token)
+            .map_err(|_| anyhow!("no random token"))?;
+        side.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                token,
+                Pending {
+                    peer,
+                    wire,
+                    conn: conn.clone(),
+                    state: state.clone(),
+                    events: events.clone(),
+                    max_payload_bytes,
+                    pool: side.pool.clone(),
+                    made: Instant::now(),
+                },
+            );
+        let mut ok = b"OK".to_vec();
+        ok.extend_from_slice(&side.port.to_le_bytes());
+        ok.extend_from_slice(&token);
+        anyhow::Ok(ok)
+    })();
+    let answer = answer.unwrap_or_else(|e| {
+        debug!(rank, "refused peer {rank}'s TCP offer: {e:#}");
+        [b"NO".as_slice(), format!("{e:#}").as_bytes()].concat()
+    });
+    let _ = send.write_all(&answer).await;
+    let _ = send.finish();
+}
+
+/// Accepts the listener's TCP connections; each sets up and then reads on a thread of its
+/// own.
+async fn accept_loop(listener: tokio::net::TcpListener, side: Arc<TcpSide>) {
+    loop {
+        let (tcp, remote) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!("the data plane's TCP listener failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (side, rt) = (side.clone(), tokio::runtime::Handle::current());
+        let spawned = std::thread::Builder::new()
+            .name(format!("tcp-from-{remote}"))
+            .spawn(move || {
+                let tcp = tcp.into_std().and_then(|t| {
+                    t.set_nonblocking(false)?;
+                    Ok(t)
+                });
+                match tcp
+                    .map_err(anyhow::Error::from)
+                    .and_then(|t| bind(&side, t))
+                {
+                    Ok((reader, socket, p)) => {
+                        {
+                            let _in_runtime = rt.enter();
+                            shut_when_closed(&p.conn, socket);
+                        }
+                        read_frames(reader, p, rt)
+                    }
+                    Err(e) => {
+                        warn!(%remote, "refused a data-plane TCP connection: {e:#}");
+                        let _ = side.events.blocking_send(NetEvent::Refused {
+                            peer: None,
+                            reason: format!("TCP connection from {remote} refused: {e:#}"),
+                        });
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            warn!(%remote, "no thread for a TCP connection: {e}");
+        }
+    }
+}
+
+/// The accepting side's setup (blocking): the wire byte, the TLS handshake on an encrypted
+/// link, the token, then `OK`. Returns the frames' reader, a handle of the socket (for the
+/// shutdown) and the offer it is bound to.
+fn bind(
+    side: &TcpSide,
+    tcp: TcpStream,
+) -> anyhow::Result<(Box<dyn Read + Send>, TcpStream, Pending)> {
+    let setup = || {
+        tcp.set_nodelay(true)?;
+        tcp.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        tcp.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        let socket = tcp.try_clone()?;
+        let mut tcp = tcp;
+        let mut wire = [0u8; 1];
+        tcp.read_exact(&mut wire)?;
+        let wire = Wire::from_byte(wire[0])?;
+        let (mut stream, identity): (Box<dyn ReadWrite>, Option<PeerId>) = match wire {
+            Wire::Plaintext => (Box::new(tcp), None),
+            Wire::Encrypted => {
+                let mut s = StreamOwned::new(ServerConnection::new(side.server_tls.clone())?, tcp);
+                while s.conn.is_handshaking() {
+                    s.conn
+                        .complete_io(&mut s.sock)
+                        .context("the TLS handshake")?;
+                }
+                let id = s
+                    .conn
+                    .peer_certificates()
+                    .ok_or_else(|| anyhow!("no client certificate"))
+                    .and_then(|c| Ok(tls::peer_id_of(c)?))?;
+                (Box::new(s), Some(id))
+            }
+        };
+        let mut token = [0u8; TOKEN_LEN];
+        stream.read_exact(&mut token).context("reading the token")?;
+        anyhow::Ok((socket, wire, stream, identity, token))
+    };
+    let (socket, wire, mut stream, identity, token) = setup()?;
+    let p = side
+        .take(&token)
+        .ok_or_else(|| anyhow!("a token that names no offer (or an expired one)"))?;
+    let mut check = || {
+        anyhow::ensure!(
+            wire == p.wire,
+            "a {wire:?} connection for a {:?} offer",
+            p.wire
+        );
+        if let Some(id) = identity {
+            anyhow::ensure!(
+                id == p.peer,
+                "the identity {id} for an offer of peer {}",
+                p.peer
+            );
+        }
+        stream.write_all(b"OK")?;
+        stream.flush()?;
+        socket.set_read_timeout(None)?;
+        socket.set_write_timeout(None)?;
+        anyhow::Ok(())
+    };
+    check()?;
+    Ok((stream.into_reader(), socket, p))
+}
+
+/// The reading thread of one TCP link: frames to [`deliver`] until the link stops (the
+/// stream ends or the goodbye's count is complete).
+fn read_frames(mut r: Box<dyn Read + Send>, p: Pending, rt: tokio::runtime::Handle) {
+    let Pending {
+        conn,
+        state,
+        events,
+        max_payload_bytes,
+        pool,
+        ..
+    } = p;
+    let limit = FRAME_HEADER_LEN as u64 + max_payload_bytes as u64;
+    loop {
+        let mut len = [0u8; 8];
+        if r.read_exact(&mut len).is_err() {
+            return;
+        }
+        let first_byte = Instant::now();
+        let n = u64::from_le_bytes(len);
+        let frame = if n > limit {
+            // Read past it: the frames after it still arrive.
+            match std::io::copy(&mut (&mut r).take(n), &mut std::io::sink()) {
+                Ok(m) if m == n => {}
+                _ => return,
+            }
+            Err(anyhow!(
+                "a {n}-byte frame exceeds the limit of {limit} bytes"
+            ))
+        } else {
+            let mut buf = pool.take(n as usize);
+            match (&mut r).take(n).read_to_end(&mut buf) {
+                Ok(m) if m as u64 == n => {}
+                _ => return,
+            }
+            check(&buf, max_payload_bytes)
+                .map(|header| (header, pool.freeze(buf), Some(first_byte.elapsed())))
+        };
+        let done = rt.block_on(async {
+            let mut st = state.lock().await;
+            !deliver(frame, &mut st, &events, &conn).await || st.complete()
+        });
+        if done {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plane::quic::crypto_provider;
+    use crate::plane::tls::Admitted;
+    use crate::plane::{DataPlane, TransportChoice};
+
+    /// The next refusal reported within 10 s.
+    async fn refusal(events: &mut mpsc::Receiver<NetEvent>) -> String {
+        loop {
+            let e = tokio::time::timeout(Duration::from_secs(10), events.recv())
+                .await
+                .expect("an event within 10 s")
+                .expect("the data plane is running");
+            if let NetEvent::Refused { peer: None, reason } = e {
+                return reason;
+            }
+        }
+    }
+
+    /// Asks for a TCP link on `conn`: the receiver's answer.
+    async fn ask(conn: &Connection, wire: Wire) -> anyhow::Result<(u16, [u8; TOKEN_LEN])> {
+        let (mut send, mut recv) = conn.open_bi().await?;
+        send.write_all(&[OFFER_TAG.as_slice(), &[wire.byte()]].concat())
+            .await?;
+        send.finish()?;
+        parse_answer(&recv.read_to_end(1024).await?)
+    }
+
+    /// A TCP connection to the listener is bound to a link only by a token the receiver
+    /// gave that link's authenticated QUIC connection, and on an encrypted link only under
+    /// that connection's identity: a made-up token, a real token under another identity,
+    /// a token used twice and a plaintext offer to an encrypted receiver are all refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tcp_connections_without_an_offer_or_under_another_identity_are_refused() {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let timeout = Duration::from_secs(5);
+        let (a, b, stranger) = (
+            Keypair::generate_ed25519(),
+            Keypair::generate_ed25519(),
+            Keypair::generate_ed25519(),
+        );
+        let b_id = b.public().to_peer_id();
+        let admitted = Admitted::default();
+        admitted.admit_all([(a.public().to_peer_id(), 0)]);
+        let (mut sender, _e) =
+            DataPlane::bind(0, any, 1 << 20, timeout, &a, Admitted::default()).unwrap();
+        sender.transport = TransportChoice::Quic;
+        let (receiver, mut events) =
+            DataPlane::bind(1, any, 1 << 20, timeout, &b, admitted).unwrap();
+        let tcp_addr = SocketAddr::new(receiver.local_addr.ip(), receiver.tcp_port());
+        // One offer per connection: each ask on a link of its own.
+        let link = || async { sender.connect(1, receiver.local_addr, b_id).await.unwrap() };
+        let dial_as = |key: &Keypair, token: [u8; TOKEN_LEN], wire: Wire| {
+            let config = Arc::new(tls::client_config(key, b_id, crypto_provider()).unwrap());
+            tokio::task::spawn_blocking(move || {
+                dial(TcpStream::connect(tcp_addr)?, wire, &token, config).map(|_| ())
+            })
+        };
+
+        // A made-up token, in clear and under TLS with a member's identity.
+        for wire in [Wire::Plaintext, Wire::Encrypted] {
+            assert!(dial_as(&a, [9; TOKEN_LEN], wire).await.unwrap().is_err());
+            let why = refusal(&mut events).await;
+            assert!(why.contains("names no offer"), "{why}");
+        }
+
+        // A real offer's token, presented under another identity.
+        let (port, token) = ask(&link().await.conn, Wire::Encrypted).await.unwrap();
+        assert_eq!(port, receiver.tcp_port());
+        assert!(dial_as(&stranger, token, Wire::Encrypted)
+            .await
+            .unwrap()
+            .is_err());
+        let why = refusal(&mut events).await;
+        assert!(why.contains("identity"), "{why}");
+        // Used once: the rightful owner cannot use it after.
+        assert!(dial_as(&a, token, Wire::Encrypted).await.unwrap().is_err());
+        assert!(refusal(&mut events).await.contains("names no offer"));
+
+        // A connection in clear for an encrypted offer.
+        let (_, token) = ask(&link().await.conn, Wire::Encrypted).await.unwrap();
+        assert!(dial_as(&a, token, Wire::Plaintext).await.unwrap().is_err());
+        assert!(refusal(&mut events).await.contains("Plaintext connection"));
+
+        // Plaintext asked of an encrypted receiver.
+        let c = link().await;
+        let e = ask(&c.conn, Wire::Plaintext).await.unwrap_err();
+        assert!(e.to_string().contains("plaintext"), "{e}");
+        // And a second offer on one connection.
+        let e = ask(&c.conn, Wire::Encrypted).await.unwrap_err();
+        assert!(e.to_string().contains("a transport already"), "{e}");
+    }
+
+    #[test]
+    fn answers_parse_and_bad_ones_are_refused() {
+        let mut ok = b"OK".to_vec();
+        ok.extend_from_slice(&4242u16.to_le_bytes());
+        ok.extend_from_slice(&[7; TOKEN_LEN]);
+        assert_eq!(parse_answer(&ok).unwrap(), (4242, [7; TOKEN_LEN]));
+        assert!(parse_answer(&ok[..ok.len() - 1]).is_err());
+        let e = parse_answer(b"NOplaintext refused").unwrap_err();
+        assert!(e.to_string().contains("plaintext refused"), "{e}");
+        assert!(parse_answer(b"??").is_err());
+        assert!(Wire::from_byte(2).is_err());
+    }
+
+    #[test]
+    fn a_frame_is_its_length_then_its_bytes_whatever_the_writer_takes_at_once() {
+        /// A writer that takes at most 3 bytes a call.
+        struct Trickle(Vec<u8>);
+        impl Write for Trickle {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                let n = b.len().min(3);
+                self.0.extend_from_slice(&b[..n]);
+                Ok(n)
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let frame: Vec<u8> = (0..20).collect();
+        let mut w = Trickle(Vec::new());
+        write_frame(&mut w, &frame).unwrap();
+        assert_eq!(&w.0[..8], &20u64.to_le_bytes());
+        assert_eq!(&w.0[8..], frame.as_slice());
+        let mut v = Vec::new();
+        write_frame(&mut v, &frame).unwrap();
+        assert_eq!(v, w.0);
+    }
+}
