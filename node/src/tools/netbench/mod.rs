@@ -279,6 +279,7 @@ pub fn run(args: &NetBenchArgs) -> anyhow::Result<()> {
         bar: bar.clone(),
         frames,
         baseline_frame: None,
+        murmur_frame: None,
         murmur: None,
         shm_delay: None,
     };
@@ -432,6 +433,8 @@ struct Bench<'a> {
     frames: usize,
     /// The frame the baselines move (made on first use).
     baseline_frame: Option<Vec<u8>>,
+    /// The frame murmur's links move (made on first use).
+    murmur_frame: Option<Bytes>,
     /// murmur's first measurement: the report's delay and settings.
     murmur: Option<NetBenchReport>,
     /// The first shared-memory measurement's one-way delay, seconds.
@@ -459,9 +462,14 @@ impl Bench<'_> {
                 } else {
                     LinkEmulation::default()
                 };
+                // The frame is made once, outside the measurements, as the baselines' is.
+                let payload = self
+                    .murmur_frame
+                    .get_or_insert_with(|| frame(self.args.frame_bytes, 0))
+                    .clone();
                 let r = self
                     .rt
-                    .block_on(measure(self.args, emulation, kind, &self.bar))?;
+                    .block_on(measure(self.args, emulation, kind, payload, &self.bar))?;
                 if transport == Transport::Shm {
                     self.shm_delay.get_or_insert(r.delay_seconds);
                 }
@@ -583,12 +591,14 @@ fn frame_count(args: &NetBenchArgs) -> usize {
         .div_ceil(args.frame_bytes)
 }
 
-/// One measurement of our data plane over a link of `kind` (delay, then throughput); `bar`
-/// counts the bytes delivered. Errors: the link could not be of that kind.
+/// One measurement of our data plane over a link of `kind` (delay, then throughput, moving
+/// `payload`, a frame of `--frame-bytes`, `frame_count` times); `bar` counts the bytes
+/// delivered. Errors: the link could not be of that kind.
 async fn measure(
     args: &NetBenchArgs,
     emulation: LinkEmulation,
     kind: LinkKind,
+    payload: Bytes,
     bar: &ProgressBar,
 ) -> anyhow::Result<NetBenchReport> {
     let any: SocketAddr = "127.0.0.1:0".parse()?;
@@ -640,7 +650,6 @@ async fn measure(
 
     // Throughput: the frames back to back, timed until the last one is delivered.
     let frames = frame_count(args);
-    let payload = frame(args.frame_bytes, 0);
     let t = Instant::now();
     let send = async {
         for _ in 0..frames {
