@@ -24,7 +24,10 @@
 //! and refused, one whose header lies about its length refused, and the frames after them
 //! still arrive — the checks, refusals and counting of [`super::receive::deliver`], as on
 //! the other transports. One thread per side does the blocking I/O (`write_all` of the whole
-//! frame; a read straight into the frame's buffer). The QUIC connection stays, as for
+//! frame; a read straight into the frame's buffer). A frame's transfer time (what the
+//! per-link choices measure bandwidth from) counts only the bytes that arrived while it was
+//! read, not those the kernel had buffered before the reader came ([`transfer_time`]). The
+//! QUIC connection stays, as for
 //! shared memory: it carries liveness and the close; when it closes, both ends shut the
 //! TCP socket down.
 
@@ -209,12 +212,42 @@ fn write_frame(w: &mut dyn Write, frame: &[u8]) -> std::io::Result<()> {
 }
 
 /// Shuts `socket` down once `conn` closes: the blocking reads and writes of its link end.
-fn shut_when_closed(conn: &Connection, socket: TcpStream) {
+fn shut_when_closed(conn: &Connection, socket: Option<TcpStream>) {
     let conn = conn.clone();
     tokio::spawn(async move {
         conn.closed().await;
-        let _ = socket.shutdown(Shutdown::Both);
+        if let Some(socket) = socket {
+            let _ = socket.shutdown(Shutdown::Both);
+        }
     });
+}
+
+/// Bytes waiting in `socket`'s receive buffer (`FIONREAD`); `None` if the kernel does not
+/// say.
+fn waiting_bytes(socket: &TcpStream) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer it is given.
+    let r = unsafe { libc::ioctl(socket.as_raw_fd(), libc::FIONREAD, &mut n) };
+    (r == 0 && n >= 0).then_some(n as u64)
+}
+
+/// Bytes of a frame that must arrive while it is read for its transfer time to count. Large,
+/// because TCP does not pace: a shaper that let a link idle (a token bucket, tc's htb) passes
+/// its first tens of KB at the wire's full speed, so a small frame after a pause measures the
+/// burst, not the link (QUIC paces its packets and is measured from 16 KiB up).
+const MIN_ARRIVING: u64 = 256 << 10;
+
+/// A frame's transfer time at the link's rate, from reading `n` bytes in `elapsed` of
+/// which `waiting` were already in the kernel's buffers when the reading began: the kernel
+/// acknowledges TCP data whether or not the reader is scheduled, so a reader that comes late
+/// finds much of the frame there, and timing it from its first byte read would make the
+/// link look as fast as a memory copy. The bytes that arrived while it read, `n − waiting`,
+/// arrived at the link's rate: the time is scaled to all `n` at that rate. `None` when too
+/// few bytes arrived during the read to say.
+fn transfer_time(n: u64, waiting: u64, elapsed: Duration) -> Option<Duration> {
+    let arriving = n.saturating_sub(waiting);
+    (arriving >= MIN_ARRIVING).then(|| elapsed.mul_f64(n as f64 / arriving as f64))
 }
 
 /// Offers TCP to the receiver at the other end of `conn` (dialled at `ip`), whose identity
@@ -257,7 +290,7 @@ pub async fn offer(
         .await
         .map_err(|_| anyhow!("no TCP link within {OFFER_TIMEOUT:?}"))?
         .map(|(socket, writer)| {
-            shut_when_closed(conn, socket);
+            shut_when_closed(conn, Some(socket));
             TcpFrames(Arc::new(Mutex::new(writer)))
         })
 }
@@ -426,9 +459,9 @@ async fn accept_loop(listener: tokio::net::TcpListener, side: Arc<TcpSide>) {
                     Ok((reader, socket, p)) => {
                         {
                             let _in_runtime = rt.enter();
-                            shut_when_closed(&p.conn, socket);
+                            shut_when_closed(&p.conn, socket.try_clone().ok());
                         }
-                        read_frames(reader, p, rt)
+                        read_frames(reader, socket, p, rt)
                     }
                     Err(e) => {
                         warn!(%remote, "refused a data-plane TCP connection: {e:#}");
@@ -511,7 +544,12 @@ fn bind(
 
 /// The reading thread of one TCP link: frames to [`deliver`] until the link stops (the
 /// stream ends or the goodbye's count is complete).
-fn read_frames(mut r: Box<dyn Read + Send>, p: Pending, rt: tokio::runtime::Handle) {
+fn read_frames(
+    mut r: Box<dyn Read + Send>,
+    socket: TcpStream,
+    p: Pending,
+    rt: tokio::runtime::Handle,
+) {
     let Pending {
         conn,
         state,
@@ -527,6 +565,9 @@ fn read_frames(mut r: Box<dyn Read + Send>, p: Pending, rt: tokio::runtime::Hand
             return;
         }
         let first_byte = Instant::now();
+        // On an encrypted link this counts ciphertext, and misses what TLS has buffered
+        // already (at most a record or two): close enough for a rate.
+        let waiting = waiting_bytes(&socket).unwrap_or(0);
         let n = u64::from_le_bytes(len);
         let frame = if n > limit {
             // Read past it: the frames after it still arrive.
@@ -543,8 +584,10 @@ fn read_frames(mut r: Box<dyn Read + Send>, p: Pending, rt: tokio::runtime::Hand
                 Ok(m) if m as u64 == n => {}
                 _ => return,
             }
-            check(&buf, max_payload_bytes)
-                .map(|header| (header, pool.freeze(buf), Some(first_byte.elapsed())))
+            check(&buf, max_payload_bytes).map(|header| {
+                let transfer = transfer_time(n, waiting, first_byte.elapsed());
+                (header, pool.freeze(buf), transfer)
+            })
         };
         let done = rt.block_on(async {
             let mut st = state.lock().await;
@@ -648,6 +691,37 @@ mod tests {
         // And a second offer on one connection.
         let e = ask(&c.conn, Wire::Encrypted).await.unwrap_err();
         assert!(e.to_string().contains("a transport already"), "{e}");
+    }
+
+    #[test]
+    fn a_frame_found_waiting_is_timed_by_the_bytes_that_arrived_while_it_was_read() {
+        let ms = Duration::from_millis;
+        // Nothing waiting: the time as measured.
+        assert_eq!(transfer_time(1 << 20, 0, ms(10)), Some(ms(10)));
+        // Three quarters waiting: the last quarter took 10 ms, so the frame takes 40 ms.
+        assert_eq!(transfer_time(1 << 20, 3 << 18, ms(10)), Some(ms(40)));
+        // All of it (or all but a few bytes) waiting: no sample.
+        assert_eq!(transfer_time(1 << 20, 1 << 20, ms(1)), None);
+        assert_eq!(transfer_time(1 << 20, (1 << 20) - 100, ms(1)), None);
+        assert_eq!(
+            transfer_time(1000, 0, ms(1)),
+            None,
+            "a small frame says nothing"
+        );
+    }
+
+    #[test]
+    fn the_kernel_says_how_many_bytes_wait_in_a_socket() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        assert_eq!(waiting_bytes(&b), Some(0));
+        a.write_all(&[1; 5000]).unwrap();
+        let t = Instant::now();
+        while waiting_bytes(&b) != Some(5000) && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(waiting_bytes(&b), Some(5000));
     }
 
     #[test]
