@@ -24,7 +24,7 @@ use quinn::{Connection, SendStream, VarInt};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::receive::{deliver, Receiving};
+use super::receive::{deliver, BufferPool, Receiving};
 use super::send::FrameTransport;
 use super::shm::{self, Incoming, LinkBroken};
 use super::{NetEvent, ABANDONED};
@@ -125,7 +125,8 @@ fn parse_offer(msg: &[u8]) -> anyhow::Result<(u64, String)> {
 /// Answers the ring offered (`msg`, read from `send`'s stream) by the peer of `conn`
 /// (bound to `state.peer`) and, once mapped, reads the ring's frames on a thread of its own until
 /// the connection closes or the goodbye's count is complete. Only the `first` offer of a
-/// connection is taken (one ring per link).
+/// connection is taken (one transport per link). Frames are read into `pool`'s buffers.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn answer_offer(
     conn: Connection,
     msg: &[u8],
@@ -134,6 +135,7 @@ pub(super) async fn answer_offer(
     state: Arc<tokio::sync::Mutex<Receiving>>,
     max_payload_bytes: u32,
     first: bool,
+    pool: BufferPool,
 ) {
     let peer = state.lock().await.peer;
     let opened = async {
@@ -156,7 +158,16 @@ pub(super) async fn answer_offer(
     let handle = tokio::runtime::Handle::current();
     let spawned = std::thread::Builder::new()
         .name(format!("shm-from-{peer}"))
-        .spawn(move || read_ring(reader, conn, events, state, max_payload_bytes, handle));
+        .spawn(move || {
+            read_ring(
+                reader,
+                conn,
+                events,
+                state,
+                (max_payload_bytes, pool),
+                handle,
+            )
+        });
     if let Err(e) = spawned {
         warn!(peer, "no thread for peer {peer}'s ring: {e}");
     }
@@ -168,14 +179,14 @@ fn read_ring(
     conn: Connection,
     events: mpsc::Sender<NetEvent>,
     state: Arc<tokio::sync::Mutex<Receiving>>,
-    max_payload_bytes: u32,
+    (max_payload_bytes, pool): (u32, BufferPool),
     rt: tokio::runtime::Handle,
 ) {
     let limit = FRAME_HEADER_LEN + max_payload_bytes as usize;
     loop {
-        let frame = match reader.read_frame(limit) {
+        let frame = match reader.read_frame_into(limit, |n| pool.take(n)) {
             Ok(Incoming::Frame(buf)) => {
-                check(&buf, max_payload_bytes).map(|h| (h, Bytes::from(buf), None))
+                check(&buf, max_payload_bytes).map(|h| (h, pool.freeze(buf), None))
             }
             Ok(Incoming::TooLong(n)) => Err(anyhow!(
                 "a {n}-byte frame exceeds the limit of {limit} bytes"

@@ -198,7 +198,7 @@ async fn serve_connection(link: Serving, inbound: Inbound) {
                     offers += 1;
                     let first = offers == 1;
                     let (conn, events, state) = (conn.clone(), events.clone(), state.clone());
-                    let tcp = tcp.clone();
+                    let (tcp, pool) = (tcp.clone(), pool.clone());
                     tokio::spawn(async move {
                         let Ok(msg) = recv.read_to_end(256).await else { return };
                         if msg.starts_with(super::tcp::OFFER_TAG) {
@@ -209,7 +209,7 @@ async fn serve_connection(link: Serving, inbound: Inbound) {
                             .await
                         } else {
                             local_link::answer_offer(
-                                conn, &msg, send, events, state, max_payload_bytes, first,
+                                conn, &msg, send, events, state, max_payload_bytes, first, pool,
                             )
                             .await
                         }

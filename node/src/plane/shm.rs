@@ -350,6 +350,16 @@ impl Reader {
     /// The next frame, waiting for it; one longer than `limit` bytes is skipped in place.
     /// Errors: the link was stopped, or the writer wrote an impossible counter.
     pub fn read_frame(&mut self, limit: usize) -> Result<Incoming, LinkBroken> {
+        self.read_frame_into(limit, Vec::with_capacity)
+    }
+
+    /// [`Reader::read_frame`], into the buffer `alloc(len)` gives for a frame of `len` bytes
+    /// (an empty one: a receive pool's).
+    pub fn read_frame_into(
+        &mut self,
+        limit: usize,
+        alloc: impl FnOnce(usize) -> Vec<u8>,
+    ) -> Result<Incoming, LinkBroken> {
         let mut len = [0u8; PREFIX];
         self.consume(PREFIX, |chunk, at| {
             len[at..at + chunk.len()].copy_from_slice(chunk)
@@ -360,7 +370,9 @@ impl Reader {
             return Ok(Incoming::TooLong(len));
         }
         // Chunks come in order: appended, the frame's memory is written once (no zeroing).
-        let mut frame = Vec::with_capacity(len);
+        let mut frame = alloc(len);
+        frame.clear();
+        frame.reserve(len);
         self.consume(len, |chunk, _| frame.extend_from_slice(chunk))?;
         Ok(Incoming::Frame(frame))
     }
