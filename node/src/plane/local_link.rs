@@ -19,12 +19,12 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 use bytes::Bytes;
-use murmur_gossip::frame::{FrameHeader, FRAME_HEADER_LEN};
+use murmur_gossip::frame::FRAME_HEADER_LEN;
 use quinn::{Connection, SendStream, VarInt};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::receive::{deliver, BufferPool, Receiving};
+use super::receive::{check, deliver, BufferPool, Receiving};
 use super::send::FrameTransport;
 use super::shm::{self, Incoming, LinkBroken};
 use super::{NetEvent, ABANDONED};
@@ -210,18 +210,6 @@ fn read_ring(
             return;
         }
     }
-}
-
-/// The header of a frame read whole (from a ring or a TCP stream), checked as on QUIC, and
-/// its length against the header's.
-pub(super) fn check(buf: &[u8], max_payload_bytes: u32) -> anyhow::Result<FrameHeader> {
-    let header = FrameHeader::parse_prefix(buf, max_payload_bytes)?;
-    let declared = FRAME_HEADER_LEN + header.payload_len as usize;
-    anyhow::ensure!(
-        declared == buf.len(),
-        "a frame longer than the {declared} bytes it declares"
-    );
-    Ok(header)
 }
 
 #[cfg(test)]

@@ -333,15 +333,14 @@ impl DataPlane {
             pool.clone(),
         )?;
         let inbound = Inbound::default();
-        tokio::spawn(accept_loop(
-            endpoint.clone(),
-            events.clone(),
+        let serving = quic::Serving {
+            events: events.clone(),
             max_payload_bytes,
-            inbound.clone(),
-            admitted,
-            tcp.clone(),
+            inbound: inbound.clone(),
+            tcp: tcp.clone(),
             pool,
-        ));
+        };
+        tokio::spawn(accept_loop(endpoint.clone(), admitted, serving));
         Ok((
             DataPlane {
                 endpoint,

@@ -73,27 +73,26 @@ impl FrameTransport for QuicFrames {
     }
 }
 
+/// What every incoming connection of one data plane is served with.
+#[derive(Clone)]
+pub(super) struct Serving {
+    pub events: mpsc::Sender<NetEvent>,
+    pub max_payload_bytes: u32,
+    pub inbound: Inbound,
+    pub tcp: Arc<TcpSide>,
+    pub pool: BufferPool,
+}
+
 /// Accepts the endpoint's incoming connections: authenticated, admitted, bound to a rank.
-pub(super) async fn accept_loop(
-    endpoint: Endpoint,
-    events: mpsc::Sender<NetEvent>,
-    max_payload_bytes: u32,
-    inbound: Inbound,
-    admitted: Admitted,
-    tcp: Arc<TcpSide>,
-    pool: BufferPool,
-) {
+pub(super) async fn accept_loop(endpoint: Endpoint, admitted: Admitted, serving: Serving) {
     while let Some(incoming) = endpoint.accept().await {
-        let events = events.clone();
-        let inbound = inbound.clone();
-        let admitted = admitted.clone();
-        let tcp = tcp.clone();
-        let pool = pool.clone();
+        let (admitted, serving) = (admitted.clone(), serving.clone());
         tokio::spawn(async move {
+            let events = &serving.events;
             let remote = incoming.remote_address();
             let conn = match incoming.await {
                 Ok(conn) => conn,
-                Err(e) => return refuse_connection(&events, remote, e.to_string()).await,
+                Err(e) => return refuse_connection(events, remote, e.to_string()).await,
             };
             // The handshake checked the certificate; bind the connection to its rank.
             let peer = conn
@@ -103,29 +102,20 @@ pub(super) async fn accept_loop(
                         .ok()
                 })
                 .and_then(|certs| tls::peer_id_of(&certs).ok());
-            let rank = match peer {
-                Some(p) => admitted.rank_when_known(&p, ADMISSION_WAIT).await,
+            let bound = match peer {
+                Some(p) => admitted
+                    .rank_when_known(&p, ADMISSION_WAIT)
+                    .await
+                    .map(|rank| (rank, p)),
                 None => None,
             };
-            match rank {
-                Some(rank) => {
-                    let peer = peer.expect("a rank is known only for an identity");
-                    let link = Serving {
-                        conn,
-                        rank,
-                        peer,
-                        events,
-                        max_payload_bytes,
-                        tcp,
-                        pool,
-                    };
-                    serve_connection(link, inbound).await
-                }
+            match bound {
+                Some((rank, peer)) => serve_connection(conn, (rank, peer), serving).await,
                 None => {
                     conn.close(VarInt::from_u32(ABANDONED), b"not admitted");
                     let who = peer.map_or("no identity".to_string(), |p| format!("peer {p}"));
                     let why = format!("{who} is not admitted to this run");
-                    refuse_connection(&events, remote, why).await;
+                    refuse_connection(events, remote, why).await;
                 }
             }
         });
@@ -143,31 +133,18 @@ async fn refuse_connection(events: &mpsc::Sender<NetEvent>, remote: SocketAddr, 
         .await;
 }
 
-/// An incoming connection bound to its peer, and what serving it needs.
-struct Serving {
-    conn: Connection,
-    rank: Rank,
-    /// The identity its certificate proved.
-    peer: PeerId,
-    events: mpsc::Sender<NetEvent>,
-    max_payload_bytes: u32,
-    tcp: Arc<TcpSide>,
-    pool: BufferPool,
-}
-
-/// Reads the frames of peer `rank`'s connection: one per unidirectional stream, or, once
-/// the peer has offered another transport on a bidirectional stream (its shared-memory
-/// ring, [`local_link`], or a TCP connection, [`super::tcp`]), from that transport.
-async fn serve_connection(link: Serving, inbound: Inbound) {
+/// Reads the frames of peer `rank`'s connection (`peer`: the identity its certificate
+/// proved): one per unidirectional stream, or, once the peer has offered another transport
+/// on a bidirectional stream (its shared-memory ring, [`local_link`], or a TCP connection,
+/// [`super::tcp`]), from that transport.
+async fn serve_connection(conn: Connection, (rank, peer): (Rank, PeerId), serving: Serving) {
     let Serving {
-        conn,
-        rank,
-        peer,
         events,
         max_payload_bytes,
+        inbound,
         tcp,
         pool,
-    } = link;
+    } = serving;
     inbound
         .lock()
         .unwrap_or_else(|e| e.into_inner())

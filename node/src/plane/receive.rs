@@ -106,6 +106,18 @@ impl Receiving {
     }
 }
 
+/// The header of a frame read whole (from a ring or a TCP stream), checked as on QUIC, and
+/// its length against the header's.
+pub(super) fn check(buf: &[u8], max_payload_bytes: u32) -> anyhow::Result<FrameHeader> {
+    let header = FrameHeader::parse_prefix(buf, max_payload_bytes)?;
+    let declared = FRAME_HEADER_LEN + header.payload_len as usize;
+    anyhow::ensure!(
+        declared == buf.len(),
+        "a frame longer than the {declared} bytes it declares"
+    );
+    Ok(header)
+}
+
 /// Takes one frame read on `conn` (or why it could not be read) into the connection's
 /// state: a frame of the bound sender is delivered, any other refused (and counted, so that
 /// a refused frame cannot hold the shutdown up), the goodbye records the count; when the

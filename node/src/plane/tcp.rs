@@ -49,8 +49,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::local_link::check;
-use super::receive::{deliver, BufferPool, Receiving};
+use super::receive::{check, deliver, BufferPool, Receiving};
 use super::send::FrameTransport;
 use super::{tls, NetEvent};
 

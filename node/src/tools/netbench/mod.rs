@@ -143,17 +143,6 @@ impl Transport {
         }
     }
 
-    /// The link kind of one of murmur's rows (`None` for the others).
-    fn link_kind(self) -> Option<LinkKind> {
-        match self {
-            Transport::Murmur => Some(LinkKind::Quic),
-            Transport::Shm => Some(LinkKind::SharedMemory),
-            Transport::MurmurTcp => Some(LinkKind::Tcp),
-            Transport::MurmurTcpPlain => Some(LinkKind::TcpPlaintext),
-            _ => None,
-        }
-    }
-
     /// The transports `args` asks for, in the order of each round: the measured murmur link
     /// (`--link`) first, then with `--baselines` murmur's other links.
     fn selected(args: &NetBenchArgs) -> Vec<Transport> {
@@ -453,45 +442,49 @@ impl Bench<'_> {
             anyhow::Ok(())
         };
         let cpu = cpu_seconds();
-        let seconds = match transport.link_kind() {
-            Some(kind) => {
-                // The measured link has the emulation; the others are measured as they are.
-                let main = transport == self.args.link.transport();
-                let emulation = if main {
-                    self.emulation
-                } else {
-                    LinkEmulation::default()
-                };
-                // The frame is made once, outside the measurements, as the baselines' is.
-                let payload = self
-                    .murmur_frame
-                    .get_or_insert_with(|| frame(self.args.frame_bytes, 0))
-                    .clone();
-                let r = self
-                    .rt
-                    .block_on(measure(self.args, emulation, kind, payload, &self.bar))?;
-                if transport == Transport::Shm {
-                    self.shm_delay.get_or_insert(r.delay_seconds);
-                }
-                let s = r.seconds;
-                if main {
-                    self.murmur.get_or_insert(r);
-                }
-                s
+        let seconds = match transport {
+            Transport::Murmur => self.murmur_link(transport, LinkKind::Quic)?,
+            Transport::Shm => self.murmur_link(transport, LinkKind::SharedMemory)?,
+            Transport::MurmurTcp => self.murmur_link(transport, LinkKind::Tcp)?,
+            Transport::MurmurTcpPlain => self.murmur_link(transport, LinkKind::TcpPlaintext)?,
+            Transport::Bare => {
+                self.rt
+                    .block_on(bare_quinn(frames, frame_bytes, self.bar.clone()))?
             }
-            None => match transport {
-                Transport::Bare => {
-                    self.rt
-                        .block_on(bare_quinn(frames, frame_bytes, self.bar.clone()))?
-                }
-                Transport::Tls => baselines::tls(self.baseline_frame()?, frames, count)?,
-                Transport::Tcp => baselines::tcp(self.baseline_frame()?, frames, count)?,
-                Transport::Memcpy => baselines::memcpy(self.baseline_frame()?, frames, count)?,
-                _ => unreachable!("murmur's links have a link kind"),
-            },
+            Transport::Tls => baselines::tls(self.baseline_frame()?, frames, count)?,
+            Transport::Tcp => baselines::tcp(self.baseline_frame()?, frames, count)?,
+            Transport::Memcpy => baselines::memcpy(self.baseline_frame()?, frames, count)?,
         };
         let bytes = (frames * frame_bytes) as f64;
         Ok((bytes / seconds, (cpu_seconds() - cpu) * 1e9 / bytes))
+    }
+
+    /// Seconds of one measurement of murmur's link of `kind` (the row `transport`). The
+    /// measured link (`--link`) has the emulation and gives the report its delay; the others
+    /// are measured as they are.
+    fn murmur_link(&mut self, transport: Transport, kind: LinkKind) -> anyhow::Result<f64> {
+        let main = transport == self.args.link.transport();
+        let emulation = if main {
+            self.emulation
+        } else {
+            LinkEmulation::default()
+        };
+        // The frame is made once, outside the measurements, as the baselines' is.
+        let payload = self
+            .murmur_frame
+            .get_or_insert_with(|| frame(self.args.frame_bytes, 0))
+            .clone();
+        let r = self
+            .rt
+            .block_on(measure(self.args, emulation, kind, payload, &self.bar))?;
+        if transport == Transport::Shm {
+            self.shm_delay.get_or_insert(r.delay_seconds);
+        }
+        let seconds = r.seconds;
+        if main {
+            self.murmur.get_or_insert(r);
+        }
+        Ok(seconds)
     }
 
     /// The frame of `--frame-bytes` bytes the baselines move.
