@@ -21,6 +21,7 @@ use murmur_topology::{MixingMatrix, TopologyError};
 use serde::{Deserialize, Serialize};
 
 use crate::control::auth;
+use crate::plane::Incarnation;
 use crate::report::MembershipEvent;
 
 /// A peer's answer to a restarted peer's hello (the JSON part of a `Welcome` frame; the
@@ -144,7 +145,8 @@ pub enum RejoinError {
 }
 
 /// A departure to carry out: re-weight without `all_gone`, tell the algorithm that `gone`
-/// left, drop its links, flood the notice and record it.
+/// left, drop its links to processes of incarnations below `before`, flood the notice and
+/// record it.
 #[derive(Debug, Clone)]
 pub struct Departure {
     /// The peer that left.
@@ -159,9 +161,10 @@ pub struct Departure {
     pub record: MembershipEvent,
     /// Every peer departed now, `gone` included: the algorithm mixes without them.
     pub all_gone: Vec<Rank>,
-    /// Noticed through the hello of the peer's new process: its newest connection (the
-    /// hello's) stays open.
-    pub keep_newest: bool,
+    /// The departed processes are those of `gone` with incarnations below this: a newer
+    /// process's links (one that said hello, or restarts while the notice travels) stay
+    /// open.
+    pub before: Incarnation,
     /// The leave notice passed on to every link.
     pub flood: Flood,
 }
@@ -180,8 +183,12 @@ pub struct Hello {
 /// What a hello means for a peer's old process.
 #[derive(Debug, Clone)]
 pub enum Restart {
-    /// It was known to have left: only its old connections are closed (the newest kept).
-    KnownDeparted,
+    /// It was known to have left: only the connections of processes older than the new
+    /// one (incarnations below `before`) are closed.
+    KnownDeparted {
+        /// The new process's incarnation.
+        before: Incarnation,
+    },
     /// It was counted as a member: its old process has left.
     Departed(Box<Departure>),
     /// Nothing changes (a departure notice about an older process, or about this peer).
@@ -204,6 +211,8 @@ pub struct Admission {
 pub struct RejoinNotice {
     /// The returning (or new) peer.
     pub back: Rank,
+    /// The incarnation of its process.
+    pub incarnation: Incarnation,
     /// The round it mixes from.
     pub at: u64,
     /// Its data-plane address.
@@ -263,11 +272,15 @@ pub fn surviving(
 }
 
 /// The membership state machine of peer `me` in a run of `n` ranks, over the state its
-/// driver keeps: the departed peers with their records, and the rejoins taken part in.
+/// driver keeps: the departed peers with their records, the rejoins taken part in, and the
+/// newest incarnation known of each rank.
 #[derive(Debug)]
 pub struct Membership {
     me: Rank,
     n: usize,
+    /// The newest incarnation known of each rank (0: unknown), from the directory, hellos
+    /// and rejoin notices: a notice about an older process is not about the member.
+    incarnations: Vec<Incarnation>,
     /// The peers that left (and have not rejoined) with their records (event `left` or
     /// `empty`).
     departed: BTreeMap<Rank, MembershipEvent>,
@@ -281,9 +294,23 @@ impl Membership {
         Membership {
             me,
             n,
+            incarnations: vec![0; n],
             departed: BTreeMap::new(),
             rejoined: Vec::new(),
         }
+    }
+
+    /// Rank `rank`'s process has incarnation `incarnation` (from the directory, a hello,
+    /// a rejoin notice): kept if it is the newest known.
+    pub fn learn_incarnation(&mut self, rank: Rank, incarnation: Incarnation) {
+        if let Some(i) = self.incarnations.get_mut(rank) {
+            *i = (*i).max(incarnation);
+        }
+    }
+
+    /// The newest incarnation known of `rank` (0: unknown).
+    pub fn incarnation(&self, rank: Rank) -> Incarnation {
+        self.incarnations.get(rank).copied().unwrap_or(0)
     }
 
     /// The peers that left (and have not rejoined), with their records.
@@ -301,32 +328,23 @@ impl Membership {
         self.departed.contains_key(&peer)
     }
 
-    /// Peer `gone` left (`reason`, noticed by `noticed_by` at its round `noticed_round`):
-    /// recorded once. `None` for a known departure, one about this peer, or a notice older
-    /// than the peer's latest return (about its previous process). `hello`: noticed through
-    /// the hello of its new process.
+    /// The processes of peer `gone` with incarnations below `before` left (`reason`,
+    /// noticed by `noticed_by` at its round `noticed_round`): recorded once. `None` for a
+    /// known departure, one about this peer, or one about processes older than the newest
+    /// known of `gone` (a notice about its previous process, which must not touch the new
+    /// one).
     ///
     /// # Errors
     /// [`MembershipError::BootstrapLeft`]: `gone` is peer 0.
     pub fn depart(
         &mut self,
-        gone: Rank,
+        (gone, before): (Rank, Incarnation),
         reason: String,
         noticed_by: Rank,
         noticed_round: u64,
-        hello: bool,
         now: Now,
     ) -> Result<Option<Departure>, MembershipError> {
-        // A notice older than the peer's latest return is about its previous process.
-        let back_at = self
-            .rejoined
-            .iter()
-            .filter(|(r, _)| *r == gone)
-            .map(|(_, at)| *at)
-            .max();
-        if gone == self.me
-            || self.departed.contains_key(&gone)
-            || back_at.is_some_and(|at| noticed_round < at)
+        if gone == self.me || self.departed.contains_key(&gone) || before <= self.incarnation(gone)
         {
             return Ok(None);
         }
@@ -352,9 +370,9 @@ impl Membership {
             round: now.round,
             record,
             all_gone: self.departed.keys().copied().collect(),
-            keep_newest: hello,
+            before,
             flood: Flood {
-                frame: encode_leave(self.me, noticed_round, gone, &reason),
+                frame: encode_leave(self.me, noticed_round, (gone, before), &reason),
                 except: Vec::new(),
             },
             reason,
@@ -373,15 +391,16 @@ impl Membership {
         now: Now,
     ) -> Result<Verdict<Departure>, MembershipError> {
         match decode_leave(payload) {
-            Some((gone, reason)) if gone < self.n => Ok(self
-                .depart(gone, reason, from, noticed_round, false, now)?
+            Some((gone, before, reason)) if gone < self.n => Ok(self
+                .depart((gone, before), reason, from, noticed_round, now)?
                 .map_or(Verdict::Ignore, Verdict::Accept)),
             _ => Ok(Verdict::Refuse(Refusal::MalformedLeave)),
         }
     }
 
     /// A hello (`payload` of a `Hello` frame) from the new process of peer `from`: if it
-    /// was still counted as a member, its old process has left.
+    /// was still counted as a member, its old process has left. A hello from a process
+    /// older than one known already is ignored.
     ///
     /// # Errors
     /// As [`Membership::depart`].
@@ -394,15 +413,20 @@ impl Membership {
         let Some(info) = decode_hello(payload, from) else {
             return Ok(Verdict::Refuse(Refusal::MalformedHello));
         };
+        let new = info.incarnation;
+        if new < self.incarnation(from) {
+            return Ok(Verdict::Ignore);
+        }
         let restart = if self.departed.contains_key(&from) {
-            Restart::KnownDeparted
+            Restart::KnownDeparted { before: new }
         } else {
             let reason = "it restarted: a new process said hello".to_string();
-            match self.depart(from, reason, self.me, now.round, true, now)? {
+            match self.depart((from, new), reason, self.me, now.round, now)? {
                 Some(d) => Restart::Departed(Box::new(d)),
                 None => Restart::Unchanged,
             }
         };
+        self.learn_incarnation(from, new);
         Ok(Verdict::Accept(Hello {
             from,
             addr: info.data_addr,
@@ -514,19 +538,20 @@ impl Membership {
     /// [`Membership::rejoin_notice`].
     pub fn on_rejoin(&mut self, from: Rank, payload: &[u8]) -> Verdict<RejoinNotice> {
         match decode_rejoin(payload) {
-            Some((back, at, addr)) if back < self.n => self
-                .rejoin_notice(back, at, addr, from)
+            Some((back, incarnation, at, addr)) if back < self.n => self
+                .rejoin_notice((back, incarnation), at, addr, from)
                 .map_or(Verdict::Ignore, Verdict::Accept),
             _ => Verdict::Refuse(Refusal::MalformedRejoin),
         }
     }
 
-    /// Peer `back` mixes again from round `at` at address `addr` (told by `from`): handled
-    /// once per (peer, round), and never about this peer. The algorithm is then asked to
-    /// take it back; if it does, [`Membership::readmit`].
+    /// Peer `back`'s process of incarnation `incarnation` mixes again from round `at` at
+    /// address `addr` (told by `from`): handled once per (peer, round), and never about
+    /// this peer. The algorithm is then asked to take it back; if it does,
+    /// [`Membership::readmit`].
     pub fn rejoin_notice(
         &mut self,
-        back: Rank,
+        (back, incarnation): (Rank, Incarnation),
         at: u64,
         addr: SocketAddr,
         from: Rank,
@@ -535,6 +560,7 @@ impl Membership {
             return None;
         }
         self.rejoined.push((back, at));
+        self.learn_incarnation(back, incarnation);
         let still_gone = self
             .departed
             .keys()
@@ -543,6 +569,7 @@ impl Membership {
             .collect();
         Some(RejoinNotice {
             back,
+            incarnation,
             at,
             addr,
             from,
@@ -562,7 +589,12 @@ impl Membership {
             new,
             all_taken,
             flood: Flood {
-                frame: encode_rejoin(self.me, notice.back, notice.at, notice.addr),
+                frame: encode_rejoin(
+                    self.me,
+                    (notice.back, notice.incarnation),
+                    notice.at,
+                    notice.addr,
+                ),
                 except: vec![notice.back, notice.from],
             },
         }
@@ -640,12 +672,13 @@ impl Membership {
         });
     }
 
-    /// This peer mixes again from round `at` at its data-plane address `addr`: the rejoin
-    /// notice to send to every link.
-    pub fn rejoining(&mut self, at: u64, addr: SocketAddr) -> Flood {
+    /// This peer's process of incarnation `incarnation` mixes again from round `at` at its
+    /// data-plane address `addr`: the rejoin notice to send to every link.
+    pub fn rejoining(&mut self, incarnation: Incarnation, at: u64, addr: SocketAddr) -> Flood {
         self.rejoined.push((self.me, at));
+        self.learn_incarnation(self.me, incarnation);
         Flood {
-            frame: encode_rejoin(self.me, self.me, at, addr),
+            frame: encode_rejoin(self.me, (self.me, incarnation), at, addr),
             except: Vec::new(),
         }
     }

@@ -263,14 +263,6 @@ fn announce(args: &RunArgs, topo: &murmur_topology::Topology, run_dir: &Path) {
     );
 }
 
-/// How many departures of `rank` peer 0 has recorded in `events`.
-fn departures_of(events: &[MembershipEvent], rank: usize) -> usize {
-    events
-        .iter()
-        .filter(|e| e.peer == rank && e.event == "left")
-        .count()
-}
-
 fn or_none(s: &str) -> &str {
     if s.is_empty() {
         "none"

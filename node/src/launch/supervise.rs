@@ -26,7 +26,7 @@ pub(super) enum Exit {
     StopRun,
     /// It failed and will not be restarted; the others train on without it.
     GoOn,
-    /// Restart it with `--resume` once the others noticed; its `attempt`-th restart.
+    /// Restart it with `--resume` at once; its `attempt`-th restart.
     Restart {
         /// 1 for the first restart.
         attempt: u32,
@@ -174,9 +174,8 @@ pub(super) struct Supervisor<'a> {
     /// Epoch rows and membership events printed so far.
     shown: usize,
     events_shown: usize,
-    /// Restarts waiting for the departure to be noticed: (rank, failed at, its departures
-    /// recorded by then).
-    pending: Vec<(usize, Instant, usize)>,
+    /// Restarts due: ranks whose process failed and is to be started again.
+    pending: Vec<usize>,
 }
 
 /// How a supervised run ended.
@@ -284,8 +283,8 @@ impl<'a> Supervisor<'a> {
                 return Ok(Ended::Interrupted(signal));
             }
             self.join_due(&rows, print)?;
-            let stop = self.check_processes(epoch, &events, print);
-            self.restart_due(&events, print)?;
+            let stop = self.check_processes(epoch, print);
+            self.restart_due(print)?;
             if let Some(why) = stop {
                 return Ok(Ended::Stopped(why));
             }
@@ -316,12 +315,7 @@ impl<'a> Supervisor<'a> {
 
     /// Reports paused, continued and exited processes; records failures and queues the
     /// restarts allowed. Returns why the run must stop, if it must.
-    fn check_processes(
-        &mut self,
-        epoch: usize,
-        events: &[MembershipEvent],
-        print: &dyn Fn(String),
-    ) -> Option<String> {
+    fn check_processes(&mut self, epoch: usize, print: &dyn Fn(String)) -> Option<String> {
         let (args, launch) = (self.args, self.launch);
         let mut exited = Vec::new();
         self.peers.procs.retain_mut(|p| match p.child.try_wait() {
@@ -393,46 +387,27 @@ impl<'a> Supervisor<'a> {
                 Exit::Restart { attempt } => {
                     print(format!(
                         "peer {rank} failed ({how}) at epoch {epoch}{cause}; restarting it \
-                         with --resume once the others have noticed ({attempt} of {})",
+                         with --resume ({attempt} of {})",
                         launch.restart_failed
                     ));
                     self.record.restarts_of.insert(rank, attempt);
                     self.record.restarts.push(format!("{rank}@{epoch}"));
-                    self.pending
-                        .push((rank, Instant::now(), departures_of(events, rank)));
+                    self.pending.push(rank);
                 }
             }
         }
         stop
     }
 
-    /// Starts the queued restarts that are due.
-    ///
-    /// A restarted process is started once peer 0 has recorded its predecessor's departure,
-    /// or after the peer timeout and a margin at the latest. Started at once, it was cut off
-    /// in 7 of 18 runs here (kill -9 of rank 3 of 8, 3 of them then stopping the whole run):
-    /// its hello to one peer made that peer flood a departure notice, which reached another
-    /// peer after the new process had connected to it but before its own hello was handled,
-    /// and that peer's `forget(rank, false)` closed the new connection too (the peer
-    /// driver's `departure`). Fixing that in the peer needs a way to tell the old process's
-    /// connections from the new one's; until then the supervisors wait.
-    fn restart_due(
-        &mut self,
-        events: &[MembershipEvent],
-        print: &dyn Fn(String),
-    ) -> anyhow::Result<()> {
-        let noticed = Duration::from_secs(self.args.net.peer_timeout_secs) + Duration::from_secs(5);
-        let mut i = 0;
-        while i < self.pending.len() {
-            let (rank, since, before) = self.pending[i];
-            if departures_of(events, rank) > before || since.elapsed() > noticed {
-                self.pending.remove(i);
-                let extra = vec![format!("--bootstrap={}", self.bootstrap), "--resume".into()];
-                self.peers.procs.push(self.spawner.spawn(rank, extra)?);
-                print(format!("peer {rank} restarted with --resume"));
-            } else {
-                i += 1;
-            }
+    /// Starts the queued restarts, at once: the new process's hello tells its neighbours
+    /// that the old one has left, and its incarnation number (a larger one than the old
+    /// process's, [`crate::plane::Incarnation`]) keeps the departure notices about the old
+    /// process from closing the new one's connections.
+    fn restart_due(&mut self, print: &dyn Fn(String)) -> anyhow::Result<()> {
+        for rank in std::mem::take(&mut self.pending) {
+            let extra = vec![format!("--bootstrap={}", self.bootstrap), "--resume".into()];
+            self.peers.procs.push(self.spawner.spawn(rank, extra)?);
+            print(format!("peer {rank} restarted with --resume"));
         }
         Ok(())
     }

@@ -54,7 +54,13 @@ impl Driver {
                         }
                     }
                 }
-                Action::Connect { to, addr, id, then } => {
+                Action::Connect {
+                    to,
+                    incarnation,
+                    addr,
+                    id,
+                    then,
+                } => {
                     // A restarted peer's hello does not say whether it is behind a NAT.
                     let nat = super::links::Nat::Unknown;
                     let (plane, relay, rank) = (&self.plane, &self.relay, self.core.rank);
@@ -62,7 +68,7 @@ impl Driver {
                         plane,
                         relay,
                         rank,
-                        (to, addr, id),
+                        ((to, incarnation), addr, id),
                         nat,
                     ));
                     match connected {
@@ -76,13 +82,19 @@ impl Driver {
                         Err(e) => warn!(to, "cannot connect to peer {to}: {e:#}"),
                     }
                 }
-                Action::DropLinks { peer, keep_newest } => {
-                    if let Some(link) = self.links.remove(&peer) {
-                        link.abandon();
+                Action::DropLinks { peer, before } => {
+                    if self
+                        .links
+                        .get(&peer)
+                        .is_some_and(|l| l.incarnation() < before)
+                    {
+                        if let Some(link) = self.links.remove(&peer) {
+                            link.abandon();
+                        }
                     }
-                    self.plane.forget(peer, keep_newest);
+                    self.plane.forget(peer, before);
                 }
-                Action::ForgetOldConnections { peer } => self.plane.forget(peer, true),
+                Action::ForgetOldConnections { peer, before } => self.plane.forget(peer, before),
                 Action::Admit { id, rank } => self.admitted.admit_all([(id, rank)]),
                 Action::CloseAdmission => self.admitted.set_open(false),
                 Action::Record { event, at } => {
@@ -113,8 +125,12 @@ impl Driver {
             .get(&to)
             .ok_or_else(|| anyhow!("no link to peer {to}"))?;
         if let Err(e) = self.rt.block_on(link.send(frame)) {
-            let reason = format!("{e:#}");
-            self.handle(Input::SendFailed { to, reason })?;
+            let (reason, incarnation) = (format!("{e:#}"), link.incarnation());
+            self.handle(Input::SendFailed {
+                to,
+                incarnation,
+                reason,
+            })?;
         }
         Ok(())
     }
@@ -203,7 +219,15 @@ impl Driver {
             },
             NetEvent::Finished { from } => Input::Finished { from },
             NetEvent::LinkDone { to } => Input::LinkDone { to },
-            NetEvent::Lost { peer, reason } => Input::Lost { peer, reason },
+            NetEvent::Lost {
+                peer,
+                incarnation,
+                reason,
+            } => Input::Lost {
+                peer,
+                incarnation,
+                reason,
+            },
             NetEvent::Refused { peer, reason } => Input::Refused { peer, reason },
         };
         self.handle(input)

@@ -11,7 +11,7 @@ use murmur_gossip::Rank;
 use tracing::{info, warn};
 
 use crate::control::discovery::{PeerInfo, RelayClient};
-use crate::plane::{DataPlane, LinkKind, Links};
+use crate::plane::{DataPlane, Incarnation, LinkKind, Links};
 
 /// How long a peer behind a NAT waits for a neighbour's direct connection before it also
 /// registers as the listener of that link's relayed path (the sender asks for the relay
@@ -59,7 +59,7 @@ pub async fn open(
     let direct = futures::future::join_all(
         targets
             .iter()
-            .map(|&(to, info, id)| plane.connect(to, info.data_addr, id)),
+            .map(|&(to, info, id)| plane.connect((to, info.incarnation), info.data_addr, id)),
     );
     let (direct, ()) = tokio::join!(direct, listening);
     let mut links = Links::new();
@@ -87,7 +87,8 @@ pub async fn open(
             (None, Some(p)) => Nat::Behind(format!("this peer is behind a NAT (it published {p})")),
             (None, None) => Nat::NotInTheWay,
         };
-        async move { (to, fallback(plane, relay, rank, (to, id), nat, e).await) }
+        let to_inc = (to, info.incarnation);
+        async move { (to, fallback(plane, relay, rank, (to_inc, id), nat, e).await) }
     }))
     .await;
     let mut unreachable = BTreeMap::new();
@@ -135,7 +136,8 @@ pub enum Nat {
 
 /// The one link-opening rule, for the start of a run ([`open`]) and for a restarted peer
 /// (`Driver::link_to`): the direct path first; if it did not open, the relayed path
-/// through peer 0 when a NAT is (or may be) in the way and relaying is on.
+/// through peer 0 when a NAT is (or may be) in the way and relaying is on. `to`: the
+/// destination's rank and the incarnation of its process at `addr`.
 ///
 /// # Errors
 /// The direct path's error, with why no relay was tried or why the relayed path failed.
@@ -143,7 +145,7 @@ pub async fn connect(
     plane: &DataPlane,
     relay: &RelayClient,
     rank: Rank,
-    (to, addr, id): (Rank, std::net::SocketAddr, PeerId),
+    (to, addr, id): ((Rank, Incarnation), std::net::SocketAddr, PeerId),
     nat: Nat,
 ) -> anyhow::Result<crate::plane::Link> {
     match plane.connect(to, addr, id).await {
@@ -157,7 +159,7 @@ async fn fallback(
     plane: &DataPlane,
     relay: &RelayClient,
     rank: Rank,
-    (to, id): (Rank, PeerId),
+    ((to, incarnation), id): ((Rank, Incarnation), PeerId),
     nat: Nat,
     direct: anyhow::Error,
 ) -> anyhow::Result<crate::plane::Link> {
@@ -178,7 +180,9 @@ async fn fallback(
     };
     let attempt = async {
         let allocation = relay.allocate(rank, to).await?;
-        plane.connect_relayed(to, &allocation, id).await
+        plane
+            .connect_relayed((to, incarnation), &allocation, id)
+            .await
     };
     match attempt.await {
         Ok(link) => {

@@ -261,6 +261,7 @@ fn join(
         peer_id: String::new(),
         data_addr: address::published(plane.local_addr, &peer.bootstrap, &peer.listen)?,
         nat_published: None,
+        incarnation: plane.incarnation(),
     };
     let checkpoints = if peer.resume {
         let path = checkpoint::path(&peer.out, rank);
@@ -461,6 +462,13 @@ fn wire<B: AutodiffBackend>(
         linked: links.keys().copied().collect(),
         expected_in: expected_in.into_iter().collect(),
         admit_signer: (rank == 0).then_some(key),
+        incarnations: (0..n)
+            .map(|r| match &directory[r] {
+                _ if r == rank => plane.incarnation(),
+                Some(p) => p.incarnation,
+                None => 0,
+            })
+            .collect(),
     };
     let mut drv = Driver {
         rt,

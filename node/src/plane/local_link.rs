@@ -193,10 +193,14 @@ fn read_ring(
             )),
             Err(LinkBroken::Stopped) => return,
             Err(LinkBroken::Corrupt(why)) => {
-                let peer = rt.block_on(state.lock()).peer;
+                let (peer, incarnation) = {
+                    let st = rt.block_on(state.lock());
+                    (st.peer, st.incarnation)
+                };
                 conn.close(VarInt::from_u32(ABANDONED), b"corrupt ring");
                 let _ = events.blocking_send(NetEvent::Lost {
                     peer,
+                    incarnation,
                     reason: format!("peer {peer}'s shared-memory ring: {why}"),
                 });
                 return;

@@ -65,8 +65,45 @@ const SEND_QUEUE: usize = 8;
 /// Events queued towards the training loop before the network waits (QUIC flow control
 /// then slows the senders down).
 const EVENT_QUEUE: usize = 256;
-/// Server name in the pinned certificates.
+/// Server name in the pinned certificates (TCP links).
 const SERVER_NAME: &str = "murmur-peer";
+
+/// A peer process's incarnation number: which process of a rank this is. Every process
+/// picks one at start, larger than any earlier process of its rank picked (microseconds
+/// since the Unix epoch, [`Incarnation::now`], unless its supervisor sets
+/// `MURMUR_INCARNATION`), and states it in its directory entry, its hello, its rejoin notice
+/// and every data-plane connection it opens (the TLS server name of the QUIC handshake,
+/// `p<incarnation>.murmur`, which the client's handshake signature covers). A departure
+/// notice names the incarnations it is about ([`crate::control::membership`]), so a notice
+/// about a rank's old process never closes its new process's connections. 0: unknown.
+pub type Incarnation = u64;
+
+/// [`Incarnation`] of this process: `MURMUR_INCARNATION` if a supervisor set it, else the
+/// microseconds since the Unix epoch (monotonic across a rank's restarts as long as the
+/// hosts' clocks do not step back by more than the time between them).
+pub fn incarnation_now() -> Incarnation {
+    std::env::var("MURMUR_INCARNATION")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_micros() as u64)
+        })
+}
+
+/// The TLS server name a client of incarnation `i` dials with.
+fn incarnation_name(i: Incarnation) -> String {
+    format!("p{i}.murmur")
+}
+
+/// The incarnation in a server name made by [`incarnation_name`].
+fn parse_incarnation_name(name: &str) -> Option<Incarnation> {
+    name.strip_prefix('p')?
+        .strip_suffix(".murmur")?
+        .parse()
+        .ok()
+}
 
 /// Something the data plane reports to the training loop.
 #[derive(Debug)]
@@ -99,6 +136,8 @@ pub enum NetEvent {
     Lost {
         /// The peer.
         peer: Rank,
+        /// The incarnation of the peer's process at the other end of that connection.
+        incarnation: Incarnation,
         /// What happened.
         reason: String,
     },
@@ -131,6 +170,8 @@ pub struct DataPlane {
     events: mpsc::Sender<NetEvent>,
     quic_config: Arc<TransportConfig>,
     rank: Rank,
+    /// This process's incarnation, stated on every connection it opens.
+    incarnation: Incarnation,
     /// Applied to the links opened by [`DataPlane::connect`] from then on.
     pub emulation: LinkEmulation,
     /// The transports of the links opened by [`DataPlane::connect`] from then on.
@@ -155,6 +196,11 @@ impl DataPlane {
     /// the bootstrap after binding. Links opened before keep the old one.
     pub fn set_rank(&mut self, rank: Rank) {
         self.rank = rank;
+    }
+
+    /// This process's incarnation ([`incarnation_now`] when bound).
+    pub fn incarnation(&self) -> Incarnation {
+        self.incarnation
     }
 
     /// Sets how TCP links are protected, both ways: the links this plane opens ask for
@@ -257,6 +303,8 @@ impl std::fmt::Display for LinkKind {
 /// A link to one destination peer.
 pub struct Link {
     to: Rank,
+    /// The incarnation of the process at `to` that this link was opened to.
+    incarnation: Incarnation,
     tx: mpsc::Sender<Bytes>,
     conn: Connection,
     /// The transport its frames use.
@@ -266,8 +314,9 @@ pub struct Link {
     pub relayed: Option<SocketAddr>,
 }
 
-/// Incoming connections by the peer they are bound to (by their first frame), oldest first.
-type Inbound = Arc<std::sync::Mutex<HashMap<Rank, Vec<Connection>>>>;
+/// Incoming connections by the peer they are bound to, oldest first, each with the
+/// incarnation of the process that opened it.
+type Inbound = Arc<std::sync::Mutex<HashMap<Rank, Vec<(Incarnation, Connection)>>>>;
 
 /// Whether `inbound` holds a connection from peer `from`.
 fn has_inbound(inbound: &Inbound, from: Rank) -> bool {
@@ -349,6 +398,7 @@ impl DataPlane {
                 events,
                 quic_config,
                 rank,
+                incarnation: incarnation_now(),
                 emulation: LinkEmulation::default(),
                 transport: TransportChoice::default(),
                 wire: Wire::default(),
@@ -363,14 +413,16 @@ impl DataPlane {
     /// Connects to peer `to` at `addr`, which must prove the identity `peer_id`, and starts
     /// its sender task. A peer on this host gets a shared-memory ring (with
     /// [`TransportChoice::Auto`]); if it cannot map it, the link stays on QUIC and the
-    /// reason is logged.
+    /// reason is logged. `incarnation`: that of the process at `addr` as known here (its
+    /// losses are reported with it).
     pub async fn connect(
         &self,
-        to: Rank,
+        (to, incarnation): (Rank, Incarnation),
         addr: SocketAddr,
         peer_id: PeerId,
     ) -> anyhow::Result<Link> {
-        self.connect_via(to, addr, peer_id, false).await
+        self.connect_via((to, incarnation), addr, peer_id, false)
+            .await
     }
 
     /// Connects to peer `to` (identity `peer_id`) through the relay port of `allocation`
@@ -382,7 +434,7 @@ impl DataPlane {
     /// A malformed token, or the connection does not open within 10 s.
     pub async fn connect_relayed(
         &self,
-        to: Rank,
+        to: (Rank, Incarnation),
         allocation: &relay::Allocation,
         peer_id: PeerId,
     ) -> anyhow::Result<Link> {
@@ -435,7 +487,7 @@ impl DataPlane {
     /// [`DataPlane::connect`], through a relay port at `addr` if `relayed` (always QUIC).
     async fn connect_via(
         &self,
-        to: Rank,
+        (to, incarnation): (Rank, Incarnation),
         addr: SocketAddr,
         peer_id: PeerId,
         relayed: bool,
@@ -445,23 +497,41 @@ impl DataPlane {
         client.transport_config(self.quic_config.clone());
         let conn = tokio::time::timeout(
             Duration::from_secs(10),
-            self.endpoint.connect_with(client, addr, SERVER_NAME)?,
+            self.endpoint
+                .connect_with(client, addr, &incarnation_name(self.incarnation))?,
         )
         .await
         .map_err(|_| anyhow!("timed out connecting to peer {to} at {addr}"))?
         .with_context(|| format!("connecting to peer {to} at {addr}"))?;
         let (tx, rx) = mpsc::channel(SEND_QUEUE);
         let (me, events, emulation) = (self.rank, self.events.clone(), self.emulation);
+        let to_inc = (to, incarnation);
         let kind = match self
             .other_transport(to, addr, peer_id, &conn, relayed)
             .await?
         {
             Other::Ring(ring) => {
-                tokio::spawn(send_loop(me, to, conn.clone(), ring, rx, events, emulation));
+                tokio::spawn(send_loop(
+                    me,
+                    to_inc,
+                    conn.clone(),
+                    ring,
+                    rx,
+                    events,
+                    emulation,
+                ));
                 LinkKind::SharedMemory
             }
             Other::Tcp(tcp) => {
-                tokio::spawn(send_loop(me, to, conn.clone(), tcp, rx, events, emulation));
+                tokio::spawn(send_loop(
+                    me,
+                    to_inc,
+                    conn.clone(),
+                    tcp,
+                    rx,
+                    events,
+                    emulation,
+                ));
                 match self.wire {
                     Wire::Encrypted => LinkKind::Tcp,
                     Wire::Plaintext => LinkKind::TcpPlaintext,
@@ -469,13 +539,22 @@ impl DataPlane {
             }
             Other::None => {
                 let quic = QuicFrames(conn.clone());
-                tokio::spawn(send_loop(me, to, conn.clone(), quic, rx, events, emulation));
+                tokio::spawn(send_loop(
+                    me,
+                    to_inc,
+                    conn.clone(),
+                    quic,
+                    rx,
+                    events,
+                    emulation,
+                ));
                 LinkKind::Quic
             }
         };
         let relayed = relayed.then_some(addr);
         Ok(Link {
             to,
+            incarnation,
             tx,
             conn,
             kind,
@@ -537,17 +616,18 @@ impl DataPlane {
         })
     }
 
-    /// Closes the incoming connections from `peer` (which left the run) without reporting
-    /// them lost; with `keep_newest`, all but the most recent one (a restarted peer's new
-    /// connection, over which it said hello).
-    pub fn forget(&self, peer: Rank, keep_newest: bool) {
+    /// Closes the incoming connections from `peer`'s processes of incarnations below
+    /// `before` (they left the run) without reporting them lost; a newer process's
+    /// connections stay open.
+    pub fn forget(&self, peer: Rank, before: Incarnation) {
         let mut inbound = self.inbound.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(conns) = inbound.get_mut(&peer) {
-            let keep = if keep_newest { conns.pop() } else { None };
-            for c in conns.drain(..) {
-                c.close(VarInt::from_u32(ABANDONED), b"peer left");
-            }
-            conns.extend(keep);
+            conns.retain(|(i, c)| {
+                if *i < before {
+                    c.close(VarInt::from_u32(ABANDONED), b"peer left");
+                }
+                *i >= before
+            });
         }
     }
 
@@ -562,6 +642,11 @@ impl Link {
     /// The destination's rank.
     pub fn to(&self) -> Rank {
         self.to
+    }
+
+    /// The incarnation of the destination's process this link was opened to.
+    pub fn incarnation(&self) -> Incarnation {
+        self.incarnation
     }
 
     /// Gives the link up (its peer left the run): the connection is closed at once, with
@@ -674,7 +759,7 @@ mod tests {
                 DataPlane::bind(1, any, limit, timeout, &b, admitted).unwrap();
             receiver.set_wire(wire);
             let link = sender
-                .connect(1, receiver.local_addr, b.public().to_peer_id())
+                .connect((1, 1), receiver.local_addr, b.public().to_peer_id())
                 .await
                 .unwrap();
             assert_eq!(link.kind, kind);
@@ -720,6 +805,59 @@ mod tests {
         }
     }
 
+    /// Every connection states the incarnation of the process that opened it, and
+    /// forgetting a peer's processes below an incarnation closes their connections only:
+    /// the restarted process's connection (same identity, same rank) keeps delivering.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn forgetting_an_old_process_leaves_the_new_one_s_connection_open() {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let timeout = Duration::from_secs(5);
+        let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+        let admitted = Admitted::default();
+        admitted.admit_all([(a.public().to_peer_id(), 0)]);
+        let (receiver, mut events) =
+            DataPlane::bind(1, any, 1 << 20, timeout, &b, admitted).unwrap();
+        let b_id = b.public().to_peer_id();
+        let mut links = Vec::new();
+        let mut planes = Vec::new();
+        for incarnation in [5, 9] {
+            let (mut old_or_new, e) =
+                DataPlane::bind(0, any, 1 << 20, timeout, &a, Admitted::default()).unwrap();
+            old_or_new.transport = TransportChoice::Quic;
+            old_or_new.incarnation = incarnation;
+            let link = old_or_new
+                .connect((1, 1), receiver.local_addr, b_id)
+                .await
+                .unwrap();
+            link.send(frame(0)).await.unwrap();
+            assert!(matches!(
+                next(&mut events).await,
+                NetEvent::Frame { from: 0, .. }
+            ));
+            links.push(link);
+            planes.push((old_or_new, e));
+        }
+        let incarnations = |inbound: &Inbound| -> Vec<Incarnation> {
+            let inbound = inbound.lock().unwrap();
+            inbound[&0].iter().map(|(i, _)| *i).collect()
+        };
+        assert_eq!(incarnations(&receiver.inbound), [5, 9]);
+        receiver.forget(0, 9);
+        assert_eq!(incarnations(&receiver.inbound), [9]);
+        // The new process's link still delivers, and the old one's close is not a loss.
+        links[1].send(frame(0)).await.unwrap();
+        assert!(matches!(
+            next(&mut events).await,
+            NetEvent::Frame { from: 0, .. }
+        ));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), events.recv())
+                .await
+                .is_err(),
+            "nothing else: no loss reported for the forgotten connection"
+        );
+    }
+
     /// A plaintext link needs both ends to ask for it: a plaintext sender to an encrypted
     /// receiver is refused (and `--transport tcp` fails the link with the reason), an
     /// encrypted sender to a plaintext-ready receiver gets TLS.
@@ -747,7 +885,7 @@ mod tests {
                 DataPlane::bind(1, any, 1 << 20, timeout, &b, admitted).unwrap();
             receiver.set_wire(receiver_wire);
             let link = sender
-                .connect(1, receiver.local_addr, b.public().to_peer_id())
+                .connect((1, 1), receiver.local_addr, b.public().to_peer_id())
                 .await;
             match (link, expect) {
                 (Ok(link), Some(kind)) => assert_eq!(link.kind, kind),
@@ -786,11 +924,11 @@ mod tests {
             .unwrap();
         let stranger = Keypair::generate_ed25519().public().to_peer_id();
         assert!(sender
-            .connect_relayed(1, &allocation, stranger)
+            .connect_relayed((1, 1), &allocation, stranger)
             .await
             .is_err());
         let link = sender
-            .connect_relayed(1, &allocation, b.public().to_peer_id())
+            .connect_relayed((1, 1), &allocation, b.public().to_peer_id())
             .await
             .unwrap();
         assert_eq!(link.relayed, Some(allocation.addr));
@@ -824,7 +962,7 @@ mod tests {
         assert_eq!(got, [5, 1 << 20]);
         let remotes: Vec<SocketAddr> = receiver.inbound.lock().unwrap()[&0]
             .iter()
-            .map(|c| c.remote_address())
+            .map(|(_, c)| c.remote_address())
             .collect();
         assert_eq!(
             remotes,
@@ -855,7 +993,7 @@ mod tests {
         // A stranger's connection is refused and counted; nothing it sends arrives.
         let (outsider, _e) =
             DataPlane::bind(7, any, 1 << 20, timeout, &stranger, Admitted::default()).unwrap();
-        if let Ok(link) = outsider.connect(1, server.local_addr, server_id).await {
+        if let Ok(link) = outsider.connect((1, 1), server.local_addr, server_id).await {
             let _ = link.send(frame(7)).await;
         }
         match next(&mut events).await {
@@ -869,12 +1007,15 @@ mod tests {
         let (client, _e) =
             DataPlane::bind(5, any, 1 << 20, timeout, &member, Admitted::default()).unwrap();
         let wrong = stranger.public().to_peer_id();
-        assert!(client.connect(1, server.local_addr, wrong).await.is_err());
+        assert!(client
+            .connect((1, 1), server.local_addr, wrong)
+            .await
+            .is_err());
 
         // The member's connection is bound to its rank: its frames arrive from 5, and one
         // that claims to come from peer 6 is refused.
         let link = client
-            .connect(1, server.local_addr, server_id)
+            .connect((1, 1), server.local_addr, server_id)
             .await
             .unwrap();
         link.send(frame(5)).await.unwrap();

@@ -109,9 +109,23 @@ pub(super) async fn accept_loop(endpoint: Endpoint, admitted: Admitted, serving:
                     .map(|rank| (rank, p)),
                 None => None,
             };
-            match bound {
-                Some((rank, peer)) => serve_connection(conn, (rank, peer), serving).await,
-                None => {
+            // The incarnation of the process that dialled, in the server name it signed.
+            let incarnation = conn
+                .handshake_data()
+                .and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+                .and_then(|d| d.server_name)
+                .and_then(|name| super::parse_incarnation_name(&name));
+            match (bound, incarnation) {
+                (Some(who), Some(inc)) => serve_connection(conn, who, inc, serving).await,
+                (Some((rank, _)), None) => {
+                    conn.close(VarInt::from_u32(ABANDONED), b"no incarnation");
+                    let why = format!(
+                        "peer {rank} stated no incarnation (an older murmur? every peer of a run \
+                         must run the same version)"
+                    );
+                    refuse_connection(events, remote, why).await;
+                }
+                (None, _) => {
                     conn.close(VarInt::from_u32(ABANDONED), b"not admitted");
                     let who = peer.map_or("no identity".to_string(), |p| format!("peer {p}"));
                     let why = format!("{who} is not admitted to this run");
@@ -134,10 +148,15 @@ async fn refuse_connection(events: &mpsc::Sender<NetEvent>, remote: SocketAddr, 
 }
 
 /// Reads the frames of peer `rank`'s connection (`peer`: the identity its certificate
-/// proved): one per unidirectional stream, or, once the peer has offered another transport
+/// proved; `incarnation`: that of the process that opened it): one per unidirectional stream, or, once the peer has offered another transport
 /// on a bidirectional stream (its shared-memory ring, [`local_link`], or a TCP connection,
 /// [`super::tcp`]), from that transport.
-async fn serve_connection(conn: Connection, (rank, peer): (Rank, PeerId), serving: Serving) {
+async fn serve_connection(
+    conn: Connection,
+    (rank, peer): (Rank, PeerId),
+    incarnation: super::Incarnation,
+    serving: Serving,
+) {
     let Serving {
         events,
         max_payload_bytes,
@@ -150,8 +169,8 @@ async fn serve_connection(conn: Connection, (rank, peer): (Rank, PeerId), servin
         .unwrap_or_else(|e| e.into_inner())
         .entry(rank)
         .or_default()
-        .push(conn.clone());
-    let state = Arc::new(tokio::sync::Mutex::new(Receiving::new(rank)));
+        .push((incarnation, conn.clone()));
+    let state = Arc::new(tokio::sync::Mutex::new(Receiving::new(rank, incarnation)));
     let mut offers = 0;
     loop {
         let mut stream = tokio::select! {
@@ -163,6 +182,7 @@ async fn serve_connection(conn: Connection, (rank, peer): (Rank, PeerId), servin
                         let _ = events
                             .send(NetEvent::Lost {
                                 peer: rank,
+                                incarnation,
                                 reason: format!("connection from peer {rank}: {e}"),
                             })
                             .await;

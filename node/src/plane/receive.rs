@@ -85,6 +85,8 @@ impl Drop for Recycled {
 pub(super) struct Receiving {
     /// The rank the connection's certificate proves.
     pub peer: Rank,
+    /// The incarnation of the process that opened the connection.
+    pub incarnation: super::Incarnation,
     /// Frames read, refused ones included (not the goodbye).
     pub received: u64,
     /// Frames the goodbye announced.
@@ -92,9 +94,10 @@ pub(super) struct Receiving {
 }
 
 impl Receiving {
-    pub fn new(peer: Rank) -> Self {
+    pub fn new(peer: Rank, incarnation: super::Incarnation) -> Self {
         Receiving {
             peer,
+            incarnation,
             received: 0,
             expected: None,
         }

@@ -16,7 +16,7 @@ use murmur_gossip::Rank;
 use quinn::{Connection, VarInt};
 use tokio::sync::mpsc;
 
-use super::{closed_here, LinkEmulation, NetEvent};
+use super::{closed_here, Incarnation, LinkEmulation, NetEvent};
 
 /// How one link's frames travel to its peer.
 pub trait FrameTransport: Clone + Send + Sync + 'static {
@@ -31,7 +31,7 @@ pub trait FrameTransport: Clone + Send + Sync + 'static {
 /// done when the receiver closes `conn` (the link's QUIC connection, for every transport).
 pub(super) async fn send_loop<T: FrameTransport>(
     me: Rank,
-    to: Rank,
+    (to, incarnation): (Rank, Incarnation),
     conn: Connection,
     transport: T,
     mut rx: mpsc::Receiver<Bytes>,
@@ -70,14 +70,14 @@ pub(super) async fn send_loop<T: FrameTransport>(
             r
         };
         if let Err(e) = result {
-            return send_failed(&events, to, &conn, e).await;
+            return send_failed(&events, (to, incarnation), &conn, e).await;
         }
         sent += 1;
     }
     // Every frame is written before the goodbye that counts them.
     while let Some(done) = in_flight.join_next().await {
         if let Err(e) = done.map_err(anyhow::Error::from).and_then(|w| w) {
-            return send_failed(&events, to, &conn, e).await;
+            return send_failed(&events, (to, incarnation), &conn, e).await;
         }
     }
     // The training loop dropped its handle: say goodbye, then wait for the receiver to
@@ -93,7 +93,13 @@ pub(super) async fn send_loop<T: FrameTransport>(
     .emit(&mut bye);
     bye.extend_from_slice(&sent.to_le_bytes());
     if let Err(e) = transport.write(Bytes::from(bye)).await {
-        return send_failed(&events, to, &conn, e.context("saying goodbye")).await;
+        return send_failed(
+            &events,
+            (to, incarnation),
+            &conn,
+            e.context("saying goodbye"),
+        )
+        .await;
     }
     let reason = conn.closed().await;
     let event = match reason {
@@ -108,6 +114,7 @@ pub(super) async fn send_loop<T: FrameTransport>(
         _ if closed_here(&conn) => return,
         other => NetEvent::Lost {
             peer: to,
+            incarnation,
             reason: format!("connection to peer {to}: {other}"),
         },
     };
@@ -118,7 +125,7 @@ pub(super) async fn send_loop<T: FrameTransport>(
 /// closed the connection.
 async fn send_failed(
     events: &mpsc::Sender<NetEvent>,
-    to: Rank,
+    (to, incarnation): (Rank, Incarnation),
     conn: &Connection,
     e: anyhow::Error,
 ) {
@@ -128,6 +135,7 @@ async fn send_failed(
     let _ = events
         .send(NetEvent::Lost {
             peer: to,
+            incarnation,
             reason: format!("sending to peer {to} failed: {e}"),
         })
         .await;

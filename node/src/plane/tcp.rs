@@ -650,7 +650,12 @@ mod tests {
             DataPlane::bind(1, any, 1 << 20, timeout, &b, admitted).unwrap();
         let tcp_addr = SocketAddr::new(receiver.local_addr.ip(), receiver.tcp_port());
         // One offer per connection: each ask on a link of its own.
-        let link = || async { sender.connect(1, receiver.local_addr, b_id).await.unwrap() };
+        let link = || async {
+            sender
+                .connect((1, 1), receiver.local_addr, b_id)
+                .await
+                .unwrap()
+        };
         let dial_as = |key: &Keypair, token: [u8; TOKEN_LEN], wire: Wire| {
             let config = Arc::new(tls::client_config(key, b_id, crypto_provider()).unwrap());
             tokio::task::spawn_blocking(move || {

@@ -98,6 +98,10 @@ pub struct PeerInfo {
     /// observed IP with the published port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nat_published: Option<SocketAddr>,
+    /// The incarnation of the peer's process ([`crate::plane::Incarnation`]): a restarted
+    /// process states a larger one. 0: unknown.
+    #[serde(default)]
+    pub incarnation: crate::plane::Incarnation,
 }
 
 /// Sent by each peer to the bootstrap.

@@ -64,6 +64,7 @@ mod tests {
             peer_id: "x".into(),
             data_addr: addr.parse().unwrap(),
             nat_published: None,
+            incarnation: 0,
         }
     }
 

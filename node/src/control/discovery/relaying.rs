@@ -138,6 +138,7 @@ mod tests {
                     peer_id: id.to_string(),
                     data_addr: "10.0.0.1:5000".parse().unwrap(),
                     nat_published: None,
+                    incarnation: 0,
                 })
             })
             .collect()

@@ -9,30 +9,39 @@ use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use murmur_gossip::Rank;
 
 use crate::control::discovery::PeerInfo;
+use crate::plane::Incarnation;
 
 /// A departure notice: the 24-byte frame header (kind `Leave`, round = the round at which the
 /// departure was first noticed, kept as the notice is passed on), then
-/// `gone: u64 LE | reason (UTF-8)`.
-pub fn encode_leave(sender: Rank, round: u64, gone: Rank, reason: &str) -> Vec<u8> {
-    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + 8 + reason.len());
+/// `gone: u64 LE | before: u64 LE | reason (UTF-8)`: the processes of `gone` with
+/// incarnations below `before` left.
+pub fn encode_leave(
+    sender: Rank,
+    round: u64,
+    (gone, before): (Rank, Incarnation),
+    reason: &str,
+) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + 16 + reason.len());
     FrameHeader {
         kind: FrameKind::Leave,
         sender,
         round,
         dim: 0,
-        payload_len: (8 + reason.len()) as u32,
+        payload_len: (16 + reason.len()) as u32,
     }
     .emit(&mut frame);
     frame.extend_from_slice(&(gone as u64).to_le_bytes());
+    frame.extend_from_slice(&before.to_le_bytes());
     frame.extend_from_slice(reason.as_bytes());
     frame
 }
 
-/// Inverse of [`encode_leave`] for the payload: (gone, reason); `None` if malformed.
-pub fn decode_leave(payload: &[u8]) -> Option<(Rank, String)> {
+/// Inverse of [`encode_leave`] for the payload: (gone, before, reason); `None` if malformed.
+pub fn decode_leave(payload: &[u8]) -> Option<(Rank, Incarnation, String)> {
     let gone = u64::from_le_bytes(payload.get(..8)?.try_into().ok()?);
-    let reason = std::str::from_utf8(&payload[8..]).ok()?;
-    Some((usize::try_from(gone).ok()?, reason.to_string()))
+    let before = u64::from_le_bytes(payload.get(8..16)?.try_into().ok()?);
+    let reason = std::str::from_utf8(&payload[16..]).ok()?;
+    Some((usize::try_from(gone).ok()?, before, reason.to_string()))
 }
 
 /// A hello: the 24-byte frame header (kind `Hello`), then the JSON of the sender's new
@@ -108,36 +117,44 @@ pub fn admit_message(rank: Rank, id: &libp2p::PeerId) -> Vec<u8> {
     m
 }
 
-/// A rejoin notice: the 24-byte frame header (kind `Rejoin`), then `back: u64 LE | at: u64
-/// LE | addr: UTF-8` (peer `back` mixes again from round `at`; its new data-plane address
-/// `addr`, e.g. `127.0.0.1:5001`, for peers that push to it but were not told by a hello).
-pub fn encode_rejoin(sender: Rank, back: Rank, at: u64, addr: SocketAddr) -> Vec<u8> {
+/// A rejoin notice: the 24-byte frame header (kind `Rejoin`), then `back: u64 LE |
+/// incarnation: u64 LE | at: u64 LE | addr: UTF-8` (peer `back`'s process of that
+/// incarnation mixes again from round `at`; its new data-plane address `addr`, e.g.
+/// `127.0.0.1:5001`, for peers that push to it but were not told by a hello).
+pub fn encode_rejoin(
+    sender: Rank,
+    (back, incarnation): (Rank, Incarnation),
+    at: u64,
+    addr: SocketAddr,
+) -> Vec<u8> {
     let addr = addr.to_string();
-    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + 16 + addr.len());
+    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + 24 + addr.len());
     FrameHeader {
         kind: FrameKind::Rejoin,
         sender,
         round: at,
         dim: 0,
-        payload_len: (16 + addr.len()) as u32,
+        payload_len: (24 + addr.len()) as u32,
     }
     .emit(&mut frame);
     frame.extend_from_slice(&(back as u64).to_le_bytes());
+    frame.extend_from_slice(&incarnation.to_le_bytes());
     frame.extend_from_slice(&at.to_le_bytes());
     frame.extend_from_slice(addr.as_bytes());
     frame
 }
 
-/// Inverse of [`encode_rejoin`] for the payload: (back, at, addr); `None` if malformed
-/// (also a payload over 80 bytes).
-pub fn decode_rejoin(payload: &[u8]) -> Option<(Rank, u64, SocketAddr)> {
-    if payload.len() < 16 || payload.len() > 16 + 64 {
+/// Inverse of [`encode_rejoin`] for the payload: (back, incarnation, at, addr); `None` if
+/// malformed (also a payload over 88 bytes).
+pub fn decode_rejoin(payload: &[u8]) -> Option<(Rank, Incarnation, u64, SocketAddr)> {
+    if payload.len() < 24 || payload.len() > 24 + 64 {
         return None;
     }
     let back = u64::from_le_bytes(payload[..8].try_into().ok()?);
-    let at = u64::from_le_bytes(payload[8..16].try_into().ok()?);
-    let addr = std::str::from_utf8(&payload[16..]).ok()?.parse().ok()?;
-    Some((usize::try_from(back).ok()?, at, addr))
+    let incarnation = u64::from_le_bytes(payload[8..16].try_into().ok()?);
+    let at = u64::from_le_bytes(payload[16..24].try_into().ok()?);
+    let addr = std::str::from_utf8(&payload[24..]).ok()?.parse().ok()?;
+    Some((usize::try_from(back).ok()?, incarnation, at, addr))
 }
 
 #[cfg(test)]
@@ -177,39 +194,42 @@ mod tests {
 
     #[test]
     fn membership_notices_round_trip_and_malformed_ones_are_refused() {
-        let leave = encode_leave(2, 57, 5, "connection from peer 5: timed out");
+        let leave = encode_leave(2, 57, (5, 1234), "connection from peer 5: timed out");
         let (h, payload) = FrameHeader::parse(&leave, 1 << 20).unwrap();
         assert_eq!((h.kind, h.sender, h.round), (FrameKind::Leave, 2, 57));
         assert_eq!(
             decode_leave(payload),
-            Some((5, "connection from peer 5: timed out".to_string()))
+            Some((5, 1234, "connection from peer 5: timed out".to_string()))
         );
         assert_eq!(decode_leave(&payload[..7]), None, "truncated rank");
-        assert_eq!(
-            decode_leave(&[5, 0, 0, 0, 0, 0, 0, 0, 0xff]),
-            None,
-            "not UTF-8"
-        );
+        assert_eq!(decode_leave(&payload[..15]), None, "truncated incarnation");
+        let mut bad = payload[..16].to_vec();
+        bad.push(0xff);
+        assert_eq!(decode_leave(&bad), None, "not UTF-8");
 
         let addr: SocketAddr = "127.0.0.1:5001".parse().unwrap();
-        let rejoin = encode_rejoin(1, 3, 193, addr);
+        let rejoin = encode_rejoin(1, (3, 77), 193, addr);
         let (h, payload) = FrameHeader::parse(&rejoin, 1 << 20).unwrap();
         assert_eq!((h.kind, h.sender, h.round), (FrameKind::Rejoin, 1, 193));
-        assert_eq!(decode_rejoin(payload), Some((3, 193, addr)));
-        assert_eq!(decode_rejoin(&payload[..15]), None);
-        assert_eq!(decode_rejoin(&payload[..20]), None, "a cut address");
+        assert_eq!(decode_rejoin(payload), Some((3, 77, 193, addr)));
+        assert_eq!(decode_rejoin(&payload[..23]), None);
+        assert_eq!(decode_rejoin(&payload[..28]), None, "a cut address");
 
         let me = PeerInfo {
             rank: 3,
             peer_id: "12D3KooW".into(),
             data_addr: "127.0.0.1:5001".parse().unwrap(),
             nat_published: None,
+            incarnation: 42,
         };
         let hello = encode_hello(3, &me).unwrap();
         let (h, payload) = FrameHeader::parse(&hello, 1 << 20).unwrap();
         assert_eq!((h.kind, h.sender), (FrameKind::Hello, 3));
         let back = decode_hello(payload, 3).unwrap();
-        assert_eq!((back.rank, back.data_addr), (3, me.data_addr));
+        assert_eq!(
+            (back.rank, back.data_addr, back.incarnation),
+            (3, me.data_addr, 42)
+        );
         assert!(
             decode_hello(payload, 4).is_none(),
             "a hello about another rank"

@@ -31,13 +31,10 @@ fn a_departure_is_recorded_once_and_its_notice_is_not_flooded_again() {
     let mut m = Membership::new(2, N);
     let reason = "connection lost: timed out".to_string();
     let d = m
-        .depart(5, reason.clone(), 3, 40, false, now(42))
+        .depart((5, 1), reason.clone(), 3, 40, now(42))
         .unwrap()
         .unwrap();
-    assert_eq!(
-        (d.gone, d.noticed_by, d.round, d.keep_newest),
-        (5, 3, 42, false)
-    );
+    assert_eq!((d.gone, d.noticed_by, d.round, d.before), (5, 3, 42, 1));
     assert_eq!(d.all_gone, vec![5]);
     assert_eq!(
         (
@@ -56,20 +53,17 @@ fn a_departure_is_recorded_once_and_its_notice_is_not_flooded_again() {
     assert!(d.flood.except.is_empty());
     let (round, notice) = payload(&d.flood.frame, FrameKind::Leave, 2);
     assert_eq!(round, 40);
-    assert_eq!(decode_leave(notice), Some((5, reason.clone())));
+    assert_eq!(decode_leave(notice), Some((5, 1, reason.clone())));
     // The same notice flooded back by a neighbour, or a second lost connection: nothing.
     assert!(matches!(
         m.on_leave(4, 40, notice, now(43)).unwrap(),
         Verdict::Ignore
     ));
-    assert!(m
-        .depart(5, reason, 2, 43, false, now(43))
-        .unwrap()
-        .is_none());
+    assert!(m.depart((5, 1), reason, 2, 43, now(43)).unwrap().is_none());
     assert!(m.has_left(5));
     // Another peer's departure counts both.
     let d = m
-        .depart(6, "gone".into(), 2, 50, false, now(50))
+        .depart((6, 1), "gone".into(), 2, 50, now(50))
         .unwrap()
         .unwrap();
     assert_eq!(d.all_gone, vec![5, 6]);
@@ -79,15 +73,15 @@ fn a_departure_is_recorded_once_and_its_notice_is_not_flooded_again() {
 #[test]
 fn a_notice_about_oneself_is_ignored_and_peer_0_leaving_ends_the_run() {
     let mut m = Membership::new(2, N);
-    let about_me = encode_leave(4, 10, 2, "timed out");
+    let about_me = encode_leave(4, 10, (2, 1), "timed out");
     let (_, notice) = payload(&about_me, FrameKind::Leave, 4);
     assert!(matches!(
         m.on_leave(4, 10, notice, now(10)).unwrap(),
         Verdict::Ignore
     ));
-    assert_eq!(m.rejoin_notice(2, 30, addr(), 4), None);
+    assert_eq!(m.rejoin_notice((2, 9), 30, addr(), 4), None);
     let e = m
-        .depart(0, "timed out".into(), 3, 10, false, now(11))
+        .depart((0, 1), "timed out".into(), 3, 10, now(11))
         .unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -100,7 +94,7 @@ fn a_notice_about_oneself_is_ignored_and_peer_0_leaving_ends_the_run() {
 #[test]
 fn malformed_leave_and_rejoin_notices_are_refused() {
     let mut m = Membership::new(2, N);
-    let outside = encode_leave(4, 10, N, "?");
+    let outside = encode_leave(4, 10, (N, 1), "?");
     let (_, outside) = payload(&outside, FrameKind::Leave, 4);
     for bad in [outside, &[1, 2, 3]] {
         assert!(matches!(
@@ -109,10 +103,10 @@ fn malformed_leave_and_rejoin_notices_are_refused() {
         ));
     }
     assert_eq!(
-        m.on_rejoin(4, &[0; 15]),
+        m.on_rejoin(4, &[0; 23]),
         Verdict::Refuse(Refusal::MalformedRejoin)
     );
-    let outside = encode_rejoin(4, N, 30, addr());
+    let outside = encode_rejoin(4, (N, 1), 30, addr());
     let (_, outside) = payload(&outside, FrameKind::Rejoin, 4);
     assert_eq!(
         m.on_rejoin(4, outside),
@@ -128,18 +122,21 @@ fn malformed_leave_and_rejoin_notices_are_refused() {
 #[test]
 fn a_rejoin_notice_restores_a_departed_peer_from_its_round() {
     let mut m = Membership::new(2, N);
-    m.depart(5, "timed out".into(), 2, 100, false, now(100))
+    m.depart((5, 1), "timed out".into(), 2, 100, now(100))
         .unwrap()
         .unwrap();
-    m.depart(6, "timed out".into(), 2, 101, false, now(101))
+    m.depart((6, 1), "timed out".into(), 2, 101, now(101))
         .unwrap()
         .unwrap();
-    let frame = encode_rejoin(3, 5, 193, addr());
+    let frame = encode_rejoin(3, (5, 40), 193, addr());
     let (_, notice) = payload(&frame, FrameKind::Rejoin, 3);
     let Verdict::Accept(n) = m.on_rejoin(3, notice) else {
         panic!("a first rejoin notice is taken");
     };
-    assert_eq!((n.back, n.at, n.addr, n.from), (5, 193, addr(), 3));
+    assert_eq!(
+        (n.back, n.incarnation, n.at, n.addr, n.from),
+        (5, 40, 193, addr(), 3)
+    );
     assert_eq!(
         n.still_gone,
         vec![6],
@@ -153,7 +150,10 @@ fn a_rejoin_notice_restores_a_departed_peer_from_its_round() {
     // Passed on, not to the returning peer nor to the notice's sender.
     assert_eq!(r.flood.except, vec![5, 3]);
     let (round, back) = payload(&r.flood.frame, FrameKind::Rejoin, 2);
-    assert_eq!((round, decode_rejoin(back)), (193, Some((5, 193, addr()))));
+    assert_eq!(
+        (round, decode_rejoin(back)),
+        (193, Some((5, 40, 193, addr())))
+    );
     let record = Membership::rejoin_record(5, 193, r.new, now(150));
     assert_eq!(
         (
@@ -165,13 +165,72 @@ fn a_rejoin_notice_restores_a_departed_peer_from_its_round() {
         ("rejoined", 5, 193, 5)
     );
     assert_eq!(record.reason, "restarted; mixes again from round 193");
-    // A departure noticed before its return is about its previous process.
+    // A departure of its previous processes (incarnations below 40) is old news; one of
+    // the process that came back is not.
     assert!(m
-        .depart(5, "late".into(), 4, 150, false, now(190))
+        .depart((5, 40), "late".into(), 4, 150, now(190))
         .unwrap()
         .is_none());
     assert!(m
-        .depart(5, "again".into(), 4, 200, false, now(200))
+        .depart((5, 41), "again".into(), 4, 200, now(200))
+        .unwrap()
+        .is_some());
+}
+
+/// The race that made the supervisors wait before restarting a peer: a departure notice
+/// caused by the new process's hello reaches a peer before that process's own hello does.
+/// The notice names the incarnations that left, so the new process's connections (of its
+/// larger incarnation) stay open, and no notice about an old process ever departs the new
+/// one.
+#[test]
+fn a_notice_about_an_old_process_never_departs_the_new_one() {
+    let mut m = Membership::new(2, N);
+    m.learn_incarnation(4, 100);
+    // Peer 3 got the hello of rank 4's new process (incarnation 200) and floods the notice.
+    let notice = encode_leave(3, 50, (4, 200), "it restarted: a new process said hello");
+    let (_, notice) = payload(&notice, FrameKind::Leave, 3);
+    let Verdict::Accept(d) = m.on_leave(3, 50, notice, now(51)).unwrap() else {
+        panic!("the member (incarnation 100) left");
+    };
+    assert_eq!(
+        (d.gone, d.before),
+        (4, 200),
+        "only links of processes below 200 close"
+    );
+    // The new process's hello comes after: a known departure, its connections stay.
+    let me = PeerInfo {
+        rank: 4,
+        peer_id: "12D3KooW".into(),
+        data_addr: addr(),
+        nat_published: None,
+        incarnation: 200,
+    };
+    let hello = encode_hello(4, &me).unwrap();
+    let (_, hello) = payload(&hello, FrameKind::Hello, 4);
+    let Verdict::Accept(h) = m.on_hello(4, hello, now(52)).unwrap() else {
+        panic!("the new process's hello is taken");
+    };
+    assert!(matches!(h.restart, Restart::KnownDeparted { before: 200 }));
+    // It rejoins; a late notice about its old process (a timed-out connection of
+    // incarnation 100, or the hello's notice again) is old news.
+    let rejoin = encode_rejoin(4, (4, 200), 80, addr());
+    let (_, rejoin) = payload(&rejoin, FrameKind::Rejoin, 4);
+    let Verdict::Accept(n) = m.on_rejoin(4, rejoin) else {
+        panic!("the rejoin is taken");
+    };
+    m.readmit(&n);
+    for before in [101, 200] {
+        let late = encode_leave(5, 60, (4, before), "connection from peer 4: timed out");
+        let (_, late) = payload(&late, FrameKind::Leave, 5);
+        assert!(
+            matches!(m.on_leave(5, 60, late, now(90)).unwrap(), Verdict::Ignore),
+            "a notice about incarnations below {before} does not depart incarnation 200"
+        );
+    }
+    assert!(!m.has_left(4));
+    // The new process dying is noticed as itself.
+    assert!(m
+        .depart((4, 201), "timed out".into(), 2, 95, now(95))
         .unwrap()
         .is_some());
 }
@@ -179,14 +238,16 @@ fn a_rejoin_notice_restores_a_departed_peer_from_its_round() {
 #[test]
 fn a_hello_from_a_member_means_its_old_process_left() {
     let mut m = Membership::new(2, N);
-    m.depart(6, "timed out".into(), 2, 10, false, now(10))
+    m.depart((6, 1), "timed out".into(), 2, 10, now(10))
         .unwrap();
     let me = PeerInfo {
         rank: 4,
         peer_id: "12D3KooW".into(),
         data_addr: addr(),
         nat_published: None,
+        incarnation: 30,
     };
+    m.learn_incarnation(4, 20);
     let hello = encode_hello(4, &me).unwrap();
     let (_, hello) = payload(&hello, FrameKind::Hello, 4);
     let Verdict::Accept(h) = m.on_hello(4, hello, now(77)).unwrap() else {
@@ -197,8 +258,9 @@ fn a_hello_from_a_member_means_its_old_process_left() {
         panic!("a member's hello is its old process's departure");
     };
     assert_eq!(
-        (d.gone, d.noticed_by, d.round, d.keep_newest),
-        (4, 2, 77, true)
+        (d.gone, d.noticed_by, d.round, d.before),
+        (4, 2, 77, 30),
+        "the processes before the new one left"
     );
     assert_eq!(d.reason, "it restarted: a new process said hello");
     // The welcome names the departed peers but the hello's sender.
@@ -208,7 +270,21 @@ fn a_hello_from_a_member_means_its_old_process_left() {
     let Verdict::Accept(h) = m.on_hello(4, hello, now(78)).unwrap() else {
         panic!("a well-formed hello is taken");
     };
-    assert!(matches!(h.restart, Restart::KnownDeparted));
+    assert!(matches!(h.restart, Restart::KnownDeparted { before: 30 }));
+    // A hello of a process older than the newest known is ignored.
+    let old = encode_hello(
+        4,
+        &PeerInfo {
+            incarnation: 25,
+            ..me
+        },
+    )
+    .unwrap();
+    let (_, old) = payload(&old, FrameKind::Hello, 4);
+    assert!(matches!(
+        m.on_hello(4, old, now(79)).unwrap(),
+        Verdict::Ignore
+    ));
     // Malformed, or claiming another rank than its sender's.
     for (from, bad) in [(3, hello), (4, &b"{"[..])] {
         assert!(matches!(
@@ -316,10 +392,10 @@ fn peer_0s_bootstrap_signs_the_admissions_it_tells() {
 fn new_peers_taking_every_empty_rank_close_the_admission() {
     let mut m = Membership::new(0, N);
     m.start_empty(&[6, 7]);
-    let n6 = m.rejoin_notice(6, 30, addr(), 6).unwrap();
+    let n6 = m.rejoin_notice((6, 1), 30, addr(), 6).unwrap();
     assert_eq!(n6.still_gone, vec![7]);
     assert!(m.readmit(&n6).new);
-    let n7 = m.rejoin_notice(7, 32, addr(), 6).unwrap();
+    let n7 = m.rejoin_notice((7, 1), 32, addr(), 6).unwrap();
     let r = m.readmit(&n7);
     assert_eq!((r.new, r.all_taken), (true, true));
     let record = Membership::rejoin_record(7, 32, r.new, now(31));
@@ -363,16 +439,16 @@ fn a_restarted_peer_rejoins_from_the_welcomes() {
     for &g in &plan.departed {
         m.gone_before_rejoin(g, plan.at);
     }
-    let flood = m.rejoining(plan.at, addr());
+    let flood = m.rejoining(55, plan.at, addr());
     let (round, notice) = payload(&flood.frame, FrameKind::Rejoin, 2);
     assert_eq!(
         (round, decode_rejoin(notice)),
-        (140, Some((2, 140, addr())))
+        (140, Some((2, 55, 140, addr())))
     );
     assert!(flood.except.is_empty());
     // Waits for every in-neighbour's frame of round 140 but the departed peers' and those
     // that join later.
-    m.rejoin_notice(5, 150, addr(), 1).unwrap();
+    m.rejoin_notice((5, 1), 150, addr(), 1).unwrap();
     let arrived: HashSet<Rank> = [1].into_iter().collect();
     assert!(!m.ready_to_mix(140, &[1, 3, 5, 6], &arrived));
     let arrived: HashSet<Rank> = [1, 3].into_iter().collect();

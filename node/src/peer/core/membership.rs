@@ -20,6 +20,7 @@ use crate::control::membership::{
     encode_hello, surviving, Admission, Departure, Flood, Membership, MembershipError, Refusal,
     RejoinError, Restart, Verdict, Welcome,
 };
+use crate::plane::Incarnation;
 use crate::report::frames::{decode_with_params, encode_with_params};
 
 /// A restarted peer's agreed way back, from [`PeerCore::plan_rejoin`].
@@ -63,8 +64,10 @@ impl PeerCore {
         }
     }
 
-    /// Peer `gone` left the run (`reason`, noticed by peer `noticed_by` in its round
-    /// `noticed_round`): see [`PeerCore::departure`]. Known departures are ignored.
+    /// Peer `gone.0`'s processes of incarnations below `gone.1` left the run (`reason`,
+    /// noticed by peer `noticed_by` in its round `noticed_round`): see
+    /// [`PeerCore::departure`]. Known departures, and notices about a process older than
+    /// the newest known, are ignored.
     ///
     /// # Errors
     /// `gone` is peer 0 (the metrics collector), W' cannot be formed (a directed topology)
@@ -72,16 +75,16 @@ impl PeerCore {
     pub(super) fn on_departure(
         &mut self,
         now: Instant,
-        gone: Rank,
+        gone: (Rank, Incarnation),
         reason: String,
         noticed_by: Rank,
         noticed_round: u64,
         out: &mut Vec<Action>,
     ) -> anyhow::Result<()> {
         let now = self.now(now);
-        let departure =
-            self.membership
-                .depart(gone, reason, noticed_by, noticed_round, false, now)?;
+        let departure = self
+            .membership
+            .depart(gone, reason, noticed_by, noticed_round, now)?;
         match departure {
             Some(d) => self.departure(d, out),
             None => Ok(()),
@@ -110,9 +113,9 @@ impl PeerCore {
     /// Carries out a departure the state machine recorded: re-weights W without the
     /// departed peers (Metropolis–Hastings on the surviving graph), tells the algorithm,
     /// stops sending to and waiting for the peer, and passes the news on to every peer this
-    /// one has a link to, so that every survivor uses the same W'. With `keep_newest`, it
-    /// was noticed through the hello of the peer's new process, whose connection (the
-    /// newest from it) stays open.
+    /// one has a link to, so that every survivor uses the same W'. Only the links of the
+    /// departed processes close: a new process of the peer (that said hello, or whose
+    /// connection arrived before the notice) keeps its own.
     fn departure(&mut self, d: Departure, out: &mut Vec<Action>) -> anyhow::Result<()> {
         let Departure {
             gone,
@@ -121,7 +124,7 @@ impl PeerCore {
             round,
             record,
             all_gone,
-            keep_newest,
+            before,
             flood,
         } = d;
         warn!(
@@ -145,7 +148,7 @@ impl PeerCore {
                     self.algorithm
                 )
             })?;
-        self.drop_links(gone, keep_newest, out);
+        self.drop_links(gone, before, out);
         out.push(broadcast(flood));
         self.record(record, None, out);
         Ok(())
@@ -193,7 +196,9 @@ impl PeerCore {
         };
         // The old process's connections are closed; the hello came on the newest one.
         match hello.restart {
-            Restart::KnownDeparted => out.push(Action::ForgetOldConnections { peer: from }),
+            Restart::KnownDeparted { before } => {
+                out.push(Action::ForgetOldConnections { peer: from, before })
+            }
             Restart::Departed(d) => self.departure(*d, out)?,
             Restart::Unchanged => {}
         }
@@ -213,8 +218,15 @@ impl PeerCore {
     /// Asks the shell to open a link to `to` at `addr` (then to send `then` on it), if its
     /// identity is known here.
     fn connect(&self, to: Rank, addr: SocketAddr, then: Option<Bytes>, out: &mut Vec<Action>) {
+        let incarnation = self.membership.incarnation(to);
         match self.peer_ids[to] {
-            Some(id) => out.push(Action::Connect { to, addr, id, then }),
+            Some(id) => out.push(Action::Connect {
+                to,
+                incarnation,
+                addr,
+                id,
+                then,
+            }),
             None => warn!(
                 to,
                 "cannot connect to peer {to}: its identity is not known here"
@@ -427,7 +439,7 @@ impl PeerCore {
         let (survivors, _) = self.surviving(&departed.iter().copied().collect::<Vec<_>>())?;
         for &g in departed {
             self.gossip.peer_left(g, &survivors)?;
-            self.drop_links(g, false, &mut out);
+            self.drop_links(g, Incarnation::MAX, &mut out);
             self.membership.gone_before_rejoin(g, at);
         }
         self.gossip.start_at_round(at)?;
@@ -449,7 +461,9 @@ impl PeerCore {
             bail!("--resume: none of the in-neighbours {in_peers:?} answered");
         }
         let (_, mean) = consensus_distance(xs.iter().copied());
-        let flood = self.membership.rejoining(at, my_addr);
+        let flood = self
+            .membership
+            .rejoining(self.membership.incarnation(self.rank), at, my_addr);
         self.first_frames = Some((at, HashSet::new()));
         out.push(broadcast(flood));
         info!(at, neighbours = ?in_peers, "rejoining: mixing again from round {at}");

@@ -28,6 +28,7 @@ use rand::SeedableRng;
 use tracing::{debug, warn};
 
 use crate::control::membership::{Membership, Now, Welcome};
+use crate::plane::Incarnation;
 use crate::report::MembershipEvent;
 use policy::{Goodbyes, Route};
 
@@ -46,15 +47,24 @@ pub(crate) enum Input {
     Finished { from: Rank },
     /// Our link to `to` was closed by its receiver after our goodbye.
     LinkDone { to: Rank },
-    /// A connection to or from `peer` failed before the goodbye.
-    Lost { peer: Rank, reason: String },
+    /// A connection to or from `peer`'s process of incarnation `incarnation` failed before
+    /// the goodbye.
+    Lost {
+        peer: Rank,
+        incarnation: Incarnation,
+        reason: String,
+    },
     /// The data plane refused a frame (it logged why).
     Refused { peer: Option<Rank>, reason: String },
     /// Peer 0's bootstrap admitted a new peer `peer_id` into the empty rank `rank`.
     Joined { rank: Rank, peer_id: libp2p::PeerId },
-    /// A frame to `to` (the algorithm's, or a welcome) could not be sent: its link's task
-    /// ended.
-    SendFailed { to: Rank, reason: String },
+    /// A frame to `to` (the algorithm's, or a welcome) could not be sent: its link (to the
+    /// process of incarnation `incarnation`) ended.
+    SendFailed {
+        to: Rank,
+        incarnation: Incarnation,
+        reason: String,
+    },
     /// The link of [`Action::Connect`] to `to` is open.
     Connected { to: Rank },
 }
@@ -65,20 +75,22 @@ pub(crate) enum Action {
     /// Send `frame` on every link except those to `except`, best effort (a failing link is
     /// reported by the data plane on its own).
     Broadcast { frame: Bytes, except: Vec<Rank> },
-    /// Open a link to `to` (identity `id`) at `addr`, direct first and relayed as the
-    /// fallback; once open, [`Input::Connected`] and then `then` is sent on it. A failure is
-    /// logged and nothing more happens.
+    /// Open a link to `to` (identity `id`, its process of incarnation `incarnation`) at
+    /// `addr`, direct first and relayed as the fallback; once open, [`Input::Connected`] and
+    /// then `then` is sent on it. A failure is logged and nothing more happens.
     Connect {
         to: Rank,
+        incarnation: Incarnation,
         addr: SocketAddr,
         id: libp2p::PeerId,
         then: Option<Bytes>,
     },
-    /// Close the link to `peer` and its connections to us (all, or all but the newest
-    /// with `keep_newest`).
-    DropLinks { peer: Rank, keep_newest: bool },
-    /// Close `peer`'s connections to us but its newest (its new process said hello on it).
-    ForgetOldConnections { peer: Rank },
+    /// Close the link to `peer` and its connections to us, those of its processes of
+    /// incarnations below `before` (a newer process's stay open).
+    DropLinks { peer: Rank, before: Incarnation },
+    /// Close the connections to us of `peer`'s processes of incarnations below `before`
+    /// (its new process, of incarnation `before`, said hello).
+    ForgetOldConnections { peer: Rank, before: Incarnation },
     /// Let the data plane accept identity `id` as rank `rank`.
     Admit { id: libp2p::PeerId, rank: Rank },
     /// Every rank is taken: the data plane refuses strangers at once again.
@@ -155,6 +167,9 @@ pub(crate) struct CoreSetup {
     pub(crate) expected_in: Vec<Rank>,
     /// Peer 0: its key, to sign admissions (and it collects the reports).
     pub(crate) admit_signer: Option<libp2p::identity::Keypair>,
+    /// Each rank's incarnation as the directory has it (0: unknown or empty), this peer's
+    /// own process's included.
+    pub(crate) incarnations: Vec<Incarnation>,
 }
 
 impl PeerCore {
@@ -171,7 +186,13 @@ impl PeerCore {
             collects,
             w: setup.w,
             algorithm: setup.algorithm,
-            membership: Membership::new(setup.rank, n),
+            membership: {
+                let mut m = Membership::new(setup.rank, n);
+                for (r, &i) in setup.incarnations.iter().enumerate() {
+                    m.learn_incarnation(r, i);
+                }
+                m
+            },
             epoch: 0,
             started,
             peer_ids: setup.peer_ids,
@@ -215,24 +236,41 @@ impl PeerCore {
             } => self.on_frame(now, from, header, bytes, transfer, &mut out)?,
             Input::Finished { from } => self.goodbyes.finished(from),
             Input::LinkDone { to } => self.goodbyes.link_done(to),
-            Input::Lost { peer, reason } if self.membership.has_left(peer) => {
-                // The new process of a peer that was restarting is gone as well.
+            Input::Lost {
+                peer,
+                incarnation,
+                reason,
+            } if self.membership.has_left(peer)
+                || incarnation < self.membership.incarnation(peer) =>
+            {
+                // An old process's connection, or a departed peer's new process gone as
+                // well: only that process's links are closed.
                 debug!(
                     peer,
-                    "lost the connection to a departed peer's new process: {reason}"
+                    incarnation, "lost the connection to a departed process: {reason}"
                 );
-                self.drop_links(peer, false, &mut out);
+                self.drop_links(peer, incarnation.saturating_add(1), &mut out);
             }
-            Input::Lost { peer, reason } => {
+            Input::Lost {
+                peer,
+                incarnation,
+                reason,
+            } => {
                 // Harmless once nothing more is owed either way on that peer's links.
                 if self.goodbyes.loss_matters(peer) {
                     let round = self.gossip.round();
-                    self.on_departure(now, peer, reason, self.rank, round, &mut out)?;
+                    let gone = (peer, incarnation.saturating_add(1));
+                    self.on_departure(now, gone, reason, self.rank, round, &mut out)?;
                 }
             }
-            Input::SendFailed { to, reason } => {
+            Input::SendFailed {
+                to,
+                incarnation,
+                reason,
+            } => {
                 let round = self.gossip.round();
-                self.on_departure(now, to, reason, self.rank, round, &mut out)?;
+                let gone = (to, incarnation.saturating_add(1));
+                self.on_departure(now, gone, reason, self.rank, round, &mut out)?;
             }
             Input::Refused { peer, reason } => {
                 self.refuse();
@@ -308,15 +346,12 @@ impl PeerCore {
         }
     }
 
-    /// Stops linking to and expecting anything of `gone`: the shell closes its link and its
-    /// connections to us (all, or all but the newest with `keep_newest`).
-    fn drop_links(&mut self, gone: Rank, keep_newest: bool, out: &mut Vec<Action>) {
+    /// Stops linking to and expecting anything of `gone`'s processes of incarnations below
+    /// `before`: the shell closes their link and their connections to us.
+    fn drop_links(&mut self, gone: Rank, before: Incarnation, out: &mut Vec<Action>) {
         self.linked.remove(&gone);
         self.goodbyes.forget(gone);
-        out.push(Action::DropLinks {
-            peer: gone,
-            keep_newest,
-        });
+        out.push(Action::DropLinks { peer: gone, before });
     }
 
     /// When the state machine next needs [`PeerCore::handle_timeout`] (`None`: not until

@@ -37,6 +37,7 @@ fn core(rank: Rank) -> PeerCore {
         linked,
         expected_in,
         admit_signer: (rank == 0).then(libp2p::identity::Keypair::generate_ed25519),
+        incarnations: vec![10; 4],
     };
     PeerCore::new(Box::new(gossip), setup, Instant::now())
 }
@@ -87,6 +88,7 @@ fn a_lost_neighbour_is_a_departure_told_to_all_and_recorded_by_peer_0() {
             now,
             Input::Lost {
                 peer: 1,
+                incarnation: 10,
                 reason: "closed".into(),
             },
         )
@@ -96,7 +98,7 @@ fn a_lost_neighbour_is_a_departure_told_to_all_and_recorded_by_peer_0() {
         out[0],
         Action::DropLinks {
             peer: 1,
-            keep_newest: false
+            before: 11
         }
     ));
     // The link to 1 is dropped before the leave notice goes to every link left.
@@ -134,11 +136,30 @@ fn a_lost_neighbour_is_a_departure_told_to_all_and_recorded_by_peer_0() {
             now,
             Input::Lost {
                 peer: 1,
+                incarnation: 10,
                 reason: "again".into(),
             },
         )
         .unwrap();
     assert_eq!(kinds(&again), ["drop"]);
+}
+
+#[test]
+fn a_lost_connection_of_an_old_process_closes_its_links_and_departs_no_one() {
+    let mut c = core(0);
+    let out = c
+        .handle(
+            Instant::now(),
+            Input::Lost {
+                peer: 1,
+                incarnation: 7,
+                reason: "timed out".into(),
+            },
+        )
+        .unwrap();
+    assert_eq!(kinds(&out), ["drop"]);
+    assert!(matches!(out[0], Action::DropLinks { peer: 1, before: 8 }));
+    assert!(!c.membership.has_left(1), "incarnation 10 is the member");
 }
 
 #[test]
@@ -149,6 +170,7 @@ fn a_peer_other_than_0_records_nothing_and_a_failed_send_is_a_departure() {
             Instant::now(),
             Input::SendFailed {
                 to: 3,
+                incarnation: 10,
                 reason: "reset".into(),
             },
         )
@@ -171,6 +193,7 @@ fn a_loss_after_the_goodbyes_is_harmless() {
             Instant::now(),
             Input::Lost {
                 peer: 2,
+                incarnation: 10,
                 reason: "closed".into(),
             },
         )
@@ -187,6 +210,7 @@ fn peer_0_cannot_leave() {
             Instant::now(),
             Input::Lost {
                 peer: 0,
+                incarnation: 10,
                 reason: "killed".into(),
             },
         )
@@ -247,14 +271,26 @@ fn a_restarted_peer_s_hello_opens_a_link_that_carries_the_welcome() {
             .to_string(),
         data_addr: addr,
         nat_published: None,
+        incarnation: 20,
     };
     let hello = crate::control::membership::encode_hello(1, &me).unwrap();
     let input = frame(FrameKind::Hello, 1, 0, &hello[FRAME_HEADER_LEN..]);
     let out = c.handle(Instant::now(), input).unwrap();
     // Its old process has left (re-weighted, told, recorded), then the new one is linked.
     assert_eq!(kinds(&out), ["drop", "broadcast", "record", "connect"]);
+    assert!(
+        matches!(
+            out[0],
+            Action::DropLinks {
+                peer: 1,
+                before: 20
+            }
+        ),
+        "only the old process's links close"
+    );
     let Action::Connect {
         to: 1,
+        incarnation: 20,
         addr: a,
         then: Some(welcome),
         ..

@@ -620,7 +620,11 @@ async fn measure(
         LinkKind::Tcp | LinkKind::TcpPlaintext => TransportChoice::Tcp,
     };
     let link = sender
-        .connect(1, receiver.local_addr, receiver_key.public().to_peer_id())
+        .connect(
+            (1, receiver.incarnation()),
+            receiver.local_addr,
+            receiver_key.public().to_peer_id(),
+        )
         .await
         .context("connecting the two endpoints")?;
     if link.kind != kind {

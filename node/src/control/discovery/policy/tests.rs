@@ -13,6 +13,7 @@ fn info(rank: Rank, id: PeerId) -> PeerInfo {
         peer_id: id.to_string(),
         data_addr: "127.0.0.1:1".parse().unwrap(),
         nat_published: None,
+        incarnation: 0,
     }
 }
 
