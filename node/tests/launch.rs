@@ -204,6 +204,34 @@ fn a_killed_peer_is_restarted_and_rejoins_under_restart_failed() {
 }
 
 #[test]
+fn the_launcher_tells_the_others_at_once_that_a_peer_died() {
+    // A peer timeout far longer than the run: only the launcher's notice can explain the
+    // departure being recorded.
+    let mut l = Launch::start(&[
+        "--epochs=8",
+        "--peer-timeout-secs=120",
+        "--round-timeout-secs=300",
+    ]);
+    l.wait_for_epoch(2);
+    let victim = l.peer(3);
+    let killed = Instant::now();
+    signal(victim, libc::SIGKILL);
+    // Its neighbours would wait 120 s for it without the notice.
+    let (status, out, err) = l.finish(Duration::from_secs(60));
+    assert!(status.success(), "{out}\n{err}");
+    assert!(killed.elapsed() < Duration::from_secs(60));
+    assert!(
+        out.contains("peer 3 left the run at round")
+            && out.contains("its process exited (SIGKILL), as the launcher saw"),
+        "{out}"
+    );
+    let s = l.summary();
+    assert_eq!(text(&s["outcome"]), "completed");
+    assert!(text(&s["departures"]).starts_with("3@"), "{s}");
+    assert!(s["final_mean_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");
+}
+
+#[test]
 fn a_paused_peer_leaves_with_an_accurate_message_and_the_run_finishes() {
     // No --restart-failed: the paused peer leaves for good and the others finish.
     let mut l = Launch::start(&["--epochs=8"]);

@@ -66,7 +66,11 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 /// One peer process under supervision.
 struct Proc {
     rank: usize,
+    /// Its incarnation number (`MURMUR_INCARNATION`, set at its start).
+    incarnation: crate::plane::Incarnation,
     child: Child,
+    /// Its standard input: the launcher's notices of other peers' exits.
+    notices: Option<std::process::ChildStdin>,
     /// Whether it was seen stopped (SIGSTOP) and not yet seen running again.
     stopped: bool,
 }
@@ -77,6 +81,21 @@ struct Peers {
 }
 
 impl Peers {
+    /// Tells every peer process but `rank`'s that `rank`'s process of incarnation
+    /// `incarnation` exited (`how`), so that they stop waiting for it at once. Best effort:
+    /// a peer that exited meanwhile is skipped.
+    fn tell_exit(&mut self, rank: usize, incarnation: crate::plane::Incarnation, how: &str) {
+        let line = crate::peer::supervisor::exit_notice(rank, incarnation, how);
+        for p in self.procs.iter_mut().filter(|p| p.rank != rank) {
+            if let Some(stdin) = p.notices.as_mut() {
+                use std::io::Write;
+                if stdin.write_all(line.as_bytes()).is_err() {
+                    p.notices = None;
+                }
+            }
+        }
+    }
+
     /// Sends `signal` to every peer, waits up to [`STOP_GRACE`] for them to exit, then
     /// kills the rest.
     fn stop_all(&mut self, signal: i32) {
@@ -138,6 +157,8 @@ impl Spawner {
             .append(true)
             .open(log_path(&self.run_dir, rank))?;
         let log2 = log.try_clone()?;
+        // Larger than any earlier process of this rank: microseconds since the epoch.
+        let incarnation = crate::plane::incarnation_now();
         let mut cmd = Command::new(&self.exe);
         cmd.arg("peer")
             .arg(format!("--config={}", self.run_config.display()))
@@ -145,15 +166,19 @@ impl Spawner {
             .arg(format!("--out={}", self.run_dir.display()))
             .args(extra)
             .env("RAYON_NUM_THREADS", self.threads_per_peer.to_string())
-            .stdin(Stdio::null())
+            .env("MURMUR_INCARNATION", incarnation.to_string())
+            .env(crate::peer::supervisor::SUPERVISED, "1")
+            .stdin(Stdio::piped())
             .stdout(log)
             .stderr(log2);
         signals::die_with_parent(&mut cmd);
-        let child = cmd
+        let mut child = cmd
             .spawn()
             .with_context(|| format!("cannot start peer {rank}"))?;
         Ok(Proc {
             rank,
+            incarnation,
+            notices: child.stdin.take(),
             child,
             stopped: false,
         })
@@ -336,17 +361,21 @@ impl<'a> Supervisor<'a> {
                 true
             }
             Ok(Some(status)) => {
-                exited.push((p.rank, Some(status)));
+                exited.push((p.rank, p.incarnation, Some(status)));
                 false
             }
             Err(_) => {
-                exited.push((p.rank, None));
+                exited.push((p.rank, p.incarnation, None));
                 false
             }
         });
         let mut stop = None;
-        for (rank, status) in exited {
+        for (rank, incarnation, status) in exited {
             let success = status.is_some_and(|s| s.success());
+            if !success {
+                let how = status.map_or_else(|| "lost".to_string(), how);
+                self.peers.tell_exit(rank, incarnation, &how);
+            }
             let done = self.record.restarts_of.get(&rank).copied().unwrap_or(0);
             let policy = RestartPolicy {
                 restart_failed: launch.restart_failed,

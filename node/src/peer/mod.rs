@@ -14,6 +14,7 @@ mod driver;
 mod links;
 mod plan;
 mod run;
+pub(crate) mod supervisor;
 
 use crate::report::collector::{evaluate_epoch, summary, write_summary, Collector};
 use crate::report::frames::*;

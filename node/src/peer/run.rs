@@ -253,6 +253,8 @@ fn join(
             admitted.clone(),
         )
     })?;
+    // Under `murmur launch`: the launcher's notices of exited peer processes.
+    super::supervisor::listen(plane.event_sender(), args.peers);
     plane.emulation = args.link_emulation();
     plane.transport = args.net.transport;
     plane.set_wire(args.net.wire);
