@@ -111,17 +111,9 @@ pub enum Verdict<T> {
     Refuse(Refusal),
 }
 
-/// A membership event that ends this peer's run.
+/// A membership step that failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MembershipError {
-    /// Peer 0 left at round `round`: the run cannot go on without its collector.
-    #[error("peer 0 (the bootstrap, which collects the metrics) left the run during round {round}: {reason}")]
-    BootstrapLeft {
-        /// This peer's round when it learned of it.
-        round: u64,
-        /// What was noticed.
-        reason: String,
-    },
     /// Peer 0 could not sign an admission (the key's error).
     #[error("signing an admission: {0}")]
     Signing(String),
@@ -332,10 +324,9 @@ impl Membership {
     /// noticed by `noticed_by` at its round `noticed_round`): recorded once. `None` for a
     /// known departure, one about this peer, or one about processes older than the newest
     /// known of `gone` (a notice about its previous process, which must not touch the new
-    /// one).
-    ///
-    /// # Errors
-    /// [`MembershipError::BootstrapLeft`]: `gone` is peer 0.
+    /// one). Peer 0 leaves like any other peer: whether the run can go on without it is
+    /// the algorithm's to say (the parameter server cannot), and its record waits for its
+    /// restart (`--rejoin-running`).
     pub fn depart(
         &mut self,
         (gone, before): (Rank, Incarnation),
@@ -343,16 +334,10 @@ impl Membership {
         noticed_by: Rank,
         noticed_round: u64,
         now: Now,
-    ) -> Result<Option<Departure>, MembershipError> {
+    ) -> Option<Departure> {
         if gone == self.me || self.departed.contains_key(&gone) || before <= self.incarnation(gone)
         {
-            return Ok(None);
-        }
-        if gone == 0 {
-            return Err(MembershipError::BootstrapLeft {
-                round: now.round,
-                reason,
-            });
+            return None;
         }
         let record = MembershipEvent {
             event: "left".into(),
@@ -364,7 +349,7 @@ impl Membership {
             reason: reason.clone(),
         };
         self.departed.insert(gone, record.clone());
-        Ok(Some(Departure {
+        Some(Departure {
             gone,
             noticed_by,
             round: now.round,
@@ -376,62 +361,52 @@ impl Membership {
                 except: Vec::new(),
             },
             reason,
-        }))
+        })
     }
 
     /// A leave notice (`payload` of a `Leave` frame of round `noticed_round`) from `from`.
     ///
-    /// # Errors
-    /// As [`Membership::depart`].
     pub fn on_leave(
         &mut self,
         from: Rank,
         noticed_round: u64,
         payload: &[u8],
         now: Now,
-    ) -> Result<Verdict<Departure>, MembershipError> {
+    ) -> Verdict<Departure> {
         match decode_leave(payload) {
-            Some((gone, before, reason)) if gone < self.n => Ok(self
-                .depart((gone, before), reason, from, noticed_round, now)?
-                .map_or(Verdict::Ignore, Verdict::Accept)),
-            _ => Ok(Verdict::Refuse(Refusal::MalformedLeave)),
+            Some((gone, before, reason)) if gone < self.n => self
+                .depart((gone, before), reason, from, noticed_round, now)
+                .map_or(Verdict::Ignore, Verdict::Accept),
+            _ => Verdict::Refuse(Refusal::MalformedLeave),
         }
     }
 
     /// A hello (`payload` of a `Hello` frame) from the new process of peer `from`: if it
     /// was still counted as a member, its old process has left. A hello from a process
     /// older than one known already is ignored.
-    ///
-    /// # Errors
-    /// As [`Membership::depart`].
-    pub fn on_hello(
-        &mut self,
-        from: Rank,
-        payload: &[u8],
-        now: Now,
-    ) -> Result<Verdict<Hello>, MembershipError> {
+    pub fn on_hello(&mut self, from: Rank, payload: &[u8], now: Now) -> Verdict<Hello> {
         let Some(info) = decode_hello(payload, from) else {
-            return Ok(Verdict::Refuse(Refusal::MalformedHello));
+            return Verdict::Refuse(Refusal::MalformedHello);
         };
         let new = info.incarnation;
         if new < self.incarnation(from) {
-            return Ok(Verdict::Ignore);
+            return Verdict::Ignore;
         }
         let restart = if self.departed.contains_key(&from) {
             Restart::KnownDeparted { before: new }
         } else {
             let reason = "it restarted: a new process said hello".to_string();
-            match self.depart((from, new), reason, self.me, now.round, now)? {
+            match self.depart((from, new), reason, self.me, now.round, now) {
                 Some(d) => Restart::Departed(Box::new(d)),
                 None => Restart::Unchanged,
             }
         };
         self.learn_incarnation(from, new);
-        Ok(Verdict::Accept(Hello {
+        Verdict::Accept(Hello {
             from,
             addr: info.data_addr,
             restart,
-        }))
+        })
     }
 
     /// This peer's answer to the hello of `to` at round `round` (its x follows in the frame).

@@ -20,7 +20,8 @@ pub(super) struct RestartPolicy {
 pub(super) enum Exit {
     /// It exited with success: the run ended for it.
     Finished,
-    /// Peer 0 failed: the bootstrap and metrics collector; the run stops.
+    /// Peer 0 failed and will not be restarted: the bootstrap and metrics collector; the
+    /// run stops.
     StopBootstrap,
     /// It failed, will not be restarted, and the algorithm cannot go on without it.
     StopRun,
@@ -46,16 +47,14 @@ impl RestartPolicy {
         if success {
             return Exit::Finished;
         }
-        if rank == 0 {
-            return Exit::StopBootstrap;
-        }
         let restart = restarts_done < self.restart_failed && epoch < self.epochs;
-        match (restart, self.survives_departure) {
-            (true, _) => Exit::Restart {
+        match (restart, rank, self.survives_departure) {
+            (true, _, _) => Exit::Restart {
                 attempt: restarts_done + 1,
             },
-            (false, true) => Exit::GoOn,
-            (false, false) => Exit::StopRun,
+            (false, 0, _) => Exit::StopBootstrap,
+            (false, _, true) => Exit::GoOn,
+            (false, _, false) => Exit::StopRun,
         }
     }
 }
@@ -325,7 +324,8 @@ impl<'a> Supervisor<'a> {
     /// (see the guide, elastic runs).
     fn join_due(&mut self, rows: &[EpochRow], print: &dyn Fn(String)) -> anyhow::Result<()> {
         let reporting = rows.last().map_or(0, |r| r.peers);
-        let due = rows.iter().any(|r| r.epoch >= self.launch.join_at_epoch);
+        let due = !self.bootstrap.is_empty()
+            && rows.iter().any(|r| r.epoch >= self.launch.join_at_epoch);
         if let Some(&rank) = self.to_join.first().filter(|&&r| due && reporting >= r) {
             self.to_join.remove(0);
             let extra = vec![
@@ -431,8 +431,29 @@ impl<'a> Supervisor<'a> {
     /// Starts the queued restarts, at once: the new process's hello tells its neighbours
     /// that the old one has left, and its incarnation number (a larger one than the old
     /// process's, [`crate::plane::Incarnation`]) keeps the departure notices about the old
-    /// process from closing the new one's connections.
+    /// process from closing the new one's connections. Peer 0 comes back with
+    /// `--rejoin-running` (it serves as the bootstrap again at a new address, which the
+    /// other restarts then wait for).
     fn restart_due(&mut self, print: &dyn Fn(String)) -> anyhow::Result<()> {
+        let addr_file = crate::peer::bootstrap_file(&self.spawner.run_dir);
+        if self.pending.contains(&0) {
+            self.pending.retain(|&r| r != 0);
+            let _ = std::fs::remove_file(&addr_file);
+            self.bootstrap.clear();
+            let extra = vec![
+                format!("--bootstrap-file={}", addr_file.display()),
+                "--resume".into(),
+                "--rejoin-running".into(),
+            ];
+            self.peers.procs.push(self.spawner.spawn(0, extra)?);
+            print("peer 0 restarted with --resume --rejoin-running".into());
+        }
+        if self.bootstrap.is_empty() {
+            match std::fs::read_to_string(&addr_file) {
+                Ok(a) if !a.trim().is_empty() => self.bootstrap = a.trim().to_string(),
+                _ => return Ok(()),
+            }
+        }
         for rank in std::mem::take(&mut self.pending) {
             let extra = vec![format!("--bootstrap={}", self.bootstrap), "--resume".into()];
             self.peers.procs.push(self.spawner.spawn(rank, extra)?);
@@ -503,7 +524,7 @@ mod tests {
     use super::{Exit, RestartPolicy};
 
     #[test]
-    fn the_restart_policy_restarts_up_to_its_limit_and_never_peer_0() {
+    fn the_restart_policy_restarts_up_to_its_limit_peer_0_included() {
         let p = RestartPolicy {
             restart_failed: 2,
             epochs: 10,
@@ -518,7 +539,12 @@ mod tests {
             "the limit is reached"
         );
         assert_eq!(p.on_exit(3, false, 10, 0), Exit::GoOn, "the last epoch");
-        assert_eq!(p.on_exit(0, false, 4, 0), Exit::StopBootstrap);
+        assert_eq!(
+            p.on_exit(0, false, 4, 0),
+            Exit::Restart { attempt: 1 },
+            "peer 0 too"
+        );
+        assert_eq!(p.on_exit(0, false, 4, 2), Exit::StopBootstrap);
         assert_eq!(p.on_exit(0, true, 10, 0), Exit::Finished);
         let fixed = RestartPolicy {
             survives_departure: false,

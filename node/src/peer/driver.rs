@@ -23,7 +23,15 @@ pub(super) struct Driver {
     pub(super) admitted: Admitted,
     /// Peer 0 only: where its bootstrap learns that a new peer mixes with the run.
     pub(super) settle: Option<tokio::sync::mpsc::UnboundedSender<Rank>>,
+    /// Peers other than 0: the report frames of the latest epochs (at most
+    /// [`KEPT_REPORTS`]), sent again to a restarted peer 0 once linked to it: the reports
+    /// sent to its previous process shortly before it died, and those made while it was
+    /// away, may not have been recorded.
+    pub(super) kept_reports: std::collections::VecDeque<Bytes>,
 }
+
+/// How many of its latest epoch reports a peer keeps for a restarted peer 0.
+const KEPT_REPORTS: usize = 8;
 
 impl Driver {
     /// Peer 0: tells the bootstrap of each new peer whose first round this peer has
@@ -77,6 +85,9 @@ impl Driver {
                             self.handle(Input::Connected { to })?;
                             if let Some(frame) = then {
                                 self.send(to, frame)?;
+                            }
+                            if to == 0 {
+                                self.send_kept_reports()?;
                             }
                         }
                         Err(e) => warn!(to, "cannot connect to peer {to}: {e:#}"),
@@ -238,12 +249,26 @@ impl Driver {
         if let Some(c) = self.collector.as_mut() {
             return c.add(report, x.to_vec());
         }
-        let frame = encode_report(self.core.rank, &report, x)?;
-        let link = self
-            .links
-            .get(&0)
-            .ok_or_else(|| anyhow!("no link to peer 0"))?;
-        self.rt.block_on(link.send(Bytes::from(frame)))
+        let frame = Bytes::from(encode_report(self.core.rank, &report, x)?);
+        if self.kept_reports.len() == KEPT_REPORTS {
+            self.kept_reports.pop_front();
+        }
+        self.kept_reports.push_back(frame.clone());
+        match self.links.get(&0) {
+            Some(_) => self.send(0, frame),
+            // Peer 0 left: the report waits for its new process.
+            None => Ok(()),
+        }
+    }
+
+    /// Sends the kept epoch reports to peer 0 (a restarted one: its collector takes those
+    /// of the epochs it has not recorded and ignores the others).
+    fn send_kept_reports(&mut self) -> anyhow::Result<()> {
+        let kept: Vec<Bytes> = self.kept_reports.iter().cloned().collect();
+        for frame in kept {
+            self.send(0, frame)?;
+        }
+        Ok(())
     }
 
     /// A restarted peer's way back into the run: hello to every peer it has a link to

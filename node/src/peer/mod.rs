@@ -117,6 +117,15 @@ pub struct PeerArgs {
     /// a round agreed with them, as a restarted peer does.
     #[arg(long, conflicts_with = "resume")]
     pub join_running: bool,
+    /// Peer 0, with `--resume`, restarted while the other peers train on (D-PSGD, SGP,
+    /// CHOCO-SGD): it takes the directory its previous process saved in the run folder
+    /// (`directory.json`), serves as the bootstrap again (writing its new address to
+    /// `--bootstrap-file`), rejoins like any restarted peer and goes on writing the run's
+    /// record from the epochs it holds; the peers send it again the reports it missed.
+    /// `murmur launch --restart-failed` and `murmur.sbatch` pass it. Without it, peer 0
+    /// with `--resume` resumes the whole run.
+    #[arg(long, requires = "resume")]
+    pub rejoin_running: bool,
 }
 
 /// Rounds between the highest round a rejoining peer hears of and the round it mixes
@@ -194,6 +203,12 @@ pub fn check_device(device: DeviceSpec) -> anyhow::Result<()> {
 /// `<run>/epochs.jsonl` (R / `rpe` ≤ the last recorded epoch E), or the last round of
 /// epoch E + 1, whose row the resumed run records again. All of `rounds`, with a warning,
 /// if none qualifies.
+/// Where peer 0 saves the run's directory while the run is under way (for a restarted
+/// peer 0, `--rejoin-running`).
+pub(crate) fn directory_file(run_dir: &Path) -> PathBuf {
+    run_dir.join("directory.json")
+}
+
 fn resumable_rounds(rounds: &[u64], run_dir: &Path, rpe: u64) -> Vec<u64> {
     let recorded = std::fs::read_to_string(run_dir.join("epochs.jsonl"))
         .unwrap_or_default()

@@ -94,6 +94,16 @@ pub(super) fn plan(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<Start> {
     if peer.join_running && rank == 0 {
         bail!("--join-running: peer 0 starts the run; it cannot join it");
     }
+    if peer.rejoin_running && (joins || rank != 0) {
+        bail!("--rejoin-running is peer 0's (any other restarted peer rejoins with --resume alone)");
+    }
+    if peer.rejoin_running && resumable != Resumable::Rejoin {
+        bail!(
+            "--rejoin-running: {} cannot take peer 0 back into a running run ({} can)",
+            args.algorithm_name(),
+            AlgorithmSpec::names_where(|a| a.capabilities().resumable(false) == Resumable::Rejoin)
+        );
+    }
     Ok(Start {
         n,
         joins,

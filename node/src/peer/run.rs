@@ -82,7 +82,14 @@ pub(super) fn run_on<B: AutodiffBackend>(
         r => (r / rounds_per_epoch) as usize + 1,
     };
     let peer_log = peer.out.join("peers").join(format!("peer-{rank}.jsonl"));
-    if first_epoch > 0 {
+    if peer.rejoin_running {
+        // A restarted peer 0 takes up the record where its previous process left it.
+        if let Some(c) = drv.collector.as_mut() {
+            let departed = drv.core.membership.departed().clone();
+            c.rejoined(first_round, &departed)?;
+        }
+        report::keep_peer_epochs_before(&peer_log, first_epoch)?;
+    } else if first_epoch > 0 {
         if let Some(c) = drv.collector.as_mut() {
             c.keep_rows_before(first_epoch, carried.map(|t| t.wall_seconds))?;
         }
@@ -292,9 +299,19 @@ fn join(
             initial,
             joined: plane.event_sender(),
             settled,
-            resume: peer.resume.then(|| {
+            resume: (peer.resume && !peer.rejoin_running).then(|| {
                 resumable_rounds(&checkpoint_rounds, &peer.out, fingerprint.rounds_per_epoch)
             }),
+            running: peer
+                .rejoin_running
+                .then(|| {
+                    crate::control::discovery::load_directory(
+                        &directory_file(&peer.out),
+                        args.peers,
+                    )
+                })
+                .transpose()?,
+            directory_file: Some(directory_file(&peer.out)),
             // Peer 0 relays the links that hole punching cannot open.
             relay: (!args.net.no_relay)
                 .then(|| Relay::new(plane.local_addr.ip(), me.data_addr.ip())),
@@ -491,7 +508,14 @@ fn wire<B: AutodiffBackend>(
         relay,
         admitted,
         settle: (rank == 0).then_some(settle),
+        kept_reports: Default::default(),
     };
+    // A restarted peer 0 takes up the run's record before any report reaches it.
+    if peer.rejoin_running {
+        if let Some(c) = drv.collector.as_mut() {
+            c.take_up()?;
+        }
+    }
     // Every peer mixes without the empty ranks of an elastic run (a peer joining the run
     // under way learns the other departed peers from its neighbours' welcomes), and knows
     // them as empty, so that it admits a new peer taking one.

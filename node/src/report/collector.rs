@@ -74,6 +74,9 @@ pub(crate) struct Collector {
     pub(crate) carried: Option<EpochRow>,
     /// When peer 0 started training.
     pub(crate) started: Instant,
+    /// A restarted peer 0 took up the record ([`Collector::take_up`]): reports of recorded
+    /// epochs (sent again by the peers) are ignored.
+    pub(crate) taken_up: bool,
 }
 
 impl Collector {
@@ -100,7 +103,98 @@ impl Collector {
             rows: Vec::new(),
             carried: None,
             started: Instant::now(),
+            taken_up: false,
         }
+    }
+
+    /// Peer 0 restarted in a run under way (`--rejoin-running`): takes up the record its
+    /// previous processes wrote in the run folder — the rows of `epochs.jsonl` and the
+    /// events of `membership.jsonl` (the peers recorded as departed stay so) — before any
+    /// report reaches it. Reports of recorded epochs (the peers send their latest again)
+    /// are ignored from then on, and the epochs are complete without peer 0's own reports
+    /// until [`Collector::rejoined`]. The wall time goes on from the last row's, plus the
+    /// time since `epochs.jsonl` was last written (the gap while no peer 0 ran counts).
+    ///
+    /// # Errors
+    /// A line of the record does not parse.
+    pub(crate) fn take_up(&mut self) -> anyhow::Result<()> {
+        let rows_path = self.dir.join("epochs.jsonl");
+        let text = std::fs::read_to_string(&rows_path).unwrap_or_default();
+        let mut rows = Vec::new();
+        for line in text.lines() {
+            rows.push(
+                serde_json::from_str::<EpochRow>(line)
+                    .with_context(|| format!("reading {}", rows_path.display()))?,
+            );
+        }
+        let since_written = std::fs::metadata(&rows_path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .map_or(0.0, |d| d.as_secs_f64());
+        let wall = rows.last().map_or(0.0, |r| r.wall_seconds) + since_written;
+        self.carried = Some(EpochRow {
+            wall_seconds: wall,
+            ..EpochRow::default()
+        });
+        self.started = Instant::now();
+        self.rows = rows;
+        let events_path = self.dir.join("membership.jsonl");
+        let text = std::fs::read_to_string(&events_path).unwrap_or_default();
+        for line in text.lines() {
+            let e: MembershipEvent = serde_json::from_str(line)
+                .with_context(|| format!("reading {}", events_path.display()))?;
+            let from = match e.event.as_str() {
+                "left" | "empty" => usize::MAX,
+                _ => (e.round / self.rounds_per_epoch.max(1)) as usize + 1,
+            };
+            self.absent.insert(e.peer, from);
+            self.history.push(e);
+        }
+        // Peer 0 reports again from the epoch of its rejoin round.
+        self.absent.insert(0, usize::MAX);
+        self.taken_up = true;
+        Ok(())
+    }
+
+    /// A restarted peer 0 that took up the record ([`Collector::take_up`]) mixes again from
+    /// round `at`: records its departure and return, and the departures it learned while
+    /// rejoining (`departed`, by rank) that the record lacks; its own reports are awaited
+    /// from the epoch of `at` on.
+    ///
+    /// # Errors
+    /// The record cannot be written.
+    pub(crate) fn rejoined(
+        &mut self,
+        at: u64,
+        departed: &BTreeMap<Rank, MembershipEvent>,
+    ) -> anyhow::Result<()> {
+        let at_epoch = (at / self.rounds_per_epoch.max(1)) as usize + 1;
+        let wall = self.started.elapsed().as_secs_f64()
+            + self.carried.as_ref().map_or(0.0, |c| c.wall_seconds);
+        let event = |event: &str, reason: String| MembershipEvent {
+            event: event.into(),
+            peer: 0,
+            round: at,
+            epoch: at_epoch,
+            wall_seconds: wall,
+            noticed_by: 0,
+            reason,
+        };
+        let recorded = self.rows.last().map_or(0, |r| r.epoch);
+        let left = event(
+            "left",
+            format!("its process died; a new one took up the record after epoch {recorded}"),
+        );
+        report::append_json_line(&self.dir.join("membership.jsonl"), &left)?;
+        self.history.push(left);
+        for (&r, e) in departed {
+            if self.absent.get(&r) != Some(&usize::MAX) {
+                self.membership(e.clone(), None)?;
+            }
+        }
+        let back = event("rejoined", format!("restarted; mixes again from round {at}"));
+        self.membership(back, Some(at))
     }
 
     /// Peers whose report for the oldest incomplete epoch has not arrived.
@@ -128,6 +222,10 @@ impl Collector {
         let epoch = report.epoch;
         if report.peer >= self.n {
             bail!("report from unknown peer {}", report.peer);
+        }
+        if self.taken_up && self.rows.last().is_some_and(|r| r.epoch >= epoch) {
+            // A peer sends its latest reports again to a restarted peer 0.
+            return Ok(());
         }
         if self.rows.last().is_some_and(|r| r.epoch >= epoch) {
             bail!(

@@ -121,6 +121,12 @@ pub enum Role {
         settled: tokio::sync::mpsc::UnboundedReceiver<Rank>,
         /// Resume the whole run from checkpoints: the rounds of peer 0's own checkpoints.
         resume: Option<Vec<u64>>,
+        /// Peer 0 restarted while the others train on (`--rejoin-running`): the directory
+        /// its previous process saved, served again at once (no one joins first).
+        running: Option<Directory>,
+        /// Where the bootstrap saves the directory whenever it changes (the run folder's
+        /// `directory.json`), for a restarted peer 0 to take up.
+        directory_file: Option<PathBuf>,
         /// The relay it offers the run's peers (`None`: `--no-relay`).
         relay: Option<std::sync::Arc<Relay>>,
     },
@@ -318,12 +324,15 @@ pub async fn discover(
         .listen_on(listen.addr.clone())
         .with_context(|| format!("cannot listen on {} (--listen)", listen.addr))?;
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut saved_to = None;
     let (directory, late, use_relay) = match role {
         Role::Bootstrap {
             initial,
             joined,
             settled,
             resume,
+            running,
+            directory_file,
             relay,
         } => {
             let directory = tokio::time::timeout_at(
@@ -334,15 +343,17 @@ pub async fn discover(
                     fingerprint.clone(),
                     (&key, &listen.files),
                     &gate,
-                    resume,
+                    (resume, running),
                     initial,
                 ),
             )
             .await
             .map_err(|_| anyhow!("not all peers joined within {timeout:?}"))??;
+            save_directory(directory_file.as_deref(), &directory.directory);
             // Offer the record again, now that the initial peers are in the routing table.
             let addrs: Vec<Multiaddr> = swarm.listeners().cloned().collect();
             publish_record(&mut swarm, &key, &addrs);
+            saved_to = directory_file;
             (directory, Some((joined, settled, relay)), true)
         }
         Role::Join {
@@ -400,6 +411,7 @@ pub async fn discover(
                     limit: timeout,
                     observed: Default::default(),
                     relay,
+                    directory_file: saved_to,
                 };
                 late.run(swarm, settled).await
             }
@@ -552,6 +564,44 @@ struct LateJoins {
     observed: std::collections::HashMap<PeerId, std::net::IpAddr>,
     /// The relay for links whose direct path fails (`None`: `--no-relay`).
     relay: Option<std::sync::Arc<Relay>>,
+    /// Where the directory is saved whenever it changes.
+    directory_file: Option<PathBuf>,
+}
+
+/// Saves the bootstrap's directory `dir` to `file` (atomically; a failure is logged: the
+/// run goes on, only a restart of peer 0 would miss it).
+fn save_directory(file: Option<&std::path::Path>, dir: &Directory) {
+    let Some(file) = file else { return };
+    let saved = serde_json::to_vec(dir)
+        .map_err(anyhow::Error::from)
+        .and_then(|json| crate::report::write_atomic(file, &json));
+    if let Err(e) = saved {
+        warn!(file = %file.display(), "cannot save the directory: {e:#}");
+    }
+}
+
+/// The directory a previous process of peer 0 saved to `file` ([`Role::Bootstrap`]'s
+/// `directory_file`), for a run of `n` peers.
+///
+/// # Errors
+/// The file cannot be read or is not a directory of `n` entries.
+pub fn load_directory(file: &std::path::Path, n: usize) -> anyhow::Result<Directory> {
+    let text = std::fs::read(file).with_context(|| {
+        format!(
+            "--rejoin-running: cannot read the directory {} that peer 0 saves while the run \
+             is under way",
+            file.display()
+        )
+    })?;
+    let dir: Directory = serde_json::from_slice(&text)
+        .with_context(|| format!("--rejoin-running: {} is not a directory", file.display()))?;
+    anyhow::ensure!(
+        dir.len() == n,
+        "--rejoin-running: {} has {} entries for a run of {n} peers",
+        file.display(),
+        dir.len()
+    );
+    Ok(dir)
 }
 
 impl LateJoins {
@@ -633,6 +683,9 @@ impl LateJoins {
         }
         let answer = policy::late_answer(&self.dir, &late, &self.gate, ids);
         let _ = swarm.behaviour_mut().join.send_response(channel, answer);
+        if !matches!(late, Late::Refused(_)) {
+            save_directory(self.directory_file.as_deref(), &self.dir);
+        }
         let Late::Joined(info) = late else {
             return;
         };
@@ -692,7 +745,8 @@ fn list(addrs: &[Multiaddr]) -> String {
 /// until the initial set is complete (`initial` of the n ranks, peer 0's entry `me`
 /// included) and the bootstrap listens, then answers every admitted peer at once. Each
 /// listen address is written to `addr_files`, and the record signed with `key` published in
-/// the DHT. `resume`: peer 0's own checkpoint rounds, for a whole run resuming from them.
+/// the DHT. `resume`: peer 0's own checkpoint rounds, for a whole run resuming from them;
+/// `running`: a restarted peer 0's saved directory, served at once once it listens.
 ///
 /// # Errors
 /// The libp2p listener fails or closes, a listen address cannot be written, or (resuming)
@@ -703,11 +757,12 @@ async fn serve(
     fingerprint: Fingerprint,
     (key, addr_files): (&Keypair, &[PathBuf]),
     gate: &Gate,
-    resume: Option<Vec<u64>>,
+    (resume, running): (Option<Vec<u64>>, Option<Directory>),
     initial: usize,
 ) -> anyhow::Result<Discovered> {
     let n = fingerprint.peers;
-    let mut slots: Vec<Option<PeerInfo>> = vec![None; n];
+    let rejoining = running.is_some();
+    let mut slots: Vec<Option<PeerInfo>> = running.unwrap_or_else(|| vec![None; n]);
     let mut waiting = Vec::new();
     let r0 = me.rank;
     slots[r0] = Some(me);
@@ -721,6 +776,15 @@ async fn serve(
     // Where each peer's control-plane connection comes from (a NAT's address, maybe).
     let mut observed = std::collections::HashMap::new();
     loop {
+        if listening && rejoining {
+            // Peer 0 restarted in a run under way: the others are members already.
+            info!("the bootstrap serves the running run again");
+            return Ok(Discovered {
+                rank: r0,
+                directory: slots,
+                resume_round: None,
+            });
+        }
         if listening && policy::initial_complete(&slots, initial) {
             let resume_round = match policy::resume_round(resume.is_some(), &rounds, &slots) {
                 Ok(round) => round,

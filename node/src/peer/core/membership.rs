@@ -84,7 +84,7 @@ impl PeerCore {
         let now = self.now(now);
         let departure = self
             .membership
-            .depart(gone, reason, noticed_by, noticed_round, now)?;
+            .depart(gone, reason, noticed_by, noticed_round, now);
         match departure {
             Some(d) => self.departure(d, out),
             None => Ok(()),
@@ -101,9 +101,7 @@ impl PeerCore {
         out: &mut Vec<Action>,
     ) -> anyhow::Result<()> {
         let now = self.now(now);
-        let verdict = self
-            .membership
-            .on_leave(from, noticed_round, payload, now)?;
+        let verdict = self.membership.on_leave(from, noticed_round, payload, now);
         match self.accepted(verdict, from) {
             Some(d) => self.departure(d, out),
             None => Ok(()),
@@ -148,6 +146,13 @@ impl PeerCore {
                     self.algorithm
                 )
             })?;
+        if gone == 0 {
+            warn!(
+                "peer 0 left: the run's record (epochs.csv, summary.json) waits for it to \
+                 come back (launch --restart-failed and murmur.sbatch restart it at once); \
+                 this peer keeps its epoch reports for it meanwhile"
+            );
+        }
         self.drop_links(gone, before, out);
         out.push(broadcast(flood));
         self.record(record, None, out);
@@ -190,7 +195,7 @@ impl PeerCore {
         out: &mut Vec<Action>,
     ) -> anyhow::Result<()> {
         let now = self.now(now);
-        let verdict = self.membership.on_hello(from, payload, now)?;
+        let verdict = self.membership.on_hello(from, payload, now);
         let Some(hello) = self.accepted(verdict, from) else {
             return Ok(());
         };
@@ -339,7 +344,9 @@ impl PeerCore {
         if readmitted.all_taken {
             out.push(Action::CloseAdmission);
         }
-        if self.gossip.out_peers().contains(&back) && !self.linked.contains(&back) {
+        // Every peer reports its epochs to peer 0, neighbour or not.
+        let sends_to = self.gossip.out_peers().contains(&back) || back == 0;
+        if sends_to && !self.linked.contains(&back) {
             self.connect(back, notice.addr, None, out);
         }
         if self.gossip.in_peers().contains(&back) || self.rank == 0 {
