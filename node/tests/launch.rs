@@ -204,6 +204,42 @@ fn a_killed_peer_is_restarted_and_rejoins_under_restart_failed() {
 }
 
 #[test]
+fn a_killed_peer_0_is_restarted_and_the_record_goes_on_without_a_gap() {
+    let mut l = Launch::start(&["--epochs=8", "--checkpoint-every=16", "--restart-failed"]);
+    l.wait_for_epoch(2);
+    signal(l.peer(0), libc::SIGKILL);
+    let (status, out, err) = l.finish(Duration::from_secs(240));
+    assert!(status.success(), "{out}\n{err}");
+    assert!(
+        out.contains("peer 0 failed (SIGKILL)")
+            && out.contains("peer 0 restarted with --resume --rejoin-running"),
+        "{out}"
+    );
+    let s = l.summary();
+    assert_eq!(text(&s["outcome"]), "completed");
+    assert!(text(&s["peer_failures"]).starts_with("0:SIGKILL@"), "{s}");
+    assert!(text(&s["rejoins"]).starts_with("0@"), "{s}");
+    assert_eq!(s["epochs"].as_u64(), Some(8));
+    assert!(s["final_min_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");
+    // Every epoch once in the record, though two processes of peer 0 wrote it.
+    let rows = std::fs::read_to_string(l.run().join("epochs.jsonl")).unwrap();
+    let epochs: Vec<u64> = rows
+        .lines()
+        .map(|r| {
+            serde_json::from_str::<Value>(r).unwrap()["epoch"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(epochs, (0..=8).collect::<Vec<u64>>(), "{rows}");
+    let log = l.log(0);
+    assert!(
+        log.contains("the bootstrap serves the running run again"),
+        "{log}"
+    );
+}
+
+#[test]
 fn the_launcher_tells_the_others_at_once_that_a_peer_died() {
     // A peer timeout far longer than the run: only the launcher's notice can explain the
     // departure being recorded.

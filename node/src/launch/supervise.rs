@@ -324,8 +324,8 @@ impl<'a> Supervisor<'a> {
     /// (see the guide, elastic runs).
     fn join_due(&mut self, rows: &[EpochRow], print: &dyn Fn(String)) -> anyhow::Result<()> {
         let reporting = rows.last().map_or(0, |r| r.peers);
-        let due = !self.bootstrap.is_empty()
-            && rows.iter().any(|r| r.epoch >= self.launch.join_at_epoch);
+        let due =
+            !self.bootstrap.is_empty() && rows.iter().any(|r| r.epoch >= self.launch.join_at_epoch);
         if let Some(&rank) = self.to_join.first().filter(|&&r| due && reporting >= r) {
             self.to_join.remove(0);
             let extra = vec![

@@ -95,7 +95,9 @@ pub(super) fn plan(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<Start> {
         bail!("--join-running: peer 0 starts the run; it cannot join it");
     }
     if peer.rejoin_running && (joins || rank != 0) {
-        bail!("--rejoin-running is peer 0's (any other restarted peer rejoins with --resume alone)");
+        bail!(
+            "--rejoin-running is peer 0's (any other restarted peer rejoins with --resume alone)"
+        );
     }
     if peer.rejoin_running && resumable != Resumable::Rejoin {
         bail!(

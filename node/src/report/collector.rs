@@ -193,7 +193,10 @@ impl Collector {
                 self.membership(e.clone(), None)?;
             }
         }
-        let back = event("rejoined", format!("restarted; mixes again from round {at}"));
+        let back = event(
+            "rejoined",
+            format!("restarted; mixes again from round {at}"),
+        );
         self.membership(back, Some(at))
     }
 

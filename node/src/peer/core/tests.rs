@@ -203,9 +203,10 @@ fn a_loss_after_the_goodbyes_is_harmless() {
 }
 
 #[test]
-fn peer_0_cannot_leave() {
-    let mut c = core(1);
-    let err = c
+fn peer_0_leaves_like_any_peer_and_every_peer_links_to_its_new_process() {
+    // Peer 2 of the ring of 4 is no neighbour of peer 0, but sends it its reports.
+    let mut c = core(2);
+    let out = c
         .handle(
             Instant::now(),
             Input::Lost {
@@ -214,8 +215,28 @@ fn peer_0_cannot_leave() {
                 reason: "killed".into(),
             },
         )
-        .unwrap_err();
-    assert!(format!("{err:#}").contains("peer 0"), "{err:#}");
+        .unwrap();
+    assert_eq!(kinds(&out), ["drop", "broadcast"]);
+    assert!(c.membership.has_left(0));
+    // Peer 0's new process rejoins: peer 2 opens a link to it, for the reports.
+    let addr: SocketAddr = "127.0.0.1:4200".parse().unwrap();
+    let notice = crate::control::membership::encode_rejoin(1, (0, 20), 60, addr);
+    let out = c
+        .handle(
+            Instant::now(),
+            frame(FrameKind::Rejoin, 1, 60, &notice[FRAME_HEADER_LEN..]),
+        )
+        .unwrap();
+    assert_eq!(kinds(&out), ["connect", "broadcast"]);
+    assert!(matches!(
+        out[0],
+        Action::Connect {
+            to: 0,
+            incarnation: 20,
+            ..
+        }
+    ));
+    assert!(!c.membership.has_left(0));
 }
 
 #[test]
