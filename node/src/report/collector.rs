@@ -303,13 +303,23 @@ impl Collector {
         event: MembershipEvent,
         back_at: Option<u64>,
     ) -> anyhow::Result<()> {
-        report::append_json_line(&self.dir.join("membership.jsonl"), &event)?;
+        // A restarted peer 0 learns again what its record holds (an elastic run's empty
+        // ranks): recorded once.
+        let known = self.taken_up
+            && self.history.iter().any(|e| {
+                (e.event.as_str(), e.peer, e.round) == (event.event.as_str(), event.peer, event.round)
+            });
+        if !known {
+            report::append_json_line(&self.dir.join("membership.jsonl"), &event)?;
+        }
         let from = match back_at {
             None => usize::MAX,
             Some(at) => (at / self.rounds_per_epoch.max(1)) as usize + 1,
         };
         self.absent.insert(event.peer, from);
-        self.history.push(event);
+        if !known {
+            self.history.push(event);
+        }
         self.record_complete()
     }
 
