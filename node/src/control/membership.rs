@@ -32,6 +32,10 @@ pub struct Welcome {
     pub round: u64,
     /// Peers the sender knows to have left, the hello's sender excluded.
     pub departed: Vec<Rank>,
+    /// The welcome carries no parameters: its sender is no in-neighbour of the restarted
+    /// peer, which takes its x from those ([`Membership::welcome_carries_x`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub without_x: bool,
 }
 
 /// When an event is handled, as the driver reads it (the state machine reads no clock).
@@ -409,12 +413,33 @@ impl Membership {
         })
     }
 
-    /// This peer's answer to the hello of `to` at round `round` (its x follows in the frame).
-    pub fn welcome(&self, to: Rank, round: u64) -> Welcome {
+    /// This peer's answer to the hello of `to` at round `round` (its x follows in the
+    /// frame unless `without_x`, see [`Membership::welcome_carries_x`]).
+    pub fn welcome(&self, to: Rank, round: u64, w: &MixingMatrix) -> Welcome {
         Welcome {
             round,
             departed: self.departed.keys().copied().filter(|&r| r != to).collect(),
+            without_x: !self.welcome_carries_x(to, w),
         }
+    }
+
+    /// Whether this peer's welcome to the (re)joining peer `joiner` carries its parameters
+    /// x (`[d]`): the joiner starts from the mean x of its present in-neighbours, so only
+    /// they send it — unless it has none present (an elastic run's holes), when every peer
+    /// that welcomes it does (peer 0 at least, to which every peer links). On a directed or
+    /// time-varying graph (`w` not symmetric) every welcome carries x. This keeps peer 0,
+    /// which every joiner says hello to, from sending its x to every joiner.
+    pub fn welcome_carries_x(&self, joiner: Rank, w: &MixingMatrix) -> bool {
+        if !w.graph().is_symmetric() {
+            return true;
+        }
+        let present: Vec<Rank> = w
+            .in_weights(joiner)
+            .into_iter()
+            .map(|(j, _)| j)
+            .filter(|&j| j != joiner && !self.departed.contains_key(&j))
+            .collect();
+        present.is_empty() || present.contains(&self.me)
     }
 
     /// The ranks of an elastic run that nobody has taken yet (`empty`) are out of the run

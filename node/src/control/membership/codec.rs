@@ -239,6 +239,7 @@ mod tests {
         let welcome = Welcome {
             round: 150,
             departed: vec![6],
+            without_x: false,
         };
         let frame = encode_with_params(FrameKind::Welcome, 2, 150, &welcome, &[0.5, -1.0]).unwrap();
         let (w, x): (Welcome, Vec<f32>) =

@@ -248,7 +248,8 @@ fn a_hello_from_a_member_means_its_old_process_left() {
     );
     assert_eq!(d.reason, "it restarted: a new process said hello");
     // The welcome names the departed peers but the hello's sender.
-    let w = m.welcome(4, 78);
+    let ring = MixingMatrix::metropolis_hastings(&murmur_topology::Graph::ring(N).unwrap()).unwrap();
+    let w = m.welcome(4, 78, &ring);
     assert_eq!((w.round, w.departed), (78, vec![6]));
     // A second hello of the same process only closes its older connections.
     let Verdict::Accept(h) = m.on_hello(4, hello, now(78)) else {
@@ -273,6 +274,38 @@ fn a_hello_from_a_member_means_its_old_process_left() {
             Verdict::Refuse(Refusal::MalformedHello)
         ));
     }
+}
+
+/// A joiner takes the mean x of its present in-neighbours: only they send x in their
+/// welcomes, so peer 0 (to which every joiner says hello) does not send its x to every
+/// joiner; a joiner without a present in-neighbour gets x from every peer that welcomes it.
+#[test]
+fn only_in_neighbours_welcome_with_their_parameters_unless_none_is_present() {
+    let ring = MixingMatrix::metropolis_hastings(&murmur_topology::Graph::ring(N).unwrap()).unwrap();
+    // Peer 0 welcomes rank 4 of the ring of 8: its in-neighbours are 3 and 5.
+    let mut m = Membership::new(0, N);
+    assert!(!m.welcome_carries_x(4, &ring));
+    assert!(m.welcome(4, 10, &ring).without_x);
+    // Peer 3 is one of them.
+    assert!(Membership::new(3, N).welcome_carries_x(4, &ring));
+    // With 3 and 5 empty ranks (an elastic run), peer 0's x is needed.
+    m.start_empty(&[3, 5]);
+    assert!(m.welcome_carries_x(4, &ring));
+    assert!(!m.welcome(4, 10, &ring).without_x);
+    // Directed graphs: always.
+    let cycle: Vec<Vec<f64>> = (0..N)
+        .map(|i| {
+            (0..N)
+                .map(|j| match j {
+                    _ if j == i => 0.5,
+                    _ if j == (i + N - 1) % N => 0.5,
+                    _ => 0.0,
+                })
+                .collect()
+        })
+        .collect();
+    let directed = MixingMatrix::from_dense(cycle).unwrap();
+    assert!(Membership::new(0, N).welcome_carries_x(4, &directed));
 }
 
 #[test]
@@ -390,7 +423,14 @@ fn new_peers_taking_every_empty_rank_close_the_admission() {
 fn a_restarted_peer_rejoins_from_the_welcomes() {
     let mut m = Membership::new(2, N);
     m.start_empty(&[7]);
-    let welcome = |round, departed: Vec<Rank>| (Welcome { round, departed }, vec![0.0f32]);
+    let welcome = |round, departed: Vec<Rank>| {
+        let w = Welcome {
+            round,
+            departed,
+            without_x: false,
+        };
+        (w, vec![0.0f32])
+    };
     let welcomes: BTreeMap<Rank, _> = [
         (1, welcome(100, vec![6, 7])),
         (3, welcome(120, vec![2])),

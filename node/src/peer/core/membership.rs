@@ -207,15 +207,18 @@ impl PeerCore {
             Restart::Departed(d) => self.departure(*d, out)?,
             Restart::Unchanged => {}
         }
-        let welcome = self.membership.welcome(from, self.gossip.round());
-        let frame = encode_with_params(
-            FrameKind::Welcome,
-            self.rank,
-            welcome.round,
-            &welcome,
-            self.gossip.params(),
-        )?;
-        info!(from, round = welcome.round, "welcoming a restarted peer");
+        let welcome = self.membership.welcome(from, self.gossip.round(), &self.w);
+        let x: &[f32] = match welcome.without_x {
+            true => &[],
+            false => self.gossip.params(),
+        };
+        let frame = encode_with_params(FrameKind::Welcome, self.rank, welcome.round, &welcome, x)?;
+        info!(
+            from,
+            round = welcome.round,
+            bytes = frame.len(),
+            "welcoming a restarted or new peer"
+        );
         self.connect(from, hello.addr, Some(Bytes::from(frame)), out);
         Ok(())
     }
@@ -371,7 +374,15 @@ impl PeerCore {
         match header.kind {
             FrameKind::Hello => self.on_hello(now, from, payload, out),
             FrameKind::Welcome if self.first_frames.is_none() => {
-                match decode_with_params::<Welcome>(payload, self.gossip.params().len()) {
+                let d = self.gossip.params().len();
+                // A welcome from a peer that is no in-neighbour carries no x.
+                let decoded = decode_with_params::<Welcome>(payload, d).or_else(|e| {
+                    match decode_with_params::<Welcome>(payload, 0) {
+                        Ok((w, x)) if w.without_x => Ok((w, x)),
+                        _ => Err(e),
+                    }
+                });
+                match decoded {
                     Ok(w) => {
                         self.welcomes.insert(from, w);
                     }
@@ -460,12 +471,30 @@ impl PeerCore {
             .into_iter()
             .filter(|r| !departed.contains(r))
             .collect();
-        let xs: Vec<&[f32]> = in_peers
+        let mut xs: Vec<&[f32]> = in_peers
             .iter()
             .filter_map(|r| self.welcomes.get(r).map(|(_, x)| x.as_slice()))
+            .filter(|x| !x.is_empty())
             .collect();
         if xs.is_empty() {
-            bail!("--resume: none of the in-neighbours {in_peers:?} answered");
+            // No in-neighbour present (an elastic run's holes around this rank): start from
+            // the peers that answered with their x (peer 0 at least).
+            let donors: Vec<Rank> = (self.welcomes.iter())
+                .filter(|(_, (_, x))| !x.is_empty())
+                .map(|(&r, _)| r)
+                .collect();
+            info!(
+                ?donors,
+                "no in-neighbour of this peer is present: starting from the mean x of peers \
+                 {donors:?}, and training apart until a neighbour joins"
+            );
+            xs = donors
+                .iter()
+                .map(|r| self.welcomes[r].1.as_slice())
+                .collect();
+        }
+        if xs.is_empty() {
+            bail!("--resume: none of the in-neighbours {in_peers:?} answered, nor any other peer with its parameters");
         }
         let (_, mean) = consensus_distance(xs.iter().copied());
         let flood = self
