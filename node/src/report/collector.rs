@@ -77,6 +77,9 @@ pub(crate) struct Collector {
     /// A restarted peer 0 took up the record ([`Collector::take_up`]): reports of recorded
     /// epochs (sent again by the peers) are ignored.
     pub(crate) taken_up: bool,
+    /// The network's mean parameters x̄ (`[d]`) of the latest recorded epoch: the model
+    /// the run exports ([`write_model`]).
+    pub(crate) mean_x: Option<Vec<f32>>,
 }
 
 impl Collector {
@@ -104,6 +107,7 @@ impl Collector {
             carried: None,
             started: Instant::now(),
             taken_up: false,
+            mean_x: None,
         }
     }
 
@@ -307,7 +311,8 @@ impl Collector {
         // ranks): recorded once.
         let known = self.taken_up
             && self.history.iter().any(|e| {
-                (e.event.as_str(), e.peer, e.round) == (event.event.as_str(), event.peer, event.round)
+                (e.event.as_str(), e.peer, e.round)
+                    == (event.event.as_str(), event.peer, event.round)
             });
         if !known {
             report::append_json_line(&self.dir.join("membership.jsonl"), &event)?;
@@ -346,7 +351,9 @@ impl Collector {
                     distances: peer_distances(&slots),
                 },
             )?;
-            let row = self.aggregate(epoch, slots.into_iter().flatten().collect())?;
+            let all: Vec<Reported> = slots.into_iter().flatten().collect();
+            self.mean_x = Some(consensus_distance(all.iter().map(|(_, x)| x.as_slice())).1);
+            let row = self.aggregate(epoch, all)?;
             println!("{}", report::format_row(&row));
             report::append_json_line(&self.dir.join("epochs.jsonl"), &row)?;
             self.rows.push(row);
@@ -460,6 +467,31 @@ pub(crate) fn evaluate_epoch<B: burn::tensor::backend::Backend>(
         None => model::evaluate(eval, &shard.images, &shard.labels, EVAL_BATCH, device)?.1,
     };
     Ok((accuracy, test_loss, train_loss))
+}
+
+/// Writes the run's model — `net` (its architecture and any state beyond its parameters,
+/// such as BatchNorm statistics) with the parameters `x: [d]` — to `<dir>/model.safetensors`
+/// (SafeTensors, one named tensor per parameter as Burn names them, f32), through Burn's
+/// own store.
+///
+/// # Errors
+/// `x` does not fit `net`, or the file cannot be written.
+pub(crate) fn write_model<B: burn::tensor::backend::Backend>(
+    net: Net<B>,
+    x: &[f32],
+    dir: &std::path::Path,
+) -> anyhow::Result<std::path::PathBuf> {
+    use burn_store::{ModuleSnapshot, SafetensorsStore};
+    let path = dir.join("model.safetensors");
+    let model = model::unflatten(net, x)?;
+    let mut store = SafetensorsStore::from_file(path.clone())
+        .overwrite(true)
+        .metadata("producer", "murmur")
+        .metadata("murmur_version", env!("CARGO_PKG_VERSION"));
+    model
+        .save_into(&mut store)
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+    Ok(path)
 }
 
 /// The prompt of the end-of-run text sample.
@@ -593,6 +625,33 @@ mod tests {
         );
         assert_eq!((row.refused_frames, row.skipped), (3, 5));
         assert_eq!(row.wall_seconds, 12.5);
+    }
+
+    /// The exported model holds exactly the parameters it was given, under Burn's names,
+    /// and loads back into the same architecture.
+    #[test]
+    fn the_exported_model_loads_back_with_the_same_parameters() {
+        use burn_store::{ModuleSnapshot, SafetensorsStore};
+        type B = burn::backend::Flex;
+        let device = Default::default();
+        let net = Net::<B>::new(model::ModelKind::Mlp, &device);
+        let x: Vec<f32> = (0..203_530).map(|i| (i % 97) as f32 * 0.01 - 0.5).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_model(net, &x, dir.path()).unwrap();
+        let mut fresh = Net::<B>::new(model::ModelKind::Mlp, &device);
+        let applied = fresh
+            .load_from(&mut SafetensorsStore::from_file(path))
+            .unwrap();
+        assert!(
+            applied.errors.is_empty() && applied.missing.is_empty() && applied.unused.is_empty(),
+            "{applied:?}"
+        );
+        let mut back = Vec::new();
+        model::flatten(&fresh, &mut back);
+        assert_eq!(back, x);
+        // Parameters that do not fit the model are refused.
+        let short = Net::<B>::new(model::ModelKind::Mlp, &device);
+        assert!(write_model(short, &x[..10], dir.path()).is_err());
     }
 
     #[test]

@@ -248,7 +248,8 @@ fn a_hello_from_a_member_means_its_old_process_left() {
     );
     assert_eq!(d.reason, "it restarted: a new process said hello");
     // The welcome names the departed peers but the hello's sender.
-    let ring = MixingMatrix::metropolis_hastings(&murmur_topology::Graph::ring(N).unwrap()).unwrap();
+    let ring =
+        MixingMatrix::metropolis_hastings(&murmur_topology::Graph::ring(N).unwrap()).unwrap();
     let w = m.welcome(4, 78, &ring);
     assert_eq!((w.round, w.departed), (78, vec![6]));
     // A second hello of the same process only closes its older connections.
@@ -281,7 +282,8 @@ fn a_hello_from_a_member_means_its_old_process_left() {
 /// joiner; a joiner without a present in-neighbour gets x from every peer that welcomes it.
 #[test]
 fn only_in_neighbours_welcome_with_their_parameters_unless_none_is_present() {
-    let ring = MixingMatrix::metropolis_hastings(&murmur_topology::Graph::ring(N).unwrap()).unwrap();
+    let ring =
+        MixingMatrix::metropolis_hastings(&murmur_topology::Graph::ring(N).unwrap()).unwrap();
     // Peer 0 welcomes rank 4 of the ring of 8: its in-neighbours are 3 and 5.
     let mut m = Membership::new(0, N);
     assert!(!m.welcome_carries_x(4, &ring));

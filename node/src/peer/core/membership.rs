@@ -376,12 +376,13 @@ impl PeerCore {
             FrameKind::Welcome if self.first_frames.is_none() => {
                 let d = self.gossip.params().len();
                 // A welcome from a peer that is no in-neighbour carries no x.
-                let decoded = decode_with_params::<Welcome>(payload, d).or_else(|e| {
-                    match decode_with_params::<Welcome>(payload, 0) {
-                        Ok((w, x)) if w.without_x => Ok((w, x)),
-                        _ => Err(e),
-                    }
-                });
+                let decoded =
+                    decode_with_params::<Welcome>(payload, d).or_else(
+                        |e| match decode_with_params::<Welcome>(payload, 0) {
+                            Ok((w, x)) if w.without_x => Ok((w, x)),
+                            _ => Err(e),
+                        },
+                    );
                 match decoded {
                     Ok(w) => {
                         self.welcomes.insert(from, w);
