@@ -140,6 +140,12 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value_t = Init::Same)]
     #[serde(serialize_with = "as_text")]
     pub init: Init,
+    /// Every peer starts from the model in this SafeTensors file (overrides `--init`): a
+    /// run's `model.safetensors`, or any file with the tensors of `--model` under Burn's
+    /// names and shapes (a tensor missing, extra or of another shape is refused).
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<PathBuf>,
     /// mlp and cnn: a directory with standard IDX MNIST files (gzipped or not); default: the
     /// 8,000/2,000 real digits embedded in the binary. transformer: any byte file (gzipped
     /// or not), 90% to train, 10% held out; default: the King James Bible embedded in the
@@ -439,6 +445,9 @@ impl RunArgs {
     pub fn validate(&self) -> anyhow::Result<()> {
         if self.peers == 0 {
             bail!("--peers must be at least 1");
+        }
+        if let Some(path) = &self.train.init_from {
+            std::fs::metadata(path).with_context(|| format!("--init-from {}", path.display()))?;
         }
         if self.train.epochs == 0 {
             bail!("--epochs must be at least 1");

@@ -39,13 +39,13 @@ pub(super) fn run_on<B: AutodiffBackend>(
     let rounds_per_epoch = args.train.rounds_per_epoch.unwrap_or_else(|| {
         (data.train.len() as u64).div_ceil((start.n * args.train.batch_size) as u64)
     });
-    let (mut net, mut x) = init_model::<B>(args, &device, start.rank);
+    let (mut net, mut x) = init_model::<B>(args, &device, start.rank)?;
     let fingerprint = fingerprint(args, &topo, x.len(), rounds_per_epoch);
     let joined = join(args, peer, &start, &fingerprint, x.len())?;
     let rank = joined.me.rank;
     span.record("peer", rank);
     if rank != start.rank && args.train.init == Init::Independent {
-        (net, x) = init_model::<B>(args, &device, rank);
+        (net, x) = init_model::<B>(args, &device, rank)?;
     }
     let shard = data.train.subset(&shards[rank]);
     info!(d = x.len(), shard = shard.len(), rounds_per_epoch, topology = %topo.name, "peer starting");
@@ -154,12 +154,16 @@ pub(super) fn run_on<B: AutodiffBackend>(
 }
 
 /// A peer's model and its flat parameters `x: [d]`: with `--init same` every peer draws the
-/// same x⁰ from the seed, with `--init independent` from seed + rank.
+/// same x⁰ from the seed, with `--init independent` from seed + rank; with `--init-from`
+/// every peer reads it from that file.
+///
+/// # Errors
+/// `--init-from`'s file cannot be read or does not fit the model.
 fn init_model<B: AutodiffBackend>(
     args: &RunArgs,
     device: &B::Device,
     rank: Rank,
-) -> (Net<B>, Vec<f32>) {
+) -> anyhow::Result<(Net<B>, Vec<f32>)> {
     B::seed(
         device,
         match args.train.init {
@@ -167,10 +171,13 @@ fn init_model<B: AutodiffBackend>(
             Init::Independent => args.train.seed.wrapping_add(rank as u64),
         },
     );
-    let net = Net::<B>::new(args.train.model, device);
+    let mut net = Net::<B>::new(args.train.model, device);
+    if let Some(path) = &args.train.init_from {
+        net = model::load_safetensors(net, path)?;
+    }
     let mut x = Vec::new();
     model::flatten(&net, &mut x);
-    (net, x)
+    Ok((net, x))
 }
 
 /// What every peer of the run must agree on (checked by the bootstrap, kept in checkpoints).

@@ -631,24 +631,22 @@ mod tests {
     /// and loads back into the same architecture.
     #[test]
     fn the_exported_model_loads_back_with_the_same_parameters() {
-        use burn_store::{ModuleSnapshot, SafetensorsStore};
         type B = burn::backend::Flex;
         let device = Default::default();
         let net = Net::<B>::new(model::ModelKind::Mlp, &device);
         let x: Vec<f32> = (0..203_530).map(|i| (i % 97) as f32 * 0.01 - 0.5).collect();
         let dir = tempfile::tempdir().unwrap();
         let path = write_model(net, &x, dir.path()).unwrap();
-        let mut fresh = Net::<B>::new(model::ModelKind::Mlp, &device);
-        let applied = fresh
-            .load_from(&mut SafetensorsStore::from_file(path))
-            .unwrap();
-        assert!(
-            applied.errors.is_empty() && applied.missing.is_empty() && applied.unused.is_empty(),
-            "{applied:?}"
-        );
+        // --init-from reads it back bit for bit.
+        let fresh = Net::<B>::new(model::ModelKind::Mlp, &device);
+        let fresh = model::load_safetensors(fresh, &path).unwrap();
         let mut back = Vec::new();
         model::flatten(&fresh, &mut back);
         assert_eq!(back, x);
+        // Into another architecture it does not fit: refused, naming the file.
+        let cnn = Net::<B>::new(model::ModelKind::Cnn, &device);
+        let err = format!("{:#}", model::load_safetensors(cnn, &path).unwrap_err());
+        assert!(err.contains("--init-from"), "{err}");
         // Parameters that do not fit the model are refused.
         let short = Net::<B>::new(model::ModelKind::Mlp, &device);
         assert!(write_model(short, &x[..10], dir.path()).is_err());

@@ -747,6 +747,33 @@ pub fn unflatten_running_state<B: Backend, M: Module<B>>(model: M, s: &[f32]) ->
     unflatten_selected(model, s, StateFilter::running(), "running-state")
 }
 
+/// `net` with every tensor read from the SafeTensors file `path` (`--init-from`; e.g. a
+/// run's `model.safetensors`), through burn-store.
+///
+/// # Errors
+/// The file cannot be read, or its tensors do not match the model's: one missing, one the
+/// model has not, or one of another shape.
+pub fn load_safetensors<B: Backend>(
+    mut net: Net<B>,
+    path: &std::path::Path,
+) -> anyhow::Result<Net<B>> {
+    use burn_store::{ModuleSnapshot, SafetensorsStore};
+    let result = net
+        .load_from(&mut SafetensorsStore::from_file(path.to_path_buf()))
+        .map_err(|e| anyhow::anyhow!("--init-from {}: {e}", path.display()))?;
+    if !(result.errors.is_empty() && result.missing.is_empty() && result.unused.is_empty()) {
+        let missing: Vec<&str> = result.missing.iter().map(|(p, _)| p.as_str()).collect();
+        anyhow::bail!(
+            "--init-from {}: does not fit the model (missing {missing:?}, not in the model {:?}, \
+             errors {:?})",
+            path.display(),
+            result.unused,
+            result.errors
+        );
+    }
+    Ok(net)
+}
+
 /// The non-autodiff copy of a model, for evaluation.
 pub fn inference_copy<B: AutodiffBackend>(model: &Net<B>) -> Net<B::InnerBackend> {
     model.valid()

@@ -186,7 +186,10 @@ fn virtual_peers(
                 Init::Independent => args.train.seed.wrapping_add(rank as u64),
             };
             <B as burn::tensor::backend::Backend>::seed(device, seed);
-            let net = Net::<B>::new(args.train.model, device);
+            let mut net = Net::<B>::new(args.train.model, device);
+            if let Some(path) = &args.train.init_from {
+                net = model::load_safetensors(net, path)?;
+            }
             let mut x = Vec::new();
             model::flatten(&net, &mut x);
             lengths = model::tensor_lengths(&net);
