@@ -141,8 +141,9 @@ pub struct TrainArgs {
     #[serde(serialize_with = "as_text")]
     pub init: Init,
     /// Every peer starts from the model in this SafeTensors file (overrides `--init`): a
-    /// run's `model.safetensors`, or any file with the tensors of `--model` under Burn's
-    /// names and shapes (a tensor missing, extra or of another shape is refused).
+    /// run's `model.safetensors`, or any file with the tensors of `--model` in PyTorch's
+    /// conventions, names and shapes (a tensor missing or of another shape is refused; one
+    /// the model has not is ignored with a warning).
     #[arg(long, value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub init_from: Option<PathBuf>,

@@ -859,11 +859,12 @@ impl<B: AutodiffBackend> Training<'_, B> {
             s.set_membership(&c.history);
             let eval = model::inference_copy(&self.net);
             crate::report::collector::write_sample(&eval, args, out, &self.device)?;
-            // The trained model leaves the run: x̄ of the last epoch, in peer 0's model.
+            write_summary(out, &s)?;
+            // The trained model leaves the run: x̄ of the last epoch, in peer 0's model
+            // (after the summary, which a failure here must not cost).
             let x_bar = c.mean_x.as_deref().unwrap_or(&self.x);
             let path = crate::report::collector::write_model(eval, x_bar, out)?;
             info!(path = %path.display(), "wrote the network's mean model x̄");
-            write_summary(out, &s)?;
             println!("run folder: {}", out.display());
         }
         Ok(())

@@ -471,8 +471,9 @@ pub(crate) fn evaluate_epoch<B: burn::tensor::backend::Backend>(
 
 /// Writes the run's model — `net` (its architecture and any state beyond its parameters,
 /// such as BatchNorm statistics) with the parameters `x: [d]` — to `<dir>/model.safetensors`
-/// (SafeTensors, one named tensor per parameter as Burn names them, f32), through Burn's
-/// own store.
+/// (SafeTensors, f32), through Burn's own store, in PyTorch's conventions: a tensor per
+/// parameter named by the model's field path (`fc1.weight`), linear weights as
+/// [out, in] (`nn.Linear`'s layout), normalization scales and shifts as `weight`/`bias`.
 ///
 /// # Errors
 /// `x` does not fit `net`, or the file cannot be written.
@@ -481,10 +482,12 @@ pub(crate) fn write_model<B: burn::tensor::backend::Backend>(
     x: &[f32],
     dir: &std::path::Path,
 ) -> anyhow::Result<std::path::PathBuf> {
-    use burn_store::{ModuleSnapshot, SafetensorsStore};
+    use burn_store::{BurnToPyTorchAdapter, ModuleSnapshot, SafetensorsStore};
     let path = dir.join("model.safetensors");
     let model = model::unflatten(net, x)?;
     let mut store = SafetensorsStore::from_file(path.clone())
+        .with_to_adapter(BurnToPyTorchAdapter)
+        .skip_enum_variants(true)
         .overwrite(true)
         .metadata("producer", "murmur")
         .metadata("murmur_version", env!("CARGO_PKG_VERSION"));
@@ -650,6 +653,26 @@ mod tests {
         // Parameters that do not fit the model are refused.
         let short = Net::<B>::new(model::ModelKind::Mlp, &device);
         assert!(write_model(short, &x[..10], dir.path()).is_err());
+        // Every model round-trips, BatchNorm (ResNet-20) and LayerNorm (transformer) included.
+        for kind in [
+            model::ModelKind::Cnn,
+            model::ModelKind::Resnet20,
+            model::ModelKind::Transformer(model::TransformerConfig::default()),
+        ] {
+            let net = Net::<B>::new(kind, &device);
+            let mut x = Vec::new();
+            model::flatten(&net, &mut x);
+            let x: Vec<f32> = x
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v + (i % 7) as f32)
+                .collect();
+            let path = write_model(net, &x, dir.path()).unwrap();
+            let fresh = model::load_safetensors(Net::<B>::new(kind, &device), &path).unwrap();
+            let mut back = Vec::new();
+            model::flatten(&fresh, &mut back);
+            assert!(back == x, "{kind}");
+        }
     }
 
     #[test]

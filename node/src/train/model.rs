@@ -748,28 +748,38 @@ pub fn unflatten_running_state<B: Backend, M: Module<B>>(model: M, s: &[f32]) ->
 }
 
 /// `net` with every tensor read from the SafeTensors file `path` (`--init-from`; e.g. a
-/// run's `model.safetensors`), through burn-store.
+/// run's `model.safetensors`), through burn-store, in PyTorch's conventions (names by
+/// field path, linear weights [out, in]; see `report::collector::write_model`).
 ///
 /// # Errors
-/// The file cannot be read, or its tensors do not match the model's: one missing, one the
-/// model has not, or one of another shape.
+/// The file cannot be read, or its tensors do not match the model's: one missing, or one
+/// of another shape (tensors the model has not are ignored, with a warning).
 pub fn load_safetensors<B: Backend>(
     mut net: Net<B>,
     path: &std::path::Path,
 ) -> anyhow::Result<Net<B>> {
-    use burn_store::{ModuleSnapshot, SafetensorsStore};
+    use burn_store::{ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
+    let mut store = SafetensorsStore::from_file(path.to_path_buf())
+        .with_from_adapter(PyTorchToBurnAdapter)
+        .skip_enum_variants(true);
     let result = net
-        .load_from(&mut SafetensorsStore::from_file(path.to_path_buf()))
+        .load_from(&mut store)
         .map_err(|e| anyhow::anyhow!("--init-from {}: {e}", path.display()))?;
-    if !(result.errors.is_empty() && result.missing.is_empty() && result.unused.is_empty()) {
+    if !(result.errors.is_empty() && result.missing.is_empty()) {
         let missing: Vec<&str> = result.missing.iter().map(|(p, _)| p.as_str()).collect();
         anyhow::bail!(
-            "--init-from {}: does not fit the model (missing {missing:?}, not in the model {:?}, \
-             errors {:?})",
+            "--init-from {}: does not fit the model (missing {missing:?}, errors {:?})",
             path.display(),
-            result.unused,
             result.errors
         );
+    }
+    // burn-store lists a normalization layer's PyTorch-named `weight`/`bias` as unused
+    // even when it applied them as Burn's `gamma`/`beta`: only other names are extra.
+    let extra: Vec<&String> = (result.unused.iter())
+        .filter(|u| !(u.ends_with(".weight") || u.ends_with(".bias")))
+        .collect();
+    if !extra.is_empty() {
+        tracing::warn!(file = %path.display(), ?extra, "--init-from: tensors the model does not have were ignored");
     }
     Ok(net)
 }
