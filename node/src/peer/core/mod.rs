@@ -220,8 +220,8 @@ impl PeerCore {
     /// Handles `input`, which happened at `now`, and returns what to do.
     ///
     /// # Errors
-    /// The run cannot go on here: peer 0 left, the survivors cannot re-weight W, the
-    /// algorithm cannot continue without a departed peer.
+    /// The run cannot go on here: the survivors cannot re-weight W, or the algorithm
+    /// cannot continue without a departed peer (peer 0 included).
     pub(crate) fn handle(&mut self, now: Instant, input: Input) -> anyhow::Result<Vec<Action>> {
         let mut out = Vec::new();
         match input {
