@@ -97,6 +97,18 @@ impl Launch {
     }
 
     /// Waits for the launcher to exit; its status, stdout and stderr.
+    /// Kills peer `rank` with SIGKILL once epoch 2 is recorded, and expects the launcher to
+    /// complete the run `within` that long: returns its stdout and the summary.
+    fn kill_and_finish(&mut self, rank: usize, within: Duration) -> (String, Value) {
+        self.wait_for_epoch(2);
+        signal(self.peer(rank), libc::SIGKILL);
+        let (status, out, err) = self.finish(within);
+        assert!(status.success(), "{out}\n{err}");
+        let s = self.summary();
+        assert_eq!(text(&s["outcome"]), "completed");
+        (out, s)
+    }
+
     fn finish(&mut self, within: Duration) -> (ExitStatus, String, String) {
         let t0 = Instant::now();
         let status = loop {
@@ -182,17 +194,11 @@ fn text(v: &Value) -> &str {
 #[test]
 fn a_killed_peer_is_restarted_and_rejoins_under_restart_failed() {
     let mut l = Launch::start(&["--epochs=8", "--checkpoint-every=16", "--restart-failed"]);
-    l.wait_for_epoch(2);
-    let victim = l.peer(2);
-    signal(victim, libc::SIGKILL);
-    let (status, out, err) = l.finish(Duration::from_secs(240));
-    assert!(status.success(), "{out}\n{err}");
+    let (out, s) = l.kill_and_finish(2, Duration::from_secs(240));
     assert!(
         out.contains("peer 2 failed (SIGKILL)") && out.contains("restarting it with --resume"),
         "{out}"
     );
-    let s = l.summary();
-    assert_eq!(text(&s["outcome"]), "completed");
     assert!(text(&s["peer_failures"]).starts_with("2:SIGKILL@"), "{s}");
     assert!(text(&s["restarts"]).starts_with("2@"), "{s}");
     assert!(text(&s["rejoins"]).starts_with("2@"), "{s}");
@@ -206,17 +212,12 @@ fn a_killed_peer_is_restarted_and_rejoins_under_restart_failed() {
 #[test]
 fn a_killed_peer_0_is_restarted_and_the_record_goes_on_without_a_gap() {
     let mut l = Launch::start(&["--epochs=8", "--checkpoint-every=16", "--restart-failed"]);
-    l.wait_for_epoch(2);
-    signal(l.peer(0), libc::SIGKILL);
-    let (status, out, err) = l.finish(Duration::from_secs(240));
-    assert!(status.success(), "{out}\n{err}");
+    let (out, s) = l.kill_and_finish(0, Duration::from_secs(240));
     assert!(
         out.contains("peer 0 failed (SIGKILL)")
             && out.contains("peer 0 restarted with --resume --rejoin-running"),
         "{out}"
     );
-    let s = l.summary();
-    assert_eq!(text(&s["outcome"]), "completed");
     assert!(text(&s["peer_failures"]).starts_with("0:SIGKILL@"), "{s}");
     assert!(text(&s["rejoins"]).starts_with("0@"), "{s}");
     assert_eq!(s["epochs"].as_u64(), Some(8));
@@ -248,21 +249,13 @@ fn the_launcher_tells_the_others_at_once_that_a_peer_died() {
         "--peer-timeout-secs=120",
         "--round-timeout-secs=300",
     ]);
-    l.wait_for_epoch(2);
-    let victim = l.peer(3);
-    let killed = Instant::now();
-    signal(victim, libc::SIGKILL);
     // Its neighbours would wait 120 s for it without the notice.
-    let (status, out, err) = l.finish(Duration::from_secs(60));
-    assert!(status.success(), "{out}\n{err}");
-    assert!(killed.elapsed() < Duration::from_secs(60));
+    let (out, s) = l.kill_and_finish(3, Duration::from_secs(60));
     assert!(
         out.contains("peer 3 left the run at round")
             && out.contains("its process exited (SIGKILL), as the launcher saw"),
         "{out}"
     );
-    let s = l.summary();
-    assert_eq!(text(&s["outcome"]), "completed");
     assert!(text(&s["departures"]).starts_with("3@"), "{s}");
     assert!(s["final_mean_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");
 }

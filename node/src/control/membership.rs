@@ -603,19 +603,7 @@ impl Membership {
     /// The record (event `joined` if `new`, else `rejoined`) of peer `back` mixing from
     /// round `at`, at `now`.
     pub fn rejoin_record(back: Rank, at: u64, new: bool, now: Now) -> MembershipEvent {
-        MembershipEvent {
-            event: if new { "joined" } else { "rejoined" }.into(),
-            peer: back,
-            round: at,
-            epoch: now.epoch,
-            wall_seconds: now.wall_seconds,
-            noticed_by: back,
-            reason: if new {
-                format!("a new peer; mixes from round {at}")
-            } else {
-                format!("restarted; mixes again from round {at}")
-            },
-        }
+        MembershipEvent::back(back, at, new, (now.epoch, now.wall_seconds))
     }
 
     /// This restarted peer's plan from the `welcomes` to its hellos (by sender: the welcome

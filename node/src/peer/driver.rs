@@ -23,15 +23,19 @@ pub(super) struct Driver {
     pub(super) admitted: Admitted,
     /// Peer 0 only: where its bootstrap learns that a new peer mixes with the run.
     pub(super) settle: Option<tokio::sync::mpsc::UnboundedSender<Rank>>,
-    /// Peers other than 0: the report frames of the latest epochs (at most
-    /// [`KEPT_REPORTS`]), sent again to a restarted peer 0 once linked to it: the reports
+    /// Peers other than 0: the report frames of the latest epochs ([`KEPT_REPORTS`]), sent
+    /// again to a restarted peer 0 once linked to it: the reports
     /// sent to its previous process shortly before it died, and those made while it was
     /// away, may not have been recorded.
     pub(super) kept_reports: std::collections::VecDeque<Bytes>,
 }
 
-/// How many of its latest epoch reports a peer keeps for a restarted peer 0.
+/// How many of its latest epoch reports a peer keeps for a restarted peer 0: at most this
+/// many, and beyond the latest 2 no more than [`KEPT_REPORT_BYTES`] in all (a report
+/// carries the peer's x: 4d bytes).
 const KEPT_REPORTS: usize = 8;
+/// The memory the kept reports may take beyond the latest 2 (bytes).
+const KEPT_REPORT_BYTES: usize = 256 << 20;
 
 impl Driver {
     /// Peer 0: tells the bootstrap of each new peer whose first round this peer has
@@ -250,10 +254,13 @@ impl Driver {
             return c.add(report, x.to_vec());
         }
         let frame = Bytes::from(encode_report(self.core.rank, &report, x)?);
-        if self.kept_reports.len() == KEPT_REPORTS {
+        self.kept_reports.push_back(frame.clone());
+        let bytes = |k: &std::collections::VecDeque<Bytes>| k.iter().map(Bytes::len).sum::<usize>();
+        while self.kept_reports.len() > KEPT_REPORTS
+            || self.kept_reports.len() > 2 && bytes(&self.kept_reports) > KEPT_REPORT_BYTES
+        {
             self.kept_reports.pop_front();
         }
-        self.kept_reports.push_back(frame.clone());
         match self.links.get(&0) {
             Some(_) => self.send(0, frame),
             // Peer 0 left: the report waits for its new process.

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use murmur_gossip::{consensus_distance, Rank};
 use serde::{Deserialize, Serialize};
 
@@ -123,14 +123,7 @@ impl Collector {
     /// A line of the record does not parse.
     pub(crate) fn take_up(&mut self) -> anyhow::Result<()> {
         let rows_path = self.dir.join("epochs.jsonl");
-        let text = std::fs::read_to_string(&rows_path).unwrap_or_default();
-        let mut rows = Vec::new();
-        for line in text.lines() {
-            rows.push(
-                serde_json::from_str::<EpochRow>(line)
-                    .with_context(|| format!("reading {}", rows_path.display()))?,
-            );
-        }
+        let rows: Vec<EpochRow> = report::read_json_lines(&rows_path)?;
         let since_written = std::fs::metadata(&rows_path)
             .and_then(|m| m.modified())
             .ok()
@@ -143,11 +136,9 @@ impl Collector {
         });
         self.started = Instant::now();
         self.rows = rows;
-        let events_path = self.dir.join("membership.jsonl");
-        let text = std::fs::read_to_string(&events_path).unwrap_or_default();
-        for line in text.lines() {
-            let e: MembershipEvent = serde_json::from_str(line)
-                .with_context(|| format!("reading {}", events_path.display()))?;
+        let events: Vec<MembershipEvent> =
+            report::read_json_lines(&self.dir.join("membership.jsonl"))?;
+        for e in events {
             let from = match e.event.as_str() {
                 "left" | "empty" => usize::MAX,
                 _ => (e.round / self.rounds_per_epoch.max(1)) as usize + 1,
@@ -176,20 +167,18 @@ impl Collector {
         let at_epoch = (at / self.rounds_per_epoch.max(1)) as usize + 1;
         let wall = self.started.elapsed().as_secs_f64()
             + self.carried.as_ref().map_or(0.0, |c| c.wall_seconds);
-        let event = |event: &str, reason: String| MembershipEvent {
-            event: event.into(),
+        let recorded = self.rows.last().map_or(0, |r| r.epoch);
+        let left = MembershipEvent {
+            event: "left".into(),
             peer: 0,
             round: at,
             epoch: at_epoch,
             wall_seconds: wall,
             noticed_by: 0,
-            reason,
+            reason: format!(
+                "its process died; a new one took up the record after epoch {recorded}"
+            ),
         };
-        let recorded = self.rows.last().map_or(0, |r| r.epoch);
-        let left = event(
-            "left",
-            format!("its process died; a new one took up the record after epoch {recorded}"),
-        );
         report::append_json_line(&self.dir.join("membership.jsonl"), &left)?;
         self.history.push(left);
         for (&r, e) in departed {
@@ -197,10 +186,7 @@ impl Collector {
                 self.membership(e.clone(), None)?;
             }
         }
-        let back = event(
-            "rejoined",
-            format!("restarted; mixes again from round {at}"),
-        );
+        let back = MembershipEvent::back(0, at, false, (at_epoch, wall));
         self.membership(back, Some(at))
     }
 
@@ -263,15 +249,8 @@ impl Collector {
         peer0_wall_seconds: Option<f64>,
     ) -> anyhow::Result<()> {
         let path = self.dir.join("epochs.jsonl");
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        let mut rows = Vec::new();
-        for line in text.lines() {
-            let row: EpochRow = serde_json::from_str(line)
-                .with_context(|| format!("reading {}", path.display()))?;
-            if row.epoch < first_epoch {
-                rows.push(row);
-            }
-        }
+        let mut rows: Vec<EpochRow> = report::read_json_lines(&path)?;
+        rows.retain(|r| r.epoch < first_epoch);
         let mut jsonl = Vec::new();
         for r in &rows {
             jsonl.extend(serde_json::to_vec(r)?);
@@ -352,8 +331,8 @@ impl Collector {
                 },
             )?;
             let all: Vec<Reported> = slots.into_iter().flatten().collect();
-            self.mean_x = Some(consensus_distance(all.iter().map(|(_, x)| x.as_slice())).1);
-            let row = self.aggregate(epoch, all)?;
+            let (row, x_bar) = self.aggregate(epoch, all)?;
+            self.mean_x = Some(x_bar);
             println!("{}", report::format_row(&row));
             report::append_json_line(&self.dir.join("epochs.jsonl"), &row)?;
             self.rows.push(row);
@@ -365,18 +344,25 @@ impl Collector {
         Ok(())
     }
 
-    pub(crate) fn aggregate(&self, epoch: usize, all: Vec<Reported>) -> anyhow::Result<EpochRow> {
-        let row = epoch_row(
+    /// The row of `epoch` from `all` its reports (totals continued after a resume), and the
+    /// peers' mean x̄ (`[d]`).
+    pub(crate) fn aggregate(
+        &self,
+        epoch: usize,
+        all: Vec<Reported>,
+    ) -> anyhow::Result<(EpochRow, Vec<f32>)> {
+        let (row, x_bar) = epoch_row(
             epoch,
             &all,
             &self.test,
             self.kind,
             self.started.elapsed().as_secs_f64(),
         )?;
-        Ok(match &self.carried {
+        let row = match &self.carried {
             Some(before) => continue_totals(before, row),
             None => row,
-        })
+        };
+        Ok((row, x_bar))
     }
 }
 
@@ -396,14 +382,15 @@ pub(crate) fn continue_totals(before: &EpochRow, mut row: EpochRow) -> EpochRow 
 
 /// The network's row for `epoch` from every peer's report and parameters: accuracy
 /// spread, consensus distance Ξ², accuracy of the averaged model x̄ on `test`, and the
-/// per-peer means. `wall_seconds` is the run's clock (real or simulated).
+/// per-peer means; and x̄ (`[d]`) itself. `wall_seconds` is the run's clock (real or
+/// simulated).
 pub(crate) fn epoch_row(
     epoch: usize,
     all: &[Reported],
     test: &Dataset,
     kind: model::ModelKind,
     wall_seconds: f64,
-) -> anyhow::Result<EpochRow> {
+) -> anyhow::Result<(EpochRow, Vec<f32>)> {
     let n = all.len() as f64;
     let (xi2, avg) = consensus_distance(all.iter().map(|(_, x)| x.as_slice()));
     let device = Default::default();
@@ -416,7 +403,7 @@ pub(crate) fn epoch_row(
     let acc =
         |f: fn(f64, f64) -> f64, init: f64| all.iter().map(|(r, _)| r.test_accuracy).fold(init, f);
     let mean = |g: fn(&PeerEpoch) -> f64| all.iter().map(|(r, _)| g(r)).sum::<f64>() / n;
-    Ok(EpochRow {
+    let row = EpochRow {
         epoch,
         phase: all
             .first()
@@ -440,7 +427,8 @@ pub(crate) fn epoch_row(
         wall_seconds,
         peers: all.len(),
         skipped: all.iter().map(|(r, _)| r.totals.skipped).sum(),
-    })
+    };
+    Ok((row, avg))
 }
 
 /// A peer's numbers at the end of an epoch: test accuracy and loss of `eval` on `test`, and

@@ -62,6 +62,15 @@ pub(crate) fn decode_with_params<T: serde::de::DeserializeOwned>(
     payload: &[u8],
     d: usize,
 ) -> anyhow::Result<(T, Vec<f32>)> {
+    decode_with_params_sized(payload, |_| d)
+}
+
+/// [`decode_with_params`] where the JSON part says how many parameters follow (`d` of the
+/// decoded value; a welcome without x: 0).
+pub(crate) fn decode_with_params_sized<T: serde::de::DeserializeOwned>(
+    payload: &[u8],
+    d: impl FnOnce(&T) -> usize,
+) -> anyhow::Result<(T, Vec<f32>)> {
     let json_len = payload
         .get(..4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
@@ -70,7 +79,7 @@ pub(crate) fn decode_with_params<T: serde::de::DeserializeOwned>(
         .get(4..4 + json_len)
         .ok_or_else(|| anyhow!("report truncated"))?;
     let value: T = serde_json::from_slice(json).context("JSON part")?;
-    let mut x = vec![0.0f32; d];
+    let mut x = vec![0.0f32; d(&value)];
     murmur_compress::decode_into(&payload[4 + json_len..], &mut x).context("parameters")?;
     Ok((value, x))
 }

@@ -190,6 +190,26 @@ pub struct MembershipEvent {
     pub reason: String,
 }
 
+impl MembershipEvent {
+    /// The record (event `joined` if `new`, else `rejoined`) of peer `back` mixing from
+    /// round `at`, at peer 0's `epoch` and `wall_seconds`.
+    pub fn back(back: usize, at: u64, new: bool, (epoch, wall_seconds): (usize, f64)) -> Self {
+        MembershipEvent {
+            event: if new { "joined" } else { "rejoined" }.into(),
+            peer: back,
+            round: at,
+            epoch,
+            wall_seconds,
+            noticed_by: back,
+            reason: if new {
+                format!("a new peer; mixes from round {at}")
+            } else {
+                format!("restarted; mixes again from round {at}")
+            },
+        }
+    }
+}
+
 /// The run summary (`summary.json`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Summary {
@@ -305,6 +325,20 @@ pub fn save_summary(dir: &Path, summary: &Summary) -> anyhow::Result<()> {
         &serde_json::to_vec_pretty(summary)?,
     )?;
     write_atomic(&dir.join("summary.csv"), to_csv(&[summary])?.as_bytes())
+}
+
+/// The values of the JSON lines of `path`, in order (none if the file does not exist).
+///
+/// # Errors
+/// The file cannot be read, or a line is not a `T` (the error names the file).
+pub fn read_json_lines<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<Vec<T>> {
+    let text = match std::fs::read_to_string(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        r => r.with_context(|| format!("reading {}", path.display()))?,
+    };
+    text.lines()
+        .map(|l| serde_json::from_str(l).with_context(|| format!("reading {}", path.display())))
+        .collect()
 }
 
 /// Appends one JSON line to `path`, creating it if needed.

@@ -324,7 +324,6 @@ pub async fn discover(
         .listen_on(listen.addr.clone())
         .with_context(|| format!("cannot listen on {} (--listen)", listen.addr))?;
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut saved_to = None;
     let (directory, late, use_relay) = match role {
         Role::Bootstrap {
             initial,
@@ -353,8 +352,11 @@ pub async fn discover(
             // Offer the record again, now that the initial peers are in the routing table.
             let addrs: Vec<Multiaddr> = swarm.listeners().cloned().collect();
             publish_record(&mut swarm, &key, &addrs);
-            saved_to = directory_file;
-            (directory, Some((joined, settled, relay)), true)
+            (
+                directory,
+                Some((joined, settled, relay, directory_file)),
+                true,
+            )
         }
         Role::Join {
             bootstrap,
@@ -394,13 +396,13 @@ pub async fn discover(
         .and_then(|p| p.peer_id.parse().ok());
     let (requests, mut asked) = tokio::sync::mpsc::channel::<Pending>(16);
     let client = match &late {
-        Some((_, _, relay)) => relay.clone().map_or(RelayClient::Off, RelayClient::Local),
+        Some((_, _, relay, _)) => relay.clone().map_or(RelayClient::Off, RelayClient::Local),
         None if use_relay => RelayClient::Remote(requests),
         None => RelayClient::Off,
     };
     tokio::spawn(async move {
         match late {
-            Some((joined, settled, relay)) => {
+            Some((joined, settled, relay, directory_file)) => {
                 let mut late = LateJoins {
                     dir,
                     fingerprint,
@@ -411,7 +413,7 @@ pub async fn discover(
                     limit: timeout,
                     observed: Default::default(),
                     relay,
-                    directory_file: saved_to,
+                    directory_file,
                 };
                 late.run(swarm, settled).await
             }

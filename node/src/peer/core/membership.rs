@@ -21,7 +21,7 @@ use crate::control::membership::{
     RejoinError, Restart, Verdict, Welcome,
 };
 use crate::plane::Incarnation;
-use crate::report::frames::{decode_with_params, encode_with_params};
+use crate::report::frames::{decode_with_params_sized, encode_with_params};
 
 /// A restarted peer's agreed way back, from [`PeerCore::plan_rejoin`].
 #[derive(Debug)]
@@ -376,14 +376,8 @@ impl PeerCore {
             FrameKind::Welcome if self.first_frames.is_none() => {
                 let d = self.gossip.params().len();
                 // A welcome from a peer that is no in-neighbour carries no x.
-                let decoded =
-                    decode_with_params::<Welcome>(payload, d).or_else(
-                        |e| match decode_with_params::<Welcome>(payload, 0) {
-                            Ok((w, x)) if w.without_x => Ok((w, x)),
-                            _ => Err(e),
-                        },
-                    );
-                match decoded {
+                let sized = |w: &Welcome| if w.without_x { 0 } else { d };
+                match decode_with_params_sized::<Welcome>(payload, sized) {
                     Ok(w) => {
                         self.welcomes.insert(from, w);
                     }

@@ -42,6 +42,15 @@ fn core(rank: Rank) -> PeerCore {
     PeerCore::new(Box::new(gossip), setup, Instant::now())
 }
 
+/// The connection to or from `peer`'s process of `incarnation` was lost (`why`).
+fn lost(peer: Rank, incarnation: Incarnation, why: &str) -> Input {
+    Input::Lost {
+        peer,
+        incarnation,
+        reason: why.into(),
+    }
+}
+
 /// A frame of `kind` from `from` at `round` with `payload`.
 fn frame(kind: FrameKind, from: Rank, round: u64, payload: &[u8]) -> Input {
     let mut bytes = Vec::new();
@@ -83,16 +92,7 @@ fn kinds(actions: &[Action]) -> Vec<&'static str> {
 fn a_lost_neighbour_is_a_departure_told_to_all_and_recorded_by_peer_0() {
     let mut c = core(0);
     let now = Instant::now();
-    let out = c
-        .handle(
-            now,
-            Input::Lost {
-                peer: 1,
-                incarnation: 10,
-                reason: "closed".into(),
-            },
-        )
-        .unwrap();
+    let out = c.handle(now, lost(1, 10, "closed")).unwrap();
     assert_eq!(kinds(&out), ["drop", "broadcast", "record"]);
     assert!(matches!(
         out[0],
@@ -131,32 +131,14 @@ fn a_lost_neighbour_is_a_departure_told_to_all_and_recorded_by_peer_0() {
     assert!(late.is_empty());
     assert_eq!(c.refused_frames, 0);
     // Told again (a second connection, a neighbour's notice): nothing more to do.
-    let again = c
-        .handle(
-            now,
-            Input::Lost {
-                peer: 1,
-                incarnation: 10,
-                reason: "again".into(),
-            },
-        )
-        .unwrap();
+    let again = c.handle(now, lost(1, 10, "again")).unwrap();
     assert_eq!(kinds(&again), ["drop"]);
 }
 
 #[test]
 fn a_lost_connection_of_an_old_process_closes_its_links_and_departs_no_one() {
     let mut c = core(0);
-    let out = c
-        .handle(
-            Instant::now(),
-            Input::Lost {
-                peer: 1,
-                incarnation: 7,
-                reason: "timed out".into(),
-            },
-        )
-        .unwrap();
+    let out = c.handle(Instant::now(), lost(1, 7, "timed out")).unwrap();
     assert_eq!(kinds(&out), ["drop"]);
     assert!(matches!(out[0], Action::DropLinks { peer: 1, before: 8 }));
     assert!(!c.membership.has_left(1), "incarnation 10 is the member");
@@ -188,16 +170,7 @@ fn a_loss_after_the_goodbyes_is_harmless() {
         c.handle(Instant::now(), Input::LinkDone { to: p }).unwrap();
     }
     assert!(c.goodbyes.settled());
-    let out = c
-        .handle(
-            Instant::now(),
-            Input::Lost {
-                peer: 2,
-                incarnation: 10,
-                reason: "closed".into(),
-            },
-        )
-        .unwrap();
+    let out = c.handle(Instant::now(), lost(2, 10, "closed")).unwrap();
     assert!(out.is_empty());
     assert!(!c.membership.has_left(2));
 }
@@ -206,16 +179,7 @@ fn a_loss_after_the_goodbyes_is_harmless() {
 fn peer_0_leaves_like_any_peer_and_every_peer_links_to_its_new_process() {
     // Peer 2 of the ring of 4 is no neighbour of peer 0, but sends it its reports.
     let mut c = core(2);
-    let out = c
-        .handle(
-            Instant::now(),
-            Input::Lost {
-                peer: 0,
-                incarnation: 10,
-                reason: "killed".into(),
-            },
-        )
-        .unwrap();
+    let out = c.handle(Instant::now(), lost(0, 10, "killed")).unwrap();
     assert_eq!(kinds(&out), ["drop", "broadcast"]);
     assert!(c.membership.has_left(0));
     // Peer 0's new process rejoins: peer 2 opens a link to it, for the reports.

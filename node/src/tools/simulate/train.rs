@@ -128,7 +128,7 @@ pub(super) fn run(setup: &Setup<'_>) -> anyhow::Result<()> {
             .into_iter()
             .filter(|(r, _)| !byzantine.contains(&r.peer))
             .collect();
-        let row = epoch_row(
+        let (row, _) = epoch_row(
             epoch,
             &reports,
             &data.test,
