@@ -56,9 +56,37 @@ MOMENTUM = 0.9
 # --------------------------------------------------------------------------------------
 
 
+# The modules' attribute names are murmur's field names, so that a run's
+# model.safetensors loads into them with load_state_dict unchanged (evaluate_model.py).
+
+
+class Mlp(nn.Module):
+    """784-256-10 multilayer perceptron with ReLU (d = 203,530); input pixels / 255."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(784, 256)
+        self.fc2 = nn.Linear(256, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.relu(self.fc1(x)))
+
+
 def mlp() -> nn.Module:
-    """784-256-10 multilayer perceptron with ReLU (d = 203,530)."""
-    return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
+    """See Mlp."""
+    return Mlp()
+
+
+class Shortcut(nn.Module):
+    """conv1x1(stride) + BN: the shortcut of a block that changes width or resolution."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, kernel_size=1, stride=stride, bias=False)
+        self.bn = nn.BatchNorm2d(c_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.conv(x))
 
 
 def conv3x3(c_in: int, c_out: int, stride: int = 1) -> nn.Conv2d:
@@ -80,10 +108,7 @@ class BasicBlock(nn.Module):
         self.conv2 = conv3x3(c_out, c_out)
         self.bn2 = nn.BatchNorm2d(c_out)
         if stride != 1 or c_in != c_out:
-            self.shortcut: nn.Module = nn.Sequential(
-                nn.Conv2d(c_in, c_out, kernel_size=1, stride=stride, bias=False),
-                nn.BatchNorm2d(c_out),
-            )
+            self.shortcut: nn.Module = Shortcut(c_in, c_out, stride)
         else:
             self.shortcut = nn.Identity()
 
@@ -111,13 +136,13 @@ class ResNet20(nn.Module):
                 stride = 2 if (i > 0 and j == 0) else 1
                 layers.append(BasicBlock(c_in, width, stride))
                 c_in = width
-        self.layers = nn.Sequential(*layers)
+        self.blocks = nn.Sequential(*layers)
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(64, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.bn(self.conv(x)))
-        x = self.layers(x)
+        x = self.blocks(x)
         x = self.pool(x).flatten(1)
         return self.fc(x)
 
@@ -136,10 +161,10 @@ class CausalSelfAttention(nn.Module):
         assert d_model % heads == 0
         self.heads = heads
         self.kernel = kernel
-        self.q = nn.Linear(d_model, d_model)
-        self.k = nn.Linear(d_model, d_model)
-        self.v = nn.Linear(d_model, d_model)
-        self.out = nn.Linear(d_model, d_model)
+        self.query = nn.Linear(d_model, d_model)
+        self.key = nn.Linear(d_model, d_model)
+        self.value = nn.Linear(d_model, d_model)
+        self.output = nn.Linear(d_model, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
@@ -148,7 +173,7 @@ class CausalSelfAttention(nn.Module):
         def split(y: torch.Tensor) -> torch.Tensor:
             return y.view(b, t, h, c // h).transpose(1, 2)  # [B, H, T, C/H]
 
-        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
         if self.kernel == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
@@ -156,7 +181,7 @@ class CausalSelfAttention(nn.Module):
             mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
             scores = scores.masked_fill(mask, float("-inf"))
             y = scores.softmax(dim=-1) @ v
-        return self.out(y.transpose(1, 2).reshape(b, t, c))
+        return self.output(y.transpose(1, 2).reshape(b, t, c))
 
 
 class Block(nn.Module):
@@ -164,14 +189,26 @@ class Block(nn.Module):
 
     def __init__(self, d_model: int, heads: int, d_ff: int, kernel: str) -> None:
         super().__init__()
-        self.ln1 = nn.LayerNorm(d_model)
+        self.ln_1 = nn.LayerNorm(d_model)
         self.attn = CausalSelfAttention(d_model, heads, kernel)
-        self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+        self.ln_2 = nn.LayerNorm(d_model)
+        self.mlp = FeedForward(d_model, d_ff)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class FeedForward(nn.Module):
+    """Linear(d_model, d_ff), GELU, Linear(d_ff, d_model)."""
+
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d_model, d_ff)
+        self.proj = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))
 
 
 class TransformerLM(nn.Module):
@@ -180,19 +217,18 @@ class TransformerLM(nn.Module):
 
     def __init__(self, kernel: str = "sdpa") -> None:
         super().__init__()
-        self.tok = nn.Embedding(VOCAB, D_MODEL)
-        self.pos = nn.Embedding(CONTEXT, D_MODEL)
+        self.token_embedding = nn.Embedding(VOCAB, D_MODEL)
+        self.position_embedding = nn.Parameter(torch.randn(CONTEXT, D_MODEL) * 0.02)
         self.blocks = nn.Sequential(
             *[Block(D_MODEL, HEADS, D_FF, kernel) for _ in range(LAYERS)]
         )
-        self.ln = nn.LayerNorm(D_MODEL)
+        self.ln_f = nn.LayerNorm(D_MODEL)
         self.head = nn.Linear(D_MODEL, VOCAB)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         t = tokens.shape[1]
-        positions = torch.arange(t, device=tokens.device)
-        x = self.tok(tokens) + self.pos(positions)
-        return self.head(self.ln(self.blocks(x)))  # [B, T, VOCAB]
+        x = self.token_embedding(tokens) + self.position_embedding[:t]
+        return self.head(self.ln_f(self.blocks(x)))  # [B, T, VOCAB]
 
 
 def parameter_count(model: nn.Module) -> int:

@@ -84,7 +84,8 @@ pub struct RunArgs {
 #[derive(Debug, Clone, Args, Serialize)]
 #[command(next_help_heading = "Training")]
 pub struct TrainArgs {
-    /// Model to train: mlp and cnn on MNIST, resnet20 on synthetic 3×32×32 images,
+    /// Model to train: mlp and cnn on MNIST, resnet20 on CIFAR-10 (--data DIR) or synthetic
+    /// 3×32×32 images,
     /// transformer (byte-level language model) on the King James Bible or --data FILE. The
     /// transformer's sizes: transformer:layers=N,d_model=N,heads=N,context=N,d_ff=N (any
     /// of them; defaults 2, 128, 4, 64, 512).
@@ -150,7 +151,9 @@ pub struct TrainArgs {
     /// mlp and cnn: a directory with standard IDX MNIST files (gzipped or not); default: the
     /// 8,000/2,000 real digits embedded in the binary. transformer: any byte file (gzipped
     /// or not), 90% to train, 10% held out; default: the King James Bible embedded in the
-    /// binary. resnet20 trains on synthetic data.
+    /// binary. resnet20: a directory with CIFAR-10's binary files (data_batch_1.bin …
+    /// data_batch_5.bin, test_batch.bin, or their folder cifar-10-batches-bin); default:
+    /// synthetic images.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<PathBuf>,
@@ -533,17 +536,6 @@ impl RunArgs {
         }
         if self.train.rounds_per_epoch == Some(0) {
             bail!("--rounds-per-epoch must be at least 1");
-        }
-        if self.train.model == ModelKind::Resnet20 {
-            if let Some(dir) = &self.train.data {
-                bail!(
-                    "--data {}: --model {} takes {} and trains on synthetic data; \
-                     --data reads MNIST (mlp, cnn) or a text file (transformer)",
-                    dir.display(),
-                    self.train.model,
-                    self.train.model.input()
-                );
-            }
         }
         if matches!(
             self.train.model.input(),

@@ -255,14 +255,13 @@ fn the_shipped_run_configs_are_valid() {
 }
 
 #[test]
-fn models_on_synthetic_data_refuse_mnist_files_and_label_splits() {
+fn token_models_refuse_label_splits() {
     let parse_line = |line: &str| parse(&line.split(' ').collect::<Vec<_>>());
     let run = parse_line("murmur launch --model resnet20").unwrap();
     assert_eq!(run.train.model, ModelKind::Resnet20);
     parse_line("murmur launch --model resnet20 --partition dirichlet:0.5").unwrap();
     parse_line("murmur launch --model transformer").unwrap();
     for (line, expect) in [
-        ("murmur launch --model resnet20 --data /mnist", "synthetic"),
         (
             "murmur launch --model transformer --partition dirichlet",
             "class labels",

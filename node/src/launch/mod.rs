@@ -256,7 +256,7 @@ fn announce(args: &RunArgs, topo: &murmur_topology::Topology, run_dir: &Path) {
         crate::config::count(args.peers, "peer"),
         args.algorithm_name(),
         args.compressor_label(),
-        args.train.model.with_data(),
+        args.train.model.with_data(args.train.data.as_deref()),
         args.train.device,
         crate::config::count(args.train.epochs, "epoch"),
         run_dir.display()

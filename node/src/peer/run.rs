@@ -675,6 +675,11 @@ impl<B: AutodiffBackend> Training<'_, B> {
             test_accuracy,
             test_loss,
             totals: self.totals(),
+            running_state: {
+                let mut s = Vec::new();
+                model::flatten_running_state(&self.net, &mut s);
+                s
+            },
         };
         info!(
             epoch,
@@ -701,7 +706,13 @@ impl<B: AutodiffBackend> Training<'_, B> {
                 sent.join(" ")
             );
         }
-        report::append_json_line(&self.peer_log, &report)?;
+        report::append_json_line(
+            &self.peer_log,
+            &PeerEpoch {
+                running_state: Vec::new(),
+                ..report.clone()
+            },
+        )?;
         self.drv.report(report.clone(), &self.x)?;
         Ok(report)
     }
@@ -860,9 +871,16 @@ impl<B: AutodiffBackend> Training<'_, B> {
             let eval = model::inference_copy(&self.net);
             crate::report::collector::write_sample(&eval, args, out, &self.device)?;
             write_summary(out, &s)?;
-            // The trained model leaves the run: x̄ of the last epoch, in peer 0's model
-            // (after the summary, which a failure here must not cost).
-            let x_bar = c.mean_x.as_deref().unwrap_or(&self.x);
+            // The trained model leaves the run: x̄ of the last epoch with the peers' mean
+            // BatchNorm statistics, the model the x̄ column evaluated (after the summary,
+            // which a failure here must not cost).
+            let (x_bar, eval) = match &c.mean {
+                Some(m) if !m.running_state.is_empty() => {
+                    (m.x.as_slice(), model::unflatten_running_state(eval, &m.running_state)?)
+                }
+                Some(m) => (m.x.as_slice(), eval),
+                None => (self.x.as_slice(), eval),
+            };
             let path = crate::report::collector::write_model(eval, x_bar, out)?;
             info!(path = %path.display(), "wrote the network's mean model x̄");
             println!("run folder: {}", out.display());

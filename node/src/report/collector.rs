@@ -77,9 +77,9 @@ pub(crate) struct Collector {
     /// A restarted peer 0 took up the record ([`Collector::take_up`]): reports of recorded
     /// epochs (sent again by the peers) are ignored.
     pub(crate) taken_up: bool,
-    /// The network's mean parameters x̄ (`[d]`) of the latest recorded epoch: the model
-    /// the run exports ([`write_model`]).
-    pub(crate) mean_x: Option<Vec<f32>>,
+    /// The network's averaged model of the latest recorded epoch (x̄ and the mean BatchNorm
+    /// statistics): the model the run exports ([`write_model`]).
+    pub(crate) mean: Option<MeanModel>,
 }
 
 impl Collector {
@@ -107,7 +107,7 @@ impl Collector {
             carried: None,
             started: Instant::now(),
             taken_up: false,
-            mean_x: None,
+            mean: None,
         }
     }
 
@@ -331,8 +331,8 @@ impl Collector {
                 },
             )?;
             let all: Vec<Reported> = slots.into_iter().flatten().collect();
-            let (row, x_bar) = self.aggregate(epoch, all)?;
-            self.mean_x = Some(x_bar);
+            let (row, mean) = self.aggregate(epoch, all)?;
+            self.mean = Some(mean);
             println!("{}", report::format_row(&row));
             report::append_json_line(&self.dir.join("epochs.jsonl"), &row)?;
             self.rows.push(row);
@@ -345,13 +345,13 @@ impl Collector {
     }
 
     /// The row of `epoch` from `all` its reports (totals continued after a resume), and the
-    /// peers' mean x̄ (`[d]`).
+    /// averaged model.
     pub(crate) fn aggregate(
         &self,
         epoch: usize,
         all: Vec<Reported>,
-    ) -> anyhow::Result<(EpochRow, Vec<f32>)> {
-        let (row, x_bar) = epoch_row(
+    ) -> anyhow::Result<(EpochRow, MeanModel)> {
+        let (row, mean) = epoch_row(
             epoch,
             &all,
             &self.test,
@@ -362,7 +362,7 @@ impl Collector {
             Some(before) => continue_totals(before, row),
             None => row,
         };
-        Ok((row, x_bar))
+        Ok((row, mean))
     }
 }
 
@@ -380,23 +380,55 @@ pub(crate) fn continue_totals(before: &EpochRow, mut row: EpochRow) -> EpochRow 
     row
 }
 
+/// The network's averaged model: x̄ (`[d]`) and the mean of the peers' BatchNorm running
+/// statistics (`[s]`, empty for a model without BatchNorm).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct MeanModel {
+    /// x̄ = (1/n) Σ x_i.
+    pub(crate) x: Vec<f32>,
+    /// (1/n) Σ s_i over the peers' running means and variances: what PyTorch's gossip
+    /// implementations average with the state dict. Empty when a report has none.
+    pub(crate) running_state: Vec<f32>,
+}
+
+/// The element-wise mean of the peers' running statistics, or empty when one peer reported
+/// none or they differ in length.
+fn mean_running_state(all: &[Reported]) -> Vec<f32> {
+    let Some(len) = all.first().map(|(r, _)| r.running_state.len()) else {
+        return Vec::new();
+    };
+    if len == 0 || all.iter().any(|(r, _)| r.running_state.len() != len) {
+        return Vec::new();
+    }
+    let mut mean = vec![0.0f64; len];
+    for (r, _) in all {
+        for (m, &v) in mean.iter_mut().zip(&r.running_state) {
+            *m += f64::from(v);
+        }
+    }
+    mean.into_iter().map(|m| (m / all.len() as f64) as f32).collect()
+}
+
 /// The network's row for `epoch` from every peer's report and parameters: accuracy
-/// spread, consensus distance Ξ², accuracy of the averaged model x̄ on `test`, and the
-/// per-peer means; and x̄ (`[d]`) itself. `wall_seconds` is the run's clock (real or
-/// simulated).
+/// spread, consensus distance Ξ², accuracy of the averaged model on `test`, and the
+/// per-peer means; and the averaged model itself (x̄ with the peers' mean BatchNorm
+/// statistics, the model that is evaluated and exported). `wall_seconds` is the run's
+/// clock (real or simulated).
 pub(crate) fn epoch_row(
     epoch: usize,
     all: &[Reported],
     test: &Dataset,
     kind: model::ModelKind,
     wall_seconds: f64,
-) -> anyhow::Result<(EpochRow, Vec<f32>)> {
+) -> anyhow::Result<(EpochRow, MeanModel)> {
     let n = all.len() as f64;
     let (xi2, avg) = consensus_distance(all.iter().map(|(_, x)| x.as_slice()));
+    let running_state = mean_running_state(all);
     let device = Default::default();
-    // A fresh model: for resnet20 its BatchNorm running statistics are the initial ones
-    // (mean 0, variance 1), since they are not parameters and nobody mixes them.
-    let eval = model::unflatten(Net::<burn::backend::Flex>::new(kind, &device), &avg)?;
+    let mut eval = model::unflatten(Net::<burn::backend::Flex>::new(kind, &device), &avg)?;
+    if !running_state.is_empty() {
+        eval = model::unflatten_running_state(eval, &running_state)?;
+    }
     let (avg_acc, avg_loss) =
         model::evaluate(&eval, &test.images, &test.labels, EVAL_BATCH, &device)?;
     let tokens = matches!(eval.input(), model::Input::Tokens { .. });
@@ -428,7 +460,13 @@ pub(crate) fn epoch_row(
         peers: all.len(),
         skipped: all.iter().map(|(r, _)| r.totals.skipped).sum(),
     };
-    Ok((row, avg))
+    Ok((
+        row,
+        MeanModel {
+            x: avg,
+            running_state,
+        },
+    ))
 }
 
 /// A peer's numbers at the end of an epoch: test accuracy and loss of `eval` on `test`, and
@@ -661,6 +699,37 @@ mod tests {
             model::flatten(&fresh, &mut back);
             assert!(back == x, "{kind}");
         }
+    }
+
+    #[test]
+    fn the_averaged_model_carries_the_peers_mean_batchnorm_statistics() {
+        type B = burn::backend::Flex;
+        let device = Default::default();
+        let kind = model::ModelKind::Resnet20;
+        let net = Net::<B>::new(kind, &device);
+        let (mut x, mut s) = (Vec::new(), Vec::new());
+        model::flatten(&net, &mut x);
+        model::flatten_running_state(&net, &mut s);
+        let peer = |shift: f32| {
+            let mut r = report();
+            r.running_state = s.iter().map(|v| v + shift).collect();
+            (r, x.clone())
+        };
+        let test = Dataset::synthetic(net.input(), 8, 3);
+        let (row, mean) = epoch_row(1, &[peer(0.5), peer(1.5)], &test, kind, 0.0).unwrap();
+        let want: Vec<f32> = s.iter().map(|v| v + 1.0).collect();
+        assert_eq!(mean.running_state, want);
+        // The x̄ column evaluates exactly that model.
+        let eval = model::unflatten_running_state(model::unflatten(net, &mean.x).unwrap(), &want)
+            .unwrap();
+        let (acc, loss) = model::evaluate(&eval, &test.images, &test.labels, EVAL_BATCH, &device)
+            .unwrap();
+        assert_eq!((row.avg_model_test_accuracy, row.avg_model_test_loss), (acc, loss));
+        // A peer without statistics (or of another length): none are averaged.
+        let mut odd = peer(0.0);
+        odd.0.running_state.pop();
+        let (_, mean) = epoch_row(1, &[peer(0.5), odd], &test, kind, 0.0).unwrap();
+        assert!(mean.running_state.is_empty());
     }
 
     #[test]

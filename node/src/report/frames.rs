@@ -110,6 +110,7 @@ pub(crate) mod tests {
                 skipped: 0,
                 wall_seconds: 4.0,
             },
+            running_state: vec![0.25, 1.5],
         }
     }
 

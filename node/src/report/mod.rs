@@ -37,6 +37,11 @@ pub struct PeerEpoch {
     /// line's `bytes_sent`, `compute_seconds`, …).
     #[serde(flatten)]
     pub totals: PeerTotals,
+    /// The BatchNorm running statistics of this peer's model (`[s]`,
+    /// `model::flatten_running_state`; empty for a model without BatchNorm): in the report
+    /// frame only, for the collector's x̄, which carries their mean. Not in the JSON lines.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub running_state: Vec<f32>,
 }
 
 /// A peer's running totals as its [`PeerEpoch`] reports them: kept in its checkpoints, so

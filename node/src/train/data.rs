@@ -26,6 +26,7 @@ use rand_distr::Distribution;
 
 use crate::train::model::{Input, ModelKind};
 
+pub mod cifar;
 mod partition;
 pub mod text;
 pub use partition::{partition, Partition, DEFAULT_DIRICHLET_ALPHA};
@@ -189,15 +190,33 @@ pub enum DataError {
         /// Bytes needed.
         needed: usize,
     },
-    /// MNIST files were given for a model that trains on synthetic data.
-    #[error("{model} takes {input} and trains on synthetic data; the MNIST files in {dir} are for mlp and cnn")]
-    NotMnist {
+    /// `--data DIR` was given for a model that does not read what is in it.
+    #[error("{model} takes {input}; {dir} {reason}")]
+    WrongData {
         /// The model.
         model: String,
         /// What the model takes, in words.
         input: String,
-        /// The MNIST directory that was given.
+        /// The directory that was given.
         dir: PathBuf,
+        /// What the directory holds and which models read it.
+        reason: String,
+    },
+    /// A CIFAR-10 file is absent from the folder.
+    #[error("CIFAR-10 file {file} not found in {dir} (the folder cifar-10-batches-bin of cifar-10-binary.tar.gz holds data_batch_1.bin … data_batch_5.bin and test_batch.bin)")]
+    CifarMissing {
+        /// The file's name.
+        file: String,
+        /// The folder searched.
+        dir: PathBuf,
+    },
+    /// A record file (CIFAR-10) that is not what its format says.
+    #[error("{file}: {reason}")]
+    BadRecord {
+        /// The file.
+        file: String,
+        /// What is wrong, with the record's position.
+        reason: String,
     },
     /// [`partition`] cannot satisfy its request (no peers, more peers than
     /// samples, invalid alpha).
@@ -235,7 +254,8 @@ impl Batches {
     }
 
     /// Fills `images` (`[b, features]`) and `labels` (`[b]`) with the next
-    /// b = min(`batch`, shard length) samples of `shard` (cleared first).
+    /// b = min(`batch`, shard length) samples of `shard` (cleared first), each augmented
+    /// as the shard says ([`Dataset::augment`]) with this sampler's random numbers.
     pub fn next_batch(
         &mut self,
         shard: &Dataset,
@@ -252,7 +272,10 @@ impl Batches {
             }
             let i = self.order[self.cursor];
             self.cursor += 1;
-            images.extend_from_slice(shard.image(i));
+            match &shard.augment {
+                None => images.extend_from_slice(shard.image(i)),
+                Some(a) => a.apply(shard.image(i), (shard.rows, shard.cols), &mut self.rng, images),
+            }
             labels.push(shard.labels[i]);
         }
     }
@@ -262,15 +285,15 @@ impl Batches {
 /// sequences (see [`Input`]).
 ///
 /// `images` holds `len() * channels * rows * cols` values, sample after
-/// sample: shape `[len, features()]`. For images these are pixels in `[0, 1]`
-/// (for MNIST the IDX byte divided by 255), channel after channel, each
-/// row-major; `labels` holds `len()` classes (digits `0..=9` for MNIST). A
+/// sample: shape `[len, features()]`. For images these are pixels, channel after
+/// channel, each row-major: in `[0, 1]` for MNIST (the IDX byte divided by 255) and
+/// synthetic images, normalised per channel for CIFAR-10 ([`cifar`]); `labels` holds `len()` classes (digits `0..=9` for MNIST). A
 /// token data set ([`Dataset::synthetic`] for [`Input::Tokens`]) has one row
 /// (`channels = rows = 1`) of `cols` = context + 1 token ids, exact integers
 /// in f32, and labels 0.
 #[derive(Clone, PartialEq)]
 pub struct Dataset {
-    /// Sample values, shape `[len, features()]`: pixels in `[0, 1]`, or token ids.
+    /// Sample values, shape `[len, features()]`: pixels, or token ids.
     pub images: Vec<f32>,
     /// Labels (classes), shape `[len]`.
     pub labels: Vec<u8>,
@@ -280,6 +303,9 @@ pub struct Dataset {
     pub rows: usize,
     /// Image width, pixels.
     pub cols: usize,
+    /// How training batches augment each image (`None`: taken as stored). Kept by
+    /// [`Dataset::subset`]; CIFAR-10's training set has [`cifar::CropFlip::cifar10`].
+    pub augment: Option<cifar::CropFlip>,
 }
 
 impl fmt::Debug for Dataset {
@@ -337,6 +363,7 @@ impl Dataset {
             channels: self.channels,
             rows: self.rows,
             cols: self.cols,
+            augment: self.augment.clone(),
         }
     }
 
@@ -364,6 +391,7 @@ impl Dataset {
             channels: 1,
             rows,
             cols,
+            augment: None,
         })
     }
 }
@@ -397,6 +425,7 @@ impl Dataset {
                     channels,
                     rows: height,
                     cols: width,
+                    augment: None,
                 }
             }
             Input::Tokens { vocab, .. } => {
@@ -408,6 +437,7 @@ impl Dataset {
                     channels: 1,
                     rows: 1,
                     cols: f,
+                    augment: None,
                 }
             }
         }
@@ -430,22 +460,32 @@ pub struct RunData {
 }
 
 impl RunData {
-    /// The data `model` trains on. MNIST models ([`ModelKind::takes_mnist`]): the IDX files
-    /// in `mnist_dir` ([`Mnist::load_dir`]), or the embedded digits. The language model:
-    /// the byte file `mnist_dir`, or the embedded King James Bible ([`text`]). The others: a synthetic
-    /// training set of [`SYNTHETIC_TRAIN_LEN`] and test set of [`SYNTHETIC_TEST_LEN`]
-    /// samples of the model's [`Input`] ([`Dataset::synthetic`]), drawn from `seed`.
+    /// The data `model` trains on, from `--data` (`data`) or built in:
+    /// - MNIST models ([`ModelKind::takes_mnist`]): the IDX files in the folder `data`
+    ///   ([`Mnist::load_dir`]), or the embedded digits;
+    /// - ResNet-20: CIFAR-10's binary files in the folder `data` ([`cifar::load_dir`]), or a
+    ///   synthetic training set of [`SYNTHETIC_TRAIN_LEN`] and test set of
+    ///   [`SYNTHETIC_TEST_LEN`] samples ([`Dataset::synthetic`], drawn from `seed`);
+    /// - the language model: the byte file `data`, or the embedded King James Bible
+    ///   ([`text`]).
     ///
     /// # Errors
-    /// A [`DataError`] for a missing or malformed MNIST file, or [`DataError::NotMnist`] if
-    /// `mnist_dir` is given for a model that trains on synthetic data.
-    pub fn load(
-        model: ModelKind,
-        mnist_dir: Option<&Path>,
-        seed: u64,
-    ) -> Result<RunData, DataError> {
+    /// A [`DataError`] for a missing or malformed file, or [`DataError::WrongData`] if
+    /// `data` holds what the model does not read (CIFAR-10 for an MNIST model, MNIST for
+    /// ResNet-20).
+    pub fn load(model: ModelKind, data: Option<&Path>, seed: u64) -> Result<RunData, DataError> {
+        let input = model.input();
+        let wrong = |dir: &Path, reason: &str| DataError::WrongData {
+            model: model.to_string(),
+            input: input.to_string(),
+            dir: dir.to_owned(),
+            reason: reason.to_owned(),
+        };
         if model.takes_mnist() {
-            let mnist = match mnist_dir {
+            let mnist = match data {
+                Some(dir) if cifar::find(dir).is_some() => {
+                    return Err(wrong(dir, "holds CIFAR-10 (3×32×32), which resnet20 reads"))
+                }
                 Some(dir) => Mnist::load_dir(dir)?,
                 None => Mnist::embedded()?,
             };
@@ -454,16 +494,18 @@ impl RunData {
                 test: mnist.test,
             });
         }
-        let input = model.input();
         if let Input::Tokens { context, .. } = input {
-            return text::split(&text::corpus(mnist_dir)?, context);
+            return text::split(&text::corpus(data)?, context);
         }
-        if let Some(dir) = mnist_dir {
-            return Err(DataError::NotMnist {
-                model: model.to_string(),
-                input: input.to_string(),
-                dir: dir.to_owned(),
-            });
+        if let Some(dir) = data {
+            if cifar::find(dir).is_some() {
+                return cifar::load_dir(dir);
+            }
+            return Err(wrong(
+                dir,
+                "holds no CIFAR-10 binary files (data_batch_1.bin … test_batch.bin, here or in \
+                 cifar-10-batches-bin/); MNIST files are for mlp and cnn",
+            ));
         }
         // One stream: the test samples follow the training samples.
         let all = Dataset::synthetic(input, SYNTHETIC_TRAIN_LEN + SYNTHETIC_TEST_LEN, seed);

@@ -45,7 +45,7 @@ pub enum ModelKind {
     /// to 10 classes, on MNIST (d = 20,490).
     Cnn,
     /// ResNet-20 for 3×32×32 images and 10 classes (He et al. 2016; d = 272,474), on
-    /// synthetic images.
+    /// CIFAR-10 (`--data DIR`) or synthetic images.
     Resnet20,
     /// Decoder-only transformer language model over bytes (vocabulary 256) with these
     /// sizes, on the King James Bible (or --data FILE).
@@ -196,18 +196,20 @@ impl ModelKind {
         }
     }
 
-    /// Whether the model trains on MNIST digits (`mlp`, `cnn`); the others train on
-    /// synthetic samples of their [`Input`] (`Dataset::synthetic`).
+    /// Whether the model trains on MNIST digits (`mlp`, `cnn`); ResNet-20 trains on
+    /// CIFAR-10 or synthetic images, the transformer on text.
     pub fn takes_mnist(self) -> bool {
         matches!(self, ModelKind::Mlp | ModelKind::Cnn)
     }
 
-    /// The name, followed by what it trains on unless MNIST (` (synthetic data)`, ` on
-    /// text`): for the header lines of runs.
-    pub fn with_data(self) -> String {
+    /// The name, followed by what it trains on unless MNIST (` on CIFAR-10`, ` (synthetic
+    /// data)`, ` on text`) when `data` (`--data`) is or is not given: for the header lines
+    /// of runs.
+    pub fn with_data(self, data: Option<&std::path::Path>) -> String {
         match self {
             ModelKind::Mlp | ModelKind::Cnn => self.to_string(),
             ModelKind::Transformer(_) => format!("{self} on text"),
+            ModelKind::Resnet20 if data.is_some() => format!("{self} on CIFAR-10"),
             ModelKind::Resnet20 => format!("{self} (synthetic data)"),
         }
     }

@@ -421,7 +421,7 @@ fn print_header(
         args.algorithm_name(),
         args.compressor_label(),
         args.topology_label(topo),
-        args.train.model.with_data(),
+        args.train.model.with_data(args.train.data.as_deref()),
         crate::config::count(args.train.epochs, "epoch"),
         sim.describe(net_model),
         compute_secs * 1e3,

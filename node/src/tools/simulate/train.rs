@@ -272,11 +272,17 @@ fn evaluate_peers(
                 skipped: stats.skipped,
                 wall_seconds: sim_net.now_secs(),
             },
+            running_state: Vec::new(),
         };
         report::append_json_line(
             &dir.join("peers").join(format!("peer-{rank}.jsonl")),
             &report,
         )?;
+        // The virtual peers share one model, hence its BatchNorm statistics.
+        let mut report = report;
+        if let Some(net) = net.as_ref() {
+            model::flatten_running_state(net, &mut report.running_state);
+        }
         reports.push((report, x));
     }
     Ok(reports)

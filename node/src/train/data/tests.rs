@@ -408,7 +408,132 @@ fn run_data_is_mnist_or_synthetic_by_model() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("resnet20") && err.contains("synthetic") && err.contains("/data/mnist"),
+        err.contains("resnet20") && err.contains("no CIFAR-10") && err.contains("/data/mnist"),
         "{err}"
     );
+}
+
+/// One CIFAR-10 record: `label`, then the red, green and blue planes, pixel (c, r, col) of
+/// value `(seed + 7c + 3r + col) mod 256`.
+fn cifar_record(label: u8, seed: usize) -> Vec<u8> {
+    let mut v = vec![label];
+    for c in 0..3 {
+        for r in 0..32 {
+            v.extend((0..32).map(|col| ((seed + 7 * c + 3 * r + col) % 256) as u8));
+        }
+    }
+    v
+}
+
+/// A CIFAR-10 folder: each training file holds `per_file` records, the test file 3.
+fn cifar_dir(per_file: usize) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join(cifar::FOLDER);
+    std::fs::create_dir(&folder).unwrap();
+    for (f, name) in cifar::TRAIN_FILES.iter().enumerate() {
+        let bytes: Vec<u8> = (0..per_file)
+            .flat_map(|i| cifar_record(((f + i) % 10) as u8, 10 * f + i))
+            .collect();
+        std::fs::write(folder.join(name), bytes).unwrap();
+    }
+    let test: Vec<u8> = (0..3).flat_map(|i| cifar_record(9 - i as u8, 100 + i)).collect();
+    std::fs::write(folder.join(cifar::TEST_FILE), test).unwrap();
+    dir
+}
+
+#[test]
+fn cifar10_binary_files_are_read_normalised_in_record_order() {
+    let dir = cifar_dir(2);
+    // `--data` may name the extracted folder or the folder that holds it.
+    for data in [dir.path().to_owned(), dir.path().join(cifar::FOLDER)] {
+        let run = RunData::load(ModelKind::Resnet20, Some(&data), 1).unwrap();
+        assert_eq!((run.train.len(), run.test.len()), (10, 3));
+        assert_eq!((run.train.channels, run.train.rows, run.train.cols), (3, 32, 32));
+        // data_batch_1 first, then _2 …: file f's record i has label (f + i) mod 10.
+        assert_eq!(run.train.labels, [0, 1, 1, 2, 2, 3, 3, 4, 4, 5]);
+        assert_eq!(run.test.labels, [9, 8, 7]);
+        assert_eq!(run.train.augment, Some(cifar::CropFlip::cifar10()));
+        assert_eq!(run.test.augment, None, "test images are not augmented");
+        // Record 3 is data_batch_2's second (seed 11); pixel (c, r, col) normalised.
+        let image = run.train.image(3);
+        for (c, r, col) in [(0, 0, 0), (1, 5, 31), (2, 31, 7)] {
+            let byte = ((11 + 7 * c + 3 * r + col) % 256) as f32;
+            let want = (byte / 255.0 - cifar::MEAN[c]) / cifar::STD[c];
+            assert_eq!(image[c * 1024 + r * 32 + col], want, "pixel ({c}, {r}, {col})");
+        }
+    }
+    // The shard keeps the augmentation.
+    let run = RunData::load(ModelKind::Resnet20, Some(dir.path()), 1).unwrap();
+    assert_eq!(run.train.subset(&[1, 2]).augment, run.train.augment);
+}
+
+#[test]
+fn bad_cifar10_files_get_one_clear_error_each() {
+    let parse = |bytes: &[u8]| cifar::parse("f.bin", bytes).unwrap_err().to_string();
+    let mut two = cifar_record(1, 0);
+    two.extend(cifar_record(2, 1));
+    let err = parse(&two[..two.len() - 100]);
+    assert!(err.contains("f.bin") && err.contains("record 1 is truncated"), "{err}");
+    let err = parse(&cifar_record(10, 0));
+    assert!(err.contains("record 0 has label 10"), "{err}");
+    assert!(parse(&[]).contains("empty"));
+    // A missing file is named, with the folder.
+    let dir = cifar_dir(1);
+    let folder = dir.path().join(cifar::FOLDER);
+    std::fs::remove_file(folder.join("data_batch_4.bin")).unwrap();
+    let err = RunData::load(ModelKind::Resnet20, Some(dir.path()), 1)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("data_batch_4.bin not found") && err.contains(cifar::FOLDER), "{err}");
+    // CIFAR-10 for a model of MNIST digits.
+    let err = RunData::load(ModelKind::Cnn, Some(dir.path()), 1)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cnn") && err.contains("resnet20 reads"), "{err}");
+}
+
+#[test]
+fn crop_flip_shifts_and_mirrors_whole_images_and_pads_with_the_fill() {
+    let (rows, cols, pad) = (6, 5, 2);
+    let aug = cifar::CropFlip {
+        padding: pad,
+        fill: vec![-1.0, -2.0],
+    };
+    // Pixel (c, r, col) holds 100c + 10r + col: every value tells where it came from.
+    let image: Vec<f32> = (0..2)
+        .flat_map(|c| (0..rows).flat_map(move |r| (0..cols).map(move |col| (100 * c + 10 * r + col) as f32)))
+        .collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..400 {
+        let mut out = Vec::new();
+        aug.apply(&image, (rows, cols), &mut rng, &mut out);
+        assert_eq!(out.len(), image.len());
+        // Exactly one (dy, dx, flip) explains every output pixel.
+        let fits: Vec<_> = (-2..=2isize)
+            .flat_map(|dy| (-2..=2isize).flat_map(move |dx| [(dy, dx, false), (dy, dx, true)]))
+            .filter(|&(dy, dx, flip)| {
+                (0..2).all(|c| {
+                    (0..rows).all(|r| {
+                        (0..cols).all(|col| {
+                            let sc = if flip { cols - 1 - col } else { col } as isize + dx;
+                            let sr = r as isize + dy;
+                            let want = if (0..rows as isize).contains(&sr)
+                                && (0..cols as isize).contains(&sc)
+                            {
+                                image[c * rows * cols + sr as usize * cols + sc as usize]
+                            } else {
+                                aug.fill[c]
+                            };
+                            out[c * rows * cols + r * cols + col] == want
+                        })
+                    })
+                })
+            })
+            .collect();
+        assert_eq!(fits.len(), 1, "{fits:?}");
+        seen.insert(fits[0]);
+    }
+    // Every shift in ±padding, flipped and not, is drawn.
+    assert_eq!(seen.len(), 5 * 5 * 2);
 }

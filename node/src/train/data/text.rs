@@ -93,6 +93,7 @@ fn sequences(bytes: &[u8], starts: &[usize], len: usize) -> Dataset {
         channels: 1,
         rows: 1,
         cols: len,
+        augment: None,
     }
 }
 

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Evaluate a run's model.safetensors outside murmur, in PyTorch, and compare with the run.
+
+Loads <run>/model.safetensors into the reference PyTorch model of pytorch_bench.py (whose
+attribute names are murmur's field names) with load_state_dict, evaluates it on the run's
+test set, and prints its accuracy beside the x̄ accuracy the run recorded
+(summary.json: final_avg_model_test_accuracy). Exits 1 if they differ by more than
+--tolerance percentage points.
+
+    python3 experiments/bench/evaluate_model.py runs/<run-id>
+    python3 experiments/bench/evaluate_model.py runs/<run-id> --data /data/cifar-10-batches-bin
+
+The test set is the run's: `data` of <run>/run.toml (or --data), else for mlp and cnn the
+2,000 MNIST test digits embedded in murmur (node/data/mnist/t10k-*.gz). Preprocessing is
+murmur's: MNIST pixels / 255; CIFAR-10 pixels / 255, then per channel
+(v - mean) / std with mean (0.4914, 0.4822, 0.4465) and std (0.2470, 0.2435, 0.2616).
+ResNet-20 is evaluated with the BatchNorm statistics in the file (the peers' mean).
+
+Needs torch and safetensors (pip install torch safetensors); kept out of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import tomllib
+
+import numpy as np
+
+try:
+    import torch
+    from safetensors.torch import load_file
+except ImportError:  # pragma: no cover - depends on the environment
+    sys.exit("evaluate_model.py: needs torch and safetensors (pip install torch safetensors)")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pytorch_bench as ref  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CIFAR_MEAN = np.array([0.4914, 0.4822, 0.4465], dtype=np.float32)
+CIFAR_STD = np.array([0.2470, 0.2435, 0.2616], dtype=np.float32)
+
+
+def read_idx(path: str) -> np.ndarray:
+    """An IDX file (gzipped or not) as an array of its dimensions."""
+    raw = open(path, "rb").read()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    dims = raw[3]
+    shape = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(dims)]
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def mnist_test(data: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST test images [n, 784] in [0, 1] and labels [n]."""
+    folder = data or os.path.join(ROOT, "node", "data", "mnist")
+
+    def find(base: str) -> str:
+        for name in (base, base + ".gz"):
+            if os.path.exists(os.path.join(folder, name)):
+                return os.path.join(folder, name)
+        sys.exit(f"evaluate_model.py: {base} not found in {folder}")
+
+    images = read_idx(find("t10k-images-idx3-ubyte")).reshape(-1, 784) / np.float32(255)
+    return images.astype(np.float32), read_idx(find("t10k-labels-idx1-ubyte")).astype(np.int64)
+
+
+def cifar_test(data: str) -> tuple[np.ndarray, np.ndarray]:
+    """CIFAR-10 test images [n, 3, 32, 32], normalised, and labels [n]."""
+    for folder in (data, os.path.join(data, "cifar-10-batches-bin")):
+        path = os.path.join(folder, "test_batch.bin")
+        if os.path.exists(path):
+            records = np.fromfile(path, dtype=np.uint8).reshape(-1, 3073)
+            images = records[:, 1:].reshape(-1, 3, 32, 32).astype(np.float32) / 255
+            images = (images - CIFAR_MEAN[:, None, None]) / CIFAR_STD[:, None, None]
+            return images.astype(np.float32), records[:, 0].astype(np.int64)
+    sys.exit(f"evaluate_model.py: no test_batch.bin in {data}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", help="a run folder (holds model.safetensors and summary.json)")
+    parser.add_argument("--data", help="the test data's folder (default: the run's --data)")
+    parser.add_argument("--tolerance", type=float, default=0.01, help="percentage points")
+    args = parser.parse_args()
+
+    summary = json.load(open(os.path.join(args.run, "summary.json")))
+    config = tomllib.load(open(os.path.join(args.run, "run.toml"), "rb"))
+    kind = summary["model"]
+    data = args.data or config.get("data")
+    if kind == "mlp":
+        model, (images, labels) = ref.Mlp(), mnist_test(data)
+    elif kind == "resnet20":
+        if data is None:
+            sys.exit("evaluate_model.py: this run trained on synthetic images; nothing to compare")
+        model, (images, labels) = ref.ResNet20(), cifar_test(data)
+    else:
+        sys.exit(f"evaluate_model.py: no reference model for {kind} here (mlp, resnet20)")
+
+    state = load_file(os.path.join(args.run, "model.safetensors"))
+    result = model.load_state_dict(state, strict=False)
+    # PyTorch's BatchNorm also counts its batches; murmur has no such tensor.
+    missing = [k for k in result.missing_keys if not k.endswith("num_batches_tracked")]
+    if missing or result.unexpected_keys:
+        sys.exit(f"evaluate_model.py: missing {missing}, unexpected {result.unexpected_keys}")
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(labels), 500):
+            logits = model(torch.from_numpy(images[i : i + 500]))
+            correct += int((logits.argmax(1).numpy() == labels[i : i + 500]).sum())
+    accuracy = 100 * correct / len(labels)
+    recorded = 100 * summary["final_avg_model_test_accuracy"]
+    print(
+        f"{kind}: {accuracy:.2f}% on {len(labels)} test samples in PyTorch {torch.__version__}; "
+        f"the run recorded {recorded:.2f}% for x̄ (difference {accuracy - recorded:+.2f} points)"
+    )
+    if abs(accuracy - recorded) > args.tolerance:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
