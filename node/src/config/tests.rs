@@ -261,15 +261,13 @@ fn token_models_refuse_label_splits() {
     assert_eq!(run.train.model, ModelKind::Resnet20);
     parse_line("murmur launch --model resnet20 --partition dirichlet:0.5").unwrap();
     parse_line("murmur launch --model transformer").unwrap();
-    for (line, expect) in [
-        (
-            "murmur launch --model transformer --partition dirichlet",
-            "class labels",
-        ),
-    ] {
-        let err = format!("{:#}", parse_line(line).unwrap_err());
-        assert!(err.contains(expect), "{line}: {err}");
-    }
+    let err = format!(
+        "{:#}",
+        parse_line("murmur launch --model transformer --partition dirichlet").unwrap_err()
+    );
+    assert!(err.contains("class labels"), "{err}");
+    // resnet20 takes --data (CIFAR-10); what the folder holds is checked when it is read.
+    parse_line("murmur launch --model resnet20 --data /cifar").unwrap();
 }
 
 #[test]
