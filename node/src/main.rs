@@ -88,6 +88,23 @@ enum TopologyCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Write a topology's graph as a graph text that decentralizepy or NetworkX read, and
+    /// that murmur reads back as a topology file.
+    Export {
+        /// A topology name or file, as for `inspect`.
+        topology: String,
+        /// Number of peers (required for a name; must match the file if it fixes a count).
+        #[arg(long)]
+        nodes: Option<usize>,
+        /// edges: decentralizepy's .edges (the peer count, then every edge in both
+        /// directions); adjacency: its adjacency list (the peer count, then line i lists peer
+        /// i's neighbours); edgelist: each edge once, `i j` (NetworkX's read_edgelist).
+        #[arg(long, default_value = "edges")]
+        format: murmur_topology::GraphFormat,
+        /// Write to this file instead of standard output.
+        #[arg(long, short)]
+        out: Option<std::path::PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -137,6 +154,15 @@ fn main() -> ExitCode {
                     json,
                 },
         } => inspect(&topology, nodes, json),
+        Cmd::Topology {
+            command:
+                TopologyCmd::Export {
+                    topology,
+                    nodes,
+                    format,
+                    out,
+                },
+        } => export(&topology, nodes, format, out.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -184,6 +210,29 @@ fn unknown_config_key(e: &clap::Error, given: &[std::ffi::OsString]) -> Option<S
          with - or _; see `murmur {sub} --help`)",
         flag.trim_start_matches("--")
     ))
+}
+
+fn export(
+    topology: &str,
+    nodes: Option<usize>,
+    format: murmur_topology::GraphFormat,
+    out: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let topo = load_topology(topology, nodes)?;
+    anyhow::ensure!(
+        topo.schedule.is_none() && topo.graph.is_symmetric(),
+        "{}: only an undirected, static graph can be written as a graph text",
+        topo.name
+    );
+    let text = murmur_topology::TopologySpec::write_graph(&topo.graph, format);
+    match out {
+        Some(path) => std::fs::write(path, text)
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display())),
+        None => {
+            print!("{text}");
+            Ok(())
+        }
+    }
 }
 
 fn inspect(topology: &str, nodes: Option<usize>, json: bool) -> anyhow::Result<()> {

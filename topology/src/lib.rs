@@ -29,7 +29,8 @@ pub use graph::{Graph, Rank};
 pub use mixing::{Checks, MixingMatrix, Surviving};
 pub use schedule::PushSchedule;
 pub use spec::{
-    InspectReport, NamedKind, SpecSource, Topology, TopologySpec, WeightRule, ONE_PEER_EXPONENTIAL,
+    GraphFormat, InspectReport, NamedKind, SpecSource, Topology, TopologySpec, WeightRule,
+    ONE_PEER_EXPONENTIAL,
 };
 
 /// Default absolute tolerance for row/column sums and symmetry checks.

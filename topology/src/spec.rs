@@ -250,6 +250,83 @@ fn spec_err(message: impl Into<String>) -> TopologyError {
     }
 }
 
+/// The graph-text forms [`TopologySpec::write_graph`] writes (`murmur topology export
+/// --format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraphFormat {
+    /// decentralizepy's `.edges`: n, then every edge in both directions, `i j` per line.
+    Edges,
+    /// decentralizepy's adjacency list: n, then line i lists peer i's neighbours.
+    Adjacency,
+    /// A plain edge list, each undirected edge once (`i j`, i < j), as NetworkX's
+    /// `write_edgelist(G, path, data=False)` writes and `read_edgelist(path, nodetype=int)`
+    /// reads.
+    EdgeList,
+}
+
+impl std::str::FromStr for GraphFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "edges" => Ok(GraphFormat::Edges),
+            "adjacency" => Ok(GraphFormat::Adjacency),
+            "edgelist" => Ok(GraphFormat::EdgeList),
+            _ => Err(format!(
+                "unknown graph format {s:?} (edges: decentralizepy's .edges; adjacency: its \
+                 adjacency list; edgelist: one `i j` per edge, NetworkX's)"
+            )),
+        }
+    }
+}
+
+/// Whether the lines after a first line `n` are decentralizepy's adjacency list: exactly n
+/// lines, none listing its own rank, and not all pairs listed in both directions.
+fn is_adjacency_list(n: usize, rows: &[(usize, Vec<usize>)]) -> bool {
+    if rows.len() != n || rows.iter().enumerate().any(|(i, (_, r))| r.contains(&i)) {
+        return false;
+    }
+    let pairs: std::collections::HashSet<(usize, usize)> = rows
+        .iter()
+        .filter_map(|(_, r)| match r[..] {
+            [a, b] => Some((a, b)),
+            _ => None,
+        })
+        .collect();
+    let all_pairs = pairs.len() == rows.len();
+    !(all_pairs && pairs.iter().all(|&(a, b)| pairs.contains(&(b, a))))
+}
+
+/// The spec of an undirected graph read from a graph text (`what` names the form in the
+/// errors): n is `declared` or the largest rank + 1.
+fn edges_spec(
+    declared: Option<usize>,
+    mut edges: Vec<(usize, usize)>,
+    what: &str,
+) -> Result<TopologySpec, TopologyError> {
+    if edges.is_empty() {
+        return Err(spec_err(format!("{what} without an edge")));
+    }
+    edges.sort_unstable();
+    edges.dedup();
+    let largest = edges.iter().map(|&(_, b)| b).max().unwrap_or(0);
+    let n = declared.unwrap_or(largest + 1);
+    if largest >= n {
+        return Err(spec_err(format!(
+            "{what}: rank {largest} is listed but the first line says {n} peers"
+        )));
+    }
+    Ok(TopologySpec {
+        name: None,
+        nodes: Some(n),
+        weights: None,
+        source: SpecSource::Edges {
+            edges,
+            directed: false,
+        },
+    })
+}
+
 /// Errors if any of the `(key, present)` pairs is present, naming the key and context.
 fn forbid(keys: &[(&str, bool)], context: &str) -> Result<(), TopologyError> {
     match keys.iter().find(|(_, present)| *present) {
@@ -275,8 +352,24 @@ impl TopologySpec {
         if let Some(edges) = Self::parse_edge_list(text) {
             return edges;
         }
-        let raw: RawSpec = toml::from_str(text).map_err(|e| TopologyError::Toml {
-            message: e.to_string(),
+        let raw: RawSpec = toml::from_str(text).map_err(|e| {
+            let assigns = text
+                .lines()
+                .map(|l| l.split('#').next().unwrap_or(""))
+                .any(|l| l.contains('=') || l.trim_start().starts_with('['));
+            TopologyError::Toml {
+                message: if assigns {
+                    e.to_string()
+                } else {
+                    "neither TOML (murmur's topology file: `topology = \"ring\"`, `edges = \
+                     [[0, 1], …]` or `matrix = […]`) nor a graph text (an edge list: `i j` \
+                     per line, optionally after a first line with the peer count, as \
+                     decentralizepy's .edges and NetworkX's write_edgelist; or \
+                     decentralizepy's adjacency list: the peer count, then line i lists peer \
+                     i's neighbours); `#` starts a comment"
+                        .to_string()
+                },
+            }
         })?;
         let forms = [
             raw.topology.is_some(),
@@ -368,17 +461,28 @@ impl TopologySpec {
         })
     }
 
-    /// An undirected graph from an edge list, if `text` is one: every line that is not
-    /// blank or a `#` comment holds whitespace-separated non-negative integers, two per edge
-    /// (`i j`, 0-based ranks), and the first such line may hold one, the peer count n
-    /// (decentralizepy's `.edges` format); without it n is the largest rank + 1. An edge
-    /// listed in both directions counts once. `None` if the text is not an edge list (then
-    /// it is TOML); `Some(Err)` for a peer count below a listed rank, an edge of one rank,
-    /// or no edge at all.
+    /// An undirected graph from a graph text, if `text` is one: every line that is not
+    /// blank or a `#` comment holds whitespace-separated non-negative integers (after them,
+    /// a `{…}` data dictionary as NetworkX's `write_edgelist` appends is ignored). Three
+    /// forms, told apart by their content:
+    /// - an **edge list**, two ranks per line (`i j`, 0-based), an edge listed in both
+    ///   directions counting once; the first line may hold one number, the peer count n
+    ///   (decentralizepy's `.edges` files), else n is the largest rank + 1 (a plain edge
+    ///   list, NetworkX's `write_edgelist(G, path, data=False)`);
+    /// - decentralizepy's **adjacency list** (`graph.adj`): n on the first line, then
+    ///   exactly n lines, line i listing peer i's neighbours. Taken when the lines after the
+    ///   first are n, none lists its own line's rank, and they are not all pairs listed in
+    ///   both directions (which is an edge list); an edge list of n pairs that list no rank
+    ///   on its own line is read as an adjacency list too, so write the peer count only
+    ///   when the edges are listed in both directions, as decentralizepy does.
+    ///
+    /// `None` if the text is none of these (then it is TOML); `Some(Err)` for a peer count
+    /// below a listed rank, an edge of one rank, or no edge at all.
     pub fn parse_edge_list(text: &str) -> Option<Result<TopologySpec, TopologyError>> {
         let mut rows: Vec<(usize, Vec<usize>)> = Vec::new();
         for (i, line) in text.lines().enumerate() {
-            let line = line.split('#').next().unwrap_or("").trim();
+            let line = line.split('#').next().unwrap_or("");
+            let line = line.split('{').next().unwrap_or("").trim();
             if line.is_empty() {
                 continue;
             }
@@ -390,6 +494,13 @@ impl TopologySpec {
             Some(((_, first), rest)) if first.len() == 1 => (Some(first[0]), rest),
             _ => (None, &rows[..]),
         };
+        if let Some(n) = declared.filter(|&n| is_adjacency_list(n, edge_rows)) {
+            let edges = edge_rows
+                .iter()
+                .enumerate()
+                .flat_map(|(i, (_, nbrs))| nbrs.iter().map(move |&j| (i.min(j), i.max(j))));
+            return Some(edges_spec(Some(n), edges.collect(), "adjacency list"));
+        }
         let mut edges = Vec::new();
         for (line, numbers) in edge_rows {
             match numbers[..] {
@@ -407,31 +518,45 @@ impl TopologySpec {
                 }
             }
         }
-        if edges.is_empty() {
-            return if rows.is_empty() {
-                None
-            } else {
-                Some(Err(spec_err("edge list without an edge")))
-            };
+        if edges.is_empty() && rows.is_empty() {
+            return None;
         }
-        edges.sort_unstable();
-        edges.dedup();
-        let largest = edges.iter().map(|&(_, b)| b).max().unwrap_or(0);
-        let n = declared.unwrap_or(largest + 1);
-        if largest >= n {
-            return Some(Err(spec_err(format!(
-                "edge list: rank {largest} is listed but the first line says {n} peers"
-            ))));
+        Some(edges_spec(declared, edges, "edge list"))
+    }
+
+    /// `graph` (undirected: every edge in both directions) as a graph text in `format`, what
+    /// `murmur topology export` writes; [`TopologySpec::parse_edge_list`] reads each form
+    /// back to the same graph.
+    pub fn write_graph(graph: &Graph, format: GraphFormat) -> String {
+        let n = graph.n();
+        let mut out = String::new();
+        match format {
+            GraphFormat::Edges => {
+                out.push_str(&format!("{n}\n"));
+                for i in 0..n {
+                    for &j in graph.out_neighbors(i) {
+                        out.push_str(&format!("{i} {j}\n"));
+                    }
+                }
+            }
+            GraphFormat::Adjacency => {
+                out.push_str(&format!("{n}\n"));
+                for i in 0..n {
+                    let line: Vec<String> =
+                        graph.out_neighbors(i).iter().map(|j| j.to_string()).collect();
+                    out.push_str(&line.join(" "));
+                    out.push('\n');
+                }
+            }
+            GraphFormat::EdgeList => {
+                for i in 0..n {
+                    for &j in graph.out_neighbors(i).iter().filter(|&&j| j > i) {
+                        out.push_str(&format!("{i} {j}\n"));
+                    }
+                }
+            }
         }
-        Some(Ok(TopologySpec {
-            name: None,
-            nodes: Some(n),
-            weights: None,
-            source: SpecSource::Edges {
-                edges,
-                directed: false,
-            },
-        }))
+        out
     }
 
     /// A named topology as the command line gives it: `NAME` or `NAME:key=value,...` with

@@ -1035,3 +1035,31 @@ fn edge_list_files_of_the_field_s_tools_load() {
     let err = TopologySpec::parse("topology = ").unwrap_err().to_string();
     assert!(err.contains("invalid topology file"), "{err}");
 }
+
+/// decentralizepy's adjacency list (n, then line i lists peer i's neighbours) and NetworkX's
+/// `write_edgelist` lines with their data dictionary load as the same graph as the edge
+/// list; every graph `topology export` writes loads back to the same W in every format.
+#[test]
+fn adjacency_lists_and_exported_graph_texts_load_back_to_the_same_graph() {
+    let ring = TopologySpec::named("ring").unwrap().build(Some(4)).unwrap();
+    // Line i lists i's neighbours; four lines of two ranks, yet not an edge list.
+    let adjacency = "4\n1 3\n0 2\n1 3\n0 2\n";
+    let networkx = "0 1 {}\n1 2 {}\n2 3 {'weight': 1}\n3 0 {}\n";
+    for text in [adjacency, networkx] {
+        let t = TopologySpec::parse(text).unwrap().build(None).unwrap();
+        assert_eq!(t.graph, ring.graph, "{text}");
+    }
+    for (name, n) in [("torus", 16), ("hypercube", 8), ("complete", 6), ("star", 5)] {
+        let t = TopologySpec::named(name).unwrap().build(Some(n)).unwrap();
+        for format in ["edges", "adjacency", "edgelist"] {
+            let text = TopologySpec::write_graph(&t.graph, format.parse().unwrap());
+            let back = TopologySpec::parse(&text).unwrap().build(None).unwrap();
+            assert_eq!(back.graph, t.graph, "{name} as {format}");
+            assert_eq!(back.w, t.w, "{name} as {format}");
+        }
+    }
+    assert!("dot".parse::<GraphFormat>().unwrap_err().contains("edgelist"));
+    // Neither TOML nor a graph text: the error names the forms.
+    let err = TopologySpec::parse("hello world\n").unwrap_err().to_string();
+    assert!(err.contains("neither TOML") && err.contains("adjacency list"), "{err}");
+}
