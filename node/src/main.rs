@@ -60,6 +60,9 @@ enum Cmd {
     /// Draw the charts of one or several run folders (accuracy or bits per byte, loss,
     /// consensus distance, bytes, time), several runs on shared axes.
     Plot(murmur::tools::plot::PlotArgs),
+    /// Tokenize a text with GPT-2's byte-pair encoding into a token file (llm.c /
+    /// modded-nanogpt .bin) for `--model transformer:vocab=50257 --data FILE.bin`.
+    Tokenize(murmur::tools::tokenize::TokenizeArgs),
     /// Print the PeerId of a peer's key file, making the key pair if the file does not
     /// exist (`<run>/identity/peer-<rank>.key` is where a peer looks by default): the lines
     /// of an allow-list (`--allow-peers`).
@@ -141,6 +144,7 @@ fn main() -> ExitCode {
         Cmd::Netbench { args } => murmur::tools::netbench::run(&args),
         Cmd::Bench(bench) => murmur::tools::bench::run(&bench),
         Cmd::Plot(plot) => murmur::tools::plot::run(&plot),
+        Cmd::Tokenize(args) => murmur::tools::tokenize::run(&args),
         Cmd::Identity { file } => {
             murmur::control::auth::load_or_create_identity(&file).map(|key| {
                 println!("{}", key.public().to_peer_id());

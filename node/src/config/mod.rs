@@ -85,10 +85,10 @@ pub struct RunArgs {
 #[command(next_help_heading = "Training")]
 pub struct TrainArgs {
     /// Model to train: mlp and cnn on MNIST, resnet20 on CIFAR-10 (--data DIR) or synthetic
-    /// 3×32×32 images,
-    /// transformer (byte-level language model) on the King James Bible or --data FILE. The
-    /// transformer's sizes: transformer:layers=N,d_model=N,heads=N,context=N,d_ff=N (any
-    /// of them; defaults 2, 128, 4, 64, 512).
+    /// 3×32×32 images, transformer (language model) on the King James Bible or --data
+    /// FILE (bytes, or the tokens of a token file). The transformer's sizes:
+    /// transformer:layers=N,d_model=N,heads=N,context=N,d_ff=N,vocab=N (any of them;
+    /// defaults 2, 128, 4, 64, 512, 256).
     #[arg(long, default_value_t = ModelKind::Mlp)]
     #[serde(serialize_with = "as_text")]
     pub model: ModelKind,
@@ -151,7 +151,9 @@ pub struct TrainArgs {
     /// mlp and cnn: a directory with standard IDX MNIST files (gzipped or not); default: the
     /// 8,000/2,000 real digits embedded in the binary. transformer: any byte file (gzipped
     /// or not), 90% to train, 10% held out; default: the King James Bible embedded in the
-    /// binary. resnet20: a directory with CIFAR-10's binary files (data_batch_1.bin …
+    /// binary; or a token file (llm.c / modded-nanogpt .bin, u16 GPT-2 tokens; `murmur
+    /// tokenize` makes one) with --model transformer:vocab=50257. resnet20: a directory
+    /// with CIFAR-10's binary files (data_batch_1.bin …
     /// data_batch_5.bin, test_batch.bin, or their folder cifar-10-batches-bin); default:
     /// synthetic images.
     #[arg(long)]

@@ -112,9 +112,14 @@ pub struct EpochRow {
     /// Test loss of x̄ (nats).
     #[serde(default)]
     pub avg_model_test_loss: f64,
-    /// The language model only: `mean_test_loss` in bits per byte (nats / ln 2).
+    /// The language model only: `mean_test_loss` in bits per byte (nats / ln 2 / bytes per
+    /// token); absent for a token file, whose bytes per token are not known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mean_test_bits_per_byte: Option<f64>,
+    /// The language model only: `mean_test_loss` in bits per token (nats / ln 2; for a
+    /// byte-level text the same as bits per byte).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_test_bits_per_token: Option<f64>,
     /// Consensus distance Ξ² = (1/n) Σ ‖x_i − x̄‖².
     pub consensus_distance: f64,
     /// Mean over peers of the epoch's training loss.
@@ -259,9 +264,13 @@ pub struct Summary {
     /// The last epoch's test loss of x̄ (nats).
     #[serde(default)]
     pub final_avg_model_test_loss: f64,
-    /// The language model only: `final_mean_test_loss` in bits per byte.
+    /// The language model only: `final_mean_test_loss` in bits per byte (absent for a
+    /// token file).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_mean_test_bits_per_byte: Option<f64>,
+    /// The language model only: `final_mean_test_loss` in bits per token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_mean_test_bits_per_token: Option<f64>,
     /// Mean over peers of gossip bytes sent over the run.
     pub bytes_sent_per_peer: f64,
     /// Training wall time in seconds (peer 0's clock; simulated time for `murmur simulate`).
@@ -447,12 +456,16 @@ pub fn summary_line(s: &Summary) -> String {
         100.0 * s.final_avg_model_test_accuracy,
         s.final_consensus_distance,
         s.bytes_sent_per_peer / 1e6
-    ) + &match s.final_mean_test_bits_per_byte {
-        Some(bpb) => format!(
+    ) + &match (s.final_mean_test_bits_per_byte, s.final_mean_test_bits_per_token) {
+        (Some(bpb), _) => format!(
             "; validation loss {:.4} nats = {bpb:.3} bits per byte",
             s.final_mean_test_loss
         ),
-        None => String::new(),
+        (None, Some(bpt)) => format!(
+            "; validation loss {:.4} nats = {bpt:.3} bits per token",
+            s.final_mean_test_loss
+        ),
+        (None, None) => String::new(),
     } + &if s.departures.is_empty() {
         String::new()
     } else {

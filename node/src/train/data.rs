@@ -29,6 +29,7 @@ use crate::train::model::{Input, ModelKind};
 pub mod cifar;
 mod partition;
 pub mod text;
+pub mod tokens;
 pub use partition::{partition, Partition, DEFAULT_DIRICHLET_ALPHA};
 
 /// IDX magic of an unsigned-byte array with 3 dimensions (images).
@@ -183,7 +184,7 @@ pub enum DataError {
         reason: String,
     },
     /// A text too short for one training and one validation sequence.
-    #[error("the text has {bytes} bytes; a model of this context needs at least {needed} (90% to train, 10% held out, each at least one sequence)")]
+    #[error("the text has {bytes} tokens (bytes, for a byte file); a model of this context needs at least {needed} (90% to train, 10% held out, each at least one sequence)")]
     TextTooShort {
         /// Bytes of the text.
         bytes: usize,
@@ -306,6 +307,9 @@ pub struct Dataset {
     /// How training batches augment each image (`None`: taken as stored). Kept by
     /// [`Dataset::subset`]; CIFAR-10's training set has [`cifar::CropFlip::cifar10`].
     pub augment: Option<cifar::CropFlip>,
+    /// Token sequences: bytes of text per token (1 for a byte-level text), for bits per
+    /// byte; `None` for images, and for a token file (its tokenizer is not known here).
+    pub bytes_per_token: Option<f64>,
 }
 
 impl fmt::Debug for Dataset {
@@ -364,6 +368,7 @@ impl Dataset {
             rows: self.rows,
             cols: self.cols,
             augment: self.augment.clone(),
+            bytes_per_token: self.bytes_per_token,
         }
     }
 
@@ -392,6 +397,7 @@ impl Dataset {
             rows,
             cols,
             augment: None,
+            bytes_per_token: None,
         })
     }
 }
@@ -426,6 +432,7 @@ impl Dataset {
                     rows: height,
                     cols: width,
                     augment: None,
+                    bytes_per_token: None,
                 }
             }
             Input::Tokens { vocab, .. } => {
@@ -438,6 +445,7 @@ impl Dataset {
                     rows: 1,
                     cols: f,
                     augment: None,
+                    bytes_per_token: None,
                 }
             }
         }
@@ -494,8 +502,15 @@ impl RunData {
                 test: mnist.test,
             });
         }
-        if let Input::Tokens { context, .. } = input {
-            return text::split(&text::corpus(data)?, context);
+        if let Input::Tokens { context, vocab } = input {
+            let text = text::corpus(data)?;
+            if !tokens::is_token_file(&text) {
+                return text::split(&text, context, Some(1.0));
+            }
+            let name = data.map_or(String::new(), |p| p.display().to_string());
+            let ids = tokens::parse(&name, &text)?;
+            tokens::check_vocab(&name, &ids, vocab)?;
+            return text::split(&ids, context, None);
         }
         if let Some(dir) = data {
             if cifar::find(dir).is_some() {

@@ -193,5 +193,6 @@ pub fn parse(name: &str, bytes: &[u8]) -> Result<Dataset, DataError> {
         rows: SIDE,
         cols: SIDE,
         augment: None,
+        bytes_per_token: None,
     })
 }

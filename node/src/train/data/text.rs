@@ -53,12 +53,17 @@ pub fn corpus(file: Option<&Path>) -> Result<Vec<u8>, DataError> {
     Ok(bytes)
 }
 
-/// The training and validation sequences of `text` for a model that reads `context` bytes:
-/// rows of context + 1 byte values (exact integers in f32), labels 0.
+/// The training and validation sequences of `text` (bytes, or the token ids of a token file,
+/// [`super::tokens`]) for a model that reads `context` of them: rows of context + 1 ids
+/// (exact integers in f32), labels 0; `bytes_per_token` as [`Dataset::bytes_per_token`].
 ///
 /// # Errors
 /// [`DataError::TextTooShort`] if either part cannot hold one sequence.
-pub fn split(text: &[u8], context: usize) -> Result<RunData, DataError> {
+pub fn split<T: Copy + Into<f32>>(
+    text: &[T],
+    context: usize,
+    bytes_per_token: Option<f64>,
+) -> Result<RunData, DataError> {
     let cut = (text.len() as f64 * TRAIN_FRACTION) as usize;
     let (train, held_out) = text.split_at(cut);
     let len = context + 1;
@@ -77,15 +82,20 @@ pub fn split(text: &[u8], context: usize) -> Result<RunData, DataError> {
         n => (0..n).map(|i| i * last / (n - 1)).collect(),
     };
     Ok(RunData {
-        train: sequences(train, &starts, len),
-        test: sequences(held_out, &valid, len),
+        train: sequences(train, &starts, len, bytes_per_token),
+        test: sequences(held_out, &valid, len, bytes_per_token),
     })
 }
 
-fn sequences(bytes: &[u8], starts: &[usize], len: usize) -> Dataset {
+fn sequences<T: Copy + Into<f32>>(
+    ids: &[T],
+    starts: &[usize],
+    len: usize,
+    bytes_per_token: Option<f64>,
+) -> Dataset {
     let mut images = Vec::with_capacity(starts.len() * len);
     for &s in starts {
-        images.extend(bytes[s..s + len].iter().map(|&b| f32::from(b)));
+        images.extend(ids[s..s + len].iter().map(|&b| b.into()));
     }
     Dataset {
         images,
@@ -94,6 +104,7 @@ fn sequences(bytes: &[u8], starts: &[usize], len: usize) -> Dataset {
         rows: 1,
         cols: len,
         augment: None,
+        bytes_per_token,
     }
 }
 
@@ -106,7 +117,7 @@ mod tests {
         let text = corpus(None).unwrap();
         assert_eq!(text.len(), 4_298_239);
         assert!(String::from_utf8_lossy(&text[..200]).contains("In the beginning God created"));
-        let data = split(&text, 128).unwrap();
+        let data = split(&text, 128, Some(1.0)).unwrap();
         assert_eq!(data.train.features(), 129);
         assert_eq!(data.train.len(), (3_868_415 - 129) / 128 + 1);
         assert_eq!(data.test.len(), VALIDATION_SEQUENCES);
@@ -128,13 +139,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("t.txt");
         std::fs::write(&f, b"abc").unwrap();
-        let err = split(&corpus(Some(&f)).unwrap(), 128)
+        let err = split(&corpus(Some(&f)).unwrap(), 128, Some(1.0))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("3 bytes") && err.contains("1291"), "{err}");
+        assert!(err.contains("3 tokens") && err.contains("1291"), "{err}");
         let long: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
         std::fs::write(&f, &long).unwrap();
-        let data = split(&corpus(Some(&f)).unwrap(), 16).unwrap();
+        let data = split(&corpus(Some(&f)).unwrap(), 16, Some(1.0)).unwrap();
         assert_eq!(data.train.len(), (18_000 - 17) / 16 + 1);
         assert!(data.test.len() <= VALIDATION_SEQUENCES);
         let missing = corpus(Some(&dir.path().join("nope")))
