@@ -659,8 +659,10 @@ impl<B: AutodiffBackend> Training<'_, B> {
             self.round().with_context(|| format!("epoch {epoch}"))?;
         }
         let batch_loss = self.learner.take_mean_loss();
+        // The inference copy holds the latest BatchNorm statistics (Burn folds them in there).
+        let eval = model::inference_copy(&self.net);
         let (test_accuracy, test_loss, train_loss) = evaluate_epoch(
-            &model::inference_copy(&self.net),
+            &eval,
             self.test,
             &self.learner.shard,
             batch_loss,
@@ -677,7 +679,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
             totals: self.totals(),
             running_state: {
                 let mut s = Vec::new();
-                model::flatten_running_state(&self.net, &mut s);
+                model::flatten_running_state(&eval, &mut s);
                 s
             },
         };

@@ -244,8 +244,9 @@ fn evaluate_peers(
         let x = gossip.params().to_vec();
         let model_r = model::unflatten(net.take().ok_or_else(|| anyhow!("no model"))?, &x)?;
         let batch_loss = st.take_mean_loss();
+        let eval = model::inference_copy(&model_r);
         let (test_accuracy, test_loss, train_loss) = evaluate_epoch(
-            &model::inference_copy(&model_r),
+            &eval,
             test,
             &st.shard,
             batch_loss,
@@ -278,11 +279,10 @@ fn evaluate_peers(
             &dir.join("peers").join(format!("peer-{rank}.jsonl")),
             &report,
         )?;
-        // The virtual peers share one model, hence its BatchNorm statistics.
+        // The virtual peers share one model, hence its BatchNorm statistics (the inference
+        // copy holds the latest).
         let mut report = report;
-        if let Some(net) = net.as_ref() {
-            model::flatten_running_state(net, &mut report.running_state);
-        }
+        model::flatten_running_state(&eval, &mut report.running_state);
         reports.push((report, x));
     }
     Ok(reports)

@@ -125,7 +125,7 @@ impl<B: Backend> ResNet<B> {
     pub fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
         let mut x = self
             .relu
-            .forward(self.bn.forward(self.conv.forward(images)));
+            .forward(batch_norm(&self.bn, self.conv.forward(images)));
         for block in &self.blocks {
             x = block.forward(x);
         }
@@ -172,11 +172,11 @@ impl<B: Backend> BasicBlock<B> {
     /// - output: `[batch, out_ch, h / stride, w / stride]`
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let shortcut = match &self.shortcut {
-            Some(p) => p.bn.forward(p.conv.forward(x.clone())),
+            Some(p) => batch_norm(&p.bn, p.conv.forward(x.clone())),
             None => x.clone(),
         };
-        let y = self.relu.forward(self.bn1.forward(self.conv1.forward(x)));
-        let y = self.bn2.forward(self.conv2.forward(y));
+        let y = self.relu.forward(batch_norm(&self.bn1, self.conv1.forward(x)));
+        let y = batch_norm(&self.bn2, self.conv2.forward(y));
         self.relu.forward(y + shortcut)
     }
 }
@@ -186,6 +186,47 @@ impl<B: Backend> BasicBlock<B> {
 pub struct Projection<B: Backend> {
     conv: Conv2d<B>,
     bn: BatchNorm<B>,
+}
+
+/// `bn` applied to `x: [b, c, h, w]`, as Burn's `BatchNorm::forward` computes it — in
+/// training (an autodiff backend) with the batch's mean and biased variance per channel,
+/// updating the running statistics with the momentum; in inference with the running
+/// statistics — but with every per-channel operand materialised as `[b, c, 1]` against `x`
+/// viewed as `[b, c, h·w]`. Burn's own broadcasts a `[1, c, 1, 1]` operand, which the flex
+/// backend has no vectorised path for (its broadcast kernels take a shared last-dimension
+/// row or one scalar per row of contiguous outer dimensions): it walks such operations
+/// element by element, which was two thirds of a ResNet-20 training step on the CPU.
+pub(super) fn batch_norm<B: Backend>(bn: &BatchNorm<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    let [b, c, h, w] = x.dims();
+    let x = x.reshape([b, c, h * w]);
+    // [c] → [b, c, 1], contiguous: one scalar per row of x.
+    let per_row = |t: Tensor<B, 1>| t.reshape([1, c, 1]).repeat_dim(0, b);
+    let (centered, var) = if B::ad_enabled(&x.device()) {
+        let mean = x.clone().mean_dim(2).mean_dim(0); // [1, c, 1]
+        let centered = x.sub(mean.clone().repeat_dim(0, b));
+        let var = centered.clone().square().mean_dim(2).mean_dim(0); // [1, c, 1]
+        let m = bn.momentum;
+        let update = |running: Tensor<B, 1>, batch: Tensor<B, 3>| {
+            running
+                .mul_scalar(1.0 - m)
+                .add(batch.detach().mul_scalar(m).reshape([c]))
+                .detach()
+        };
+        bn.running_mean
+            .update(update(bn.running_mean.value_sync(), mean));
+        bn.running_var
+            .update(update(bn.running_var.value_sync(), var.clone()));
+        (centered, var)
+    } else {
+        let centered = x.sub(per_row(bn.running_mean.value()));
+        (centered, bn.running_var.value().reshape([1, c, 1]))
+    };
+    // γ / √(σ² + ε) per channel, then one multiply and one add over x.
+    let scale = bn.gamma.val().reshape([1, c, 1]).div(var.add_scalar(bn.epsilon).sqrt());
+    centered
+        .mul(scale.repeat_dim(0, b))
+        .add(per_row(bn.beta.val()))
+        .reshape([b, c, h, w])
 }
 
 /// 3×3 convolution with padding 1 and no bias (the BatchNorm after it has a β).

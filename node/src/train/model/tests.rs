@@ -551,3 +551,66 @@ fn model_names_and_transformer_sizes_parse_and_print_back() {
         assert!(err.contains(says), "{bad}: {err}");
     }
 }
+
+/// ResNet's BatchNorm (`resnet::batch_norm`, shaped for the flex backend's fast broadcasts)
+/// computes what Burn's `BatchNorm::forward` computes: the output, the gradients of x, γ
+/// and β, the running statistics it leaves, and the output in inference.
+#[test]
+fn resnet_batch_norm_matches_burn_s_batchnorm() {
+    use burn::module::{AutodiffModule, Param};
+    use burn::nn::BatchNormConfig;
+    use burn::tensor::Distribution;
+    let device = Default::default();
+    // A fresh module each time: clones of a module share its running statistics.
+    let make = || {
+        let mut bn = BatchNormConfig::new(3).init::<B>(&device);
+        bn.gamma = Param::from_tensor(Tensor::from_floats([0.5, -1.5, 2.0], &device));
+        bn.beta = Param::from_tensor(Tensor::from_floats([0.1, 0.0, -0.3], &device));
+        bn
+    };
+    let x = Tensor::<B, 4>::random([4, 3, 5, 6], Distribution::Normal(1.0, 2.0), &device);
+    // A weighted sum, so that every output element gets its own gradient.
+    let w = Tensor::<B, 4>::random([4, 3, 5, 6], Distribution::Normal(0.0, 1.0), &device);
+    let close = |a: Vec<f32>, b: Vec<f32>, what: &str| {
+        assert_eq!(a.len(), b.len(), "{what}");
+        for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+            assert!((p - q).abs() <= 1e-4 * (1.0 + q.abs()), "{what}[{i}]: {p} vs {q}");
+        }
+    };
+    let values = |t: Tensor<B, 4>| t.into_data().to_vec::<f32>().unwrap();
+    let run = |ours: bool| {
+        let bn = make();
+        let x = x.clone().require_grad();
+        let y = if ours {
+            resnet::batch_norm(&bn, x.clone())
+        } else {
+            bn.forward(x.clone())
+        };
+        let grads = (y.clone() * w.clone()).sum().backward();
+        let grad = |t: Tensor<<B as burn::tensor::backend::AutodiffBackend>::InnerBackend, 1>| {
+            t.into_data().to_vec::<f32>().unwrap()
+        };
+        (
+            values(y),
+            x.grad(&grads).unwrap().into_data().to_vec::<f32>().unwrap(),
+            grad(bn.gamma.grad(&grads).unwrap()),
+            grad(bn.beta.grad(&grads).unwrap()),
+            bn,
+        )
+    };
+    let (y_ours, dx_ours, dg_ours, db_ours, bn_ours) = run(true);
+    let (y_burn, dx_burn, dg_burn, db_burn, bn_burn) = run(false);
+    close(y_ours, y_burn, "y");
+    close(dx_ours, dx_burn, "dL/dx");
+    close(dg_ours, dg_burn, "dL/dγ");
+    close(db_ours, db_burn, "dL/dβ");
+    // Read through the inference copy, where Burn folds in a step's statistics.
+    let stats = |bn: &burn::nn::BatchNorm<B>| running_state(&bn.valid());
+    close(stats(&bn_ours), stats(&bn_burn), "running statistics");
+    assert_ne!(stats(&bn_ours), stats(&make()), "the running statistics moved");
+    // Inference: the running statistics.
+    let (valid, x) = (bn_ours.valid(), x.inner());
+    let ours = resnet::batch_norm(&valid, x.clone()).into_data().to_vec::<f32>().unwrap();
+    let burn = valid.forward(x).into_data().to_vec::<f32>().unwrap();
+    close(ours, burn, "inference");
+}
