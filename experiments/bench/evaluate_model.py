@@ -9,6 +9,11 @@ test set, and prints its accuracy beside the x̄ accuracy the run recorded
 
     python3 experiments/bench/evaluate_model.py runs/<run-id>
     python3 experiments/bench/evaluate_model.py runs/<run-id> --data /data/cifar-10-batches-bin
+    python3 experiments/bench/evaluate_model.py runs/<run-id> --peer 3   # --save-peer-models
+
+With --peer R it evaluates peer R's own model (<run>/peers/model-R.safetensors, written with
+--save-peer-models) against the accuracy peer R recorded for its last epoch
+(<run>/peers/peer-R.jsonl).
 
 The test set is the run's: `data` of <run>/run.toml (or --data), else for mlp and cnn the
 2,000 MNIST test digits embedded in murmur (node/data/mnist/t10k-*.gz). Preprocessing is
@@ -85,6 +90,7 @@ def main() -> None:
     parser.add_argument("run", help="a run folder (holds model.safetensors and summary.json)")
     parser.add_argument("--data", help="the test data's folder (default: the run's --data)")
     parser.add_argument("--tolerance", type=float, default=0.01, help="percentage points")
+    parser.add_argument("--peer", type=int, help="evaluate this peer's own model instead of x̄")
     args = parser.parse_args()
 
     summary = json.load(open(os.path.join(args.run, "summary.json")))
@@ -100,7 +106,14 @@ def main() -> None:
     else:
         sys.exit(f"evaluate_model.py: no reference model for {kind} here (mlp, resnet20)")
 
-    state = load_file(os.path.join(args.run, "model.safetensors"))
+    if args.peer is None:
+        file, recorded, what = "model.safetensors", summary["final_avg_model_test_accuracy"], "x̄"
+    else:
+        file = os.path.join("peers", f"model-{args.peer}.safetensors")
+        with open(os.path.join(args.run, "peers", f"peer-{args.peer}.jsonl")) as lines:
+            recorded = json.loads(lines.read().splitlines()[-1])["test_accuracy"]
+        what = f"peer {args.peer}"
+    state = load_file(os.path.join(args.run, file))
     result = model.load_state_dict(state, strict=False)
     # PyTorch's BatchNorm also counts its batches; murmur has no such tensor.
     missing = [k for k in result.missing_keys if not k.endswith("num_batches_tracked")]
@@ -113,10 +126,10 @@ def main() -> None:
             logits = model(torch.from_numpy(images[i : i + 500]))
             correct += int((logits.argmax(1).numpy() == labels[i : i + 500]).sum())
     accuracy = 100 * correct / len(labels)
-    recorded = 100 * summary["final_avg_model_test_accuracy"]
+    recorded = 100 * recorded
     print(
         f"{kind}: {accuracy:.2f}% on {len(labels)} test samples in PyTorch {torch.__version__}; "
-        f"the run recorded {recorded:.2f}% for x̄ (difference {accuracy - recorded:+.2f} points)"
+        f"the run recorded {recorded:.2f}% for {what} (difference {accuracy - recorded:+.2f} points)"
     )
     if abs(accuracy - recorded) > args.tolerance:
         sys.exit(1)

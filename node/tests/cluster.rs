@@ -408,6 +408,7 @@ fn launch_trains_on_the_exponential_graph() {
             "--topology=exponential",
             "--epochs=2",
             "--run-id=t",
+            "--save-peer-models",
         ],
     );
     assert!(
@@ -426,6 +427,15 @@ fn launch_trains_on_the_exponential_graph() {
         .as_str()
         .unwrap()
         .starts_with("exponential"));
+    // The averaged model, and with --save-peer-models each peer's own.
+    let run = dir.path().join("t");
+    for file in std::iter::once("model.safetensors".to_string())
+        .chain((0..6).map(|r| format!("peers/model-{r}.safetensors")))
+    {
+        let len = std::fs::metadata(run.join(&file)).map(|m| m.len()).unwrap_or(0);
+        // 203,530 f32 parameters and the SafeTensors header.
+        assert!(len > 4 * 203_530, "{file}: {len} bytes");
+    }
 }
 
 #[test]

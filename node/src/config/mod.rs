@@ -130,6 +130,12 @@ pub struct TrainArgs {
     /// "And God said" (temperature 0.8) into `<run>/sample.txt`, printed at the end; 0: none.
     #[arg(long, default_value_t = 300, value_name = "BYTES")]
     pub sample: usize,
+    /// Every peer also writes its own final model (its parameters x_i and BatchNorm
+    /// statistics) to `<run>/peers/model-<rank>.safetensors`, beside the averaged model
+    /// x̄ that peer 0 writes to `<run>/model.safetensors`.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub save_peer_models: bool,
     /// How the training set is split across peers: `iid` or `dirichlet:ALPHA`.
     #[arg(long, default_value = "iid")]
     #[serde(serialize_with = "as_text")]

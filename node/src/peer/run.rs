@@ -863,6 +863,11 @@ impl<B: AutodiffBackend> Training<'_, B> {
             drv.transmit()?;
         }
         drv.finish()?;
+        if args.train.save_peer_models {
+            let path = out.join("peers").join(format!("model-{}.safetensors", self.rank));
+            crate::report::collector::write_model(model::inference_copy(&self.net), &self.x, &path)?;
+            info!(path = %path.display(), "wrote this peer's model");
+        }
         if let Some(c) = &drv.collector {
             let last = c
                 .rows
@@ -883,7 +888,8 @@ impl<B: AutodiffBackend> Training<'_, B> {
                 Some(m) => (m.x.as_slice(), eval),
                 None => (self.x.as_slice(), eval),
             };
-            let path = crate::report::collector::write_model(eval, x_bar, out)?;
+            let path =
+                crate::report::collector::write_model(eval, x_bar, &out.join("model.safetensors"))?;
             info!(path = %path.display(), "wrote the network's mean model x̄");
             println!("run folder: {}", out.display());
         }

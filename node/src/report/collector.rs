@@ -500,9 +500,10 @@ pub(crate) fn evaluate_epoch<B: burn::tensor::backend::Backend>(
     Ok((accuracy, test_loss, train_loss))
 }
 
-/// Writes the run's model — `net` (its architecture and any state beyond its parameters,
-/// such as BatchNorm statistics) with the parameters `x: [d]` — to `<dir>/model.safetensors`
-/// (SafeTensors, f32), through Burn's own store, in PyTorch's conventions: a tensor per
+/// Writes a model — `net` (its architecture and any state beyond its parameters, such as
+/// BatchNorm statistics) with the parameters `x: [d]` — to the file `path` (the run's
+/// `<run>/model.safetensors`, a peer's `<run>/peers/model-<rank>.safetensors`; SafeTensors,
+/// f32), through Burn's own store, in PyTorch's conventions: a tensor per
 /// parameter named by the model's field path (`fc1.weight`), linear weights as
 /// [out, in] (`nn.Linear`'s layout), normalization scales and shifts as `weight`/`bias`.
 ///
@@ -511,10 +512,10 @@ pub(crate) fn evaluate_epoch<B: burn::tensor::backend::Backend>(
 pub(crate) fn write_model<B: burn::tensor::backend::Backend>(
     net: Net<B>,
     x: &[f32],
-    dir: &std::path::Path,
+    path: &std::path::Path,
 ) -> anyhow::Result<std::path::PathBuf> {
     use burn_store::{BurnToPyTorchAdapter, ModuleSnapshot, SafetensorsStore};
-    let path = dir.join("model.safetensors");
+    let path = path.to_owned();
     let model = model::unflatten(net, x)?;
     let mut store = SafetensorsStore::from_file(path.clone())
         .with_to_adapter(BurnToPyTorchAdapter)
@@ -684,7 +685,7 @@ mod tests {
         let net = Net::<B>::new(model::ModelKind::Mlp, &device);
         let x: Vec<f32> = (0..203_530).map(|i| (i % 97) as f32 * 0.01 - 0.5).collect();
         let dir = tempfile::tempdir().unwrap();
-        let path = write_model(net, &x, dir.path()).unwrap();
+        let path = write_model(net, &x, &dir.path().join("model.safetensors")).unwrap();
         // --init-from reads it back bit for bit.
         let fresh = Net::<B>::new(model::ModelKind::Mlp, &device);
         let fresh = model::load_safetensors(fresh, &path).unwrap();
@@ -697,7 +698,7 @@ mod tests {
         assert!(err.contains("--init-from"), "{err}");
         // Parameters that do not fit the model are refused.
         let short = Net::<B>::new(model::ModelKind::Mlp, &device);
-        assert!(write_model(short, &x[..10], dir.path()).is_err());
+        assert!(write_model(short, &x[..10], &dir.path().join("model.safetensors")).is_err());
         // Every model round-trips, BatchNorm (ResNet-20) and LayerNorm (transformer) included.
         for kind in [
             model::ModelKind::Cnn,
@@ -712,7 +713,7 @@ mod tests {
                 .enumerate()
                 .map(|(i, v)| v + (i % 7) as f32)
                 .collect();
-            let path = write_model(net, &x, dir.path()).unwrap();
+            let path = write_model(net, &x, &dir.path().join("model.safetensors")).unwrap();
             let fresh = model::load_safetensors(Net::<B>::new(kind, &device), &path).unwrap();
             let mut back = Vec::new();
             model::flatten(&fresh, &mut back);
