@@ -598,6 +598,9 @@ pub fn sample_text<B: Backend>(
     Ok(text.split_off(prompt.len()))
 }
 
+/// Logits computed at once by [`evaluate`] (2^22 f32, 16 MiB).
+pub const MAX_EVAL_LOGITS: usize = 1 << 22;
+
 /// One forward/backward pass: returns the mean cross-entropy loss of the batch and writes
 /// the gradient flattened in parameter order to `grad_out`, `grad: [d]`.
 ///
@@ -627,8 +630,9 @@ pub fn loss_and_grad<B: AutodiffBackend>(
 
 /// Accuracy (fraction in [0, 1] of correct predictions: of images, or of next tokens over
 /// every position) and mean cross-entropy over a data set of the model's [`Input`],
-/// evaluated in batches of `batch` samples (on the non-autodiff backend, where BatchNorm uses
-/// its running statistics).
+/// evaluated in batches of `batch` samples, fewer where their logits would exceed
+/// [`MAX_EVAL_LOGITS`] (on the non-autodiff backend, where BatchNorm uses its running
+/// statistics).
 ///
 /// # Shapes
 /// - `samples`: `[n · features]`; `labels`: `[n]`
@@ -654,10 +658,18 @@ pub fn evaluate<B: Backend>(
         n * f,
         samples.len()
     );
+    // At most MAX_EVAL_LOGITS logits at once: a language model over GPT-2's 50,257 tokens
+    // has 3.2 M per sequence of 64 (the 256 validation sequences at once: 3.3 GB, and the
+    // loss makes copies).
+    let per_sample = match input {
+        Input::Tokens { context, vocab } => context * vocab,
+        Input::Images { classes, .. } => classes,
+    };
+    let batch = batch.min(MAX_EVAL_LOGITS / per_sample.max(1)).max(1);
     let (mut correct, mut rows) = (0usize, 0usize);
     let mut loss_sum = 0.0f64;
     let loss_fn = CrossEntropyLossConfig::new().init(device);
-    for start in (0..n).step_by(batch.max(1)) {
+    for start in (0..n).step_by(batch) {
         let end = (start + batch).min(n);
         let b = batch_tensors::<B>(
             input,
