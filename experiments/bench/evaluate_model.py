@@ -15,8 +15,11 @@ With --peer R it evaluates peer R's own model (<run>/peers/model-R.safetensors, 
 --save-peer-models) against the accuracy peer R recorded for its last epoch
 (<run>/peers/peer-R.jsonl).
 
-The test set is the run's: `data` of <run>/run.toml (or --data), else for mlp and cnn the
-2,000 MNIST test digits embedded in murmur (node/data/mnist/t10k-*.gz). Preprocessing is
+The test set is the run's: `data` of <run>/run.toml (or --data), else for mlp the 2,000
+MNIST test digits embedded in murmur (node/data/mnist/t10k-*.gz), for the transformer the
+256 validation sequences of the embedded King James Bible (byte-level text only; the
+accuracy is next-byte accuracy over every position, and the mean cross-entropy is printed
+beside the run's). Preprocessing is
 murmur's: MNIST pixels / 255; CIFAR-10 pixels / 255, then per channel
 (v - mean) / std with mean (0.4914, 0.4822, 0.4465) and std (0.2470, 0.2435, 0.2616).
 ResNet-20 is evaluated with the BatchNorm statistics in the file (the peers' mean).
@@ -85,6 +88,34 @@ def cifar_test(data: str) -> tuple[np.ndarray, np.ndarray]:
     sys.exit(f"evaluate_model.py: no test_batch.bin in {data}")
 
 
+def transformer_sizes(kind: str) -> dict:
+    """The sizes of `transformer[:key=N,...]` (murmur's defaults for the others)."""
+    sizes = {"layers": 2, "d_model": 128, "heads": 4, "context": 64, "d_ff": 512, "vocab": 256}
+    if ":" in kind:
+        for pair in kind.split(":", 1)[1].split(","):
+            key, value = pair.split("=")
+            sizes[key] = int(value)
+    return sizes
+
+
+def text_validation(data: str | None, context: int) -> tuple[np.ndarray, np.ndarray]:
+    """murmur's validation sequences of a byte-level text: 256 sequences of context + 1
+    bytes spread evenly over the last 10% (node/src/train/data/text.rs); inputs, targets."""
+    path = data or os.path.join(ROOT, "node", "data", "kjv", "kjv.txt.gz")
+    raw = open(path, "rb").read()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    if raw[:4] == (20240520).to_bytes(4, "little"):
+        sys.exit("evaluate_model.py: token files are not evaluated here (byte-level text only)")
+    held_out = np.frombuffer(raw[int(len(raw) * 0.9) :], dtype=np.uint8)
+    length = context + 1
+    last = len(held_out) - length
+    n = min(256, last // context + 1)
+    starts = [0] if n == 1 else [i * last // (n - 1) for i in range(n)]
+    seqs = np.stack([held_out[s : s + length] for s in starts]).astype(np.int64)
+    return seqs[:, :-1], seqs[:, 1:]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="a run folder (holds model.safetensors and summary.json)")
@@ -99,12 +130,16 @@ def main() -> None:
     data = args.data or config.get("data")
     if kind == "mlp":
         model, (images, labels) = ref.Mlp(), mnist_test(data)
+    elif kind.startswith("transformer"):
+        sizes = transformer_sizes(kind)
+        model = ref.TransformerLM("naive", **sizes)
+        images, labels = text_validation(data, sizes["context"])
     elif kind == "resnet20":
         if data is None:
             sys.exit("evaluate_model.py: this run trained on synthetic images; nothing to compare")
         model, (images, labels) = ref.ResNet20(), cifar_test(data)
     else:
-        sys.exit(f"evaluate_model.py: no reference model for {kind} here (mlp, resnet20)")
+        sys.exit(f"evaluate_model.py: no reference model for {kind} here (mlp, resnet20, transformer)")
 
     if args.peer is None:
         file, recorded, what = "model.safetensors", summary["final_avg_model_test_accuracy"], "x̄"
@@ -120,17 +155,25 @@ def main() -> None:
     if missing or result.unexpected_keys:
         sys.exit(f"evaluate_model.py: missing {missing}, unexpected {result.unexpected_keys}")
     model.eval()
-    correct = 0
+    correct, total, loss = 0, 0, 0.0
     with torch.no_grad():
         for i in range(0, len(labels), 500):
             logits = model(torch.from_numpy(images[i : i + 500]))
-            correct += int((logits.argmax(1).numpy() == labels[i : i + 500]).sum())
-    accuracy = 100 * correct / len(labels)
+            targets = torch.from_numpy(labels[i : i + 500])
+            # A language model predicts every position: [B, T, V] against [B, T].
+            logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+            correct += int((logits.argmax(1) == targets).sum())
+            total += len(targets)
+            loss += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
+    accuracy = 100 * correct / total
     recorded = 100 * recorded
     print(
         f"{kind}: {accuracy:.2f}% on {len(labels)} test samples in PyTorch {torch.__version__}; "
         f"the run recorded {recorded:.2f}% for {what} (difference {accuracy - recorded:+.2f} points)"
     )
+    if args.peer is None:
+        recorded_loss = summary["final_avg_model_test_loss"]
+        print(f"mean cross-entropy {loss / total:.5f} nats; the run recorded {recorded_loss:.5f}")
     if abs(accuracy - recorded) > args.tolerance:
         sys.exit(1)
 

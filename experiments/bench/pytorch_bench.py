@@ -215,15 +215,22 @@ class TransformerLM(nn.Module):
     """Decoder-only byte-level LM: token + learned position embedding, 2 pre-norm
     blocks, final LayerNorm, untied Linear head (d = 478,976)."""
 
-    def __init__(self, kernel: str = "sdpa") -> None:
+    def __init__(
+        self,
+        kernel: str = "sdpa",
+        vocab: int = VOCAB,
+        context: int = CONTEXT,
+        d_model: int = D_MODEL,
+        heads: int = HEADS,
+        layers: int = LAYERS,
+        d_ff: int = D_FF,
+    ) -> None:
         super().__init__()
-        self.token_embedding = nn.Embedding(VOCAB, D_MODEL)
-        self.position_embedding = nn.Parameter(torch.randn(CONTEXT, D_MODEL) * 0.02)
-        self.blocks = nn.Sequential(
-            *[Block(D_MODEL, HEADS, D_FF, kernel) for _ in range(LAYERS)]
-        )
-        self.ln_f = nn.LayerNorm(D_MODEL)
-        self.head = nn.Linear(D_MODEL, VOCAB)
+        self.token_embedding = nn.Embedding(vocab, d_model)
+        self.position_embedding = nn.Parameter(torch.randn(context, d_model) * 0.02)
+        self.blocks = nn.Sequential(*[Block(d_model, heads, d_ff, kernel) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         t = tokens.shape[1]
