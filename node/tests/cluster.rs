@@ -432,7 +432,9 @@ fn launch_trains_on_the_exponential_graph() {
     for file in std::iter::once("model.safetensors".to_string())
         .chain((0..6).map(|r| format!("peers/model-{r}.safetensors")))
     {
-        let len = std::fs::metadata(run.join(&file)).map(|m| m.len()).unwrap_or(0);
+        let len = std::fs::metadata(run.join(&file))
+            .map(|m| m.len())
+            .unwrap_or(0);
         // 203,530 f32 parameters and the SafeTensors header.
         assert!(len > 4 * 203_530, "{file}: {len} bytes");
     }

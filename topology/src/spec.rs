@@ -542,8 +542,11 @@ impl TopologySpec {
             GraphFormat::Adjacency => {
                 out.push_str(&format!("{n}\n"));
                 for i in 0..n {
-                    let line: Vec<String> =
-                        graph.out_neighbors(i).iter().map(|j| j.to_string()).collect();
+                    let line: Vec<String> = graph
+                        .out_neighbors(i)
+                        .iter()
+                        .map(|j| j.to_string())
+                        .collect();
                     out.push_str(&line.join(" "));
                     out.push('\n');
                 }

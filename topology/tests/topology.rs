@@ -1049,7 +1049,12 @@ fn adjacency_lists_and_exported_graph_texts_load_back_to_the_same_graph() {
         let t = TopologySpec::parse(text).unwrap().build(None).unwrap();
         assert_eq!(t.graph, ring.graph, "{text}");
     }
-    for (name, n) in [("torus", 16), ("hypercube", 8), ("complete", 6), ("star", 5)] {
+    for (name, n) in [
+        ("torus", 16),
+        ("hypercube", 8),
+        ("complete", 6),
+        ("star", 5),
+    ] {
         let t = TopologySpec::named(name).unwrap().build(Some(n)).unwrap();
         for format in ["edges", "adjacency", "edgelist"] {
             let text = TopologySpec::write_graph(&t.graph, format.parse().unwrap());
@@ -1058,8 +1063,16 @@ fn adjacency_lists_and_exported_graph_texts_load_back_to_the_same_graph() {
             assert_eq!(back.w, t.w, "{name} as {format}");
         }
     }
-    assert!("dot".parse::<GraphFormat>().unwrap_err().contains("edgelist"));
+    assert!("dot"
+        .parse::<GraphFormat>()
+        .unwrap_err()
+        .contains("edgelist"));
     // Neither TOML nor a graph text: the error names the forms.
-    let err = TopologySpec::parse("hello world\n").unwrap_err().to_string();
-    assert!(err.contains("neither TOML") && err.contains("adjacency list"), "{err}");
+    let err = TopologySpec::parse("hello world\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("neither TOML") && err.contains("adjacency list"),
+        "{err}"
+    );
 }

@@ -864,8 +864,14 @@ impl<B: AutodiffBackend> Training<'_, B> {
         }
         drv.finish()?;
         if args.train.save_peer_models {
-            let path = out.join("peers").join(format!("model-{}.safetensors", self.rank));
-            crate::report::collector::write_model(model::inference_copy(&self.net), &self.x, &path)?;
+            let path = out
+                .join("peers")
+                .join(format!("model-{}.safetensors", self.rank));
+            crate::report::collector::write_model(
+                model::inference_copy(&self.net),
+                &self.x,
+                &path,
+            )?;
             info!(path = %path.display(), "wrote this peer's model");
         }
         if let Some(c) = &drv.collector {
@@ -882,9 +888,10 @@ impl<B: AutodiffBackend> Training<'_, B> {
             // BatchNorm statistics, the model the x̄ column evaluated (after the summary,
             // which a failure here must not cost).
             let (x_bar, eval) = match &c.mean {
-                Some(m) if !m.running_state.is_empty() => {
-                    (m.x.as_slice(), model::unflatten_running_state(eval, &m.running_state)?)
-                }
+                Some(m) if !m.running_state.is_empty() => (
+                    m.x.as_slice(),
+                    model::unflatten_running_state(eval, &m.running_state)?,
+                ),
                 Some(m) => (m.x.as_slice(), eval),
                 None => (self.x.as_slice(), eval),
             };

@@ -406,7 +406,9 @@ fn mean_running_state(all: &[Reported]) -> Vec<f32> {
             *m += f64::from(v);
         }
     }
-    mean.into_iter().map(|m| (m / all.len() as f64) as f32).collect()
+    mean.into_iter()
+        .map(|m| (m / all.len() as f64) as f32)
+        .collect()
 }
 
 /// The network's row for `epoch` from every peer's report and parameters: accuracy
@@ -452,8 +454,7 @@ pub(crate) fn epoch_row(
             .bytes_per_token
             .filter(|_| tokens)
             .map(|b| mean(|r| r.test_loss) / std::f64::consts::LN_2 / b),
-        mean_test_bits_per_token: tokens
-            .then(|| mean(|r| r.test_loss) / std::f64::consts::LN_2),
+        mean_test_bits_per_token: tokens.then(|| mean(|r| r.test_loss) / std::f64::consts::LN_2),
         consensus_distance: xi2,
         mean_train_loss: mean(|r| r.train_loss),
         bytes_sent_per_peer: mean(|r| r.totals.bytes_sent as f64),
@@ -552,7 +553,10 @@ pub(crate) fn write_sample<B: burn::tensor::backend::Backend>(
     let gpt2 = vocab == tokens::GPT2_VOCAB;
     let prompt: Vec<u32> = match vocab {
         256 => SAMPLE_PROMPT.bytes().map(u32::from).collect(),
-        _ if gpt2 => tokens::gpt2_encode(SAMPLE_PROMPT)?.into_iter().map(u32::from).collect(),
+        _ if gpt2 => tokens::gpt2_encode(SAMPLE_PROMPT)?
+            .into_iter()
+            .map(u32::from)
+            .collect(),
         _ => return Ok(None),
     };
     let ids = model::sample_text(
@@ -740,11 +744,14 @@ mod tests {
         let want: Vec<f32> = s.iter().map(|v| v + 1.0).collect();
         assert_eq!(mean.running_state, want);
         // The x̄ column evaluates exactly that model.
-        let eval = model::unflatten_running_state(model::unflatten(net, &mean.x).unwrap(), &want)
-            .unwrap();
-        let (acc, loss) = model::evaluate(&eval, &test.images, &test.labels, EVAL_BATCH, &device)
-            .unwrap();
-        assert_eq!((row.avg_model_test_accuracy, row.avg_model_test_loss), (acc, loss));
+        let eval =
+            model::unflatten_running_state(model::unflatten(net, &mean.x).unwrap(), &want).unwrap();
+        let (acc, loss) =
+            model::evaluate(&eval, &test.images, &test.labels, EVAL_BATCH, &device).unwrap();
+        assert_eq!(
+            (row.avg_model_test_accuracy, row.avg_model_test_loss),
+            (acc, loss)
+        );
         // A peer without statistics (or of another length): none are averaged.
         let mut odd = peer(0.0);
         odd.0.running_state.pop();

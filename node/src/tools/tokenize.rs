@@ -65,6 +65,9 @@ mod tests {
 
     #[test]
     fn a_document_starts_with_the_end_of_text_token() {
-        assert_eq!(encode("Hello world").unwrap(), [tokens::END_OF_TEXT, 15496, 995]);
+        assert_eq!(
+            encode("Hello world").unwrap(),
+            [tokens::END_OF_TEXT, 15496, 995]
+        );
     }
 }

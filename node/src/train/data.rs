@@ -275,7 +275,12 @@ impl Batches {
             self.cursor += 1;
             match &shard.augment {
                 None => images.extend_from_slice(shard.image(i)),
-                Some(a) => a.apply(shard.image(i), (shard.rows, shard.cols), &mut self.rng, images),
+                Some(a) => a.apply(
+                    shard.image(i),
+                    (shard.rows, shard.cols),
+                    &mut self.rng,
+                    images,
+                ),
             }
             labels.push(shard.labels[i]);
         }

@@ -552,7 +552,10 @@ pub fn sample_text<B: Backend>(
         other => bail!("a model that takes {other} generates no text"),
     };
     if let Some(&id) = prompt.iter().find(|&&id| id as usize >= m.vocab()) {
-        bail!("prompt token {id} is beyond the vocabulary of {}", m.vocab());
+        bail!(
+            "prompt token {id} is beyond the vocabulary of {}",
+            m.vocab()
+        );
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut text = prompt.to_vec();

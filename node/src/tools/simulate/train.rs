@@ -245,13 +245,8 @@ fn evaluate_peers(
         let model_r = model::unflatten(net.take().ok_or_else(|| anyhow!("no model"))?, &x)?;
         let batch_loss = st.take_mean_loss();
         let eval = model::inference_copy(&model_r);
-        let (test_accuracy, test_loss, train_loss) = evaluate_epoch(
-            &eval,
-            test,
-            &st.shard,
-            batch_loss,
-            &device,
-        )?;
+        let (test_accuracy, test_loss, train_loss) =
+            evaluate_epoch(&eval, test, &st.shard, batch_loss, &device)?;
         *net = Some(model_r);
         let totals = sim_net.totals(rank);
         let stats = gossip.stats();

@@ -91,7 +91,8 @@ impl CropFlip {
                     // The flip mirrors the crop, as flipping the cropped image does.
                     let col = if flip { cols - 1 - col } else { col };
                     let sc = col as isize + dx;
-                    let inside = (0..rows as isize).contains(&sr) && (0..cols as isize).contains(&sc);
+                    let inside =
+                        (0..rows as isize).contains(&sr) && (0..cols as isize).contains(&sc);
                     out.push(if inside {
                         plane[sr as usize * cols + sc as usize]
                     } else {

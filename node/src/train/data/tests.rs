@@ -436,7 +436,9 @@ fn cifar_dir(per_file: usize) -> tempfile::TempDir {
             .collect();
         std::fs::write(folder.join(name), bytes).unwrap();
     }
-    let test: Vec<u8> = (0..3).flat_map(|i| cifar_record(9 - i as u8, 100 + i)).collect();
+    let test: Vec<u8> = (0..3)
+        .flat_map(|i| cifar_record(9 - i as u8, 100 + i))
+        .collect();
     std::fs::write(folder.join(cifar::TEST_FILE), test).unwrap();
     dir
 }
@@ -448,7 +450,10 @@ fn cifar10_binary_files_are_read_normalised_in_record_order() {
     for data in [dir.path().to_owned(), dir.path().join(cifar::FOLDER)] {
         let run = RunData::load(ModelKind::Resnet20, Some(&data), 1).unwrap();
         assert_eq!((run.train.len(), run.test.len()), (10, 3));
-        assert_eq!((run.train.channels, run.train.rows, run.train.cols), (3, 32, 32));
+        assert_eq!(
+            (run.train.channels, run.train.rows, run.train.cols),
+            (3, 32, 32)
+        );
         // data_batch_1 first, then _2 …: file f's record i has label (f + i) mod 10.
         assert_eq!(run.train.labels, [0, 1, 1, 2, 2, 3, 3, 4, 4, 5]);
         assert_eq!(run.test.labels, [9, 8, 7]);
@@ -459,7 +464,11 @@ fn cifar10_binary_files_are_read_normalised_in_record_order() {
         for (c, r, col) in [(0, 0, 0), (1, 5, 31), (2, 31, 7)] {
             let byte = ((11 + 7 * c + 3 * r + col) % 256) as f32;
             let want = (byte / 255.0 - cifar::MEAN[c]) / cifar::STD[c];
-            assert_eq!(image[c * 1024 + r * 32 + col], want, "pixel ({c}, {r}, {col})");
+            assert_eq!(
+                image[c * 1024 + r * 32 + col],
+                want,
+                "pixel ({c}, {r}, {col})"
+            );
         }
     }
     // The shard keeps the augmentation.
@@ -473,7 +482,10 @@ fn bad_cifar10_files_get_one_clear_error_each() {
     let mut two = cifar_record(1, 0);
     two.extend(cifar_record(2, 1));
     let err = parse(&two[..two.len() - 100]);
-    assert!(err.contains("f.bin") && err.contains("record 1 is truncated"), "{err}");
+    assert!(
+        err.contains("f.bin") && err.contains("record 1 is truncated"),
+        "{err}"
+    );
     let err = parse(&cifar_record(10, 0));
     assert!(err.contains("record 0 has label 10"), "{err}");
     assert!(parse(&[]).contains("empty"));
@@ -484,12 +496,18 @@ fn bad_cifar10_files_get_one_clear_error_each() {
     let err = RunData::load(ModelKind::Resnet20, Some(dir.path()), 1)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("data_batch_4.bin not found") && err.contains(cifar::FOLDER), "{err}");
+    assert!(
+        err.contains("data_batch_4.bin not found") && err.contains(cifar::FOLDER),
+        "{err}"
+    );
     // CIFAR-10 for a model of MNIST digits.
     let err = RunData::load(ModelKind::Cnn, Some(dir.path()), 1)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("cnn") && err.contains("resnet20 reads"), "{err}");
+    assert!(
+        err.contains("cnn") && err.contains("resnet20 reads"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -501,7 +519,9 @@ fn crop_flip_shifts_and_mirrors_whole_images_and_pads_with_the_fill() {
     };
     // Pixel (c, r, col) holds 100c + 10r + col: every value tells where it came from.
     let image: Vec<f32> = (0..2)
-        .flat_map(|c| (0..rows).flat_map(move |r| (0..cols).map(move |col| (100 * c + 10 * r + col) as f32)))
+        .flat_map(|c| {
+            (0..rows).flat_map(move |r| (0..cols).map(move |col| (100 * c + 10 * r + col) as f32))
+        })
         .collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
     let mut seen = std::collections::HashSet::new();

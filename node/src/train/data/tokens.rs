@@ -17,7 +17,12 @@ pub const VERSION: i32 = 1;
 pub const HEADER_BYTES: usize = 256 * 4;
 
 fn header_i32(bytes: &[u8], i: usize) -> i32 {
-    i32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]])
+    i32::from_le_bytes([
+        bytes[4 * i],
+        bytes[4 * i + 1],
+        bytes[4 * i + 2],
+        bytes[4 * i + 3],
+    ])
 }
 
 /// Whether `bytes` start with a token file's header (its magic).
@@ -62,7 +67,11 @@ pub fn parse(name: &str, bytes: &[u8]) -> Result<Vec<u16>, DataError> {
              ({})",
             2 * count.max(0) as usize,
             body.len(),
-            if body.len() < 2 * count.max(0) as usize { "truncated" } else { "trailing bytes" }
+            if body.len() < 2 * count.max(0) as usize {
+                "truncated"
+            } else {
+                "trailing bytes"
+            }
         )));
     }
     Ok(body
@@ -77,7 +86,11 @@ pub fn parse(name: &str, bytes: &[u8]) -> Result<Vec<u16>, DataError> {
 /// [`DataError::BadRecord`] naming the first such id, its position and the `--model` that
 /// takes the file.
 pub fn check_vocab(name: &str, ids: &[u16], vocab: usize) -> Result<(), DataError> {
-    let Some((i, &id)) = ids.iter().enumerate().find(|(_, &id)| usize::from(id) >= vocab) else {
+    let Some((i, &id)) = ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| usize::from(id) >= vocab)
+    else {
         return Ok(());
     };
     let largest = ids.iter().copied().max().unwrap_or(id);
@@ -116,7 +129,11 @@ pub fn gpt2_encode(text: &str) -> Result<Vec<u16>, DataError> {
 /// GPT-2 tokens back to text (lossy UTF-8; ids beyond the vocabulary are dropped).
 pub fn gpt2_decode(ids: &[u32]) -> String {
     let bpe = tiktoken_rs::r50k_base_singleton();
-    let known: Vec<u32> = ids.iter().copied().filter(|&id| (id as usize) < GPT2_VOCAB).collect();
+    let known: Vec<u32> = ids
+        .iter()
+        .copied()
+        .filter(|&id| (id as usize) < GPT2_VOCAB)
+        .collect();
     String::from_utf8_lossy(&bpe.decode_bytes(&known).unwrap_or_default()).into_owned()
 }
 
@@ -163,13 +180,19 @@ mod tests {
         // A vocabulary too small for the file names the option that fits it.
         check_vocab("t.bin", &ids, 50_257).unwrap();
         let e = check_vocab("t.bin", &ids, 256).unwrap_err().to_string();
-        assert!(e.contains("token 0 is id 50256") && e.contains("vocab=50257"), "{e}");
+        assert!(
+            e.contains("token 0 is id 50256") && e.contains("vocab=50257"),
+            "{e}"
+        );
     }
 
     #[test]
     fn gpt2_tokens_of_a_known_text_and_back() {
         // "Hello world" is [15496, 995] in GPT-2's encoding.
         assert_eq!(gpt2_encode("Hello world").unwrap(), [15496, 995]);
-        assert_eq!(gpt2_decode(&[15496, 995, 50_256]), "Hello world<|endoftext|>");
+        assert_eq!(
+            gpt2_decode(&[15496, 995, 50_256]),
+            "Hello world<|endoftext|>"
+        );
     }
 }

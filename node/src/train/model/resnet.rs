@@ -175,7 +175,9 @@ impl<B: Backend> BasicBlock<B> {
             Some(p) => batch_norm(&p.bn, p.conv.forward(x.clone())),
             None => x.clone(),
         };
-        let y = self.relu.forward(batch_norm(&self.bn1, self.conv1.forward(x)));
+        let y = self
+            .relu
+            .forward(batch_norm(&self.bn1, self.conv1.forward(x)));
         let y = batch_norm(&self.bn2, self.conv2.forward(y));
         self.relu.forward(y + shortcut)
     }
@@ -222,7 +224,11 @@ pub(super) fn batch_norm<B: Backend>(bn: &BatchNorm<B>, x: Tensor<B, 4>) -> Tens
         (centered, bn.running_var.value().reshape([1, c, 1]))
     };
     // γ / √(σ² + ε) per channel, then one multiply and one add over x.
-    let scale = bn.gamma.val().reshape([1, c, 1]).div(var.add_scalar(bn.epsilon).sqrt());
+    let scale = bn
+        .gamma
+        .val()
+        .reshape([1, c, 1])
+        .div(var.add_scalar(bn.epsilon).sqrt());
     centered
         .mul(scale.repeat_dim(0, b))
         .add(per_row(bn.beta.val()))

@@ -574,7 +574,10 @@ fn resnet_batch_norm_matches_burn_s_batchnorm() {
     let close = |a: Vec<f32>, b: Vec<f32>, what: &str| {
         assert_eq!(a.len(), b.len(), "{what}");
         for (i, (p, q)) in a.iter().zip(&b).enumerate() {
-            assert!((p - q).abs() <= 1e-4 * (1.0 + q.abs()), "{what}[{i}]: {p} vs {q}");
+            assert!(
+                (p - q).abs() <= 1e-4 * (1.0 + q.abs()),
+                "{what}[{i}]: {p} vs {q}"
+            );
         }
     };
     let values = |t: Tensor<B, 4>| t.into_data().to_vec::<f32>().unwrap();
@@ -607,10 +610,17 @@ fn resnet_batch_norm_matches_burn_s_batchnorm() {
     // Read through the inference copy, where Burn folds in a step's statistics.
     let stats = |bn: &burn::nn::BatchNorm<B>| running_state(&bn.valid());
     close(stats(&bn_ours), stats(&bn_burn), "running statistics");
-    assert_ne!(stats(&bn_ours), stats(&make()), "the running statistics moved");
+    assert_ne!(
+        stats(&bn_ours),
+        stats(&make()),
+        "the running statistics moved"
+    );
     // Inference: the running statistics.
     let (valid, x) = (bn_ours.valid(), x.inner());
-    let ours = resnet::batch_norm(&valid, x.clone()).into_data().to_vec::<f32>().unwrap();
+    let ours = resnet::batch_norm(&valid, x.clone())
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
     let burn = valid.forward(x).into_data().to_vec::<f32>().unwrap();
     close(ours, burn, "inference");
 }
