@@ -668,7 +668,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
             batch_loss,
             &self.device,
         )?;
-        let report = PeerEpoch {
+        let mut report = PeerEpoch {
             peer: self.rank,
             epoch,
             phase: self.args.algorithm_at(epoch).to_string(),
@@ -677,11 +677,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
             test_accuracy,
             test_loss,
             totals: self.totals(),
-            running_state: {
-                let mut s = Vec::new();
-                model::flatten_running_state(&eval, &mut s);
-                s
-            },
+            running_state: Vec::new(),
         };
         info!(
             epoch,
@@ -708,13 +704,9 @@ impl<B: AutodiffBackend> Training<'_, B> {
                 sent.join(" ")
             );
         }
-        report::append_json_line(
-            &self.peer_log,
-            &PeerEpoch {
-                running_state: Vec::new(),
-                ..report.clone()
-            },
-        )?;
+        // The JSON line leaves the BatchNorm statistics out; the report frame carries them.
+        report::append_json_line(&self.peer_log, &report)?;
+        model::flatten_running_state(&eval, &mut report.running_state);
         self.drv.report(report.clone(), &self.x)?;
         Ok(report)
     }

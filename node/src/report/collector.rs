@@ -400,15 +400,7 @@ fn mean_running_state(all: &[Reported]) -> Vec<f32> {
     if len == 0 || all.iter().any(|(r, _)| r.running_state.len() != len) {
         return Vec::new();
     }
-    let mut mean = vec![0.0f64; len];
-    for (r, _) in all {
-        for (m, &v) in mean.iter_mut().zip(&r.running_state) {
-            *m += f64::from(v);
-        }
-    }
-    mean.into_iter()
-        .map(|m| (m / all.len() as f64) as f32)
-        .collect()
+    consensus_distance(all.iter().map(|(r, _)| r.running_state.as_slice())).1
 }
 
 /// The network's row for `epoch` from every peer's report and parameters: accuracy

@@ -186,9 +186,9 @@ pub enum DataError {
     /// A text too short for one training and one validation sequence.
     #[error("the text has {bytes} tokens (bytes, for a byte file); a model of this context needs at least {needed} (90% to train, 10% held out, each at least one sequence)")]
     TextTooShort {
-        /// Bytes of the text.
+        /// Tokens of the text (bytes, for a byte-level text).
         bytes: usize,
-        /// Bytes needed.
+        /// Tokens needed.
         needed: usize,
     },
     /// `--data DIR` was given for a model that does not read what is in it.
@@ -293,7 +293,8 @@ impl Batches {
 /// `images` holds `len() * channels * rows * cols` values, sample after
 /// sample: shape `[len, features()]`. For images these are pixels, channel after
 /// channel, each row-major: in `[0, 1]` for MNIST (the IDX byte divided by 255) and
-/// synthetic images, normalised per channel for CIFAR-10 ([`cifar`]); `labels` holds `len()` classes (digits `0..=9` for MNIST). A
+/// synthetic images, normalised per channel for CIFAR-10 ([`cifar`]); `labels` holds
+/// `len()` classes (digits `0..=9` for MNIST). A
 /// token data set ([`Dataset::synthetic`] for [`Input::Tokens`]) has one row
 /// (`channels = rows = 1`) of `cols` = context + 1 token ids, exact integers
 /// in f32, and labels 0.

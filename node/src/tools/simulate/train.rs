@@ -250,7 +250,7 @@ fn evaluate_peers(
         *net = Some(model_r);
         let totals = sim_net.totals(rank);
         let stats = gossip.stats();
-        let report = PeerEpoch {
+        let mut report = PeerEpoch {
             peer: rank,
             epoch,
             phase: args.algorithm_at(epoch).to_string(),
@@ -275,8 +275,7 @@ fn evaluate_peers(
             &report,
         )?;
         // The virtual peers share one model, hence its BatchNorm statistics (the inference
-        // copy holds the latest).
-        let mut report = report;
+        // copy holds the latest); as in a peer's, they are in the report, not the JSON line.
         model::flatten_running_state(&eval, &mut report.running_state);
         reports.push((report, x));
     }
