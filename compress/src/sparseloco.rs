@@ -28,6 +28,10 @@ pub const MAX_CHUNK: usize = 1 << 16;
 /// The default chunk, as the paper's 64×64 tiles.
 pub const DEFAULT_CHUNK: usize = 4096;
 
+/// The default error-feedback decay β of the paper (Sarfi et al. 2025, §4: β = 0.95),
+/// applied by whoever keeps the residual (`murmur_gossip`'s DiLoCo), not by the operator.
+pub const DEFAULT_DECAY: f32 = 0.95;
+
 const NAME: &str = "sparseloco";
 
 /// Chunked top-k with 2-bit values (see the [module docs](self)).

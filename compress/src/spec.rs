@@ -19,6 +19,7 @@
 //! | `sign` | — | `bucket=N` (none: one scale for the whole vector) |
 //! | `terngrad` | — | `bucket=N` (none: one scale for the whole vector) |
 //! | `natural`, `fp16`, `bf16` | — | — |
+//! | `sparseloco` | ratio (1/64) | `chunk=C` (4096), `decay=B` (0.95: the error-feedback decay of the pseudo-gradient aggregation) |
 //! | `dgc` | ratio (0.001) | `momentum=M` (0.9), `warmup=EPOCHS` (4), `exact` (flag; sampled threshold by default) |
 //!
 //! A ratio is in `(0, 1]`, a bucket size at least 1 (and below 2³²), a DGC momentum in
@@ -119,13 +120,18 @@ pub enum CompressorSpec {
     Fp16,
     /// `bf16`: cast to bfloat16 ([`Bf16`]).
     Bf16,
-    /// `sparseloco[:RATIO][,chunk=C]`: SparseLoCo's top-k per chunk of C coordinates with
-    /// 2-bit values ([`SparseLoco`]); ratio 1/64 and C = 4096 by default.
+    /// `sparseloco[:RATIO][,chunk=C][,decay=B]`: SparseLoCo's top-k per chunk of C
+    /// coordinates with 2-bit values ([`SparseLoco`]); ratio 1/64, C = 4096 and β = 0.95 by
+    /// default.
     SparseLoco {
         /// Share of each chunk kept, in (0, 1].
         ratio: f64,
         /// Coordinates per chunk, 1..=65536.
         chunk: usize,
+        /// β ∈ [0, 1], the decay of the error-feedback residual that the pseudo-gradient
+        /// aggregation applies before each compression, e ← β e + Δ (Sarfi et al. 2025,
+        /// Algorithm 1; `murmur_gossip`'s DiLoCo). The operator itself does not use it.
+        decay: f32,
     },
     /// `ef+OPERATOR`: error feedback ([`ErrorFeedback`]) around an operator that is neither
     /// error feedback nor DGC.
@@ -258,6 +264,7 @@ const EXPECT_BUCKET: &str = "an integer from 1 to 4294967295";
 const EXPECT_MOMENTUM: &str = "a number in [0, 1)";
 const EXPECT_WARMUP: &str = "a non-negative integer (epochs)";
 const EXPECT_CHUNK: &str = "an integer from 1 to 65536";
+const EXPECT_DECAY: &str = "a number in [0, 1]";
 
 /// One operator of the grammar: its name, usage line and valid keys.
 struct Grammar {
@@ -325,8 +332,8 @@ const GRAMMARS: [Grammar; 13] = [
     },
     Grammar {
         name: "sparseloco",
-        usage: "sparseloco[:RATIO][,chunk=C]",
-        keys: "chunk",
+        usage: "sparseloco[:RATIO][,chunk=C][,decay=B]",
+        keys: "chunk, decay",
     },
     Grammar {
         name: "dgc",
@@ -562,6 +569,9 @@ impl CompressorSpec {
             {
                 invalid(name, "chunk", chunk.to_string(), EXPECT_CHUNK)
             }
+            Self::SparseLoco { decay, .. } if !(0.0..=1.0).contains(decay) => {
+                invalid(name, "decay", decay.to_string(), EXPECT_DECAY)
+            }
             Self::Qsgd { bucket, .. }
             | Self::Int8 { bucket }
             | Self::Sign {
@@ -681,7 +691,7 @@ impl CompressorSpec {
             Self::Natural => Box::new(Natural::new()),
             Self::Fp16 => Box::new(Fp16::default()),
             Self::Bf16 => Box::new(Bf16::default()),
-            Self::SparseLoco { ratio, chunk } => Box::new(SparseLoco::new(*ratio, *chunk)),
+            Self::SparseLoco { ratio, chunk, .. } => Box::new(SparseLoco::new(*ratio, *chunk)),
             Self::ErrorFeedback(inner) => Box::new(ErrorFeedback::new(inner.build(layers)?)),
             Self::Dgc(cfg) => Box::new(Dgc::new(*cfg)),
         })
@@ -740,6 +750,14 @@ impl CompressorSpec {
                         .ok()
                         .filter(|c| (1..=crate::sparseloco::MAX_CHUNK).contains(c))
                         .ok_or_else(|| p.invalid("chunk", text, EXPECT_CHUNK))?,
+                },
+                decay: match p.value("decay")? {
+                    None => crate::sparseloco::DEFAULT_DECAY,
+                    Some(text) => text
+                        .parse::<f32>()
+                        .ok()
+                        .filter(|b| (0.0..=1.0).contains(b))
+                        .ok_or_else(|| p.invalid("decay", text, EXPECT_DECAY))?,
                 },
             },
             _ => {
@@ -825,7 +843,11 @@ impl fmt::Display for CompressorSpec {
                 }
                 Ok(())
             }
-            Self::SparseLoco { ratio, chunk } => write!(f, "{name}:{ratio},chunk={chunk}"),
+            Self::SparseLoco {
+                ratio,
+                chunk,
+                decay,
+            } => write!(f, "{name}:{ratio},chunk={chunk},decay={decay}"),
             Self::ErrorFeedback(inner) => write!(f, "ef+{inner}"),
             Self::Dgc(cfg) => {
                 write!(

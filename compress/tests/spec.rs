@@ -19,7 +19,7 @@ fn error(s: &str) -> String {
 }
 
 /// Every example of the grammar, with its canonical form.
-const EXAMPLES: [(&str, &str); 28] = [
+const EXAMPLES: [(&str, &str); 29] = [
     ("identity", "identity"),
     ("topk", "topk:0.01"),
     ("topk:0.01", "topk:0.01"),
@@ -41,8 +41,15 @@ const EXAMPLES: [(&str, &str); 28] = [
     ("natural", "natural"),
     ("fp16", "fp16"),
     ("bf16", "bf16"),
-    ("sparseloco", "sparseloco:0.015625,chunk=4096"),
-    ("sparseloco:0.02,chunk=1024", "sparseloco:0.02,chunk=1024"),
+    ("sparseloco", "sparseloco:0.015625,chunk=4096,decay=0.95"),
+    (
+        "sparseloco:0.02,chunk=1024",
+        "sparseloco:0.02,chunk=1024,decay=0.95",
+    ),
+    (
+        "sparseloco:0.03,decay=0",
+        "sparseloco:0.03,chunk=4096,decay=0",
+    ),
     ("ef+topk:0.01", "ef+topk:0.01"),
     ("ef+sign", "ef+sign"),
     ("dgc", "dgc:0.001,momentum=0.9,warmup=4"),
@@ -171,6 +178,14 @@ fn bad_specs_are_refused_with_a_clear_message() {
         (
             "sparseloco,chunk=70000",
             &["sparseloco", "chunk", "an integer from 1 to 65536"],
+        ),
+        (
+            "sparseloco,decay=1.5",
+            &["sparseloco", "decay", "a number in [0, 1]"],
+        ),
+        (
+            "sparseloco,decay=NaN",
+            &["sparseloco", "decay", "a number in [0, 1]"],
         ),
         (
             "topc",
@@ -485,8 +500,16 @@ fn plain_spec() -> impl Strategy<Value = CompressorSpec> {
         Just(CompressorSpec::Natural),
         Just(CompressorSpec::Fp16),
         Just(CompressorSpec::Bf16),
-        (ratio(), 1usize..=65536)
-            .prop_map(|(ratio, chunk)| CompressorSpec::SparseLoco { ratio, chunk }),
+        (
+            ratio(),
+            1usize..=65536,
+            prop_oneof![Just(0.0f32), Just(1.0f32), 0f32..=1.0]
+        )
+            .prop_map(|(ratio, chunk, decay)| CompressorSpec::SparseLoco {
+                ratio,
+                chunk,
+                decay
+            }),
         (
             ratio(),
             prop_oneof![Just(0.0f32), 0f32..1.0],

@@ -16,7 +16,7 @@ use std::time::Duration;
 use murmur_compress::{Compressor, CompressorSpec};
 use murmur_topology::{PushSchedule, Topology};
 
-use crate::optimizer::{check_outer_lr, check_outer_momentum, OuterConfig};
+use crate::optimizer::{check_outer_lr, check_outer_momentum, OuterConfig, OuterOptimizer};
 use crate::{BuildError, Gossip, PsMode, Rank};
 
 /// One algorithm as the registry knows it. Implemented once per algorithm, in its file.
@@ -437,10 +437,17 @@ impl AlgorithmOptions {
         self.merge_alpha.unwrap_or(DEFAULT_MERGE_ALPHA)
     }
 
-    /// DiLoCo's outer step: the optimizer given (else Nesterov), with the η_out and μ given
-    /// (else the optimizer's defaults). Not checked here: see [`OuterConfig::check`].
+    /// DiLoCo's outer step: the optimizer given (else Nesterov; SGD with `--compressor
+    /// sparseloco`), with the η_out and μ given (else the optimizer's defaults). Not checked here: see [`OuterConfig::check`].
     pub fn outer(&self) -> OuterConfig {
-        let optimizer = self.outer_optimizer.unwrap_or_default();
+        // SparseLoCo drops the outer momentum: its decayed error feedback stands in for it
+        // (Sarfi et al. 2025, §3), so its default outer step is plain SGD with η_out = 1.
+        let sparseloco = matches!(self.compressor, Some(CompressorSpec::SparseLoco { .. }));
+        let optimizer = self.outer_optimizer.unwrap_or(if sparseloco {
+            OuterOptimizer::Sgd
+        } else {
+            OuterOptimizer::default()
+        });
         OuterConfig {
             optimizer,
             lr: self.outer_lr.unwrap_or(optimizer.default_lr()),
@@ -540,6 +547,10 @@ pub struct BuildContext<'a> {
     /// less ([`crate::DPsgdConfig::in_place`]): true for the simulator, false for a network
     /// peer.
     pub in_place: bool,
+    /// Whether every peer starts from the same x⁰ bit for bit (`--init same`, or one
+    /// `--init-from` file, outside a phase schedule): DiLoCo's SparseLoCo form then
+    /// compresses its first outer step too, since the anchors are already identical.
+    pub shared_start: bool,
 }
 
 impl BuildContext<'_> {

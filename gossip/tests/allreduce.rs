@@ -602,3 +602,152 @@ fn a_compressed_ring_ends_bitwise_identical_and_its_residuals_hold_what_was_not_
     assert_eq!(net.params(), raw.params(), "round 0 is raw");
     assert_eq!(net.peers[0].stats(), raw.peers[0].stats(), "raw frames");
 }
+
+// ---- Gathered rounds (SparseLoCo's all-gather) --------------------------------------------
+
+fn gathered_ring(n: usize, d: usize, compressor: &str, decay: f32) -> Vec<AllReduce> {
+    let spec: murmur_compress::CompressorSpec = compressor.parse().unwrap();
+    (0..n)
+        .map(|i| {
+            AllReduce::gathered(
+                AllReduceConfig::new(i, n, 0.0, d),
+                vec![0.0; d],
+                spec.build(None).unwrap(),
+                decay,
+            )
+        })
+        .collect()
+}
+
+/// C(p) decoded, with a fresh operator of `compressor` (these operators draw no randomness).
+fn compress_decode(compressor: &str, p: &[f32]) -> Vec<f32> {
+    let spec: murmur_compress::CompressorSpec = compressor.parse().unwrap();
+    let mut c = spec.build(None).unwrap();
+    let mut msg = Vec::new();
+    c.compress(p, &mut StdRng::seed_from_u64(0), &mut msg);
+    let mut out = vec![0.0; p.len()];
+    murmur_compress::decode_into(&msg, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn a_gathered_ring_averages_every_peer_s_own_message_bitwise_alike_in_n_minus_1_steps() {
+    // Each round: p_i = v_i + β e_i, e_i ← p_i − C(p_i), and every peer ends with
+    // (1/n) Σ_r C(p_r) summed in rank order, after n − 1 frames of one whole message each.
+    let compressor = "sparseloco:0.1,chunk=32";
+    for n in [2usize, 3, 5] {
+        let d = 301;
+        let decay = 0.5f32;
+        let mut net = Net::shuffled(gathered_ring(n, d, compressor, decay), n as u64);
+        let mut e = vec![vec![0.0f32; d]; n];
+        for t in 0..4u64 {
+            let vs = uniform_vectors(n, d, 1.0, 700 + t);
+            let before: Vec<GossipStats> = net.peers.iter().map(|p| p.stats()).collect();
+            for (i, v) in vs.iter().enumerate() {
+                net.begin(i, v, None);
+            }
+            net.deliver_all();
+            // By hand, in f32 and in the ring's order.
+            let mut sum = vec![0.0f32; d];
+            for i in 0..n {
+                let p: Vec<f32> = vs[i]
+                    .iter()
+                    .zip(&e[i])
+                    .map(|(v, e)| v + decay * e)
+                    .collect();
+                let c = compress_decode(compressor, &p);
+                for ((e, p), c) in e[i].iter_mut().zip(&p).zip(&c) {
+                    *e = p - c;
+                }
+                for (s, c) in sum.iter_mut().zip(&c) {
+                    *s += c;
+                }
+            }
+            let mean: Vec<f32> = sum.iter().map(|s| s / n as f32).collect();
+            for (i, p) in net.peers.iter().enumerate() {
+                let what = format!("n = {n}, round {t}, peer {i}");
+                assert!(p.gathers_round(t), "{what}");
+                assert_eq!(p.params(), &mean[..], "{what}: the mean");
+                assert_eq!(p.residual().unwrap(), &e[i][..], "{what}: the residual");
+                let sent = p.stats().frames_sent - before[i].frames_sent;
+                assert_eq!(sent, n as u64 - 1, "{what}: frames");
+            }
+            // Sparse supports add up: the mean has more non-zeros than one message.
+            let nnz = |v: &[f32]| v.iter().filter(|x| **x != 0.0).count();
+            let one = nnz(&compress_decode(compressor, &vs[0]));
+            assert!(
+                nnz(&mean) > one,
+                "n = {n}: union of supports {} > {one}",
+                nnz(&mean)
+            );
+        }
+    }
+    // A lone peer: its own vector, no frame.
+    let mut p = gathered_ring(1, 5, compressor, 0.95).remove(0);
+    p.begin_round(Instant::now(), &[1.0, 2.0, 3.0, 4.0, 5.0], None);
+    assert_eq!(p.poll_event(), Some(GossipEvent::Mixed { round: 0 }));
+    assert_eq!(p.params(), &[1.0, 2.0, 3.0, 4.0, 5.0]);
+    assert!(p.poll_transmit().is_none());
+}
+
+#[test]
+fn a_gathered_frame_out_of_place_is_refused_and_changes_nothing() {
+    let (n, d) = (3, 64);
+    let compressor = "sparseloco:0.1,chunk=16";
+    let mut net = Net::fifo(gathered_ring(n, d, compressor, 0.95));
+    let xs = uniform_vectors(n, d, 1.0, 5);
+    for (i, x) in xs.iter().enumerate() {
+        net.begin(i, x, None);
+    }
+    let step0 = net
+        .in_flight
+        .iter()
+        .find(|f| f.0 == 0)
+        .map(|f| f.2.clone())
+        .unwrap();
+    let msg = step0[28..].to_vec();
+    let payload = |step: u32, msg: &[u8]| {
+        let mut p = step.to_le_bytes().to_vec();
+        p.extend_from_slice(msg);
+        p
+    };
+    // A message of another dimension.
+    let mut short = Vec::new();
+    let spec: murmur_compress::CompressorSpec = compressor.parse().unwrap();
+    spec.build(None)
+        .unwrap()
+        .compress(&[1.0; 16], &mut StdRng::seed_from_u64(0), &mut short);
+    let p1 = &mut net.peers[1];
+    let before = snapshot(p1);
+    for (what, frame) in [
+        (
+            "step n − 1 (a reduced ring's step)",
+            kind_frame(FrameKind::Reduce, 0, 0, d as u32, &payload(2, &msg)),
+        ),
+        (
+            "a message of dimension 16",
+            kind_frame(FrameKind::Reduce, 0, 0, d as u32, &payload(0, &short)),
+        ),
+        (
+            "a truncated message",
+            kind_frame(
+                FrameKind::Reduce,
+                0,
+                0,
+                d as u32,
+                &payload(0, &msg[..msg.len() - 3]),
+            ),
+        ),
+    ] {
+        let r = p1.handle_message(Instant::now(), 0, &frame);
+        assert!(
+            matches!(r, Err(GossipError::Payload { .. })),
+            "{what}: {r:?}"
+        );
+        assert_eq!(snapshot(p1), before, "{what}");
+    }
+    // The real frames still complete the round.
+    net.deliver_all();
+    let xs = net.params();
+    assert!(xs.iter().all(|x| x == &xs[0]));
+}

@@ -141,7 +141,7 @@ fn a_whole_run_resumes_from_the_checkpointed_state_bit_for_bit() {
 }
 
 #[test]
-fn departures_end_the_run_and_compressors_are_refused_before_it_starts() {
+fn departures_end_the_run_and_d2_refuses_compressors_before_it_starts() {
     let topo = ring(N);
     for algorithm in ["gradient-tracking", "d2"] {
         let mut p = build(algorithm, &topo, 0, vec![0.0; D], LR, &Default::default()).unwrap();
@@ -150,9 +150,13 @@ fn departures_end_the_run_and_compressors_are_refused_before_it_starts() {
             p.peer_left(1, &w),
             Err(MembershipError::Unsupported { .. })
         ));
-        let spec: AlgorithmSpec = algorithm.parse().unwrap();
-        assert!(!spec.capabilities().compresses.takes_compressor());
     }
+    let takes = |a: &str| {
+        let spec: AlgorithmSpec = a.parse().unwrap();
+        spec.capabilities().compresses.takes_compressor()
+    };
+    assert!(!takes("d2"));
+    assert!(takes("gradient-tracking"), "compressed as BEER");
     // D² mixes on (I + W)/2, which needs a symmetric W: a directed graph is refused.
     let directed = common::topology("exponential", N);
     assert!(!directed.w.graph().is_symmetric());
@@ -166,4 +170,109 @@ fn departures_end_the_run_and_compressors_are_refused_before_it_starts() {
     let err = check_run(&["d2".parse().unwrap()], &run).unwrap_err();
     assert!(err.to_string().contains("exponential"), "{err}");
     assert!(check_run(&["gradient-tracking".parse().unwrap()], &run).is_ok());
+}
+
+/// The peers of `algorithm` on the ring of N from x = 0, `[d]`, with `compressor` and γ.
+fn compressed_peers(
+    algorithm: &str,
+    d: usize,
+    compressor: &str,
+    gamma: f32,
+) -> Vec<Box<dyn Gossip>> {
+    compressed_peers_from(algorithm, vec![vec![0.0; d]; N], compressor, gamma)
+}
+
+/// The peers of `algorithm` on the ring of N, peer i from `x0[i]`, with `compressor` and γ.
+fn compressed_peers_from(
+    algorithm: &str,
+    x0: Vec<Vec<f32>>,
+    compressor: &str,
+    gamma: f32,
+) -> Vec<Box<dyn Gossip>> {
+    let topo = ring(N);
+    let options = AlgorithmOptions {
+        compressor: Some(compressor.parse().unwrap()),
+        gamma: Some(gamma),
+        ..Default::default()
+    };
+    x0.into_iter()
+        .enumerate()
+        .map(|(i, x)| build(algorithm, &topo, i, x, LR, &options).unwrap())
+        .collect()
+}
+
+#[test]
+fn compressed_tracking_reaches_the_optimum_where_choco_sgd_with_the_same_operator_stalls() {
+    // BEER's claim (Zhao et al. 2022) on the non-IID quadratic: top-k 20% of the stacked
+    // [x − ηy; y], CHOCO's copies on both halves, against CHOCO-SGD with the same top-k.
+    let d = 20;
+    let b = common::uniform_vectors(N, d, 10.0, 8);
+    let (compressor, gamma) = ("topk:0.2", 0.4);
+    let mut choco = Sim::new(compressed_peers("choco", d, compressor, gamma));
+    let early_choco = run(&mut choco, &b, 1000);
+    let late_choco = run(&mut choco, &b, 1000);
+    let mut gt = Sim::new(compressed_peers("gradient-tracking", d, compressor, gamma));
+    let early = run(&mut gt, &b, 1000);
+    let late = run(&mut gt, &b, 1000);
+    eprintln!(
+        "choco: {early_choco} after 1000 rounds, {late_choco} after 2000; \
+         compressed tracking: {early} and {late}"
+    );
+    assert!(
+        late_choco > 0.1 && late_choco > 0.9 * early_choco,
+        "CHOCO-SGD stalls at its bias floor: {early_choco}, then {late_choco}"
+    );
+    assert!(
+        late < 1e-3 && late < 1e-3 * late_choco,
+        "compressed tracking converges to x*: {early}, then {late} (CHOCO-SGD {late_choco})"
+    );
+    // Compressed bytes: top-k of 2d values per frame, under the uncompressed tracker's.
+    let mut exact = Sim::new(peers_d("gradient-tracking", d));
+    run(&mut exact, &b, 10);
+    let mut gt = Sim::new(compressed_peers("gradient-tracking", d, compressor, gamma));
+    run(&mut gt, &b, 10);
+    let (c, e) = (
+        gt.peer(0).stats().bytes_sent,
+        exact.peer(0).stats().bytes_sent,
+    );
+    assert!(c < e, "compressed {c} bytes against {e}");
+    // Its state (z and CHOCO's copies) resumes bit for bit.
+    let saved: Vec<_> = (0..N)
+        .map(|i| (gt.peer(i).params().to_vec(), gt.peer(i).state()))
+        .collect();
+    let mut straight = Sim::new(compressed_peers("gradient-tracking", d, compressor, gamma));
+    run(&mut straight, &b, 15);
+    let x0 = saved.iter().map(|s| s.0.clone()).collect();
+    let mut resumed = compressed_peers_from("gradient-tracking", x0, compressor, gamma);
+    for (i, p) in resumed.iter_mut().enumerate() {
+        p.start_at_round(10).unwrap();
+        p.restore_state(&saved[i].1).unwrap();
+    }
+    let mut resumed = Sim::new(resumed);
+    run(&mut resumed, &b, 5);
+    for i in 0..N {
+        assert_eq!(
+            resumed.peer(i).params(),
+            straight.peer(i).params(),
+            "peer {i}"
+        );
+    }
+}
+
+/// The peers of `algorithm` on the ring of N from x = 0, `[d]`, default options.
+fn peers_d(algorithm: &str, d: usize) -> Vec<Box<dyn Gossip>> {
+    let topo = ring(N);
+    (0..N)
+        .map(|i| {
+            build(
+                algorithm,
+                &topo,
+                i,
+                vec![0.0; d],
+                LR,
+                &AlgorithmOptions::default(),
+            )
+            .unwrap()
+        })
+        .collect()
 }

@@ -101,6 +101,29 @@
 //! values are not finite: the run diverged), [`GossipEvent::Diverged`] is reported and
 //! the round never completes.
 //!
+//! # Gathered rounds
+//!
+//! A ring built with [`AllReduce::gathered`] runs its compressed rounds as an all-gather of
+//! each peer's own compressed vector instead (SparseLoCo's aggregation, Sarfi, Thérien,
+//! Lidin & Belilovsky 2025, "Communication Efficient LLM Pre-training with SparseLoCo",
+//! Algorithm 1): no partial sum is ever compressed again, so the mean of n sparse vectors
+//! keeps the union of their supports. With the decay β ∈ [0, 1] of the error feedback:
+//!
+//! ```text
+//! step 0:        p = v_i + β e_i,  q_i = C(p),  e_i ← p − C(p)   (C(p) decoded from q_i)
+//!                send q_i to the successor
+//! step s ≥ 1:    forward the message received at step s − 1 (peer (i − s) mod n's q)
+//! after n − 1:   mean = (1/n) (((0 + C(q_0)) + C(q_1)) + … + C(q_{n−1}))   [d]
+//! ```
+//!
+//! n − 1 steps, each frame one whole message (dim d): per peer per round (n − 1) frames of
+//! 24 + 4 + |C(d)| bytes, n/2 times the compressed ring's 2(n − 1)/n · |C(d)|, for a mean
+//! that is exact in the decoded messages. Every peer decodes the same n messages and adds
+//! them in rank order, so every peer ends the round with a bitwise-identical mean. Over
+//! rounds t = 1…T with β = 1 nothing is lost: n Σ_t mean_t + Σ_i e_i^T = Σ_t Σ_j v_j^t
+//! (exact arithmetic). The payload is the step (`u32` LE) and the message of dimension d;
+//! it is checked as a compressed chunk's, with len = d.
+//!
 //! # Early frames
 //!
 //! The predecessor may be ahead: a later step of this round, or (once it completed this
@@ -204,6 +227,14 @@ struct Chunk {
     msg: Vec<u8>,
 }
 
+/// What a gathered ring keeps besides the codec.
+struct Gather {
+    /// β ∈ [0, 1], the residual's decay.
+    decay: f32,
+    /// q_r of the mixing round, by origin rank r (empty until it arrived).
+    msgs: Vec<Vec<u8>>,
+}
+
 /// What a compressed ring keeps.
 struct Codec {
     compressor: Box<dyn Compressor>,
@@ -214,6 +245,9 @@ struct Codec {
     from_round: u64,
     /// The all-gather message received last, sent on unchanged at the next step.
     forward: Vec<u8>,
+    /// The gathered form (see the [module docs](self#gathered-rounds)): β and the messages
+    /// of the mixing round by their origin's rank.
+    gather: Option<Gather>,
     /// Scratch of one chunk: p = v + e, then C(p) decoded.
     p: Vec<f32>,
     decoded: Vec<f32>,
@@ -276,10 +310,45 @@ impl AllReduce {
             rng: StdRng::seed_from_u64(0),
             from_round: 0,
             forward: Vec::new(),
+            gather: None,
             p: Vec::new(),
             decoded: Vec::new(),
         }));
         ar
+    }
+
+    /// Peer `cfg.rank` starting from `x0: [d]` whose compressed rounds (from round 0 on, as
+    /// [`AllReduce::compressed`]) all-gather each peer's own C(v + β e) instead of reducing
+    /// chunks (see the [module docs](self#gathered-rounds)). The payload limit is raised to
+    /// 4 + C's bound for d values.
+    ///
+    /// # Panics
+    /// As [`AllReduce::new`], or if `decay` is not in [0, 1].
+    pub fn gathered(
+        mut cfg: AllReduceConfig,
+        x0: Vec<f32>,
+        compressor: Box<dyn Compressor>,
+        decay: f32,
+    ) -> Self {
+        assert!((0.0..=1.0).contains(&decay), "decay β must be in [0, 1]");
+        let largest = 4 + compressor.max_encoded_len(x0.len());
+        cfg.max_payload_bytes = cfg
+            .max_payload_bytes
+            .max(u32::try_from(largest).unwrap_or(u32::MAX));
+        let n = cfg.n;
+        let mut ar = Self::compressed(cfg, x0, compressor);
+        if let Some(c) = &mut ar.codec {
+            c.gather = Some(Gather {
+                decay,
+                msgs: vec![Vec::new(); n],
+            });
+        }
+        ar
+    }
+
+    /// Whether round `round` is a gathered one.
+    pub fn gathers_round(&self, round: u64) -> bool {
+        self.compresses_round(round) && self.codec.as_ref().is_some_and(|c| c.gather.is_some())
     }
 
     /// Compresses the rounds from `round` on; the earlier ones are raw. Every peer of the
@@ -331,9 +400,14 @@ impl AllReduce {
         &self.cfg
     }
 
-    /// Steps per round: 2(n − 1).
-    fn steps(&self) -> u32 {
-        2 * (self.cfg.n as u32 - 1)
+    /// Steps of round `round`: n − 1 if it is gathered, else 2(n − 1).
+    fn steps(&self, round: u64) -> u32 {
+        let n1 = self.cfg.n as u32 - 1;
+        if self.gathers_round(round) {
+            n1
+        } else {
+            2 * n1
+        }
     }
 
     fn next_peer(&self) -> Rank {
@@ -354,8 +428,12 @@ impl AllReduce {
         }
     }
 
-    /// The chunk this peer receives at step `s`: what the predecessor sends.
-    fn recv_range(&self, s: u32) -> Range<usize> {
+    /// The range of `[d]` this peer receives at step `s` of round `round`: what the
+    /// predecessor sends (all of it in a gathered round).
+    fn recv_range(&self, round: u64, s: u32) -> Range<usize> {
+        if self.gathers_round(round) {
+            return 0..self.x.len();
+        }
         let c = self.send_chunk(self.prev_peer(), s);
         chunk_range(c, self.cfg.n, self.x.len())
     }
@@ -365,7 +443,11 @@ impl AllReduce {
         if self.halted {
             return;
         }
-        let range = chunk_range(self.send_chunk(self.cfg.rank, s), self.cfg.n, self.x.len());
+        let range = if self.gathers_round(self.round) {
+            0..self.x.len()
+        } else {
+            chunk_range(self.send_chunk(self.cfg.rank, s), self.cfg.n, self.x.len())
+        };
         let mut payload = Vec::with_capacity(4 + 4 * range.len());
         payload.extend_from_slice(&s.to_le_bytes());
         if self.compresses_round(self.round) {
@@ -407,11 +489,15 @@ impl AllReduce {
         out: &mut Vec<u8>,
     ) -> Result<(), String> {
         let n1 = self.cfg.n as u32 - 1;
+        let rank = self.cfg.rank;
         let codec = self.codec.as_mut().expect("a compressed round has a codec");
         if range.is_empty() {
             return Ok(());
         }
-        if s > n1 {
+        // The gathered form forwards from step 1 on; the reduced form in the all-gather's
+        // later steps.
+        let first_forward = if codec.gather.is_some() { 1 } else { n1 + 1 };
+        if s >= first_forward {
             out.extend_from_slice(&codec.forward);
             return Ok(());
         }
@@ -421,14 +507,16 @@ impl AllReduce {
             rng,
             p,
             decoded,
+            gather,
             ..
         } = &mut **codec;
+        let decay = gather.as_ref().map_or(1.0, |g| g.decay);
         p.clear();
         p.extend(
             self.acc[range.clone()]
                 .iter()
                 .zip(&residual[range.clone()])
-                .map(|(v, e)| v + e),
+                .map(|(v, e)| v + decay * e),
         );
         if let Some(k) = p.iter().position(|v| !v.is_finite()) {
             return Err(format!(
@@ -454,7 +542,11 @@ impl AllReduce {
         {
             *e = p - c;
         }
-        if s == n1 {
+        if let Some(g) = gather {
+            // This peer's q_i, summed with the others' at the end of the round.
+            g.msgs[rank].clear();
+            g.msgs[rank].extend_from_slice(&out[at..]);
+        } else if s == n1 {
             // The owner uses the decoded sum, like every other peer.
             self.acc[range].copy_from_slice(decoded);
         }
@@ -469,9 +561,19 @@ impl AllReduce {
             return;
         }
         let s = self.next_step;
-        let range = self.recv_range(s);
+        let range = self.recv_range(self.round, s);
+        let gathers = self.gathers_round(self.round);
         let dst = &mut self.acc[range];
-        if (s as usize) < self.cfg.n - 1 {
+        if gathers {
+            // Peer (i − 1 − s) mod n's message: kept for the sum, forwarded next step.
+            let n = self.cfg.n;
+            let origin = (self.cfg.rank + 2 * n - 1 - s as usize) % n;
+            let c = self.codec.as_mut().expect("a gathered round has a codec");
+            c.forward.clone_from(&chunk.msg);
+            if let Some(g) = &mut c.gather {
+                g.msgs[origin] = chunk.msg;
+            }
+        } else if (s as usize) < self.cfg.n - 1 {
             for (a, v) in dst.iter_mut().zip(&chunk.values) {
                 *a += v;
             }
@@ -482,7 +584,7 @@ impl AllReduce {
             }
         }
         self.next_step = s + 1;
-        if self.next_step < self.steps() {
+        if self.next_step < self.steps(self.round) {
             self.queue_step(self.next_step);
         } else {
             self.finish();
@@ -501,6 +603,9 @@ impl AllReduce {
 
     /// Turns the complete sums into the round's result and emits `Mixed`.
     fn finish(&mut self) {
+        if self.gathers_round(self.round) {
+            self.sum_gathered();
+        }
         let n = self.cfg.n as f32;
         if self.grad_mode {
             let lr = self.cfg.lr;
@@ -518,6 +623,27 @@ impl AllReduce {
             .push_back(GossipEvent::Mixed { round: self.round });
         self.round += 1;
         self.next_step = 0;
+    }
+
+    /// A gathered round's sum: acc = ((0 + C(q_0)) + C(q_1)) + … + C(q_{n−1}), in rank
+    /// order on every peer. Each message was validated on arrival (or is this peer's own,
+    /// which decoded), so decoding cannot fail.
+    fn sum_gathered(&mut self) {
+        let Some(g) = self.codec.as_mut().and_then(|c| c.gather.as_mut()) else {
+            return;
+        };
+        if self.cfg.n == 1 {
+            // A lone peer sends nothing: its mean is its own vector, as in a raw round.
+            return;
+        }
+        self.acc.fill(0.0);
+        if self.acc.is_empty() {
+            return;
+        }
+        for q in &g.msgs {
+            murmur_compress::decode_add(q, 1.0, &mut self.acc)
+                .expect("a gathered message was validated on arrival");
+        }
     }
 
     /// Parses and checks an incoming frame without changing anything; returns its round,
@@ -556,7 +682,7 @@ impl AllReduce {
             },
         ))?;
         let step = u32::from_le_bytes(step_bytes);
-        if step >= self.steps() {
+        if step >= self.steps(h.round) {
             return Err(bad(DecodeError::BadParameter {
                 operator: PAYLOAD,
                 name: "step",
@@ -570,7 +696,7 @@ impl AllReduce {
                 round: h.round,
             });
         }
-        let range = self.recv_range(step);
+        let range = self.recv_range(h.round, step);
         if self.compresses_round(h.round) {
             let msg = &payload[4..];
             let mut values = vec![0.0f32; range.len()];
@@ -589,6 +715,10 @@ impl AllReduce {
                 return Err(bad(DecodeError::NonFinite {
                     index: range.start + i,
                 }));
+            }
+            if self.gathers_round(h.round) {
+                // Summed from the message at the end of the round.
+                values = Vec::new();
             }
             return Ok((
                 h.round,
@@ -650,7 +780,7 @@ impl Gossip for AllReduce {
         self.mixing = true;
         self.halted = false;
         self.next_step = 0;
-        if self.steps() == 0 {
+        if self.steps(self.round) == 0 {
             self.finish();
             return;
         }
@@ -783,6 +913,19 @@ impl AllReduce {
         let mut cfg = AllReduceConfig::new(ctx.rank, ctx.peers(), 0.0, ctx.dim());
         cfg.round_timeout = ctx.round_timeout;
         AllReduce::compressed(cfg, ctx.x0, compressor)
+    }
+
+    /// An all-reduce peer for `ctx` that averages (η = 0) and all-gathers its compressed
+    /// rounds with `compressor` and the residual's decay `decay`
+    /// (see the [module docs](self#gathered-rounds)).
+    pub fn gathered_from_context(
+        ctx: crate::BuildContext<'_>,
+        compressor: Box<dyn Compressor>,
+        decay: f32,
+    ) -> AllReduce {
+        let mut cfg = AllReduceConfig::new(ctx.rank, ctx.peers(), 0.0, ctx.dim());
+        cfg.round_timeout = ctx.round_timeout;
+        AllReduce::gathered(cfg, ctx.x0, compressor, decay)
     }
 }
 

@@ -126,6 +126,30 @@
 //! gets ‖a − b̄‖ from 12.9 to 1.19 (1.19 against 5.0 without the residual), and top-k 5%
 //! with η_out = 1 diverges.
 //!
+//! # SparseLoCo
+//!
+//! `diloco --compressor sparseloco[:R][,chunk=C][,decay=β]` is SparseLoCo (Sarfi, Thérien,
+//! Lidin & Belilovsky 2025, "Communication Efficient LLM Pre-training with SparseLoCo",
+//! Algorithm 1): each peer compresses its own pseudo-gradient with a decayed error
+//! feedback and the peers all-gather the messages ([`AllReduce::gathered`]), so the mean
+//! keeps the union of the n sparse supports (a compressed ring would re-sparsify every
+//! partial sum, keeping k of each chunk of the whole sum):
+//!
+//! ```text
+//! outer step k:  Δ_i = a − x_i                          [d]
+//!                p_i = Δ_i + β e_i,  q_i = C(p_i),  e_i ← p_i − C(p_i)
+//!                Δ̄ = (1/n) Σ_r C(q_r)  (rank order)    [d]  bitwise the same on every peer
+//!                a ← a − η_out · OuterOpt(Δ̄),  x_i ← a
+//! ```
+//!
+//! The paper drops the outer momentum: the decayed residual plays its part, so with
+//! SparseLoCo the outer step defaults to SGD with η_out = 1 and μ = 0
+//! ([`crate::AlgorithmOptions::outer`]); β = 0.95 by default. When every peer starts from
+//! the same x⁰ (`BuildContext::shared_start`) the anchors are identical from the start and
+//! every outer step is compressed, as in the paper; otherwise the first one aligns the
+//! anchors raw, as above. Bytes per peer per outer step: (n − 1) frames of
+//! 24 + 4 + |C(d)|. The residual, its state and resume are the compressed form's.
+//!
 //! **State.** [`Gossip::state`] holds the anchor (`diloco.anchor`), the outer optimizer's
 //! velocity (`diloco.outer_velocity`), in the compressed form the residual
 //! (`diloco.residual`) and the scalar `diloco.aligned` (1 once the raw first outer step
@@ -308,6 +332,41 @@ impl DiLoCo {
         let mixer = Mixer::PseudoGradients {
             ring: Box::new(ring),
             aligned: false,
+            seed,
+        };
+        Self::with_mixer(mixer, h, lr, outer)
+    }
+
+    /// SparseLoCo (Sarfi et al. 2025, Algorithm 1): DiLoCo whose outer steps all-gather
+    /// each peer's compressed pseudo-gradient C(Δ_i + β e_i) through `ring` (an
+    /// [`AllReduce::gathered`] ring whose parameters are x⁰: `[d]`; see the
+    /// [module docs](self#sparseloco)). With `aligned` (every peer starts from the same
+    /// x⁰, so the anchors are identical from the start) every outer step is compressed,
+    /// as in the paper; otherwise the first one averages the models raw, as
+    /// [`DiLoCo::compressed`].
+    ///
+    /// # Errors
+    /// As [`DiLoCo::new`].
+    ///
+    /// # Panics
+    /// If `ring` is not gathered.
+    pub fn gathered(
+        mut ring: AllReduce,
+        h: u64,
+        lr: f32,
+        outer: OuterConfig,
+        seed: u64,
+        aligned: bool,
+    ) -> Result<Self, BuildError> {
+        let first = ring.round();
+        assert!(
+            ring.gathers_round(first),
+            "DiLoCo::gathered needs an AllReduce::gathered ring"
+        );
+        ring.set_compressed_from(if aligned { first } else { first + 1 });
+        let mixer = Mixer::PseudoGradients {
+            ring: Box::new(ring),
+            aligned,
             seed,
         };
         Self::with_mixer(mixer, h, lr, outer)
@@ -702,7 +761,13 @@ impl Algorithm for DiLoCoAlgorithm {
         check_pseudo_gradient_compressor(&spec)?;
         // Not layer-wise (refused above): the chunks do not follow the tensors.
         let compressor = spec.build(None)?;
-        let seed = ctx.seed;
+        let (seed, aligned) = (ctx.seed, ctx.shared_start);
+        if let CompressorSpec::SparseLoco { decay, .. } = spec {
+            let ring = crate::AllReduce::gathered_from_context(ctx, compressor, decay);
+            return Ok(Box::new(DiLoCo::gathered(
+                ring, h, lr, outer, seed, aligned,
+            )?));
+        }
         let ring = crate::AllReduce::compressed_from_context(ctx, compressor);
         Ok(Box::new(DiLoCo::compressed(ring, h, lr, outer, seed)?))
     }

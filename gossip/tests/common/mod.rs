@@ -304,6 +304,7 @@ pub fn build_with_skip(
         auto_deadline: None,
         options,
         in_place: false,
+        shared_start: true,
     })
 }
 

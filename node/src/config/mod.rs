@@ -719,7 +719,11 @@ impl RunArgs {
             ));
         }
         let outer = self.algorithm_options().outer();
-        if compresses == Compresses::PseudoGradients && !casts && outer.lr > 0.5 {
+        // diloco's SparseLoCo form takes the paper's η_out = 1 by design (its decayed
+        // residual replaces the outer momentum; gossip/src/algorithms/diloco.rs).
+        let sparseloco = self.algorithm_name() == "diloco"
+            && matches!(self.compressor(), CompressorSpec::SparseLoco { .. });
+        if compresses == Compresses::PseudoGradients && !casts && !sparseloco && outer.lr > 0.5 {
             let biased = self.compressor().build(None).is_ok_and(|c| !c.unbiased());
             if biased {
                 w.push(format!(

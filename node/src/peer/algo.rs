@@ -8,7 +8,7 @@ use std::time::Duration;
 use murmur_gossip::{BuildContext, Gossip, Phase, Phased, Rank};
 use murmur_topology::Topology;
 
-use crate::config::{RunArgs, StragglerDeadline, StragglerPolicy};
+use crate::config::{Init, RunArgs, StragglerDeadline, StragglerPolicy};
 
 /// Who drives the state machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,10 +40,40 @@ pub fn build(
     max_payload: u32,
     rounds_per_epoch: u64,
 ) -> anyhow::Result<Box<dyn Gossip>> {
+    // Every peer starts from the same x⁰ (drawn from the run's seed, or read from one
+    // file). A phase starts from where the previous one left the peers, so not there.
+    let shared_start = args.train.init == Init::Same || args.train.init_from.is_some();
+    build_phase(
+        host,
+        args,
+        topo,
+        rank,
+        x0,
+        tensor_lengths,
+        max_payload,
+        rounds_per_epoch,
+        shared_start,
+    )
+}
+
+/// [`build`], where `shared_start` says whether every peer starts this state machine from
+/// the same x (`BuildContext::shared_start`).
+#[allow(clippy::too_many_arguments)]
+fn build_phase(
+    host: Host,
+    args: &RunArgs,
+    topo: &Topology,
+    rank: Rank,
+    x0: Vec<f32>,
+    tensor_lengths: &[usize],
+    max_payload: u32,
+    rounds_per_epoch: u64,
+    shared_start: bool,
+) -> anyhow::Result<Box<dyn Gossip>> {
     if let Some(schedule) = &args.gossip.phases {
         let mut phases = Vec::new();
         for (algorithm, epochs) in &schedule.0 {
-            let gossip = build(
+            let gossip = build_phase(
                 host,
                 &args.for_phase(*algorithm),
                 topo,
@@ -52,6 +82,7 @@ pub fn build(
                 tensor_lengths,
                 max_payload,
                 rounds_per_epoch,
+                false,
             )?;
             phases.push(Phase {
                 name: algorithm.to_string(),
@@ -92,6 +123,7 @@ pub fn build(
         auto_deadline,
         options: &options,
         in_place: host == Host::Simulator,
+        shared_start,
     };
     Ok(args.gossip.algorithm.build(ctx)?)
 }
