@@ -23,9 +23,10 @@ use crate::runner::{json_f64, parse_json, Ctx, Job};
 use crate::table::{markdown, mean_sd, write_checked_csv, Table};
 
 /// (config file stem, label), in plot order.
-const ALGORITHMS: [(&str, &str); 10] = [
+const ALGORITHMS: [(&str, &str); 11] = [
     ("dpsgd", "D-PSGD"),
     ("gradient-tracking", "gradient tracking"),
+    ("gradient-tracking-topk", "gradient tracking top-1%"),
     ("d2", "D²"),
     ("sgp", "SGP"),
     ("choco-topk", "CHOCO top-1%"),
