@@ -1159,3 +1159,44 @@ fn sparseloco_s_gathered_mean_beats_a_ring_that_re_sparsifies_its_partial_sums()
     );
     assert!(fg < fr, "gathered {fg} against ring {fr}");
 }
+
+#[test]
+fn a_sparseloco_run_resumed_from_its_state_continues_bit_for_bit() {
+    let (n, d, h, stop) = (4, 300, 3, 7u64);
+    let opts = sparseloco_options(h, "sparseloco:0.05,chunk=50,decay=0.9");
+    let x0 = vec![uniform_vectors(1, d, 1.0, 90).remove(0); n];
+    let mut original = Sim::new(network("diloco", &x0, 0.1, &opts));
+    for t in 0..stop {
+        original.run_round(Some(&grads(n, d, t))).unwrap();
+    }
+    let saved = snapshot(&original);
+    assert_eq!(saved[0].2.scalars, [("diloco.aligned".into(), 1.0)]);
+    assert!(
+        saved[0].2.vectors[2].1.iter().any(|e| *e != 0.0),
+        "a residual"
+    );
+    let mut restored = rebuild("diloco", &saved, 0.1, &opts, true);
+    let mut forgetful = rebuild("diloco", &saved, 0.1, &opts, false);
+    for t in stop..stop + 4 * h {
+        let g = grads(n, d, t);
+        original.run_round(Some(&g)).unwrap();
+        restored.run_round(Some(&g)).unwrap();
+        forgetful.run_round(Some(&g)).unwrap();
+    }
+    for i in 0..n {
+        assert_eq!(
+            original.peer(i).params(),
+            restored.peer(i).params(),
+            "peer {i}"
+        );
+        assert_eq!(
+            original.peer(i).state(),
+            restored.peer(i).state(),
+            "peer {i}"
+        );
+    }
+    assert!(
+        (0..n).any(|i| original.peer(i).params() != forgetful.peer(i).params()),
+        "restoring the residual changed nothing"
+    );
+}
