@@ -602,6 +602,49 @@ fn survivors_of_a_killed_peer_reweight_and_finish_the_run() {
 }
 
 #[test]
+fn a_peer_killed_on_tcp_links_is_noticed_at_once_without_a_supervisor() {
+    // `murmur peer` by hand (no launcher to report the exit) and a peer timeout far longer
+    // than the test allows: only the kernel closing the dead process's TCP sockets can
+    // explain the departure.
+    let (n, victim) = (4, 2);
+    let mut c = Cluster::new();
+    c.start(
+        n,
+        &args(&[
+            &format!("--peers={n}"),
+            "--topology=ring",
+            "--epochs=5",
+            "--rounds-per-epoch=25",
+            "--transport=tcp",
+            "--peer-timeout-secs=120",
+            "--round-timeout-secs=300",
+        ]),
+    );
+    wait_for_epoch(&c, 1);
+    let t0 = Instant::now();
+    c.children[victim].kill().unwrap();
+    let survivors: Vec<(usize, usize)> = (0..n).filter(|&r| r != victim).map(|r| (r, r)).collect();
+    c.all_succeed(&survivors);
+    assert!(
+        t0.elapsed() < Duration::from_secs(60),
+        "the survivors took {:?}: they waited for the peer timeout",
+        t0.elapsed()
+    );
+    let noticed = (0..n).filter(|&r| r != victim).any(|r| {
+        c.read_log(r).contains(&format!(
+            "TCP link from peer {victim} ended before its goodbye"
+        ))
+    });
+    assert!(noticed, "{}", c.read_log(victim - 1));
+    let s = summary(&c.out());
+    let departures = s["departures"].as_str().unwrap();
+    assert!(
+        departures.starts_with(&format!("{victim}@")),
+        "{departures}"
+    );
+}
+
+#[test]
 fn choco_survivors_of_a_killed_peer_reweight_and_finish_the_run() {
     survivors_finish_without("choco", 4, 2);
 }

@@ -30,6 +30,14 @@
 //! QUIC connection stays, as for
 //! shared memory: it carries liveness and the close; when it closes, both ends shut the
 //! TCP socket down.
+//!
+//! **A dead sender is noticed at once.** When a process dies, even by `kill -9`, its
+//! kernel closes its TCP sockets (FIN, or RST with unread data), while its QUIC connection
+//! just goes silent until the idle timeout (`--peer-timeout-secs`). So a TCP stream that
+//! ends before the goodbye's count is complete, while the link's QUIC connection is still
+//! open, is reported as [`super::NetEvent::Lost`] right away ([`read_frames`]). A paused
+//! process (SIGSTOP) keeps its sockets, so it is not taken for dead; nor is a whole host
+//! that vanishes (no FIN is sent): both are still noticed by the idle timeout.
 
 use std::collections::HashMap;
 use std::io::{IoSlice, Read, Write};
@@ -558,10 +566,11 @@ fn read_frames(
         ..
     } = p;
     let limit = FRAME_HEADER_LEN as u64 + max_payload_bytes as u64;
+    let ended = |why: String| ended_early(&rt, &conn, &state, &events, why);
     loop {
         let mut len = [0u8; 8];
-        if r.read_exact(&mut len).is_err() {
-            return;
+        if let Err(e) = r.read_exact(&mut len) {
+            return ended(e.to_string());
         }
         let first_byte = Instant::now();
         // On an encrypted link this counts ciphertext, and misses what TLS has buffered
@@ -572,7 +581,8 @@ fn read_frames(
             // Read past it: the frames after it still arrive.
             match std::io::copy(&mut (&mut r).take(n), &mut std::io::sink()) {
                 Ok(m) if m == n => {}
-                _ => return,
+                Ok(m) => return ended(format!("the stream ended {m} bytes into a frame")),
+                Err(e) => return ended(e.to_string()),
             }
             Err(anyhow!(
                 "a {n}-byte frame exceeds the limit of {limit} bytes"
@@ -581,7 +591,8 @@ fn read_frames(
             let mut buf = pool.take(n as usize);
             match (&mut r).take(n).read_to_end(&mut buf) {
                 Ok(m) if m as u64 == n => {}
-                _ => return,
+                Ok(m) => return ended(format!("the stream ended {m} bytes into a frame")),
+                Err(e) => return ended(e.to_string()),
             }
             check(&buf, max_payload_bytes).map(|header| {
                 let transfer = transfer_time(n, waiting, first_byte.elapsed());
@@ -596,6 +607,42 @@ fn read_frames(
             return;
         }
     }
+}
+
+/// A TCP link's stream ended or broke (`why`) before the goodbye's count was complete. If
+/// the link's QUIC connection is still open, the sender's process died (its kernel closed
+/// the socket; its QUIC connection would only go silent) or the connection was cut:
+/// reported as [`NetEvent::Lost`] now instead of after the idle timeout. If the QUIC
+/// connection closed first, the link ended with it and QUIC's own report stands.
+fn ended_early(
+    rt: &tokio::runtime::Handle,
+    conn: &Connection,
+    state: &tokio::sync::Mutex<Receiving>,
+    events: &mpsc::Sender<NetEvent>,
+    why: String,
+) {
+    if conn.close_reason().is_some() {
+        return;
+    }
+    let (peer, incarnation, complete) = {
+        let st = rt.block_on(state.lock());
+        (st.peer, st.incarnation, st.complete())
+    };
+    if complete {
+        return;
+    }
+    debug!(
+        peer,
+        "TCP link from peer {peer} ended before its goodbye: {why}"
+    );
+    let _ = events.blocking_send(NetEvent::Lost {
+        peer,
+        incarnation,
+        reason: format!(
+            "TCP link from peer {peer} ended before its goodbye ({why}): its process exited \
+             or the connection was cut"
+        ),
+    });
 }
 
 #[cfg(test)]
