@@ -158,7 +158,9 @@ pub struct TrainArgs {
     /// 8,000/2,000 real digits embedded in the binary. transformer: any byte file (gzipped
     /// or not), 90% to train, 10% held out; default: the King James Bible embedded in the
     /// binary; or a token file (llm.c / modded-nanogpt .bin, u16 GPT-2 tokens; `murmur
-    /// tokenize` makes one) with --model transformer:vocab=50257. resnet20: a directory
+    /// tokenize` makes one) with --model transformer:vocab=50257, or a folder of token files
+    /// (train/val .bin: nanoGPT's header-less train.bin and val.bin, llm.c's or
+    /// modded-nanogpt's shards). resnet20: a directory
     /// with CIFAR-10's binary files (data_batch_1.bin …
     /// data_batch_5.bin, test_batch.bin, or their folder cifar-10-batches-bin); default:
     /// synthetic images.

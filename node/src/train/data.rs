@@ -480,8 +480,9 @@ impl RunData {
     /// - ResNet-20: CIFAR-10's binary files in the folder `data` ([`cifar::load_dir`]), or a
     ///   synthetic training set of [`SYNTHETIC_TRAIN_LEN`] and test set of
     ///   [`SYNTHETIC_TEST_LEN`] samples ([`Dataset::synthetic`], drawn from `seed`);
-    /// - the language model: the byte file `data`, or the embedded King James Bible
-    ///   ([`text`]).
+    /// - the language model: the byte file `data`, a token file, a folder of token files
+    ///   (training and validation files: [`tokens::read_dir`]), or the embedded King James
+    ///   Bible ([`text`]).
     ///
     /// # Errors
     /// A [`DataError`] for a missing or malformed file, or [`DataError::WrongData`] if
@@ -509,7 +510,39 @@ impl RunData {
             });
         }
         if let Input::Tokens { context, vocab } = input {
+            if let Some(dir) = data.filter(|d| d.is_dir()) {
+                let (train, val) = tokens::read_dir(dir)?;
+                let name = dir.display().to_string();
+                tokens::check_vocab(&name, &train, vocab)?;
+                tokens::check_vocab(&name, &val, vocab)?;
+                let len = context + 1;
+                if train.len() < len || val.len() < len {
+                    return Err(DataError::BadRecord {
+                        file: name,
+                        reason: format!(
+                            "{} training and {} validation tokens; a model of context \
+                             {context} needs at least {len} of each",
+                            train.len(),
+                            val.len()
+                        ),
+                    });
+                }
+                return Ok(text::pair(&train, &val, context, None));
+            }
             let text = text::corpus(data)?;
+            let header_less = data.is_some_and(|p| p.extension().is_some_and(|x| x == "bin"));
+            if header_less && !tokens::is_token_file(&text) {
+                let name = data.map_or(String::new(), |p| p.display().to_string());
+                return Err(DataError::BadRecord {
+                    file: name,
+                    reason: format!(
+                        "a .bin file without the llm.c header (magic {}) is taken for \
+                         nanoGPT's header-less token ids, which carry no split: give the \
+                         folder that holds its train.bin and val.bin (or rename a text file)",
+                        tokens::MAGIC
+                    ),
+                });
+            }
             if !tokens::is_token_file(&text) {
                 return text::split(&text, context, Some(1.0));
             }

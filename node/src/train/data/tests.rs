@@ -557,3 +557,59 @@ fn crop_flip_shifts_and_mirrors_whole_images_and_pads_with_the_fill() {
     // Every shift in ±padding, flipped and not, is drawn.
     assert_eq!(seen.len(), 5 * 5 * 2);
 }
+
+#[test]
+fn a_folder_of_token_files_trains_on_train_and_validates_on_val_with_or_without_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw = |ids: &[u16]| -> Vec<u8> { ids.iter().flat_map(|i| i.to_le_bytes()).collect() };
+    // nanoGPT's prepare.py: header-less train.bin; llm.c's header on the validation file.
+    let train: Vec<u16> = (0..100).map(|i| (i * 7 % 500) as u16).collect();
+    let val: Vec<u16> = (0..40).map(|i| (600 + i) as u16).collect();
+    std::fs::write(dir.path().join("train.bin"), raw(&train)).unwrap();
+    std::fs::write(dir.path().join("val.bin"), tokens::write(&val)).unwrap();
+    std::fs::write(dir.path().join("meta.pkl"), b"not read").unwrap();
+    let model: ModelKind = "transformer:vocab=1000,context=8".parse().unwrap();
+    let d = RunData::load(model, Some(dir.path()), 1).unwrap();
+    // Rows of context + 1 ids, starting every `context` ids; validation from val.bin only.
+    assert_eq!(d.train.features(), 9);
+    assert_eq!(
+        d.train.image(0),
+        &train[..9].iter().map(|&i| f32::from(i)).collect::<Vec<_>>()[..]
+    );
+    assert_eq!(d.train.image(1)[0], f32::from(train[8]));
+    assert!(d.test.images.iter().all(|&v| (600.0..640.0).contains(&v)));
+    assert_eq!(d.train.bytes_per_token, None);
+    // Shards in name order, concatenated.
+    std::fs::rename(
+        dir.path().join("train.bin"),
+        dir.path().join("fineweb_train_000002.bin"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("fineweb_train_000001.bin"), raw(&[5; 10])).unwrap();
+    let d = RunData::load(model, Some(dir.path()), 1).unwrap();
+    assert_eq!(d.train.image(0), &[5.0; 9]);
+    assert_eq!(d.train.image(1)[2], f32::from(train[0]));
+    // Bad folders and files: one line each.
+    let err = |d: &Path| RunData::load(model, Some(d), 1).unwrap_err().to_string();
+    std::fs::write(dir.path().join("val.bin"), [1u8, 2, 3]).unwrap();
+    let e = err(dir.path());
+    assert!(e.contains("val.bin") && e.contains("even length"), "{e}");
+    std::fs::remove_file(dir.path().join("val.bin")).unwrap();
+    let e = err(dir.path());
+    assert!(e.contains("0 validation files"), "{e}");
+    std::fs::write(dir.path().join("val.bin"), raw(&[999, 1000])).unwrap();
+    let e = err(dir.path());
+    assert!(e.contains("beyond the model's vocabulary of 1000"), "{e}");
+    std::fs::write(dir.path().join("val.bin"), raw(&[1, 2])).unwrap();
+    let e = err(dir.path());
+    assert!(
+        e.contains("2 validation tokens") && e.contains("at least 9"),
+        "{e}"
+    );
+    // One header-less .bin given alone is not read as a byte text.
+    let e = err(&dir.path().join("fineweb_train_000001.bin"));
+    assert!(
+        e.contains("header-less") && e.contains("train.bin and val.bin"),
+        "{e}"
+    );
+}

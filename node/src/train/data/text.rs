@@ -73,6 +73,18 @@ pub fn split<T: Copy + Into<f32>>(
             needed: (len as f64 / (1.0 - TRAIN_FRACTION)).ceil() as usize,
         });
     }
+    Ok(pair(train, held_out, context, bytes_per_token))
+}
+
+/// The training sequences of `train` and the validation sequences of `held_out` (each at
+/// least context + 1 long), as [`split`] makes them of its two parts.
+pub fn pair<T: Copy + Into<f32>>(
+    train: &[T],
+    held_out: &[T],
+    context: usize,
+    bytes_per_token: Option<f64>,
+) -> RunData {
+    let len = context + 1;
     let starts: Vec<usize> = (0..=train.len() - len).step_by(context).collect();
     let last = held_out.len() - len;
     let n = VALIDATION_SEQUENCES.min(last / context + 1);
@@ -81,10 +93,10 @@ pub fn split<T: Copy + Into<f32>>(
         1 => vec![0],
         n => (0..n).map(|i| i * last / (n - 1)).collect(),
     };
-    Ok(RunData {
+    RunData {
         train: sequences(train, &starts, len, bytes_per_token),
         test: sequences(held_out, &valid, len, bytes_per_token),
-    })
+    }
 }
 
 fn sequences<T: Copy + Into<f32>>(

@@ -6,6 +6,12 @@
 //! `murmur tokenize TEXT OUT.bin` writes such a file with GPT-2's byte-pair encoding
 //! ([`write`]); `--model transformer:vocab=50257 --data OUT.bin` trains on it, a token file
 //! being told from a byte-level text by its magic.
+//!
+//! A folder of token files is read too ([`read_dir`]): the training files and the
+//! validation files told apart by their names (`train`/`val` in them, as nanoGPT's
+//! `train.bin`/`val.bin`, llm.c's `tiny_shakespeare_train.bin`/`…_val.bin` and
+//! modded-nanogpt's `fineweb_train_000001.bin`/`fineweb_val_000000.bin`), each either with
+//! the header above or nanoGPT's header-less form (`prepare.py`: the u16 ids alone).
 
 use super::DataError;
 
@@ -78,6 +84,82 @@ pub fn parse(name: &str, bytes: &[u8]) -> Result<Vec<u16>, DataError> {
         .chunks_exact(2)
         .map(|p| u16::from_le_bytes([p[0], p[1]]))
         .collect())
+}
+
+/// The token ids of `bytes`, a file named `name`: with the llm.c header ([`parse`]), or
+/// without one as nanoGPT's `prepare.py` writes them (little-endian u16 ids alone).
+///
+/// # Errors
+/// As [`parse`] for a file with the magic; [`DataError::BadRecord`] for a header-less file
+/// of odd length.
+pub fn parse_any(name: &str, bytes: &[u8]) -> Result<Vec<u16>, DataError> {
+    if is_token_file(bytes) {
+        return parse(name, bytes);
+    }
+    if bytes.len() % 2 != 0 {
+        return Err(DataError::BadRecord {
+            file: name.to_owned(),
+            reason: format!(
+                "{} bytes: neither a token file with the llm.c header (magic {MAGIC}) nor \
+                 nanoGPT's header-less u16 ids (an even length)",
+                bytes.len()
+            ),
+        });
+    }
+    Ok(bytes
+        .chunks_exact(2)
+        .map(|p| u16::from_le_bytes([p[0], p[1]]))
+        .collect())
+}
+
+/// The training and validation token ids of the folder `dir`: its `.bin` files whose names
+/// contain `train`, concatenated in name order, and those whose names contain `val`
+/// (see the [module docs](self)).
+///
+/// # Errors
+/// [`DataError::Io`] if the folder or a file cannot be read; [`DataError::BadRecord`] for a
+/// malformed file ([`parse_any`]) or a folder without both kinds of file.
+pub fn read_dir(dir: &std::path::Path) -> Result<(Vec<u16>, Vec<u16>), DataError> {
+    let io = |path: &std::path::Path, cause| DataError::Io {
+        path: path.to_owned(),
+        cause,
+    };
+    let mut names: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "bin") && p.is_file())
+        .collect();
+    names.sort();
+    let (mut train, mut val) = (Vec::new(), Vec::new());
+    let (mut n_train, mut n_val) = (0, 0);
+    for path in &names {
+        let stem = path
+            .file_name()
+            .map(|s| s.to_string_lossy().to_lowercase())
+            .unwrap_or_default();
+        let into = if stem.contains("train") {
+            n_train += 1;
+            &mut train
+        } else if stem.contains("val") {
+            n_val += 1;
+            &mut val
+        } else {
+            continue;
+        };
+        let bytes = std::fs::read(path).map_err(|e| io(path, e))?;
+        into.extend(parse_any(&path.display().to_string(), &bytes)?);
+    }
+    if n_train == 0 || n_val == 0 {
+        return Err(DataError::BadRecord {
+            file: dir.display().to_string(),
+            reason: format!(
+                "a folder of token files needs training and validation .bin files (names with \
+                 `train` and `val`, as nanoGPT's train.bin and val.bin); found {n_train} \
+                 training and {n_val} validation files"
+            ),
+        });
+    }
+    Ok((train, val))
 }
 
 /// Refuses `ids` with one beyond a model of `vocab` tokens.
