@@ -313,8 +313,10 @@ pub struct Dataset {
     /// How training batches augment each image (`None`: taken as stored). Kept by
     /// [`Dataset::subset`]; CIFAR-10's training set has [`cifar::CropFlip::cifar10`].
     pub augment: Option<cifar::CropFlip>,
-    /// Token sequences: bytes of text per token (1 for a byte-level text), for bits per
-    /// byte; `None` for images, and for a token file (its tokenizer is not known here).
+    /// Token sequences: bytes of text per token (1 for a byte-level text; GPT-2 tokens:
+    /// those of the validation sequences' predicted tokens), for bits per byte; `None` for
+    /// images, and for token files of another vocabulary than GPT-2's (its tokenizer is not
+    /// known here).
     pub bytes_per_token: Option<f64>,
 }
 
@@ -527,7 +529,7 @@ impl RunData {
                         ),
                     });
                 }
-                return Ok(text::pair(&train, &val, context, None));
+                return Ok(gpt2_bytes(text::pair(&train, &val, context, None), vocab));
             }
             let text = text::corpus(data)?;
             let header_less = data.is_some_and(|p| p.extension().is_some_and(|x| x == "bin"));
@@ -549,7 +551,7 @@ impl RunData {
             let name = data.map_or(String::new(), |p| p.display().to_string());
             let ids = tokens::parse(&name, &text)?;
             tokens::check_vocab(&name, &ids, vocab)?;
-            return text::split(&ids, context, None);
+            return Ok(gpt2_bytes(text::split(&ids, context, None)?, vocab));
         }
         if let Some(dir) = data {
             if cifar::find(dir).is_some() {
@@ -570,6 +572,19 @@ impl RunData {
             test: all.subset(test),
         })
     }
+}
+
+/// `data` with [`Dataset::bytes_per_token`] of its validation sequences when the model's
+/// vocabulary is GPT-2's (`vocab=50257`: the tokens are taken for GPT-2's, as the run's
+/// sample decoding does; [`tokens::gpt2_bytes_per_token`]), for bits per byte; as it is
+/// for another vocabulary, whose tokens' bytes are not known here.
+fn gpt2_bytes(mut data: RunData, vocab: usize) -> RunData {
+    if vocab == tokens::GPT2_VOCAB {
+        let b = tokens::gpt2_bytes_per_token(&data.test);
+        data.train.bytes_per_token = b;
+        data.test.bytes_per_token = b;
+    }
+    data
 }
 
 /// MNIST training and test sets (images of the same size).

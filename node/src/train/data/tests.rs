@@ -613,3 +613,34 @@ fn a_folder_of_token_files_trains_on_train_and_validates_on_val_with_or_without_
         "{e}"
     );
 }
+
+#[test]
+fn gpt2_token_runs_know_the_bytes_per_predicted_token_of_their_validation_set() {
+    let text = "In the beginning God created the heaven and the earth. ".repeat(60);
+    let mut ids = vec![tokens::END_OF_TEXT];
+    ids.extend(tokens::gpt2_encode(&text).unwrap());
+    let file = tempfile::NamedTempFile::with_suffix(".bin").unwrap();
+    std::fs::write(file.path(), tokens::write(&ids)).unwrap();
+    let gpt2: ModelKind = "transformer:vocab=50257,context=16".parse().unwrap();
+    let d = RunData::load(gpt2, Some(file.path()), 1).unwrap();
+    // By hand: each predicted token's decoded text (ASCII here, so one byte a character).
+    let (mut bytes, mut count) = (0usize, 0usize);
+    for r in 0..d.test.len() {
+        for &id in &d.test.image(r)[1..] {
+            bytes += tokens::gpt2_decode(&[id as u32]).len();
+            count += 1;
+        }
+    }
+    let want = bytes as f64 / count as f64;
+    assert_eq!(d.test.bytes_per_token, Some(want));
+    assert!(want > 3.0 && want < 6.0, "{want}");
+    // Another vocabulary: its tokens' bytes are not known.
+    let other: ModelKind = "transformer:vocab=60000,context=16".parse().unwrap();
+    assert_eq!(
+        RunData::load(other, Some(file.path()), 1)
+            .unwrap()
+            .test
+            .bytes_per_token,
+        None
+    );
+}

@@ -219,6 +219,33 @@ pub fn gpt2_decode(ids: &[u32]) -> String {
     String::from_utf8_lossy(&bpe.decode_bytes(&known).unwrap_or_default()).into_owned()
 }
 
+/// Mean bytes of text per predicted token of `rows` (sequences of GPT-2 token ids, each
+/// row's first id only read, the others predicted): Σ bytes of the predicted tokens / their
+/// count, each token's bytes those GPT-2's encoding decodes it to (0 for the end-of-text
+/// token, which stands for no text). What turns a validation loss per token into bits per
+/// byte, exactly for the validation set, whatever text the tokens came from. `None`
+/// without a predicted token.
+pub fn gpt2_bytes_per_token(rows: &super::Dataset) -> Option<f64> {
+    let bpe = tiktoken_rs::r50k_base_singleton();
+    let mut len = vec![None; GPT2_VOCAB];
+    let cols = rows.features();
+    let (mut bytes, mut count) = (0u64, 0u64);
+    for r in 0..rows.len() {
+        for &id in &rows.image(r)[1.min(cols)..] {
+            let id = id as usize;
+            let n = *len.get_mut(id)?.get_or_insert_with(|| {
+                if id == usize::from(END_OF_TEXT) {
+                    return 0;
+                }
+                bpe.decode_bytes(&[id as u32]).map_or(0, |b| b.len()) as u64
+            });
+            bytes += n;
+            count += 1;
+        }
+    }
+    (count > 0).then(|| bytes as f64 / count as f64)
+}
+
 /// A token file of `ids` (the inverse of [`parse`]).
 pub fn write(ids: &[u16]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_BYTES + 2 * ids.len());
