@@ -96,7 +96,7 @@ pub fn parse_any(name: &str, bytes: &[u8]) -> Result<Vec<u16>, DataError> {
     if is_token_file(bytes) {
         return parse(name, bytes);
     }
-    if bytes.len() % 2 != 0 {
+    if !bytes.len().is_multiple_of(2) {
         return Err(DataError::BadRecord {
             file: name.to_owned(),
             reason: format!(
