@@ -340,13 +340,22 @@ pub fn run(args: &RunArgs, sim: &SimArgs) -> anyhow::Result<()> {
 }
 
 /// Refuses `--byzantine` outside training runs, for a rank that is not there, twice for a
-/// rank, or for every peer.
+/// rank, for every peer, or with compressed gradient tracking (whose CHOCO messages carry
+/// the stacked 2d values, which the attacks do not forge).
 fn check_byzantine(args: &RunArgs, sim: &SimArgs) -> anyhow::Result<()> {
     if sim.byzantine.is_empty() {
         return Ok(());
     }
     if sim.consensus || sim.timing_only {
         bail!("--byzantine attacks a training run; leave out --consensus and --timing-only");
+    }
+    if args.gossip.algorithm.name() == "gradient-tracking"
+        && args.compressor() != murmur_compress::CompressorSpec::Identity
+    {
+        bail!(
+            "--byzantine with compressed gradient tracking: its messages carry x and the \
+             tracker stacked (2d values), which the attacks do not forge; leave out --compressor"
+        );
     }
     let mut seen = std::collections::BTreeSet::new();
     for b in &sim.byzantine {

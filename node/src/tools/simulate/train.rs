@@ -33,10 +33,7 @@ pub(super) fn run(setup: &Setup<'_>) -> anyhow::Result<()> {
                         b.attack,
                         args.train.seed.wrapping_add(7919 * (rank as u64 + 1)),
                     )
-                    .with_increments(
-                        args.gossip.algorithm.capabilities().compresses
-                            == murmur_gossip::Compresses::Increments,
-                    ),
+                    .with_increments(sends_increments(args)),
                 ) as Box<dyn Gossip>,
                 None => p,
             },
@@ -329,4 +326,12 @@ fn measure_step(
         .copied()
         .context("no timed step")?;
     Ok((median, net))
+}
+
+/// Whether the run's messages are increments of a public copy (what a Byzantine peer must
+/// forge): CHOCO-SGD's always, gradient tracking's only when compressed (CHOCO-mixed).
+fn sends_increments(args: &crate::config::RunArgs) -> bool {
+    args.gossip.algorithm.capabilities().compresses == murmur_gossip::Compresses::Increments
+        && (args.gossip.algorithm.name() != "gradient-tracking"
+            || args.compressor() != murmur_compress::CompressorSpec::Identity)
 }
