@@ -243,7 +243,8 @@ struct Codec {
     rng: StdRng,
     /// The first compressed round.
     from_round: u64,
-    /// The all-gather message received last, sent on unchanged at the next step.
+    /// The all-gather message received last, sent on unchanged at the next step (the
+    /// reduced form; the gathered form forwards from `gather.msgs`).
     forward: Vec<u8>,
     /// The gathered form (see the [module docs](self#gathered-rounds)): β and the messages
     /// of the mixing round by their origin's rank.
@@ -428,14 +429,19 @@ impl AllReduce {
         }
     }
 
-    /// The range of `[d]` this peer receives at step `s` of round `round`: what the
-    /// predecessor sends (all of it in a gathered round).
-    fn recv_range(&self, round: u64, s: u32) -> Range<usize> {
+    /// The range of `[d]` peer `rank` sends at step `s` of round `round`: its chunk, or all
+    /// of `[d]` in a gathered round.
+    fn send_range(&self, rank: Rank, round: u64, s: u32) -> Range<usize> {
         if self.gathers_round(round) {
             return 0..self.x.len();
         }
-        let c = self.send_chunk(self.prev_peer(), s);
-        chunk_range(c, self.cfg.n, self.x.len())
+        chunk_range(self.send_chunk(rank, s), self.cfg.n, self.x.len())
+    }
+
+    /// The range of `[d]` this peer receives at step `s` of round `round`: what the
+    /// predecessor sends.
+    fn recv_range(&self, round: u64, s: u32) -> Range<usize> {
+        self.send_range(self.prev_peer(), round, s)
     }
 
     /// Queues the frame of step `s` of the mixing round.
@@ -443,11 +449,7 @@ impl AllReduce {
         if self.halted {
             return;
         }
-        let range = if self.gathers_round(self.round) {
-            0..self.x.len()
-        } else {
-            chunk_range(self.send_chunk(self.cfg.rank, s), self.cfg.n, self.x.len())
-        };
+        let range = self.send_range(self.cfg.rank, self.round, s);
         let mut payload = Vec::with_capacity(4 + 4 * range.len());
         payload.extend_from_slice(&s.to_le_bytes());
         if self.compresses_round(self.round) {
@@ -494,10 +496,14 @@ impl AllReduce {
         if range.is_empty() {
             return Ok(());
         }
-        // The gathered form forwards from step 1 on; the reduced form in the all-gather's
-        // later steps.
-        let first_forward = if codec.gather.is_some() { 1 } else { n1 + 1 };
-        if s >= first_forward {
+        // The gathered form forwards from step 1 on what it received at step s − 1: peer
+        // (i − s) mod n's message; the reduced form in the all-gather's later steps.
+        if let Some(g) = codec.gather.as_ref().filter(|_| s >= 1) {
+            let n = self.cfg.n;
+            out.extend_from_slice(&g.msgs[(rank + n - s as usize % n) % n]);
+            return Ok(());
+        }
+        if s > n1 {
             out.extend_from_slice(&codec.forward);
             return Ok(());
         }
@@ -568,9 +574,7 @@ impl AllReduce {
             // Peer (i − 1 − s) mod n's message: kept for the sum, forwarded next step.
             let n = self.cfg.n;
             let origin = (self.cfg.rank + 2 * n - 1 - s as usize) % n;
-            let c = self.codec.as_mut().expect("a gathered round has a codec");
-            c.forward.clone_from(&chunk.msg);
-            if let Some(g) = &mut c.gather {
+            if let Some(g) = self.codec.as_mut().and_then(|c| c.gather.as_mut()) {
                 g.msgs[origin] = chunk.msg;
             }
         } else if (s as usize) < self.cfg.n - 1 {

@@ -317,7 +317,7 @@ impl DiLoCo {
     /// # Panics
     /// If `ring` has no compressor.
     pub fn compressed(
-        mut ring: AllReduce,
+        ring: AllReduce,
         h: u64,
         lr: f32,
         outer: OuterConfig,
@@ -327,14 +327,7 @@ impl DiLoCo {
             ring.residual().is_some(),
             "DiLoCo::compressed needs an AllReduce::compressed ring"
         );
-        // The first outer step (the ring's next round) is the raw alignment.
-        ring.set_compressed_from(ring.round() + 1);
-        let mixer = Mixer::PseudoGradients {
-            ring: Box::new(ring),
-            aligned: false,
-            seed,
-        };
-        Self::with_mixer(mixer, h, lr, outer)
+        Self::pseudo_gradients(ring, h, lr, outer, seed, false)
     }
 
     /// SparseLoCo (Sarfi et al. 2025, Algorithm 1): DiLoCo whose outer steps all-gather
@@ -351,6 +344,23 @@ impl DiLoCo {
     /// # Panics
     /// If `ring` is not gathered.
     pub fn gathered(
+        ring: AllReduce,
+        h: u64,
+        lr: f32,
+        outer: OuterConfig,
+        seed: u64,
+        aligned: bool,
+    ) -> Result<Self, BuildError> {
+        assert!(
+            ring.gathers_round(ring.round()),
+            "DiLoCo::gathered needs an AllReduce::gathered ring"
+        );
+        Self::pseudo_gradients(ring, h, lr, outer, seed, aligned)
+    }
+
+    /// The compressed form around `ring`: its next round is compressed if the anchors are
+    /// `aligned` already, else it is the raw alignment.
+    fn pseudo_gradients(
         mut ring: AllReduce,
         h: u64,
         lr: f32,
@@ -358,12 +368,8 @@ impl DiLoCo {
         seed: u64,
         aligned: bool,
     ) -> Result<Self, BuildError> {
-        let first = ring.round();
-        assert!(
-            ring.gathers_round(first),
-            "DiLoCo::gathered needs an AllReduce::gathered ring"
-        );
-        ring.set_compressed_from(if aligned { first } else { first + 1 });
+        let next = ring.round();
+        ring.set_compressed_from(if aligned { next } else { next + 1 });
         let mixer = Mixer::PseudoGradients {
             ring: Box::new(ring),
             aligned,

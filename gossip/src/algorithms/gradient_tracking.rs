@@ -103,9 +103,8 @@ impl GradientTracking {
             .build(Some(&lengths))?;
         let mut cfg = ChocoConfig::from_matrix(&ctx.topology.w, ctx.rank, 0.0, gamma, 2 * d);
         cfg.round_timeout = ctx.round_timeout;
-        cfg.max_payload_bytes = ctx
-            .max_payload_bytes
-            .max(u32::try_from(16 * 2 * d + 1024).unwrap_or(u32::MAX));
+        // from_matrix's limit is for the 2d values; the run's may be larger.
+        cfg.max_payload_bytes = cfg.max_payload_bytes.max(ctx.max_payload_bytes);
         cfg.seed = ctx.seed;
         let inner = Box::new(Choco::new(cfg, v0, compressor));
         Ok(Self::with_mixer(ctx, inner))

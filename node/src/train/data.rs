@@ -532,23 +532,22 @@ impl RunData {
                 return Ok(gpt2_bytes(text::pair(&train, &val, context, None), vocab));
             }
             let text = text::corpus(data)?;
-            let header_less = data.is_some_and(|p| p.extension().is_some_and(|x| x == "bin"));
-            if header_less && !tokens::is_token_file(&text) {
-                let name = data.map_or(String::new(), |p| p.display().to_string());
-                return Err(DataError::BadRecord {
-                    file: name,
-                    reason: format!(
-                        "a .bin file without the llm.c header (magic {}) is taken for \
-                         nanoGPT's header-less token ids, which carry no split: give the \
-                         folder that holds its train.bin and val.bin (or rename a text file)",
-                        tokens::MAGIC
-                    ),
-                });
-            }
+            let name = data.map_or(String::new(), |p| p.display().to_string());
             if !tokens::is_token_file(&text) {
+                if data.is_some_and(|p| p.extension().is_some_and(|x| x == "bin")) {
+                    return Err(DataError::BadRecord {
+                        file: name,
+                        reason: format!(
+                            "a .bin file without the llm.c header (magic {}) is taken for \
+                             nanoGPT's header-less token ids, which carry no split: give the \
+                             folder that holds its train.bin and val.bin (or rename a text \
+                             file)",
+                            tokens::MAGIC
+                        ),
+                    });
+                }
                 return text::split(&text, context, Some(1.0));
             }
-            let name = data.map_or(String::new(), |p| p.display().to_string());
             let ids = tokens::parse(&name, &text)?;
             tokens::check_vocab(&name, &ids, vocab)?;
             return Ok(gpt2_bytes(text::split(&ids, context, None)?, vocab));

@@ -339,6 +339,19 @@ pub fn run(args: &RunArgs, sim: &SimArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether the run is gradient tracking (`gossip/src/algorithms/gradient_tracking.rs`).
+fn is_gradient_tracking(args: &RunArgs) -> bool {
+    use murmur_gossip::Algorithm;
+    args.gossip.algorithm.name()
+        == murmur_gossip::algorithms::gradient_tracking::GRADIENT_TRACKING.name()
+}
+
+/// Whether the run is gradient tracking without a compressor: its messages are the plain
+/// stacked vectors, not CHOCO's increments.
+pub(super) fn is_plain_gradient_tracking(args: &RunArgs) -> bool {
+    is_gradient_tracking(args) && args.compressor() == murmur_compress::CompressorSpec::Identity
+}
+
 /// Refuses `--byzantine` outside training runs, for a rank that is not there, twice for a
 /// rank, for every peer, or with compressed gradient tracking (whose CHOCO messages carry
 /// the stacked 2d values, which the attacks do not forge).
@@ -349,9 +362,7 @@ fn check_byzantine(args: &RunArgs, sim: &SimArgs) -> anyhow::Result<()> {
     if sim.consensus || sim.timing_only {
         bail!("--byzantine attacks a training run; leave out --consensus and --timing-only");
     }
-    if args.gossip.algorithm.name() == "gradient-tracking"
-        && args.compressor() != murmur_compress::CompressorSpec::Identity
-    {
+    if is_gradient_tracking(args) && !is_plain_gradient_tracking(args) {
         bail!(
             "--byzantine with compressed gradient tracking: its messages carry x and the \
              tracker stacked (2d values), which the attacks do not forge; leave out --compressor"

@@ -332,6 +332,5 @@ fn measure_step(
 /// forge): CHOCO-SGD's always, gradient tracking's only when compressed (CHOCO-mixed).
 fn sends_increments(args: &crate::config::RunArgs) -> bool {
     args.gossip.algorithm.capabilities().compresses == murmur_gossip::Compresses::Increments
-        && (args.gossip.algorithm.name() != "gradient-tracking"
-            || args.compressor() != murmur_compress::CompressorSpec::Identity)
+        && !crate::tools::simulate::is_plain_gradient_tracking(args)
 }
