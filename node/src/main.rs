@@ -49,7 +49,7 @@ enum Cmd {
     },
     /// Measure one peer's local work for a model and batch size: samples/s of the training
     /// step, the flatten + mix + unflatten time of a round, the message size and the
-    /// communication-to-computation ratio at 1 and 10 Gb/s (synthetic data).
+    /// communication-to-computation ratio at 1, 10 and 100 Gb/s (synthetic data).
     Bench(BenchArgs),
     /// Measure the data plane between two endpoints on this machine (throughput and
     /// one-way delay), with or without link emulation.

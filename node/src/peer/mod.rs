@@ -193,6 +193,23 @@ pub fn check_device(device: DeviceSpec) -> anyhow::Result<()> {
             if index >= count.max(0) as usize {
                 bail!("--device cuda:{index}: this machine has {count} CUDA device(s)");
             }
+            // burn-cuda compiles its kernels at run time with NVRTC, against the CUDA headers.
+            // SAFETY: as above, a dlopen only.
+            if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+                bail!("--device cuda: no NVRTC library (libnvrtc.so) found: burn-cuda compiles its kernels with it; install the CUDA toolkit or put its lib64 folder on LD_LIBRARY_PATH");
+            }
+            let headers = std::env::var_os("CUDA_PATH")
+                .map(std::path::PathBuf::from)
+                .or_else(|| {
+                    ["/usr/local/cuda", "/opt/cuda"]
+                        .map(std::path::PathBuf::from)
+                        .into_iter()
+                        .find(|p| p.exists())
+                })
+                .map(|p| p.join("include"));
+            if !headers.as_ref().is_some_and(|h| h.join("cuda.h").exists()) {
+                bail!("--device cuda: no CUDA headers found ({}): burn-cuda's kernels are compiled against them; set CUDA_PATH to the CUDA toolkit", headers.map_or("looked in $CUDA_PATH, /usr/local/cuda, /opt/cuda".to_string(), |h| format!("no cuda.h in {}", h.display())));
+            }
             Ok(())
         }
     }

@@ -42,7 +42,7 @@ const LR: f32 = 0.01;
 /// Heavy-ball momentum μ of the benchmarked update.
 const MOMENTUM: f32 = 0.9;
 /// Link rates of the C2C ratios, in Gb/s.
-const LINKS_GBPS: [f64; 2] = [1.0, 10.0];
+const LINKS_GBPS: [f64; 3] = [1.0, 10.0, 100.0];
 
 /// Options of `murmur bench`.
 #[derive(Debug, Clone, Args)]
@@ -106,6 +106,8 @@ pub struct BenchReport {
     pub c2c_1gbps: f64,
     /// The same on 10 Gb/s links.
     pub c2c_10gbps: f64,
+    /// The same on 100 Gb/s links (a GPU cluster's fabric).
+    pub c2c_100gbps: f64,
 }
 
 /// Runs `murmur bench` and prints the table (or JSON).
@@ -264,6 +266,7 @@ fn measure_on<B: AutodiffBackend>(
         message_bytes,
         c2c_1gbps: c2c_ratio(2, message_bytes, LINKS_GBPS[0], step_seconds),
         c2c_10gbps: c2c_ratio(2, message_bytes, LINKS_GBPS[1], step_seconds),
+        c2c_100gbps: c2c_ratio(2, message_bytes, LINKS_GBPS[2], step_seconds),
     })
 }
 
@@ -301,7 +304,7 @@ pub fn table(r: &BenchReport) -> String {
          {:<48} {:>10.3} ms {:>10.1} samples/s\n\
          {:<48} {:>10.3} ms (flatten {:.3}, mix {:.3}, unflatten {:.3})\n\
          {:<48} {:>10} bytes (4·d + 36)\n\
-         {:<48} {:>10.4} at 1 Gb/s, {:.4} at 10 Gb/s\n",
+         {:<48} {:>10.4} at 1 Gb/s, {:.4} at 10 Gb/s, {:.5} at 100 Gb/s\n",
         "forward + backward",
         ms(r.forward_backward_seconds),
         r.forward_backward_samples_per_second,
@@ -318,6 +321,7 @@ pub fn table(r: &BenchReport) -> String {
         "C2C ratio (2 messages / training step)",
         r.c2c_1gbps,
         r.c2c_10gbps,
+        r.c2c_100gbps,
         model = r.model,
         d = grouped(r.dim),
         device = r.device,
