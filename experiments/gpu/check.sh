@@ -29,7 +29,9 @@
 #   summary.md, summary.json  what the issue asks for, read from the files above
 #
 # Environment: MURMUR (default: .gpu/murmur if present, else target/release/murmur),
-# PYTHON (python3), DEVICE (cuda), BUDGET_S (420), QUICK=1 (fewer steps and epochs).
+# MURMUR_VS (a second murmur, e.g. the build before a change: its bench runs beside the
+# first, model by model, into murmur-vs.jsonl), PYTHON (python3), DEVICE (cuda),
+# BUDGET_S (420), QUICK=1 (fewer steps and epochs).
 set -uo pipefail
 
 out="${1:?usage: experiments/gpu/check.sh OUT_DIR}"
@@ -47,6 +49,7 @@ else
     murmur="$repo/target/release/murmur"
 fi
 murmur="$(cd "$(dirname "$murmur")" 2>/dev/null && pwd)/$(basename "$murmur")"
+murmur_vs="${MURMUR_VS:-}"
 mkdir -p "$out/runs"
 out="$(cd "$out" && pwd)"
 start=$SECONDS
@@ -101,8 +104,11 @@ esac
         echo "nvrtc: $nvrtc"
         command -v nvcc >/dev/null && nvcc --version | tail -n 2
     fi
+    [[ -n "$murmur_vs" ]] && echo "murmur (vs): $murmur_vs"
     "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
-        torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' 2>&1
+        torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU",
+        "| cudnn.allow_tf32", torch.backends.cudnn.allow_tf32,
+        "| float32 matmul precision", torch.get_float32_matmul_precision())' 2>&1
 } >"$out/env.txt"
 cat "$out/env.txt"
 
@@ -147,6 +153,12 @@ for model in mlp resnet20 transformer; do
         --steps "$steps" --warmup "$warmup" --json >>"$out/murmur.jsonl" 2>>"$out/bench.log" ||
         say "murmur bench $model failed (exit $?): see bench.log"
     stop_dmon
+    if [[ -n "$murmur_vs" ]]; then
+        say "bench: the other murmur ($murmur_vs) $model"
+        timeout 120 "$murmur_vs" bench --device "$device" --model "$model" --batch-size 128 \
+            --steps "$steps" --warmup "$warmup" --json >>"$out/murmur-vs.jsonl" 2>>"$out/bench.log" ||
+            say "the other murmur's bench $model failed (exit $?): see bench.log"
+    fi
 done
 say "bench: pytorch_bench.py (all three)"
 timeout 180 "$python" "$repo/experiments/bench/pytorch_bench.py" --model all --device "$device" \

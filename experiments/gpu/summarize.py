@@ -10,8 +10,10 @@ invented. Standard library only.
 
 from __future__ import annotations
 
+import collections
 import csv
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -36,6 +38,7 @@ def jsonl(path: Path) -> list:
 def bench(out: Path) -> list:
     """One row per model: murmur and PyTorch samples/s, the ratios, the round's parts."""
     mm = {r["model"]: r for r in jsonl(out / "murmur.jsonl")}
+    vs = {r["model"]: r for r in jsonl(out / "murmur-vs.jsonl")}
     pt = {r["model"]: r for r in jsonl(out / "pytorch.jsonl")}
     rows = []
     for model in ("mlp", "resnet20", "transformer"):
@@ -67,6 +70,9 @@ def bench(out: Path) -> list:
             row["fwd_bwd_ratio"] = (
                 row["murmur_fwd_bwd_samples_per_second"] / row["pytorch_fwd_bwd_samples_per_second"]
             )
+        if model in vs:
+            row["vs_step_samples_per_second"] = vs[model]["step_samples_per_second"]
+            row["vs_fwd_bwd_samples_per_second"] = vs[model]["forward_backward_samples_per_second"]
         dmon = out / f"dmon-{model}.txt"
         if dmon.exists():
             sm = []
@@ -79,6 +85,37 @@ def bench(out: Path) -> list:
                 row["sm_percent_median"] = statistics.median(sm)
         rows.append(row)
     return rows
+
+
+UNIT = {"s": 1.0, "ms": 1e-3, "µs": 1e-6, "ns": 1e-9}
+ENTRY = re.compile(r"^\|\s*([\d.]+)(ms|µs|ns|s)\s*\|\s*(.*?)\s*\|?\s*$")
+
+
+def kernel_profile(path: Path, top: int = 8) -> dict | None:
+    """CubeCL's profile log: kernel durations summed by kernel name over the second half of
+    the repeated launches (a kernel's first launch, which includes its compilation, and the
+    warm-up are left out)."""
+    if not path.exists():
+        return None
+    seen, repeated = set(), []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        m = ENTRY.match(line)
+        if m:
+            name = m.group(3).rstrip("|").strip()
+            if name in seen:
+                repeated.append((float(m.group(1)) * UNIT[m.group(2)], name))
+            seen.add(name)
+    agg = collections.defaultdict(lambda: [0, 0.0])
+    for seconds, name in repeated[len(repeated) // 2:]:
+        agg[name][0] += 1
+        agg[name][1] += seconds
+    total = sum(v[1] for v in agg.values())
+    if not total:
+        return None
+    rows = sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"launches": sum(v[0] for v in agg.values()), "kernel_seconds": total,
+            "top": [{"kernel": " / ".join(p.strip() for p in k.split("|") if p.strip())[:90], "launches": c, "seconds": t, "share": t / total}
+                    for k, (c, t) in rows]}
 
 
 def gpu_memory(path: Path) -> dict | None:
@@ -139,20 +176,40 @@ def main() -> int:
                       ("gpu-diloco-n4", "gpumem-diloco.csv")):
         r = run(out / "runs" / name)
         result["runs"][name] = {"run": r, "gpu_memory": gpu_memory(out / mem)}
+    result["profiles"] = {m: kernel_profile(out / f"profile-{m}" / "cubecl.log")
+                          for m in ("resnet20", "transformer")}
     (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
 
     md = ["# murmur on the GPU: experiments/gpu/check.sh", "", "```text", env.strip(), "```", "",
           "## Throughput, batch 128 (medians; murmur's step includes the gradient to the host, "
           "the update on the flat vector and the parameters back)", "",
           "| model | d | murmur step samples/s | PyTorch step samples/s | ratio | murmur fwd+bwd | "
-          "PyTorch fwd+bwd | ratio | SM % (median) |", "|---|---|---|---|---|---|---|---|---|"]
+          "PyTorch fwd+bwd | ratio | SM % (max of 1 s samples) |", "|---|---|---|---|---|---|---|---|---|"]
     for b in result["bench"]:
         md.append(
             f"| {b['model']} | {b.get('d', '—')} | {num(b.get('murmur_step_samples_per_second'), '{:.0f}')} | "
             f"{num(b.get('pytorch_step_samples_per_second'), '{:.0f}')} | {num(b.get('step_ratio'), '{:.3f}')} | "
             f"{num(b.get('murmur_fwd_bwd_samples_per_second'), '{:.0f}')} | "
             f"{num(b.get('pytorch_fwd_bwd_samples_per_second'), '{:.0f}')} | {num(b.get('fwd_bwd_ratio'), '{:.3f}')} | "
-            f"{num(b.get('sm_percent_median'), '{:.0f}')} |")
+            f"{num(b.get('sm_percent_max'), '{:.0f}')} |")
+    if any("vs_step_samples_per_second" in b for b in result["bench"]):
+        md += ["", "## The other murmur (MURMUR_VS), same run", "",
+               "| model | this step samples/s | other step samples/s | this/other | this fwd+bwd | other fwd+bwd |",
+               "|---|---|---|---|---|---|"]
+        for b in result["bench"]:
+            if "vs_step_samples_per_second" in b and b["murmur"]:
+                md.append(
+                    f"| {b['model']} | {b['murmur_step_samples_per_second']:.0f} | "
+                    f"{b['vs_step_samples_per_second']:.0f} | "
+                    f"{b['murmur_step_samples_per_second'] / b['vs_step_samples_per_second']:.2f} | "
+                    f"{b['murmur_fwd_bwd_samples_per_second']:.0f} | {b['vs_fwd_bwd_samples_per_second']:.0f} |")
+    for model, prof in result["profiles"].items():
+        if prof:
+            md += ["", f"## Where {model}'s device time goes (CubeCL profile, {prof['launches']} launches, "
+                   f"{1e3 * prof['kernel_seconds']:.1f} ms of kernels)", "",
+                   "| kernel | launches | ms | share |", "|---|---|---|---|"]
+            for k in prof["top"]:
+                md.append(f"| {k['kernel']} | {k['launches']} | {1e3 * k['seconds']:.2f} | {100 * k['share']:.1f}% |")
     md += ["", "## A gossip round's device↔host cost and the C2C it implies (2 messages per step)", "",
            "| model | step ms | flatten ms | unflatten ms | message bytes | C2C 1 Gb/s | 10 Gb/s | 100 Gb/s |",
            "|---|---|---|---|---|---|---|---|"]

@@ -375,6 +375,7 @@ mod tests {
         }
         assert!((r.step_samples_per_second * r.step_seconds - 4.0).abs() < 1e-9);
         assert!((r.c2c_1gbps / r.c2c_10gbps - 10.0).abs() < 1e-9);
+        assert!((r.c2c_10gbps / r.c2c_100gbps - 10.0).abs() < 1e-9);
         let json: serde_json::Value =
             serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(json["model"], "cnn");

@@ -623,11 +623,13 @@ pub fn loss_and_grad<B: AutodiffBackend>(
         .unwrap_or(f32::NAN);
     let grads = GradientsParams::from_grads(loss.backward(), model);
     grad_out.clear();
-    model.visit(&mut GradFlattener {
+    let mut flattener = GradFlattener {
         grads: &grads,
-        out: grad_out,
+        parts: Vec::new(),
         state: StateFilter::default(),
-    });
+    };
+    model.visit(&mut flattener);
+    read_concatenated(flattener.parts, grad_out);
     Ok(loss_value)
 }
 
@@ -699,7 +701,12 @@ pub fn flatten<B: Backend, M: Module<B>>(model: &M, out: &mut Vec<f32>) {
 /// The tensors `state` selects, flattened into `out` (cleared first).
 fn flatten_selected<B: Backend, M: Module<B>>(model: &M, out: &mut Vec<f32>, state: StateFilter) {
     out.clear();
-    model.visit(&mut ParamFlattener { out, state });
+    let mut flattener = ParamFlattener {
+        parts: Vec::new(),
+        state,
+    };
+    model.visit(&mut flattener);
+    read_concatenated(flattener.parts, out);
 }
 
 /// Writes `x` into the tensors `state` selects; `what` names them in the error.
@@ -711,6 +718,7 @@ fn unflatten_selected<B: Backend, M: Module<B>>(
 ) -> anyhow::Result<M> {
     let mut mapper = ParamWriter {
         x,
+        flat: None,
         pos: 0,
         short: false,
         state,
@@ -867,12 +875,25 @@ fn extend_f32(out: &mut Vec<f32>, data: &TensorData) {
     }
 }
 
-struct ParamFlattener<'a> {
-    out: &'a mut Vec<f32>,
+/// Appends `parts` to `out` in order, concatenated on their device first: one
+/// device→host copy however many tensors (on a GPU each copy is a synchronisation, and
+/// ResNet-20 has 65 parameter tensors).
+fn read_concatenated<B: Backend>(parts: Vec<Tensor<B, 1>>, out: &mut Vec<f32>) {
+    let flat = match parts.len() {
+        0 => return,
+        1 => parts.into_iter().next().expect("one part"),
+        _ => Tensor::cat(parts, 0),
+    };
+    extend_f32(out, &flat.into_data());
+}
+
+/// Collects the selected tensors, each as a vector `[numel]`, for [`read_concatenated`].
+struct ParamFlattener<B: Backend> {
+    parts: Vec<Tensor<B, 1>>,
     state: StateFilter,
 }
 
-impl<B: Backend> ModuleVisitor<B> for ParamFlattener<'_> {
+impl<B: Backend> ModuleVisitor<B> for ParamFlattener<B> {
     fn enter_module(&mut self, name: &str, container_type: &str) {
         self.state.enter(name, container_type);
     }
@@ -883,18 +904,22 @@ impl<B: Backend> ModuleVisitor<B> for ParamFlattener<'_> {
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if !self.state.skip() {
-            extend_f32(self.out, &param.val().into_data());
+            let value = param.val();
+            let numel = value.shape().num_elements();
+            self.parts.push(value.reshape([numel]));
         }
     }
 }
 
-struct GradFlattener<'a> {
+/// Collects each parameter's gradient as a vector `[numel]` (zeros for a parameter the
+/// loss does not depend on), on the inner backend, for [`read_concatenated`].
+struct GradFlattener<'a, B: AutodiffBackend> {
     grads: &'a GradientsParams,
-    out: &'a mut Vec<f32>,
+    parts: Vec<Tensor<B::InnerBackend, 1>>,
     state: StateFilter,
 }
 
-impl<B: AutodiffBackend> ModuleVisitor<B> for GradFlattener<'_> {
+impl<B: AutodiffBackend> ModuleVisitor<B> for GradFlattener<'_, B> {
     fn enter_module(&mut self, name: &str, container_type: &str) {
         self.state.enter(name, container_type);
     }
@@ -907,25 +932,33 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for GradFlattener<'_> {
         if self.state.skip() {
             return;
         }
-        match self.grads.get::<B::InnerBackend, D>(param.id) {
-            Some(g) => extend_f32(self.out, &g.into_data()),
+        let part = match self.grads.get::<B::InnerBackend, D>(param.id) {
+            Some(g) => {
+                let numel = g.shape().num_elements();
+                g.reshape([numel])
+            }
             // A parameter the loss does not depend on has a zero gradient.
             None => {
-                let numel = param.val().shape().num_elements();
-                self.out.extend(std::iter::repeat_n(0.0, numel));
+                let value = param.val();
+                Tensor::zeros([value.shape().num_elements()], &value.device())
             }
-        }
+        };
+        self.parts.push(part);
     }
 }
 
-struct ParamWriter<'a> {
+/// Writes `x` into the selected tensors in visiting order. `x` goes to the device once, as
+/// one vector, and each tensor is a slice of it (one host→device copy, not one a tensor).
+struct ParamWriter<'a, B: Backend> {
     x: &'a [f32],
+    /// `x` on the device, made at the first selected tensor.
+    flat: Option<Tensor<B, 1>>,
     pos: usize,
     short: bool,
     state: StateFilter,
 }
 
-impl<B: Backend> ModuleMapper<B> for ParamWriter<'_> {
+impl<B: Backend> ModuleMapper<B> for ParamWriter<'_, B> {
     fn enter_module(&mut self, name: &str, container_type: &str) {
         self.state.enter(name, container_type);
     }
@@ -948,11 +981,16 @@ impl<B: Backend> ModuleMapper<B> for ParamWriter<'_> {
             return Param::from_mapped_value(id, tensor, mapper);
         }
         let require_grad = tensor.is_require_grad();
-        let device = tensor.device();
-        let values = self.x[self.pos..end].to_vec();
-        self.pos = end;
-        let new = Tensor::<B, D>::from_data(TensorData::new(values, shape), &device)
+        let x = self.x;
+        let flat = self.flat.get_or_insert_with(|| {
+            Tensor::from_data(TensorData::new(x.to_vec(), [x.len()]), &tensor.device())
+        });
+        let new = flat
+            .clone()
+            .slice(self.pos..end)
+            .reshape(shape)
             .set_require_grad(require_grad);
+        self.pos = end;
         Param::from_mapped_value(id, new, mapper)
     }
 }
