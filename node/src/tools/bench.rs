@@ -21,6 +21,7 @@
 //! 10 Gb/s links (serialisation only: no latency, no protocol overhead). C2C < 1 means the
 //! link could hide behind the computation; C2C > 1 means the run is communication-bound.
 
+use std::fmt;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -47,9 +48,10 @@ const LINKS_GBPS: [f64; 3] = [1.0, 10.0, 100.0];
 /// Options of `murmur bench`.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// Model to measure (as --model of a run: mlp, cnn, resnet20, transformer[:sizes]).
-    #[arg(long, default_value_t = ModelKind::Mlp)]
-    pub model: ModelKind,
+    /// Model to measure (as --model of a run: mlp, cnn, resnet20, transformer[:sizes]), or
+    /// `all`: mlp, resnet20 and transformer one after the other, as pytorch_bench.py's `all`.
+    #[arg(long, default_value_t = BenchModels::One(ModelKind::Mlp))]
+    pub model: BenchModels,
     /// Samples per training step.
     #[arg(long, default_value_t = 32)]
     pub batch_size: usize,
@@ -65,6 +67,51 @@ pub struct BenchArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `murmur bench --model`: one model, or `all` of those `experiments/bench/pytorch_bench.py`
+/// also measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchModels {
+    /// One model.
+    One(ModelKind),
+    /// mlp, resnet20 and the transformer (default sizes), in that order.
+    All,
+}
+
+impl BenchModels {
+    /// The models measured, in order.
+    pub fn kinds(self) -> Vec<ModelKind> {
+        match self {
+            BenchModels::One(kind) => vec![kind],
+            BenchModels::All => vec![
+                ModelKind::Mlp,
+                ModelKind::Resnet20,
+                ModelKind::Transformer(Default::default()),
+            ],
+        }
+    }
+}
+
+impl std::str::FromStr for BenchModels {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "all" {
+            return Ok(BenchModels::All);
+        }
+        s.parse::<ModelKind>()
+            .map(BenchModels::One)
+            .map_err(|e| format!("{e} (or all)"))
+    }
+}
+
+impl fmt::Display for BenchModels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BenchModels::One(kind) => kind.fmt(f),
+            BenchModels::All => f.write_str("all"),
+        }
+    }
 }
 
 /// What `murmur bench` measured. Times are medians in seconds, rates in samples per second.
@@ -110,23 +157,26 @@ pub struct BenchReport {
     pub c2c_100gbps: f64,
 }
 
-/// Runs `murmur bench` and prints the table (or JSON).
+/// Runs `murmur bench` and prints the table (or one JSON line) of each model.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    let report = measure(args)?;
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        print!("{}", table(&report));
+    for kind in args.model.kinds() {
+        let report = measure(args, kind)?;
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print!("{}", table(&report));
+        }
     }
     Ok(())
 }
 
-/// Measures what [`run`] prints. Dispatches on the device.
+/// Measures `model` as [`run`] prints it (`args.model` is not read). Dispatches on the
+/// device.
 ///
 /// # Errors
 /// On a batch size or step count of 0, a device this build or machine cannot use
 /// ([`check_device`]), or a non-finite loss.
-pub fn measure(args: &BenchArgs) -> anyhow::Result<BenchReport> {
+pub fn measure(args: &BenchArgs, model: ModelKind) -> anyhow::Result<BenchReport> {
     if args.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }
@@ -135,12 +185,15 @@ pub fn measure(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     }
     check_device(args.device)?;
     match args.device {
-        DeviceSpec::Cpu => {
-            measure_on::<burn::backend::Autodiff<burn::backend::Flex>>(args, Default::default())
-        }
+        DeviceSpec::Cpu => measure_on::<burn::backend::Autodiff<burn::backend::Flex>>(
+            args,
+            model,
+            Default::default(),
+        ),
         #[cfg(feature = "cuda")]
         DeviceSpec::Cuda(i) => measure_on::<burn::backend::Autodiff<burn::backend::Cuda>>(
             args,
+            model,
             burn::backend::cuda::CudaDevice::new(i),
         ),
         #[cfg(not(feature = "cuda"))]
@@ -163,10 +216,11 @@ pub fn c2c_ratio(messages: usize, bytes: usize, gbps: f64, compute_seconds: f64)
 
 fn measure_on<B: AutodiffBackend>(
     args: &BenchArgs,
+    model: ModelKind,
     device: B::Device,
 ) -> anyhow::Result<BenchReport> {
     B::seed(&device, 1);
-    let mut net = Net::<B>::new(args.model, &device);
+    let mut net = Net::<B>::new(model, &device);
     let input = net.input();
     let data = Dataset::synthetic(input, args.batch_size, 1);
     let sync = |what: &str| {
@@ -249,7 +303,7 @@ fn measure_on<B: AutodiffBackend>(
     let message_bytes = message_bytes(d);
     let b = args.batch_size as f64;
     Ok(BenchReport {
-        model: args.model.to_string(),
+        model: model.to_string(),
         device: args.device.to_string(),
         batch_size: args.batch_size,
         steps: args.steps,
@@ -351,16 +405,29 @@ mod tests {
     }
 
     #[test]
+    fn model_all_is_the_three_models_pytorch_bench_measures_and_one_model_parses_as_a_run_s() {
+        let all: BenchModels = "all".parse().unwrap();
+        assert_eq!(all.to_string(), "all");
+        let names: Vec<String> = all.kinds().iter().map(|k| k.to_string()).collect();
+        assert_eq!(names, ["mlp", "resnet20", "transformer"]);
+        let one: BenchModels = "cnn".parse().unwrap();
+        assert_eq!(one, BenchModels::One(ModelKind::Cnn));
+        assert_eq!(one.kinds(), vec![ModelKind::Cnn]);
+        let err = "resnet".parse::<BenchModels>().unwrap_err();
+        assert!(err.ends_with("(or all)"), "{err}");
+    }
+
+    #[test]
     fn a_small_bench_reports_consistent_numbers() {
         let args = BenchArgs {
-            model: ModelKind::Cnn,
+            model: BenchModels::One(ModelKind::Cnn),
             batch_size: 4,
             steps: 3,
             warmup: 1,
             device: DeviceSpec::Cpu,
             json: true,
         };
-        let r = measure(&args).unwrap();
+        let r = measure(&args, ModelKind::Cnn).unwrap();
         assert_eq!(r.dim, 20_490);
         assert_eq!(r.message_bytes, 4 * 20_490 + 36);
         for t in [
@@ -390,7 +457,7 @@ mod tests {
                 ..args.clone()
             },
         ] {
-            assert!(measure(&bad).is_err());
+            assert!(measure(&bad, ModelKind::Cnn).is_err());
         }
     }
 }
