@@ -17,9 +17,10 @@ With --peer R it evaluates peer R's own model (<run>/peers/model-R.safetensors, 
 
 The test set is the run's: `data` of <run>/run.toml (or --data), else for mlp the 2,000
 MNIST test digits embedded in murmur (node/data/mnist/t10k-*.gz), for the transformer the
-256 validation sequences of the embedded King James Bible (byte-level text only; the
-accuracy is next-byte accuracy over every position, and the mean cross-entropy is printed
-beside the run's). Preprocessing is
+256 validation sequences of the embedded King James Bible, of a byte-level text, of a
+token file (llm.c header or none) or of a folder's validation token files (the accuracy is
+next-token accuracy over every position, and the mean cross-entropy is printed beside the
+run's). Preprocessing is
 murmur's: MNIST pixels / 255; CIFAR-10 pixels / 255, then per channel
 (v - mean) / std with mean (0.4914, 0.4822, 0.4465) and std (0.2470, 0.2435, 0.2616).
 ResNet-20 is evaluated with the BatchNorm statistics in the file (the peers' mean).
@@ -98,22 +99,54 @@ def transformer_sizes(kind: str) -> dict:
     return sizes
 
 
-def text_validation(data: str | None, context: int) -> tuple[np.ndarray, np.ndarray]:
-    """murmur's validation sequences of a byte-level text: 256 sequences of context + 1
-    bytes spread evenly over the last 10% (node/src/train/data/text.rs); inputs, targets."""
-    path = data or os.path.join(ROOT, "node", "data", "kjv", "kjv.txt.gz")
-    raw = open(path, "rb").read()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    if raw[:4] == (20240520).to_bytes(4, "little"):
-        sys.exit("evaluate_model.py: token files are not evaluated here (byte-level text only)")
-    held_out = np.frombuffer(raw[int(len(raw) * 0.9) :], dtype=np.uint8)
+TOKEN_MAGIC = 20240520  # llm.c / modded-nanogpt token files (node/src/train/data/tokens.rs)
+
+
+def token_ids(raw: bytes, name: str) -> np.ndarray:
+    """The u16 token ids of a .bin file: with the 256 × i32 llm.c header, or nanoGPT's
+    header-less ids."""
+    if raw[:4] == TOKEN_MAGIC.to_bytes(4, "little"):
+        return np.frombuffer(raw[1024:], dtype="<u2")
+    if len(raw) % 2:
+        sys.exit(f"evaluate_model.py: {name}: neither a token file nor header-less u16 ids")
+    return np.frombuffer(raw, dtype="<u2")
+
+
+def sequences(held_out: np.ndarray, context: int) -> tuple[np.ndarray, np.ndarray]:
+    """murmur's validation sequences: 256 (fewer if the part is short) of context + 1 ids
+    spread evenly from the held-out part's start to its end (node/src/train/data/text.rs);
+    inputs, targets."""
     length = context + 1
     last = len(held_out) - length
     n = min(256, last // context + 1)
     starts = [0] if n == 1 else [i * last // (n - 1) for i in range(n)]
     seqs = np.stack([held_out[s : s + length] for s in starts]).astype(np.int64)
     return seqs[:, :-1], seqs[:, 1:]
+
+
+def text_validation(data: str | None, context: int) -> tuple[np.ndarray, np.ndarray]:
+    """The language model's validation sequences as murmur makes them: of a byte-level text
+    or a token file, the last 10%; of a folder of token files, its validation files (names
+    with `val`, in name order)."""
+    path = data or os.path.join(ROOT, "node", "data", "kjv", "kjv.txt.gz")
+    if not os.path.exists(path):
+        sys.exit(f"evaluate_model.py: {path}: no such file or folder (give the run's data with --data)")
+    if os.path.isdir(path):
+        names = sorted(f for f in os.listdir(path) if f.endswith(".bin") and "val" in f.lower())
+        if not names:
+            sys.exit(f"evaluate_model.py: {path} has no validation .bin file")
+        held_out = np.concatenate(
+            [token_ids(open(os.path.join(path, f), "rb").read(), f) for f in names]
+        )
+        return sequences(held_out, context)
+    raw = open(path, "rb").read()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    if raw[:4] == TOKEN_MAGIC.to_bytes(4, "little"):
+        ids = token_ids(raw, path)
+    else:
+        ids = np.frombuffer(raw, dtype=np.uint8)
+    return sequences(ids[int(len(ids) * 0.9) :], context)
 
 
 def main() -> None:
