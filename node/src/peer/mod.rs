@@ -198,17 +198,14 @@ pub fn check_device(device: DeviceSpec) -> anyhow::Result<()> {
             if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
                 bail!("--device cuda: no NVRTC library (libnvrtc.so) found: burn-cuda compiles its kernels with it; install the CUDA toolkit or put its lib64 folder on LD_LIBRARY_PATH");
             }
-            let headers = std::env::var_os("CUDA_PATH")
-                .map(std::path::PathBuf::from)
-                .or_else(|| {
-                    ["/usr/local/cuda", "/opt/cuda"]
-                        .map(std::path::PathBuf::from)
-                        .into_iter()
-                        .find(|p| p.exists())
-                })
-                .map(|p| p.join("include"));
-            if !headers.as_ref().is_some_and(|h| h.join("cuda.h").exists()) {
-                bail!("--device cuda: no CUDA headers found ({}): burn-cuda's kernels are compiled against them; set CUDA_PATH to the CUDA toolkit", headers.map_or("looked in $CUDA_PATH, /usr/local/cuda, /opt/cuda".to_string(), |h| format!("no cuda.h in {}", h.display())));
+            // The toolkit is looked up as cubecl-cuda's compiler will: $CUDA_PATH,
+            // /usr/local/cuda, /opt/cuda, or /usr when /usr/bin/nvcc exists.
+            let Some(toolkit) = cubecl_cuda::install::cuda_path() else {
+                bail!("--device cuda: no CUDA toolkit found ($CUDA_PATH, /usr/local/cuda, /opt/cuda, /usr/bin/nvcc): burn-cuda compiles its kernels against its headers; set CUDA_PATH");
+            };
+            let headers = toolkit.join("include");
+            if !headers.join("cuda.h").exists() {
+                bail!("--device cuda: no cuda.h in {}: burn-cuda compiles its kernels against the CUDA headers; set CUDA_PATH to the CUDA toolkit", headers.display());
             }
             Ok(())
         }
