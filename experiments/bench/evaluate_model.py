@@ -161,8 +161,9 @@ def main() -> None:
     config = tomllib.load(open(os.path.join(args.run, "run.toml"), "rb"))
     kind = summary["model"]
     data = args.data or config.get("data")
-    if kind == "mlp":
-        model, (images, labels) = ref.Mlp(), mnist_test(data)
+    if kind == "mlp" or kind.startswith("mlp:hidden="):
+        hidden = int(kind.split("=")[1]) if "=" in kind else 256
+        model, (images, labels) = ref.Mlp(hidden), mnist_test(data)
     elif kind.startswith("transformer"):
         sizes = transformer_sizes(kind)
         model = ref.TransformerLM("naive", **sizes)

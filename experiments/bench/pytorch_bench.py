@@ -61,12 +61,13 @@ MOMENTUM = 0.9
 
 
 class Mlp(nn.Module):
-    """784-256-10 multilayer perceptron with ReLU (d = 203,530); input pixels / 255."""
+    """784-hidden-10 multilayer perceptron with ReLU (d = 203,530 at murmur's default
+    hidden = 256; `mlp:hidden=N` in murmur); input pixels / 255."""
 
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = 256) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(784, 256)
-        self.fc2 = nn.Linear(256, 10)
+        self.fc1 = nn.Linear(784, hidden)
+        self.fc2 = nn.Linear(hidden, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.relu(self.fc1(x)))

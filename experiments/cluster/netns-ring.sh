@@ -61,7 +61,8 @@ slow_b=${SLOW_LINK#*-}
 for i in $(seq 0 $((PEERS - 1))); do
     tc -n "h$i" qdisc add dev eth0 root handle 1: htb default 1 r2q 1000
     tc -n "h$i" class add dev eth0 parent 1: classid 1:1 htb rate 10gbit
-    for j in $(((i + 1) % PEERS)) $(((i + PEERS - 1) % PEERS)); do
+    # With 2 peers both neighbours are the same peer: one class.
+    for j in $(printf '%s\n' $(((i + 1) % PEERS)) $(((i + PEERS - 1) % PEERS)) | sort -u); do
         rate=$FAST
         if { [ "$i" = "$slow_a" ] && [ "$j" = "$slow_b" ]; } ||
             { [ "${SLOW_ONEWAY:-0}" != 1 ] && [ "$i" = "$slow_b" ] && [ "$j" = "$slow_a" ]; }; then

@@ -86,10 +86,11 @@ pub struct RunArgs {
 pub struct TrainArgs {
     /// Model to train: mlp and cnn on MNIST, resnet20 on CIFAR-10 (--data DIR) or synthetic
     /// 3×32×32 images, transformer (language model) on the King James Bible or --data
-    /// FILE (bytes, or the tokens of a token file). The transformer's sizes:
-    /// transformer:layers=N,d_model=N,heads=N,context=N,d_ff=N,vocab=N (any of them;
-    /// defaults 2, 128, 4, 64, 512, 256).
-    #[arg(long, default_value_t = ModelKind::Mlp)]
+    /// FILE (bytes, or the tokens of a token file). The MLP's hidden width: mlp:hidden=N
+    /// (default 256; d = 795·N + 10, so mlp:hidden=31447 sends 100 MB messages). The
+    /// transformer's sizes: transformer:layers=N,d_model=N,heads=N,context=N,d_ff=N,vocab=N
+    /// (any of them; defaults 2, 128, 4, 64, 512, 256).
+    #[arg(long, default_value_t = ModelKind::MLP)]
     #[serde(serialize_with = "as_text")]
     pub model: ModelKind,
     /// Epochs: passes over the training set by the network as a whole.

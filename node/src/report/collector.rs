@@ -678,12 +678,12 @@ mod tests {
     fn the_exported_model_loads_back_with_the_same_parameters() {
         type B = burn::backend::Flex;
         let device = Default::default();
-        let net = Net::<B>::new(model::ModelKind::Mlp, &device);
+        let net = Net::<B>::new(model::ModelKind::MLP, &device);
         let x: Vec<f32> = (0..203_530).map(|i| (i % 97) as f32 * 0.01 - 0.5).collect();
         let dir = tempfile::tempdir().unwrap();
         let path = write_model(net, &x, &dir.path().join("model.safetensors")).unwrap();
         // --init-from reads it back bit for bit.
-        let fresh = Net::<B>::new(model::ModelKind::Mlp, &device);
+        let fresh = Net::<B>::new(model::ModelKind::MLP, &device);
         let fresh = model::load_safetensors(fresh, &path).unwrap();
         let mut back = Vec::new();
         model::flatten(&fresh, &mut back);
@@ -693,7 +693,7 @@ mod tests {
         let err = format!("{:#}", model::load_safetensors(cnn, &path).unwrap_err());
         assert!(err.contains("--init-from"), "{err}");
         // Parameters that do not fit the model are refused.
-        let short = Net::<B>::new(model::ModelKind::Mlp, &device);
+        let short = Net::<B>::new(model::ModelKind::MLP, &device);
         assert!(write_model(short, &x[..10], &dir.path().join("model.safetensors")).is_err());
         // Every model round-trips, BatchNorm (ResNet-20) and LayerNorm (transformer) included.
         for kind in [

@@ -50,7 +50,7 @@ const LINKS_GBPS: [f64; 3] = [1.0, 10.0, 100.0];
 pub struct BenchArgs {
     /// Model to measure (as --model of a run: mlp, cnn, resnet20, transformer[:sizes]), or
     /// `all`: mlp, resnet20 and transformer one after the other, as pytorch_bench.py's `all`.
-    #[arg(long, default_value_t = BenchModels::One(ModelKind::Mlp))]
+    #[arg(long, default_value_t = BenchModels::One(ModelKind::MLP))]
     pub model: BenchModels,
     /// Samples per training step.
     #[arg(long, default_value_t = 32)]
@@ -85,7 +85,7 @@ impl BenchModels {
         match self {
             BenchModels::One(kind) => vec![kind],
             BenchModels::All => vec![
-                ModelKind::Mlp,
+                ModelKind::MLP,
                 ModelKind::Resnet20,
                 ModelKind::Transformer(Default::default()),
             ],

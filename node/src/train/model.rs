@@ -34,13 +34,20 @@ pub use resnet::{ResNet, ResNetConfig};
 pub use transformer::{TransformerConfig, TransformerLm};
 
 /// Which network to train. On the command line and in run configs a name — `mlp`, `cnn`,
-/// `resnet20`, `transformer` — and for the transformer optionally its sizes,
+/// `resnet20`, `transformer` — and for the MLP optionally its hidden width, `mlp:hidden=N`,
+/// and for the transformer its sizes,
 /// `transformer:layers=4,d_model=256,heads=8,context=128,d_ff=1024` (any subset; the
 /// others keep their defaults, [`TransformerConfig::default`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelKind {
-    /// 784-256-10 multilayer perceptron with ReLU, on MNIST (d = 203,530).
-    Mlp,
+    /// 784-`hidden`-10 multilayer perceptron with ReLU, on MNIST: d = 795·hidden + 10
+    /// (203,530 at the default [`MLP_HIDDEN`] = 256). A wide one (`mlp:hidden=31447`: d =
+    /// 25.0 M, 100 MB messages, ResNet-50's size) measures the wire with a model of a
+    /// chosen d that stays cheap to compute.
+    Mlp {
+        /// Width of the hidden layer.
+        hidden: usize,
+    },
     /// Two 3×3 conv layers (16 and 32 channels) with max-pooling, then a linear layer
     /// to 10 classes, on MNIST (d = 20,490).
     Cnn,
@@ -53,6 +60,9 @@ pub enum ModelKind {
     Transformer(TransformerConfig),
 }
 
+/// The MLP's default hidden width (`mlp`: 784-256-10).
+pub const MLP_HIDDEN: usize = 256;
+
 /// The sizes `transformer:…` may set, in the order [`ModelKind`]'s `Display` writes them.
 const TRANSFORMER_KEYS: [&str; 6] = ["layers", "d_model", "heads", "context", "d_ff", "vocab"];
 
@@ -60,7 +70,8 @@ impl std::fmt::Display for ModelKind {
     /// The name; for a transformer, the sizes that differ from the defaults after a colon.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ModelKind::Mlp => f.write_str("mlp"),
+            ModelKind::Mlp { hidden } if *hidden == MLP_HIDDEN => f.write_str("mlp"),
+            ModelKind::Mlp { hidden } => write!(f, "mlp:hidden={hidden}"),
             ModelKind::Cnn => f.write_str("cnn"),
             ModelKind::Resnet20 => f.write_str("resnet20"),
             ModelKind::Transformer(c) => {
@@ -90,36 +101,52 @@ impl std::fmt::Display for ModelKind {
 impl std::str::FromStr for ModelKind {
     type Err = String;
 
-    /// Parses `mlp`, `cnn`, `resnet20`, `transformer` or `transformer:KEY=N,…` (keys
-    /// `layers`, `d_model`, `heads`, `context`, `d_ff`, `vocab`).
+    /// Parses `mlp`, `mlp:hidden=N`, `cnn`, `resnet20`, `transformer` or
+    /// `transformer:KEY=N,…` (keys `layers`, `d_model`, `heads`, `context`, `d_ff`,
+    /// `vocab`).
     ///
     /// # Errors
-    /// An unknown name or key, a size that is not a whole number, a key given twice, or a
-    /// transformer that cannot be built (a size of 0, heads that do not divide d_model).
+    /// An unknown name or key, a size that is not a whole number, a key given twice, an MLP
+    /// of 0 hidden units, or a transformer that cannot be built (a size of 0, heads that do
+    /// not divide d_model).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let (name, sizes) = match s.split_once(':') {
             Some((name, sizes)) => (name, Some(sizes)),
             None => (s, None),
         };
         let kind = match name {
-            "mlp" => ModelKind::Mlp,
+            "mlp" => ModelKind::MLP,
             "cnn" => ModelKind::Cnn,
             "resnet20" => ModelKind::Resnet20,
             "transformer" => ModelKind::Transformer(TransformerConfig::default()),
             other => {
                 return Err(format!(
                     "unknown model {other:?}: one of mlp, cnn, resnet20, transformer \
-                     (transformer:layers=N,d_model=N,heads=N,context=N,d_ff=N,vocab=N for its \
-                     sizes)"
+                     (mlp:hidden=N for the MLP's width; \
+                     transformer:layers=N,d_model=N,heads=N,context=N,d_ff=N,vocab=N for the \
+                     transformer's sizes)"
                 ))
             }
         };
         let Some(sizes) = sizes else {
             return Ok(kind);
         };
+        if let ModelKind::Mlp { .. } = kind {
+            let hidden = match sizes.split_once('=') {
+                Some((key, value)) if key.trim() == "hidden" => value.trim().parse().ok(),
+                _ => None,
+            };
+            return match hidden {
+                Some(0) => Err(format!("an MLP needs at least 1 hidden unit (in {s:?})")),
+                Some(hidden) => Ok(ModelKind::Mlp { hidden }),
+                None => Err(format!(
+                    "{sizes:?}: the MLP takes one size, hidden=N (a whole number; in {s:?})"
+                )),
+            };
+        }
         let ModelKind::Transformer(mut c) = kind else {
             return Err(format!(
-                "{name} has no sizes to set (only transformer:… has)"
+                "{name} has no sizes to set (only mlp:hidden=N and transformer:… have)"
             ));
         };
         let mut seen = Vec::new();
@@ -170,6 +197,9 @@ impl<'de> Deserialize<'de> for ModelKind {
 }
 
 impl ModelKind {
+    /// The 784-256-10 MLP (`mlp`), the default model.
+    pub const MLP: ModelKind = ModelKind::Mlp { hidden: MLP_HIDDEN };
+
     /// The transformer with its default sizes ([`TransformerConfig::default`]).
     pub fn transformer() -> Self {
         ModelKind::Transformer(TransformerConfig::default())
@@ -178,7 +208,7 @@ impl ModelKind {
     /// The samples the model of this kind takes.
     pub fn input(self) -> Input {
         match self {
-            ModelKind::Mlp | ModelKind::Cnn => Input::Images {
+            ModelKind::Mlp { .. } | ModelKind::Cnn => Input::Images {
                 channels: 1,
                 height: 28,
                 width: 28,
@@ -203,7 +233,7 @@ impl ModelKind {
     /// Whether the model trains on MNIST digits (`mlp`, `cnn`); ResNet-20 trains on
     /// CIFAR-10 or synthetic images, the transformer on text.
     pub fn takes_mnist(self) -> bool {
-        matches!(self, ModelKind::Mlp | ModelKind::Cnn)
+        matches!(self, ModelKind::Mlp { .. } | ModelKind::Cnn)
     }
 
     /// The name, followed by what it trains on unless MNIST (` on CIFAR-10`, ` (synthetic
@@ -211,7 +241,7 @@ impl ModelKind {
     /// of runs.
     pub fn with_data(self, data: Option<&std::path::Path>) -> String {
         match self {
-            ModelKind::Mlp | ModelKind::Cnn => self.to_string(),
+            ModelKind::Mlp { .. } | ModelKind::Cnn => self.to_string(),
             ModelKind::Transformer(_) => format!("{self} on text"),
             ModelKind::Resnet20 if data.is_some() => format!("{self} on CIFAR-10"),
             ModelKind::Resnet20 => format!("{self} (synthetic data)"),
@@ -276,7 +306,7 @@ impl std::fmt::Display for Input {
     }
 }
 
-/// 784-256-10 MLP.
+/// 784-hidden-10 MLP.
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
     fc1: Linear<B>,
@@ -355,9 +385,9 @@ impl<B: Backend> Net<B> {
     /// that every peer starts from the same x⁰.
     pub fn new(kind: ModelKind, device: &B::Device) -> Self {
         match kind {
-            ModelKind::Mlp => Net::Mlp(Mlp {
-                fc1: LinearConfig::new(INPUTS, 256).init(device),
-                fc2: LinearConfig::new(256, CLASSES).init(device),
+            ModelKind::Mlp { hidden } => Net::Mlp(Mlp {
+                fc1: LinearConfig::new(INPUTS, hidden).init(device),
+                fc2: LinearConfig::new(hidden, CLASSES).init(device),
                 act: Relu::new(),
             }),
             ModelKind::Cnn => Net::Cnn(Cnn {
@@ -380,7 +410,7 @@ impl<B: Backend> Net<B> {
     /// classes).
     pub fn input(&self) -> Input {
         match self {
-            Net::Mlp(_) => ModelKind::Mlp.input(),
+            Net::Mlp(_) => ModelKind::MLP.input(),
             Net::Cnn(_) => ModelKind::Cnn.input(),
             Net::ResNet(m) => Input::Images {
                 channels: m.in_channels(),

@@ -63,7 +63,7 @@ fn running_state<BB: Backend, M: Module<BB>>(model: &M) -> Vec<f32> {
 #[test]
 fn flatten_unflatten_round_trip_and_length_check() {
     let models = [
-        ModelKind::Mlp,
+        ModelKind::MLP,
         ModelKind::Cnn,
         ModelKind::Resnet20,
         ModelKind::transformer(),
@@ -91,7 +91,7 @@ fn flatten_unflatten_round_trip_and_length_check() {
         );
     }
     assert_eq!(
-        Net::<B>::new(ModelKind::Mlp, &Default::default()).dim(),
+        Net::<B>::new(ModelKind::MLP, &Default::default()).dim(),
         784 * 256 + 256 + 256 * 10 + 10
     );
 }
@@ -155,7 +155,7 @@ fn resnet20_and_transformer_have_the_documented_d() {
 
 #[test]
 fn tensor_lengths_are_the_layers_in_flatten_order() {
-    let mlp = Net::<B>::new(ModelKind::Mlp, &Default::default());
+    let mlp = Net::<B>::new(ModelKind::MLP, &Default::default());
     assert_eq!(tensor_lengths(&mlp), vec![784 * 256, 256, 256 * 10, 10]);
     for kind in [
         ModelKind::Cnn,
@@ -217,7 +217,7 @@ fn check_gradient_order(mut net: Net<B>, samples: &[f32], labels: &[u8]) -> f32 
 #[test]
 fn gradient_order_matches_parameter_order() {
     let (images, labels) = batch(16);
-    let mut net = Net::<B>::new(ModelKind::Mlp, &Default::default());
+    let mut net = Net::<B>::new(ModelKind::MLP, &Default::default());
     let mut x = Vec::new();
     flatten(&net, &mut x);
     let b = batch_tensors::<B>(net.input(), images.clone(), &labels, &Default::default()).unwrap();
@@ -364,7 +364,7 @@ fn batchnorm_running_statistics_are_state_not_parameters() {
     assert_eq!(x0, x1);
     assert!(unflatten_running_state(small_resnet(), &after[1..]).is_err());
     // A model without BatchNorm has none.
-    let mlp = Net::<B>::new(ModelKind::Mlp, &Default::default());
+    let mlp = Net::<B>::new(ModelKind::MLP, &Default::default());
     assert!(running_state(&mlp).is_empty());
     assert!(unflatten_running_state(mlp, &[]).is_ok());
 }
@@ -432,7 +432,7 @@ fn evaluate_counts_next_token_predictions() {
 #[test]
 fn bad_batches_are_errors() {
     let device = Default::default();
-    let mnist = ModelKind::Mlp.input();
+    let mnist = ModelKind::MLP.input();
     let tokens = Input::Tokens {
         context: 4,
         vocab: 16,
@@ -480,7 +480,7 @@ fn bad_batches_are_errors() {
 fn evaluate_counts_correct_predictions() {
     let (images, labels) = batch(50);
     let device = Default::default();
-    let net = Net::<burn::backend::Flex>::new(ModelKind::Mlp, &device);
+    let net = Net::<burn::backend::Flex>::new(ModelKind::MLP, &device);
     let mut x = vec![0.0f32; net.dim()];
     let classes_start = x.len() - CLASSES;
     x[classes_start + 3] = 1.0;
@@ -520,6 +520,14 @@ fn model_names_and_transformer_sizes_parse_and_print_back() {
         (128, 4),
         "the others keep their defaults"
     );
+    // The MLP's width: `mlp` is the default 256; another prints back with its width, and d =
+    // 795·hidden + 10.
+    assert_eq!("mlp".parse::<ModelKind>().unwrap(), ModelKind::MLP);
+    let wide: ModelKind = "mlp:hidden=300".parse().unwrap();
+    assert_eq!(wide, ModelKind::Mlp { hidden: 300 });
+    assert_eq!(wide.to_string(), "mlp:hidden=300");
+    assert_eq!(ModelKind::Mlp { hidden: 256 }.to_string(), "mlp");
+    assert_eq!(Net::<B>::new(wide, &Default::default()).dim(), 795 * 300 + 10);
     // Printed in a fixed order, only the sizes that differ; it parses back to itself.
     assert_eq!(kind.to_string(), "transformer:layers=3,context=32,d_ff=256");
     assert_eq!(kind.to_string().parse::<ModelKind>().unwrap(), kind);
@@ -539,7 +547,10 @@ fn model_names_and_transformer_sizes_parse_and_print_back() {
     assert_eq!(x.len(), v * m + t * m + 3 * block + 2 * m + (m * v + v));
     for (bad, says) in [
         ("gpt", "unknown model"),
-        ("mlp:layers=2", "no sizes"),
+        ("mlp:layers=2", "takes one size, hidden=N"),
+        ("mlp:hidden=0", "at least 1 hidden unit"),
+        ("mlp:hidden=wide", "takes one size, hidden=N"),
+        ("cnn:hidden=2", "no sizes"),
         ("transformer:depth=2", "unknown transformer size"),
         ("transformer:layers=two", "not a whole number"),
         ("transformer:layers", "not KEY=N"),
