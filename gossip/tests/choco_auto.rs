@@ -75,10 +75,17 @@ fn a_slow_link_gets_a_smaller_message_and_mixing_keeps_the_average() {
                     ladder.bytes(rung)
                 );
                 assert!(link.choice.starts_with("topk"), "{}", link.choice);
+                // Round 0, before the neighbour's first report, went dense: a direction is
+                // judged by its receiver, not by the other direction's estimate.
+                assert_eq!(link.rounds_by_choice.len(), 2, "{link:?}");
+                assert!(
+                    link.rounds_by_choice.contains(&("identity".to_string(), 1)),
+                    "{link:?}"
+                );
             } else {
                 assert_eq!(link.choice, "identity", "{i} → {}", link.peer);
+                assert_eq!(link.rounds_by_choice.len(), 1, "{link:?}");
             }
-            assert_eq!(link.rounds_by_choice.len(), 1, "{link:?}");
         }
     }
 }
@@ -95,10 +102,26 @@ fn an_unmeasured_link_sends_dense_and_small_frames_give_no_sample() {
     p.observe_link(2, 1 << 20, f64::NAN);
     assert_eq!(p.budget_secs(), None);
     assert!(p.links().iter().all(|l| l.bytes_per_sec.is_none()));
-    // The median: a slow and a fast outlier around 1 MB/s leave it at 1 MB/s.
+    // Samples of the direction 1 → 0 set the budget's scale (a dense message, 200 kB, at
+    // 1 MB/s) but do not judge 0 → 1: still unmeasured, so still dense (on an asymmetric
+    // link the other direction may be the slow one).
     p.observe_link(1, 1 << 20, 1.048_576);
-    p.observe_link(1, 1 << 20, 10.0);
-    p.observe_link(1, 1 << 20, 0.01);
+    let t = p.budget_secs().unwrap();
+    assert!((t - 0.2).abs() < 0.01, "{t}");
+    assert!(p.links().iter().all(|l| l.bytes_per_sec.is_none()));
+    // Peer 1's report of 0 → 1 (1 MB/s) measures it.
+    let mut report = Vec::new();
+    murmur_gossip::FrameHeader {
+        kind: murmur_gossip::FrameKind::LinkRate,
+        sender: 1,
+        round: 0,
+        dim: 50_000,
+        payload_len: 8,
+    }
+    .emit(&mut report);
+    report.extend_from_slice(&1e6f64.to_le_bytes());
+    p.handle_message(std::time::Instant::now(), 1, &report)
+        .unwrap();
     let rate = p.links()[0].bytes_per_sec.unwrap();
     assert!((rate - 1e6).abs() < 1.0, "{rate}");
     // Dense message on the only measured link: 200 kB at 1 MB/s.

@@ -49,8 +49,9 @@
 //! `begin_round`) and κ = [`ChocoAutoConfig::compute_share`]. Q_ij is the least
 //! compressing operator of the ladder (identity, fp16, int8, top-k from 25% down to
 //! 0.1%) whose largest message fits (1 + [`SLACK`]) · T · B_j (links measured within 25% of
-//! the fastest one stay dense: equal links differ by a few percent); a link without a measurement yet sends dense
-//! (round 0 measures every link). On equal links everything stays dense; a link k times
+//! the fastest one stay dense: equal links differ by a few percent); a link whose receiver
+//! has not reported it yet sends dense (the receiver times those frames and reports every 4
+//! rounds; the estimate of the other direction is not taken for it). On equal links everything stays dense; a link k times
 //! slower than the fastest one gets a message about k times smaller.
 //!
 //! Not supported: the skip straggler policy, a returning peer and resuming from a

@@ -11,7 +11,13 @@
 //! tells j its estimate in a [`crate::FrameKind::LinkRate`] frame (8 bytes, f64 LE), so j
 //! judges the direction it sends on by a measurement of that direction — an asymmetric link
 //! (a home uplink slower than its downlink) is seen as it is. Until a report comes, a peer
-//! takes the other direction's estimate for its own.
+//! has no estimate of its own direction ([`LinkMeter::rate_to`] is `None`: the link is
+//! treated as unmeasured, and ChocoAuto sends it dense, which its receiver can time; the
+//! other direction's estimate only sets the scale of the round's budget,
+//! [`LinkMeter::fastest`]). It does not take the other direction's estimate for it: on an asymmetric link that
+//! estimate is the slow one, and a fast direction judged by it would be compressed from the
+//! first round into frames too small to time over TCP (the receiver times TCP frames of
+//! 256 KiB or more only), so that no report would ever correct it.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -111,10 +117,10 @@ impl LinkMeter {
         }
     }
 
-    /// The bandwidth of the direction this peer → neighbour `k` (bytes/s): what it
-    /// reported, else this peer's estimate of the other direction; `None` before either.
+    /// The bandwidth of the direction this peer → neighbour `k` (bytes/s): what `k`
+    /// reported of it; `None` before its first report.
     pub(crate) fn rate_to(&self, k: usize) -> Option<f64> {
-        self.reported[k].or_else(|| self.rates[k].median())
+        self.reported[k]
     }
 
     /// The bandwidth of the slower direction of the link with neighbour `k` (bytes/s): the
@@ -127,10 +133,12 @@ impl LinkMeter {
         }
     }
 
-    /// The fastest outgoing link's bandwidth; `None` before any was measured.
+    /// The fastest link's bandwidth (bytes/s), for the round's budget: per link the
+    /// reported rate of this peer's direction, else the estimate of the other direction;
+    /// `None` before any link was measured.
     pub(crate) fn fastest(&self) -> Option<f64> {
         (0..self.rates.len())
-            .filter_map(|k| self.rate_to(k))
+            .filter_map(|k| self.reported[k].or_else(|| self.rates[k].median()))
             .reduce(f64::max)
     }
 
@@ -223,5 +231,37 @@ impl LinkMeter {
     /// (frames, bytes) of the reports sent.
     pub(crate) fn sent(&self) -> (u64, u64) {
         self.sent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_estimate_is_the_median_and_a_direction_waits_for_its_report() {
+        let mut m = LinkMeter::new(0, vec![1, 2], MeterConfig::default());
+        // A slow and a fast outlier around 1 MB/s leave the estimate of 1 → 0 at 1 MB/s.
+        for secs in [1.048_576, 10.0, 0.01] {
+            m.observe(1, 1 << 20, secs);
+        }
+        assert!((m.rates[0].median().unwrap() - 1e6).abs() < 1.0);
+        // Short or untimed frames and strangers give no sample.
+        m.observe(2, 1000, 0.5);
+        m.observe(2, 1 << 20, 0.0);
+        m.observe(7, 1 << 20, 1.0);
+        assert_eq!(m.rates[1].median(), None);
+        // 0 → 1 is not judged by 1 → 0: unmeasured until peer 1 reports it; the slower
+        // direction of the link is known from either.
+        assert_eq!(m.rate_to(0), None);
+        assert!(
+            (m.fastest().unwrap() - 1e6).abs() < 1.0,
+            "the budget's scale"
+        );
+        assert!((m.rate_either_way(0).unwrap() - 1e6).abs() < 1.0);
+        m.reported[0] = Some(5e7);
+        assert_eq!(m.rate_to(0), Some(5e7));
+        assert_eq!(m.fastest(), Some(5e7));
+        assert!((m.rate_either_way(0).unwrap() - 1e6).abs() < 1.0);
     }
 }

@@ -25,9 +25,11 @@
 //! still arrive — the checks, refusals and counting of [`super::receive::deliver`], as on
 //! the other transports. One thread per side does the blocking I/O (`write_all` of the whole
 //! frame; a read straight into the frame's buffer). A frame's transfer time (what the
-//! per-link choices measure bandwidth from) counts only the bytes that arrived while it was
-//! read, not those the kernel had buffered before the reader came ([`transfer_time`]). The
-//! QUIC connection stays, as for
+//! per-link choices measure bandwidth from) is taken from the kernel's receive timestamps
+//! of its first and last bytes ([`Stamped`]), not from when the reading thread got to them:
+//! on a busy host that thread often finds a frame already whole in the kernel's buffers.
+//! Where the kernel gives no timestamps, only the bytes that arrived while the frame was
+//! read count ([`transfer_time`]). The QUIC connection stays, as for
 //! shared memory: it carries liveness and the close; when it closes, both ends shut the
 //! TCP socket down.
 //!
@@ -42,6 +44,7 @@
 use std::collections::HashMap;
 use std::io::{IoSlice, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -227,6 +230,106 @@ fn shut_when_closed(conn: &Connection, socket: Option<TcpStream>) {
             let _ = socket.shutdown(Shutdown::Both);
         }
     });
+}
+
+/// A TCP socket whose reads record the kernel's receive timestamp (`SO_TIMESTAMPNS`) of
+/// the last bytes each read returned, so that a frame is timed by when its bytes arrived,
+/// not by when the reading thread was scheduled. Writes go to the socket unchanged.
+struct Stamped {
+    socket: TcpStream,
+    /// Nanoseconds since the Unix epoch of the latest read's last bytes (0: none yet, or
+    /// the kernel gave no timestamp).
+    stamp: Arc<AtomicU64>,
+}
+
+impl Stamped {
+    /// Asks the kernel to timestamp what `socket` receives. Without timestamps (an old
+    /// kernel) the stamp stays 0 and frames are timed by the reading thread instead.
+    fn new(socket: TcpStream) -> Self {
+        use std::os::fd::AsRawFd;
+        let on: libc::c_int = 1;
+        // SAFETY: SO_TIMESTAMPNS takes an int flag, passed by pointer with its size.
+        unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_TIMESTAMPNS,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+        Stamped {
+            socket,
+            stamp: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Read for Stamped {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // Room for one SCM_TIMESTAMPNS message (a header and a timespec), u64-aligned.
+        let mut control = [0u64; 8];
+        // SAFETY: an all-zero msghdr is valid (no name, no buffers); the pointers set below
+        // outlive the call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control) as _;
+        let n = loop {
+            // SAFETY: msg points to one iovec over `buf` and to `control`, both live.
+            let r = unsafe { libc::recvmsg(self.socket.as_raw_fd(), &mut msg, 0) };
+            if r >= 0 {
+                break r as usize;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        };
+        // SAFETY: the CMSG_* walk stays within msg_controllen bytes of `control`, which the
+        // kernel filled; the timestamp is read unaligned.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                    let ts: libc::timespec =
+                        std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::timespec>());
+                    let ns = (ts.tv_sec as u64)
+                        .saturating_mul(1_000_000_000)
+                        .saturating_add(ts.tv_nsec as u64);
+                    self.stamp.store(ns, Ordering::Relaxed);
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl Write for Stamped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.socket.write(buf)
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
+        self.socket.write_vectored(bufs)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.socket.flush()
+    }
+}
+
+/// A frame's transfer time from the kernel's receive timestamps (ns since the epoch) of
+/// its first bytes (`first`, taken with its length prefix) and its last (`last`): `None`
+/// without timestamps, for a frame under [`MIN_ARRIVING`] bytes (a shaper's burst), or when
+/// they do not increase.
+fn stamped_time(n: u64, first: u64, last: u64) -> Option<Duration> {
+    (first > 0 && last > first && n >= MIN_ARRIVING).then(|| Duration::from_nanos(last - first))
 }
 
 /// Bytes waiting in `socket`'s receive buffer (`FIONREAD`); `None` if the kernel does not
@@ -463,12 +566,12 @@ async fn accept_loop(listener: tokio::net::TcpListener, side: Arc<TcpSide>) {
                     .map_err(anyhow::Error::from)
                     .and_then(|t| bind(&side, t))
                 {
-                    Ok((reader, socket, p)) => {
+                    Ok((reader, socket, stamp, p)) => {
                         {
                             let _in_runtime = rt.enter();
                             shut_when_closed(&p.conn, socket.try_clone().ok());
                         }
-                        read_frames(reader, socket, p, rt)
+                        read_frames(reader, socket, stamp, p, rt)
                     }
                     Err(e) => {
                         warn!(%remote, "refused a data-plane TCP connection: {e:#}");
@@ -491,13 +594,14 @@ async fn accept_loop(listener: tokio::net::TcpListener, side: Arc<TcpSide>) {
 fn bind(
     side: &TcpSide,
     tcp: TcpStream,
-) -> anyhow::Result<(Box<dyn Read + Send>, TcpStream, Pending)> {
+) -> anyhow::Result<(Box<dyn Read + Send>, TcpStream, Arc<AtomicU64>, Pending)> {
     let setup = || {
         tcp.set_nodelay(true)?;
         tcp.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
         tcp.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
         let socket = tcp.try_clone()?;
-        let mut tcp = tcp;
+        let mut tcp = Stamped::new(tcp);
+        let stamp = tcp.stamp.clone();
         let mut wire = [0u8; 1];
         tcp.read_exact(&mut wire)?;
         let wire = Wire::from_byte(wire[0])?;
@@ -520,9 +624,9 @@ fn bind(
         };
         let mut token = [0u8; TOKEN_LEN];
         stream.read_exact(&mut token).context("reading the token")?;
-        anyhow::Ok((socket, wire, stream, identity, token))
+        anyhow::Ok((socket, stamp, wire, stream, identity, token))
     };
-    let (socket, wire, mut stream, identity, token) = setup()?;
+    let (socket, stamp, wire, mut stream, identity, token) = setup()?;
     let p = side
         .take(&token)
         .ok_or_else(|| anyhow!("a token that names no offer (or an expired one)"))?;
@@ -546,7 +650,7 @@ fn bind(
         anyhow::Ok(())
     };
     check()?;
-    Ok((stream.into_reader(), socket, p))
+    Ok((stream.into_reader(), socket, stamp, p))
 }
 
 /// The reading thread of one TCP link: frames to [`deliver`] until the link stops (the
@@ -554,6 +658,7 @@ fn bind(
 fn read_frames(
     mut r: Box<dyn Read + Send>,
     socket: TcpStream,
+    stamp: Arc<AtomicU64>,
     p: Pending,
     rt: tokio::runtime::Handle,
 ) {
@@ -573,6 +678,7 @@ fn read_frames(
             return ended(e.to_string());
         }
         let first_byte = Instant::now();
+        let first_stamp = stamp.load(Ordering::Relaxed);
         // On an encrypted link this counts ciphertext, and misses what TLS has buffered
         // already (at most a record or two): close enough for a rate.
         let waiting = waiting_bytes(&socket).unwrap_or(0);
@@ -595,7 +701,12 @@ fn read_frames(
                 Err(e) => return ended(e.to_string()),
             }
             check(&buf, max_payload_bytes).map(|header| {
-                let transfer = transfer_time(n, waiting, first_byte.elapsed());
+                let last_stamp = stamp.load(Ordering::Relaxed);
+                let transfer = match stamped_time(n, first_stamp, last_stamp) {
+                    Some(t) => Some(t),
+                    None if first_stamp == 0 => transfer_time(n, waiting, first_byte.elapsed()),
+                    None => None,
+                };
                 (header, pool.freeze(buf), transfer)
             })
         };
@@ -759,6 +870,52 @@ mod tests {
             None,
             "a small frame says nothing"
         );
+    }
+
+    #[test]
+    fn reads_record_when_the_kernel_received_the_bytes_not_when_they_were_read() {
+        let now_ns = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        };
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let mut b = Stamped::new(b);
+        let before = now_ns();
+        a.write_all(&[7; 1000]).unwrap();
+        // Read well after the bytes arrived: the stamp is their arrival, not this read.
+        std::thread::sleep(Duration::from_millis(50));
+        let read_at = now_ns();
+        let mut buf = [0u8; 1000];
+        b.read_exact(&mut buf).unwrap();
+        assert_eq!(buf, [7; 1000]);
+        let stamp = b.stamp.load(Ordering::Relaxed);
+        assert!(
+            stamp >= before && stamp + 40_000_000 < read_at,
+            "stamp {stamp}, written after {before}, read at {read_at}"
+        );
+        // Writes pass through.
+        b.write_all(b"ok").unwrap();
+        let mut ok = [0u8; 2];
+        a.read_exact(&mut ok).unwrap();
+        assert_eq!(&ok, b"ok");
+    }
+
+    #[test]
+    fn a_frame_is_timed_by_the_stamps_of_its_first_and_last_bytes() {
+        let ms = |m: u64| m * 1_000_000;
+        assert_eq!(
+            stamped_time(1 << 20, ms(100), ms(140)),
+            Some(Duration::from_millis(40))
+        );
+        // No stamps, stamps that do not increase, or a frame too short to say: none.
+        assert_eq!(stamped_time(1 << 20, 0, ms(140)), None);
+        assert_eq!(stamped_time(1 << 20, ms(140), ms(140)), None);
+        assert_eq!(stamped_time(1 << 20, ms(150), ms(140)), None);
+        assert_eq!(stamped_time(1000, ms(100), ms(140)), None);
     }
 
     #[test]

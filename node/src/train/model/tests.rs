@@ -527,7 +527,10 @@ fn model_names_and_transformer_sizes_parse_and_print_back() {
     assert_eq!(wide, ModelKind::Mlp { hidden: 300 });
     assert_eq!(wide.to_string(), "mlp:hidden=300");
     assert_eq!(ModelKind::Mlp { hidden: 256 }.to_string(), "mlp");
-    assert_eq!(Net::<B>::new(wide, &Default::default()).dim(), 795 * 300 + 10);
+    assert_eq!(
+        Net::<B>::new(wide, &Default::default()).dim(),
+        795 * 300 + 10
+    );
     // Printed in a fixed order, only the sizes that differ; it parses back to itself.
     assert_eq!(kind.to_string(), "transformer:layers=3,context=32,d_ff=256");
     assert_eq!(kind.to_string().parse::<ModelKind>().unwrap(), kind);
