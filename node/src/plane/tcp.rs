@@ -884,6 +884,20 @@ mod tests {
         let mut a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (b, _) = l.accept().unwrap();
         let mut b = Stamped::new(b);
+        // The kernel turns receive timestamps on for the whole system when a first socket
+        // asks, and may do so a moment later (a deferred static key): the bytes that
+        // arrive before carry none. Wait for stamps to flow.
+        let t = Instant::now();
+        let mut one = [0u8; 1];
+        while b.stamp.load(Ordering::Relaxed) == 0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "the kernel gives no timestamps"
+            );
+            a.write_all(&[1]).unwrap();
+            b.read_exact(&mut one).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let before = now_ns();
         a.write_all(&[7; 1000]).unwrap();
         // Read well after the bytes arrived: the stamp is their arrival, not this read.
