@@ -799,9 +799,12 @@ impl<B: AutodiffBackend> Training<'_, B> {
         let round = self.drv.core.gossip.round();
         let checkpoint = args.checkpoint_every > 0 && round.is_multiple_of(args.checkpoint_every);
         if more && !checkpoint && args.inject_bad_frames.is_none() {
+            // Round::start begins nothing for an algorithm that does not overlap: that round
+            // is then started as usual, at the top of the next call.
+            let at = Instant::now();
             let next = self.begin_round()?;
             if next.overlaps() {
-                self.next = Some((next, Instant::now()));
+                self.next = Some((next, at));
             }
         }
         self.net = model::unflatten(self.net.clone(), &self.x)?;

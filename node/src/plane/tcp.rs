@@ -679,9 +679,10 @@ fn read_frames(
         }
         let first_byte = Instant::now();
         let first_stamp = stamp.load(Ordering::Relaxed);
-        // On an encrypted link this counts ciphertext, and misses what TLS has buffered
-        // already (at most a record or two): close enough for a rate.
-        let waiting = waiting_bytes(&socket).unwrap_or(0);
+        // Without the kernel's timestamps, the bytes already waiting (one more system call a
+        // frame). On an encrypted link this counts ciphertext, and misses what TLS has
+        // buffered already (at most a record or two): close enough for a rate.
+        let waiting = (first_stamp == 0).then(|| waiting_bytes(&socket).unwrap_or(0));
         let n = u64::from_le_bytes(len);
         let frame = if n > limit {
             // Read past it: the frames after it still arrive.
@@ -701,11 +702,9 @@ fn read_frames(
                 Err(e) => return ended(e.to_string()),
             }
             check(&buf, max_payload_bytes).map(|header| {
-                let last_stamp = stamp.load(Ordering::Relaxed);
-                let transfer = match stamped_time(n, first_stamp, last_stamp) {
-                    Some(t) => Some(t),
-                    None if first_stamp == 0 => transfer_time(n, waiting, first_byte.elapsed()),
-                    None => None,
+                let transfer = match waiting {
+                    None => stamped_time(n, first_stamp, stamp.load(Ordering::Relaxed)),
+                    Some(waiting) => transfer_time(n, waiting, first_byte.elapsed()),
                 };
                 (header, pool.freeze(buf), transfer)
             })

@@ -87,7 +87,7 @@ impl BenchModels {
             BenchModels::All => vec![
                 ModelKind::MLP,
                 ModelKind::Resnet20,
-                ModelKind::Transformer(Default::default()),
+                ModelKind::transformer(),
             ],
         }
     }
