@@ -518,6 +518,31 @@ mod tests {
         name: String,
     }
 
+    /// A record read back (a resumed or continued run rewrites its earlier rows from it)
+    /// holds the very numbers written: serde_json's default float parser can be one ulp
+    /// off (2.346530390919237e-14 came back as 2.3465303909192372e-14, and a whole-run
+    /// resume's kept epoch row then differed from the first run's), so the workspace
+    /// enables its `float_roundtrip`.
+    #[test]
+    fn numbers_read_back_from_a_json_line_file_are_the_numbers_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rows.jsonl");
+        let values = [
+            2.346530390919237e-14,
+            2.3465303909192372e-14,
+            0.1 + 0.2,
+            1.0 / 3.0,
+            5e-324,
+            f64::MAX,
+        ];
+        for v in values {
+            append_json_line(&path, &v).unwrap();
+        }
+        let back: Vec<f64> = read_json_lines(&path).unwrap();
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&back), bits(&values));
+    }
+
     #[test]
     fn a_resumed_peer_log_keeps_the_epochs_before_and_drops_a_torn_line() {
         let dir = tempfile::tempdir().unwrap();
