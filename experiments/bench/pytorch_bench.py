@@ -400,7 +400,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument(
+        "--device", default="cpu",
+        help="cpu, cuda or cuda:N (default cpu); libtorch, murmur's CPU device through "
+        "PyTorch's C++ library, is PyTorch's cpu here",
+    )
     p.add_argument(
         "--threads", type=int, default=None,
         help="torch.set_num_threads (default: PyTorch's choice)",
@@ -422,7 +426,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    device = resolve_device(args.device)
+    device = resolve_device("cpu" if args.device == "libtorch" else args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     names = MODELS if args.model == "all" else (args.model,)

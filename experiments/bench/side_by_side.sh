@@ -5,7 +5,7 @@
 #   MURMUR=./target/release/murmur PYTHON=python3 experiments/bench/side_by_side.sh --model all
 #
 # The arguments are passed unchanged to both (so use options both accept: --model,
-# --batch-size, --steps, --warmup, --device; --threads is pytorch_bench.py's alone: murmur uses
+# --batch-size, --steps, --warmup, --device (murmur's `libtorch` is PyTorch's cpu); --threads is pytorch_bench.py's alone: murmur uses
 # every core, set RAYON_NUM_THREADS to limit it); --json is added. The raw JSON
 # lines are kept in $OUT_DIR (default: a temporary directory) as murmur.jsonl and
 # pytorch.jsonl.

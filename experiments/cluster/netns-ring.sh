@@ -8,8 +8,11 @@
 # Environment: MURMUR (binary; default target/release/murmur), PEERS (8), FAST (link rate,
 # tc units; 200mbit), SLOW (rate of the link SLOW_LINK; default: FAST), SLOW_LINK ("3-4":
 # the ring edge between ranks 3 and 4), SLOW_ONEWAY (1: only the direction 3 → 4 of that
-# edge is slow, 4 → 3 runs at FAST: an asymmetric link). Latency is not shaped (netem is not in every
-# kernel); tc's htb queues add what a full link adds.
+# edge is slow, 4 → 3 runs at FAST: an asymmetric link), VANISH ("R@SECS": SECS seconds after
+# the peers start, host R vanishes as a host that loses power does: its link goes down, then
+# its process is killed, so no FIN or RST reaches the others; the time is written to
+# OUT/vanish.txt and peer R's failure is expected). Latency is not shaped (netem is not in
+# every kernel); tc's htb queues add what a full link adds.
 #
 # Writes OUT/peer-<r>.log (every peer's log; the `link` lines of choco-auto say what each
 # link measured and sent) and peer 0's run folder OUT/run (summary.json, epochs.csv). Prints
@@ -46,6 +49,9 @@ ip link add "$BR" type bridge
 ip link set "$BR" up
 for i in $(seq 0 $((PEERS - 1))); do
     ip netns add "h$i"
+    # A namespace deleted a moment ago can leave its veth behind for a while (the kernel
+    # frees it later).
+    ip link del "mrv$i" 2>/dev/null || true
     ip link add "mrv$i" type veth peer name eth0 netns "h$i"
     ip link set "mrv$i" master "$BR" up
     ip -n "h$i" addr add "$NET.$((i + 1))/24" dev eth0
@@ -87,6 +93,21 @@ for i in $(seq 1 $((PEERS - 1))); do
     pids+=($!)
 done
 status=0
+if [ -n "${VANISH:-}" ]; then
+    gone=${VANISH%@*}
+    sleep "${VANISH#*@}"
+    ip link set "mrv$gone" down
+    date +%s.%N >"$OUT/vanish.txt"
+    kill -9 "${pids[$gone]}"
+    wait "${pids[$gone]}" || true
+    echo "host h$gone vanished at $(cat "$OUT/vanish.txt")"
+    survivors=()
+    for r in "${!pids[@]}"; do [ "$r" = "$gone" ] || survivors+=("${pids[$r]}"); done
+    for pid in "${survivors[@]}"; do wait "$pid" || status=1; done
+    [ $status = 0 ] || echo "$(basename "$0"): a survivor failed; see $OUT/peer-*.log" >&2
+    summary_line "$OUT"
+    exit $status
+fi
 wait_peers "$OUT" "${pids[@]}" || status=1
 summary_line "$OUT"
 exit $status

@@ -168,7 +168,8 @@ pub struct TrainArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<PathBuf>,
-    /// Device: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
+    /// Device: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`), or libtorch
+    /// (the CPU through PyTorch's C++ library; a build with `--features libtorch`).
     #[arg(long, default_value = "cpu")]
     #[serde(serialize_with = "as_text")]
     pub device: DeviceSpec,
@@ -313,10 +314,13 @@ pub struct NetArgs {
     #[arg(long, default_value_t = 60)]
     pub round_timeout_secs: u64,
     /// Seconds of silence after which a data-plane connection counts as lost (the QUIC idle
-    /// timeout; keep-alives go out every third of it): how soon a killed peer is noticed.
-    /// Its neighbours then re-weight and train on without it (D-PSGD, SGP, CHOCO-SGD,
-    /// local-SGD gossip) or stop with an error (the other algorithms).
-    #[arg(long, default_value_t = 15)]
+    /// timeout; keep-alives go out every third of it, at most every 2 s): how soon a peer
+    /// whose host vanished, or whose death no supervisor reports, is noticed. The keep-alives
+    /// are sent and answered by the data plane's own threads, so a peer that computes slowly
+    /// keeps its links; a paused one (SIGSTOP) or a vanished host does not. Its neighbours
+    /// then re-weight and train on without it (D-PSGD, SGP, CHOCO-SGD, local-SGD gossip) or
+    /// stop with an error (the other algorithms). Slow rounds are --round-timeout-secs'.
+    #[arg(long, default_value_t = 5)]
     pub peer_timeout_secs: u64,
     /// Only these peers may join (and so reach the data plane): a file of `PeerId`s, one per
     /// line, as `murmur identity KEYFILE` prints them. Checked by peer 0 at join. Default:

@@ -256,6 +256,9 @@ pub enum DeviceSpec {
     Cpu,
     /// CUDA device N (needs the `cuda` feature).
     Cuda(usize),
+    /// The CPU through libtorch, PyTorch's C++ library (Burn `tch` backend; needs the
+    /// `libtorch` feature and a libtorch at build and run time).
+    LibTorch,
 }
 
 impl std::str::FromStr for DeviceSpec {
@@ -264,10 +267,11 @@ impl std::str::FromStr for DeviceSpec {
         match s {
             "cpu" => Ok(DeviceSpec::Cpu),
             "cuda" => Ok(DeviceSpec::Cuda(0)),
+            "libtorch" => Ok(DeviceSpec::LibTorch),
             other => match other.strip_prefix("cuda:").map(str::parse) {
                 Some(Ok(i)) => Ok(DeviceSpec::Cuda(i)),
                 _ => Err(format!(
-                    "unknown device {other:?}: expected cpu, cuda or cuda:N"
+                    "unknown device {other:?}: expected cpu, cuda, cuda:N or libtorch"
                 )),
             },
         }
@@ -279,6 +283,7 @@ impl std::fmt::Display for DeviceSpec {
         match self {
             DeviceSpec::Cpu => f.write_str("cpu"),
             DeviceSpec::Cuda(i) => write!(f, "cuda:{i}"),
+            DeviceSpec::LibTorch => f.write_str("libtorch"),
         }
     }
 }
@@ -310,5 +315,26 @@ mod tests {
         assert_eq!(r.to_string().parse::<LinkRate>().unwrap(), r);
         let l: LinkLatency = "2ms".parse().unwrap();
         assert_eq!(l.to_string().parse::<LinkLatency>().unwrap(), l);
+    }
+
+    #[test]
+    fn devices_parse_and_print_back() {
+        for (text, device, printed) in [
+            ("cpu", DeviceSpec::Cpu, "cpu"),
+            ("cuda", DeviceSpec::Cuda(0), "cuda:0"),
+            ("cuda:3", DeviceSpec::Cuda(3), "cuda:3"),
+            ("libtorch", DeviceSpec::LibTorch, "libtorch"),
+        ] {
+            assert_eq!(text.parse::<DeviceSpec>(), Ok(device), "{text}");
+            assert_eq!(device.to_string(), printed);
+            assert_eq!(printed.parse::<DeviceSpec>(), Ok(device), "{printed}");
+        }
+        for bad in ["gpu", "cuda:", "cuda:x", "libtorch:0", ""] {
+            let e = bad.parse::<DeviceSpec>().unwrap_err();
+            assert!(
+                e.contains("expected cpu, cuda, cuda:N or libtorch"),
+                "{bad}: {e}"
+            );
+        }
     }
 }

@@ -168,6 +168,16 @@ fn train(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
         ),
         #[cfg(not(feature = "cuda"))]
         DeviceSpec::Cuda(_) => unreachable!("check_device refuses CUDA without the feature"),
+        #[cfg(feature = "libtorch")]
+        DeviceSpec::LibTorch => run_on::<burn::backend::Autodiff<burn::backend::LibTorch>>(
+            args,
+            peer,
+            burn::backend::libtorch::LibTorchDevice::Cpu,
+        ),
+        #[cfg(not(feature = "libtorch"))]
+        DeviceSpec::LibTorch => {
+            unreachable!("check_device refuses libtorch without the feature")
+        }
     }
 }
 
@@ -177,6 +187,14 @@ fn train(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
 pub fn check_device(device: DeviceSpec) -> anyhow::Result<()> {
     match device {
         DeviceSpec::Cpu => Ok(()),
+        #[cfg(feature = "libtorch")]
+        DeviceSpec::LibTorch => Ok(()),
+        #[cfg(not(feature = "libtorch"))]
+        DeviceSpec::LibTorch => bail!(
+            "--device libtorch needs a murmur built with `--features libtorch` against a \
+             libtorch (LIBTORCH_USE_PYTORCH=1 with PyTorch 2.9 in the active Python, or \
+             LIBTORCH=<dir>; docs/src/models.md)"
+        ),
         #[cfg(not(feature = "cuda"))]
         DeviceSpec::Cuda(_) => bail!("--device cuda needs a murmur built with `--features cuda`"),
         #[cfg(feature = "cuda")]

@@ -61,7 +61,8 @@ pub struct BenchArgs {
     /// Untimed repetitions before the timed ones (allocation, kernel compilation, autotuning).
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
-    /// Device: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
+    /// Device: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`), or libtorch
+    /// (the CPU through PyTorch's C++ library; a build with `--features libtorch`).
     #[arg(long, default_value = "cpu")]
     pub device: DeviceSpec,
     /// Print one JSON object instead of the table.
@@ -198,6 +199,16 @@ pub fn measure(args: &BenchArgs, model: ModelKind) -> anyhow::Result<BenchReport
         ),
         #[cfg(not(feature = "cuda"))]
         DeviceSpec::Cuda(_) => unreachable!("check_device refuses CUDA without the feature"),
+        #[cfg(feature = "libtorch")]
+        DeviceSpec::LibTorch => measure_on::<burn::backend::Autodiff<burn::backend::LibTorch>>(
+            args,
+            model,
+            burn::backend::libtorch::LibTorchDevice::Cpu,
+        ),
+        #[cfg(not(feature = "libtorch"))]
+        DeviceSpec::LibTorch => {
+            unreachable!("check_device refuses libtorch without the feature")
+        }
     }
 }
 
