@@ -145,3 +145,56 @@ fn frames_of_the_next_phase_that_arrive_early_are_kept() {
     );
     assert_eq!(peers[0].dropped_frames(), 0);
 }
+
+#[test]
+fn a_link_measured_in_an_earlier_phase_reaches_a_later_per_link_phase() {
+    use murmur_gossip::{ChocoAuto, ChocoAutoConfig};
+    let (n, d) = (4, 64);
+    let ring = ring_mh(n);
+    let xs = start(n, d);
+    let mut peers: Vec<Phased> = (0..n)
+        .map(|i| {
+            Phased::new(vec![
+                Phase {
+                    name: "dpsgd".into(),
+                    gossip: Box::new(DPsgd::new(
+                        DPsgdConfig::from_matrix(&ring, i, 0.0, d),
+                        xs[i].clone(),
+                    )),
+                    rounds: Some(2),
+                },
+                Phase {
+                    name: "choco-auto".into(),
+                    gossip: Box::new(ChocoAuto::new(
+                        ChocoAutoConfig::from_matrix(&ring, i, 0.0, 0.5).unwrap(),
+                        xs[i].clone(),
+                    )),
+                    rounds: None,
+                },
+            ])
+        })
+        .collect();
+    // During the D-PSGD phase, peer 0 times a 4 MiB frame from peer 1: 100 MB/s.
+    peers[0].observe_link(1, 4 << 20, (4 << 20) as f64 / 1e8);
+    assert!(peers[0].link_choices().is_empty(), "D-PSGD chooses nothing");
+    let mut sim = Sim::new(
+        peers
+            .into_iter()
+            .map(|p| Box::new(p) as Box<dyn Gossip>)
+            .collect(),
+    );
+    sim.run_rounds(3).unwrap();
+    // In the CHOCO phase peer 0 reports what it measured; peer 1 now knows its link to 0.
+    let to_0 = sim
+        .peer(1)
+        .link_choices()
+        .into_iter()
+        .find(|c| c.peer == 0)
+        .expect("peer 1's link to peer 0");
+    let rate = to_0
+        .bytes_per_sec
+        .expect("the rate peer 0 measured in phase 1");
+    assert!((rate - 1e8).abs() < 1.0, "{rate}");
+    let to_2 = sim.peer(1).link_choices().into_iter().find(|c| c.peer == 2);
+    assert_eq!(to_2.and_then(|c| c.bytes_per_sec), None, "never measured");
+}

@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::mixing::outer_round::OuterRound;
-use crate::{Gossip, GossipError, GossipEvent, GossipStats, Rank, Transmit};
+use crate::{Gossip, GossipError, GossipEvent, GossipStats, LinkChoice, Rank, Transmit};
 
 /// One phase: a state machine and how many rounds it runs (`None`: until the end).
 pub struct Phase {
@@ -223,6 +223,21 @@ impl Gossip for Phased {
     /// round).
     fn overlaps_gradient(&self) -> bool {
         self.phases[self.next_phase()].gossip.overlaps_gradient()
+    }
+
+    /// Every phase gets the sample: a link's rate belongs to the link, whichever phase's
+    /// frame measured it, so a later phase that chooses per link (`choco-auto`,
+    /// `local-auto`) starts with what the earlier phases saw. A phase ignores links that are
+    /// not its own.
+    fn observe_link(&mut self, from: Rank, bytes: usize, secs: f64) {
+        for p in &mut self.phases {
+            p.gossip.observe_link(from, bytes, secs);
+        }
+    }
+
+    /// The current phase's choices.
+    fn link_choices(&self) -> Vec<LinkChoice> {
+        self.phases[self.current].gossip.link_choices()
     }
 
     fn communicates_in_background(&self) -> bool {
