@@ -343,10 +343,17 @@ pub(crate) fn f32_at(bytes: &[u8], i: usize) -> f32 {
 
 /// Appends `values` as little-endian `f32`.
 pub(crate) fn put_f32s(values: &[f32], out: &mut Vec<u8>) {
-    let at = out.len();
-    out.resize(at + 4 * values.len(), 0);
-    for (o, v) in out[at..].chunks_exact_mut(4).zip(values) {
-        o.copy_from_slice(&v.to_le_bytes());
+    // On a little-endian machine the values' memory is already the wire format: one copy,
+    // without zero-filling the room first. Identity at d = 25.6M: 1.21x a memcpy before,
+    // 0.93x after (`cargo bench -p murmur-compress --bench throughput`, 2-core machine).
+    #[cfg(target_endian = "little")]
+    out.extend_from_slice(bytemuck::cast_slice(values));
+    #[cfg(not(target_endian = "little"))]
+    {
+        out.reserve(4 * values.len());
+        for v in values {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
     }
 }
 
