@@ -11,7 +11,10 @@
 # edge is slow, 4 → 3 runs at FAST: an asymmetric link), VANISH ("R@SECS": SECS seconds after
 # the peers start, host R vanishes as a host that loses power does: its link goes down, then
 # its process is killed, so no FIN or RST reaches the others; the time is written to
-# OUT/vanish.txt and peer R's failure is expected). Latency is not shaped (netem is not in
+# OUT/vanish.txt and peer R's failure is expected), BASELINE ("gloo": instead of murmur,
+# the same ring as D-PSGD in PyTorch over gloo, experiments/wire/gloo_dpsgd.py run with
+# $PYTHON, default python3; the options are that script's, e.g. --hidden 31447; its JSON
+# lines are printed). Latency is not shaped (netem is not in
 # every kernel); tc's htb queues add what a full link adds.
 #
 # Writes OUT/peer-<r>.log (every peer's log; the `link` lines of choco-auto say what each
@@ -79,6 +82,20 @@ for i in $(seq 0 $((PEERS - 1))); do
             match ip dst "$NET.$((j + 1))/32" flowid "1:$((j + 10))"
     done
 done
+
+if [ "${BASELINE:-}" = gloo ]; then
+    script="$(dirname "$(realpath "$0")")/../wire/gloo_dpsgd.py"
+    pids=()
+    for i in $(seq 0 $((PEERS - 1))); do
+        GLOO_SOCKET_IFNAME=eth0 ip netns exec "h$i" "${PYTHON:-python3}" "$script" --rank "$i" \
+            --peers "$PEERS" --master-addr "$NET.1" "$@" >"$OUT/peer-$i.log" 2>&1 &
+        pids+=($!)
+    done
+    status=0
+    wait_peers "$OUT" "${pids[@]}" || status=1
+    grep -h '^{' "$OUT"/peer-*.log || true
+    exit $status
+fi
 
 common=(--peers "$PEERS" --topology ring "$@")
 ip netns exec h0 "$MURMUR" peer --rank 0 "${common[@]}" \
