@@ -319,8 +319,10 @@ pub struct NetArgs {
     /// are sent and answered by the data plane's own threads, so a peer that computes slowly
     /// keeps its links; a paused one (SIGSTOP) or a vanished host does not. Its neighbours
     /// then re-weight and train on without it (D-PSGD, SGP, CHOCO-SGD, local-SGD gossip) or
-    /// stop with an error (the other algorithms). Slow rounds are --round-timeout-secs'.
-    #[arg(long, default_value_t = 5)]
+    /// stop with an error (the other algorithms). Slow rounds are --round-timeout-secs'. It
+    /// also bounds every connection's handshake: a few seconds (5) notice a vanished host
+    /// sooner on a cluster, but time out handshakes when many peers share few cores.
+    #[arg(long, default_value_t = 15)]
     pub peer_timeout_secs: u64,
     /// Only these peers may join (and so reach the data plane): a file of `PeerId`s, one per
     /// line, as `murmur identity KEYFILE` prints them. Checked by peer 0 at join. Default:
