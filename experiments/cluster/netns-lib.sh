@@ -26,13 +26,13 @@ bootstrap_address() {
     cat "$out/boot.addr"
 }
 
-# wait_peers OUT PID…: waits for the peers (PID number r is peer r); returns 1 if any
-# failed, naming its log.
+# wait_peers OUT PID…: waits for the peers (PID number r is peer r; an empty one is skipped:
+# a peer that was meant to end); returns 1 if any failed, naming its log.
 wait_peers() {
     local out=$1 status=0 r=0 pid
     shift
     for pid in "$@"; do
-        if ! wait "$pid"; then
+        if [ -n "$pid" ] && ! wait "$pid"; then
             echo "$(basename "$0"): peer $r failed; see $out/peer-$r.log" >&2
             status=1
         fi

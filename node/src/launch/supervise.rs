@@ -172,7 +172,8 @@ impl Spawner {
             .stdout(log)
             .stderr(log2);
         // libtorch's OpenMP pool takes every core in each process otherwise: 8 peers on
-        // 2 cores took 47.9 s instead of 10.0 s (launch --epochs 4 --device libtorch).
+        // 2 cores took 47.9 s without it, 8.2-11.2 s with it (launch --epochs 4 --device
+        // libtorch; flex 8.0 s).
         if std::env::var_os("OMP_NUM_THREADS").is_none() {
             cmd.env("OMP_NUM_THREADS", self.threads_per_peer.to_string());
         }

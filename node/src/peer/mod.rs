@@ -156,28 +156,42 @@ pub fn run(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
 
 /// [`run`] on the device the run asks for.
 fn train(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
-    match args.train.device {
+    struct Train<'a>(&'a RunArgs, &'a PeerArgs);
+    impl OnBackend for Train<'_> {
+        type Output = anyhow::Result<()>;
+        fn run<B: AutodiffBackend>(self, device: B::Device) -> Self::Output {
+            run_on::<B>(self.0, self.1, device)
+        }
+    }
+    on_backend(args.train.device, Train(args, peer))
+}
+
+/// Work generic over the training backend, for [`on_backend`].
+pub trait OnBackend {
+    /// What the work returns.
+    type Output;
+    /// Does the work on backend `B`, on `device`.
+    fn run<B: AutodiffBackend>(self, device: B::Device) -> Self::Output;
+}
+
+/// Runs `work` on the Burn backend and device of `device`: the one place that maps a
+/// [`DeviceSpec`] to a backend (peers and `murmur bench`). `device` must have passed
+/// [`check_device`]; a device whose feature is not built is unreachable here.
+pub fn on_backend<W: OnBackend>(device: DeviceSpec, work: W) -> W::Output {
+    match device {
         DeviceSpec::Cpu => {
-            run_on::<burn::backend::Autodiff<burn::backend::Flex>>(args, peer, Default::default())
+            work.run::<burn::backend::Autodiff<burn::backend::Flex>>(Default::default())
         }
         #[cfg(feature = "cuda")]
-        DeviceSpec::Cuda(i) => run_on::<burn::backend::Autodiff<burn::backend::Cuda>>(
-            args,
-            peer,
+        DeviceSpec::Cuda(i) => work.run::<burn::backend::Autodiff<burn::backend::Cuda>>(
             burn::backend::cuda::CudaDevice::new(i),
         ),
-        #[cfg(not(feature = "cuda"))]
-        DeviceSpec::Cuda(_) => unreachable!("check_device refuses CUDA without the feature"),
         #[cfg(feature = "libtorch")]
-        DeviceSpec::LibTorch => run_on::<burn::backend::Autodiff<burn::backend::LibTorch>>(
-            args,
-            peer,
+        DeviceSpec::LibTorch => work.run::<burn::backend::Autodiff<burn::backend::LibTorch>>(
             burn::backend::libtorch::LibTorchDevice::Cpu,
         ),
-        #[cfg(not(feature = "libtorch"))]
-        DeviceSpec::LibTorch => {
-            unreachable!("check_device refuses libtorch without the feature")
-        }
+        #[allow(unreachable_patterns)]
+        other => unreachable!("check_device refuses {other}: its feature is not built"),
     }
 }
 

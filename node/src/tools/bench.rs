@@ -32,7 +32,7 @@ use murmur_gossip::FRAME_HEADER_LEN;
 use serde::Serialize;
 
 use crate::config::DeviceSpec;
-use crate::peer::check_device;
+use crate::peer::{check_device, on_backend, OnBackend};
 use crate::train::data::Dataset;
 use crate::train::inner_optimizer::{HeavyBall, Schedule, ScheduleKind};
 use crate::train::learner::Learner;
@@ -185,31 +185,14 @@ pub fn measure(args: &BenchArgs, model: ModelKind) -> anyhow::Result<BenchReport
         bail!("--steps must be at least 1");
     }
     check_device(args.device)?;
-    match args.device {
-        DeviceSpec::Cpu => measure_on::<burn::backend::Autodiff<burn::backend::Flex>>(
-            args,
-            model,
-            Default::default(),
-        ),
-        #[cfg(feature = "cuda")]
-        DeviceSpec::Cuda(i) => measure_on::<burn::backend::Autodiff<burn::backend::Cuda>>(
-            args,
-            model,
-            burn::backend::cuda::CudaDevice::new(i),
-        ),
-        #[cfg(not(feature = "cuda"))]
-        DeviceSpec::Cuda(_) => unreachable!("check_device refuses CUDA without the feature"),
-        #[cfg(feature = "libtorch")]
-        DeviceSpec::LibTorch => measure_on::<burn::backend::Autodiff<burn::backend::LibTorch>>(
-            args,
-            model,
-            burn::backend::libtorch::LibTorchDevice::Cpu,
-        ),
-        #[cfg(not(feature = "libtorch"))]
-        DeviceSpec::LibTorch => {
-            unreachable!("check_device refuses libtorch without the feature")
+    struct Measure<'a>(&'a BenchArgs, ModelKind);
+    impl OnBackend for Measure<'_> {
+        type Output = anyhow::Result<BenchReport>;
+        fn run<B: AutodiffBackend>(self, device: B::Device) -> Self::Output {
+            measure_on::<B>(self.0, self.1, device)
         }
     }
+    on_backend(args.device, Measure(args, model))
 }
 
 /// Bytes of one uncompressed gossip frame carrying d parameters: the frame header and an
