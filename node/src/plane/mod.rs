@@ -17,14 +17,16 @@
 //! Connections that fail authentication are refused and reported ([`NetEvent::Refused`]).
 //! A link whose direct path does not open (NATs) can go through peer 0's [`relay`], which
 //! forwards its datagrams: still one end-to-end QUIC connection, authenticated the same way.
-//! The QUIC connection is also every link's liveness: a silent peer is noticed by its idle
-//! timeout, whichever transport carries the frames.
+//! The QUIC connection is also every link's liveness, whichever transport carries the
+//! frames: a peer whose connection brings nothing for the peer timeout is reported lost
+//! ([`liveness`]; the handshake has its own, longer bound).
 //!
 //! Shutdown without losing frames: after its last frame a sender sends a `Bye` frame whose
 //! payload is the number of frames it sent before on that link. The receiver closes the
 //! connection (application code 0) once it has read that many frames, and the sender
 //! counts its link as finished when it sees that close.
 
+mod liveness;
 mod local_link;
 mod quic;
 mod receive;
@@ -169,6 +171,8 @@ pub struct DataPlane {
     key: Keypair,
     events: mpsc::Sender<NetEvent>,
     quic_config: Arc<TransportConfig>,
+    /// Silence after which a connection's peer is reported lost ([`liveness`]).
+    peer_timeout: Duration,
     rank: Rank,
     /// This process's incarnation, stated on every connection it opens.
     incarnation: Incarnation,
@@ -332,8 +336,10 @@ impl DataPlane {
     /// Binds peer `rank`'s QUIC endpoint at `addr` (port 0: any free port) with a certificate
     /// of its identity `key`; incoming connections are accepted from `admitted` peers only
     /// (filled in once the directory is known). Frames whose declared payload exceeds
-    /// `max_payload_bytes` are refused before allocation; a connection silent for
-    /// `peer_timeout` is reported as [`NetEvent::Lost`]. Returns the receiver of all
+    /// `max_payload_bytes` are refused before allocation; an established connection silent
+    /// for `peer_timeout` is reported as [`NetEvent::Lost`] (a handshake may take up to
+    /// [`liveness::HANDSHAKE_TIMEOUT`] or the peer timeout, whichever is longer). Returns the
+    /// receiver of all
     /// [`NetEvent`]s.
     ///
     /// Must be called inside a tokio runtime.
@@ -385,6 +391,7 @@ impl DataPlane {
         let serving = quic::Serving {
             events: events.clone(),
             max_payload_bytes,
+            peer_timeout,
             inbound: inbound.clone(),
             tcp: tcp.clone(),
             pool,
@@ -397,6 +404,7 @@ impl DataPlane {
                 key: key.clone(),
                 events,
                 quic_config,
+                peer_timeout,
                 rank,
                 incarnation: incarnation_now(),
                 emulation: LinkEmulation::default(),
@@ -503,6 +511,13 @@ impl DataPlane {
         .await
         .map_err(|_| anyhow!("timed out connecting to peer {to} at {addr}"))?
         .with_context(|| format!("connecting to peer {to} at {addr}"))?;
+        tokio::spawn(liveness::report_when_silent(
+            conn.clone(),
+            self.peer_timeout,
+            self.events.clone(),
+            (to, incarnation),
+            None,
+        ));
         let (tx, rx) = mpsc::channel(SEND_QUEUE);
         let (me, events, emulation) = (self.rank, self.events.clone(), self.emulation);
         let to_inc = (to, incarnation);
@@ -1033,5 +1048,105 @@ mod tests {
                 other => panic!("unexpected {other:?}"),
             }
         }
+    }
+
+    /// A UDP path that can be cut: datagrams between a client and `server` pass while
+    /// `open` is set and are dropped while it is not (a host that vanished, a cable pulled).
+    /// Returns the address the client dials.
+    async fn cuttable_path(
+        server: SocketAddr,
+        open: Arc<std::sync::atomic::AtomicBool>,
+    ) -> SocketAddr {
+        use std::sync::atomic::Ordering::Relaxed;
+        let front = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
+        let back = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
+        back.connect(server).await.unwrap();
+        let addr = front.local_addr().unwrap();
+        let client = Arc::new(std::sync::Mutex::new(None::<SocketAddr>));
+        let (f, b, c, o) = (front.clone(), back.clone(), client.clone(), open.clone());
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 65536];
+            while let Ok((n, from)) = f.recv_from(&mut buf).await {
+                *c.lock().unwrap() = Some(from);
+                if o.load(Relaxed) {
+                    let _ = b.send(&buf[..n]).await;
+                }
+            }
+        });
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 65536];
+            while let Ok(n) = back.recv(&mut buf).await {
+                let to = *client.lock().unwrap();
+                if let (true, Some(to)) = (open.load(Relaxed), to) {
+                    let _ = front.send_to(&buf[..n], to).await;
+                }
+            }
+        });
+        addr
+    }
+
+    /// The handshake is not bound by the peer timeout (a path that drops everything for
+    /// 2.5 s, then opens, still connects with a 1 s peer timeout), and once established a
+    /// peer that goes silent is reported lost after the peer timeout, at both ends — not after
+    /// QUIC's idle timeout (15 s).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slow_handshake_connects_and_a_silent_peer_is_lost_after_the_peer_timeout() {
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+        let admitted = Admitted::default();
+        admitted.admit_all([(a.public().to_peer_id(), 0)]);
+        let timeout = Duration::from_secs(1);
+        let (mut sender, mut sender_events) =
+            DataPlane::bind(0, any, 1 << 20, timeout, &a, Admitted::default()).unwrap();
+        sender.transport = TransportChoice::Quic;
+        let (receiver, mut events) =
+            DataPlane::bind(1, any, 1 << 20, timeout, &b, admitted).unwrap();
+        let open = Arc::new(AtomicBool::new(false));
+        let path = cuttable_path(receiver.local_addr, open.clone()).await;
+        let opener = open.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(2_500)).await;
+            opener.store(true, Relaxed);
+        });
+        let started = std::time::Instant::now();
+        let link = sender
+            .connect((1, 1), path, b.public().to_peer_id())
+            .await
+            .expect("a handshake slower than the peer timeout still connects");
+        assert!(started.elapsed() >= Duration::from_millis(2_500));
+        link.send(frame(0)).await.unwrap();
+        match next(&mut events).await {
+            NetEvent::Frame { from: 0, .. } => {}
+            other => panic!("expected the frame, got {other:?}"),
+        }
+        // Both ends stay up while keep-alives flow, for three peer timeouts.
+        tokio::time::sleep(3 * timeout).await;
+        assert!(sender_events.try_recv().is_err());
+        assert!(events.try_recv().is_err());
+        // The path is cut: each end reports the other lost after about the peer timeout.
+        open.store(false, Relaxed);
+        let cut = std::time::Instant::now();
+        for (end, rx, peer) in [
+            ("sender", &mut sender_events, 1),
+            ("receiver", &mut events, 0),
+        ] {
+            match next(rx).await {
+                NetEvent::Lost {
+                    peer: p, reason, ..
+                } => {
+                    assert_eq!(p, peer, "{end}");
+                    assert!(reason.contains("timed out"), "{end}: {reason}");
+                }
+                other => panic!("{end}: expected a loss, got {other:?}"),
+            }
+        }
+        // The silence counts from the last datagram, which may precede the cut by a look.
+        let noticed = cut.elapsed();
+        assert!(
+            noticed >= timeout - Duration::from_millis(200) && noticed < Duration::from_secs(4),
+            "noticed {noticed:?} after the cut"
+        );
+        drop(link);
     }
 }

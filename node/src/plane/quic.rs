@@ -4,7 +4,7 @@
 //!
 //! Every link has a QUIC connection, also when its frames travel through shared memory
 //! ([`super::local_link`]) or TCP ([`super::tcp`]): the connection proves the peers'
-//! identities, carries the offer of the other transport (a bidirectional stream), notices a silent peer (idle timeout) and
+//! identities, carries the offer of the other transport (a bidirectional stream), notices a silent peer ([`super::liveness`]) and
 //! carries the close that ends the link.
 
 use std::net::SocketAddr;
@@ -24,14 +24,17 @@ use super::receive::{deliver, BufferPool, Receiving};
 use super::send::FrameTransport;
 use super::tcp::TcpSide;
 use super::tls::{self, Admitted};
-use super::{closed_here, local_link, Inbound, NetEvent, ABANDONED};
+use super::{closed_here, liveness, local_link, Inbound, NetEvent, ABANDONED};
 
 /// How long an incoming connection waits for the directory before it is refused.
 const ADMISSION_WAIT: Duration = Duration::from_secs(120);
 
-/// Transport settings of every data-plane connection; `idle_timeout` is how long a silent
-/// connection lives (keep-alives every third of it, at most every 2 s).
-pub(super) fn transport_config(idle_timeout: Duration) -> TransportConfig {
+/// Transport settings of every data-plane connection for a peer timeout `peer_timeout`:
+/// keep-alives every fifth of it (at most every 2 s); QUIC's idle timeout, which also bounds
+/// the handshake, is the peer timeout but at least [`liveness::HANDSHAKE_TIMEOUT`] (the peer
+/// timeout of an established connection is [`liveness`]'s).
+pub(super) fn transport_config(peer_timeout: Duration) -> TransportConfig {
+    let idle_timeout = peer_timeout.max(liveness::HANDSHAKE_TIMEOUT);
     let mut t = TransportConfig::default();
     // Windows large enough that a multi-MB parameter frame is not flow-control bound.
     t.stream_receive_window(VarInt::from_u32(64 << 20));
@@ -40,7 +43,7 @@ pub(super) fn transport_config(idle_timeout: Duration) -> TransportConfig {
     t.max_concurrent_uni_streams(VarInt::from_u32(1024));
     // The shared-memory offer.
     t.max_concurrent_bidi_streams(VarInt::from_u32(2));
-    t.keep_alive_interval(Some((idle_timeout / 3).min(Duration::from_secs(2))));
+    t.keep_alive_interval(Some(liveness::keep_alive_interval(peer_timeout)));
     t.max_idle_timeout(Some(
         VarInt::from_u64(idle_timeout.as_millis() as u64)
             .unwrap_or(VarInt::MAX)
@@ -78,6 +81,8 @@ impl FrameTransport for QuicFrames {
 pub(super) struct Serving {
     pub events: mpsc::Sender<NetEvent>,
     pub max_payload_bytes: u32,
+    /// Silence after which a connection's peer is reported lost ([`liveness`]).
+    pub peer_timeout: Duration,
     pub inbound: Inbound,
     pub tcp: Arc<TcpSide>,
     pub pool: BufferPool,
@@ -160,6 +165,7 @@ async fn serve_connection(
     let Serving {
         events,
         max_payload_bytes,
+        peer_timeout,
         inbound,
         tcp,
         pool,
@@ -171,6 +177,13 @@ async fn serve_connection(
         .or_default()
         .push((incarnation, conn.clone()));
     let state = Arc::new(tokio::sync::Mutex::new(Receiving::new(rank, incarnation)));
+    tokio::spawn(liveness::report_when_silent(
+        conn.clone(),
+        peer_timeout,
+        events.clone(),
+        (rank, incarnation),
+        Some(state.clone()),
+    ));
     let mut offers = 0;
     loop {
         let mut stream = tokio::select! {

@@ -4,7 +4,7 @@
 //! The relay is a datagram forwarder, as a TURN server is (RFC 8656), not a frame
 //! forwarder: the link stays one end-to-end QUIC connection, so its TLS (each end proves
 //! its libp2p identity, [`super::tls`]), congestion control, counted goodbye and
-//! idle timeout are the same as on a direct link, and the relay reads nothing of it. Each
+//! liveness are the same as on a direct link, and the relay reads nothing of it. Each
 //! relayed link i → j gets its own UDP port P on the bootstrap ([`Relay::allocate`], asked
 //! for over the control plane by either end, which must be i or j) and a random token.
 //! Both ends send a registration datagram ([`registration`]: magic, role, token) from

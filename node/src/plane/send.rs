@@ -109,7 +109,7 @@ pub(super) async fn send_loop<T: FrameTransport>(
         // After our goodbye, a stateless reset means the receiver's endpoint no longer knows
         // the connection: it closed it once it had read every frame, and its close was lost
         // (seen on a saturated shaped link, whose queue drops packets) — the link is done. A
-        // receiver that died instead is noticed by the idle timeout, not a reset.
+        // receiver that died instead is noticed by its silence (the peer timeout), not a reset.
         quinn::ConnectionError::Reset => NetEvent::LinkDone { to },
         _ if closed_here(&conn) => return,
         other => NetEvent::Lost {

@@ -15,7 +15,7 @@
 //! with a release store of the byte counter and a `FUTEX_WAKE`, so the reader copies one
 //! chunk while the writer copies the next. A blocked side sleeps in `FUTEX_WAIT` for at most
 //! [`POLL`] and then looks at the link's stop flag (set when the QUIC connection closes: a
-//! dead or stopped peer is noticed by the connection's idle timeout, as on QUIC links).
+//! dead or stopped peer is noticed by the connection's silence, as on QUIC links).
 //!
 //! Copies: the sender copies each frame once into the ring, the receiver once out of it into
 //! the frame it delivers, a buffer sized by the length prefix after the prefix was checked

@@ -35,11 +35,11 @@
 //!
 //! **A dead sender is noticed at once.** When a process dies, even by `kill -9`, its
 //! kernel closes its TCP sockets (FIN, or RST with unread data), while its QUIC connection
-//! just goes silent until the idle timeout (`--peer-timeout-secs`). So a TCP stream that
+//! just goes silent until the peer timeout (`--peer-timeout-secs`). So a TCP stream that
 //! ends before the goodbye's count is complete, while the link's QUIC connection is still
 //! open, is reported as [`super::NetEvent::Lost`] right away ([`read_frames`]). A paused
 //! process (SIGSTOP) keeps its sockets, so it is not taken for dead; nor is a whole host
-//! that vanishes (no FIN is sent): both are still noticed by the idle timeout.
+//! that vanishes (no FIN is sent): both are still noticed by the peer timeout ([`super::liveness`]).
 
 use std::collections::HashMap;
 use std::io::{IoSlice, Read, Write};
@@ -722,7 +722,7 @@ fn read_frames(
 /// A TCP link's stream ended or broke (`why`) before the goodbye's count was complete. If
 /// the link's QUIC connection is still open, the sender's process died (its kernel closed
 /// the socket; its QUIC connection would only go silent) or the connection was cut:
-/// reported as [`NetEvent::Lost`] now instead of after the idle timeout. If the QUIC
+/// reported as [`NetEvent::Lost`] now instead of after the peer timeout. If the QUIC
 /// connection closed first, the link ended with it and QUIC's own report stands.
 fn ended_early(
     rt: &tokio::runtime::Handle,
