@@ -141,6 +141,20 @@ impl Launch {
         serde_json::from_slice(&std::fs::read(self.run().join("summary.json")).unwrap()).unwrap()
     }
 
+    /// Asserts that `epochs.jsonl` has the rows of epochs 0..=`last`, each once, in order.
+    fn assert_every_epoch_once(&self, last: u64) {
+        let rows = std::fs::read_to_string(self.run().join("epochs.jsonl")).unwrap();
+        let epochs: Vec<u64> = rows
+            .lines()
+            .map(|r| {
+                serde_json::from_str::<Value>(r).unwrap()["epoch"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(epochs, (0..=last).collect::<Vec<u64>>(), "{rows}");
+    }
+
     fn log(&self, rank: usize) -> String {
         std::fs::read_to_string(self.run().join(format!("logs/peer-{rank}.log"))).unwrap()
     }
@@ -223,21 +237,67 @@ fn a_killed_peer_0_is_restarted_and_the_record_goes_on_without_a_gap() {
     assert_eq!(s["epochs"].as_u64(), Some(8));
     assert!(s["final_min_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");
     // Every epoch once in the record, though two processes of peer 0 wrote it.
-    let rows = std::fs::read_to_string(l.run().join("epochs.jsonl")).unwrap();
-    let epochs: Vec<u64> = rows
-        .lines()
-        .map(|r| {
-            serde_json::from_str::<Value>(r).unwrap()["epoch"]
-                .as_u64()
-                .unwrap()
-        })
-        .collect();
-    assert_eq!(epochs, (0..=8).collect::<Vec<u64>>(), "{rows}");
+    l.assert_every_epoch_once(8);
     let log = l.log(0);
     assert!(
         log.contains("the bootstrap serves the running run again"),
         "{log}"
     );
+}
+
+/// A restarted peer 0 killed again while the others open their links to it: the links
+/// being opened to the dead process are given up at once (the launcher's notice), and the
+/// rejoin notice about it that still spreads is ignored, so nobody waits out a timeout.
+/// Before, peers blocked on connects to the dead process until they timed out (10 s each,
+/// then the relay's), and the run stood still for about 40 s.
+#[test]
+fn a_restarted_peer_killed_again_at_once_stalls_nobody() {
+    // Eight peers: five of them link to peer 0 only to send it their reports.
+    let mut l = Launch::start(&[
+        "--peers=8",
+        "--rounds-per-epoch=32",
+        "--epochs=8",
+        "--checkpoint-every=16",
+        "--restart-failed",
+        "--peer-timeout-secs=120",
+        "--round-timeout-secs=300",
+    ]);
+    l.wait_for_epoch(3);
+    let first = l.peer(0);
+    signal(first, libc::SIGKILL);
+    let t0 = Instant::now();
+    let second = loop {
+        let pid = l.peer(0);
+        if pid != first && !is_zombie(pid) {
+            break pid;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "peer 0 not restarted"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // As soon as its rejoin notice reached peer 2 (which links to it to report): while the
+    // peers open their links to it.
+    while !l.log(2).contains("peer 0 rejoins the run from round") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "peer 0 did not rejoin"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    signal(second, libc::SIGKILL);
+    let (status, out, err) = l.finish(Duration::from_secs(90));
+    assert!(status.success(), "{out}\n{err}");
+    // Nobody tried to reach the dead process until a connect timed out.
+    for rank in 1..8 {
+        let log = l.log(rank);
+        assert!(!log.contains("did not open"), "peer {rank}: {log}");
+    }
+    let s = l.summary();
+    assert_eq!(text(&s["outcome"]), "completed", "{s}");
+    assert!(text(&s["peer_failures"]).starts_with("0:SIGKILL@"), "{s}");
+    l.assert_every_epoch_once(8);
 }
 
 #[test]

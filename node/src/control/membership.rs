@@ -277,6 +277,9 @@ pub struct Membership {
     /// The newest incarnation known of each rank (0: unknown), from the directory, hellos
     /// and rejoin notices: a notice about an older process is not about the member.
     incarnations: Vec<Incarnation>,
+    /// The newest incarnation of each rank whose process is known to have exited (0: none),
+    /// from the supervisor's notices: a rejoin notice about such a process is stale.
+    exited: Vec<Incarnation>,
     /// The peers that left (and have not rejoined) with their records (event `left` or
     /// `empty`).
     departed: BTreeMap<Rank, MembershipEvent>,
@@ -291,6 +294,7 @@ impl Membership {
             me,
             n,
             incarnations: vec![0; n],
+            exited: vec![0; n],
             departed: BTreeMap::new(),
             rejoined: Vec::new(),
         }
@@ -300,6 +304,14 @@ impl Membership {
     /// a rejoin notice): kept if it is the newest known.
     pub fn learn_incarnation(&mut self, rank: Rank, incarnation: Incarnation) {
         if let Some(i) = self.incarnations.get_mut(rank) {
+            *i = (*i).max(incarnation);
+        }
+    }
+
+    /// Rank `rank`'s process of incarnation `incarnation` exited (its supervisor saw it):
+    /// a later rejoin notice about it, or an older process of the rank, is ignored.
+    pub fn exited(&mut self, rank: Rank, incarnation: Incarnation) {
+        if let Some(i) = self.exited.get_mut(rank) {
             *i = (*i).max(incarnation);
         }
     }
@@ -546,8 +558,9 @@ impl Membership {
     }
 
     /// Peer `back`'s process of incarnation `incarnation` mixes again from round `at` at
-    /// address `addr` (told by `from`): handled once per (peer, round), and never about
-    /// this peer. The algorithm is then asked to take it back; if it does,
+    /// address `addr` (told by `from`): handled once per (peer, round), never about this
+    /// peer, and not about a process known to have exited ([`Membership::exited`]: a notice
+    /// that spread while that process died, e.g. a restarted peer killed again). The algorithm is then asked to take it back; if it does,
     /// [`Membership::readmit`].
     pub fn rejoin_notice(
         &mut self,
@@ -556,7 +569,8 @@ impl Membership {
         addr: SocketAddr,
         from: Rank,
     ) -> Option<RejoinNotice> {
-        if back == self.me || self.rejoined.contains(&(back, at)) {
+        let dead = self.exited.get(back).is_some_and(|&i| incarnation <= i);
+        if back == self.me || dead || self.rejoined.contains(&(back, at)) {
             return None;
         }
         self.rejoined.push((back, at));

@@ -243,6 +243,15 @@ impl Driver {
                 incarnation,
                 reason,
             },
+            NetEvent::Exited {
+                peer,
+                incarnation,
+                reason,
+            } => Input::Exited {
+                peer,
+                incarnation,
+                reason,
+            },
             NetEvent::Refused { peer, reason } => Input::Refused { peer, reason },
         };
         self.handle(input)

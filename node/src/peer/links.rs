@@ -150,6 +150,8 @@ pub async fn connect(
 ) -> anyhow::Result<crate::plane::Link> {
     match plane.connect(to, addr, id).await {
         Ok(link) => Ok(link),
+        // A process that exited is not reached by any path.
+        Err(e) if plane.exits().is_dead(to) => Err(e),
         Err(e) => fallback(plane, relay, rank, (to, id), nat, e).await,
     }
 }

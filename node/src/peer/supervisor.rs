@@ -4,7 +4,9 @@
 //! `--peer-timeout-secs` of silence. A peer reads these lines only when started with
 //! `MURMUR_SUPERVISED=1` (the launcher sets it); each notice is handled as a lost
 //! connection to that process (the membership ignores it if a newer process of the rank is
-//! known, [`crate::plane::Incarnation`]).
+//! known, [`crate::plane::Incarnation`]) that is certain: a link being opened to that
+//! process is given up at once ([`Exits`]), and a rejoin notice about it that arrives later
+//! is ignored.
 
 use std::io::BufRead;
 
@@ -12,7 +14,7 @@ use murmur_gossip::Rank;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use crate::plane::{Incarnation, NetEvent};
+use crate::plane::{Exits, Incarnation, NetEvent};
 
 /// The environment variable that makes a peer read its supervisor's notices on stdin.
 pub(crate) const SUPERVISED: &str = "MURMUR_SUPERVISED";
@@ -35,10 +37,10 @@ fn parse_exit_notice(line: &str) -> Option<(Rank, Incarnation, String)> {
     Some((rank, incarnation, words.next().unwrap_or("").to_string()))
 }
 
-/// With [`SUPERVISED`] set: a thread that turns each exit notice on stdin into a
-/// [`NetEvent::Lost`] for rank `< n` on `events`, until stdin closes. Malformed lines are
-/// logged and skipped.
-pub(crate) fn listen(events: mpsc::Sender<NetEvent>, n: usize) {
+/// With [`SUPERVISED`] set: a thread that marks each process of an exit notice on stdin in
+/// `exits` and sends a [`NetEvent::Exited`] for rank `< n` on `events`, until stdin closes.
+/// Malformed lines are logged and skipped.
+pub(crate) fn listen(events: mpsc::Sender<NetEvent>, exits: std::sync::Arc<Exits>, n: usize) {
     if std::env::var_os(SUPERVISED).is_none() {
         return;
     }
@@ -48,7 +50,8 @@ pub(crate) fn listen(events: mpsc::Sender<NetEvent>, n: usize) {
             match parse_exit_notice(&line) {
                 Some((peer, incarnation, how)) if peer < n => {
                     let reason = format!("its process exited ({how}), as the launcher saw");
-                    let lost = NetEvent::Lost {
+                    exits.mark(peer, incarnation);
+                    let lost = NetEvent::Exited {
                         peer,
                         incarnation,
                         reason,

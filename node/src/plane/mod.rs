@@ -153,6 +153,16 @@ pub enum NetEvent {
         /// Its data-plane address.
         data_addr: SocketAddr,
     },
+    /// `peer`'s process of incarnation `incarnation` exited, as its supervisor saw
+    /// ([`Exits`]; sent by the supervisor's listener, not by the data plane).
+    Exited {
+        /// The peer.
+        peer: Rank,
+        /// The incarnation of the process that exited.
+        incarnation: Incarnation,
+        /// What happened.
+        reason: String,
+    },
     /// A frame was refused (malformed, wrong sender…); the connection stays up.
     Refused {
         /// The sender if known.
@@ -185,12 +195,60 @@ pub struct DataPlane {
     /// The TCP listener and its pending offers ([`tcp`]).
     tcp: Arc<TcpSide>,
     inbound: Inbound,
+    /// Processes known to have exited: a link being opened to one is given up.
+    exits: Arc<Exits>,
     /// The endpoint's UDP socket, shared with quinn: relay registrations leave from it, so
     /// that they open the same NAT mapping as the link's QUIC packets ([`relay`]).
     raw: Arc<std::net::UdpSocket>,
 }
 
+/// The peer processes known to have exited (from a supervisor's notices), by rank: the
+/// newest such incarnation of each. [`DataPlane::connect`] gives up a link to such a
+/// process at once, even one it is already opening, instead of waiting for the
+/// handshake's or the peer timeout.
+#[derive(Debug, Default)]
+pub struct Exits {
+    dead: std::sync::Mutex<HashMap<Rank, Incarnation>>,
+    changed: tokio::sync::Notify,
+}
+
+impl Exits {
+    /// Rank `rank`'s process of incarnation `incarnation` (and every older one) exited.
+    pub fn mark(&self, rank: Rank, incarnation: Incarnation) {
+        let mut dead = self.dead.lock().unwrap_or_else(|e| e.into_inner());
+        let i = dead.entry(rank).or_insert(0);
+        *i = (*i).max(incarnation);
+        drop(dead);
+        self.changed.notify_waiters();
+    }
+
+    /// Whether `rank`'s process of `incarnation` is known to have exited.
+    pub fn is_dead(&self, (rank, incarnation): (Rank, Incarnation)) -> bool {
+        let dead = self.dead.lock().unwrap_or_else(|e| e.into_inner());
+        dead.get(&rank).is_some_and(|&i| incarnation <= i)
+    }
+
+    /// Resolves once `rank`'s process of `incarnation` is known to have exited.
+    async fn exited(&self, who: (Rank, Incarnation)) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.is_dead(who) {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
 impl DataPlane {
+    /// The processes known to have exited, shared with whoever learns of exits (the
+    /// supervisor's listener).
+    pub fn exits(&self) -> Arc<Exits> {
+        self.exits.clone()
+    }
+
     /// A sender into this data plane's event stream (for the control plane's news).
     pub fn event_sender(&self) -> mpsc::Sender<NetEvent> {
         self.events.clone()
@@ -412,6 +470,7 @@ impl DataPlane {
                 wire: Wire::default(),
                 tcp,
                 inbound,
+                exits: Arc::default(),
                 raw,
             },
             rx,
@@ -492,8 +551,26 @@ impl DataPlane {
         has_inbound(&self.inbound, from)
     }
 
-    /// [`DataPlane::connect`], through a relay port at `addr` if `relayed` (always QUIC).
+    /// [`DataPlane::connect`], through a relay port at `addr` if `relayed` (always QUIC);
+    /// given up as soon as the destination process is known to have exited ([`Exits`]).
     async fn connect_via(
+        &self,
+        (to, incarnation): (Rank, Incarnation),
+        addr: SocketAddr,
+        peer_id: PeerId,
+        relayed: bool,
+    ) -> anyhow::Result<Link> {
+        tokio::select! {
+            link = self.open_link((to, incarnation), addr, peer_id, relayed) => link,
+            () = self.exits.exited((to, incarnation)) => Err(anyhow!(
+                "peer {to}'s process (incarnation {incarnation}) at {addr} exited while its \
+                 link was being opened"
+            )),
+        }
+    }
+
+    /// [`DataPlane::connect_via`] without the watch on exits.
+    async fn open_link(
         &self,
         (to, incarnation): (Rank, Incarnation),
         addr: SocketAddr,

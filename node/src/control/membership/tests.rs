@@ -163,6 +163,23 @@ fn a_rejoin_notice_restores_a_departed_peer_from_its_round() {
         .is_some());
 }
 
+/// A restarted process killed again at once: its rejoin notice still spreads from peers
+/// that took it before the launcher's exit notice reached them; a peer that knows the
+/// process exited ignores the notice (and does not pass it on), while a newer process's
+/// notice is taken.
+#[test]
+fn a_rejoin_notice_about_a_process_that_exited_is_ignored() {
+    let mut m = Membership::new(2, N);
+    m.depart((5, 1), "its process exited".into(), 2, 100, now(100))
+        .unwrap();
+    m.exited(5, 40);
+    assert_eq!(m.rejoin_notice((5, 40), 120, addr(), 3), None);
+    assert_eq!(m.rejoin_notice((5, 39), 121, addr(), 3), None);
+    assert!(m.has_left(5));
+    let n = m.rejoin_notice((5, 41), 123, addr(), 3).unwrap();
+    assert_eq!((n.back, n.incarnation, n.at), (5, 41, 123));
+}
+
 /// The race that made the supervisors wait before restarting a peer: a departure notice
 /// caused by the new process's hello reaches a peer before that process's own hello does.
 /// The notice names the incarnations that left, so the new process's connections (of its

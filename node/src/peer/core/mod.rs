@@ -54,6 +54,13 @@ pub(crate) enum Input {
         incarnation: Incarnation,
         reason: String,
     },
+    /// `peer`'s process of incarnation `incarnation` exited (its supervisor saw it): a
+    /// [`Input::Lost`] that is also certain.
+    Exited {
+        peer: Rank,
+        incarnation: Incarnation,
+        reason: String,
+    },
     /// The data plane refused a frame (it logged why).
     Refused { peer: Option<Rank>, reason: String },
     /// Peer 0's bootstrap admitted a new peer `peer_id` into the empty rank `rank`.
@@ -235,6 +242,19 @@ impl PeerCore {
                 transfer,
             } => self.on_frame(now, from, header, bytes, transfer, &mut out)?,
             Input::Finished { from } => self.goodbyes.finished(from),
+            Input::Exited {
+                peer,
+                incarnation,
+                reason,
+            } => {
+                self.membership.exited(peer, incarnation);
+                let lost = Input::Lost {
+                    peer,
+                    incarnation,
+                    reason,
+                };
+                return self.handle(now, lost);
+            }
             Input::LinkDone { to } => self.goodbyes.link_done(to),
             Input::Lost {
                 peer,
