@@ -245,6 +245,28 @@ fn a_killed_peer_0_is_restarted_and_the_record_goes_on_without_a_gap() {
     );
 }
 
+/// Peer 0 killed in the run's last epoch comes back too late to train again: it takes up
+/// the record and only collects; the others wait for it at their end and send it the reports
+/// they kept, so the record has every epoch once and the model leaves the run. Before, the
+/// run stopped with an error (the others had finished, or the rejoin was too late).
+#[test]
+fn peer_0_killed_in_the_last_epoch_still_completes_the_record() {
+    let mut l = Launch::start(&["--epochs=8", "--checkpoint-every=16", "--restart-failed"]);
+    l.wait_for_epoch(7);
+    signal(l.peer(0), libc::SIGKILL);
+    let (status, out, err) = l.finish(Duration::from_secs(120));
+    assert!(status.success(), "{out}\n{err}");
+    assert!(
+        out.contains("too late to train again: it only collects the others' reports"),
+        "{out}"
+    );
+    let s = l.summary();
+    assert_eq!(text(&s["outcome"]), "completed", "{s}");
+    assert!(s["final_mean_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");
+    l.assert_every_epoch_once(8);
+    assert!(l.run().join("model.safetensors").exists());
+}
+
 /// A restarted peer 0 killed again while the others open their links to it: the links
 /// being opened to the dead process are given up at once (the launcher's notice), and the
 /// rejoin notice about it that still spreads is ignored, so nobody waits out a timeout.

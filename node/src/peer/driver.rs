@@ -341,17 +341,52 @@ impl Driver {
     }
 
     /// Says goodbye on every link and waits until every expected peer said goodbye to us
-    /// and every link was closed by its receiver.
-    pub(super) fn finish(&mut self) -> anyhow::Result<()> {
-        self.links.clear(); // each sender task now sends its goodbye
+    /// and every link was closed by its receiver. A peer other than 0 that finds peer 0 (the
+    /// record's collector) departed then waits up to `collector_wait` for it to come back
+    /// (`launch --restart-failed` and murmur.sbatch restart it at once): its rejoin links
+    /// this peer to it again and sends it the reports this peer kept, and this peer says
+    /// goodbye on that link too.
+    pub(super) fn finish(&mut self, collector_wait: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !self.core.goodbyes.settled() {
-            if !self.next_event(deadline)? {
-                let (missing, unacknowledged) = self.core.goodbyes.outstanding();
+        let mut collector_deadline = None;
+        loop {
+            self.links.clear(); // each sender task now sends its goodbye
+            while !self.core.goodbyes.settled() {
+                if !self.next_event(deadline)? {
+                    let (missing, unacknowledged) = self.core.goodbyes.outstanding();
+                    warn!(
+                        ?missing,
+                        ?unacknowledged,
+                        "shutdown timed out; exiting anyway"
+                    );
+                    break;
+                }
+            }
+            if !self.links.is_empty() {
+                // Links opened while finishing (a peer that came back): goodbye on them too.
+                continue;
+            }
+            if self.core.rank == 0 || !self.core.membership.has_left(0) {
+                break;
+            }
+            let until = *collector_deadline.get_or_insert_with(|| {
+                info!(
+                    "peer 0 (the record's collector) has left: waiting up to {} s for it to \
+                     come back for this peer's last reports",
+                    collector_wait.as_secs()
+                );
+                Instant::now() + collector_wait
+            });
+            while self.core.membership.has_left(0) {
+                if !self.next_event(until)? {
+                    break;
+                }
+            }
+            if self.core.membership.has_left(0) {
                 warn!(
-                    ?missing,
-                    ?unacknowledged,
-                    "shutdown timed out; exiting anyway"
+                    "peer 0 did not come back: the run's record lacks this peer's last \
+                     reports (its own rows are in peers/peer-{}.jsonl)",
+                    self.core.rank
                 );
                 break;
             }

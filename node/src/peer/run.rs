@@ -90,7 +90,8 @@ pub(super) fn run_on<B: AutodiffBackend>(
         // A restarted peer 0 takes up the record where its previous process left it.
         if let Some(c) = drv.collector.as_mut() {
             let departed = drv.core.membership.departed().clone();
-            c.rejoined(first_round, &departed)?;
+            let collects_only = first_round >= rounds_per_epoch * args.train.epochs as u64;
+            c.rejoined(first_round, &departed, collects_only)?;
         }
         report::keep_peer_epochs_before(&peer_log, first_epoch)?;
     } else if first_epoch > 0 {
@@ -465,6 +466,12 @@ fn wire<B: AutodiffBackend>(
     let mut destinations: Vec<Rank> = gossip.out_peers();
     if rank != 0 && !destinations.contains(&0) {
         destinations.push(0);
+    }
+    // A restarted peer 0 links to every peer: its hello and rejoin notice reach each one
+    // directly, also peers that are finishing the run and relay nothing more, which then
+    // link back to it and send it the reports they kept.
+    if rank == 0 && peer.rejoin_running {
+        destinations = (1..n).collect();
     }
     // A rejoining peer may find some destinations gone; the run's answer says which.
     // Empty ranks of an elastic run have no entry.
@@ -890,18 +897,8 @@ impl<B: AutodiffBackend> Training<'_, B> {
             // A parameter server still answers workers that are finishing their last rounds.
             drv.transmit()?;
         }
-        drv.finish()?;
-        if args.train.save_peer_models {
-            let path = out
-                .join("peers")
-                .join(format!("model-{}.safetensors", self.rank));
-            crate::report::collector::write_model(
-                model::inference_copy(&self.net),
-                &self.x,
-                &path,
-            )?;
-            info!(path = %path.display(), "wrote this peer's model");
-        }
+        // The record and the model before the goodbyes: a peer 0 that dies while saying
+        // goodbye costs the run nothing.
         if let Some(c) = &drv.collector {
             let last = c
                 .rows
@@ -927,6 +924,18 @@ impl<B: AutodiffBackend> Training<'_, B> {
                 crate::report::collector::write_model(eval, x_bar, &out.join("model.safetensors"))?;
             info!(path = %path.display(), "wrote the network's mean model x̄");
             println!("run folder: {}", out.display());
+        }
+        drv.finish(Duration::from_secs(args.net.peer_timeout_secs))?;
+        if args.train.save_peer_models {
+            let path = out
+                .join("peers")
+                .join(format!("model-{}.safetensors", self.rank));
+            crate::report::collector::write_model(
+                model::inference_copy(&self.net),
+                &self.x,
+                &path,
+            )?;
+            info!(path = %path.display(), "wrote this peer's model");
         }
         Ok(())
     }

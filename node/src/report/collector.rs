@@ -155,7 +155,9 @@ impl Collector {
     /// A restarted peer 0 that took up the record ([`Collector::take_up`]) mixes again from
     /// round `at`: records its departure and return, and the departures it learned while
     /// rejoining (`departed`, by rank) that the record lacks; its own reports are awaited
-    /// from the epoch of `at` on.
+    /// from the epoch of `at` on. With `collects_only` (it came back too late to train
+    /// again, `at` past the run's last round) only its departure is recorded, and its
+    /// reports are awaited no more.
     ///
     /// # Errors
     /// The record cannot be written.
@@ -163,29 +165,45 @@ impl Collector {
         &mut self,
         at: u64,
         departed: &BTreeMap<Rank, MembershipEvent>,
+        collects_only: bool,
     ) -> anyhow::Result<()> {
         let at_epoch = (at / self.rounds_per_epoch.max(1)) as usize + 1;
         let wall = self.started.elapsed().as_secs_f64()
             + self.carried.as_ref().map_or(0.0, |c| c.wall_seconds);
         let recorded = self.rows.last().map_or(0, |r| r.epoch);
+        // Collecting only, it left during the epoch after the last one recorded.
+        let (left_round, left_epoch) = match collects_only {
+            false => (at, at_epoch),
+            true => (recorded as u64 * self.rounds_per_epoch, recorded + 1),
+        };
         let left = MembershipEvent {
             event: "left".into(),
             peer: 0,
-            round: at,
-            epoch: at_epoch,
+            round: left_round,
+            epoch: left_epoch,
             wall_seconds: wall,
             noticed_by: 0,
-            reason: format!(
-                "its process died; a new one took up the record after epoch {recorded}"
-            ),
+            reason: match collects_only {
+                false => {
+                    format!("its process died; a new one took up the record after epoch {recorded}")
+                }
+                true => format!(
+                    "its process died; a new one took up the record after epoch {recorded}, \
+                     too late to train again: it only collects the others' reports"
+                ),
+            },
         };
-        report::append_json_line(&self.dir.join("membership.jsonl"), &left)?;
-        self.history.push(left);
         for (&r, e) in departed {
             if self.absent.get(&r) != Some(&usize::MAX) {
                 self.membership(e.clone(), None)?;
             }
         }
+        if collects_only {
+            // Its own reports are awaited no more.
+            return self.membership(left, None);
+        }
+        report::append_json_line(&self.dir.join("membership.jsonl"), &left)?;
+        self.history.push(left);
         let back = MembershipEvent::back(0, at, false, (at_epoch, wall));
         self.membership(back, Some(at))
     }

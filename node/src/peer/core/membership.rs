@@ -18,7 +18,7 @@ use super::{Action, PeerCore};
 use crate::control::discovery::PeerInfo;
 use crate::control::membership::{
     encode_hello, surviving, Admission, Departure, Flood, Membership, MembershipError, Refusal,
-    RejoinError, Restart, Verdict, Welcome,
+    RejoinError, RejoinPlan, Restart, Verdict, Welcome,
 };
 use crate::plane::Incarnation;
 use crate::report::frames::{decode_with_params_sized, encode_with_params};
@@ -26,7 +26,9 @@ use crate::report::frames::{decode_with_params_sized, encode_with_params};
 /// A restarted peer's agreed way back, from [`PeerCore::plan_rejoin`].
 #[derive(Debug)]
 pub(crate) struct Rejoining {
-    /// The round it mixes again from.
+    /// The round it mixes again from; the run's last round plus one for a peer 0 that
+    /// came back too late to train again and only collects the record
+    /// ([`PeerCore::plan_rejoin`]).
     pub(crate) at: u64,
     /// The mean x (`[d]`) of the in-neighbours that welcomed it: its new parameters.
     pub(crate) mean: Vec<f32>,
@@ -423,10 +425,15 @@ impl PeerCore {
     /// the round, the mean x of the in-neighbours that answered, and what to send and drop.
     /// Wait then until [`PeerCore::ready_to_mix`].
     ///
+    /// Peer 0, restarted so late that the run ends before the agreed round, still takes up
+    /// the record: it announces `at` = `total_rounds` (a round nobody reaches, so nobody
+    /// mixes with it again), which makes every peer link to it, send it the reports it kept
+    /// and say goodbye to it at the end; it waits for no frame and trains no more.
+    ///
     /// # Errors
     /// A destination it could not connect to (`unreachable`, with why) that the run still
-    /// counts, the run ending before the agreed round (`total_rounds`), or no in-neighbour
-    /// answering.
+    /// counts, the run ending before the agreed round (`total_rounds`; not for peer 0), or
+    /// no in-neighbour answering.
     pub(crate) fn plan_rejoin(
         &mut self,
         unreachable: &BTreeMap<Rank, anyhow::Error>,
@@ -443,8 +450,23 @@ impl PeerCore {
         let plan = match plan {
             Ok(p) => p,
             Err(e @ RejoinError::Unreachable(r)) => bail!("{e}: {:#}", unreachable[&r]),
+            Err(RejoinError::TooLate { at, .. }) if self.rank == 0 => {
+                info!(
+                    at,
+                    total_rounds,
+                    "the run ends before this peer could mix again: peer 0 only collects the \
+                     record of the last epochs"
+                );
+                self.membership
+                    .plan_rejoin(&self.welcomes, unreachable.keys().copied(), u64::MAX, 0)
+                    .map(|p| RejoinPlan {
+                        at: total_rounds,
+                        ..p
+                    })?
+            }
             Err(e) => return Err(e.into()),
         };
+        let collects_only = plan.at >= total_rounds;
         let mut out = Vec::new();
         let at = plan.at;
         let departed: &BTreeSet<Rank> = &plan.departed;
@@ -495,7 +517,8 @@ impl PeerCore {
         let flood = self
             .membership
             .rejoining(self.membership.incarnation(self.rank), at, my_addr);
-        self.first_frames = Some((at, HashSet::new()));
+        // Peer 0 collecting only waits for no frame: nobody reaches round `at`.
+        self.first_frames = (!collects_only).then(|| (at, HashSet::new()));
         out.push(broadcast(flood));
         info!(at, neighbours = ?in_peers, "rejoining: mixing again from round {at}");
         Ok((Rejoining { at, mean }, out))
