@@ -925,7 +925,11 @@ impl<B: AutodiffBackend> Training<'_, B> {
             info!(path = %path.display(), "wrote the network's mean model x̄");
             println!("run folder: {}", out.display());
         }
-        drv.finish(Duration::from_secs(args.net.peer_timeout_secs))?;
+        // A departed peer 0 is waited for as long as it takes to notice a silent peer, but
+        // not longer than a supervisor's restart needs (a long timeout set for stragglers
+        // must not hold every peer at the end of a run whose peer 0 is gone for good).
+        let collector_wait = Duration::from_secs(args.net.peer_timeout_secs.min(10));
+        drv.finish(collector_wait)?;
         if args.train.save_peer_models {
             let path = out
                 .join("peers")
