@@ -233,8 +233,12 @@ pub struct Readmitted {
 /// A restarted peer's plan to rejoin, from the welcomes to its hellos.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RejoinPlan {
-    /// The round it mixes again from: the highest welcome round plus the margin.
+    /// The round it mixes again from: the highest welcome round plus the margin; for a
+    /// peer 0 that only collects, the run's number of rounds (a round nobody reaches).
     pub at: u64,
+    /// Peer 0 came back too late to mix again: it only collects the record (it trains no
+    /// more, waits for no frame, and nobody mixes with it again).
+    pub collects_only: bool,
     /// The peers some welcome named as departed (this peer excluded).
     pub departed: BTreeSet<Rank>,
     /// The peers that welcomed it and are not departed: each says goodbye to it at the end.
@@ -560,8 +564,8 @@ impl Membership {
     /// Peer `back`'s process of incarnation `incarnation` mixes again from round `at` at
     /// address `addr` (told by `from`): handled once per (peer, round), never about this
     /// peer, and not about a process known to have exited ([`Membership::exited`]: a notice
-    /// that spread while that process died, e.g. a restarted peer killed again). The algorithm is then asked to take it back; if it does,
-    /// [`Membership::readmit`].
+    /// that spread while that process died, e.g. a restarted peer killed again). The
+    /// algorithm is then asked to take it back; if it does, [`Membership::readmit`].
     pub fn rejoin_notice(
         &mut self,
         (back, incarnation): (Rank, Incarnation),
@@ -623,11 +627,13 @@ impl Membership {
     /// This restarted peer's plan from the `welcomes` to its hellos (by sender: the welcome
     /// and the sender's x): the peers departed for any of them, the round it mixes again
     /// from (the highest welcome round plus `margin` rounds, 0 without welcomes), and who
-    /// welcomed it. `unreachable`: the destinations it could not connect to, ascending.
+    /// welcomed it. `unreachable`: the destinations it could not connect to, ascending. Peer
+    /// 0 with `at` not before `total_rounds` still takes up the record: its plan
+    /// [`RejoinPlan::collects_only`], at `total_rounds`.
     ///
     /// # Errors
     /// An unreachable destination that no welcome names as departed; `at` not before
-    /// `total_rounds`.
+    /// `total_rounds` (a peer other than 0).
     pub fn plan_rejoin(
         &self,
         welcomes: &BTreeMap<Rank, (Welcome, Vec<f32>)>,
@@ -644,7 +650,8 @@ impl Membership {
             return Err(RejoinError::Unreachable(r));
         }
         let at = welcomes.values().map(|(w, _)| w.round).max().unwrap_or(0) + margin;
-        if at >= total_rounds {
+        let collects_only = at >= total_rounds;
+        if collects_only && self.me != 0 {
             return Err(RejoinError::TooLate { total_rounds, at });
         }
         let welcomed = welcomes
@@ -653,7 +660,8 @@ impl Membership {
             .filter(|r| !departed.contains(r))
             .collect();
         Ok(RejoinPlan {
-            at,
+            at: at.min(total_rounds),
+            collects_only,
             departed,
             welcomed,
         })

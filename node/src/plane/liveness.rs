@@ -14,9 +14,8 @@
 //! scheduled (paused, starved) for more than half the timeout between two looks, the peer's
 //! datagrams may be waiting unread in the socket, and its silence starts again from zero.
 
-use std::time::Duration;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use murmur_gossip::Rank;
 use quinn::{Connection, VarInt};
@@ -37,7 +36,7 @@ pub fn keep_alive_interval(peer_timeout: Duration) -> Duration {
 
 /// The silence clock of one connection: fed the connection's count of received datagrams at
 /// each look ([`Silence::look`]), it says when the peer has been silent for the timeout.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Silence {
     timeout: Duration,
     /// When this clock last looked.
@@ -144,17 +143,22 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// Looks every 500 ms from `from` with the count unchanged (`datagrams`): nothing for
+    /// nine looks, then the silence of the whole timeout at the tenth.
+    fn silent_at_the_tenth_look(c: &mut Silence, from: Instant, datagrams: u64) {
+        let mut at = from;
+        for look in 1..10 {
+            at += ms(500);
+            assert_eq!(c.look(at, datagrams), None, "look {look}");
+        }
+        assert_eq!(c.look(at + ms(500), datagrams), Some(T));
+    }
+
     #[test]
     fn a_peer_silent_for_the_timeout_is_reported_and_not_before() {
         let t0 = Instant::now();
         let mut c = Silence::new(t0, T, 7);
-        let mut at = t0;
-        for _ in 0..9 {
-            at += ms(500);
-            assert_eq!(c.look(at, 7), None, "at {:?}", at - t0);
-        }
-        at += ms(500);
-        assert_eq!(c.look(at, 7), Some(T));
+        silent_at_the_tenth_look(&mut c, t0, 7);
     }
 
     #[test]
@@ -175,15 +179,10 @@ mod tests {
         let t0 = Instant::now();
         let mut c = Silence::new(t0, T, 3);
         // This process did not run for 20 s: its next look resets the clock.
-        let mut at = t0 + Duration::from_secs(20);
-        assert_eq!(c.look(at, 3), None);
+        let back = t0 + Duration::from_secs(20);
+        assert_eq!(c.look(back, 3), None);
         // The peer stays silent: reported a whole timeout after the pause, not before.
-        for _ in 0..9 {
-            at += ms(500);
-            assert_eq!(c.look(at, 3), None);
-        }
-        at += ms(500);
-        assert_eq!(c.look(at, 3), Some(T));
+        silent_at_the_tenth_look(&mut c, back, 3);
     }
 
     #[test]

@@ -476,6 +476,12 @@ fn a_restarted_peer_rejoins_from_the_welcomes() {
             at: 140
         })
     );
+    assert!(!plan.collects_only);
+    // Peer 0 that late still takes up the record: it only collects, from no round.
+    let late = Membership::new(0, N)
+        .plan_rejoin(&welcomes, [], 140, 20)
+        .unwrap();
+    assert_eq!((late.at, late.collects_only), (140, true));
     for &g in &plan.departed {
         m.gone_before_rejoin(g, plan.at);
     }

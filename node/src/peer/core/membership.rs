@@ -18,7 +18,7 @@ use super::{Action, PeerCore};
 use crate::control::discovery::PeerInfo;
 use crate::control::membership::{
     encode_hello, surviving, Admission, Departure, Flood, Membership, MembershipError, Refusal,
-    RejoinError, RejoinPlan, Restart, Verdict, Welcome,
+    RejoinError, Restart, Verdict, Welcome,
 };
 use crate::plane::Incarnation;
 use crate::report::frames::{decode_with_params_sized, encode_with_params};
@@ -450,23 +450,16 @@ impl PeerCore {
         let plan = match plan {
             Ok(p) => p,
             Err(e @ RejoinError::Unreachable(r)) => bail!("{e}: {:#}", unreachable[&r]),
-            Err(RejoinError::TooLate { at, .. }) if self.rank == 0 => {
-                info!(
-                    at,
-                    total_rounds,
-                    "the run ends before this peer could mix again: peer 0 only collects the \
-                     record of the last epochs"
-                );
-                self.membership
-                    .plan_rejoin(&self.welcomes, unreachable.keys().copied(), u64::MAX, 0)
-                    .map(|p| RejoinPlan {
-                        at: total_rounds,
-                        ..p
-                    })?
-            }
             Err(e) => return Err(e.into()),
         };
-        let collects_only = plan.at >= total_rounds;
+        let collects_only = plan.collects_only;
+        if collects_only {
+            info!(
+                total_rounds,
+                "the run ends before this peer could mix again: peer 0 only collects the \
+                 record of the last epochs"
+            );
+        }
         let mut out = Vec::new();
         let at = plan.at;
         let departed: &BTreeSet<Rank> = &plan.departed;
