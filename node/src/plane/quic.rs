@@ -243,8 +243,6 @@ async fn serve_connection(
                 let header = FrameHeader::parse_prefix(&head, max_payload_bytes)?;
                 let n = FRAME_HEADER_LEN + header.payload_len as usize;
                 let mut buf = pool.take(n);
-                // Pooled memory is mapped already: zeroing it is cheap next to mapping it.
-                buf.resize(n, 0);
                 buf[..FRAME_HEADER_LEN].copy_from_slice(&head);
                 stream
                     .read_exact(&mut buf[FRAME_HEADER_LEN..])

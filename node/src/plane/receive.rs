@@ -26,8 +26,11 @@ const POOL_BUFFERS: usize = 4;
 pub(super) struct BufferPool(Arc<Mutex<Vec<Vec<u8>>>>);
 
 impl BufferPool {
-    /// An empty buffer of capacity ≥ `n` bytes: the smallest pooled one that is big
-    /// enough, else a new one.
+    /// A buffer of length `n` whose bytes are unspecified (an earlier frame's, or zero),
+    /// for a reader to overwrite: the smallest pooled one whose capacity is big enough,
+    /// else a new one. Only bytes never written before are zeroed (a new buffer's come from
+    /// the allocator already zero, mapped lazily), so a frame read into a pooled buffer
+    /// costs no pass over its memory but the read.
     pub fn take(&self, n: usize) -> Vec<u8> {
         let mut pool = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let fit = (0..pool.len())
@@ -36,10 +39,12 @@ impl BufferPool {
         match fit {
             Some(i) => {
                 let mut b = pool.swap_remove(i);
-                b.clear();
+                drop(pool);
+                // A pooled buffer keeps the length it was last read to: all of it written.
+                b.resize(n, 0);
                 b
             }
-            None => Vec::with_capacity(n),
+            None => vec![0; n],
         }
     }
 
@@ -199,7 +204,8 @@ mod tests {
     fn a_dropped_frame_lends_its_buffer_to_the_next_one_that_fits() {
         let pool = BufferPool::default();
         let mut b = pool.take(1000);
-        b.extend_from_slice(&[7; 1000]);
+        assert_eq!(b, vec![0; 1000], "a new buffer is zero");
+        b.fill(7);
         let ptr = b.as_ptr();
         let frame = pool.freeze(b);
         assert_eq!(&frame[..], &[7; 1000][..]);
@@ -213,7 +219,15 @@ mod tests {
         drop(copy);
         let again = pool.take(500);
         assert_eq!(again.as_ptr(), ptr);
-        assert!(again.is_empty() && again.capacity() >= 1000);
+        assert!(again.len() == 500 && again.capacity() >= 1000);
+        assert_eq!(again, vec![7; 500], "a pooled buffer is not zeroed again");
+        // Grown within its capacity: only the bytes past its last length are zeroed.
+        drop(pool.freeze(again));
+        let grown = pool.take(800);
+        assert_eq!(grown.as_ptr(), ptr);
+        assert_eq!(&grown[..500], &[7; 500][..]);
+        assert_eq!(&grown[500..], &[0; 300][..]);
+        let again = grown;
         // Too small for a bigger frame: not taken.
         drop(pool.freeze(again));
         let bigger = pool.take(2000);

@@ -350,11 +350,11 @@ impl Reader {
     /// The next frame, waiting for it; one longer than `limit` bytes is skipped in place.
     /// Errors: the link was stopped, or the writer wrote an impossible counter.
     pub fn read_frame(&mut self, limit: usize) -> Result<Incoming, LinkBroken> {
-        self.read_frame_into(limit, Vec::with_capacity)
+        self.read_frame_into(limit, |n| vec![0; n])
     }
 
     /// [`Reader::read_frame`], into the buffer `alloc(len)` gives for a frame of `len` bytes
-    /// (an empty one: a receive pool's).
+    /// (a receive pool's: any contents, overwritten; resized to `len` if it is not).
     pub fn read_frame_into(
         &mut self,
         limit: usize,
@@ -369,11 +369,11 @@ impl Reader {
             self.consume(len, |_, _| {})?;
             return Ok(Incoming::TooLong(len));
         }
-        // Chunks come in order: appended, the frame's memory is written once (no zeroing).
         let mut frame = alloc(len);
-        frame.clear();
-        frame.reserve(len);
-        self.consume(len, |chunk, _| frame.extend_from_slice(chunk))?;
+        frame.resize(len, 0);
+        self.consume(len, |chunk, at| {
+            frame[at..at + chunk.len()].copy_from_slice(chunk)
+        })?;
         Ok(Incoming::Frame(frame))
     }
 
