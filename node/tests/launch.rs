@@ -265,6 +265,22 @@ fn peer_0_killed_in_the_last_epoch_still_completes_the_record() {
     assert!(s["final_mean_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");
     l.assert_every_epoch_once(8);
     assert!(l.run().join("model.safetensors").exists());
+    // Every goodbye was heard, those said to the new process before it planned its rejoin
+    // and those on links opened to it while finishing included: nobody waited out the
+    // shutdown's deadline, and the membership record holds peer 0's departure only (before,
+    // finishing peers closed their links to it unacknowledged after 30 s, recorded as
+    // departures after the summary).
+    for rank in 0..4 {
+        let log = l.log(rank);
+        assert!(!log.contains("shutdown timed out"), "peer {rank}: {log}");
+    }
+    let membership = std::fs::read_to_string(l.run().join("membership.jsonl")).unwrap();
+    let left: Vec<&str> = membership
+        .lines()
+        .filter(|r| r.contains(r#""event":"left""#))
+        .collect();
+    assert_eq!(left.len(), 1, "{membership}");
+    assert!(left[0].contains(r#""peer":0"#), "{membership}");
 }
 
 /// A restarted peer 0 killed again while the others open their links to it: the links

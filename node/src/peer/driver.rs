@@ -349,9 +349,13 @@ impl Driver {
     pub(super) fn finish(&mut self, collector_wait: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut collector_deadline = None;
-        loop {
-            self.links.clear(); // each sender task now sends its goodbye
+        'finishing: loop {
             while !self.core.goodbyes.settled() {
+                // Each sender task whose handle is dropped sends its goodbye. Dropped at
+                // every turn: a link opened while finishing (to a peer that came back, with
+                // a welcome or the kept reports) is owed its goodbye at once, not after the
+                // deadline (a new link keeps the goodbyes unsettled until it is closed).
+                self.links.clear();
                 if !self.next_event(deadline)? {
                     let (missing, unacknowledged) = self.core.goodbyes.outstanding();
                     warn!(
@@ -359,13 +363,10 @@ impl Driver {
                         ?unacknowledged,
                         "shutdown timed out; exiting anyway"
                     );
-                    break;
+                    break 'finishing;
                 }
             }
-            if !self.links.is_empty() {
-                // Links opened while finishing (a peer that came back): goodbye on them too.
-                continue;
-            }
+            self.links.clear();
             if self.core.rank == 0 || !self.core.membership.has_left(0) {
                 break;
             }

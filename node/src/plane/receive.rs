@@ -11,7 +11,7 @@ use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use murmur_gossip::Rank;
 use quinn::{Connection, VarInt};
 use tokio::sync::mpsc;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::NetEvent;
 
@@ -154,6 +154,13 @@ pub(super) async fn deliver(
                 .map(u64::from_le_bytes);
             match count {
                 Some(n) => {
+                    debug!(
+                        peer = st.peer,
+                        incarnation = st.incarnation,
+                        frames = n,
+                        read = st.received,
+                        "goodbye received"
+                    );
                     st.expected = Some(n);
                     None
                 }

@@ -15,6 +15,7 @@ use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use murmur_gossip::Rank;
 use quinn::{Connection, VarInt};
 use tokio::sync::mpsc;
+use tracing::debug;
 
 use super::{closed_here, Incarnation, LinkEmulation, NetEvent};
 
@@ -101,7 +102,9 @@ pub(super) async fn send_loop<T: FrameTransport>(
         )
         .await;
     }
+    debug!(to, incarnation, frames = sent, "goodbye sent");
     let reason = conn.closed().await;
+    debug!(to, incarnation, %reason, "the link's connection closed after the goodbye");
     let event = match reason {
         quinn::ConnectionError::ApplicationClosed(c) if c.error_code == VarInt::from_u32(0) => {
             NetEvent::LinkDone { to }

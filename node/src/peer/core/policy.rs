@@ -60,6 +60,14 @@ impl Goodbyes {
         self.finished_in.remove(&peer);
     }
 
+    /// `peer`, which welcomed this restarted process, owes a goodbye on the link it opened
+    /// to it — one that may have come already (a peer that finished at once says it before
+    /// this process has planned its rejoin), so unlike [`Goodbyes::expect`] a goodbye
+    /// already heard stands.
+    pub(crate) fn owed_by(&mut self, peer: Rank) {
+        self.expected_in.insert(peer);
+    }
+
     /// `gone` left: nothing more is owed either way.
     pub(crate) fn forget(&mut self, gone: Rank) {
         self.destinations.remove(&gone);
@@ -166,6 +174,22 @@ mod tests {
         g.expect(4);
         g.not_expected(4);
         assert!(g.settled());
+    }
+
+    #[test]
+    fn a_goodbye_heard_before_a_restarted_process_plans_its_rejoin_still_counts() {
+        // A restarted peer 0 that only collects: the others welcome it, send their reports
+        // and say goodbye at once, some before it has read their welcomes.
+        let mut g = Goodbyes::new([], []);
+        g.finished(3);
+        g.owed_by(3);
+        g.owed_by(5);
+        assert_eq!(g.outstanding(), (vec![5], vec![]));
+        g.finished(5);
+        assert!(g.settled(), "3's early goodbye counts");
+        // `expect` is for a peer that comes back: its earlier goodbye is not its last.
+        g.expect(3);
+        assert_eq!(g.outstanding(), (vec![3], vec![]));
     }
 
     #[test]
