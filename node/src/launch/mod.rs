@@ -161,7 +161,7 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
         }
     }
     bar.finish_and_clear();
-    let summary = supervisor.conclude()?;
+    let summary = supervisor.conclude(&topo, dim)?;
     println!("{}", report::summary_line(&summary));
     if !summary.peer_failures.is_empty() {
         println!(

@@ -27,6 +27,10 @@ pub(super) enum Exit {
     StopRun,
     /// It failed and will not be restarted; the others train on without it.
     GoOn,
+    /// It failed after the record already held the run's last epoch (every peer's reports
+    /// of every epoch are in): nothing is lost and nothing is restarted, whatever its rank
+    /// or the algorithm; the run ends when the others have exited.
+    AfterRecord,
     /// Restart it with `--resume` at once; its `attempt`-th restart.
     Restart {
         /// 1 for the first restart.
@@ -46,6 +50,9 @@ impl RestartPolicy {
     ) -> Exit {
         if success {
             return Exit::Finished;
+        }
+        if epoch >= self.epochs {
+            return Exit::AfterRecord;
         }
         let restart = restarts_done < self.restart_failed && epoch < self.epochs;
         match (restart, rank, self.survives_departure) {
@@ -416,6 +423,10 @@ impl<'a> Supervisor<'a> {
                             .survives_departure())
                     ));
                 }
+                Exit::AfterRecord => print(format!(
+                    "peer {rank} failed ({how}) after the run's last epoch was recorded{cause}; \
+                     the record is complete"
+                )),
                 Exit::GoOn => print(format!(
                     "peer {rank} failed ({how}) at epoch {epoch}{cause}; the others go on \
                      without it"
@@ -495,9 +506,25 @@ impl<'a> Supervisor<'a> {
     }
 
     /// After a completed run: prints what was not shown yet, adds the failures and
-    /// restarts to peer 0's summary and returns it.
-    pub(super) fn conclude(&self) -> anyhow::Result<Summary> {
+    /// restarts to peer 0's summary and returns it. If peer 0 died after the last epoch's
+    /// row but before it wrote the summary, the summary is written from that row (the
+    /// averaged model x̄ it would have written is then missing, said on stderr).
+    pub(super) fn conclude(
+        &self,
+        topo: &murmur_topology::Topology,
+        dim: usize,
+    ) -> anyhow::Result<Summary> {
         let run_dir = &self.spawner.run_dir;
+        if !run_dir.join("summary.json").exists() {
+            self.save_partial(topo, dim, crate::report::COMPLETED.to_string())?;
+            if !run_dir.join("model.safetensors").exists() {
+                eprintln!(
+                    "warning: peer 0 died after the last epoch was recorded and before it \
+                     wrote model.safetensors: the run folder has no model (every peer's last \
+                     checkpoint is in checkpoints/ if --checkpoint-every was given)"
+                );
+            }
+        }
         let rows: Vec<EpochRow> = read_lines(&self.epochs_file());
         for row in rows.iter().skip(self.shown) {
             println!("{}", report::format_row(row));
@@ -545,7 +572,12 @@ mod tests {
             Exit::GoOn,
             "the limit is reached"
         );
-        assert_eq!(p.on_exit(3, false, 10, 0), Exit::GoOn, "the last epoch");
+        assert_eq!(
+            p.on_exit(3, false, 10, 0),
+            Exit::AfterRecord,
+            "after the last epoch's row"
+        );
+        assert_eq!(p.on_exit(0, false, 10, 0), Exit::AfterRecord, "peer 0 too");
         assert_eq!(
             p.on_exit(0, false, 4, 0),
             Exit::Restart { attempt: 1 },
@@ -559,6 +591,7 @@ mod tests {
             ..p
         };
         assert_eq!(fixed.on_exit(3, false, 4, 0), Exit::StopRun);
+        assert_eq!(fixed.on_exit(3, false, 10, 0), Exit::AfterRecord);
         let restarting = RestartPolicy {
             restart_failed: 1,
             ..fixed
