@@ -283,6 +283,54 @@ fn peer_0_killed_in_the_last_epoch_still_completes_the_record() {
     assert!(left[0].contains(r#""peer":0"#), "{membership}");
 }
 
+/// Peer 0 killed after every other peer has finished its last epoch and sent its last
+/// report, but before peer 0 (a straggler here) recorded that epoch: peer 0 acknowledges a
+/// peer's goodbye only once its reports are in the written record, so the others are still
+/// there, keep their reports for the restarted peer 0 and send them to it. Before, peer 0
+/// acknowledged the goodbyes at once, the others exited, their last reports died with peer
+/// 0, and its restarts could not reach them: the run stopped after 3 × about 30 s.
+#[test]
+fn peer_0_killed_before_recording_the_epoch_the_others_finished_still_completes_it() {
+    let mut l = Launch::start(&[
+        "--epochs=2",
+        "--rounds-per-epoch=8",
+        "--checkpoint-every=8",
+        "--restart-failed",
+        "--slow-peer=0:400",
+    ]);
+    let t0 = Instant::now();
+    let finished = |r: usize| {
+        std::fs::read_to_string(l.run().join(format!("logs/peer-{r}.log")))
+            .is_ok_and(|log| log.contains("epoch done epoch=2 "))
+    };
+    while !(1..4).all(finished) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "the others did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let recorded = std::fs::read_to_string(l.run().join("epochs.jsonl")).unwrap();
+    assert!(
+        !recorded.contains(r#""epoch":2,"#),
+        "peer 0, 400 ms a round behind, recorded the last epoch already: {recorded}"
+    );
+    signal(l.peer(0), libc::SIGKILL);
+    let (status, out, err) = l.finish(Duration::from_secs(120));
+    assert!(status.success(), "{out}\n{err}");
+    let s = l.summary();
+    assert_eq!(text(&s["outcome"]), "completed", "{s}");
+    assert!(text(&s["peer_failures"]).starts_with("0:SIGKILL@1"), "{s}");
+    l.assert_every_epoch_once(2);
+    let last = std::fs::read_to_string(l.run().join("epochs.jsonl")).unwrap();
+    let last = last.lines().last().unwrap();
+    assert!(
+        last.contains(r#""peers":3"#),
+        "the others' last reports: {last}"
+    );
+}
+
 /// A restarted peer 0 killed again while the others open their links to it: the links
 /// being opened to the dead process are given up at once (the launcher's notice), and the
 /// rejoin notice about it that still spreads is ignored, so nobody waits out a timeout.

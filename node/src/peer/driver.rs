@@ -254,13 +254,27 @@ impl Driver {
             },
             NetEvent::Refused { peer, reason } => Input::Refused { peer, reason },
         };
-        self.handle(input)
+        self.handle(input)?;
+        self.release_acknowledgements();
+        Ok(())
+    }
+
+    /// Peer 0: acknowledges the goodbyes of the peers whose reports are all in the written
+    /// record (their senders may exit now); see [`crate::plane::DataPlane::hold_acknowledgements`].
+    fn release_acknowledgements(&self) {
+        if let Some(c) = self.collector.as_ref() {
+            let goodbyes = &self.core.goodbyes;
+            self.plane
+                .release_acknowledgements(|r| goodbyes.heard_from(r) && !c.holds_report_of(r));
+        }
     }
 
     /// Sends this epoch's report (metrics and x) to rank 0, or records it on rank 0.
     pub(super) fn report(&mut self, report: PeerEpoch, x: &[f32]) -> anyhow::Result<()> {
         if let Some(c) = self.collector.as_mut() {
-            return c.add(report, x.to_vec());
+            c.add(report, x.to_vec())?;
+            self.release_acknowledgements();
+            return Ok(());
         }
         let frame = Bytes::from(encode_report(self.core.rank, &report, x)?);
         self.kept_reports.push_back(frame.clone());
@@ -349,6 +363,8 @@ impl Driver {
     pub(super) fn finish(&mut self, collector_wait: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut collector_deadline = None;
+        // Peer 0's record is written: nothing more to wait for before letting the others go.
+        self.plane.release_acknowledgements(|_| true);
         'finishing: loop {
             while !self.core.goodbyes.settled() {
                 // Each sender task whose handle is dropped sends its goodbye. Dropped at

@@ -508,6 +508,10 @@ fn wire<B: AutodiffBackend>(
             })
             .collect(),
     };
+    if rank == 0 {
+        // Peer 0 acknowledges a peer's goodbye once its reports are recorded.
+        plane.hold_acknowledgements();
+    }
     let mut drv = Driver {
         rt,
         events,

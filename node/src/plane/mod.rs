@@ -200,6 +200,8 @@ pub struct DataPlane {
     /// The endpoint's UDP socket, shared with quinn: relay registrations leave from it, so
     /// that they open the same NAT mapping as the link's QUIC packets ([`relay`]).
     raw: Arc<std::net::UdpSocket>,
+    /// The acknowledgements of incoming links' goodbyes ([`DataPlane::hold_acknowledgements`]).
+    acks: receive::HeldAcks,
 }
 
 /// The peer processes known to have exited (from a supervisor's notices), by rank: the
@@ -446,6 +448,7 @@ impl DataPlane {
             pool.clone(),
         )?;
         let inbound = Inbound::default();
+        let acks = receive::HeldAcks::default();
         let serving = quic::Serving {
             events: events.clone(),
             max_payload_bytes,
@@ -453,6 +456,7 @@ impl DataPlane {
             inbound: inbound.clone(),
             tcp: tcp.clone(),
             pool,
+            acks: acks.clone(),
         };
         tokio::spawn(accept_loop(endpoint.clone(), admitted, serving));
         Ok((
@@ -472,6 +476,7 @@ impl DataPlane {
                 inbound,
                 exits: Arc::default(),
                 raw,
+                acks,
             },
             rx,
         ))
@@ -720,6 +725,24 @@ impl DataPlane {
                 }
                 *i >= before
             });
+        }
+    }
+
+    /// From now on, an incoming link whose goodbye counted every frame is reported
+    /// ([`NetEvent::Finished`]) but not closed — its sender waits — until
+    /// [`DataPlane::release_acknowledgements`] says this peer is done with its frames: peer
+    /// 0, the record's collector, acknowledges a peer's goodbye only once that peer's reports
+    /// are in the written record. A sender that then sees this process die keeps its reports
+    /// for its restarted process instead of having exited with them.
+    pub fn hold_acknowledgements(&self) {
+        self.acks.hold();
+    }
+
+    /// Closes the held incoming links (goodbye acknowledged) of the senders `done` says
+    /// this peer is done with; the rest stay held. Cheap when none is held.
+    pub fn release_acknowledgements(&self, done: impl FnMut(Rank) -> bool) {
+        if self.acks.any() {
+            self.acks.release(done);
         }
     }
 

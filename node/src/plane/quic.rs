@@ -20,7 +20,7 @@ use quinn::{Connection, Endpoint, TransportConfig, VarInt};
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::receive::{deliver, BufferPool, Receiving};
+use super::receive::{deliver, BufferPool, HeldAcks, Receiving};
 use super::send::FrameTransport;
 use super::tcp::TcpSide;
 use super::tls::{self, Admitted};
@@ -86,6 +86,8 @@ pub(super) struct Serving {
     pub inbound: Inbound,
     pub tcp: Arc<TcpSide>,
     pub pool: BufferPool,
+    /// The goodbyes' acknowledgements, held or not ([`HeldAcks`]).
+    pub acks: HeldAcks,
 }
 
 /// Accepts the endpoint's incoming connections: authenticated, admitted, bound to a rank.
@@ -169,6 +171,7 @@ async fn serve_connection(
         inbound,
         tcp,
         pool,
+        acks,
     } = serving;
     inbound
         .lock()
@@ -176,7 +179,11 @@ async fn serve_connection(
         .entry(rank)
         .or_default()
         .push((incarnation, conn.clone()));
-    let state = Arc::new(tokio::sync::Mutex::new(Receiving::new(rank, incarnation)));
+    let state = Arc::new(tokio::sync::Mutex::new(Receiving::new(
+        rank,
+        incarnation,
+        acks,
+    )));
     tokio::spawn(liveness::report_when_silent(
         conn.clone(),
         peer_timeout,

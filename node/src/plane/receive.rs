@@ -85,6 +85,73 @@ impl Drop for Recycled {
     }
 }
 
+/// Goodbyes whose acknowledgement — the close of the sender's connection, which lets the
+/// sender exit — waits until this peer has done with the frames read before them: peer 0,
+/// the record's collector, holds them until the sender's reports are in a written row of
+/// the record, so that a peer does not exit while its last reports exist only in peer 0's
+/// memory (were peer 0 to die then, the reports would die with it; with the acknowledgement
+/// held, the sender keeps them for peer 0's restarted process). Off until
+/// [`super::DataPlane::hold_acknowledgements`].
+#[derive(Clone, Default)]
+pub(super) struct HeldAcks(Arc<Mutex<Held>>);
+
+impl std::fmt::Debug for HeldAcks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        f.debug_struct("HeldAcks")
+            .field("on", &held.on)
+            .field("held", &held.conns.len())
+            .finish()
+    }
+}
+
+#[derive(Default)]
+struct Held {
+    on: bool,
+    conns: Vec<(Rank, Connection)>,
+}
+
+impl HeldAcks {
+    /// Holds the acknowledgements of goodbyes from now on.
+    pub fn hold(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).on = true;
+    }
+
+    /// Acknowledges `from`'s goodbye on `conn` now, or keeps it for [`HeldAcks::release`].
+    fn acknowledge(&self, from: Rank, conn: &Connection) {
+        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if held.on {
+            held.conns.push((from, conn.clone()));
+        } else {
+            conn.close(VarInt::from_u32(0), b"done");
+        }
+    }
+
+    /// Acknowledges the held goodbyes of the senders `done` says this peer is done with;
+    /// the others stay held.
+    pub fn release(&self, mut done: impl FnMut(Rank) -> bool) {
+        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        held.conns.retain(|(from, conn)| {
+            if done(*from) {
+                conn.close(VarInt::from_u32(0), b"done");
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// Whether any goodbye waits for its acknowledgement.
+    pub fn any(&self) -> bool {
+        !self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .conns
+            .is_empty()
+    }
+}
+
 /// Per-connection receive state: who the sender is and how many frames arrived.
 #[derive(Debug)]
 pub(super) struct Receiving {
@@ -96,13 +163,16 @@ pub(super) struct Receiving {
     pub received: u64,
     /// Frames the goodbye announced.
     pub expected: Option<u64>,
+    /// Where the goodbye's acknowledgement goes once every frame is read.
+    pub acks: HeldAcks,
 }
 
 impl Receiving {
-    pub fn new(peer: Rank, incarnation: super::Incarnation) -> Self {
+    pub fn new(peer: Rank, incarnation: super::Incarnation, acks: HeldAcks) -> Self {
         Receiving {
             peer,
             incarnation,
+            acks,
             received: 0,
             expected: None,
         }
@@ -198,7 +268,7 @@ pub(super) async fn deliver(
     }
     if st.complete() {
         let _ = events.send(NetEvent::Finished { from: st.peer }).await;
-        conn.close(VarInt::from_u32(0), b"done");
+        st.acks.acknowledge(st.peer, conn);
     }
     true
 }

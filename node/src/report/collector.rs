@@ -208,6 +208,14 @@ impl Collector {
         self.membership(back, Some(at))
     }
 
+    /// Whether a report of peer `r` waits in an epoch not yet recorded (its row needs other
+    /// peers' reports still): lost if this process died now.
+    pub(crate) fn holds_report_of(&self, r: Rank) -> bool {
+        self.pending
+            .values()
+            .any(|slots| slots.get(r).is_some_and(Option::is_some))
+    }
+
     /// Peers whose report for the oldest incomplete epoch has not arrived.
     pub(crate) fn missing_reporters(&self) -> Vec<Rank> {
         match self.pending.iter().next() {

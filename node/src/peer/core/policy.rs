@@ -43,6 +43,11 @@ impl Goodbyes {
         self.finished_in.insert(from);
     }
 
+    /// Whether `from` said goodbye (its frames all read).
+    pub(crate) fn heard_from(&self, from: Rank) -> bool {
+        self.finished_in.contains(&from)
+    }
+
     /// The receiver `to` closed our link after our goodbye.
     pub(crate) fn link_done(&mut self, to: Rank) {
         self.links_done.insert(to);
