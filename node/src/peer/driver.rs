@@ -34,6 +34,10 @@ pub(super) struct Driver {
 /// many, and beyond the latest 2 no more than [`KEPT_REPORT_BYTES`] in all (a report
 /// carries the peer's x: 4d bytes).
 const KEPT_REPORTS: usize = 8;
+
+/// How long a finishing peer waits, beyond its 30 s, for a live peer 0 to record its last
+/// reports (and so acknowledge its goodbye) before it exits anyway.
+const RECORD_WAIT: Duration = Duration::from_secs(600);
 /// The memory the kept reports may take beyond the latest 2 (bytes).
 const KEPT_REPORT_BYTES: usize = 256 << 20;
 
@@ -361,7 +365,8 @@ impl Driver {
     /// this peer to it again and sends it the reports this peer kept, and this peer says
     /// goodbye on that link too.
     pub(super) fn finish(&mut self, collector_wait: Duration) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut deadline = Instant::now() + Duration::from_secs(30);
+        let mut waited_for_the_record = false;
         let mut collector_deadline = None;
         // Peer 0's record is written: nothing more to wait for before letting the others go.
         self.plane.release_acknowledgements(|_| true);
@@ -374,6 +379,25 @@ impl Driver {
                 self.links.clear();
                 if !self.next_event(deadline)? {
                     let (missing, unacknowledged) = self.core.goodbyes.outstanding();
+                    // Only peer 0 owes something: it says goodbye, and acknowledges ours once
+                    // our reports are recorded, after its own last epoch and the evaluation
+                    // of x̄ (slow for a large model): wait for it while it lives (its death or
+                    // silence ends the wait at once).
+                    let only_peer_0 = |v: &[Rank]| v.iter().all(|&r| r == 0);
+                    let only_the_record = only_peer_0(&missing)
+                        && only_peer_0(&unacknowledged)
+                        && self.core.rank != 0
+                        && !self.core.membership.has_left(0);
+                    if only_the_record && !waited_for_the_record {
+                        waited_for_the_record = true;
+                        info!(
+                            "peer 0 has not yet finished and recorded this peer's last reports: \
+                             waiting up to {} s more for it before exiting",
+                            RECORD_WAIT.as_secs()
+                        );
+                        deadline = Instant::now() + RECORD_WAIT;
+                        continue;
+                    }
                     warn!(
                         ?missing,
                         ?unacknowledged,
