@@ -54,7 +54,7 @@ impl RestartPolicy {
         if epoch >= self.epochs {
             return Exit::AfterRecord;
         }
-        let restart = restarts_done < self.restart_failed && epoch < self.epochs;
+        let restart = restarts_done < self.restart_failed;
         match (restart, rank, self.survives_departure) {
             (true, _, _) => Exit::Restart {
                 attempt: restarts_done + 1,

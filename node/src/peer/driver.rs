@@ -34,12 +34,12 @@ pub(super) struct Driver {
 /// many, and beyond the latest 2 no more than [`KEPT_REPORT_BYTES`] in all (a report
 /// carries the peer's x: 4d bytes).
 const KEPT_REPORTS: usize = 8;
+/// The memory the kept reports may take beyond the latest 2 (bytes).
+const KEPT_REPORT_BYTES: usize = 256 << 20;
 
 /// How long a finishing peer waits, beyond its 30 s, for a live peer 0 to record its last
 /// reports (and so acknowledge its goodbye) before it exits anyway.
 const RECORD_WAIT: Duration = Duration::from_secs(600);
-/// The memory the kept reports may take beyond the latest 2 (bytes).
-const KEPT_REPORT_BYTES: usize = 256 << 20;
 
 impl Driver {
     /// Peer 0: tells the bootstrap of each new peer whose first round this peer has
@@ -379,14 +379,13 @@ impl Driver {
                 self.links.clear();
                 if !self.next_event(deadline)? {
                     let (missing, unacknowledged) = self.core.goodbyes.outstanding();
-                    // Only peer 0 owes something: it says goodbye, and acknowledges ours once
-                    // our reports are recorded, after its own last epoch and the evaluation
-                    // of x̄ (slow for a large model): wait for it while it lives (its death or
-                    // silence ends the wait at once).
+                    // Only peer 0 owes something (never so on peer 0 itself): it says
+                    // goodbye, and acknowledges ours once our reports are recorded, after its
+                    // own last epoch and the evaluation of x̄ (slow for a large model): wait
+                    // for it while it lives (its death or silence ends the wait at once).
                     let only_peer_0 = |v: &[Rank]| v.iter().all(|&r| r == 0);
                     let only_the_record = only_peer_0(&missing)
                         && only_peer_0(&unacknowledged)
-                        && self.core.rank != 0
                         && !self.core.membership.has_left(0);
                     if only_the_record && !waited_for_the_record {
                         waited_for_the_record = true;

@@ -741,9 +741,7 @@ impl DataPlane {
     /// Closes the held incoming links (goodbye acknowledged) of the senders `done` says
     /// this peer is done with; the rest stay held. Cheap when none is held.
     pub fn release_acknowledgements(&self, done: impl FnMut(Rank) -> bool) {
-        if self.acks.any() {
-            self.acks.release(done);
-        }
+        self.acks.release(done);
     }
 
     /// Closes the endpoint and waits (at most `grace`) for the close to reach the peers.

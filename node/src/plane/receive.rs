@@ -92,20 +92,10 @@ impl Drop for Recycled {
 /// memory (were peer 0 to die then, the reports would die with it; with the acknowledgement
 /// held, the sender keeps them for peer 0's restarted process). Off until
 /// [`super::DataPlane::hold_acknowledgements`].
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct HeldAcks(Arc<Mutex<Held>>);
 
-impl std::fmt::Debug for HeldAcks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let held = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        f.debug_struct("HeldAcks")
-            .field("on", &held.on)
-            .field("held", &held.conns.len())
-            .finish()
-    }
-}
-
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Held {
     on: bool,
     conns: Vec<(Rank, Connection)>,
@@ -128,7 +118,7 @@ impl HeldAcks {
     }
 
     /// Acknowledges the held goodbyes of the senders `done` says this peer is done with;
-    /// the others stay held.
+    /// the others stay held. `done` is not asked when none is held.
     pub fn release(&self, mut done: impl FnMut(Rank) -> bool) {
         let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
         held.conns.retain(|(from, conn)| {
@@ -139,16 +129,6 @@ impl HeldAcks {
                 true
             }
         });
-    }
-
-    /// Whether any goodbye waits for its acknowledgement.
-    pub fn any(&self) -> bool {
-        !self
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .conns
-            .is_empty()
     }
 }
 

@@ -188,9 +188,9 @@ type ToWrite = (Bytes, tokio::sync::oneshot::Sender<std::io::Result<()>>);
 
 /// Frames over a TCP stream (in clear or inside TLS), each preceded by its length, written
 /// in order by the link's own writing thread. A thread of its own, not a task of tokio's
-/// blocking pool per frame: `murmur netbench --link tcp-plaintext` moved 100 MB frames at
-/// 0.55–0.66× a plain socket's rate with the pool, 0.90–0.92× with the thread (2-core
-/// machine, 2026-11-29).
+/// blocking pool per frame: one 100 MB message in clear moved at 0.69–0.79× PyTorch gloo's
+/// `send`/`recv` with the pool, 1.03–1.13× with the thread (`experiments/wire/run.sh`, the
+/// same runs; 2-core machine, 2026-11-29).
 #[derive(Clone)]
 pub struct TcpFrames(std::sync::mpsc::Sender<ToWrite>);
 
@@ -720,8 +720,14 @@ fn read_frames(
             ))
         } else {
             let mut buf = pool.take(n as usize);
-            if let Err(e) = fill(&mut r, &mut buf) {
-                return ended(e);
+            // One read for all that is left of the frame, into a buffer not zeroed first
+            // (`read_to_end` zeroed each 100 MB buffer: 12% of a link's samples).
+            match r.read_exact(&mut buf) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return ended(format!("the stream ended within a {n}-byte frame"))
+                }
+                Err(e) => return ended(e.to_string()),
             }
             check(&buf, max_payload_bytes).map(|header| {
                 let transfer = match waiting {
@@ -739,22 +745,6 @@ fn read_frames(
             return;
         }
     }
-}
-
-/// Reads exactly `buf.len()` bytes into `buf`, each read asking for all that is left (one
-/// system call per socket-buffer's worth, no zeroing of the buffer first, unlike
-/// `read_to_end`). Errors: why the stream ended or broke first.
-fn fill(r: &mut dyn Read, buf: &mut [u8]) -> Result<(), String> {
-    let mut m = 0;
-    while m < buf.len() {
-        match r.read(&mut buf[m..]) {
-            Ok(0) => return Err(format!("the stream ended {m} bytes into a frame")),
-            Ok(k) => m += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-    Ok(())
 }
 
 /// A TCP link's stream ended or broke (`why`) before the goodbye's count was complete. If
