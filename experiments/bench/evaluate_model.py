@@ -15,7 +15,8 @@ With --peer R it evaluates peer R's own model (<run>/peers/model-R.safetensors, 
 --save-peer-models) against the accuracy peer R recorded for its last epoch
 (<run>/peers/peer-R.jsonl).
 
-The test set is the run's: `data` of <run>/run.toml (or --data), else for mlp the 2,000
+The test set is the run's: `data` of <run>/run.toml (or --data: MNIST's t10k files or
+CIFAR-10's test_batch.bin; image folders are not read here), else for mlp and cnn the 2,000
 MNIST test digits embedded in murmur (node/data/mnist/t10k-*.gz), for the transformer the
 256 validation sequences of the embedded King James Bible, of a byte-level text, of a
 token file (llm.c header or none) or of a folder's validation token files (the accuracy is
@@ -64,7 +65,7 @@ def read_idx(path: str) -> np.ndarray:
 
 
 def mnist_test(data: str | None) -> tuple[np.ndarray, np.ndarray]:
-    """MNIST test images [n, 784] in [0, 1] and labels [n]."""
+    """MNIST test images [n, rows * cols] in [0, 1] and labels [n]."""
     folder = data or os.path.join(ROOT, "node", "data", "mnist")
 
     def find(base: str) -> str:
@@ -73,7 +74,8 @@ def mnist_test(data: str | None) -> tuple[np.ndarray, np.ndarray]:
                 return os.path.join(folder, name)
         sys.exit(f"evaluate_model.py: {base} not found in {folder}")
 
-    images = read_idx(find("t10k-images-idx3-ubyte")).reshape(-1, 784) / np.float32(255)
+    images = read_idx(find("t10k-images-idx3-ubyte"))
+    images = images.reshape(len(images), -1) / np.float32(255)
     return images.astype(np.float32), read_idx(find("t10k-labels-idx1-ubyte")).astype(np.int64)
 
 
@@ -87,6 +89,35 @@ def cifar_test(data: str) -> tuple[np.ndarray, np.ndarray]:
             images = (images - CIFAR_MEAN[:, None, None]) / CIFAR_STD[:, None, None]
             return images.astype(np.float32), records[:, 0].astype(np.int64)
     sys.exit(f"evaluate_model.py: no test_batch.bin in {data}")
+
+
+def image_sizes(kind: str) -> dict:
+    """The sizes of `mlp|cnn|resnet20[:hidden=N,input=CxHxW,classes=N]` (the family's
+    defaults for the others: MNIST's 1x28x28 for mlp and cnn, CIFAR-10's 3x32x32 for
+    resnet20)."""
+    name = kind.split(":")[0]
+    shape = (3, 32, 32) if name == "resnet20" else (1, 28, 28)
+    sizes = {"hidden": 256, "input": shape, "classes": 10}
+    if ":" in kind:
+        for pair in kind.split(":", 1)[1].split(","):
+            key, value = pair.split("=")
+            sizes[key] = tuple(int(v) for v in value.split("x")) if key == "input" else int(value)
+    return sizes
+
+
+def image_test(data: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """The test images of the run's data, flattened [n, features], and labels [n]: CIFAR-10's
+    test_batch.bin, MNIST's t10k files, or without data the embedded MNIST digits."""
+    is_cifar = data is not None and any(
+        os.path.exists(os.path.join(d, "test_batch.bin"))
+        for d in (data, os.path.join(data, "cifar-10-batches-bin"))
+    )
+    if is_cifar:
+        images, labels = cifar_test(data)
+        return images.reshape(len(images), -1), labels
+    if data is not None and os.path.isdir(os.path.join(data, "train")):
+        sys.exit("evaluate_model.py: image folders are not read here (MNIST and CIFAR-10 are)")
+    return mnist_test(data)
 
 
 def transformer_sizes(kind: str) -> dict:
@@ -161,19 +192,28 @@ def main() -> None:
     config = tomllib.load(open(os.path.join(args.run, "run.toml"), "rb"))
     kind = summary["model"]
     data = args.data or config.get("data")
-    if kind == "mlp" or kind.startswith("mlp:hidden="):
-        hidden = int(kind.split("=")[1]) if "=" in kind else 256
-        model, (images, labels) = ref.Mlp(hidden), mnist_test(data)
-    elif kind.startswith("transformer"):
+    name = kind.split(":")[0]
+    if name in ("mlp", "cnn", "resnet20"):
+        if name == "resnet20" and data is None:
+            sys.exit("evaluate_model.py: this run trained on synthetic images; nothing to compare")
+        sizes = image_sizes(kind)
+        (c, h, w), classes = sizes["input"], sizes["classes"]
+        if name == "mlp":
+            model = ref.Mlp(sizes["hidden"], c * h * w, classes)
+        elif name == "cnn":
+            model = ref.Cnn(c, h, w, classes)
+        else:
+            model = ref.ResNet20(classes, channels=c)
+        images, labels = image_test(data)
+        if images.shape[1] != c * h * w:
+            sys.exit(f"evaluate_model.py: {kind} takes {c}x{h}x{w} images; the data's are not")
+        images = images.reshape(-1, c, h, w)
+    elif name == "transformer":
         sizes = transformer_sizes(kind)
         model = ref.TransformerLM("naive", **sizes)
         images, labels = text_validation(data, sizes["context"])
-    elif kind == "resnet20":
-        if data is None:
-            sys.exit("evaluate_model.py: this run trained on synthetic images; nothing to compare")
-        model, (images, labels) = ref.ResNet20(), cifar_test(data)
     else:
-        sys.exit(f"evaluate_model.py: no reference model for {kind} here (mlp, resnet20, transformer)")
+        sys.exit(f"evaluate_model.py: no reference model for {kind} here")
 
     if args.peer is None:
         file, recorded, what = "model.safetensors", summary["final_avg_model_test_accuracy"], "x̄"

@@ -61,16 +61,35 @@ MOMENTUM = 0.9
 
 
 class Mlp(nn.Module):
-    """784-hidden-10 multilayer perceptron with ReLU (d = 203,530 at murmur's default
-    hidden = 256; `mlp:hidden=N` in murmur); input pixels / 255."""
+    """inputs-hidden-classes multilayer perceptron with ReLU (784-256-10 on MNIST, d =
+    203,530; `mlp:hidden=N,input=CxHxW,classes=N` in murmur); input pixels / 255, flattened."""
 
-    def __init__(self, hidden: int = 256) -> None:
+    def __init__(self, hidden: int = 256, inputs: int = 784, classes: int = 10) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(784, hidden)
-        self.fc2 = nn.Linear(hidden, 10)
+        self.fc1 = nn.Linear(inputs, hidden)
+        self.fc2 = nn.Linear(hidden, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.relu(self.fc1(x)))
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+class Cnn(nn.Module):
+    """murmur's small CNN (`cnn:input=CxHxW,classes=N`): conv3x3(C->16, padding 1), ReLU,
+    maxpool 2x2, conv3x3(16->32, padding 1), ReLU, maxpool 2x2, Linear(32*(H//4)*(W//4) ->
+    classes). d = 20,490 on MNIST (1x28x28), 25,578 on CIFAR-10 (3x32x32)."""
+
+    def __init__(self, channels: int = 1, height: int = 28, width: int = 28, classes: int = 10):
+        super().__init__()
+        self.shape = (channels, height, width)
+        self.conv1 = nn.Conv2d(channels, 16, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, kernel_size=3, padding=1)
+        self.fc = nn.Linear(32 * (height // 4) * (width // 4), classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(-1, *self.shape)
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(x.flatten(1))
 
 
 def mlp() -> nn.Module:
@@ -122,13 +141,14 @@ class BasicBlock(nn.Module):
 class ResNet20(nn.Module):
     """CIFAR ResNet-20 (He et al. 2016, section 4.2), 3 stages x 3 BasicBlocks.
 
-    Input [B, 3, 32, 32]; widths 16, 32, 64; stages 2 and 3 start with stride 2.
+    Input [B, channels, H, W] (3x32x32 for CIFAR-10; the pooling is global); widths 16, 32,
+    64; stages 2 and 3 start with stride 2.
     d = 272,474 (BatchNorm weight and bias counted, running statistics not).
     """
 
-    def __init__(self, num_classes: int = 10, blocks_per_stage: int = 3) -> None:
+    def __init__(self, num_classes: int = 10, blocks_per_stage: int = 3, channels: int = 3):
         super().__init__()
-        self.conv = conv3x3(3, 16)
+        self.conv = conv3x3(channels, 16)
         self.bn = nn.BatchNorm2d(16)
         layers = []
         c_in = 16

@@ -84,11 +84,15 @@ pub struct RunArgs {
 #[derive(Debug, Clone, Args, Serialize)]
 #[command(next_help_heading = "Training")]
 pub struct TrainArgs {
-    /// Model to train: mlp and cnn on MNIST, resnet20 on CIFAR-10 (--data DIR) or synthetic
-    /// 3×32×32 images, transformer (language model) on the King James Bible or --data
-    /// FILE (bytes, or the tokens of a token file). The MLP's hidden width: mlp:hidden=N
-    /// (default 256; d = 795·N + 10, so mlp:hidden=31447 sends 100 MB messages). The
-    /// transformer's sizes: transformer:layers=N,d_model=N,heads=N,context=N,d_ff=N,vocab=N
+    /// Model to train: the image models mlp, cnn and resnet20 on the images of --data DIR
+    /// (MNIST's IDX files, CIFAR-10's binary files, or an image folder: train/ and test/,
+    /// one subfolder of PNG or JPEG files per class), sized for them; without --data, mlp
+    /// and cnn on the embedded MNIST digits, resnet20 on synthetic 3×32×32 images. The
+    /// images an image model takes: input=CxHxW (an image folder is resized to it), e.g.
+    /// resnet20:input=3x32x32. The MLP's hidden width: mlp:hidden=N (default 256; d =
+    /// 795·N + 10 on MNIST, so mlp:hidden=31447 sends 100 MB messages). transformer
+    /// (language model) on the King James Bible or --data FILE (bytes, or the tokens of a
+    /// token file), with sizes transformer:layers=N,d_model=N,heads=N,context=N,d_ff=N,vocab=N
     /// (any of them; defaults 2, 128, 4, 64, 512, 256).
     #[arg(long, default_value_t = ModelKind::MLP)]
     #[serde(serialize_with = "as_text")]
@@ -461,6 +465,16 @@ impl RunArgs {
     /// If a value cannot be written as TOML (none of today's can't).
     pub fn to_toml(&self) -> anyhow::Result<String> {
         toml::to_string(self).context("writing the run config")
+    }
+
+    /// This run with its model sized for the images of `train`, the run's training set as
+    /// [`RunData::load`](crate::train::data::RunData::load) read it
+    /// ([`ModelKind::fitted`]): the model every peer builds, and the one a run config
+    /// records.
+    pub fn fitted_to(&self, train: &crate::train::data::Dataset) -> RunArgs {
+        let mut fitted = self.clone();
+        fitted.train.model = self.train.model.fitted(train);
+        fitted
     }
 
     /// Checks values that clap cannot.

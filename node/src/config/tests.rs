@@ -258,7 +258,7 @@ fn the_shipped_run_configs_are_valid() {
 fn token_models_refuse_label_splits() {
     let parse_line = |line: &str| parse(&line.split(' ').collect::<Vec<_>>());
     let run = parse_line("murmur launch --model resnet20").unwrap();
-    assert_eq!(run.train.model, ModelKind::Resnet20);
+    assert_eq!(run.train.model, ModelKind::RESNET20);
     parse_line("murmur launch --model resnet20 --partition dirichlet:0.5").unwrap();
     parse_line("murmur launch --model transformer").unwrap();
     let err = format!(

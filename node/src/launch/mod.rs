@@ -110,9 +110,16 @@ impl Interrupted {
 /// peer that cannot be started; peer 0 failing, or the run stopping without a departed
 /// peer (after `summary.json` is written); [`Interrupted`] on SIGINT or SIGTERM.
 pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
-    let Checked { topo, dim, initial } = check(args, launch)?;
+    let Checked {
+        topo,
+        dim,
+        initial,
+        args,
+    } = check(args, launch)?;
+    let args = &args;
     let run_dir = run_folder(args, launch, "")?;
-    // The peers read the run from one file: the options exactly as parsed here.
+    // The peers read the run from one file: the options exactly as parsed here (the model
+    // with its input sizes when the data set them).
     let run_config = run_dir.join("run.toml");
     std::fs::write(&run_config, args.to_toml()?)
         .with_context(|| format!("cannot write {}", run_config.display()))?;
@@ -183,6 +190,8 @@ struct Checked {
     topo: murmur_topology::Topology,
     dim: usize,
     initial: usize,
+    /// The run with its model sized for the data ([`RunArgs::fitted_to`]).
+    args: RunArgs,
 }
 
 /// Fails fast, before any process starts or any file is written, on bad options, a bad
@@ -218,21 +227,30 @@ fn check(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Checked> {
             args.train.epochs
         );
     }
-    let dim =
-        crate::train::model::Net::<burn::backend::Flex>::new(args.train.model, &Default::default())
-            .dim();
-    // Loaded once here so that a bad --data fails before any peer starts.
+    // Loaded once here so that a bad --data fails before any peer starts, and to size the
+    // model for its images.
     let data = crate::train::data::RunData::load(
         args.train.model,
         args.train.data.as_deref(),
         args.train.seed,
     )?;
+    let fitted = args.fitted_to(&data.train);
+    let dim = crate::train::model::Net::<burn::backend::Flex>::new(
+        fitted.train.model,
+        &Default::default(),
+    )
+    .dim();
     let data_bytes = 4 * (data.train.len() + data.test.len()) * data.train.features();
     drop(data);
     if !launch.ignore_memory_check {
         check_memory(args.peers, estimated_peer_bytes(dim, data_bytes))?;
     }
-    Ok(Checked { topo, dim, initial })
+    Ok(Checked {
+        topo,
+        dim,
+        initial,
+        args: fitted,
+    })
 }
 
 /// The run's first line: peers, algorithm, compressor, graph, model, device, epochs, folder.

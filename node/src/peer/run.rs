@@ -30,6 +30,8 @@ pub(super) fn run_on<B: AutodiffBackend>(
         args.train.data.as_deref(),
         args.train.seed,
     )?;
+    // The model sized for the data's images (`--model cnn --data <CIFAR-10>`: 3×32×32).
+    let args = &args.fitted_to(&data.train);
     let shards = partition(
         &data.train.labels,
         start.n,

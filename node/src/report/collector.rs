@@ -715,7 +715,7 @@ mod tests {
         model::flatten(&fresh, &mut back);
         assert_eq!(back, x);
         // Into another architecture it does not fit: refused, naming the file.
-        let cnn = Net::<B>::new(model::ModelKind::Cnn, &device);
+        let cnn = Net::<B>::new(model::ModelKind::CNN, &device);
         let err = format!("{:#}", model::load_safetensors(cnn, &path).unwrap_err());
         assert!(err.contains("--init-from"), "{err}");
         // Parameters that do not fit the model are refused.
@@ -723,8 +723,8 @@ mod tests {
         assert!(write_model(short, &x[..10], &dir.path().join("model.safetensors")).is_err());
         // Every model round-trips, BatchNorm (ResNet-20) and LayerNorm (transformer) included.
         for kind in [
-            model::ModelKind::Cnn,
-            model::ModelKind::Resnet20,
+            model::ModelKind::CNN,
+            model::ModelKind::RESNET20,
             model::ModelKind::Transformer(model::TransformerConfig::default()),
         ] {
             let net = Net::<B>::new(kind, &device);
@@ -747,7 +747,7 @@ mod tests {
     fn the_averaged_model_carries_the_peers_mean_batchnorm_statistics() {
         type B = burn::backend::Flex;
         let device = Default::default();
-        let kind = model::ModelKind::Resnet20;
+        let kind = model::ModelKind::RESNET20;
         let net = Net::<B>::new(kind, &device);
         let (mut x, mut s) = (Vec::new(), Vec::new());
         model::flatten(&net, &mut x);

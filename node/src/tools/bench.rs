@@ -87,7 +87,7 @@ impl BenchModels {
             BenchModels::One(kind) => vec![kind],
             BenchModels::All => vec![
                 ModelKind::MLP,
-                ModelKind::Resnet20,
+                ModelKind::RESNET20,
                 ModelKind::transformer(),
             ],
         }
@@ -405,8 +405,8 @@ mod tests {
         let names: Vec<String> = all.kinds().iter().map(|k| k.to_string()).collect();
         assert_eq!(names, ["mlp", "resnet20", "transformer"]);
         let one: BenchModels = "cnn".parse().unwrap();
-        assert_eq!(one, BenchModels::One(ModelKind::Cnn));
-        assert_eq!(one.kinds(), vec![ModelKind::Cnn]);
+        assert_eq!(one, BenchModels::One(ModelKind::CNN));
+        assert_eq!(one.kinds(), vec![ModelKind::CNN]);
         let err = "resnet".parse::<BenchModels>().unwrap_err();
         assert!(err.ends_with("(or all)"), "{err}");
     }
@@ -414,14 +414,14 @@ mod tests {
     #[test]
     fn a_small_bench_reports_consistent_numbers() {
         let args = BenchArgs {
-            model: BenchModels::One(ModelKind::Cnn),
+            model: BenchModels::One(ModelKind::CNN),
             batch_size: 4,
             steps: 3,
             warmup: 1,
             device: DeviceSpec::Cpu,
             json: true,
         };
-        let r = measure(&args, ModelKind::Cnn).unwrap();
+        let r = measure(&args, ModelKind::CNN).unwrap();
         assert_eq!(r.dim, 20_490);
         assert_eq!(r.message_bytes, 4 * 20_490 + 36);
         for t in [
@@ -451,7 +451,7 @@ mod tests {
                 ..args.clone()
             },
         ] {
-            assert!(measure(&bad, ModelKind::Cnn).is_err());
+            assert!(measure(&bad, ModelKind::CNN).is_err());
         }
     }
 }

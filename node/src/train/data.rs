@@ -27,6 +27,7 @@ use rand_distr::Distribution;
 use crate::train::model::{Input, ModelKind};
 
 pub mod cifar;
+pub mod folder;
 mod partition;
 pub mod text;
 pub mod tokens;
@@ -310,6 +311,9 @@ pub struct Dataset {
     pub rows: usize,
     /// Image width, pixels.
     pub cols: usize,
+    /// Classes of the images, labels `0..classes` (10 for MNIST and CIFAR-10, the class
+    /// folders of an image folder); 0 for token sequences.
+    pub classes: usize,
     /// How training batches augment each image (`None`: taken as stored). Kept by
     /// [`Dataset::subset`]; CIFAR-10's training set has [`cifar::CropFlip::cifar10`].
     pub augment: Option<cifar::CropFlip>,
@@ -375,6 +379,7 @@ impl Dataset {
             channels: self.channels,
             rows: self.rows,
             cols: self.cols,
+            classes: self.classes,
             augment: self.augment.clone(),
             bytes_per_token: self.bytes_per_token,
         }
@@ -404,6 +409,7 @@ impl Dataset {
             channels: 1,
             rows,
             cols,
+            classes: usize::from(MAX_LABEL) + 1,
             augment: None,
             bytes_per_token: None,
         })
@@ -439,6 +445,7 @@ impl Dataset {
                     channels,
                     rows: height,
                     cols: width,
+                    classes,
                     augment: None,
                     bytes_per_token: None,
                 }
@@ -452,6 +459,7 @@ impl Dataset {
                     channels: 1,
                     rows: 1,
                     cols: f,
+                    classes: 0,
                     augment: None,
                     bytes_per_token: None,
                 }
@@ -477,101 +485,139 @@ pub struct RunData {
 
 impl RunData {
     /// The data `model` trains on, from `--data` (`data`) or built in:
-    /// - MNIST models ([`ModelKind::takes_mnist`]): the IDX files in the folder `data`
-    ///   ([`Mnist::load_dir`]), or the embedded digits;
-    /// - ResNet-20: CIFAR-10's binary files in the folder `data` ([`cifar::load_dir`]), or a
-    ///   synthetic training set of [`SYNTHETIC_TRAIN_LEN`] and test set of
-    ///   [`SYNTHETIC_TEST_LEN`] samples ([`Dataset::synthetic`], drawn from `seed`);
+    /// - the image models (`mlp`, `cnn`, `resnet20`): the folder `data` holding MNIST's IDX
+    ///   files ([`Mnist::load_dir`]), CIFAR-10's binary files ([`cifar::load_dir`]) or an
+    ///   image folder ([`folder::load_dir`]), whichever it holds; without `data`, the
+    ///   embedded MNIST digits for `mlp` and `cnn`, and for ResNet-20 a synthetic training
+    ///   set of [`SYNTHETIC_TRAIN_LEN`] and test set of [`SYNTHETIC_TEST_LEN`] images of
+    ///   its input ([`Dataset::synthetic`], drawn from `seed`). The model sized for them is
+    ///   [`ModelKind::fitted`];
     /// - the language model: the byte file `data`, a token file, a folder of token files
     ///   (training and validation files: [`tokens::read_dir`]), or the embedded King James
     ///   Bible ([`text`]).
     ///
     /// # Errors
-    /// A [`DataError`] for a missing or malformed file, or [`DataError::WrongData`] if
-    /// `data` holds what the model does not read (CIFAR-10 for an MNIST model, MNIST for
-    /// ResNet-20).
+    /// A [`DataError`] for a missing or malformed file; [`DataError::WrongData`] if `data`
+    /// holds none of the formats, or images of another size than the model's `input=`
+    /// (MNIST and CIFAR-10 are not resized), or if `mlp` or `cnn` is given an `input=`
+    /// other than MNIST's without `data`.
     pub fn load(model: ModelKind, data: Option<&Path>, seed: u64) -> Result<RunData, DataError> {
+        let Input::Tokens { context, vocab } = model.input() else {
+            return RunData::load_images(model, data, seed);
+        };
+        if let Some(dir) = data.filter(|d| d.is_dir()) {
+            let (train, val) = tokens::read_dir(dir)?;
+            let name = dir.display().to_string();
+            tokens::check_vocab(&name, &train, vocab)?;
+            tokens::check_vocab(&name, &val, vocab)?;
+            let len = context + 1;
+            if train.len() < len || val.len() < len {
+                return Err(DataError::BadRecord {
+                    file: name,
+                    reason: format!(
+                        "{} training and {} validation tokens; a model of context \
+                         {context} needs at least {len} of each",
+                        train.len(),
+                        val.len()
+                    ),
+                });
+            }
+            return Ok(gpt2_bytes(text::pair(&train, &val, context, None), vocab));
+        }
+        let text = text::corpus(data)?;
+        let name = data.map_or(String::new(), |p| p.display().to_string());
+        if !tokens::is_token_file(&text) {
+            if data.is_some_and(|p| p.extension().is_some_and(|x| x == "bin")) {
+                return Err(DataError::BadRecord {
+                    file: name,
+                    reason: format!(
+                        "a .bin file without the llm.c header (magic {}) is taken for \
+                         nanoGPT's header-less token ids, which carry no split: give the \
+                         folder that holds its train.bin and val.bin (or rename a text \
+                         file)",
+                        tokens::MAGIC
+                    ),
+                });
+            }
+            return text::split(&text, context, Some(1.0));
+        }
+        let ids = tokens::parse(&name, &text)?;
+        tokens::check_vocab(&name, &ids, vocab)?;
+        Ok(gpt2_bytes(text::split(&ids, context, None)?, vocab))
+    }
+
+    /// [`RunData::load`] for an image model.
+    fn load_images(model: ModelKind, data: Option<&Path>, seed: u64) -> Result<RunData, DataError> {
         let input = model.input();
-        let wrong = |dir: &Path, reason: &str| DataError::WrongData {
+        let wrong = |dir: &Path, reason: String| DataError::WrongData {
             model: model.to_string(),
             input: input.to_string(),
             dir: dir.to_owned(),
-            reason: reason.to_owned(),
+            reason,
         };
-        if model.takes_mnist() {
-            let mnist = match data {
-                Some(dir) if cifar::find(dir).is_some() => {
-                    return Err(wrong(dir, "holds CIFAR-10 (3×32×32), which resnet20 reads"))
-                }
-                Some(dir) => Mnist::load_dir(dir)?,
-                None => Mnist::embedded()?,
-            };
-            return Ok(RunData {
-                train: mnist.train,
-                test: mnist.test,
-            });
-        }
-        if let Input::Tokens { context, vocab } = input {
-            if let Some(dir) = data.filter(|d| d.is_dir()) {
-                let (train, val) = tokens::read_dir(dir)?;
-                let name = dir.display().to_string();
-                tokens::check_vocab(&name, &train, vocab)?;
-                tokens::check_vocab(&name, &val, vocab)?;
-                let len = context + 1;
-                if train.len() < len || val.len() < len {
-                    return Err(DataError::BadRecord {
-                        file: name,
-                        reason: format!(
-                            "{} training and {} validation tokens; a model of context \
-                             {context} needs at least {len} of each",
-                            train.len(),
-                            val.len()
-                        ),
-                    });
-                }
-                return Ok(gpt2_bytes(text::pair(&train, &val, context, None), vocab));
+        let set = model.given_images();
+        let loaded = match data {
+            Some(dir) if !dir.is_dir() => {
+                return Err(wrong(
+                    dir,
+                    format!("is not a folder; an image model reads {IMAGE_FORMATS}"),
+                ))
             }
-            let text = text::corpus(data)?;
-            let name = data.map_or(String::new(), |p| p.display().to_string());
-            if !tokens::is_token_file(&text) {
-                if data.is_some_and(|p| p.extension().is_some_and(|x| x == "bin")) {
-                    return Err(DataError::BadRecord {
-                        file: name,
-                        reason: format!(
-                            "a .bin file without the llm.c header (magic {}) is taken for \
-                             nanoGPT's header-less token ids, which carry no split: give the \
-                             folder that holds its train.bin and val.bin (or rename a text \
-                             file)",
-                            tokens::MAGIC
-                        ),
-                    });
+            Some(dir) if cifar::find(dir).is_some() => cifar::load_dir(dir)?,
+            Some(dir) if Mnist::is_in(dir) => {
+                let m = Mnist::load_dir(dir)?;
+                RunData {
+                    train: m.train,
+                    test: m.test,
                 }
-                return text::split(&text, context, Some(1.0));
             }
-            let ids = tokens::parse(&name, &text)?;
-            tokens::check_vocab(&name, &ids, vocab)?;
-            return Ok(gpt2_bytes(text::split(&ids, context, None)?, vocab));
-        }
-        if let Some(dir) = data {
-            if cifar::find(dir).is_some() {
-                return cifar::load_dir(dir);
+            Some(dir) if folder::is_image_folder(dir) => folder::load_dir(dir, set)?,
+            Some(dir) => {
+                return Err(wrong(
+                    dir,
+                    format!("holds none of what an image model reads: {IMAGE_FORMATS}"),
+                ))
             }
-            return Err(wrong(
-                dir,
-                "holds no CIFAR-10 binary files (data_batch_1.bin … test_batch.bin, here or in \
-                 cifar-10-batches-bin/); MNIST files are for mlp and cnn",
-            ));
+            None if matches!(model, ModelKind::Resnet20 { .. }) => {
+                // One stream: the test samples follow the training samples.
+                let all = Dataset::synthetic(input, SYNTHETIC_TRAIN_LEN + SYNTHETIC_TEST_LEN, seed);
+                let idx: Vec<usize> = (0..all.len()).collect();
+                let (train, test) = idx.split_at(SYNTHETIC_TRAIN_LEN);
+                RunData {
+                    train: all.subset(train),
+                    test: all.subset(test),
+                }
+            }
+            None => {
+                let m = Mnist::embedded()?;
+                RunData {
+                    train: m.train,
+                    test: m.test,
+                }
+            }
+        };
+        let t = &loaded.train;
+        if let Some(set) = set {
+            if (t.channels, t.rows, t.cols) != (set.channels, set.height, set.width) {
+                let dir = data.unwrap_or(Path::new("embedded:mnist"));
+                return Err(wrong(
+                    dir,
+                    format!(
+                        "holds {}×{}×{} images, which are not resized (leave input= out to \
+                         take their size)",
+                        t.channels, t.rows, t.cols
+                    ),
+                ));
+            }
         }
-        // One stream: the test samples follow the training samples.
-        let all = Dataset::synthetic(input, SYNTHETIC_TRAIN_LEN + SYNTHETIC_TEST_LEN, seed);
-        let idx: Vec<usize> = (0..all.len()).collect();
-        let (train, test) = idx.split_at(SYNTHETIC_TRAIN_LEN);
-        Ok(RunData {
-            train: all.subset(train),
-            test: all.subset(test),
-        })
+        Ok(loaded)
     }
 }
+
+/// What `--data DIR` may hold for an image model, for the errors.
+const IMAGE_FORMATS: &str = "MNIST's IDX files (train-images-idx3-ubyte …), CIFAR-10's \
+    binary files (data_batch_1.bin … test_batch.bin, here or in cifar-10-batches-bin/), or an \
+    image folder (train/ and test/, one subfolder of PNG or JPEG files per class)";
 
 /// `data` with [`Dataset::bytes_per_token`] of its validation sequences when the model's
 /// vocabulary is GPT-2's (`vocab=50257`: the tokens are taken for GPT-2's, as the run's
@@ -611,6 +657,14 @@ impl Mnist {
         )
     }
 
+    /// Whether `dir` holds MNIST's training images under one of the spellings
+    /// [`Mnist::load_dir`] accepts.
+    pub fn is_in(dir: &Path) -> bool {
+        spellings(FILE_NAMES[0])
+            .iter()
+            .any(|name| dir.join(name).is_file())
+    }
+
     /// Standard IDX files in `dir`: `train-images-idx3-ubyte`,
     /// `train-labels-idx1-ubyte`, `t10k-images-idx3-ubyte`,
     /// `t10k-labels-idx1-ubyte`. Each may be plain or gzipped (gzip is
@@ -646,13 +700,7 @@ impl Mnist {
 
 /// Reads the first existing spelling of `base` in `dir` (see [`Mnist::load_dir`]).
 fn read_first_existing(dir: &Path, base: &str) -> Result<(PathBuf, Vec<u8>), DataError> {
-    let dotted = base.replacen("-idx", ".idx", 1);
-    let candidates = [
-        base.to_owned(),
-        format!("{base}.gz"),
-        dotted.clone(),
-        format!("{dotted}.gz"),
-    ];
+    let candidates = spellings(base);
     for name in &candidates {
         let path = dir.join(name);
         match std::fs::read(&path) {
@@ -666,6 +714,18 @@ fn read_first_existing(dir: &Path, base: &str) -> Result<(PathBuf, Vec<u8>), Dat
         dir: dir.to_path_buf(),
         tried: candidates.join(", "),
     })
+}
+
+/// The accepted file names of the IDX file `base`, in the order they are tried: plain, gzipped,
+/// dotted (`train-images.idx3-ubyte`), dotted and gzipped.
+fn spellings(base: &str) -> [String; 4] {
+    let dotted = base.replacen("-idx", ".idx", 1);
+    [
+        base.to_owned(),
+        format!("{base}.gz"),
+        dotted.clone(),
+        format!("{dotted}.gz"),
+    ]
 }
 
 /// Returns `bytes`, gunzipped if they start with the gzip magic `1f 8b`.

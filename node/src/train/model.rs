@@ -34,30 +34,116 @@ pub use resnet::{ResNet, ResNetConfig};
 pub use transformer::{TransformerConfig, TransformerLm};
 
 /// Which network to train. On the command line and in run configs a name — `mlp`, `cnn`,
-/// `resnet20`, `transformer` — and for the MLP optionally its hidden width, `mlp:hidden=N`,
-/// and for the transformer its sizes,
-/// `transformer:layers=4,d_model=256,heads=8,context=128,d_ff=1024` (any subset; the
-/// others keep their defaults, [`TransformerConfig::default`]).
+/// `resnet20`, `transformer` — optionally followed by sizes after a colon:
+/// - the image models (`mlp`, `cnn`, `resnet20`): the images they take, `input=CxHxW`
+///   (channels × height × width; an image folder's images are resized to it) and
+///   `classes=N` (of synthetic images; real data bring their classes); unset, those of the
+///   data (`--data`: MNIST 1×28×28, CIFAR-10 3×32×32, an image folder's first image;
+///   [`ModelKind::fitted`]) or the family's default ([`ImageInput::MNIST`] for `mlp` and
+///   `cnn`, [`ImageInput::CIFAR10`] for `resnet20`); and the MLP's hidden width, `hidden=N`;
+/// - the transformer: `layers=N,d_model=N,heads=N,context=N,d_ff=N,vocab=N` (any subset;
+///   the others keep their defaults, [`TransformerConfig::default`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelKind {
-    /// 784-`hidden`-10 multilayer perceptron with ReLU, on MNIST: d = 795·hidden + 10
-    /// (203,530 at the default [`MLP_HIDDEN`] = 256). A wide one (`mlp:hidden=31447`: d =
-    /// 25.0 M, 100 MB messages, ResNet-50's size) measures the wire with a model of a
-    /// chosen d that stays cheap to compute.
+    /// `input`-`hidden`-`classes` multilayer perceptron with ReLU: d = (features + 1)·hidden
+    /// + (hidden + 1)·classes (203,530 for 784-256-10 on MNIST). A wide one
+    /// (`mlp:hidden=31447`: d = 25.0 M, 100 MB messages, ResNet-50's size) measures the wire
+    /// with a model of a chosen d that stays cheap to compute.
     Mlp {
         /// Width of the hidden layer.
         hidden: usize,
+        /// The images it takes, when given (`input=`, `classes=`); `None`: the data's.
+        input: Option<ImageInput>,
     },
-    /// Two 3×3 conv layers (16 and 32 channels) with max-pooling, then a linear layer
-    /// to 10 classes, on MNIST (d = 20,490).
-    Cnn,
-    /// ResNet-20 for 3×32×32 images and 10 classes (He et al. 2016; d = 272,474), on
-    /// CIFAR-10 (`--data DIR`) or synthetic images.
-    Resnet20,
+    /// Two 3×3 conv layers (16 and 32 channels, padding 1) each followed by ReLU and 2×2
+    /// max-pooling, then a linear layer to the classes: d = 20,490 on MNIST, 25,578 on
+    /// CIFAR-10.
+    Cnn {
+        /// The images it takes (height and width at least 4), when given; `None`: the
+        /// data's.
+        input: Option<ImageInput>,
+    },
+    /// ResNet-20 (He et al. 2016; d = 272,474 for 3 channels and 10 classes): on CIFAR-10
+    /// (`--data DIR`), any other images, or synthetic ones.
+    Resnet20 {
+        /// The images it takes, when given; `None`: the data's.
+        input: Option<ImageInput>,
+    },
     /// Decoder-only transformer language model with these sizes: over bytes (vocabulary
     /// 256) on the King James Bible or --data FILE, or over the tokens of a token file
     /// (`transformer:vocab=50257 --data FILE.bin`, `data::tokens`).
     Transformer(TransformerConfig),
+}
+
+/// The images an image model takes: `channels × height × width` values per image
+/// (channel-major, then row-major) and the number of classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageInput {
+    /// Colour channels (1 for grey, 3 for RGB).
+    pub channels: usize,
+    /// Rows of pixels.
+    pub height: usize,
+    /// Columns of pixels.
+    pub width: usize,
+    /// Classes, labels `0..classes` (at most 256: labels are bytes).
+    pub classes: usize,
+}
+
+impl ImageInput {
+    /// MNIST digits: 1×28×28, 10 classes (the default of `mlp` and `cnn`).
+    pub const MNIST: ImageInput = ImageInput {
+        channels: 1,
+        height: 28,
+        width: 28,
+        classes: CLASSES,
+    };
+    /// CIFAR-10: 3×32×32, 10 classes (the default of `resnet20`).
+    pub const CIFAR10: ImageInput = ImageInput {
+        channels: 3,
+        height: 32,
+        width: 32,
+        classes: CLASSES,
+    };
+    /// Most classes: labels are stored as bytes.
+    pub const MAX_CLASSES: usize = 256;
+
+    /// Values per image, channels · height · width.
+    pub fn features(&self) -> usize {
+        self.channels * self.height * self.width
+    }
+
+    /// The [`Input`] of images of this kind.
+    pub fn input(self) -> Input {
+        Input::Images {
+            channels: self.channels,
+            height: self.height,
+            width: self.width,
+            classes: self.classes,
+        }
+    }
+
+    /// Parses `CxHxW` (e.g. `3x32x32`; `×` is accepted for `x`).
+    ///
+    /// # Errors
+    /// Not three whole numbers, or one of them 0.
+    fn parse_shape(s: &str) -> Result<(usize, usize, usize), String> {
+        let dims: Vec<&str> = s.split(['x', '×']).collect();
+        let dims: Option<Vec<usize>> = dims.iter().map(|d| d.trim().parse().ok()).collect();
+        match dims.as_deref() {
+            Some(&[c, h, w]) if c > 0 && h > 0 && w > 0 => Ok((c, h, w)),
+            _ => Err(format!(
+                "input={s}: not CxHxW, three whole numbers ≥ 1 (channels, height, width; e.g. \
+                 3x32x32)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for ImageInput {
+    /// `C×H×W images, N classes`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.input().fmt(f)
+    }
 }
 
 /// The MLP's default hidden width (`mlp`: 784-256-10).
@@ -67,119 +153,140 @@ pub const MLP_HIDDEN: usize = 256;
 const TRANSFORMER_KEYS: [&str; 6] = ["layers", "d_model", "heads", "context", "d_ff", "vocab"];
 
 impl std::fmt::Display for ModelKind {
-    /// The name; for a transformer, the sizes that differ from the defaults after a colon.
+    /// The name; then, after a colon, the sizes that differ from the family's defaults or
+    /// were given (`mlp:hidden=512`, `cnn:input=3x32x32`, `transformer:context=128`): the
+    /// text parses back to the same model.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ModelKind::Mlp { hidden } if *hidden == MLP_HIDDEN => f.write_str("mlp"),
-            ModelKind::Mlp { hidden } => write!(f, "mlp:hidden={hidden}"),
-            ModelKind::Cnn => f.write_str("cnn"),
-            ModelKind::Resnet20 => f.write_str("resnet20"),
-            ModelKind::Transformer(c) => {
-                f.write_str("transformer")?;
-                let d = TransformerConfig::default();
-                let sizes = [
-                    (c.layers, d.layers),
-                    (c.d_model, d.d_model),
-                    (c.heads, d.heads),
-                    (c.context, d.context),
-                    (c.d_ff, d.d_ff),
-                    (c.vocab, d.vocab),
-                ];
-                let mut sep = ':';
-                for (key, (v, default)) in TRANSFORMER_KEYS.iter().zip(sizes) {
-                    if v != default {
-                        write!(f, "{sep}{key}={v}")?;
-                        sep = ',';
-                    }
-                }
-                Ok(())
+        let mut sizes: Vec<String> = Vec::new();
+        if let ModelKind::Mlp { hidden, .. } = self {
+            if *hidden != MLP_HIDDEN {
+                sizes.push(format!("hidden={hidden}"));
             }
         }
+        if let Some(i) = self.given_images() {
+            sizes.push(format!("input={}x{}x{}", i.channels, i.height, i.width));
+            if i.classes != CLASSES {
+                sizes.push(format!("classes={}", i.classes));
+            }
+        }
+        if let ModelKind::Transformer(c) = self {
+            let d = TransformerConfig::default();
+            let pairs = [
+                (c.layers, d.layers),
+                (c.d_model, d.d_model),
+                (c.heads, d.heads),
+                (c.context, d.context),
+                (c.d_ff, d.d_ff),
+                (c.vocab, d.vocab),
+            ];
+            for (key, (v, default)) in TRANSFORMER_KEYS.iter().zip(pairs) {
+                if v != default {
+                    sizes.push(format!("{key}={v}"));
+                }
+            }
+        }
+        f.write_str(self.name())?;
+        if !sizes.is_empty() {
+            write!(f, ":{}", sizes.join(","))?;
+        }
+        Ok(())
     }
 }
 
 impl std::str::FromStr for ModelKind {
     type Err = String;
 
-    /// Parses `mlp`, `mlp:hidden=N`, `cnn`, `resnet20`, `transformer` or
-    /// `transformer:KEY=N,…` (keys `layers`, `d_model`, `heads`, `context`, `d_ff`,
-    /// `vocab`).
+    /// Parses a name, `mlp`, `cnn`, `resnet20` or `transformer`, optionally followed by
+    /// `:KEY=VALUE,…`: for the image models `input=CxHxW` and `classes=N` (and `hidden=N`
+    /// for the MLP), for the transformer `layers`, `d_model`, `heads`, `context`, `d_ff`,
+    /// `vocab`.
     ///
     /// # Errors
-    /// An unknown name or key, a size that is not a whole number, a key given twice, an MLP
-    /// of 0 hidden units, or a transformer that cannot be built (a size of 0, heads that do
-    /// not divide d_model).
+    /// An unknown name or key, a size that is not a whole number, a key given twice, or a
+    /// model that cannot be built (a size of 0, fewer than 2 or more than 256 classes, a CNN
+    /// input under 4×4, heads that do not divide d_model).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let (name, sizes) = match s.split_once(':') {
             Some((name, sizes)) => (name, Some(sizes)),
             None => (s, None),
         };
-        let kind = match name {
+        let mut kind = match name {
             "mlp" => ModelKind::MLP,
-            "cnn" => ModelKind::Cnn,
-            "resnet20" => ModelKind::Resnet20,
-            "transformer" => ModelKind::Transformer(TransformerConfig::default()),
+            "cnn" => ModelKind::CNN,
+            "resnet20" => ModelKind::RESNET20,
+            "transformer" => ModelKind::transformer(),
             other => {
                 return Err(format!(
                     "unknown model {other:?}: one of mlp, cnn, resnet20, transformer \
-                     (mlp:hidden=N for the MLP's width; \
-                     transformer:layers=N,d_model=N,heads=N,context=N,d_ff=N,vocab=N for the \
-                     transformer's sizes)"
+                     (mlp:hidden=N for the MLP's width; input=CxHxW,classes=N for an image \
+                     model's images; transformer:layers=N,d_model=N,heads=N,context=N,d_ff=N,\
+                     vocab=N for the transformer's sizes)"
                 ))
             }
         };
         let Some(sizes) = sizes else {
             return Ok(kind);
         };
-        if let ModelKind::Mlp { .. } = kind {
-            let hidden = match sizes.split_once('=') {
-                Some((key, value)) if key.trim() == "hidden" => value.trim().parse().ok(),
-                _ => None,
-            };
-            return match hidden {
-                Some(0) => Err(format!("an MLP needs at least 1 hidden unit (in {s:?})")),
-                Some(hidden) => Ok(ModelKind::Mlp { hidden }),
-                None => Err(format!(
-                    "{sizes:?}: the MLP takes one size, hidden=N (a whole number; in {s:?})"
-                )),
-            };
-        }
-        let ModelKind::Transformer(mut c) = kind else {
-            return Err(format!(
-                "{name} has no sizes to set (only mlp:hidden=N and transformer:… have)"
-            ));
-        };
+        // The images given start from the family's (`input=` alone keeps 10 classes).
+        let default = kind.default_images().unwrap_or(ImageInput::MNIST);
         let mut seen = Vec::new();
         for pair in sizes.split(',') {
             let (key, value) = pair
                 .split_once('=')
-                .ok_or_else(|| format!("{pair:?} is not KEY=N (in {s:?})"))?;
-            let key = key.trim();
-            let v: usize = value
-                .trim()
-                .parse()
-                .map_err(|_| format!("{key}={value}: not a whole number (in {s:?})"))?;
+                .ok_or_else(|| format!("{pair:?} is not KEY=VALUE (in {s:?})"))?;
+            let (key, value) = (key.trim(), value.trim());
             if seen.contains(&key) {
                 return Err(format!("{key} is given twice (in {s:?})"));
             }
             seen.push(key);
-            match key {
-                "layers" => c.layers = v,
-                "d_model" => c.d_model = v,
-                "heads" => c.heads = v,
-                "context" => c.context = v,
-                "d_ff" => c.d_ff = v,
-                "vocab" => c.vocab = v,
-                other => {
-                    return Err(format!(
-                        "unknown transformer size {other:?}: one of {}",
-                        TRANSFORMER_KEYS.join(", ")
-                    ))
+            let number = || -> Result<usize, String> {
+                value
+                    .parse()
+                    .map_err(|_| format!("{key}={value}: not a whole number (in {s:?})"))
+            };
+            match (&mut kind, key) {
+                (ModelKind::Mlp { hidden, .. }, "hidden") => *hidden = number()?,
+                (ModelKind::Transformer(c), _) => match key {
+                    "layers" => c.layers = number()?,
+                    "d_model" => c.d_model = number()?,
+                    "heads" => c.heads = number()?,
+                    "context" => c.context = number()?,
+                    "d_ff" => c.d_ff = number()?,
+                    "vocab" => c.vocab = number()?,
+                    other => {
+                        return Err(format!(
+                            "unknown transformer size {other:?}: one of {}",
+                            TRANSFORMER_KEYS.join(", ")
+                        ))
+                    }
+                },
+                (
+                    ModelKind::Mlp { input, .. }
+                    | ModelKind::Cnn { input }
+                    | ModelKind::Resnet20 { input },
+                    "input",
+                ) => {
+                    let i = input.get_or_insert(default);
+                    (i.channels, i.height, i.width) = ImageInput::parse_shape(value)?;
+                }
+                (
+                    ModelKind::Mlp { input, .. }
+                    | ModelKind::Cnn { input }
+                    | ModelKind::Resnet20 { input },
+                    "classes",
+                ) => input.get_or_insert(default).classes = number()?,
+                (_, other) => {
+                    let keys = if name == "mlp" {
+                        "hidden, input, classes"
+                    } else {
+                        "input, classes"
+                    };
+                    return Err(format!("unknown {name} size {other:?}: one of {keys}"));
                 }
             }
         }
-        c.check().map_err(|e| e.to_string())?;
-        Ok(ModelKind::Transformer(c))
+        kind.check()?;
+        Ok(kind)
     }
 }
 
@@ -197,54 +304,143 @@ impl<'de> Deserialize<'de> for ModelKind {
 }
 
 impl ModelKind {
-    /// The 784-256-10 MLP (`mlp`), the default model.
-    pub const MLP: ModelKind = ModelKind::Mlp { hidden: MLP_HIDDEN };
+    /// The 784-256-10 MLP (`mlp`) on MNIST, the default model.
+    pub const MLP: ModelKind = ModelKind::Mlp {
+        hidden: MLP_HIDDEN,
+        input: None,
+    };
+    /// The CNN (`cnn`) on MNIST.
+    pub const CNN: ModelKind = ModelKind::Cnn { input: None };
+    /// ResNet-20 (`resnet20`) on CIFAR-10.
+    pub const RESNET20: ModelKind = ModelKind::Resnet20 { input: None };
 
     /// The transformer with its default sizes ([`TransformerConfig::default`]).
     pub fn transformer() -> Self {
         ModelKind::Transformer(TransformerConfig::default())
     }
 
+    /// The family's name: `mlp`, `cnn`, `resnet20`, `transformer`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelKind::Mlp { .. } => "mlp",
+            ModelKind::Cnn { .. } => "cnn",
+            ModelKind::Resnet20 { .. } => "resnet20",
+            ModelKind::Transformer(_) => "transformer",
+        }
+    }
+
+    /// The images an image model takes (given, or the family's default); `None` for the
+    /// language model.
+    pub fn images(self) -> Option<ImageInput> {
+        self.given_images().or(self.default_images())
+    }
+
+    /// The images given with `input=` or `classes=` (or set by [`ModelKind::fitted`]).
+    pub fn given_images(self) -> Option<ImageInput> {
+        match self {
+            ModelKind::Mlp { input, .. }
+            | ModelKind::Cnn { input }
+            | ModelKind::Resnet20 { input } => input,
+            ModelKind::Transformer(_) => None,
+        }
+    }
+
+    /// The images the family takes unless told otherwise: MNIST's for `mlp` and `cnn`,
+    /// CIFAR-10's for `resnet20`; `None` for the language model.
+    pub fn default_images(self) -> Option<ImageInput> {
+        match self {
+            ModelKind::Mlp { .. } | ModelKind::Cnn { .. } => Some(ImageInput::MNIST),
+            ModelKind::Resnet20 { .. } => Some(ImageInput::CIFAR10),
+            ModelKind::Transformer(_) => None,
+        }
+    }
+
+    /// This model taking `input` (an image model; the language model is returned as it is).
+    pub fn with_images(self, input: ImageInput) -> ModelKind {
+        let input = Some(input);
+        match self {
+            ModelKind::Mlp { hidden, .. } => ModelKind::Mlp { hidden, input },
+            ModelKind::Cnn { .. } => ModelKind::Cnn { input },
+            ModelKind::Resnet20 { .. } => ModelKind::Resnet20 { input },
+            t @ ModelKind::Transformer(_) => t,
+        }
+    }
+
+    /// This model sized for the images of `data` (the run's training set, as
+    /// [`RunData::load`](crate::train::data::RunData::load) read it for this model): their
+    /// channels, height, width and classes, unless they are the family's default and none
+    /// were given (`mlp` on MNIST stays `mlp`). The language model is returned as it is.
+    pub fn fitted(self, data: &crate::train::data::Dataset) -> ModelKind {
+        let images = ImageInput {
+            channels: data.channels,
+            height: data.rows,
+            width: data.cols,
+            classes: data.classes,
+        };
+        match (self.given_images(), self.default_images()) {
+            (_, None) => self,
+            (None, Some(default)) if default == images => self,
+            _ => self.with_images(images),
+        }
+    }
+
+    /// Checks that the model can be built.
+    ///
+    /// # Errors
+    /// A size of 0, fewer than 2 or more than 256 classes, a CNN input under 4×4 (its two
+    /// poolings halve it twice), or a transformer [`TransformerConfig::check`] refuses.
+    pub fn check(self) -> Result<(), String> {
+        if let ModelKind::Mlp { hidden: 0, .. } = self {
+            return Err("an MLP needs at least 1 hidden unit".into());
+        }
+        if let Some(i) = self.images() {
+            if !(2..=ImageInput::MAX_CLASSES).contains(&i.classes) {
+                return Err(format!(
+                    "classes={}: an image model needs 2 to {} classes",
+                    i.classes,
+                    ImageInput::MAX_CLASSES
+                ));
+            }
+            if i.channels == 0 || i.height == 0 || i.width == 0 {
+                return Err(format!("{}: images of size 0", self.name()));
+            }
+            if matches!(self, ModelKind::Cnn { .. }) && (i.height < 4 || i.width < 4) {
+                return Err(format!(
+                    "input={}x{}x{}: the CNN pools twice by 2 and needs images of at least \
+                     4×4",
+                    i.channels, i.height, i.width
+                ));
+            }
+        }
+        if let ModelKind::Transformer(c) = self {
+            c.check().map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
     /// The samples the model of this kind takes.
     pub fn input(self) -> Input {
         match self {
-            ModelKind::Mlp { .. } | ModelKind::Cnn => Input::Images {
-                channels: 1,
-                height: 28,
-                width: 28,
-                classes: CLASSES,
-            },
-            ModelKind::Resnet20 => {
-                let c = ResNetConfig::default();
-                Input::Images {
-                    channels: c.in_channels,
-                    height: 32,
-                    width: 32,
-                    classes: c.classes,
-                }
-            }
             ModelKind::Transformer(c) => Input::Tokens {
                 context: c.context,
                 vocab: c.vocab,
             },
+            image => image.images().unwrap_or(ImageInput::MNIST).input(),
         }
     }
 
-    /// Whether the model trains on MNIST digits (`mlp`, `cnn`); ResNet-20 trains on
-    /// CIFAR-10 or synthetic images, the transformer on text.
-    pub fn takes_mnist(self) -> bool {
-        matches!(self, ModelKind::Mlp { .. } | ModelKind::Cnn)
-    }
-
-    /// The name, followed by what it trains on unless MNIST (` on CIFAR-10`, ` (synthetic
-    /// data)`, ` on text`) when `data` (`--data`) is or is not given: for the header lines
-    /// of runs.
+    /// The name, followed by what it trains on (` on MNIST`, ` on CIFAR-10`, ` on DIR`,
+    /// ` (synthetic data)`, ` on text`) when `data` (`--data`) is or is not given: for the
+    /// header lines of runs.
     pub fn with_data(self, data: Option<&std::path::Path>) -> String {
-        match self {
-            ModelKind::Mlp { .. } | ModelKind::Cnn => self.to_string(),
-            ModelKind::Transformer(_) => format!("{self} on text"),
-            ModelKind::Resnet20 if data.is_some() => format!("{self} on CIFAR-10"),
-            ModelKind::Resnet20 => format!("{self} (synthetic data)"),
+        match (self, data) {
+            (ModelKind::Transformer(_), _) => format!("{self} on text"),
+            (ModelKind::Resnet20 { .. }, None) => format!("{self} (synthetic data)"),
+            (_, None) => self.to_string(),
+            (_, Some(dir)) if crate::train::data::cifar::find(dir).is_some() => {
+                format!("{self} on CIFAR-10")
+            }
+            (_, Some(dir)) => format!("{self} on {}", dir.display()),
         }
     }
 }
@@ -306,15 +502,18 @@ impl std::fmt::Display for Input {
     }
 }
 
-/// 784-hidden-10 MLP.
+/// features-hidden-classes MLP with ReLU.
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
     fc1: Linear<B>,
     fc2: Linear<B>,
     act: Relu,
+    /// Channels, height and width of the images (fc1 takes their product).
+    shape: [usize; 3],
 }
 
-/// Small CNN for 28×28 grey images.
+/// Small CNN: conv3×3(C→16) → ReLU → pool 2×2 → conv3×3(16→32) → ReLU → pool 2×2 →
+/// linear(32 · ⌊H/4⌋ · ⌊W/4⌋ → classes).
 #[derive(Module, Debug)]
 pub struct Cnn<B: Backend> {
     conv1: Conv2d<B>,
@@ -322,6 +521,8 @@ pub struct Cnn<B: Backend> {
     pool: MaxPool2d,
     fc: Linear<B>,
     act: Relu,
+    /// Channels, height and width of the images.
+    shape: [usize; 3],
 }
 
 /// A model of any kind.
@@ -338,9 +539,7 @@ pub enum Net<B: Backend> {
     Transformer(TransformerLm<B>),
 }
 
-/// Pixels per MNIST image (28×28).
-pub const INPUTS: usize = 784;
-/// Classes (digits, and the ten classes of the synthetic images).
+/// Classes of MNIST and CIFAR-10 (and the default of the synthetic images).
 pub const CLASSES: usize = 10;
 
 /// A mini-batch as tensors, as [`batch_tensors`] builds it. [`Net::forward`] checks the
@@ -384,40 +583,53 @@ impl<B: Backend> Net<B> {
     /// Burn's initialisers draw from the backend RNG, which the caller seeds (`B::seed`) so
     /// that every peer starts from the same x⁰.
     pub fn new(kind: ModelKind, device: &B::Device) -> Self {
+        let input = kind.images().unwrap_or(ImageInput::MNIST);
         match kind {
-            ModelKind::Mlp { hidden } => Net::Mlp(Mlp {
-                fc1: LinearConfig::new(INPUTS, hidden).init(device),
-                fc2: LinearConfig::new(hidden, CLASSES).init(device),
+            ModelKind::Mlp { hidden, .. } => Net::Mlp(Mlp {
+                fc1: LinearConfig::new(input.features(), hidden).init(device),
+                fc2: LinearConfig::new(hidden, input.classes).init(device),
                 act: Relu::new(),
+                shape: [input.channels, input.height, input.width],
             }),
-            ModelKind::Cnn => Net::Cnn(Cnn {
-                conv1: Conv2dConfig::new([1, 16], [3, 3])
+            ModelKind::Cnn { .. } => Net::Cnn(Cnn {
+                conv1: Conv2dConfig::new([input.channels, 16], [3, 3])
                     .with_padding(PaddingConfig2d::Same)
                     .init(device),
                 conv2: Conv2dConfig::new([16, 32], [3, 3])
                     .with_padding(PaddingConfig2d::Same)
                     .init(device),
                 pool: MaxPool2dConfig::new([2, 2]).with_strides([2, 2]).init(),
-                fc: LinearConfig::new(32 * 7 * 7, CLASSES).init(device),
+                fc: LinearConfig::new(32 * (input.height / 4) * (input.width / 4), input.classes)
+                    .init(device),
                 act: Relu::new(),
+                shape: [input.channels, input.height, input.width],
             }),
-            ModelKind::Resnet20 => Net::ResNet(ResNetConfig::default().build(device)),
+            ModelKind::Resnet20 { .. } => Net::ResNet(
+                ResNetConfig {
+                    in_channels: input.channels,
+                    rows: input.height,
+                    cols: input.width,
+                    classes: input.classes,
+                    ..ResNetConfig::default()
+                }
+                .build(device),
+            ),
             ModelKind::Transformer(c) => Net::Transformer(c.build(device)),
         }
     }
 
-    /// The samples this model takes (for a ResNet: 32×32 images with its channels and
-    /// classes).
+    /// The samples this model takes.
     pub fn input(&self) -> Input {
+        let images = |[channels, height, width]: [usize; 3], classes| Input::Images {
+            channels,
+            height,
+            width,
+            classes,
+        };
         match self {
-            Net::Mlp(_) => ModelKind::MLP.input(),
-            Net::Cnn(_) => ModelKind::Cnn.input(),
-            Net::ResNet(m) => Input::Images {
-                channels: m.in_channels(),
-                height: 32,
-                width: 32,
-                classes: m.classes(),
-            },
+            Net::Mlp(m) => images(m.shape, m.fc2.weight.dims()[1]),
+            Net::Cnn(m) => images(m.shape, m.fc.weight.dims()[1]),
+            Net::ResNet(m) => images(m.shape(), m.classes()),
             Net::Transformer(m) => Input::Tokens {
                 context: m.context(),
                 vocab: m.vocab(),
@@ -467,12 +679,16 @@ impl<B: Backend> Net<B> {
                 let logits = match net {
                     Net::Mlp(m) => m.fc2.forward(m.act.forward(m.fc1.forward(images))),
                     Net::Cnn(m) => {
-                        let x = images.reshape([b, 1, 28, 28]);
+                        let [c, h, w] = m.shape;
+                        let x = images.reshape([b, c, h, w]);
                         let x = m.pool.forward(m.act.forward(m.conv1.forward(x)));
                         let x = m.pool.forward(m.act.forward(m.conv2.forward(x)));
-                        m.fc.forward(x.reshape([b, 32 * 7 * 7]))
+                        m.fc.forward(x.reshape([b, 32 * (h / 4) * (w / 4)]))
                     }
-                    Net::ResNet(m) => m.forward(images.reshape([b, m.in_channels(), 32, 32])),
+                    Net::ResNet(m) => {
+                        let [c, h, w] = m.shape();
+                        m.forward(images.reshape([b, c, h, w]))
+                    }
                     Net::Transformer(_) => unreachable!("matched above"),
                 };
                 Ok((logits, labels))

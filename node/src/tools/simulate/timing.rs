@@ -15,19 +15,18 @@ pub(super) fn run(setup: &Setup<'_>) -> anyhow::Result<()> {
     let n = args.peers;
     let compute_secs = fixed_compute_secs(sim)?
         .ok_or_else(|| anyhow!("--timing-only needs --compute-ms (there is no model to time)"))?;
+    let train = RunData::load(
+        args.train.model,
+        args.train.data.as_deref(),
+        args.train.seed,
+    )?
+    .train;
+    let args = &args.fitted_to(&train);
     let rounds_per_epoch = match args.train.rounds_per_epoch {
         Some(r) => r,
-        None => rounds_per_epoch(
-            args,
-            RunData::load(
-                args.train.model,
-                args.train.data.as_deref(),
-                args.train.seed,
-            )?
-            .train
-            .len(),
-        ),
+        None => rounds_per_epoch(args, train.len()),
     };
+    drop(train);
     let device: Dev = Default::default();
     let net = Net::<B>::new(args.train.model, &device);
     let lengths = model::tensor_lengths(&net);

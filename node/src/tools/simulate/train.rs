@@ -17,6 +17,7 @@ pub(super) fn run(setup: &Setup<'_>) -> anyhow::Result<()> {
         args.train.data.as_deref(),
         args.train.seed,
     )?;
+    let args = &args.fitted_to(&data.train);
     let rounds_per_epoch = rounds_per_epoch(args, data.train.len());
 
     let (peers, mut states, d) = virtual_peers(args, topo, &data, &device, rounds_per_epoch)?;

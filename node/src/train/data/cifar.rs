@@ -193,6 +193,7 @@ pub fn parse(name: &str, bytes: &[u8]) -> Result<Dataset, DataError> {
         channels: CHANNELS,
         rows: SIDE,
         cols: SIDE,
+        classes: CLASSES,
         augment: None,
         bytes_per_token: None,
     })

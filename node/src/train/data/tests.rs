@@ -1,4 +1,5 @@
 use super::*;
+use crate::train::model::ImageInput;
 use std::io::Write;
 use std::sync::OnceLock;
 
@@ -354,7 +355,7 @@ fn partition_dirichlet() {
 
 #[test]
 fn synthetic_data_have_the_model_shapes_and_ranges() {
-    let images = ModelKind::Resnet20.input();
+    let images = ModelKind::RESNET20.input();
     let a = Dataset::synthetic(images, 20, 7);
     assert_eq!(
         (a.len(), a.features(), a.channels, a.rows, a.cols),
@@ -383,15 +384,15 @@ fn synthetic_data_have_the_model_shapes_and_ranges() {
 
 #[test]
 fn run_data_is_mnist_or_synthetic_by_model() {
-    let mnist = RunData::load(ModelKind::Cnn, None, 1).unwrap();
+    let mnist = RunData::load(ModelKind::CNN, None, 1).unwrap();
     assert_eq!((mnist.train.len(), mnist.test.features()), (8000, 784));
-    let r = RunData::load(ModelKind::Resnet20, None, 1).unwrap();
+    let r = RunData::load(ModelKind::RESNET20, None, 1).unwrap();
     assert_eq!(
         (r.train.len(), r.test.len(), r.train.features()),
         (SYNTHETIC_TRAIN_LEN, SYNTHETIC_TEST_LEN, 3072)
     );
     assert_ne!(r.train.image(0), r.test.image(0));
-    assert_eq!(r, RunData::load(ModelKind::Resnet20, None, 1).unwrap());
+    assert_eq!(r, RunData::load(ModelKind::RESNET20, None, 1).unwrap());
     // The language model: the embedded King James Bible, or a byte file.
     let t = RunData::load(ModelKind::transformer(), None, 1).unwrap();
     assert_eq!(t.test.features(), 65);
@@ -404,11 +405,27 @@ fn run_data_is_mnist_or_synthetic_by_model() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("/data/no-such-text"), "{err}");
-    let err = RunData::load(ModelKind::Resnet20, Some(Path::new("/data/mnist")), 1)
+    let err = RunData::load(ModelKind::RESNET20, Some(Path::new("/data/mnist")), 1)
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("resnet20") && err.contains("no CIFAR-10") && err.contains("/data/mnist"),
+        err.contains("resnet20") && err.contains("/data/mnist") && err.contains("not a folder"),
+        "{err}"
+    );
+    // A folder of none of the image formats names them all.
+    let empty = tempfile::tempdir().unwrap();
+    let err = RunData::load(ModelKind::MLP, Some(empty.path()), 1)
+        .unwrap_err()
+        .to_string();
+    for format in ["MNIST", "CIFAR-10", "image folder"] {
+        assert!(err.contains(format), "{err}");
+    }
+    // An MLP told to take other images than MNIST's needs them from --data.
+    let err = RunData::load("mlp:input=3x32x32".parse().unwrap(), None, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("1×28×28 images, which are not resized"),
         "{err}"
     );
 }
@@ -448,7 +465,7 @@ fn cifar10_binary_files_are_read_normalised_in_record_order() {
     let dir = cifar_dir(2);
     // `--data` may name the extracted folder or the folder that holds it.
     for data in [dir.path().to_owned(), dir.path().join(cifar::FOLDER)] {
-        let run = RunData::load(ModelKind::Resnet20, Some(&data), 1).unwrap();
+        let run = RunData::load(ModelKind::RESNET20, Some(&data), 1).unwrap();
         assert_eq!((run.train.len(), run.test.len()), (10, 3));
         assert_eq!(
             (run.train.channels, run.train.rows, run.train.cols),
@@ -472,7 +489,7 @@ fn cifar10_binary_files_are_read_normalised_in_record_order() {
         }
     }
     // The shard keeps the augmentation.
-    let run = RunData::load(ModelKind::Resnet20, Some(dir.path()), 1).unwrap();
+    let run = RunData::load(ModelKind::RESNET20, Some(dir.path()), 1).unwrap();
     assert_eq!(run.train.subset(&[1, 2]).augment, run.train.augment);
 }
 
@@ -493,19 +510,172 @@ fn bad_cifar10_files_get_one_clear_error_each() {
     let dir = cifar_dir(1);
     let folder = dir.path().join(cifar::FOLDER);
     std::fs::remove_file(folder.join("data_batch_4.bin")).unwrap();
-    let err = RunData::load(ModelKind::Resnet20, Some(dir.path()), 1)
+    let err = RunData::load(ModelKind::RESNET20, Some(dir.path()), 1)
         .unwrap_err()
         .to_string();
     assert!(
         err.contains("data_batch_4.bin not found") && err.contains(cifar::FOLDER),
         "{err}"
     );
-    // CIFAR-10 for a model of MNIST digits.
-    let err = RunData::load(ModelKind::Cnn, Some(dir.path()), 1)
+    // CIFAR-10 for a model told to take other images: not resized, refused.
+    let whole = cifar_dir(1);
+    let err = RunData::load("mlp:input=1x32x32".parse().unwrap(), Some(whole.path()), 1)
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("cnn") && err.contains("resnet20 reads"),
+        err.contains("mlp:input=1x32x32") && err.contains("holds 3×32×32 images"),
+        "{err}"
+    );
+}
+
+#[test]
+fn every_image_model_reads_cifar10_and_is_sized_for_it() {
+    let dir = cifar_dir(1);
+    for kind in [ModelKind::MLP, ModelKind::CNN, ModelKind::RESNET20] {
+        let run = RunData::load(kind, Some(dir.path()), 1).unwrap();
+        assert_eq!(run.train.features(), 3072);
+        let fitted = kind.fitted(&run.train);
+        assert_eq!(fitted.images(), Some(ImageInput::CIFAR10), "{kind}");
+        assert_eq!(fitted.input().features(), run.train.features());
+    }
+    assert_eq!(
+        ModelKind::CNN
+            .fitted(
+                &RunData::load(ModelKind::CNN, Some(dir.path()), 1)
+                    .unwrap()
+                    .train
+            )
+            .to_string(),
+        "cnn:input=3x32x32"
+    );
+    // ResNet-20 on MNIST: one channel of 28×28.
+    let mnist = Mnist::embedded().unwrap();
+    assert_eq!(
+        ModelKind::RESNET20.fitted(&mnist.train).to_string(),
+        "resnet20:input=1x28x28"
+    );
+}
+
+/// Writes `img` as `dir/<split>/<class>/<name>`, creating the folders.
+fn put(dir: &Path, split: &str, class: &str, name: &str, img: &image::DynamicImage) {
+    let folder = dir.join(split).join(class);
+    std::fs::create_dir_all(&folder).unwrap();
+    img.save(folder.join(name)).unwrap();
+}
+
+/// An RGB image of height `h`, width `w`, pixel (r, c) = (r + k, c + k, 100 + k).
+fn rgb(h: u32, w: u32, k: u8) -> image::DynamicImage {
+    image::DynamicImage::ImageRgb8(image::RgbImage::from_fn(w, h, |c, r| {
+        image::Rgb([r as u8 + k, c as u8 + k, 100 + k])
+    }))
+}
+
+#[test]
+fn an_image_folder_is_read_by_class_in_the_first_image_s_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    put(d, "train", "dog", "b.png", &rgb(5, 6, 2));
+    put(d, "train", "dog", "a.jpg", &rgb(5, 6, 1));
+    put(d, "train", "cat", "x.png", &rgb(5, 6, 0));
+    put(d, "test", "dog", "t.png", &rgb(5, 6, 3));
+    std::fs::write(d.join("train/cat/notes.txt"), "not an image").unwrap();
+    let run = RunData::load(ModelKind::CNN, Some(d), 1).unwrap();
+    // Classes in name order (cat 0, dog 1), files in name order; the text file skipped.
+    assert_eq!(run.train.labels, [0, 1, 1]);
+    assert_eq!(run.test.labels, [1]);
+    assert_eq!(
+        (
+            run.train.channels,
+            run.train.rows,
+            run.train.cols,
+            run.train.classes
+        ),
+        (3, 5, 6, 2)
+    );
+    // Pixels / 255, channel-major: red of (2, 4) in cat/x.png is 2, green 4, blue 100.
+    let x = run.train.image(0);
+    assert_eq!(x[2 * 6 + 4], 2.0 / 255.0);
+    assert_eq!(x[30 + 2 * 6 + 4], 4.0 / 255.0);
+    assert_eq!(x[60 + 2 * 6 + 4], 100.0 / 255.0);
+    // The JPEG decodes to about its pixels (lossy).
+    let a = run.train.image(1);
+    assert!((a[60] - 101.0 / 255.0).abs() < 0.05, "{}", a[60]);
+    let fitted = ModelKind::CNN.fitted(&run.train);
+    assert_eq!(fitted.to_string(), "cnn:input=3x5x6,classes=2");
+    // Told a size, every image is converted and resized to it.
+    let grey: ModelKind = "cnn:input=1x8x8".parse().unwrap();
+    let run = RunData::load(grey, Some(d), 1).unwrap();
+    assert_eq!((run.train.features(), run.train.classes), (64, 2));
+    // A grey first image makes a grey data set.
+    let g = tempfile::tempdir().unwrap();
+    let luma =
+        image::DynamicImage::ImageLuma8(image::GrayImage::from_pixel(4, 4, image::Luma([51])));
+    put(g.path(), "train", "a", "1.png", &luma);
+    put(g.path(), "train", "b", "2.png", &rgb(4, 4, 0));
+    put(g.path(), "val", "b", "3.png", &luma);
+    let run = RunData::load(ModelKind::MLP, Some(g.path()), 1).unwrap();
+    assert_eq!(run.train.channels, 1);
+    assert_eq!(run.test.image(0), [0.2; 16]);
+}
+
+#[test]
+fn bad_image_folders_get_one_clear_error_each() {
+    let err_of = |build: &dyn Fn(&Path)| {
+        let dir = tempfile::tempdir().unwrap();
+        build(dir.path());
+        RunData::load(ModelKind::CNN, Some(dir.path()), 1)
+            .unwrap_err()
+            .to_string()
+    };
+    let two_classes = |d: &Path| {
+        put(d, "train", "a", "1.png", &rgb(5, 5, 0));
+        put(d, "train", "b", "1.png", &rgb(5, 5, 1));
+    };
+    let err = err_of(&|d| two_classes(d));
+    assert!(err.contains("needs a test/ (or val/) folder"), "{err}");
+    let err = err_of(&|d| {
+        two_classes(d);
+        put(d, "test", "c", "1.png", &rgb(5, 5, 0));
+    });
+    assert!(
+        err.contains("class \"c\" is not among the training classes (a, b)"),
+        "{err}"
+    );
+    let err = err_of(&|d| {
+        put(d, "train", "a", "1.png", &rgb(5, 5, 0));
+        put(d, "test", "a", "1.png", &rgb(5, 5, 0));
+    });
+    assert!(
+        err.contains("1 class folders; an image folder needs 2 to 256"),
+        "{err}"
+    );
+    let err = err_of(&|d| {
+        two_classes(d);
+        put(d, "train", "b", "2.png", &rgb(7, 5, 0));
+        put(d, "test", "a", "1.png", &rgb(5, 5, 0));
+    });
+    assert!(
+        err.contains("2.png")
+            && err.contains("7×5 pixels, but the first training image is 5×5")
+            && err.contains("input=3x5x5"),
+        "{err}"
+    );
+    let err = err_of(&|d| {
+        two_classes(d);
+        std::fs::write(d.join("train/b/broken.png"), b"not a png").unwrap();
+        put(d, "test", "a", "1.png", &rgb(5, 5, 0));
+    });
+    assert!(
+        err.contains("broken.png") && err.contains("not a readable PNG or JPEG"),
+        "{err}"
+    );
+    let err = err_of(&|d| {
+        two_classes(d);
+        std::fs::create_dir_all(d.join("train/c")).unwrap();
+        put(d, "test", "a", "1.png", &rgb(5, 5, 0));
+    });
+    assert!(
+        err.contains("train/c") && err.contains("holds no .png"),
         "{err}"
     );
 }

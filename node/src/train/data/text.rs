@@ -115,6 +115,7 @@ fn sequences<T: Copy + Into<f32>>(
         channels: 1,
         rows: 1,
         cols: len,
+        classes: 0,
         augment: None,
         bytes_per_token,
     }

@@ -1,4 +1,4 @@
-//! ResNet for 32×32 colour images: the CIFAR-10 variant of He, Zhang, Ren & Sun 2016, "Deep
+//! ResNet for small images (32×32 colour images by default): the CIFAR-10 variant of He, Zhang, Ren & Sun 2016, "Deep
 //! residual learning for image recognition" (CVPR 2016, section 4.2), with 6n + 2 weighted
 //! layers; n = 3 is ResNet-20.
 //!
@@ -32,6 +32,10 @@ pub struct ResNetConfig {
     pub width: usize,
     /// Channels of the input images (3).
     pub in_channels: usize,
+    /// Rows of the input images (32); any size works, the pooling is global.
+    pub rows: usize,
+    /// Columns of the input images (32).
+    pub cols: usize,
     /// Output classes (10).
     pub classes: usize,
 }
@@ -43,6 +47,8 @@ impl Default for ResNetConfig {
             blocks_per_stage: 3,
             width: 16,
             in_channels: 3,
+            rows: 32,
+            cols: 32,
             classes: 10,
         }
     }
@@ -54,9 +60,18 @@ impl ResNetConfig {
     /// # Errors
     /// If a size is 0.
     pub fn init<B: Backend>(&self, device: &B::Device) -> anyhow::Result<ResNet<B>> {
-        if self.blocks_per_stage == 0 || self.width == 0 || self.in_channels == 0 {
+        if [
+            self.blocks_per_stage,
+            self.width,
+            self.in_channels,
+            self.rows,
+            self.cols,
+        ]
+        .contains(&0)
+        {
             anyhow::bail!(
-                "ResNet: blocks per stage, width and input channels must be ≥ 1, got {self:?}"
+                "ResNet: blocks per stage, width, input channels, rows and columns must be ≥ 1, \
+                 got {self:?}"
             );
         }
         if self.classes < 2 {
@@ -84,6 +99,8 @@ impl ResNetConfig {
             fc: LinearConfig::new(4 * w, self.classes).init(device),
             relu: Relu::new(),
             in_channels: self.in_channels,
+            rows: self.rows,
+            cols: self.cols,
             classes: self.classes,
         }
     }
@@ -99,6 +116,8 @@ pub struct ResNet<B: Backend> {
     fc: Linear<B>,
     relu: Relu,
     in_channels: usize,
+    rows: usize,
+    cols: usize,
     classes: usize,
 }
 
@@ -106,6 +125,11 @@ impl<B: Backend> ResNet<B> {
     /// Channels of the input images.
     pub fn in_channels(&self) -> usize {
         self.in_channels
+    }
+
+    /// Channels, rows and columns of the input images.
+    pub fn shape(&self) -> [usize; 3] {
+        [self.in_channels, self.rows, self.cols]
     }
 
     /// Output classes.

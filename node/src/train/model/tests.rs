@@ -6,7 +6,7 @@ type B = burn::backend::Autodiff<burn::backend::Flex>;
 fn batch(n: usize) -> (Vec<f32>, Vec<u8>) {
     let mnist = crate::train::data::Mnist::embedded().unwrap();
     (
-        mnist.train.images[..n * INPUTS].to_vec(),
+        mnist.train.images[..n * mnist.train.features()].to_vec(),
         mnist.train.labels[..n].to_vec(),
     )
 }
@@ -64,8 +64,8 @@ fn running_state<BB: Backend, M: Module<BB>>(model: &M) -> Vec<f32> {
 fn flatten_unflatten_round_trip_and_length_check() {
     let models = [
         ModelKind::MLP,
-        ModelKind::Cnn,
-        ModelKind::Resnet20,
+        ModelKind::CNN,
+        ModelKind::RESNET20,
         ModelKind::transformer(),
     ]
     .map(|kind| (kind.to_string(), Net::<B>::new(kind, &Default::default())));
@@ -135,7 +135,7 @@ fn resnet20_and_transformer_have_the_documented_d() {
         }
     }
     for (kind, d) in [
-        (ModelKind::Resnet20, resnet20),
+        (ModelKind::RESNET20, resnet20),
         (ModelKind::transformer(), transformer),
     ] {
         let net = Net::<B>::new(kind, &Default::default());
@@ -144,7 +144,7 @@ fn resnet20_and_transformer_have_the_documented_d() {
         net.visit(&mut trainable);
         assert_eq!(trainable.0, d, "{kind}: the tensors Burn trains");
     }
-    let resnet = Net::<B>::new(ModelKind::Resnet20, &Default::default());
+    let resnet = Net::<B>::new(ModelKind::RESNET20, &Default::default());
     assert_eq!(
         running_state(&resnet).len(),
         2 * (16 + 6 * 16 + 32 + 6 * 32 + 64 + 6 * 64),
@@ -158,14 +158,14 @@ fn tensor_lengths_are_the_layers_in_flatten_order() {
     let mlp = Net::<B>::new(ModelKind::MLP, &Default::default());
     assert_eq!(tensor_lengths(&mlp), vec![784 * 256, 256, 256 * 10, 10]);
     for kind in [
-        ModelKind::Cnn,
-        ModelKind::Resnet20,
+        ModelKind::CNN,
+        ModelKind::RESNET20,
         ModelKind::transformer(),
     ] {
         let net = Net::<B>::new(kind, &Default::default());
         assert_eq!(tensor_lengths(&net).iter().sum::<usize>(), net.dim());
     }
-    let resnet = Net::<B>::new(ModelKind::Resnet20, &Default::default());
+    let resnet = Net::<B>::new(ModelKind::RESNET20, &Default::default());
     let lengths = tensor_lengths(&resnet);
     assert_eq!(
         &lengths[..3],
@@ -302,7 +302,7 @@ fn fit(mut net: Net<B>, data: &Dataset, steps: usize, lr: f32) -> (f32, f32) {
 #[test]
 fn resnet20_fits_a_fixed_synthetic_batch() {
     B::seed(&Default::default(), 1);
-    let net = Net::<B>::new(ModelKind::Resnet20, &Default::default());
+    let net = Net::<B>::new(ModelKind::RESNET20, &Default::default());
     let data = Dataset::synthetic(net.input(), 8, 1);
     let (first, last) = fit(net, &data, 12, 0.05);
     assert!(
@@ -448,7 +448,7 @@ fn bad_batches_are_errors() {
         assert!(b.is_err(), "case {i} was accepted");
     }
     let mnist_batch = batch_tensors::<B>(mnist, vec![0.0; 784], &[1], &device).unwrap();
-    let resnet = Net::<B>::new(ModelKind::Resnet20, &device);
+    let resnet = Net::<B>::new(ModelKind::RESNET20, &device);
     let err = resnet.forward(mnist_batch.clone()).unwrap_err().to_string();
     assert!(err.contains("3×32×32"), "{err}");
     assert!(small_transformer().forward(mnist_batch).is_err());
@@ -524,9 +524,50 @@ fn model_names_and_transformer_sizes_parse_and_print_back() {
     // 795·hidden + 10.
     assert_eq!("mlp".parse::<ModelKind>().unwrap(), ModelKind::MLP);
     let wide: ModelKind = "mlp:hidden=300".parse().unwrap();
-    assert_eq!(wide, ModelKind::Mlp { hidden: 300 });
+    assert_eq!(
+        wide,
+        ModelKind::Mlp {
+            hidden: 300,
+            input: None
+        }
+    );
     assert_eq!(wide.to_string(), "mlp:hidden=300");
-    assert_eq!(ModelKind::Mlp { hidden: 256 }.to_string(), "mlp");
+    assert_eq!(ModelKind::MLP.to_string(), "mlp");
+    // The image models' input: written only where it differs from the family's default, and
+    // parsed back to itself; the CNN's linear layer follows the image size.
+    let cifar_cnn: ModelKind = "cnn:input=3x32x32".parse().unwrap();
+    assert_eq!(
+        cifar_cnn,
+        ModelKind::Cnn {
+            input: Some(ImageInput::CIFAR10)
+        }
+    );
+    assert_eq!(ModelKind::RESNET20.to_string(), "resnet20");
+    for (text, d) in [
+        (
+            "cnn:input=3x32x32",
+            16 * 3 * 9 + 16 + 32 * 16 * 9 + 32 + 32 * 8 * 8 * 10 + 10,
+        ),
+        ("cnn", 20_490),
+        (
+            "mlp:hidden=300,input=3x32x32,classes=100",
+            (3072 + 1) * 300 + 301 * 100,
+        ),
+        ("resnet20:input=1x28x28", 272_474 - 2 * 16 * 9),
+    ] {
+        let kind: ModelKind = text.parse().unwrap();
+        assert_eq!(kind.to_string(), text);
+        assert_eq!(Net::<B>::new(kind, &Default::default()).dim(), d, "{text}");
+        assert_eq!(
+            Net::<B>::new(kind, &Default::default()).input(),
+            kind.input()
+        );
+    }
+    assert_eq!(ModelKind::MLP.given_images(), None);
+    // Given equal to the default, it is kept (an image folder is resized to it).
+    let given: ModelKind = "resnet20:input=3x32x32".parse().unwrap();
+    assert_eq!(given.given_images(), Some(ImageInput::CIFAR10));
+    assert_eq!(given.to_string(), "resnet20:input=3x32x32");
     assert_eq!(
         Net::<B>::new(wide, &Default::default()).dim(),
         795 * 300 + 10
@@ -550,13 +591,24 @@ fn model_names_and_transformer_sizes_parse_and_print_back() {
     assert_eq!(x.len(), v * m + t * m + 3 * block + 2 * m + (m * v + v));
     for (bad, says) in [
         ("gpt", "unknown model"),
-        ("mlp:layers=2", "takes one size, hidden=N"),
+        (
+            "mlp:layers=2",
+            "unknown mlp size \"layers\": one of hidden, input, classes",
+        ),
         ("mlp:hidden=0", "at least 1 hidden unit"),
-        ("mlp:hidden=wide", "takes one size, hidden=N"),
-        ("cnn:hidden=2", "no sizes"),
+        ("mlp:hidden=wide", "not a whole number"),
+        (
+            "cnn:hidden=2",
+            "unknown cnn size \"hidden\": one of input, classes",
+        ),
+        ("cnn:input=3x32", "not CxHxW"),
+        ("cnn:input=0x32x32", "not CxHxW"),
+        ("cnn:input=1x3x3", "at least 4×4"),
+        ("resnet20:classes=1", "2 to 256 classes"),
+        ("mlp:classes=257", "2 to 256 classes"),
         ("transformer:depth=2", "unknown transformer size"),
         ("transformer:layers=two", "not a whole number"),
-        ("transformer:layers", "not KEY=N"),
+        ("transformer:layers", "not KEY=VALUE"),
         ("transformer:layers=2,layers=3", "twice"),
         ("transformer:layers=0", "≥ 1"),
         ("transformer:heads=3", "do not divide"),
