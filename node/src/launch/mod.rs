@@ -240,7 +240,7 @@ fn check(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Checked> {
         &Default::default(),
     )
     .dim();
-    let data_bytes = 4 * (data.train.len() + data.test.len()) * data.train.features();
+    let data_bytes = data.train.value_bytes() + data.test.value_bytes();
     drop(data);
     if !launch.ignore_memory_check {
         check_memory(args.peers, estimated_peer_bytes(dim, data_bytes))?;

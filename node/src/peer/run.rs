@@ -49,8 +49,8 @@ pub(super) fn run_on<B: AutodiffBackend>(
     if rank != start.rank && args.train.init == Init::Independent {
         (net, x) = init_model::<B>(args, &device, rank)?;
     }
-    // Keep only this peer's shard of the training set (a CIFAR-10 training set is 614 MB of
-    // f32, a token file 4 bytes a token): the whole set is dropped here.
+    // Keep only this peer's shard of the training set (a CIFAR-10 training set is 154 MB of
+    // bytes, a token file 4 bytes a token): the whole set is dropped here.
     let RunData { train, test } = data;
     let shard = train.subset(&shards[rank]);
     drop(train);

@@ -450,7 +450,7 @@ pub(crate) fn epoch_row(
         eval = model::unflatten_running_state(eval, &running_state)?;
     }
     let (avg_acc, avg_loss) =
-        model::evaluate(&eval, &test.images, &test.labels, EVAL_BATCH, &device)?;
+        model::evaluate(&eval, &test.values(), &test.labels, EVAL_BATCH, &device)?;
     let tokens = matches!(eval.input(), model::Input::Tokens { .. });
     let acc =
         |f: fn(f64, f64) -> f64, init: f64| all.iter().map(|(r, _)| r.test_accuracy).fold(init, f);
@@ -506,15 +506,15 @@ pub(crate) fn evaluate_epoch<B: burn::tensor::backend::Backend>(
     device: &B::Device,
 ) -> anyhow::Result<(f64, f64, f64)> {
     let (accuracy, test_loss) =
-        model::evaluate(eval, &test.images, &test.labels, EVAL_BATCH, device)?;
+        model::evaluate(eval, &test.values(), &test.labels, EVAL_BATCH, device)?;
     let train_loss = match batch_loss_mean {
         Some(l) => l,
         None if matches!(eval.input(), model::Input::Tokens { .. }) => {
             let first: Vec<usize> = (0..shard.len().min(text::VALIDATION_SEQUENCES)).collect();
             let some = shard.subset(&first);
-            model::evaluate(eval, &some.images, &some.labels, EVAL_BATCH, device)?.1
+            model::evaluate(eval, &some.values(), &some.labels, EVAL_BATCH, device)?.1
         }
-        None => model::evaluate(eval, &shard.images, &shard.labels, EVAL_BATCH, device)?.1,
+        None => model::evaluate(eval, &shard.values(), &shard.labels, EVAL_BATCH, device)?.1,
     };
     Ok((accuracy, test_loss, train_loss))
 }
@@ -765,7 +765,7 @@ mod tests {
         let eval =
             model::unflatten_running_state(model::unflatten(net, &mean.x).unwrap(), &want).unwrap();
         let (acc, loss) =
-            model::evaluate(&eval, &test.images, &test.labels, EVAL_BATCH, &device).unwrap();
+            model::evaluate(&eval, &test.values(), &test.labels, EVAL_BATCH, &device).unwrap();
         assert_eq!(
             (row.avg_model_test_accuracy, row.avg_model_test_loss),
             (acc, loss)

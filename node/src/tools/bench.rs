@@ -226,7 +226,8 @@ fn measure_on<B: AutodiffBackend>(
     let mut fwd_bwd = Vec::with_capacity(args.steps);
     for i in 0..reps {
         let t = Instant::now();
-        let batch = model::batch_tensors::<B>(input, data.images.clone(), &data.labels, &device)?;
+        let batch =
+            model::batch_tensors::<B>(input, data.values().into_owned(), &data.labels, &device)?;
         let grads = net.loss(batch)?.backward();
         sync("forward + backward")?;
         let secs = t.elapsed().as_secs_f64();

@@ -275,9 +275,9 @@ impl Batches {
             let i = self.order[self.cursor];
             self.cursor += 1;
             match &shard.augment {
-                None => images.extend_from_slice(shard.image(i)),
+                None => shard.append_image(i, images),
                 Some(a) => a.apply(
-                    shard.image(i),
+                    &shard.image(i),
                     (shard.rows, shard.cols),
                     &mut self.rng,
                     images,
@@ -291,18 +291,22 @@ impl Batches {
 /// A set of labelled samples of `features()` f32 values each: images, or token
 /// sequences (see [`Input`]).
 ///
-/// `images` holds `len() * channels * rows * cols` values, sample after
-/// sample: shape `[len, features()]`. For images these are pixels, channel after
-/// channel, each row-major: in `[0, 1]` for MNIST (the IDX byte divided by 255) and
-/// synthetic images, normalised per channel for CIFAR-10 ([`cifar`]); `labels` holds
-/// `len()` classes (digits `0..=9` for MNIST). A
+/// The values ([`Dataset::values`], [`Dataset::image`]) are `len() * channels * rows *
+/// cols` f32, sample after sample: shape `[len, features()]`. For images these are pixels,
+/// channel after channel, each row-major: in `[0, 1]` for MNIST and image folders (the byte
+/// divided by 255) and synthetic images, normalised per channel for CIFAR-10 ([`cifar`]);
+/// `labels` holds `len()` classes (digits `0..=9` for MNIST). A
 /// token data set ([`Dataset::synthetic`] for [`Input::Tokens`]) has one row
 /// (`channels = rows = 1`) of `cols` = context + 1 token ids, exact integers
 /// in f32, and labels 0.
+///
+/// Images read from files are held as their bytes ([`Values::Bytes`]), a quarter of their
+/// f32 size, and converted when a sample is taken: a CIFAR-10 training set is 154 MB in
+/// every peer process until the peer keeps its shard, not 614 MB.
 #[derive(Clone, PartialEq)]
 pub struct Dataset {
-    /// Sample values, shape `[len, features()]`: pixels, or token ids.
-    pub images: Vec<f32>,
+    /// Sample values, shape `[len, features()]`.
+    pub values: Values,
     /// Labels (classes), shape `[len]`.
     pub labels: Vec<u8>,
     /// Colour channels per image (1 for MNIST).
@@ -322,6 +326,34 @@ pub struct Dataset {
     /// images, and for token files of another vocabulary than GPT-2's (its tokenizer is not
     /// known here).
     pub bytes_per_token: Option<f64>,
+}
+
+/// How a [`Dataset`] holds its values.
+#[derive(Clone, PartialEq)]
+pub enum Values {
+    /// The f32 values themselves.
+    F32(Vec<f32>),
+    /// Pixel bytes, value = (byte / 255 − `mean[c]`) / `std[c]` for channel c (mean 0 and
+    /// std 1: byte / 255).
+    Bytes {
+        /// The bytes, shape `[len, channels · rows · cols]`.
+        bytes: Vec<u8>,
+        /// Per-channel mean subtracted after / 255, `[channels]`.
+        mean: Vec<f32>,
+        /// Per-channel standard deviation divided by, `[channels]`.
+        std: Vec<f32>,
+    },
+}
+
+impl Values {
+    /// Bytes that are read as byte / 255 in each of `channels` channels.
+    pub fn unit_bytes(bytes: Vec<u8>, channels: usize) -> Values {
+        Values::Bytes {
+            bytes,
+            mean: vec![0.0; channels],
+            std: vec![1.0; channels],
+        }
+    }
 }
 
 impl fmt::Debug for Dataset {
@@ -352,29 +384,116 @@ impl Dataset {
         self.channels * self.rows * self.cols
     }
 
-    /// Values of sample `i`: `features()` values (pixels in `[0, 1]`, or token ids).
+    /// Values of sample `i`: `features()` values (pixels, or token ids).
     ///
     /// # Panics
     /// If `i >= len()`.
-    pub fn image(&self, i: usize) -> &[f32] {
+    pub fn image(&self, i: usize) -> std::borrow::Cow<'_, [f32]> {
         let f = self.features();
-        &self.images[i * f..(i + 1) * f]
+        match &self.values {
+            Values::F32(v) => std::borrow::Cow::Borrowed(&v[i * f..(i + 1) * f]),
+            Values::Bytes { .. } => {
+                let mut out = Vec::with_capacity(f);
+                self.append_image(i, &mut out);
+                std::borrow::Cow::Owned(out)
+            }
+        }
     }
 
-    /// New dataset made of the samples at `idx`, in that order (repeats allowed).
+    /// Appends the `features()` values of sample `i` to `out`.
+    ///
+    /// # Panics
+    /// If `i >= len()`.
+    pub fn append_image(&self, i: usize, out: &mut Vec<f32>) {
+        let f = self.features();
+        match &self.values {
+            Values::F32(v) => out.extend_from_slice(&v[i * f..(i + 1) * f]),
+            Values::Bytes { bytes, mean, std } => {
+                let plane = self.rows * self.cols;
+                let sample = &bytes[i * f..(i + 1) * f];
+                for (c, pixels) in sample.chunks_exact(plane.max(1)).enumerate() {
+                    let (m, s) = (mean[c], std[c]);
+                    out.extend(pixels.iter().map(|&b| (f32::from(b) / 255.0 - m) / s));
+                }
+            }
+        }
+    }
+
+    /// All values, `[len, features()]` (converted from bytes when held as bytes).
+    pub fn values(&self) -> std::borrow::Cow<'_, [f32]> {
+        match &self.values {
+            Values::F32(v) => std::borrow::Cow::Borrowed(v),
+            Values::Bytes { .. } => {
+                let mut out = Vec::with_capacity(self.len() * self.features());
+                for i in 0..self.len() {
+                    self.append_image(i, &mut out);
+                }
+                std::borrow::Cow::Owned(out)
+            }
+        }
+    }
+
+    /// This dataset with its values held as f32 (for a set evaluated whole, every epoch).
+    pub fn into_f32(self) -> Dataset {
+        match self.values {
+            Values::F32(_) => self,
+            Values::Bytes { .. } => Dataset {
+                values: Values::F32(self.values().into_owned()),
+                ..self
+            },
+        }
+    }
+
+    /// Bytes the values take in memory.
+    pub fn value_bytes(&self) -> usize {
+        match &self.values {
+            Values::F32(v) => 4 * v.len(),
+            Values::Bytes { bytes, .. } => bytes.len(),
+        }
+    }
+
+    /// Appends `other`'s samples (of the same shape and storage).
+    ///
+    /// # Panics
+    /// If the two hold their values differently.
+    pub fn extend(&mut self, other: &Dataset) {
+        match (&mut self.values, &other.values) {
+            (Values::F32(a), Values::F32(b)) => a.extend_from_slice(b),
+            (Values::Bytes { bytes: a, .. }, Values::Bytes { bytes: b, .. }) => {
+                a.extend_from_slice(b)
+            }
+            _ => panic!("Dataset::extend: values held differently"),
+        }
+        self.labels.extend_from_slice(&other.labels);
+    }
+
+    /// New dataset made of the samples at `idx`, in that order (repeats allowed), held as
+    /// this one holds its values.
     ///
     /// # Panics
     /// If an index is `>= len()`.
     pub fn subset(&self, idx: &[usize]) -> Dataset {
         let f = self.features();
-        let mut images = Vec::with_capacity(idx.len() * f);
-        let mut labels = Vec::with_capacity(idx.len());
-        for &i in idx {
-            images.extend_from_slice(self.image(i));
-            labels.push(self.labels[i]);
-        }
+        let labels = idx.iter().map(|&i| self.labels[i]).collect();
+        let values = match &self.values {
+            Values::F32(v) => Values::F32(
+                idx.iter()
+                    .flat_map(|&i| &v[i * f..(i + 1) * f])
+                    .copied()
+                    .collect(),
+            ),
+            Values::Bytes { bytes, mean, std } => Values::Bytes {
+                bytes: idx
+                    .iter()
+                    .flat_map(|&i| &bytes[i * f..(i + 1) * f])
+                    .copied()
+                    .collect(),
+                mean: mean.clone(),
+                std: std.clone(),
+            },
+        };
         Dataset {
-            images,
+            values,
             labels,
             channels: self.channels,
             rows: self.rows,
@@ -393,7 +512,7 @@ impl Dataset {
         labels_name: &str,
         labels: &[u8],
     ) -> Result<Dataset, DataError> {
-        let (pixels, n_images, rows, cols) = parse_idx_images(images_name, images)?;
+        let (pixels, n_images, rows, cols) = idx_image_bytes(images_name, images)?;
         let labels = parse_idx_labels(labels_name, labels)?;
         if labels.len() != n_images {
             return Err(DataError::CountMismatch {
@@ -404,7 +523,7 @@ impl Dataset {
             });
         }
         Ok(Dataset {
-            images: pixels,
+            values: Values::unit_bytes(pixels, 1),
             labels,
             channels: 1,
             rows,
@@ -440,7 +559,7 @@ impl Dataset {
                     labels.push(rng.random_range(0..classes) as u8);
                 }
                 Dataset {
-                    images,
+                    values: Values::F32(images),
                     labels,
                     channels,
                     rows: height,
@@ -454,7 +573,7 @@ impl Dataset {
                 images.extend((0..len * f).map(|_| rng.random_range(0..vocab.max(1)) as f32));
                 labels.resize(len, 0);
                 Dataset {
-                    images,
+                    values: Values::F32(images),
                     labels,
                     channels: 1,
                     rows: 1,
@@ -610,7 +729,11 @@ impl RunData {
                 ));
             }
         }
-        Ok(loaded)
+        // The test set is evaluated whole, every epoch: held as f32 once.
+        Ok(RunData {
+            train: loaded.train,
+            test: loaded.test.into_f32(),
+        })
     }
 }
 
@@ -820,6 +943,13 @@ pub fn parse_idx_images(
     name: &str,
     bytes: &[u8],
 ) -> Result<(Vec<f32>, usize, usize, usize), DataError> {
+    let (pixels, count, rows, cols) = idx_image_bytes(name, bytes)?;
+    let pixels = pixels.iter().map(|&b| f32::from(b) / 255.0).collect();
+    Ok((pixels, count, rows, cols))
+}
+
+/// [`parse_idx_images`] with the pixels as the file's bytes.
+fn idx_image_bytes(name: &str, bytes: &[u8]) -> Result<(Vec<u8>, usize, usize, usize), DataError> {
     let data = maybe_gunzip(name, bytes)?;
     check_header(name, &data, IMAGES_MAGIC, "u8 images [n, rows, cols]", 16)?;
     let (count, rows, cols) = (be_u32(&data, 4), be_u32(&data, 8), be_u32(&data, 12));
@@ -834,7 +964,13 @@ pub fn parse_idx_images(
             cols,
         })?;
     check_size(name, &data, expected)?;
-    let pixels = data[16..].iter().map(|&b| f32::from(b) / 255.0).collect();
+    let pixels = match data {
+        std::borrow::Cow::Owned(mut v) => {
+            v.drain(..16);
+            v
+        }
+        std::borrow::Cow::Borrowed(b) => b[16..].to_vec(),
+    };
     Ok((pixels, count as usize, rows as usize, cols as usize))
 }
 

@@ -137,9 +137,7 @@ pub fn load_dir(dir: &Path) -> Result<RunData, DataError> {
     };
     let mut train = read(TRAIN_FILES[0])?;
     for name in &TRAIN_FILES[1..] {
-        let more = read(name)?;
-        train.images.extend_from_slice(&more.images);
-        train.labels.extend_from_slice(&more.labels);
+        train.extend(&read(name)?);
     }
     train.augment = Some(CropFlip::cifar10());
     Ok(RunData {
@@ -148,8 +146,8 @@ pub fn load_dir(dir: &Path) -> Result<RunData, DataError> {
     })
 }
 
-/// The images of one CIFAR-10 binary file's contents, normalised (no augmentation);
-/// `name` is for the errors.
+/// The images of one CIFAR-10 binary file's contents, held as bytes and normalised when
+/// taken (no augmentation); `name` is for the errors.
 ///
 /// # Errors
 /// [`DataError::BadRecord`] if the length is not a positive multiple of
@@ -172,7 +170,7 @@ pub fn parse(name: &str, bytes: &[u8]) -> Result<Dataset, DataError> {
         )));
     }
     let n = bytes.len() / RECORD_BYTES;
-    let mut images = Vec::with_capacity(n * (RECORD_BYTES - 1));
+    let mut pixels = Vec::with_capacity(n * (RECORD_BYTES - 1));
     let mut labels = Vec::with_capacity(n);
     for (i, record) in bytes.chunks_exact(RECORD_BYTES).enumerate() {
         let label = record[0];
@@ -182,13 +180,15 @@ pub fn parse(name: &str, bytes: &[u8]) -> Result<Dataset, DataError> {
             )));
         }
         labels.push(label);
-        for (c, plane) in record[1..].chunks_exact(SIDE * SIDE).enumerate() {
-            let (mean, std) = (MEAN[c], STD[c]);
-            images.extend(plane.iter().map(|&v| (v as f32 / 255.0 - mean) / std));
-        }
+        pixels.extend_from_slice(&record[1..]);
     }
     Ok(Dataset {
-        images,
+        // Held as bytes, normalised when a sample is taken ([`Dataset::image`]).
+        values: super::Values::Bytes {
+            bytes: pixels,
+            mean: MEAN.to_vec(),
+            std: STD.to_vec(),
+        },
         labels,
         channels: CHANNELS,
         rows: SIDE,

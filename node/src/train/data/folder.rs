@@ -162,22 +162,17 @@ fn read(files: &[(PathBuf, u8)], size: Resize, classes: usize) -> Result<Dataset
             img = img.resize_exact(w as u32, h as u32, FilterType::Triangle);
         }
         if s.channels == 1 {
-            images.extend(
-                img.to_luma8()
-                    .into_raw()
-                    .iter()
-                    .map(|&v| f32::from(v) / 255.0),
-            );
+            images.extend_from_slice(&img.to_luma8().into_raw());
         } else {
             let rgb = img.to_rgb8().into_raw();
             for c in 0..3 {
-                images.extend(rgb.iter().skip(c).step_by(3).map(|&v| f32::from(v) / 255.0));
+                images.extend(rgb.iter().skip(c).step_by(3));
             }
         }
         labels.push(*label);
     }
     Ok(Dataset {
-        images,
+        values: super::Values::unit_bytes(images, s.channels),
         labels,
         channels: s.channels,
         rows: h,

@@ -40,13 +40,13 @@ fn embedded_loads() {
     assert_eq!(m.test.len(), 2000);
     for d in [&m.train, &m.test] {
         assert_eq!((d.rows, d.cols, d.features()), (28, 28, 784));
-        assert_eq!(d.images.len(), d.len() * 784);
+        assert_eq!(d.values().len(), d.len() * 784);
         assert!(
             hist(&d.labels).iter().all(|&c| c > 0),
             "all 10 labels present"
         );
-        assert!(d.images.iter().all(|&v| (0.0..=1.0).contains(&v)));
-        assert!(d.images.contains(&1.0) && d.images.contains(&0.0));
+        assert!(d.values().iter().all(|&v| (0.0..=1.0).contains(&v)));
+        assert!(d.values().contains(&1.0) && d.values().contains(&0.0));
     }
     // Histograms documented in experiments/data/README.md.
     assert_eq!(
@@ -59,7 +59,7 @@ fn embedded_loads() {
     );
     // Mean pixel of real MNIST is about 0.13.
     let mean =
-        m.train.images.iter().map(|&v| f64::from(v)).sum::<f64>() / m.train.images.len() as f64;
+        m.train.values().iter().map(|&v| f64::from(v)).sum::<f64>() / m.train.values().len() as f64;
     assert!((0.10..0.16).contains(&mean), "mean pixel {mean}");
 }
 
@@ -361,7 +361,7 @@ fn synthetic_data_have_the_model_shapes_and_ranges() {
         (a.len(), a.features(), a.channels, a.rows, a.cols),
         (20, 3072, 3, 32, 32)
     );
-    assert!(a.images.iter().all(|v| (0.0..1.0).contains(v)));
+    assert!(a.values().iter().all(|v| (0.0..1.0).contains(v)));
     assert!(a.labels.iter().all(|&l| l < 10));
     assert!(hist(&a.labels).iter().filter(|&&c| c > 0).count() > 5);
     assert_eq!(
@@ -375,10 +375,13 @@ fn synthetic_data_have_the_model_shapes_and_ranges() {
     let t = Dataset::synthetic(tokens, 10, 7);
     assert_eq!((t.len(), t.features()), (10, 65));
     assert!(t
-        .images
+        .values()
         .iter()
         .all(|&v| v.fract() == 0.0 && (0.0..256.0).contains(&v)));
-    assert!(t.images.iter().any(|&v| v > 200.0), "the whole vocabulary");
+    assert!(
+        t.values().iter().any(|&v| v > 200.0),
+        "the whole vocabulary"
+    );
     assert!(t.labels.iter().all(|&l| l == 0));
 }
 
@@ -491,6 +494,14 @@ fn cifar10_binary_files_are_read_normalised_in_record_order() {
     // The shard keeps the augmentation.
     let run = RunData::load(ModelKind::RESNET20, Some(dir.path()), 1).unwrap();
     assert_eq!(run.train.subset(&[1, 2]).augment, run.train.augment);
+    // The training set is held as its bytes (a shard too), normalised when a sample is
+    // taken; the test set, evaluated whole every epoch, as f32.
+    assert_eq!(run.train.value_bytes(), 10 * 3072);
+    assert_eq!(run.test.value_bytes(), 4 * 3 * 3072);
+    let shard = run.train.subset(&[3, 0]);
+    assert!(matches!(shard.values, Values::Bytes { .. }));
+    assert_eq!(shard.image(0), run.train.image(3));
+    assert_eq!(shard.values()[..3072], *run.train.image(3));
 }
 
 #[test]
@@ -615,7 +626,7 @@ fn an_image_folder_is_read_by_class_in_the_first_image_s_size() {
     put(g.path(), "val", "b", "3.png", &luma);
     let run = RunData::load(ModelKind::MLP, Some(g.path()), 1).unwrap();
     assert_eq!(run.train.channels, 1);
-    assert_eq!(run.test.image(0), [0.2; 16]);
+    assert_eq!(*run.test.image(0), [0.2; 16]);
 }
 
 #[test]
@@ -747,7 +758,7 @@ fn a_folder_of_token_files_trains_on_train_and_validates_on_val_with_or_without_
         &train[..9].iter().map(|&i| f32::from(i)).collect::<Vec<_>>()[..]
     );
     assert_eq!(d.train.image(1)[0], f32::from(train[8]));
-    assert!(d.test.images.iter().all(|&v| (600.0..640.0).contains(&v)));
+    assert!(d.test.values().iter().all(|&v| (600.0..640.0).contains(&v)));
     assert_eq!(d.train.bytes_per_token, None);
     // Shards in name order, concatenated.
     std::fs::rename(
@@ -757,7 +768,7 @@ fn a_folder_of_token_files_trains_on_train_and_validates_on_val_with_or_without_
     .unwrap();
     std::fs::write(dir.path().join("fineweb_train_000001.bin"), raw(&[5; 10])).unwrap();
     let d = RunData::load(model, Some(dir.path()), 1).unwrap();
-    assert_eq!(d.train.image(0), &[5.0; 9]);
+    assert_eq!(*d.train.image(0), [5.0; 9]);
     assert_eq!(d.train.image(1)[2], f32::from(train[0]));
     // Bad folders and files: one line each.
     let err = |d: &Path| RunData::load(model, Some(d), 1).unwrap_err().to_string();

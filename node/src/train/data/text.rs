@@ -110,7 +110,7 @@ fn sequences<T: Copy + Into<f32>>(
         images.extend(ids[s..s + len].iter().map(|&b| b.into()));
     }
     Dataset {
-        images,
+        values: super::Values::F32(images),
         labels: vec![0; starts.len()],
         channels: 1,
         rows: 1,
@@ -135,7 +135,10 @@ mod tests {
         assert_eq!(data.train.len(), (3_868_415 - 129) / 128 + 1);
         assert_eq!(data.test.len(), VALIDATION_SEQUENCES);
         // A sequence is the text's bytes.
-        let first: Vec<u8> = data.train.images[..129].iter().map(|&v| v as u8).collect();
+        let first: Vec<u8> = data.train.values()[..129]
+            .iter()
+            .map(|&v| v as u8)
+            .collect();
         assert_eq!(first, text[..129]);
         // The validation sequences lie in the held-out part, the last one at its end.
         let last: Vec<u8> = data

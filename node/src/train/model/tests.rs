@@ -6,7 +6,7 @@ type B = burn::backend::Autodiff<burn::backend::Flex>;
 fn batch(n: usize) -> (Vec<f32>, Vec<u8>) {
     let mnist = crate::train::data::Mnist::embedded().unwrap();
     (
-        mnist.train.images[..n * mnist.train.features()].to_vec(),
+        mnist.train.values()[..n * mnist.train.features()].to_vec(),
         mnist.train.labels[..n].to_vec(),
     )
 }
@@ -259,7 +259,7 @@ fn resnet_gradient_order_matches_parameter_order() {
     B::seed(&Default::default(), 3);
     let net = small_resnet();
     let data = Dataset::synthetic(net.input(), 16, 5);
-    let g = check_gradient_order(net, &data.images, &data.labels);
+    let g = check_gradient_order(net, &data.values(), &data.labels);
     assert!(g > 1e-2, "the test needs real gradients, largest {g}");
 }
 
@@ -270,7 +270,7 @@ fn transformer_gradient_order_matches_parameter_order() {
     B::seed(&Default::default(), 3);
     let net = small_transformer();
     let data = Dataset::synthetic(net.input(), 4, 5);
-    let g = check_gradient_order(net, &data.images, &data.labels);
+    let g = check_gradient_order(net, &data.values(), &data.labels);
     assert!(g > 1e-2, "the test needs real gradients, largest {g}");
 }
 
@@ -284,7 +284,7 @@ fn fit(mut net: Net<B>, data: &Dataset, steps: usize, lr: f32) -> (f32, f32) {
     for _ in 0..steps {
         let b = batch_tensors::<B>(
             net.input(),
-            data.images.clone(),
+            data.values().into_owned(),
             &data.labels,
             &Default::default(),
         )
@@ -341,8 +341,13 @@ fn batchnorm_running_statistics_are_state_not_parameters() {
     let mut x = Vec::new();
     flatten(&net, &mut x);
     let data = Dataset::synthetic(net.input(), 4, 2);
-    let b =
-        batch_tensors::<B>(net.input(), data.images, &data.labels, &Default::default()).unwrap();
+    let b = batch_tensors::<B>(
+        net.input(),
+        data.values().into_owned(),
+        &data.labels,
+        &Default::default(),
+    )
+    .unwrap();
     let mut grad = Vec::new();
     loss_and_grad(&net, b, &mut grad).unwrap();
     let after = running_state(&inference_copy(&net));
@@ -380,9 +385,9 @@ fn the_transformer_is_causal() {
         let (l, _) = net.forward(b).unwrap();
         l.into_data().iter::<f32>().collect::<Vec<_>>()
     };
-    let base = logits(data.images.clone());
+    let base = logits(data.values().into_owned());
     let (t, vocab) = (5, 16);
-    let mut changed = data.images.clone();
+    let mut changed = data.values().into_owned();
     changed[t] = (changed[t] + 1.0) % vocab as f32;
     let other = logits(changed);
     assert_eq!(
@@ -411,9 +416,9 @@ fn evaluate_counts_next_token_predictions() {
     x[head_bias + 3] = 1.0;
     let net = unflatten(net, &x).unwrap();
     let data = Dataset::synthetic(net.input(), 20, 9);
-    let (acc, loss) = evaluate(&net, &data.images, &data.labels, 7, &device).unwrap();
+    let (acc, loss) = evaluate(&net, &data.values(), &data.labels, 7, &device).unwrap();
     let targets: Vec<f32> = data
-        .images
+        .values()
         .chunks(9)
         .flat_map(|s| s[1..].to_vec())
         .collect();
