@@ -240,6 +240,9 @@ pub struct Batches {
     order: Vec<usize>,
     cursor: usize,
     rng: rand::rngs::StdRng,
+    /// One sample's values before augmentation, reused (a shard held as bytes is converted
+    /// into it).
+    scratch: Vec<f32>,
 }
 
 impl Batches {
@@ -252,6 +255,7 @@ impl Batches {
             order,
             cursor: 0,
             rng,
+            scratch: Vec::new(),
         }
     }
 
@@ -276,12 +280,16 @@ impl Batches {
             self.cursor += 1;
             match &shard.augment {
                 None => shard.append_image(i, images),
-                Some(a) => a.apply(
-                    &shard.image(i),
-                    (shard.rows, shard.cols),
-                    &mut self.rng,
-                    images,
-                ),
+                Some(a) => {
+                    self.scratch.clear();
+                    shard.append_image(i, &mut self.scratch);
+                    a.apply(
+                        &self.scratch,
+                        (shard.rows, shard.cols),
+                        &mut self.rng,
+                        images,
+                    );
+                }
             }
             labels.push(shard.labels[i]);
         }

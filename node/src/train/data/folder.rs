@@ -123,8 +123,8 @@ pub fn load_dir(dir: &Path, size: Option<ImageInput>) -> Result<RunData, DataErr
         }
     };
     Ok(RunData {
-        train: read(&train_files, size, classes.len())?,
-        test: read(&test_files, size, classes.len())?,
+        train: read(&train_files, size)?,
+        test: read(&test_files, size)?,
     })
 }
 
@@ -138,7 +138,7 @@ enum Resize {
 }
 
 /// The images `files` (path, label) as a data set of the given size.
-fn read(files: &[(PathBuf, u8)], size: Resize, classes: usize) -> Result<Dataset, DataError> {
+fn read(files: &[(PathBuf, u8)], size: Resize) -> Result<Dataset, DataError> {
     let (Resize::To(s) | Resize::Exactly(s)) = size;
     let (h, w) = (s.height, s.width);
     let mut images = Vec::with_capacity(files.len() * s.features());
@@ -177,7 +177,7 @@ fn read(files: &[(PathBuf, u8)], size: Resize, classes: usize) -> Result<Dataset
         channels: s.channels,
         rows: h,
         cols: w,
-        classes,
+        classes: s.classes,
         augment: None,
         bytes_per_token: None,
     })

@@ -825,3 +825,44 @@ fn gpt2_token_runs_know_the_bytes_per_predicted_token_of_their_validation_set() 
         None
     );
 }
+
+#[test]
+fn batches_of_a_shard_held_as_bytes_take_each_image_augmented() {
+    // Padding 0: the crop is the image itself, so every row is its image or its mirror.
+    let (n, c, h, w) = (5, 2, 3, 4);
+    let shard = Dataset {
+        values: Values::Bytes {
+            bytes: (0..n * c * h * w).map(|i| (i * 7 % 256) as u8).collect(),
+            mean: vec![0.1, 0.2],
+            std: vec![0.5, 0.25],
+        },
+        labels: (0..n as u8).collect(),
+        channels: c,
+        rows: h,
+        cols: w,
+        classes: n,
+        augment: Some(cifar::CropFlip {
+            padding: 0,
+            fill: vec![0.0; c],
+        }),
+        bytes_per_token: None,
+    };
+    let mirror = |image: &[f32]| -> Vec<f32> {
+        image
+            .chunks_exact(w)
+            .flat_map(|row| row.iter().rev().copied())
+            .collect()
+    };
+    let mut batches = Batches::new(n, 3);
+    let (mut images, mut labels) = (Vec::new(), Vec::new());
+    let mut flipped = 0;
+    for _ in 0..8 {
+        batches.next_batch(&shard, 3, &mut images, &mut labels);
+        for (row, &label) in images.chunks_exact(c * h * w).zip(&labels) {
+            let image = shard.image(label as usize);
+            assert!(row == &*image || row == mirror(&image), "sample {label}");
+            flipped += usize::from(row != &*image);
+        }
+    }
+    assert!(flipped > 0 && flipped < 24, "flips drawn: {flipped} of 24");
+}

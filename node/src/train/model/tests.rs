@@ -5,10 +5,17 @@ type B = burn::backend::Autodiff<burn::backend::Flex>;
 
 fn batch(n: usize) -> (Vec<f32>, Vec<u8>) {
     let mnist = crate::train::data::Mnist::embedded().unwrap();
-    (
-        mnist.train.values()[..n * mnist.train.features()].to_vec(),
-        mnist.train.labels[..n].to_vec(),
-    )
+    let mut values = Vec::new();
+    for i in 0..n {
+        mnist.train.append_image(i, &mut values);
+    }
+    (values, mnist.train.labels[..n].to_vec())
+}
+
+/// All of `data` as one batch for `net`.
+fn batch_of(net: &Net<B>, data: &Dataset) -> Batch<B> {
+    let values = data.values().into_owned();
+    batch_tensors::<B>(net.input(), values, &data.labels, &Default::default()).unwrap()
 }
 
 fn loss_at(net: Net<B>, x: &[f32], samples: &[f32], labels: &[u8]) -> (Net<B>, f32) {
@@ -282,13 +289,7 @@ fn fit(mut net: Net<B>, data: &Dataset, steps: usize, lr: f32) -> (f32, f32) {
     let mut v = vec![0.0f32; x.len()];
     let (mut grad, mut losses) = (Vec::new(), Vec::new());
     for _ in 0..steps {
-        let b = batch_tensors::<B>(
-            net.input(),
-            data.values().into_owned(),
-            &data.labels,
-            &Default::default(),
-        )
-        .unwrap();
+        let b = batch_of(&net, &data);
         losses.push(loss_and_grad(&net, b, &mut grad).unwrap());
         for ((xi, vi), g) in x.iter_mut().zip(&mut v).zip(&grad) {
             *vi = 0.9 * *vi + g;
@@ -341,13 +342,7 @@ fn batchnorm_running_statistics_are_state_not_parameters() {
     let mut x = Vec::new();
     flatten(&net, &mut x);
     let data = Dataset::synthetic(net.input(), 4, 2);
-    let b = batch_tensors::<B>(
-        net.input(),
-        data.values().into_owned(),
-        &data.labels,
-        &Default::default(),
-    )
-    .unwrap();
+    let b = batch_of(&net, &data);
     let mut grad = Vec::new();
     loss_and_grad(&net, b, &mut grad).unwrap();
     let after = running_state(&inference_copy(&net));
