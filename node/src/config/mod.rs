@@ -329,6 +329,16 @@ pub struct NetArgs {
     /// silent for up to 3.8 s while starting, so 3 s took live peers for departed.
     #[arg(long, default_value_t = 5)]
     pub peer_timeout_secs: u64,
+    /// Seconds a silent peer is waited for when its host still answers: on a link with a
+    /// TCP connection (between hosts, `--transport tcp`) the kernel tells a paused or hung
+    /// process (SIGSTOP, a debugger, a scheduler's suspend), whose host still acknowledges
+    /// TCP, from a vanished host, which does not (and from a dead process, whose kernel
+    /// closes its sockets at once). Such a peer is a straggler, not a departure: its
+    /// neighbours warn and wait (or skip it, with `--straggler-policy skip`) up to this
+    /// long before it is taken for departed. At least --peer-timeout-secs. Links without TCP
+    /// (QUIC, shared memory) cannot tell, and use --peer-timeout-secs.
+    #[arg(long, default_value_t = 30)]
+    pub paused_timeout_secs: u64,
     /// Only these peers may join (and so reach the data plane): a file of `PeerId`s, one per
     /// line, as `murmur identity KEYFILE` prints them. Checked by peer 0 at join. Default:
     /// any peer with the run's options.

@@ -270,7 +270,10 @@ fn join(
             rank,
             peer.data_addr,
             max_payload,
-            Duration::from_secs(args.net.peer_timeout_secs),
+            crate::plane::Timeouts {
+                peer: Duration::from_secs(args.net.peer_timeout_secs),
+                paused: Duration::from_secs(args.net.paused_timeout_secs),
+            },
             &key,
             admitted.clone(),
         )

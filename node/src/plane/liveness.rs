@@ -13,6 +13,17 @@
 //! A silence is counted only while this process runs: if this process itself was not
 //! scheduled (paused, starved) for more than half the timeout between two looks, the peer's
 //! datagrams may be waiting unread in the socket, and its silence starts again from zero.
+//!
+//! **A paused peer is told apart from a dead one** where the link also has a TCP connection
+//! ([`super::tcp`]): a process that dies has its sockets closed by its kernel (noticed at
+//! once), while a paused or hung one (SIGSTOP, a debugger, a scheduler's suspend) keeps
+//! them, and its kernel still acknowledges what reaches them. The TCP connections carry
+//! keep-alive probes every second while idle, so the kernel knows within seconds whether
+//! the far host answers ([`Host`]). A peer silent for the peer timeout whose host still
+//! answers is waited for up to the paused timeout (`--paused-timeout-secs`) before it is
+//! reported lost, with one warning; a vanished host stops answering and is reported at the
+//! peer timeout as before ([`verdict`]). Without a TCP link (QUIC, shared memory) nothing
+//! tells the two apart, and the peer timeout decides.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,8 +32,10 @@ use murmur_gossip::Rank;
 use quinn::{Connection, VarInt};
 use tokio::sync::{mpsc, Mutex};
 use tokio::time::Instant;
+use tracing::{info, warn};
 
 use super::receive::Receiving;
+use super::tcp::TcpProbe;
 use super::{closed_here, Incarnation, NetEvent, ABANDONED};
 
 /// The shortest QUIC idle timeout: how long a handshake may stay silent (a peer timeout
@@ -32,6 +45,71 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
 /// The keep-alive interval for a peer timeout: a fifth of it, at most 2 s.
 pub fn keep_alive_interval(peer_timeout: Duration) -> Duration {
     (peer_timeout / 5).min(Duration::from_secs(2))
+}
+
+/// How long a silent peer is waited for ([`report_when_silent`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Silence after which a peer is lost (`--peer-timeout-secs`), unless its host still
+    /// answers on the link's TCP connection.
+    pub peer: Duration,
+    /// Silence after which a peer whose host still answers (a paused or hung process) is
+    /// lost (`--paused-timeout-secs`); taken as at least `peer`.
+    pub paused: Duration,
+}
+
+impl From<Duration> for Timeouts {
+    /// `peer` for both: no longer wait for a paused peer.
+    fn from(peer: Duration) -> Self {
+        Timeouts { peer, paused: peer }
+    }
+}
+
+impl Timeouts {
+    /// The paused timeout, at least the peer timeout.
+    pub fn paused(&self) -> Duration {
+        self.paused.max(self.peer)
+    }
+
+    /// QUIC's idle timeout: longer than any silence waited for (a second more than the
+    /// paused timeout, whose looks come at most every 500 ms), and at least
+    /// [`HANDSHAKE_TIMEOUT`], since it also bounds the handshake.
+    pub fn idle(&self) -> Duration {
+        (self.paused() + Duration::from_secs(1)).max(HANDSHAKE_TIMEOUT)
+    }
+}
+
+/// What the far host's kernel says of a link, through its TCP connection
+/// ([`super::tcp::host`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Host {
+    /// No TCP connection on the link (QUIC, shared memory), or the kernel does not say.
+    Unknown,
+    /// The connection is established and its host acknowledges what it is sent (data,
+    /// zero-window probes, keep-alive probes): the process is alive or paused, not dead.
+    Answers,
+    /// The connection broke or its host stopped acknowledging: gone.
+    Silent,
+}
+
+/// What a silence of `silent` (at least the peer timeout) means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The peer's host still answers: paused or hung; wait up to the paused timeout.
+    Paused,
+    /// The peer is lost.
+    Lost,
+}
+
+/// The verdict on a peer silent for `silent` (≥ `t.peer`) whose host is in state `host`:
+/// [`Verdict::Paused`] while its host answers and the silence is shorter than the paused
+/// timeout, else [`Verdict::Lost`].
+pub fn verdict(silent: Duration, t: Timeouts, host: Host) -> Verdict {
+    if host == Host::Answers && silent < t.paused() {
+        Verdict::Paused
+    } else {
+        Verdict::Lost
+    }
 }
 
 /// The silence clock of one connection: fed the connection's count of received datagrams at
@@ -80,18 +158,54 @@ impl Silence {
     }
 }
 
-/// Resolves with the silence once `conn`'s peer has been silent for `timeout`
-/// ([`Silence`]); never, if the connection closes first.
-pub async fn silent(conn: &Connection, timeout: Duration) -> Option<Duration> {
-    let mut clock = Silence::new(Instant::now(), timeout, conn.stats().udp_rx.datagrams);
+/// Resolves with the silence and the last word of its host once `conn`'s peer (`peer`, on
+/// the link in `direction`) is lost by [`verdict`]: silent for the peer timeout ([`Silence`])
+/// and its host not answering on the link's TCP connection (`probe`), or silent for the
+/// paused timeout; never, if the connection closes first. A silence that the host's answers
+/// extend is logged once when it passes the peer timeout, and again if the peer speaks.
+pub async fn silent(
+    conn: &Connection,
+    t: Timeouts,
+    probe: &TcpProbe,
+    (peer, direction): (Rank, &str),
+) -> Option<(Duration, Host)> {
+    let mut clock = Silence::new(Instant::now(), t.peer, conn.stats().udp_rx.datagrams);
     let mut ticks = tokio::time::interval(clock.interval());
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // While the host answers for a silent peer: when its silence began.
+    let mut silent_from: Option<Instant> = None;
     loop {
         tokio::select! {
             _ = conn.closed() => return None,
             now = ticks.tick() => {
-                if let Some(s) = clock.look(now, conn.stats().udp_rx.datagrams) {
-                    return Some(s);
+                let Some(s) = clock.look(now, conn.stats().udp_rx.datagrams) else {
+                    if let Some(from) = silent_from.take() {
+                        info!(
+                            peer,
+                            "peer {peer} speaks again on the connection {direction} it, after {:.1} s \
+                             of silence while its host answered",
+                            (now - from).as_secs_f64()
+                        );
+                    }
+                    continue;
+                };
+                let host = super::tcp::host(probe);
+                match verdict(s, t, host) {
+                    Verdict::Lost => return Some((s, host)),
+                    Verdict::Paused => {
+                        if silent_from.is_none() {
+                            silent_from = Some(now - s);
+                            warn!(
+                                peer,
+                                "peer {peer} has been silent for {:.1} s on the connection \
+                                 {direction} it, but its host still answers on the TCP link: \
+                                 its process is paused or hung, not dead; waiting up to {} s \
+                                 (--paused-timeout-secs) before taking it for departed",
+                                s.as_secs_f64(),
+                                t.paused().as_secs()
+                            );
+                        }
+                    }
                 }
             }
         }
@@ -99,17 +213,18 @@ pub async fn silent(conn: &Connection, timeout: Duration) -> Option<Duration> {
 }
 
 /// Reports `conn` (a connection to peer `peer`'s process of `incarnation`, or from it when
-/// `receiving` holds what it delivered) lost as soon as it has been silent for `timeout`,
-/// and closes it; nothing if it closes first, if this side closed it, or if the sender's
-/// goodbye was received in full.
+/// `receiving` holds what it delivered) lost as soon as [`silent`] says so (`probe`: the
+/// link's TCP connection, once it has one), and closes it; nothing if it closes first, if
+/// this side closed it, or if the sender's goodbye was received in full.
 pub async fn report_when_silent(
     conn: Connection,
-    timeout: Duration,
+    t: Timeouts,
     events: mpsc::Sender<NetEvent>,
     (peer, incarnation): (Rank, Incarnation),
-    receiving: Option<Arc<Mutex<Receiving>>>,
+    (receiving, probe): (Option<Arc<Mutex<Receiving>>>, TcpProbe),
 ) {
-    let Some(silence) = silent(&conn, timeout).await else {
+    let direction = if receiving.is_some() { "from" } else { "to" };
+    let Some((silence, host)) = silent(&conn, t, &probe, (peer, direction)).await else {
         return;
     };
     let complete = match &receiving {
@@ -120,13 +235,17 @@ pub async fn report_when_silent(
         return;
     }
     conn.close(VarInt::from_u32(ABANDONED), b"silent");
-    let direction = if receiving.is_some() { "from" } else { "to" };
+    let host = match host {
+        Host::Unknown => "",
+        Host::Answers => ", its host answering on the TCP link: paused or hung for longer than --paused-timeout-secs",
+        Host::Silent => ", its host no longer answering on the TCP link",
+    };
     let _ = events
         .send(NetEvent::Lost {
             peer,
             incarnation,
             reason: format!(
-                "connection {direction} peer {peer}: timed out (silent for {:.1} s)",
+                "connection {direction} peer {peer}: timed out (silent for {:.1} s{host})",
                 silence.as_secs_f64()
             ),
         })
@@ -192,6 +311,45 @@ mod tests {
         assert_eq!(c.look(t0 + ms(2_400), 0), None);
         assert_eq!(c.look(t0 + ms(4_800), 0), None);
         assert_eq!(c.look(t0 + ms(7_200), 0), Some(ms(7_200)));
+    }
+
+    #[test]
+    fn a_silent_peer_whose_host_answers_is_waited_for_up_to_the_paused_timeout() {
+        let t = Timeouts {
+            peer: T,
+            paused: Duration::from_secs(30),
+        };
+        let at = |s: u64| Duration::from_secs(s);
+        // Paused (the host's kernel answers): waited for, up to the paused timeout.
+        assert_eq!(verdict(at(5), t, Host::Answers), Verdict::Paused);
+        assert_eq!(verdict(at(29), t, Host::Answers), Verdict::Paused);
+        assert_eq!(verdict(at(30), t, Host::Answers), Verdict::Lost);
+        // A vanished host, or no TCP link to ask: lost at the peer timeout, as before.
+        assert_eq!(verdict(at(5), t, Host::Silent), Verdict::Lost);
+        assert_eq!(verdict(at(5), t, Host::Unknown), Verdict::Lost);
+        // A paused timeout below the peer timeout is the peer timeout; from a bare peer
+        // timeout, no wait at all.
+        let short = Timeouts {
+            peer: T,
+            paused: at(1),
+        };
+        assert_eq!(short.paused(), T);
+        assert_eq!(verdict(T, short, Host::Answers), Verdict::Lost);
+        assert_eq!(verdict(T, T.into(), Host::Answers), Verdict::Lost);
+    }
+
+    #[test]
+    fn quic_idles_out_only_after_the_longest_silence_waited_for() {
+        let t = Timeouts {
+            peer: T,
+            paused: Duration::from_secs(30),
+        };
+        assert_eq!(t.idle(), Duration::from_secs(31));
+        assert_eq!(Timeouts::from(T).idle(), HANDSHAKE_TIMEOUT);
+        assert_eq!(
+            Timeouts::from(Duration::from_secs(120)).idle(),
+            Duration::from_secs(121)
+        );
     }
 
     #[test]

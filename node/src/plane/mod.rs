@@ -56,6 +56,7 @@ use tracing::info;
 use quic::{accept_loop, crypto_provider, transport_config, QuicFrames};
 use send::send_loop;
 
+pub use liveness::{Host, Timeouts};
 pub use tcp::Wire;
 use tcp::{TcpFrames, TcpSide};
 use tls::Admitted;
@@ -181,8 +182,8 @@ pub struct DataPlane {
     key: Keypair,
     events: mpsc::Sender<NetEvent>,
     quic_config: Arc<TransportConfig>,
-    /// Silence after which a connection's peer is reported lost ([`liveness`]).
-    peer_timeout: Duration,
+    /// Silences after which a connection's peer is reported lost ([`liveness`]).
+    timeouts: liveness::Timeouts,
     rank: Rank,
     /// This process's incarnation, stated on every connection it opens.
     incarnation: Incarnation,
@@ -397,21 +398,23 @@ impl DataPlane {
     /// of its identity `key`; incoming connections are accepted from `admitted` peers only
     /// (filled in once the directory is known). Frames whose declared payload exceeds
     /// `max_payload_bytes` are refused before allocation; an established connection silent
-    /// for `peer_timeout` is reported as [`NetEvent::Lost`] (a handshake may take up to
+    /// for the peer timeout of `timeouts` (a [`liveness::Timeouts`], or the peer timeout
+    /// alone) is reported as [`NetEvent::Lost`], or for the paused timeout if its host still
+    /// answers on the link's TCP connection (a handshake may take up to
     /// [`liveness::HANDSHAKE_TIMEOUT`] or the peer timeout, whichever is longer). Returns the
-    /// receiver of all
-    /// [`NetEvent`]s.
+    /// receiver of all [`NetEvent`]s.
     ///
     /// Must be called inside a tokio runtime.
     pub fn bind(
         rank: Rank,
         addr: SocketAddr,
         max_payload_bytes: u32,
-        peer_timeout: Duration,
+        timeouts: impl Into<liveness::Timeouts>,
         key: &Keypair,
         admitted: Admitted,
     ) -> anyhow::Result<(DataPlane, mpsc::Receiver<NetEvent>)> {
-        let quic_config = Arc::new(transport_config(peer_timeout));
+        let timeouts = timeouts.into();
+        let quic_config = Arc::new(transport_config(timeouts));
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(
             tls::server_config(key, crypto_provider())?,
         )?));
@@ -452,7 +455,7 @@ impl DataPlane {
         let serving = quic::Serving {
             events: events.clone(),
             max_payload_bytes,
-            peer_timeout,
+            timeouts,
             inbound: inbound.clone(),
             tcp: tcp.clone(),
             pool,
@@ -466,7 +469,7 @@ impl DataPlane {
                 key: key.clone(),
                 events,
                 quic_config,
-                peer_timeout,
+                timeouts,
                 rank,
                 incarnation: incarnation_now(),
                 emulation: LinkEmulation::default(),
@@ -593,18 +596,19 @@ impl DataPlane {
         .await
         .map_err(|_| anyhow!("timed out connecting to peer {to} at {addr}"))?
         .with_context(|| format!("connecting to peer {to} at {addr}"))?;
+        let probe = tcp::TcpProbe::default();
         tokio::spawn(liveness::report_when_silent(
             conn.clone(),
-            self.peer_timeout,
+            self.timeouts,
             self.events.clone(),
             (to, incarnation),
-            None,
+            (None, probe.clone()),
         ));
         let (tx, rx) = mpsc::channel(SEND_QUEUE);
         let (me, events, emulation) = (self.rank, self.events.clone(), self.emulation);
         let to_inc = (to, incarnation);
         let kind = match self
-            .other_transport(to, addr, peer_id, &conn, relayed)
+            .other_transport((to, addr, peer_id), &conn, relayed, &probe)
             .await?
         {
             Other::Ring(ring) => {
@@ -661,18 +665,18 @@ impl DataPlane {
 
     /// The transport other than QUIC that the link to `to` (at `addr`, identity
     /// `peer_id`, over `conn`) takes by [`TransportChoice`]: a ring to this host, TCP to a
-    /// direct destination, none (QUIC) for a relayed one or when the choice's attempt
-    /// failed (logged) under [`TransportChoice::Auto`].
+    /// direct destination (its connection put in `probe`, for [`liveness`]), none (QUIC)
+    /// for a relayed one or when the choice's attempt failed (logged) under
+    /// [`TransportChoice::Auto`].
     ///
     /// # Errors
     /// Under [`TransportChoice::Tcp`], the TCP link could not be set up.
     async fn other_transport(
         &self,
-        to: Rank,
-        addr: SocketAddr,
-        peer_id: PeerId,
+        (to, addr, peer_id): (Rank, SocketAddr, PeerId),
         conn: &Connection,
         relayed: bool,
+        probe: &tcp::TcpProbe,
     ) -> anyhow::Result<Other> {
         let here = local_link::same_host(addr);
         let tcp = || {
@@ -683,6 +687,7 @@ impl DataPlane {
                 &self.key,
                 peer_id,
                 crypto_provider(),
+                probe,
             )
         };
         Ok(match self.transport {

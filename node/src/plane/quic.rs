@@ -29,12 +29,12 @@ use super::{closed_here, liveness, local_link, Inbound, NetEvent, ABANDONED};
 /// How long an incoming connection waits for the directory before it is refused.
 const ADMISSION_WAIT: Duration = Duration::from_secs(120);
 
-/// Transport settings of every data-plane connection for a peer timeout `peer_timeout`:
-/// keep-alives every fifth of it (at most every 2 s); QUIC's idle timeout, which also bounds
-/// the handshake, is the peer timeout but at least [`liveness::HANDSHAKE_TIMEOUT`] (the peer
-/// timeout of an established connection is [`liveness`]'s).
-pub(super) fn transport_config(peer_timeout: Duration) -> TransportConfig {
-    let idle_timeout = peer_timeout.max(liveness::HANDSHAKE_TIMEOUT);
+/// Transport settings of every data-plane connection for the `timeouts`: keep-alives
+/// every fifth of the peer timeout (at most every 2 s); QUIC's idle timeout, which also
+/// bounds the handshake, is [`liveness::Timeouts::idle`] (the timeouts of an established
+/// connection are [`liveness`]'s).
+pub(super) fn transport_config(timeouts: liveness::Timeouts) -> TransportConfig {
+    let (peer_timeout, idle_timeout) = (timeouts.peer, timeouts.idle());
     let mut t = TransportConfig::default();
     // Windows large enough that a multi-MB parameter frame is not flow-control bound.
     t.stream_receive_window(VarInt::from_u32(64 << 20));
@@ -81,8 +81,8 @@ impl FrameTransport for QuicFrames {
 pub(super) struct Serving {
     pub events: mpsc::Sender<NetEvent>,
     pub max_payload_bytes: u32,
-    /// Silence after which a connection's peer is reported lost ([`liveness`]).
-    pub peer_timeout: Duration,
+    /// Silences after which a connection's peer is reported lost ([`liveness`]).
+    pub timeouts: liveness::Timeouts,
     pub inbound: Inbound,
     pub tcp: Arc<TcpSide>,
     pub pool: BufferPool,
@@ -167,7 +167,7 @@ async fn serve_connection(
     let Serving {
         events,
         max_payload_bytes,
-        peer_timeout,
+        timeouts,
         inbound,
         tcp,
         pool,
@@ -184,12 +184,13 @@ async fn serve_connection(
         incarnation,
         acks,
     )));
+    let probe = super::tcp::TcpProbe::default();
     tokio::spawn(liveness::report_when_silent(
         conn.clone(),
-        peer_timeout,
+        timeouts,
         events.clone(),
         (rank, incarnation),
-        Some(state.clone()),
+        (Some(state.clone()), probe.clone()),
     ));
     let mut offers = 0;
     loop {
@@ -215,12 +216,12 @@ async fn serve_connection(
                     offers += 1;
                     let first = offers == 1;
                     let (conn, events, state) = (conn.clone(), events.clone(), state.clone());
-                    let (tcp, pool) = (tcp.clone(), pool.clone());
+                    let (tcp, pool, probe) = (tcp.clone(), pool.clone(), probe.clone());
                     tokio::spawn(async move {
                         let Ok(msg) = recv.read_to_end(256).await else { return };
                         if msg.starts_with(super::tcp::OFFER_TAG) {
                             super::tcp::answer_offer(
-                                &tcp, &msg, (conn, peer), send, events, state,
+                                &tcp, &msg, (conn, peer), send, events, (state, probe),
                                 max_payload_bytes, first,
                             )
                             .await

@@ -39,13 +39,17 @@
 //! ends before the goodbye's count is complete, while the link's QUIC connection is still
 //! open, is reported as [`super::NetEvent::Lost`] right away ([`read_frames`]). A paused
 //! process (SIGSTOP) keeps its sockets, so it is not taken for dead; nor is a whole host
-//! that vanishes (no FIN is sent): both are still noticed by the peer timeout ([`super::liveness`]).
+//! that vanishes (no FIN is sent). Both go silent on QUIC, and the TCP connection tells
+//! them apart ([`host`]): each end sends keep-alive probes every second while the link is
+//! idle, so the kernel learns within seconds whether the far host still acknowledges; a
+//! paused process's kernel does, a vanished host does not ([`super::liveness`] waits longer
+//! for the first).
 
 use std::collections::HashMap;
 use std::io::{IoSlice, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
@@ -60,6 +64,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
+use super::liveness::Host;
 use super::receive::{check, deliver, BufferPool, Receiving};
 use super::send::FrameTransport;
 use super::{tls, NetEvent};
@@ -108,6 +113,93 @@ impl Wire {
     }
 }
 
+/// The TCP connection of a link, once it has one: what [`host`] asks the kernel about. Made
+/// with the link's QUIC connection, filled when the TCP connection is bound to it.
+pub type TcpProbe = Arc<OnceLock<TcpStream>>;
+
+/// Keep-alive probes on an idle TCP link: the first after 1 s without traffic, then every
+/// 1 s; the kernel ends the connection after this many unanswered ones.
+const KEEPALIVE_PROBES: u32 = 5;
+
+/// How long the far host may leave what it was sent (data, a zero-window or keep-alive
+/// probe) unacknowledged before [`host`] says it no longer answers. Longer than a
+/// retransmission's round trip on a live link, shorter than the peer timeout.
+const UNANSWERED_FOR: Duration = Duration::from_secs(1);
+
+/// Turns on `tcp`'s keep-alive probes ([`KEEPALIVE_PROBES`]), so that an idle link learns
+/// whether its far host still answers.
+fn keep_alive(tcp: &TcpStream) -> std::io::Result<()> {
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(1))
+        .with_interval(Duration::from_secs(1))
+        .with_retries(KEEPALIVE_PROBES);
+    socket2::SockRef::from(tcp).set_tcp_keepalive(&probes)
+}
+
+/// What the kernel knows of a TCP connection's far host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TcpView {
+    /// The connection is established (not closed by a FIN, a reset or the kernel's own
+    /// timeout).
+    established: bool,
+    /// Something sent is unacknowledged and was sent again: a retransmission, a
+    /// zero-window probe or a keep-alive probe.
+    unanswered: bool,
+    /// Since the last acknowledgement came.
+    since_ack: Duration,
+}
+
+impl TcpView {
+    /// The far host answers: established, and nothing sent again waits for an answer for
+    /// longer than [`UNANSWERED_FOR`].
+    fn host(&self) -> Host {
+        if self.established && !(self.unanswered && self.since_ack >= UNANSWERED_FOR) {
+            Host::Answers
+        } else {
+            Host::Silent
+        }
+    }
+}
+
+/// The kernel's view of `tcp` (`TCP_INFO`); `None` where it does not say.
+#[cfg(target_os = "linux")]
+fn tcp_view(tcp: &TcpStream) -> Option<TcpView> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: tcp_info is plain data; an all-zero one is valid.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: TCP_INFO writes at most `len` bytes to `info`, and sets `len`.
+    let r = unsafe {
+        libc::getsockopt(
+            tcp.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then(|| TcpView {
+        // TCP_ESTABLISHED of the kernel's tcp_states.h.
+        established: info.tcpi_state == 1,
+        unanswered: info.tcpi_retransmits > 0 || info.tcpi_probes > 0,
+        since_ack: Duration::from_millis(info.tcpi_last_ack_recv.into()),
+    })
+}
+
+#[cfg(not(target_os = "linux"))]
+fn tcp_view(_tcp: &TcpStream) -> Option<TcpView> {
+    None
+}
+
+/// What the kernel says of the far host of a link's TCP connection (`probe`):
+/// [`Host::Unknown`] if the link has none.
+pub fn host(probe: &TcpProbe) -> Host {
+    probe
+        .get()
+        .and_then(tcp_view)
+        .map_or(Host::Unknown, |v| v.host())
+}
+
 /// An offer answered, waiting for its TCP connection.
 struct Pending {
     /// The identity of the QUIC connection that made the offer.
@@ -119,6 +211,8 @@ struct Pending {
     max_payload_bytes: u32,
     pool: BufferPool,
     made: Instant,
+    /// The link's [`TcpProbe`], filled once the connection is bound.
+    probe: TcpProbe,
 }
 
 /// The receiving side of the TCP links of one data plane: its listener and the offers
@@ -384,7 +478,7 @@ fn transfer_time(n: u64, waiting: u64, elapsed: Duration) -> Option<Duration> {
 
 /// Offers TCP to the receiver at the other end of `conn` (dialled at `ip`), whose identity
 /// is `remote`; returns the link's transport once the TCP connection is bound to the
-/// link. `key` is our identity.
+/// link, and puts the connection in `probe`. `key` is our identity.
 ///
 /// # Errors
 /// The receiver refused (its reason), its TCP port could not be reached within 3 s, the
@@ -396,6 +490,7 @@ pub async fn offer(
     key: &Keypair,
     remote: PeerId,
     provider: Arc<rustls::crypto::CryptoProvider>,
+    probe: &TcpProbe,
 ) -> anyhow::Result<TcpFrames> {
     let exchange = async {
         let (mut send, mut recv) = conn.open_bi().await?;
@@ -424,6 +519,7 @@ pub async fn offer(
         .and_then(|(socket, writer)| {
             let peer = socket.peer_addr()?;
             let frames = TcpFrames::spawn(writer, peer)?;
+            let _ = probe.set(socket.try_clone()?);
             shut_when_closed(conn, Some(socket));
             Ok(frames)
         })
@@ -456,6 +552,7 @@ fn dial(
     config: Arc<rustls::ClientConfig>,
 ) -> anyhow::Result<(TcpStream, Box<dyn Write + Send>)> {
     tcp.set_nodelay(true)?;
+    keep_alive(&tcp)?;
     tcp.set_read_timeout(Some(OFFER_TIMEOUT))?;
     tcp.set_write_timeout(Some(OFFER_TIMEOUT))?;
     let socket = tcp.try_clone()?;
@@ -503,8 +600,9 @@ impl<T: Read + Write + Send + 'static> ReadWrite for T {
 }
 
 /// Answers a TCP offer (`msg`, read from (`send`, `recv`)'s stream) of the peer of `conn`,
-/// whose identity is `peer` and whose frames `state` counts. Only the `first` offer of a
-/// connection is taken (one transport per link).
+/// whose identity is `peer` and whose frames `state` counts; the TCP connection goes into
+/// `probe` once bound. Only the `first` offer of a connection is taken (one transport per
+/// link).
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn answer_offer(
     side: &TcpSide,
@@ -512,7 +610,7 @@ pub(super) async fn answer_offer(
     (conn, peer): (Connection, PeerId),
     mut send: SendStream,
     events: mpsc::Sender<NetEvent>,
-    state: Arc<tokio::sync::Mutex<Receiving>>,
+    (state, probe): (Arc<tokio::sync::Mutex<Receiving>>, TcpProbe),
     max_payload_bytes: u32,
     first: bool,
 ) {
@@ -551,6 +649,7 @@ pub(super) async fn answer_offer(
                     max_payload_bytes,
                     pool: side.pool.clone(),
                     made: Instant::now(),
+                    probe: probe.clone(),
                 },
             );
         let mut ok = b"OK".to_vec();
@@ -591,6 +690,9 @@ async fn accept_loop(listener: tokio::net::TcpListener, side: Arc<TcpSide>) {
                     .and_then(|t| bind(&side, t))
                 {
                     Ok((reader, socket, stamp, p)) => {
+                        if let Ok(s) = socket.try_clone() {
+                            let _ = p.probe.set(s);
+                        }
                         {
                             let _in_runtime = rt.enter();
                             shut_when_closed(&p.conn, socket.try_clone().ok());
@@ -621,6 +723,7 @@ fn bind(
 ) -> anyhow::Result<(Box<dyn Read + Send>, TcpStream, Arc<AtomicU64>, Pending)> {
     let setup = || {
         tcp.set_nodelay(true)?;
+        keep_alive(&tcp)?;
         tcp.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
         tcp.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
         let socket = tcp.try_clone()?;
@@ -789,6 +892,62 @@ mod tests {
     use crate::plane::quic::crypto_provider;
     use crate::plane::tls::Admitted;
     use crate::plane::{DataPlane, TransportChoice};
+
+    #[test]
+    fn a_host_answers_while_nothing_it_was_sent_waits_long_for_an_answer() {
+        let view = |established, unanswered, ms| TcpView {
+            established,
+            unanswered,
+            since_ack: Duration::from_millis(ms),
+        };
+        // A paused process: zero-window probes answered, long gaps between answers.
+        assert_eq!(view(true, false, 8_000).host(), Host::Answers);
+        // A live link retransmitting once: the answer comes soon.
+        assert_eq!(view(true, true, 300).host(), Host::Answers);
+        // A vanished host: retransmissions or probes unanswered for a second and more.
+        assert_eq!(view(true, true, 1_000).host(), Host::Silent);
+        // Closed by a FIN, a reset or the kernel's keep-alive timeout.
+        assert_eq!(view(false, false, 0).host(), Host::Silent);
+    }
+
+    /// The kernel's view of real loopback connections: a far end that never reads (a
+    /// paused process: its kernel acknowledges until the window is full, then answers the
+    /// probes) still answers after several seconds; one that closed does not.
+    #[test]
+    fn the_kernel_says_a_far_end_that_stopped_reading_answers_and_a_closed_one_does_not() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let probe = TcpProbe::default();
+        assert_eq!(host(&probe), Host::Unknown);
+        let tcp = TcpStream::connect(addr).unwrap();
+        keep_alive(&tcp).unwrap();
+        let (far, _) = listener.accept().unwrap();
+        probe.set(tcp.try_clone().unwrap()).unwrap();
+        assert_eq!(host(&probe), Host::Answers);
+        // Fill the far end's window: writes stop once it is full.
+        tcp.set_nonblocking(true).unwrap();
+        let chunk = vec![7u8; 1 << 20];
+        let mut tcp_w = &tcp;
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(3) {
+            let _ = tcp_w.write(&chunk);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let view = tcp_view(&tcp).unwrap();
+        assert!(view.established, "{view:?}");
+        assert_eq!(host(&probe), Host::Answers, "{view:?}");
+        drop(far);
+        let t0 = Instant::now();
+        while host(&probe) == Host::Answers {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "{:?}",
+                tcp_view(&tcp)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(host(&probe), Host::Silent);
+    }
 
     /// The next refusal reported within 10 s.
     async fn refusal(events: &mut mpsc::Receiver<NetEvent>) -> String {
