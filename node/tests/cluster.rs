@@ -644,6 +644,48 @@ fn a_peer_killed_on_tcp_links_is_noticed_at_once_without_a_supervisor() {
     );
 }
 
+/// A peer paused (SIGSTOP) for 2.5 times the peer timeout, by hand (no supervisor to say
+/// it is paused, not dead): its host still acknowledges on the TCP links, so its neighbours
+/// warn and wait for it, and the run completes without a departure, every epoch counting
+/// the four peers. With the paused timeout at the peer timeout (the behaviour before) the
+/// peer is taken for departed.
+#[test]
+fn a_paused_peer_on_tcp_links_is_waited_for_not_taken_for_departed() {
+    let (n, victim) = (4, 2);
+    let mut c = Cluster::new();
+    c.start(
+        n,
+        &args(&[
+            &format!("--peers={n}"),
+            "--topology=ring",
+            "--epochs=4",
+            "--rounds-per-epoch=25",
+            "--transport=tcp",
+            "--peer-timeout-secs=2",
+            "--round-timeout-secs=60",
+        ]),
+    );
+    wait_for_epoch(&c, 1);
+    let pid = c.children[victim].id() as i32;
+    // SAFETY: signals to a child process of this test.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_secs(5));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let all: Vec<(usize, usize)> = (0..n).map(|r| (r, r)).collect();
+    c.all_succeed(&all);
+    let s = summary(&c.out());
+    assert_eq!(s["departures"], "", "{}", c.read_log(victim - 1));
+    let warned = (0..n).filter(|&r| r != victim).any(|r| {
+        c.read_log(r)
+            .contains(&format!("peer {victim} has been silent for"))
+    });
+    assert!(warned, "{}", c.read_log(victim - 1));
+    for row in rows(&c.out()) {
+        assert_eq!(row["peers"], n, "{row}");
+    }
+}
+
 #[test]
 fn choco_survivors_of_a_killed_peer_reweight_and_finish_the_run() {
     survivors_finish_without("choco", 4, 2);
