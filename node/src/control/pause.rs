@@ -11,6 +11,11 @@
 //! leaves with [`Departed`], which `murmur peer` reports with exit status
 //! [`DEPARTED_EXIT_CODE`]: a supervisor (`murmur launch --restart-failed`, the Slurm and
 //! ssh scripts) restarts it with `--resume`, and it rejoins like a restarted peer.
+//!
+//! What makes it fail: its first link lost within [`CUT_OFF_WINDOW`] of the end of a pause
+//! of at least the peer timeout ([`PauseWatch::cut_off`]) — the others closing its links.
+//! Without that, a peer whose every neighbour had closed its links took them all for
+//! departed and trained on alone to the end, its reports lost.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,6 +23,10 @@ use std::time::{Duration, Instant};
 
 /// How often the watch thread wakes up.
 pub const TICK: Duration = Duration::from_millis(250);
+
+/// How long after this process continued from a long pause a lost link is taken for the
+/// others having closed this peer's links ([`PauseWatch::cut_off`]).
+pub const CUT_OFF_WINDOW: Duration = Duration::from_secs(3);
 
 /// The exit status of a peer that left the run but may rejoin it with `--resume`
 /// (`EX_TEMPFAIL` of sysexits.h): it was declared departed by the others.
@@ -50,15 +59,48 @@ pub struct PauseWatch {
     last_tick_ms: Arc<AtomicU64>,
     /// Longest gap between two wake-ups so far, in milliseconds.
     longest_gap_ms: Arc<AtomicU64>,
+    /// The last gap of over two ticks: when it ended (milliseconds since `start`) and how
+    /// long it was, packed as `end << 32 | gap` (0: none).
+    last_gap: Arc<AtomicU64>,
+}
+
+/// Whether a link lost at `now_ms` (milliseconds since the watch started) means that the
+/// others took this peer for departed: this process was paused for at least `timeout`
+/// either just now (`last_tick_ms`: the watch thread has not woken since it continued) or
+/// in a pause that ended (`last_gap`: its end and length) less than [`CUT_OFF_WINDOW`]
+/// before. Returns the pause.
+fn cut_off_at(
+    now_ms: u64,
+    last_tick_ms: u64,
+    last_gap: (u64, u64),
+    timeout: Duration,
+) -> Option<Duration> {
+    let ongoing = now_ms.saturating_sub(last_tick_ms);
+    let (end, gap) = last_gap;
+    let recent = if gap > 0 && now_ms.saturating_sub(end) < CUT_OFF_WINDOW.as_millis() as u64 {
+        gap
+    } else {
+        0
+    };
+    let paused = Duration::from_millis(ongoing.max(recent));
+    (paused >= timeout).then_some(paused)
 }
 
 impl PauseWatch {
-    /// Starts the watch thread (it runs until the process exits).
-    pub fn start() -> PauseWatch {
+    /// The process's watch, its thread started on the first call (it runs until the
+    /// process exits).
+    pub fn global() -> &'static PauseWatch {
+        static WATCH: std::sync::OnceLock<PauseWatch> = std::sync::OnceLock::new();
+        WATCH.get_or_init(PauseWatch::start)
+    }
+
+    /// Starts a watch thread (it runs until the process exits).
+    fn start() -> PauseWatch {
         let watch = PauseWatch {
             start: Instant::now(),
             last_tick_ms: Arc::new(AtomicU64::new(0)),
             longest_gap_ms: Arc::new(AtomicU64::new(0)),
+            last_gap: Arc::new(AtomicU64::new(0)),
         };
         let w = watch.clone();
         let spawned = std::thread::Builder::new()
@@ -80,8 +122,26 @@ impl PauseWatch {
     fn tick(&self) {
         let now = self.now_ms();
         let last = self.last_tick_ms.swap(now, Ordering::Relaxed);
-        self.longest_gap_ms
-            .fetch_max(now.saturating_sub(last), Ordering::Relaxed);
+        let gap = now.saturating_sub(last);
+        self.longest_gap_ms.fetch_max(gap, Ordering::Relaxed);
+        if gap > 2 * TICK.as_millis() as u64 {
+            self.last_gap
+                .store(now << 32 | gap.min(u32::MAX as u64), Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a link lost now means that the others took this peer for departed and
+    /// closed its links: this process was paused for at least `timeout` (the peer timeout),
+    /// a pause that ended less than [`CUT_OFF_WINDOW`] ago or that the watch thread has not
+    /// woken from yet. Returns the pause.
+    pub fn cut_off(&self, timeout: Duration) -> Option<Duration> {
+        let packed = self.last_gap.load(Ordering::Relaxed);
+        cut_off_at(
+            self.now_ms(),
+            self.last_tick_ms.load(Ordering::Relaxed),
+            (packed >> 32, packed & u32::MAX as u64),
+            timeout,
+        )
     }
 
     /// The longest time this process was paused so far, in seconds: the longest gap
@@ -118,11 +178,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_link_lost_just_after_a_long_pause_means_this_peer_was_cut_off() {
+        let t = Duration::from_secs(5);
+        let secs = |s: u64| Some(Duration::from_secs(s));
+        // Continued 0.5 s ago from an 8 s pause.
+        assert_eq!(cut_off_at(20_000, 19_900, (19_500, 8_000), t), secs(8));
+        // The watch thread has not woken since the process continued: 8 s since it last did.
+        assert_eq!(cut_off_at(20_000, 12_000, (0, 0), t), secs(8));
+        // A pause shorter than the peer timeout: nobody took this peer for departed.
+        assert_eq!(cut_off_at(20_000, 19_900, (19_500, 3_000), t), None);
+        // Long ago: a link lost now is a neighbour's doing.
+        assert_eq!(cut_off_at(30_000, 29_900, (19_500, 8_000), t), None);
+        assert_eq!(cut_off_at(30_000, 29_900, (0, 0), t), None);
+    }
+
+    #[test]
     fn a_gap_between_ticks_is_a_pause() {
         let w = PauseWatch {
             start: Instant::now(),
             last_tick_ms: Arc::new(AtomicU64::new(0)),
             longest_gap_ms: Arc::new(AtomicU64::new(0)),
+            last_gap: Arc::new(AtomicU64::new(0)),
         };
         std::thread::sleep(Duration::from_millis(30));
         w.tick();

@@ -53,7 +53,20 @@ impl Driver {
     }
 
     /// Hands `input` to the core and carries out what it decides (and what that causes).
+    ///
+    /// # Errors
+    /// Besides the core's: a link lost just after this process was itself paused for the
+    /// peer timeout or longer ([`crate::control::pause::PauseWatch::cut_off`]): the others
+    /// took this peer for departed and closed its links, so it stops (and
+    /// [`crate::control::pause::Departed`] says so) rather than take every neighbour for
+    /// departed and train on alone.
     pub(super) fn handle(&mut self, input: Input) -> anyhow::Result<()> {
+        if let Input::Lost { reason, .. } | Input::SendFailed { reason, .. } = &input {
+            let watch = crate::control::pause::PauseWatch::global();
+            if watch.cut_off(self.plane.timeouts().peer).is_some() {
+                bail!("its neighbours closed its links ({reason})");
+            }
+        }
         let actions = self.core.handle(Instant::now(), input)?;
         self.execute(actions)
     }

@@ -140,7 +140,7 @@ pub const REJOIN_MARGIN_ROUNDS: u64 = 20;
 pub fn run(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
     args.validate()?;
     check_device(args.train.device)?;
-    let watch = crate::control::pause::PauseWatch::start();
+    let watch = crate::control::pause::PauseWatch::global();
     let timeout = Duration::from_secs(args.net.peer_timeout_secs);
     train(args, peer).map_err(|e| match peer.rank {
         Some(0) if watch.longest_pause() >= timeout => e.context(format!(

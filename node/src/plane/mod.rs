@@ -252,6 +252,11 @@ impl DataPlane {
         self.exits.clone()
     }
 
+    /// How long its connections' peers are waited for ([`liveness`]).
+    pub fn timeouts(&self) -> Timeouts {
+        self.timeouts
+    }
+
     /// A sender into this data plane's event stream (for the control plane's news).
     pub fn event_sender(&self) -> mpsc::Sender<NetEvent> {
         self.events.clone()
