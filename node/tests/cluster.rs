@@ -603,9 +603,19 @@ fn survivors_of_a_killed_peer_reweight_and_finish_the_run() {
 
 #[test]
 fn a_peer_killed_on_tcp_links_is_noticed_at_once_without_a_supervisor() {
-    // `murmur peer` by hand (no launcher to report the exit) and a peer timeout far longer
-    // than the test allows: only the kernel closing the dead process's TCP sockets can
-    // explain the departure.
+    killed_by_hand_is_noticed_at_once("tcp", "TCP link from peer 2 ended before its goodbye");
+}
+
+#[test]
+fn a_peer_killed_on_shared_memory_links_is_noticed_at_once_without_a_supervisor() {
+    killed_by_hand_is_noticed_at_once("auto", "its process (pid");
+}
+
+/// `murmur peer` by hand (no launcher to report the exit), links over `transport`, and a
+/// peer timeout far longer than the test allows: only the dead process's kernel closing its
+/// TCP sockets, or its process gone from this host, can explain the departure; a survivor's
+/// log says which (`notice`).
+fn killed_by_hand_is_noticed_at_once(transport: &str, notice: &str) {
     let (n, victim) = (4, 2);
     let mut c = Cluster::new();
     c.start(
@@ -615,7 +625,7 @@ fn a_peer_killed_on_tcp_links_is_noticed_at_once_without_a_supervisor() {
             "--topology=ring",
             "--epochs=5",
             "--rounds-per-epoch=25",
-            "--transport=tcp",
+            &format!("--transport={transport}"),
             "--peer-timeout-secs=120",
             "--round-timeout-secs=300",
         ]),
@@ -630,11 +640,9 @@ fn a_peer_killed_on_tcp_links_is_noticed_at_once_without_a_supervisor() {
         "the survivors took {:?}: they waited for the peer timeout",
         t0.elapsed()
     );
-    let noticed = (0..n).filter(|&r| r != victim).any(|r| {
-        c.read_log(r).contains(&format!(
-            "TCP link from peer {victim} ended before its goodbye"
-        ))
-    });
+    let noticed = (0..n)
+        .filter(|&r| r != victim)
+        .any(|r| c.read_log(r).contains(notice));
     assert!(noticed, "{}", c.read_log(victim - 1));
     let s = summary(&c.out());
     let departures = s["departures"].as_str().unwrap();
@@ -644,13 +652,23 @@ fn a_peer_killed_on_tcp_links_is_noticed_at_once_without_a_supervisor() {
     );
 }
 
-/// A peer paused (SIGSTOP) for 2.5 times the peer timeout, by hand (no supervisor to say
-/// it is paused, not dead): its host still acknowledges on the TCP links, so its neighbours
-/// warn and wait for it, and the run completes without a departure, every epoch counting
-/// the four peers. With the paused timeout at the peer timeout (the behaviour before) the
-/// peer is taken for departed.
 #[test]
 fn a_paused_peer_on_tcp_links_is_waited_for_not_taken_for_departed() {
+    paused_by_hand_is_waited_for("tcp");
+}
+
+#[test]
+fn a_paused_peer_on_shared_memory_links_is_waited_for_not_taken_for_departed() {
+    paused_by_hand_is_waited_for("auto");
+}
+
+/// A peer paused (SIGSTOP) for 2.5 times the peer timeout, by hand (no supervisor to say
+/// it is paused, not dead), links over `transport`: its host still acknowledges on the TCP
+/// links, or its process on this host is seen stopped, so its neighbours warn and wait for
+/// it, and the run completes without a departure, every epoch counting the four peers. With
+/// the paused timeout at the peer timeout (the behaviour before) the peer is taken for
+/// departed.
+fn paused_by_hand_is_waited_for(transport: &str) {
     let (n, victim) = (4, 2);
     let mut c = Cluster::new();
     c.start(
@@ -660,7 +678,7 @@ fn a_paused_peer_on_tcp_links_is_waited_for_not_taken_for_departed() {
             "--topology=ring",
             "--epochs=4",
             "--rounds-per-epoch=25",
-            "--transport=tcp",
+            &format!("--transport={transport}"),
             "--peer-timeout-secs=2",
             "--round-timeout-secs=60",
         ]),

@@ -34,8 +34,8 @@ use tokio::sync::{mpsc, Mutex};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::process::{ProcessId, ProcessState};
 use super::receive::Receiving;
-use super::tcp::TcpProbe;
 use super::{closed_here, Incarnation, NetEvent, ABANDONED};
 
 /// The shortest QUIC idle timeout: how long a handshake may stay silent (a peer timeout
@@ -79,16 +79,52 @@ impl Timeouts {
     }
 }
 
-/// What the far host's kernel says of a link, through its TCP connection
-/// ([`super::tcp::host`]).
+/// What tells of a link's far process besides its QUIC datagrams, once the link's transport
+/// is set up: its TCP connection (between hosts), or, on this host, the process itself.
+#[derive(Debug)]
+pub enum Far {
+    /// The link's TCP connection ([`super::tcp::host_of`]).
+    Tcp(std::net::TcpStream),
+    /// The far process, on this host (a shared-memory link, [`super::local_link`]).
+    Process(ProcessId),
+}
+
+/// A link's [`Far`], filled when its transport is set up; empty for a link on QUIC alone.
+pub type LinkProbe = Arc<std::sync::OnceLock<Far>>;
+
+/// What a link's far end says of its host: [`Host::Unknown`] on QUIC alone; on TCP, the
+/// kernel's view of the connection; on this host, the process: alive or stopped answers,
+/// exited does not.
+pub fn host(probe: &LinkProbe) -> Host {
+    match probe.get() {
+        None => Host::Unknown,
+        Some(Far::Tcp(tcp)) => super::tcp::host_of(tcp),
+        Some(Far::Process(p)) => match p.state() {
+            ProcessState::Alive | ProcessState::Stopped => Host::Answers,
+            ProcessState::Gone => Host::Silent,
+        },
+    }
+}
+
+/// The far process, if it is on this host and has exited.
+fn exited(probe: &LinkProbe) -> Option<ProcessId> {
+    match probe.get() {
+        Some(Far::Process(p)) if p.state() == ProcessState::Gone => Some(*p),
+        _ => None,
+    }
+}
+
+/// What the far end of a link says of its host: through its TCP connection (the kernel's
+/// view) or, on this host, its process ([`host`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Host {
-    /// No TCP connection on the link (QUIC, shared memory), or the kernel does not say.
+    /// Nothing but QUIC on the link, or the kernel does not say.
     Unknown,
-    /// The connection is established and its host acknowledges what it is sent (data,
-    /// zero-window probes, keep-alive probes): the process is alive or paused, not dead.
+    /// The TCP connection is established and its host acknowledges what it is sent (data,
+    /// zero-window probes, keep-alive probes), or the process on this host is running or
+    /// stopped: alive or paused, not dead.
     Answers,
-    /// The connection broke or its host stopped acknowledging: gone.
+    /// The connection broke or its host stopped acknowledging, or the process exited: gone.
     Silent,
 }
 
@@ -158,17 +194,26 @@ impl Silence {
     }
 }
 
-/// Resolves with the silence and the last word of its host once `conn`'s peer (`peer`, on
-/// the link in `direction`) is lost by [`verdict`]: silent for the peer timeout ([`Silence`])
-/// and its host not answering on the link's TCP connection (`probe`), or silent for the
-/// paused timeout; never, if the connection closes first. A silence that the host's answers
-/// extend is logged once when it passes the peer timeout, and again if the peer speaks.
+/// Why [`silent`] gave a connection up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// Silent for this long, its host saying this ([`verdict`]).
+    Silent(Duration, Host),
+    /// Its process, on this host, exited (noticed at once).
+    Exited(ProcessId),
+}
+
+/// Resolves once `conn`'s peer (`peer`, on the link in `direction`) is lost: its process on
+/// this host exited, or by [`verdict`]: silent for the peer timeout ([`Silence`]) and its
+/// host not answering on the link (`probe`), or silent for the paused timeout; never, if
+/// the connection closes first. A silence that the host's answers extend is logged once
+/// when it passes the peer timeout, and again if the peer speaks.
 pub async fn silent(
     conn: &Connection,
     t: Timeouts,
-    probe: &TcpProbe,
+    probe: &LinkProbe,
     (peer, direction): (Rank, &str),
-) -> Option<(Duration, Host)> {
+) -> Option<Loss> {
     let mut clock = Silence::new(Instant::now(), t.peer, conn.stats().udp_rx.datagrams);
     let mut ticks = tokio::time::interval(clock.interval());
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -178,6 +223,9 @@ pub async fn silent(
         tokio::select! {
             _ = conn.closed() => return None,
             now = ticks.tick() => {
+                if let Some(p) = exited(probe) {
+                    return Some(Loss::Exited(p));
+                }
                 let Some(s) = clock.look(now, conn.stats().udp_rx.datagrams) else {
                     if let Some(from) = silent_from.take() {
                         info!(
@@ -189,18 +237,19 @@ pub async fn silent(
                     }
                     continue;
                 };
-                let host = super::tcp::host(probe);
+                let host = host(probe);
                 match verdict(s, t, host) {
-                    Verdict::Lost => return Some((s, host)),
+                    Verdict::Lost => return Some(Loss::Silent(s, host)),
                     Verdict::Paused => {
                         if silent_from.is_none() {
                             silent_from = Some(now - s);
                             warn!(
                                 peer,
                                 "peer {peer} has been silent for {:.1} s on the connection \
-                                 {direction} it, but its host still answers on the TCP link: \
-                                 its process is paused or hung, not dead; waiting up to {} s \
-                                 (--paused-timeout-secs) before taking it for departed",
+                                 {direction} it, but it is not dead (its host still answers \
+                                 on the TCP link, or its process on this host is stopped or \
+                                 hung): waiting up to {} s (--paused-timeout-secs) before \
+                                 taking it for departed",
                                 s.as_secs_f64(),
                                 t.paused().as_secs()
                             );
@@ -221,10 +270,10 @@ pub async fn report_when_silent(
     t: Timeouts,
     events: mpsc::Sender<NetEvent>,
     (peer, incarnation): (Rank, Incarnation),
-    (receiving, probe): (Option<Arc<Mutex<Receiving>>>, TcpProbe),
+    (receiving, probe): (Option<Arc<Mutex<Receiving>>>, LinkProbe),
 ) {
     let direction = if receiving.is_some() { "from" } else { "to" };
-    let Some((silence, host)) = silent(&conn, t, &probe, (peer, direction)).await else {
+    let Some(loss) = silent(&conn, t, &probe, (peer, direction)).await else {
         return;
     };
     let complete = match &receiving {
@@ -234,20 +283,34 @@ pub async fn report_when_silent(
     if complete || closed_here(&conn) {
         return;
     }
-    conn.close(VarInt::from_u32(ABANDONED), b"silent");
-    let host = match host {
-        Host::Unknown => "",
-        Host::Answers => ", its host answering on the TCP link: paused or hung for longer than --paused-timeout-secs",
-        Host::Silent => ", its host no longer answering on the TCP link",
+    let reason = match loss {
+        Loss::Exited(p) => {
+            conn.close(VarInt::from_u32(ABANDONED), b"exited");
+            format!(
+                "connection {direction} peer {peer}: its process (pid {}) on this host has exited",
+                p.pid
+            )
+        }
+        Loss::Silent(silence, host) => {
+            conn.close(VarInt::from_u32(ABANDONED), b"silent");
+            let host = match host {
+                Host::Unknown => "",
+                Host::Answers => {
+                    ", though not dead: paused or hung for longer than --paused-timeout-secs"
+                }
+                Host::Silent => ", its host no longer answering on the TCP link",
+            };
+            format!(
+                "connection {direction} peer {peer}: timed out (silent for {:.1} s{host})",
+                silence.as_secs_f64()
+            )
+        }
     };
     let _ = events
         .send(NetEvent::Lost {
             peer,
             incarnation,
-            reason: format!(
-                "connection {direction} peer {peer}: timed out (silent for {:.1} s{host})",
-                silence.as_secs_f64()
-            ),
+            reason,
         })
         .await;
 }

@@ -4,12 +4,19 @@
 //! The sender of a link whose destination address is one of this host's (loopback, or an
 //! address of one of its interfaces: a peer in another network namespace is another host)
 //! creates a ring and offers its name on a bidirectional QUIC stream: `SHM1`, the ring's
-//! capacity (u64 LE), the name's length (u8) and the name. The receiver maps it (checks in
-//! [`shm::Reader::open`]) and answers `OK`, or `NO` and why; on `NO`, a timeout or any
-//! error the link stays on QUIC and the reason is logged. From then on every frame of the
-//! link, the goodbye included, goes through the ring, read by one thread per incoming ring
-//! and handed to [`super::receive::deliver`] as a QUIC frame would be; both ends stop when
-//! the connection closes.
+//! capacity (u64 LE), the name's length (u8), the name and its process ([`ProcessId`]: pid
+//! u32 LE, start time u64 LE). The receiver maps it (checks in [`shm::Reader::open`]) and
+//! answers `OK` and its own process, or `NO` and why; on `NO`, a timeout or any error the
+//! link stays on QUIC and the reason is logged. From then on every frame of the link, the
+//! goodbye included, goes through the ring, read by one thread per incoming ring and handed
+//! to [`super::receive::deliver`] as a QUIC frame would be; both ends stop when the
+//! connection closes.
+//!
+//! Each end keeps the other's process as the link's [`LinkProbe`]: a process that exits
+//! (even by `kill -9`, with no supervisor to say so) is noticed at the next look of
+//! [`super::liveness`], at most 0.5 s later, instead of after the peer timeout; a stopped
+//! one (SIGSTOP) is waited for up to the paused timeout. A pid that now names another
+//! process (its start time differs) counts as exited.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;
@@ -24,6 +31,8 @@ use quinn::{Connection, SendStream, VarInt};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
+use super::liveness::{Far, LinkProbe};
+use super::process::{self, ProcessId};
 use super::receive::{check, deliver, BufferPool, Receiving};
 use super::send::FrameTransport;
 use super::shm::{self, Incoming, LinkBroken};
@@ -74,25 +83,43 @@ fn stop_flag(conn: &Connection) -> Arc<AtomicBool> {
     stop
 }
 
+/// This process's wire form for an offer or an answer: its [`ProcessId`], or zeros where
+/// `/proc` does not say (the other end then learns nothing of it).
+fn this_process() -> [u8; process::WIRE_LEN] {
+    ProcessId::this().map_or([0; process::WIRE_LEN], ProcessId::to_bytes)
+}
+
+/// The process `bytes` name, unless they are the zeros of an unknown one.
+fn named(bytes: &[u8]) -> Option<ProcessId> {
+    ProcessId::from_bytes(bytes).filter(|p| p.pid != 0)
+}
+
 /// Offers a new ring to the receiver at the other end of `conn`; returns the link's
-/// transport once the receiver has mapped it. Errors: no ring could be made, the receiver
-/// refused (its reason), no answer within [`OFFER_TIMEOUT`].
-pub async fn offer(conn: &Connection) -> anyhow::Result<ShmFrames> {
+/// transport once the receiver has mapped it, and puts the receiver's process in `probe`.
+/// Errors: no ring could be made, the receiver refused (its reason), no answer within
+/// [`OFFER_TIMEOUT`].
+pub async fn offer(conn: &Connection, probe: &LinkProbe) -> anyhow::Result<ShmFrames> {
     let mut writer =
         shm::Writer::create(Path::new(shm::SHM_DIR), shm::RING_BYTES, stop_flag(conn))?;
     let name = writer.name();
     let exchange = async {
         let (mut send, mut recv) = conn.open_bi().await?;
-        let mut msg = Vec::with_capacity(13 + name.len());
+        let mut msg = Vec::with_capacity(13 + name.len() + process::WIRE_LEN);
         msg.extend_from_slice(OFFER_TAG);
         msg.extend_from_slice(&writer.capacity().to_le_bytes());
         msg.push(name.len() as u8);
         msg.extend_from_slice(name.as_bytes());
+        msg.extend_from_slice(&this_process());
         send.write_all(&msg).await?;
         send.finish()?;
         let answer = recv.read_to_end(1024).await?;
         match answer.split_first_chunk::<2>() {
-            Some((b"OK", _)) => Ok(()),
+            Some((b"OK", far)) => {
+                if let Some(p) = named(far) {
+                    let _ = probe.set(Far::Process(p));
+                }
+                Ok(())
+            }
             Some((b"NO", why)) => bail!("refused: {}", String::from_utf8_lossy(why)),
             _ => bail!("an answer that is not one"),
         }
@@ -106,8 +133,8 @@ pub async fn offer(conn: &Connection) -> anyhow::Result<ShmFrames> {
     Ok(ShmFrames(Arc::new(Mutex::new(writer))))
 }
 
-/// Parses an offer: (capacity, name).
-fn parse_offer(msg: &[u8]) -> anyhow::Result<(u64, String)> {
+/// Parses an offer: (capacity, name, the offering process if known).
+fn parse_offer(msg: &[u8]) -> anyhow::Result<(u64, String, Option<ProcessId>)> {
     let rest = msg
         .strip_prefix(OFFER_TAG)
         .ok_or_else(|| anyhow!("not an offer"))?;
@@ -117,22 +144,27 @@ fn parse_offer(msg: &[u8]) -> anyhow::Result<(u64, String)> {
     let (&len, name) = rest
         .split_first()
         .ok_or_else(|| anyhow!("a truncated offer"))?;
-    anyhow::ensure!(name.len() == len as usize, "an offer of the wrong length");
+    anyhow::ensure!(
+        name.len() == len as usize + process::WIRE_LEN,
+        "an offer of the wrong length"
+    );
+    let (name, far) = name.split_at(len as usize);
     let name = std::str::from_utf8(name).context("a ring name that is not text")?;
-    Ok((u64::from_le_bytes(*cap), name.to_string()))
+    Ok((u64::from_le_bytes(*cap), name.to_string(), named(far)))
 }
 
 /// Answers the ring offered (`msg`, read from `send`'s stream) by the peer of `conn`
 /// (bound to `state.peer`) and, once mapped, reads the ring's frames on a thread of its own until
-/// the connection closes or the goodbye's count is complete. Only the `first` offer of a
-/// connection is taken (one transport per link). Frames are read into `pool`'s buffers.
+/// the connection closes or the goodbye's count is complete; the offering process goes into
+/// `probe`. Only the `first` offer of a connection is taken (one transport per link).
+/// Frames are read into `pool`'s buffers.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn answer_offer(
     conn: Connection,
     msg: &[u8],
     mut send: SendStream,
     events: mpsc::Sender<NetEvent>,
-    state: Arc<tokio::sync::Mutex<Receiving>>,
+    (state, probe): (Arc<tokio::sync::Mutex<Receiving>>, LinkProbe),
     max_payload_bytes: u32,
     first: bool,
     pool: BufferPool,
@@ -140,12 +172,16 @@ pub(super) async fn answer_offer(
     let peer = state.lock().await.peer;
     let opened = async {
         anyhow::ensure!(first, "this link has a transport already");
-        let (capacity, name) = parse_offer(msg)?;
-        shm::Reader::open(Path::new(shm::SHM_DIR), &name, capacity, stop_flag(&conn))
+        let (capacity, name, far) = parse_offer(msg)?;
+        let reader = shm::Reader::open(Path::new(shm::SHM_DIR), &name, capacity, stop_flag(&conn))?;
+        if let Some(p) = far {
+            let _ = probe.set(Far::Process(p));
+        }
+        anyhow::Ok(reader)
     }
     .await;
     let answer = match &opened {
-        Ok(_) => b"OK".to_vec(),
+        Ok(_) => [b"OK".as_slice(), &this_process()].concat(),
         Err(e) => {
             warn!(peer, "refused peer {peer}'s shared-memory ring: {e:#}");
             [b"NO".as_slice(), format!("{e:#}").as_bytes()].concat()
@@ -226,7 +262,19 @@ mod tests {
         msg.extend_from_slice(&(4u64 << 20).to_le_bytes());
         msg.push(5);
         msg.extend_from_slice(b"ring1");
-        assert_eq!(parse_offer(&msg).unwrap(), (4 << 20, "ring1".to_string()));
+        let me = ProcessId { pid: 42, start: 7 };
+        msg.extend_from_slice(&me.to_bytes());
+        assert_eq!(
+            parse_offer(&msg).unwrap(),
+            (4 << 20, "ring1".to_string(), Some(me))
+        );
+        // An offerer that does not know its process sends zeros.
+        let unknown = [
+            &msg[..msg.len() - process::WIRE_LEN],
+            &[0; process::WIRE_LEN],
+        ]
+        .concat();
+        assert_eq!(parse_offer(&unknown).unwrap().2, None);
         assert!(parse_offer(&msg[..msg.len() - 1]).is_err());
         assert!(parse_offer(b"SHM2").is_err());
         assert!(parse_offer(&msg[..6]).is_err());

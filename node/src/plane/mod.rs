@@ -28,6 +28,7 @@
 
 mod liveness;
 mod local_link;
+mod process;
 mod quic;
 mod receive;
 pub mod relay;
@@ -601,7 +602,7 @@ impl DataPlane {
         .await
         .map_err(|_| anyhow!("timed out connecting to peer {to} at {addr}"))?
         .with_context(|| format!("connecting to peer {to} at {addr}"))?;
-        let probe = tcp::TcpProbe::default();
+        let probe = liveness::LinkProbe::default();
         tokio::spawn(liveness::report_when_silent(
             conn.clone(),
             self.timeouts,
@@ -681,7 +682,7 @@ impl DataPlane {
         (to, addr, peer_id): (Rank, SocketAddr, PeerId),
         conn: &Connection,
         relayed: bool,
-        probe: &tcp::TcpProbe,
+        probe: &liveness::LinkProbe,
     ) -> anyhow::Result<Other> {
         let here = local_link::same_host(addr);
         let tcp = || {
@@ -703,7 +704,7 @@ impl DataPlane {
                     format!("a TCP link to peer {to} at {addr} (--transport tcp)")
                 })?)
             }
-            TransportChoice::Auto if here => match local_link::offer(conn).await {
+            TransportChoice::Auto if here => match local_link::offer(conn, probe).await {
                 Ok(ring) => Other::Ring(ring),
                 Err(e) => {
                     info!(

@@ -184,7 +184,7 @@ async fn serve_connection(
         incarnation,
         acks,
     )));
-    let probe = super::tcp::TcpProbe::default();
+    let probe = liveness::LinkProbe::default();
     tokio::spawn(liveness::report_when_silent(
         conn.clone(),
         timeouts,
@@ -227,7 +227,8 @@ async fn serve_connection(
                             .await
                         } else {
                             local_link::answer_offer(
-                                conn, &msg, send, events, state, max_payload_bytes, first, pool,
+                                conn, &msg, send, events, (state, probe), max_payload_bytes,
+                                first, pool,
                             )
                             .await
                         }

@@ -49,7 +49,7 @@ use std::collections::HashMap;
 use std::io::{IoSlice, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
@@ -64,7 +64,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::liveness::Host;
+use super::liveness::{Far, Host, LinkProbe};
 use super::receive::{check, deliver, BufferPool, Receiving};
 use super::send::FrameTransport;
 use super::{tls, NetEvent};
@@ -112,10 +112,6 @@ impl Wire {
         }
     }
 }
-
-/// The TCP connection of a link, once it has one: what [`host`] asks the kernel about. Made
-/// with the link's QUIC connection, filled when the TCP connection is bound to it.
-pub type TcpProbe = Arc<OnceLock<TcpStream>>;
 
 /// Keep-alive probes on an idle TCP link: the first after 1 s without traffic, then every
 /// 1 s; the kernel ends the connection after this many unanswered ones.
@@ -191,13 +187,10 @@ fn tcp_view(_tcp: &TcpStream) -> Option<TcpView> {
     None
 }
 
-/// What the kernel says of the far host of a link's TCP connection (`probe`):
-/// [`Host::Unknown`] if the link has none.
-pub fn host(probe: &TcpProbe) -> Host {
-    probe
-        .get()
-        .and_then(tcp_view)
-        .map_or(Host::Unknown, |v| v.host())
+/// What the kernel says of the far host of a link's TCP connection `tcp`
+/// ([`Host::Unknown`] where it does not say).
+pub fn host_of(tcp: &TcpStream) -> Host {
+    tcp_view(tcp).map_or(Host::Unknown, |v| v.host())
 }
 
 /// An offer answered, waiting for its TCP connection.
@@ -211,8 +204,8 @@ struct Pending {
     max_payload_bytes: u32,
     pool: BufferPool,
     made: Instant,
-    /// The link's [`TcpProbe`], filled once the connection is bound.
-    probe: TcpProbe,
+    /// The link's [`LinkProbe`], filled once the connection is bound.
+    probe: LinkProbe,
 }
 
 /// The receiving side of the TCP links of one data plane: its listener and the offers
@@ -490,7 +483,7 @@ pub async fn offer(
     key: &Keypair,
     remote: PeerId,
     provider: Arc<rustls::crypto::CryptoProvider>,
-    probe: &TcpProbe,
+    probe: &LinkProbe,
 ) -> anyhow::Result<TcpFrames> {
     let exchange = async {
         let (mut send, mut recv) = conn.open_bi().await?;
@@ -519,7 +512,7 @@ pub async fn offer(
         .and_then(|(socket, writer)| {
             let peer = socket.peer_addr()?;
             let frames = TcpFrames::spawn(writer, peer)?;
-            let _ = probe.set(socket.try_clone()?);
+            let _ = probe.set(Far::Tcp(socket.try_clone()?));
             shut_when_closed(conn, Some(socket));
             Ok(frames)
         })
@@ -610,7 +603,7 @@ pub(super) async fn answer_offer(
     (conn, peer): (Connection, PeerId),
     mut send: SendStream,
     events: mpsc::Sender<NetEvent>,
-    (state, probe): (Arc<tokio::sync::Mutex<Receiving>>, TcpProbe),
+    (state, probe): (Arc<tokio::sync::Mutex<Receiving>>, LinkProbe),
     max_payload_bytes: u32,
     first: bool,
 ) {
@@ -691,7 +684,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, side: Arc<TcpSide>) {
                 {
                     Ok((reader, socket, stamp, p)) => {
                         if let Ok(s) = socket.try_clone() {
-                            let _ = p.probe.set(s);
+                            let _ = p.probe.set(Far::Tcp(s));
                         }
                         {
                             let _in_runtime = rt.enter();
@@ -915,14 +908,15 @@ mod tests {
     /// probes) still answers after several seconds; one that closed does not.
     #[test]
     fn the_kernel_says_a_far_end_that_stopped_reading_answers_and_a_closed_one_does_not() {
+        use crate::plane::liveness::host;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let probe = TcpProbe::default();
+        let probe = LinkProbe::default();
         assert_eq!(host(&probe), Host::Unknown);
         let tcp = TcpStream::connect(addr).unwrap();
         keep_alive(&tcp).unwrap();
         let (far, _) = listener.accept().unwrap();
-        probe.set(tcp.try_clone().unwrap()).unwrap();
+        probe.set(Far::Tcp(tcp.try_clone().unwrap())).unwrap();
         assert_eq!(host(&probe), Host::Answers);
         // Fill the far end's window: writes stop once it is full.
         tcp.set_nonblocking(true).unwrap();
