@@ -407,9 +407,30 @@ fn the_launcher_tells_the_others_at_once_that_a_peer_died() {
 }
 
 #[test]
+fn a_paused_peer_is_waited_for_and_the_run_finishes_without_a_departure() {
+    // Stopped longer than the peer timeout (5 s), less than the paused timeout (30 s): its
+    // neighbours see its process stopped, not gone, and wait for it.
+    let mut l = Launch::start(&["--epochs=4"]);
+    l.wait_for_epoch(1);
+    let paused = l.peer(1);
+    signal(paused, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(7));
+    signal(paused, libc::SIGCONT);
+    let (status, out, err) = l.finish(Duration::from_secs(120));
+    assert!(status.success(), "{out}\n{err}");
+    assert!(out.contains("peer 1 is stopped"), "{out}");
+    assert!(!out.contains("peer 1 left the run"), "{out}");
+    let s = l.summary();
+    assert_eq!(text(&s["outcome"]), "completed");
+    assert_eq!(text(&s["departures"]), "", "{s}");
+    assert_eq!(text(&s["peer_failures"]), "", "{s}");
+}
+
+#[test]
 fn a_paused_peer_leaves_with_an_accurate_message_and_the_run_finishes() {
-    // No --restart-failed: the paused peer leaves for good and the others finish.
-    let mut l = Launch::start(&["--epochs=8"]);
+    // No --restart-failed: the paused peer leaves for good and the others finish. The
+    // paused timeout at the peer timeout: its neighbours take it for departed at 5 s.
+    let mut l = Launch::start(&["--epochs=8", "--paused-timeout-secs=5"]);
     l.wait_for_epoch(1);
     let paused = l.peer(1);
     signal(paused, libc::SIGSTOP);

@@ -364,9 +364,11 @@ impl<'a> Supervisor<'a> {
                     p.stopped = stopped;
                     print(if stopped {
                         format!(
-                            "peer {} is stopped (SIGSTOP or a debugger) at epoch {epoch}; after \
-                             --peer-timeout-secs {} s the others go on without it",
-                            p.rank, args.net.peer_timeout_secs
+                            "peer {} is stopped (SIGSTOP or a debugger) at epoch {epoch}; its \
+                             neighbours wait for it up to --paused-timeout-secs {} s, then go on \
+                             without it",
+                            p.rank,
+                            args.net.paused_timeout_secs.max(args.net.peer_timeout_secs)
                         )
                     } else {
                         format!("peer {} continues", p.rank)
