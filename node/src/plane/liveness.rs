@@ -22,8 +22,10 @@
 //! the far host answers ([`Host`]). A peer silent for the peer timeout whose host still
 //! answers is waited for up to the paused timeout (`--paused-timeout-secs`) before it is
 //! reported lost, with one warning; a vanished host stops answering and is reported at the
-//! peer timeout as before ([`verdict`]). Without a TCP link (QUIC, shared memory) nothing
-//! tells the two apart, and the peer timeout decides.
+//! peer timeout as before ([`verdict`]). On one host a shared-memory link's ends know each
+//! other's process ([`super::process`]): a stopped one is waited for the same way, and one
+//! that exited is reported at once, at the next look. On QUIC alone (through NATs, relayed)
+//! nothing tells the two apart, and the peer timeout decides.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,8 +52,8 @@ pub fn keep_alive_interval(peer_timeout: Duration) -> Duration {
 /// How long a silent peer is waited for ([`report_when_silent`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
-    /// Silence after which a peer is lost (`--peer-timeout-secs`), unless its host still
-    /// answers on the link's TCP connection.
+    /// Silence after which a peer is lost (`--peer-timeout-secs`), unless the link says it
+    /// is not dead ([`Host::Answers`]).
     pub peer: Duration,
     /// Silence after which a peer whose host still answers (a paused or hung process) is
     /// lost (`--paused-timeout-secs`); taken as at least `peer`.
@@ -243,13 +245,18 @@ pub async fn silent(
                     Verdict::Paused => {
                         if silent_from.is_none() {
                             silent_from = Some(now - s);
+                            let why = match probe.get() {
+                                Some(Far::Process(_)) => {
+                                    "its process on this host is stopped or hung, not gone"
+                                }
+                                _ => "its host still answers on the TCP link: its process is \
+                                      paused or hung, not dead",
+                            };
                             warn!(
                                 peer,
                                 "peer {peer} has been silent for {:.1} s on the connection \
-                                 {direction} it, but it is not dead (its host still answers \
-                                 on the TCP link, or its process on this host is stopped or \
-                                 hung): waiting up to {} s (--paused-timeout-secs) before \
-                                 taking it for departed",
+                                 {direction} it, but {why}; waiting up to {} s \
+                                 (--paused-timeout-secs) before taking it for departed",
                                 s.as_secs_f64(),
                                 t.paused().as_secs()
                             );
