@@ -36,10 +36,11 @@ pub const DEPARTED_EXIT_CODE: u8 = 75;
 /// the peer timeout) and has left it; restarting it with `--resume` takes it back.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "this peer was paused for {paused:.1} s (longer than --peer-timeout-secs {timeout_secs}: \
-     SIGSTOP, a debugger or a suspended machine), so the other peers went on without it and \
-     it has left the run; restart it with --resume to rejoin (murmur launch --restart-failed \
-     does). What failed on its return: {cause}"
+    "this peer was paused for {paused:.1} s (SIGSTOP, a debugger or a suspended machine), \
+     longer than its neighbours wait for it (--peer-timeout-secs {timeout_secs}, or \
+     --paused-timeout-secs where they can tell it is paused: over TCP and on one host), so \
+     the other peers went on without it and it has left the run; restart it with --resume \
+     to rejoin (murmur launch --restart-failed does). What failed on its return: {cause}"
 )]
 pub struct Departed {
     /// Seconds the process was paused.
