@@ -310,6 +310,9 @@ pub struct GossipArgs {
     pub straggler_deadline_ms: Option<StragglerDeadline>,
 }
 
+/// `--paused-timeout-secs` when not given, unless the round timeout is shorter.
+pub const DEFAULT_PAUSED_TIMEOUT_SECS: u64 = 30;
+
 /// Network: timeouts, admission (allow-list, run key) and link emulation.
 #[derive(Debug, Clone, Args, Serialize)]
 #[command(next_help_heading = "Network")]
@@ -329,16 +332,19 @@ pub struct NetArgs {
     /// silent for up to 3.8 s while starting, so 3 s took live peers for departed.
     #[arg(long, default_value_t = 5)]
     pub peer_timeout_secs: u64,
-    /// Seconds a silent peer is waited for when its host still answers: on a link with a
-    /// TCP connection (between hosts, `--transport tcp`) the kernel tells a paused or hung
-    /// process (SIGSTOP, a debugger, a scheduler's suspend), whose host still acknowledges
-    /// TCP, from a vanished host, which does not (and from a dead process, whose kernel
-    /// closes its sockets at once). Such a peer is a straggler, not a departure: its
-    /// neighbours warn and wait (or skip it, with `--straggler-policy skip`) up to this
-    /// long before it is taken for departed. At least --peer-timeout-secs. Links without TCP
-    /// (QUIC, shared memory) cannot tell, and use --peer-timeout-secs.
-    #[arg(long, default_value_t = 30)]
-    pub paused_timeout_secs: u64,
+    /// Seconds a silent peer is waited for when its link says it is paused, not dead: on a
+    /// link with a TCP connection (between hosts, `--transport tcp`) the kernel tells a
+    /// paused or hung process (SIGSTOP, a debugger, a scheduler's suspend), whose host still
+    /// acknowledges TCP, from a vanished host, which does not (and from a dead process, whose
+    /// kernel closes its sockets at once); on one host, a shared-memory link sees the other
+    /// process stopped, running or gone. Such a peer is a straggler, not a departure: its
+    /// neighbours warn and wait (or skip it, with `--straggler-policy skip`) up to this long
+    /// before it is taken for departed. Default 30, or less to stay below
+    /// --round-timeout-secs (a round that waits longer fails); at least --peer-timeout-secs.
+    /// Links on QUIC alone (NATs, relays) cannot tell, and use --peer-timeout-secs.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused_timeout_secs: Option<u64>,
     /// Only these peers may join (and so reach the data plane): a file of `PeerId`s, one per
     /// line, as `murmur identity KEYFILE` prints them. Checked by peer 0 at join. Default:
     /// any peer with the run's options.
@@ -576,6 +582,15 @@ impl RunArgs {
                 self.net.peer_timeout_secs
             );
         }
+        if let Some(paused) = self.net.paused_timeout_secs {
+            if self.net.round_timeout_secs <= paused {
+                bail!(
+                    "--round-timeout-secs ({}) must exceed --paused-timeout-secs ({paused}): a \
+                     round that waits for a paused neighbour longer than that fails",
+                    self.net.round_timeout_secs
+                );
+            }
+        }
         if self.train.rounds_per_epoch == Some(0) {
             bail!("--rounds-per-epoch must be at least 1");
         }
@@ -656,6 +671,20 @@ impl RunArgs {
                 self.gossip.straggler_deadline_ms,
                 Some(StragglerDeadline::Auto)
             ),
+        }
+    }
+
+    /// How long a silent peer is waited for: the peer timeout, and the paused timeout
+    /// (`--paused-timeout-secs`, by default 30 s or one second less than the round timeout,
+    /// and at least the peer timeout) for a peer whose link says it is paused, not dead.
+    pub fn timeouts(&self) -> crate::plane::Timeouts {
+        let net = &self.net;
+        let paused = net.paused_timeout_secs.unwrap_or_else(|| {
+            DEFAULT_PAUSED_TIMEOUT_SECS.min(net.round_timeout_secs.saturating_sub(1))
+        });
+        crate::plane::Timeouts {
+            peer: std::time::Duration::from_secs(net.peer_timeout_secs),
+            paused: std::time::Duration::from_secs(paused.max(net.peer_timeout_secs)),
         }
     }
 

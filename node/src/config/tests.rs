@@ -296,3 +296,30 @@ fn a_biased_pseudo_gradient_with_a_large_outer_step_is_warned_about() {
     assert_eq!(w.len(), 1);
     assert!(!w[0].contains("  "), "{}", w[0]);
 }
+
+#[test]
+fn a_paused_peer_is_waited_for_30_s_or_less_than_a_round_and_never_less_than_the_peer_timeout() {
+    let secs = |a: &[&str]| {
+        let t = parse(&[&["murmur", "launch"], a].concat())
+            .unwrap()
+            .timeouts();
+        (t.peer.as_secs(), t.paused().as_secs())
+    };
+    assert_eq!(secs(&[]), (5, 30));
+    // Not given: one second less than a shorter round timeout.
+    assert_eq!(secs(&["--round-timeout-secs=20"]), (5, 19));
+    // Never less than the peer timeout.
+    assert_eq!(
+        secs(&["--peer-timeout-secs=120", "--round-timeout-secs=300"]),
+        (120, 120)
+    );
+    assert_eq!(secs(&["--paused-timeout-secs=45"]), (5, 45));
+    assert_eq!(secs(&["--paused-timeout-secs=2"]), (5, 5));
+    // Given: it must stay below the round timeout, or a waiting round fails first.
+    let e = parse(&["murmur", "launch", "--paused-timeout-secs=60"]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("--round-timeout-secs (60) must exceed --paused-timeout-secs (60)"),
+        "{e}"
+    );
+}

@@ -368,7 +368,7 @@ impl<'a> Supervisor<'a> {
                              neighbours wait for it up to --paused-timeout-secs {} s, then go on \
                              without it",
                             p.rank,
-                            args.net.paused_timeout_secs.max(args.net.peer_timeout_secs)
+                            args.timeouts().paused().as_secs()
                         )
                     } else {
                         format!("peer {} continues", p.rank)

@@ -270,10 +270,7 @@ fn join(
             rank,
             peer.data_addr,
             max_payload,
-            crate::plane::Timeouts {
-                peer: Duration::from_secs(args.net.peer_timeout_secs),
-                paused: Duration::from_secs(args.net.paused_timeout_secs),
-            },
+            args.timeouts(),
             &key,
             admitted.clone(),
         )
