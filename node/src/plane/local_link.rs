@@ -16,7 +16,8 @@
 //! (even by `kill -9`, with no supervisor to say so) is noticed at the next look of
 //! [`super::liveness`], at most 0.5 s later, instead of after the peer timeout; a stopped
 //! one (SIGSTOP) is waited for up to the paused timeout. A pid that now names another
-//! process (its start time differs) counts as exited.
+//! process (its start time differs) counts as exited; one this process cannot see when the
+//! link is set up (another pid namespace) is not watched.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;
@@ -32,7 +33,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::liveness::{Far, LinkProbe};
-use super::process::{self, ProcessId};
+use super::process::{self, ProcessId, ProcessState};
 use super::receive::{check, deliver, BufferPool, Receiving};
 use super::send::FrameTransport;
 use super::shm::{self, Incoming, LinkBroken};
@@ -94,6 +95,23 @@ fn named(bytes: &[u8]) -> Option<ProcessId> {
     ProcessId::from_bytes(bytes).filter(|p| p.pid != 0)
 }
 
+/// Keeps the other end's process `far` as the link's probe if this process can see it. It
+/// has just spoken, so it is alive: not finding it means another pid namespace (a container
+/// that shares the host's network and shared memory but not its pids), where its pid says
+/// nothing, and the link keeps to the peer timeout.
+fn watch(probe: &LinkProbe, far: Option<ProcessId>) {
+    match far {
+        Some(p) if p.state() != ProcessState::Gone => {
+            let _ = probe.set(Far::Process(p));
+        }
+        Some(p) => debug!(
+            pid = p.pid,
+            "the other end's process is not visible from here"
+        ),
+        None => {}
+    }
+}
+
 /// Offers a new ring to the receiver at the other end of `conn`; returns the link's
 /// transport once the receiver has mapped it, and puts the receiver's process in `probe`.
 /// Errors: no ring could be made, the receiver refused (its reason), no answer within
@@ -115,9 +133,7 @@ pub async fn offer(conn: &Connection, probe: &LinkProbe) -> anyhow::Result<ShmFr
         let answer = recv.read_to_end(1024).await?;
         match answer.split_first_chunk::<2>() {
             Some((b"OK", far)) => {
-                if let Some(p) = named(far) {
-                    let _ = probe.set(Far::Process(p));
-                }
+                watch(probe, named(far));
                 Ok(())
             }
             Some((b"NO", why)) => bail!("refused: {}", String::from_utf8_lossy(why)),
@@ -174,9 +190,7 @@ pub(super) async fn answer_offer(
         anyhow::ensure!(first, "this link has a transport already");
         let (capacity, name, far) = parse_offer(msg)?;
         let reader = shm::Reader::open(Path::new(shm::SHM_DIR), &name, capacity, stop_flag(&conn))?;
-        if let Some(p) = far {
-            let _ = probe.set(Far::Process(p));
-        }
+        watch(&probe, far);
         anyhow::Ok(reader)
     }
     .await;
@@ -278,6 +292,25 @@ mod tests {
         assert!(parse_offer(&msg[..msg.len() - 1]).is_err());
         assert!(parse_offer(b"SHM2").is_err());
         assert!(parse_offer(&msg[..6]).is_err());
+    }
+
+    #[test]
+    fn only_a_process_this_one_can_see_is_watched() {
+        let probe = LinkProbe::default();
+        // A pid of another namespace: nothing here has this start time.
+        let me = ProcessId::this().unwrap();
+        watch(
+            &probe,
+            Some(ProcessId {
+                start: me.start + 1,
+                ..me
+            }),
+        );
+        assert!(probe.get().is_none());
+        watch(&probe, None);
+        assert!(probe.get().is_none());
+        watch(&probe, Some(me));
+        assert!(matches!(probe.get(), Some(Far::Process(p)) if *p == me));
     }
 
     #[test]
