@@ -611,26 +611,37 @@ fn a_peer_killed_on_shared_memory_links_is_noticed_at_once_without_a_supervisor(
     killed_by_hand_is_noticed_at_once("auto", "its process (pid");
 }
 
+/// `n` peers started by hand on a ring of 25 rounds an epoch, links over `transport`, with
+/// `options`; returned once epoch 1 is recorded.
+fn ring_by_hand(n: usize, transport: &str, options: &[&str]) -> Cluster {
+    let mut c = Cluster::new();
+    let mut run = args(&[
+        &format!("--peers={n}"),
+        "--topology=ring",
+        "--rounds-per-epoch=25",
+        &format!("--transport={transport}"),
+    ]);
+    run.extend(args(options));
+    c.start(n, &run);
+    wait_for_epoch(&c, 1);
+    c
+}
+
 /// `murmur peer` by hand (no launcher to report the exit), links over `transport`, and a
 /// peer timeout far longer than the test allows: only the dead process's kernel closing its
 /// TCP sockets, or its process gone from this host, can explain the departure; a survivor's
 /// log says which (`notice`).
 fn killed_by_hand_is_noticed_at_once(transport: &str, notice: &str) {
     let (n, victim) = (4, 2);
-    let mut c = Cluster::new();
-    c.start(
+    let mut c = ring_by_hand(
         n,
-        &args(&[
-            &format!("--peers={n}"),
-            "--topology=ring",
+        transport,
+        &[
             "--epochs=5",
-            "--rounds-per-epoch=25",
-            &format!("--transport={transport}"),
             "--peer-timeout-secs=120",
             "--round-timeout-secs=300",
-        ]),
+        ],
     );
-    wait_for_epoch(&c, 1);
     let t0 = Instant::now();
     c.children[victim].kill().unwrap();
     let survivors: Vec<(usize, usize)> = (0..n).filter(|&r| r != victim).map(|r| (r, r)).collect();
@@ -670,20 +681,15 @@ fn a_paused_peer_on_shared_memory_links_is_waited_for_not_taken_for_departed() {
 /// departed.
 fn paused_by_hand_is_waited_for(transport: &str) {
     let (n, victim) = (4, 2);
-    let mut c = Cluster::new();
-    c.start(
+    let mut c = ring_by_hand(
         n,
-        &args(&[
-            &format!("--peers={n}"),
-            "--topology=ring",
+        transport,
+        &[
             "--epochs=4",
-            "--rounds-per-epoch=25",
-            &format!("--transport={transport}"),
             "--peer-timeout-secs=2",
             "--round-timeout-secs=60",
-        ]),
+        ],
     );
-    wait_for_epoch(&c, 1);
     let pid = c.children[victim].id() as i32;
     // SAFETY: signals to a child process of this test.
     unsafe { libc::kill(pid, libc::SIGSTOP) };

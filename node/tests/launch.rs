@@ -201,6 +201,13 @@ fn signal(pid: i32, sig: i32) {
     }
 }
 
+/// Stops process `pid` (SIGSTOP) for `pause`, then lets it continue.
+fn stop_for(pid: i32, pause: Duration) {
+    signal(pid, libc::SIGSTOP);
+    std::thread::sleep(pause);
+    signal(pid, libc::SIGCONT);
+}
+
 fn text(v: &Value) -> &str {
     v.as_str().unwrap_or_default()
 }
@@ -412,10 +419,7 @@ fn a_paused_peer_is_waited_for_and_the_run_finishes_without_a_departure() {
     // neighbours see its process stopped, not gone, and wait for it.
     let mut l = Launch::start(&["--epochs=4"]);
     l.wait_for_epoch(1);
-    let paused = l.peer(1);
-    signal(paused, libc::SIGSTOP);
-    std::thread::sleep(Duration::from_secs(7));
-    signal(paused, libc::SIGCONT);
+    stop_for(l.peer(1), Duration::from_secs(7));
     let (status, out, err) = l.finish(Duration::from_secs(120));
     assert!(status.success(), "{out}\n{err}");
     assert!(out.contains("peer 1 is stopped"), "{out}");
@@ -432,11 +436,8 @@ fn a_paused_peer_leaves_with_an_accurate_message_and_the_run_finishes() {
     // paused timeout at the peer timeout: its neighbours take it for departed at 5 s.
     let mut l = Launch::start(&["--epochs=8", "--paused-timeout-secs=5"]);
     l.wait_for_epoch(1);
-    let paused = l.peer(1);
-    signal(paused, libc::SIGSTOP);
     // Longer than --peer-timeout-secs (5 s): the others declare it departed.
-    std::thread::sleep(Duration::from_secs(10));
-    signal(paused, libc::SIGCONT);
+    stop_for(l.peer(1), Duration::from_secs(10));
     let (status, out, err) = l.finish(Duration::from_secs(240));
     assert!(status.success(), "{out}\n{err}");
     assert!(out.contains("peer 1 is stopped"), "{out}");

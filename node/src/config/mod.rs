@@ -675,8 +675,9 @@ impl RunArgs {
     }
 
     /// How long a silent peer is waited for: the peer timeout, and the paused timeout
-    /// (`--paused-timeout-secs`, by default 30 s or one second less than the round timeout,
-    /// and at least the peer timeout) for a peer whose link says it is paused, not dead.
+    /// (`--paused-timeout-secs`, by default 30 s or one second less than the round timeout;
+    /// [`crate::plane::Timeouts::paused`] keeps it at least the peer timeout) for a peer
+    /// whose link says it is paused, not dead.
     pub fn timeouts(&self) -> crate::plane::Timeouts {
         let net = &self.net;
         let paused = net.paused_timeout_secs.unwrap_or_else(|| {
@@ -684,7 +685,7 @@ impl RunArgs {
         });
         crate::plane::Timeouts {
             peer: std::time::Duration::from_secs(net.peer_timeout_secs),
-            paused: std::time::Duration::from_secs(paused.max(net.peer_timeout_secs)),
+            paused: std::time::Duration::from_secs(paused),
         }
     }
 

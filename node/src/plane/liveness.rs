@@ -108,14 +108,6 @@ pub fn host(probe: &LinkProbe) -> Host {
     }
 }
 
-/// The far process, if it is on this host and has exited.
-fn exited(probe: &LinkProbe) -> Option<ProcessId> {
-    match probe.get() {
-        Some(Far::Process(p)) if p.state() == ProcessState::Gone => Some(*p),
-        _ => None,
-    }
-}
-
 /// What the far end of a link says of its host: through its TCP connection (the kernel's
 /// view) or, on this host, its process ([`host`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,8 +217,11 @@ pub async fn silent(
         tokio::select! {
             _ = conn.closed() => return None,
             now = ticks.tick() => {
-                if let Some(p) = exited(probe) {
-                    return Some(Loss::Exited(p));
+                // One look at the far end a tick: a process of this host that is gone is
+                // lost at once, whatever the silence.
+                let host = host(probe);
+                if let (Host::Silent, Some(Far::Process(p))) = (host, probe.get()) {
+                    return Some(Loss::Exited(*p));
                 }
                 let Some(s) = clock.look(now, conn.stats().udp_rx.datagrams) else {
                     if let Some(from) = silent_from.take() {
@@ -239,7 +234,6 @@ pub async fn silent(
                     }
                     continue;
                 };
-                let host = host(probe);
                 match verdict(s, t, host) {
                     Verdict::Lost => return Some(Loss::Silent(s, host)),
                     Verdict::Paused => {
