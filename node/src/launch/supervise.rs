@@ -385,6 +385,12 @@ impl<'a> Supervisor<'a> {
                 false
             }
         });
+        // A peer killed by a signal first: the survivors of a killed neighbour may exit
+        // with an error in the same poll, and the stated cause should be the kill.
+        exited.sort_by_key(|(_, _, status)| {
+            use std::os::unix::process::ExitStatusExt;
+            status.map_or(1, |s| u8::from(s.signal().is_none()))
+        });
         let mut stop = None;
         for (rank, incarnation, status) in exited {
             let success = status.is_some_and(|s| s.success());
