@@ -312,6 +312,21 @@ impl ProtocolOption {
             _ => Ok(()),
         },
     };
+    /// The size of a part of D-PSGD's streamed message in MB, 0 for whole messages
+    /// (`--part-mb`; [`crate::mixing::streaming`]).
+    pub const PART_MB: Self = Self {
+        flag: "--part-mb",
+        key: "part_mb",
+        what: "the size of a streamed message's parts in MB",
+        given: |o| o.part_mb.is_some(),
+        value: |o, _| o.part_mb().to_string(),
+        check: |o| match o.part_mb {
+            Some(mb) if !(mb >= 0.0 && mb.is_finite()) => {
+                Err(format!("must be a size in MB, 0 or more, got {mb}"))
+            }
+            _ => Ok(()),
+        },
+    };
     /// Byzantine-robust mixing (`--robust`).
     pub const ROBUST: Self = Self {
         flag: "--robust",
@@ -337,6 +352,7 @@ impl ProtocolOption {
         Self::FRAGMENTS,
         Self::MERGE_ALPHA,
         Self::ROBUST,
+        Self::PART_MB,
     ];
 }
 
@@ -390,6 +406,9 @@ pub struct AlgorithmOptions {
     pub merge_alpha: Option<f32>,
     /// Byzantine-robust mixing (ClippedGossip); `None`: plain gossip.
     pub robust: Option<crate::mixing::robust::ClipRule>,
+    /// D-PSGD's streamed parts in MB, 0 for whole messages; `None`:
+    /// [`crate::mixing::streaming::DEFAULT_PART_MB`].
+    pub part_mb: Option<f64>,
 }
 
 impl AlgorithmOptions {
@@ -435,6 +454,13 @@ impl AlgorithmOptions {
     /// Streaming DiLoCo's merge factor α: the one given, else [`DEFAULT_MERGE_ALPHA`].
     pub fn merge_alpha(&self) -> f32 {
         self.merge_alpha.unwrap_or(DEFAULT_MERGE_ALPHA)
+    }
+
+    /// D-PSGD's streamed parts in MB: `--part-mb`, else
+    /// [`crate::mixing::streaming::DEFAULT_PART_MB`].
+    pub fn part_mb(&self) -> f64 {
+        self.part_mb
+            .unwrap_or(crate::mixing::streaming::DEFAULT_PART_MB)
     }
 
     /// DiLoCo's outer step: the optimizer given (else Nesterov; SGD with `--compressor

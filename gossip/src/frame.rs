@@ -67,6 +67,11 @@ pub enum FrameKind {
     /// bytes per second (payload: `f64` LE), so that the receiver chooses what to send on
     /// that link from a measurement of the direction it uses (see [`crate::ChocoAuto`]).
     LinkRate = 14,
+    /// One part of a gossip message streamed in parts (a large model's x cut into
+    /// contiguous slices, each mixed as it arrives; see [`crate::mixing::streaming`]).
+    /// Payload: part index u32 LE, part count u32 LE, then the part's `murmur_compress`
+    /// message; the header's `dim` is the part's length.
+    GossipPart = 15,
 }
 
 impl FrameKind {
@@ -79,6 +84,7 @@ impl FrameKind {
         matches!(
             self,
             Self::Gossip
+                | Self::GossipPart
                 | Self::PushSum
                 | Self::Reduce
                 | Self::Push
@@ -113,6 +119,7 @@ impl FrameKind {
             12 => Some(Self::Skip),
             13 => Some(Self::Admit),
             14 => Some(Self::LinkRate),
+            15 => Some(Self::GossipPart),
             _ => None,
         }
     }
@@ -269,13 +276,13 @@ mod tests {
     #[test]
     fn every_kind_is_the_algorithms_or_the_nodes() {
         let kinds: Vec<FrameKind> = (0..=255).filter_map(FrameKind::from_u8).collect();
-        assert_eq!(kinds.len(), 14);
+        assert_eq!(kinds.len(), 15);
         let algorithm: Vec<u8> = kinds
             .iter()
             .filter(|k| k.is_algorithm())
             .map(|&k| k as u8)
             .collect();
-        assert_eq!(algorithm, [1, 4, 5, 6, 7, 12, 14]);
+        assert_eq!(algorithm, [1, 4, 5, 6, 7, 12, 14, 15]);
         let handshake: Vec<u8> = kinds
             .iter()
             .filter(|k| k.is_membership_handshake())

@@ -173,6 +173,23 @@ pub enum GossipError {
         /// Highest accepted round.
         hi: u64,
     },
+    /// A part of a streamed message that is not the part this state machine mixes, or
+    /// of a message cut into another number of parts ([`crate::mixing::streaming`]).
+    #[error(
+        "frame from peer {from} is part {got_part} of {got_parts}; expected part {part} of {parts}"
+    )]
+    WrongPart {
+        /// Sender.
+        from: Rank,
+        /// The part expected.
+        part: u32,
+        /// The part count expected.
+        parts: u32,
+        /// The frame's part index (`u32::MAX` if the frame had no part prefix).
+        got_part: u32,
+        /// The frame's part count (0 if the frame had no part prefix).
+        got_parts: u32,
+    },
     /// A second message from the same peer for the same round.
     #[error("duplicate message from peer {from} for round {round}")]
     Duplicate {
@@ -577,6 +594,21 @@ pub trait Gossip: Send {
     /// bugs).
     fn apply_gradient(&mut self, _grad: &[f32]) {
         panic!("this algorithm takes its gradient in begin_round; it does not overlap");
+    }
+
+    /// For an algorithm whose [`Gossip::overlaps_gradient`] is `true`, while a round begun
+    /// with `grad = None` is mixing: its gradient `grad: [d]` is known, and the driver will
+    /// begin the next round from this round's result, x_i − η·grad, with nothing changed in
+    /// between. An algorithm that mixes x in parts ([`mixing::streaming`]) then applies it
+    /// to each part as that part has mixed and begins that part's next round at once, so a
+    /// large model's next frames leave while the rest of this round still arrives.
+    /// [`Gossip::apply_gradient`] still follows [`GossipEvent::Mixed`] and applies `grad`
+    /// only where this did not. The default ignores it.
+    ///
+    /// # Panics
+    /// If `grad` is not `[d]` (a driver bug).
+    fn stream_next(&mut self, now: Instant, grad: &[f32]) {
+        let _ = (now, grad);
     }
 }
 

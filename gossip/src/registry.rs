@@ -290,7 +290,10 @@ mod tests {
     fn the_fingerprint_names_the_options_of_the_runs_algorithms_with_their_defaults() {
         let spec = |s: &str| s.parse::<AlgorithmSpec>().unwrap();
         let o = AlgorithmOptions::default();
-        assert_eq!(o.protocol_fingerprint(&[spec("dpsgd")]), "robust=none");
+        assert_eq!(
+            o.protocol_fingerprint(&[spec("dpsgd")]),
+            "robust=none part_mb=4"
+        );
         assert_eq!(
             o.protocol_fingerprint(&[spec("choco")]),
             "gamma=0.1 robust=none"

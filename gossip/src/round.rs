@@ -12,6 +12,8 @@
 //! (compute g at x)      frames move meanwhile; an algorithm that communicates in the
 //!                       background (Streaming DiLoCo) is handed the frames that arrive
 //! Round::computed(x, g) without overlap, the exchange begins now from x with g; drain
+//!                       (with overlap, g goes to Gossip::stream_next if the next round
+//!                       follows at once: parts of it may leave before this one mixes)
 //! (until Mixed)         the driver feeds frames and timeouts to the state machine
 //! Round::finish(g)      with overlap, x ← mixed x − η g (Gossip::apply_gradient)
 //! ```
@@ -63,15 +65,24 @@ impl Round {
 
     /// The local direction `grad: [d]` at `x: [d]` is computed (`None`: a step of zero
     /// gradient). Without overlap, the exchange begins now, and `true` says so: the driver
-    /// drains [`Gossip::poll_transmit`]. With overlap it began in [`Round::start`]: `false`.
+    /// drains [`Gossip::poll_transmit`]. With overlap it began in [`Round::start`]: `false`;
+    /// if `next_follows` (the driver begins the next round from this one's result, with
+    /// nothing changed in between: no checkpoint, no end of the run), the gradient is handed
+    /// over now ([`Gossip::stream_next`]) so that an algorithm streaming its message in parts
+    /// may send parts of the next round before this one has mixed; the driver drains
+    /// [`Gossip::poll_transmit`] as frames arrive, as always.
     pub fn computed(
         &mut self,
         gossip: &mut dyn Gossip,
         now: Instant,
         x: &[f32],
         grad: Option<&[f32]>,
+        next_follows: bool,
     ) -> bool {
         if self.begun {
+            if let Some(g) = grad.filter(|_| self.overlap && next_follows) {
+                gossip.stream_next(now, g);
+            }
             return false;
         }
         self.begun = true;

@@ -47,7 +47,7 @@ fn peer_shell(mut peers: Vec<Box<dyn Gossip>>, overlap: bool) -> Vec<Vec<f32>> {
             q.push_back((from, t));
         }
     };
-    for _ in 0..ROUNDS {
+    for r in 0..ROUNDS {
         let mut rounds = Vec::new();
         let mut grads = Vec::new();
         for (rank, p) in peers.iter_mut().enumerate() {
@@ -59,9 +59,10 @@ fn peer_shell(mut peers: Vec<Box<dyn Gossip>>, overlap: bool) -> Vec<Vec<f32>> {
         }
         for (rank, p) in peers.iter_mut().enumerate() {
             let (protocol, x) = &mut rounds[rank];
-            if protocol.computed(&mut **p, now, x, Some(&grads[rank])) {
-                send(&mut **p, rank, &mut queue);
-            }
+            // Frames leave if the exchange begins now, or if parts of the next round go
+            // ahead of this one (streamed messages).
+            protocol.computed(&mut **p, now, x, Some(&grads[rank]), r + 1 < ROUNDS);
+            send(&mut **p, rank, &mut queue);
         }
         let mut mixed = vec![false; N];
         while !mixed.iter().all(|&m| m) {

@@ -305,6 +305,7 @@ impl Choco {
             skip_after: cfg.skip_after,
             auto_deadline: cfg.auto_deadline,
             skip_mode: crate::mixing::exchange::SkipMode::Late,
+            part: None,
         });
         Choco {
             rng: StdRng::seed_from_u64(cfg.seed),

@@ -256,6 +256,7 @@ impl ChocoAuto {
             skip_after: None,
             auto_deadline: None,
             skip_mode: crate::mixing::exchange::SkipMode::Late,
+            part: None,
         });
         let ladder = Ladder::new(d);
         ChocoAuto {

@@ -39,7 +39,7 @@ use rand::SeedableRng;
 
 use murmur_topology::MixingMatrix;
 
-use crate::mixing::exchange::{max_lead, Exchange, ExchangeParams, SkipAction, SKIP_HISTORY};
+use crate::mixing::exchange::{max_lead, Exchange, ExchangeParams, Part, SkipAction, SKIP_HISTORY};
 use crate::mixing::reweight::{weights_without, Reweighting};
 use crate::mixing::robust::ClipRule;
 use crate::{AlgorithmState, Gossip, GossipError, MembershipError, Rank, StateError};
@@ -93,6 +93,9 @@ pub struct DPsgdConfig {
     /// a round are held (k vectors `[d]`, k the in-degree) until the round mixes, and the
     /// mix is not in place. Not with the skip straggler policy.
     pub robust: Option<ClipRule>,
+    /// The part of a streamed message this peer mixes ([`crate::mixing::streaming`]):
+    /// x is then that part's slice and its frames are parts. `None`: the whole x.
+    pub(crate) part: Option<Part>,
 }
 
 impl DPsgdConfig {
@@ -114,6 +117,7 @@ impl DPsgdConfig {
             auto_deadline: None,
             in_place: false,
             robust: None,
+            part: None,
         }
     }
 }
@@ -168,6 +172,7 @@ impl DPsgd {
             skip_after: cfg.skip_after,
             auto_deadline: cfg.auto_deadline,
             skip_mode: crate::mixing::exchange::SkipMode::Drop,
+            part: cfg.part,
         });
         let in_place =
             cfg.in_place && cfg.robust.is_none() && compressor.id() == OperatorId::Identity;
@@ -203,6 +208,11 @@ impl DPsgd {
     /// The configuration.
     pub fn config(&self) -> &DPsgdConfig {
         &self.cfg
+    }
+
+    /// Whether a round is mixing (begun, not yet [`crate::GossipEvent::Mixed`]).
+    pub fn is_mixing(&self) -> bool {
+        !self.ex.is_idle()
     }
 
     /// Carries out the straggler policy (see [`DPsgdConfig::skip_after`]).
@@ -317,17 +327,15 @@ impl DPsgd {
             self.ex.finish();
         }
     }
-}
 
-impl Gossip for DPsgd {
-    fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) {
+    /// Begins the next round from the parameters this peer holds (`x` of
+    /// [`Gossip::begin_round`], already copied in; or, streaming, the part's own result).
+    pub(crate) fn begin_from_params(&mut self, now: Instant, grad: Option<&[f32]>) {
         self.ex.assert_idle();
-        assert_eq!(x.len(), self.x.len(), "x must have length d");
         let round = self.ex.round();
         self.reweighting
             .apply(round, &mut self.cfg.self_weight, &mut self.cfg.in_weights);
-        let d = x.len();
-        self.x.copy_from_slice(x);
+        let d = self.x.len();
         if let Some(delta) = self.pending.take() {
             for (xi, di) in self.x.iter_mut().zip(delta) {
                 *xi += di;
@@ -385,6 +393,15 @@ impl Gossip for DPsgd {
             }
         }
         self.finish_if_complete();
+    }
+}
+
+impl Gossip for DPsgd {
+    fn begin_round(&mut self, now: Instant, x: &[f32], grad: Option<&[f32]>) {
+        self.ex.assert_idle();
+        assert_eq!(x.len(), self.x.len(), "x must have length d");
+        self.x.copy_from_slice(x);
+        self.begin_from_params(now, grad);
     }
 
     fn params(&self) -> &[f32] {
@@ -462,7 +479,7 @@ static CAPABILITIES: Capabilities = Capabilities {
     default_tau: 0,
     compresses: Compresses::Parameters,
     default_compressor: CompressorSpec::Identity,
-    options: &[ProtocolOption::ROBUST],
+    options: &[ProtocolOption::ROBUST, ProtocolOption::PART_MB],
     skips_stragglers: true,
     departures: Departures::TrainOn,
     resume: Resume::Rejoin,
@@ -483,6 +500,12 @@ impl Algorithm for DPsgdAlgorithm {
     }
     fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
         let (compressor, lr) = (ctx.compressor(self)?, ctx.lr);
+        if let Some(part_len) = crate::mixing::streaming::streams(&ctx, &*compressor) {
+            let cfg = DPsgd::config_from(&ctx, lr)?;
+            return Ok(Box::new(crate::mixing::streaming::StreamedDPsgd::new(
+                cfg, ctx.x0, part_len,
+            )));
+        }
         Ok(Box::new(DPsgd::from_context(ctx, lr, compressor)?))
     }
 }
@@ -525,6 +548,15 @@ impl DPsgd {
         lr: f32,
         compressor: Box<dyn Compressor>,
     ) -> Result<DPsgd, BuildError> {
+        let cfg = Self::config_from(&ctx, lr)?;
+        Ok(DPsgd::with_compressor(cfg, ctx.x0, compressor))
+    }
+
+    /// The configuration of a D-PSGD peer for `ctx` with step size `lr`.
+    ///
+    /// # Errors
+    /// As [`DPsgd::check_setup`].
+    fn config_from(ctx: &BuildContext<'_>, lr: f32) -> Result<DPsgdConfig, BuildError> {
         Self::check_setup(&ctx.setup())?;
         let mut cfg = DPsgdConfig::from_matrix(&ctx.topology.w, ctx.rank, lr, ctx.dim());
         cfg.round_timeout = ctx.round_timeout;
@@ -534,7 +566,7 @@ impl DPsgd {
         cfg.auto_deadline = ctx.auto_deadline;
         cfg.in_place = ctx.in_place;
         cfg.robust = ctx.options.robust;
-        Ok(DPsgd::with_compressor(cfg, ctx.x0, compressor))
+        Ok(cfg)
     }
 
     /// Exact mixing only (η = 0, no compression, no straggler skipping, no clipping) of a

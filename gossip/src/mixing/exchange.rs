@@ -142,7 +142,23 @@ pub(crate) struct ExchangeParams {
     pub auto_deadline: Option<AutoDeadline>,
     /// What becomes of a frame a round did not wait for.
     pub skip_mode: SkipMode,
+    /// The part of a streamed message this exchange carries ([`crate::mixing::streaming`]):
+    /// its frames are [`FrameKind::GossipPart`] with this index and count, `d` is the
+    /// part's length. `None`: whole messages, [`FrameKind::Gossip`].
+    pub part: Option<Part>,
 }
+
+/// Which part of a message cut into `count` contiguous parts an [`Exchange`] carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Part {
+    /// 0-based index.
+    pub index: u32,
+    /// Number of parts.
+    pub count: u32,
+}
+
+/// Bytes of the part prefix of a [`FrameKind::GossipPart`] payload: index, count (u32 LE).
+pub(crate) const PART_PREFIX_LEN: usize = 8;
 
 /// Adaptive straggler deadlines (`--straggler-deadline-ms auto`): each in-neighbour j gets,
 /// every round, the deadline
@@ -419,14 +435,23 @@ impl Exchange {
         self.start(now)
     }
 
-    /// A gossip frame of this round: header, then the message `encode` appends to `out`.
+    /// A gossip frame of this round: header, the part prefix of a part, then the message
+    /// `encode` appends to `out`.
     fn frame(&self, mut out: Vec<u8>, encode: impl FnOnce(&mut Vec<u8>) -> usize) -> Bytes {
         out.clear();
         out.resize(FRAME_HEADER_LEN, 0);
-        let payload_len = encode(&mut out);
+        let kind = match self.p.part {
+            Some(part) => {
+                out.extend_from_slice(&part.index.to_le_bytes());
+                out.extend_from_slice(&part.count.to_le_bytes());
+                FrameKind::GossipPart
+            }
+            None => FrameKind::Gossip,
+        };
+        let payload_len = out.len() - FRAME_HEADER_LEN + encode(&mut out);
         debug_assert_eq!(payload_len, out.len() - FRAME_HEADER_LEN);
         let header = FrameHeader {
-            kind: FrameKind::Gossip,
+            kind,
             sender: self.p.rank,
             round: self.round,
             dim: self.p.d as u32,
@@ -487,9 +512,39 @@ impl Exchange {
         Begun { early, stand_in }
     }
 
-    /// This round's outgoing message (the frame without its header).
+    /// This round's outgoing message (the frame without its header and part prefix).
     pub(crate) fn message(&self) -> &[u8] {
-        &self.outgoing[FRAME_HEADER_LEN.min(self.outgoing.len())..]
+        let prefix = if self.p.part.is_some() {
+            PART_PREFIX_LEN
+        } else {
+            0
+        };
+        &self.outgoing[(FRAME_HEADER_LEN + prefix).min(self.outgoing.len())..]
+    }
+
+    /// The `murmur_compress` message of `payload`, a [`FrameKind::GossipPart`] payload
+    /// checked to be this exchange's part, or a whole message's payload.
+    fn part_message<'f>(&self, from: Rank, payload: &'f [u8]) -> Result<&'f [u8], GossipError> {
+        let Some(part) = self.p.part else {
+            return Ok(payload);
+        };
+        let word = |i: usize| {
+            payload
+                .get(i..i + 4)
+                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+        };
+        match (word(0), word(4)) {
+            (Some(index), Some(count)) if index == part.index && count == part.count => {
+                Ok(&payload[PART_PREFIX_LEN..])
+            }
+            (index, count) => Err(GossipError::WrongPart {
+                from,
+                part: part.index,
+                parts: part.count,
+                got_part: index.unwrap_or(u32::MAX),
+                got_parts: count.unwrap_or(0),
+            }),
+        }
     }
 
     /// Checks an incoming frame's header against this peer's neighbourhood, dimension and
@@ -510,8 +565,13 @@ impl Exchange {
                 crate::parse_frame(frame, self.p.max_payload_bytes, FrameKind::Skip, from)?;
             return self.on_skip_notice(from, h.round).map(Arrival::Skip);
         }
-        let (h, payload) =
-            crate::parse_frame(frame, self.p.max_payload_bytes, FrameKind::Gossip, from)?;
+        let kind = if self.p.part.is_some() {
+            FrameKind::GossipPart
+        } else {
+            FrameKind::Gossip
+        };
+        let (h, payload) = crate::parse_frame(frame, self.p.max_payload_bytes, kind, from)?;
+        let payload = self.part_message(from, payload)?;
         let idx = self
             .p
             .in_neighbors

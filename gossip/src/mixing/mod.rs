@@ -13,6 +13,8 @@
 //! * [`link_meter`]: per-link bandwidth measurement for the per-link algorithms;
 //! * [`pseudo_gradient`]: DiLoCo's outer step and the compressors its pseudo-gradients take;
 //! * [`forward`]: the `Gossip` methods a wrapping algorithm passes on, written once;
+//! * [`streaming`]: D-PSGD's message of a large model streamed in parts, each mixed as it
+//!   arrives and sent on for the next round as soon as it has mixed;
 //! * `outer_round`: the outer-round bookkeeping of algorithms that wrap another
 //!   (local SGD, DiLoCo, phase schedules).
 
@@ -23,6 +25,7 @@ pub(crate) mod outer_round;
 pub mod pseudo_gradient;
 pub(crate) mod reweight;
 pub mod robust;
+pub mod streaming;
 
 use murmur_topology::MixingMatrix;
 

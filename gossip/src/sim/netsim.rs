@@ -1135,9 +1135,11 @@ impl NetSim {
         };
         a.compute_done = true;
         let x = a.x.take().unwrap_or_default();
+        // The simulator's peers mix in place (`BuildContext::in_place`), so none streams its
+        // message in parts: no next round is announced.
         if !a
             .protocol
-            .computed(&mut *self.peers[rank], now, &x, a.grad.as_deref())
+            .computed(&mut *self.peers[rank], now, &x, a.grad.as_deref(), false)
         {
             // The exchange began with the round (overlap); it may have mixed already.
             if a.mixed_at.is_some() {

@@ -286,6 +286,13 @@ pub struct GossipArgs {
         skip_serializing_if = "Option::is_none"
     )]
     pub merge_alpha: Option<f32>,
+    /// D-PSGD: a model larger than two parts is exchanged in parts of this many MB, each
+    /// mixed as it arrives and sent on for the next round as soon as it has mixed (default
+    /// 4; 0 sends whole messages). With the identity compressor, without the skip
+    /// straggler policy or --robust.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub part_mb: Option<f64>,
     /// The parameter server's synchronisation: bsp, ssp:S (at most S rounds ahead of the
     /// slowest worker) or asp.
     #[arg(long, default_value = "bsp", value_parser = murmur_gossip::registry::parse_ps_mode)]
@@ -624,6 +631,7 @@ impl RunArgs {
             fragments: self.gossip.fragments,
             merge_alpha: self.gossip.merge_alpha,
             robust: self.gossip.robust,
+            part_mb: self.gossip.part_mb,
         }
     }
 

@@ -799,7 +799,19 @@ impl<B: AutodiffBackend> Training<'_, B> {
         let t1 = Instant::now();
         self.times.compute += (t1 - t0).as_secs_f64();
         let direction = Some(self.learner.direction());
-        let began_now = protocol.computed(&mut *self.drv.core.gossip, t1, &self.x, direction);
+        // The next round begins from this one's result at once (below) unless a checkpoint
+        // or the epoch's end comes between: then parts of it may leave while this one mixes.
+        let next_round = protocol.number() + 1;
+        let next_follows = more
+            && !(args.checkpoint_every > 0 && next_round.is_multiple_of(args.checkpoint_every))
+            && args.inject_bad_frames.is_none();
+        let began_now = protocol.computed(
+            &mut *self.drv.core.gossip,
+            t1,
+            &self.x,
+            direction,
+            next_follows,
+        );
         if began_now {
             self.drv.transmit()?;
         }
