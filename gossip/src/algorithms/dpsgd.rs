@@ -391,6 +391,7 @@ impl DPsgd {
                 // rather than trusting that invariant with a panic.
                 Err(e) => debug_assert!(false, "early frame failed late: {e}"),
             }
+            self.ex.recycle(payload);
         }
         self.finish_if_complete();
     }
@@ -512,7 +513,8 @@ impl Algorithm for DPsgdAlgorithm {
 
 impl DPsgd {
     /// What a run must satisfy for D-PSGD's rounds (`dpsgd`, and the D-PSGD mixing inside
-    /// `local-sgd` and `diloco-gossip`): the skip straggler policy needs an undirected graph
+    /// `local-sgd` and `diloco-gossip`): `--part-mb` given needs messages it can stream
+    /// (identity, no skipping, no clipping); the skip straggler policy needs an undirected graph
     /// (D-PSGD's skip notice goes back along the edge it drops), and `--robust` does not
     /// combine with it (a dropped edge's correction would bypass the clip). Each of those
     /// algorithms' [`Algorithm::check`] is this, so `launch` refuses before any peer starts.
@@ -520,6 +522,19 @@ impl DPsgd {
     /// # Errors
     /// [`BuildError::Topology`] or [`BuildError::Options`], naming the flag.
     pub fn check_setup(run: &RunSetup<'_>) -> Result<(), BuildError> {
+        let parts = run.options.part_mb.is_some_and(|mb| mb > 0.0);
+        let identity = run
+            .options
+            .compressor
+            .as_ref()
+            .is_none_or(|c| *c == CompressorSpec::Identity);
+        if parts && (!identity || run.skip_policy || run.options.robust.is_some()) {
+            return Err(BuildError::Options(
+                "--part-mb streams messages of the identity compressor, without \
+                 --straggler-policy skip or --robust (each part is mixed on its own)"
+                    .into(),
+            ));
+        }
         if !run.skip_policy {
             return Ok(());
         }

@@ -304,6 +304,10 @@ pub(crate) struct Exchange {
     missing_count: usize,
     /// Validated payloads for rounds not yet begun, by (round, neighbour index).
     early: BTreeMap<(u64, usize), Vec<u8>>,
+    /// Buffers of early payloads already absorbed ([`Exchange::recycle`]), for the next
+    /// ones: a large model's parts arrive early every round, and a fresh buffer costs its
+    /// page faults each time.
+    spare: Vec<Vec<u8>>,
     /// This round's frame (header + message), shared by every out-neighbour.
     outgoing: Bytes,
     /// With [`Exchange::begin_per_link`]: this round's frame for each out-neighbour (index
@@ -353,6 +357,7 @@ impl Exchange {
             send_from: vec![0; next_out],
             missing_count: 0,
             early: BTreeMap::new(),
+            spare: Vec::new(),
             outgoing: Bytes::new(),
             per_link: Vec::new(),
             next_out,
@@ -655,7 +660,10 @@ impl Exchange {
             from,
             cause: source,
         })?;
-        self.early.insert((h.round, idx), payload.to_vec());
+        let mut copy = self.spare.pop().unwrap_or_default();
+        copy.clear();
+        copy.extend_from_slice(payload);
+        self.early.insert((h.round, idx), copy);
         self.count_received(frame.len());
         Ok(Arrival::Buffered)
     }
@@ -725,6 +733,14 @@ impl Exchange {
                 payload: payload.clone(),
             }),
             None => Err(GossipError::SkipTooOld { from, round }),
+        }
+    }
+
+    /// Takes back the buffer of an early payload handed out by [`Exchange::begin`] once it
+    /// is absorbed, for the next early payload (at most as many as neighbours are kept).
+    pub(crate) fn recycle(&mut self, payload: Vec<u8>) {
+        if self.spare.len() < self.p.in_neighbors.len() {
+            self.spare.push(payload);
         }
     }
 

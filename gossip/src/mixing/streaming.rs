@@ -87,9 +87,12 @@ pub struct StreamedDPsgd {
     settled: Vec<bool>,
     /// Per part: it has taken this round's step and begun the next round.
     ahead: Vec<bool>,
-    /// Per part that had not mixed when [`Gossip::stream_next`] came: its slice of the
-    /// gradient, for its step once it has.
-    grad: Vec<Option<Vec<f32>>>,
+    /// Per part: whether it takes its step once it has mixed, with its slice of
+    /// `grad` ([`Gossip::stream_next`] came before it had mixed).
+    waiting: Vec<bool>,
+    /// The gradient handed over by [`Gossip::stream_next`] (`[d]`; only the slices of the
+    /// parts still mixing then are copied; kept from round to round).
+    grad: Vec<f32>,
     events: VecDeque<GossipEvent>,
     /// The last round whose [`GossipEvent::RoundTimedOut`] was passed on (once a round, not
     /// once a part).
@@ -144,7 +147,8 @@ impl StreamedDPsgd {
             mixing: false,
             settled: vec![false; p],
             ahead: vec![false; p],
-            grad: vec![None; p],
+            waiting: vec![false; p],
+            grad: Vec::new(),
             events: VecDeque::new(),
             timed_out: None,
             next_tx: 0,
@@ -194,11 +198,12 @@ impl StreamedDPsgd {
                 continue;
             }
             self.settled[s] = true;
-            match self.grad[s].take() {
-                Some(g) => self.step_ahead(s, now, &g),
-                None => {
-                    self.x[self.ranges[s].clone()].copy_from_slice(self.parts[s].params());
-                }
+            if std::mem::take(&mut self.waiting[s]) {
+                let g = std::mem::take(&mut self.grad);
+                self.step_ahead(s, now, &g[self.ranges[s].clone()]);
+                self.grad = g;
+            } else {
+                self.x[self.ranges[s].clone()].copy_from_slice(self.parts[s].params());
             }
         }
         if self.settled.iter().all(|&s| s) {
@@ -242,7 +247,7 @@ impl Gossip for StreamedDPsgd {
         self.mixing = true;
         self.settled.fill(false);
         self.ahead.fill(false);
-        self.grad.fill(None);
+        self.waiting.fill(false);
         self.next_tx = 0;
         self.settle(now);
     }
@@ -416,7 +421,9 @@ impl Gossip for StreamedDPsgd {
             if self.settled[s] {
                 self.step_ahead(s, now, &grad[r]);
             } else {
-                self.grad[s] = Some(grad[r].to_vec());
+                self.grad.resize(grad.len(), 0.0);
+                self.grad[r.clone()].copy_from_slice(&grad[r]);
+                self.waiting[s] = true;
             }
         }
         self.settle(now);

@@ -170,6 +170,18 @@ fn bad_run_configs_are_clear_errors() {
             ][..],
             "sends raw f32",
         ),
+        (
+            &["murmur", "launch", "--part-mb=2", "--compressor=int8"][..],
+            "--part-mb streams messages of the identity compressor",
+        ),
+        (
+            &["murmur", "launch", "--part-mb=-1"][..],
+            "must be a size in MB",
+        ),
+        (
+            &["murmur", "launch", "--algorithm=choco", "--part-mb=2"][..],
+            "--part-mb",
+        ),
     ] {
         let err = format!("{:#}", parse(argv).unwrap_err());
         assert!(err.contains(expect), "{argv:?}: {err}");

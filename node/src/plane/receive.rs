@@ -15,13 +15,19 @@ use tracing::{debug, warn};
 
 use super::NetEvent;
 
-/// Most buffers a [`BufferPool`] keeps.
-const POOL_BUFFERS: usize = 4;
+/// Most buffers a [`BufferPool`] keeps: enough for the parts of a streamed message that
+/// wait in the event queue while a gradient is computed (25 a round for a 100 MB model in
+/// 4 MB parts).
+const POOL_BUFFERS: usize = 64;
+/// Most bytes a [`BufferPool`] keeps: four whole 100 MB messages.
+const POOL_BYTES: usize = 400 << 20;
 
 /// Receive buffers handed back when the training loop drops the frame read into them, so
 /// that a frame is read into memory already mapped: a fresh 100 MB buffer costs about as
 /// much CPU in page faults as its bytes cost to receive (`murmur netbench`'s memcpy row).
-/// One pool per data plane, shared by its links; it keeps at most [`POOL_BUFFERS`].
+/// One pool per data plane, shared by its links; it keeps the largest buffers, at most
+/// [`POOL_BUFFERS`] of them and [`POOL_BYTES`] in all (one buffer over that, if it alone is
+/// larger).
 #[derive(Clone, Default)]
 pub(super) struct BufferPool(Arc<Mutex<Vec<Vec<u8>>>>);
 
@@ -73,13 +79,16 @@ impl Drop for Recycled {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.upgrade() {
             let mut pool = pool.lock().unwrap_or_else(|e| e.into_inner());
-            if pool.len() < POOL_BUFFERS {
-                pool.push(std::mem::take(&mut self.buf));
-            } else if let Some(smallest) = pool.iter_mut().min_by_key(|b| b.capacity()) {
-                // Keep the larger buffers: they are the costly ones to map again.
-                if smallest.capacity() < self.buf.capacity() {
-                    *smallest = std::mem::take(&mut self.buf);
-                }
+            pool.push(std::mem::take(&mut self.buf));
+            // Keep the larger buffers: they are the costly ones to map again.
+            while pool.len() > 1
+                && (pool.len() > POOL_BUFFERS
+                    || pool.iter().map(Vec::capacity).sum::<usize>() > POOL_BYTES)
+            {
+                let smallest = (0..pool.len())
+                    .min_by_key(|&i| pool[i].capacity())
+                    .expect("not empty");
+                pool.swap_remove(smallest);
             }
         }
     }
@@ -290,13 +299,25 @@ mod tests {
         let bigger = pool.take(2000);
         assert_ne!(bigger.as_ptr(), ptr);
         // At most POOL_BUFFERS kept, the largest.
-        let frames: Vec<Bytes> = (1..=6).map(|k| pool.freeze(pool.take(k * 100))).collect();
+        let frames: Vec<Bytes> = (1..=POOL_BUFFERS + 2)
+            .map(|k| pool.freeze(pool.take(k * 100)))
+            .collect();
+        drop(frames);
+        {
+            let kept = pool.0.lock().unwrap();
+            assert_eq!(kept.len(), POOL_BUFFERS);
+            assert!(
+                kept.iter().all(|b| b.capacity() >= 300),
+                "the largest are kept"
+            );
+        }
+        // At most POOL_BYTES kept, the largest (capacities of a fresh vec![0; n] are n).
+        let big = POOL_BYTES / 3;
+        let frames: Vec<Bytes> = (0..4).map(|_| pool.freeze(pool.take(big))).collect();
         drop(frames);
         let kept = pool.0.lock().unwrap();
-        assert_eq!(kept.len(), POOL_BUFFERS);
-        assert!(
-            kept.iter().all(|b| b.capacity() >= 300),
-            "the largest are kept"
-        );
+        let total: usize = kept.iter().map(Vec::capacity).sum();
+        assert!(total <= POOL_BYTES, "{total} bytes kept");
+        assert_eq!(kept.iter().filter(|b| b.capacity() >= big).count(), 3);
     }
 }
