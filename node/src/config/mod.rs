@@ -636,9 +636,9 @@ impl RunArgs {
     }
 
     /// `--part-mb` when not given: whole messages (0) under `--transport quic`, where a
-    /// message in parts measured slower (QUIC's packets take a core per peer on the 2-core
-    /// development machine, and the parts' own work competes with them: a 100 MB model's
-    /// round at 1 Gbit/s took 1.27–1.50 s in parts against 1.13–1.14 s whole); the
+    /// message in parts measured no faster (QUIC's packets take a core per peer on the
+    /// 2-core development machine, and the parts' own work competes with them: a 100 MB
+    /// model's round at 1 Gbit/s took 1.19–1.34 s in parts against 1.20–1.27 s whole); the
     /// algorithm's default otherwise.
     fn default_part_mb(&self) -> Option<f64> {
         let takes = self

@@ -650,7 +650,7 @@ impl DataPlane {
                 }
             }
             Other::None => {
-                let quic = QuicFrames(conn.clone());
+                let quic = QuicFrames::new(conn.clone());
                 tokio::spawn(send_loop(
                     me,
                     to_inc,

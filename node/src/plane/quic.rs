@@ -63,13 +63,36 @@ pub(super) fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(p)
 }
 
-/// Frames as QUIC streams: one unidirectional stream per frame.
+/// Frames as QUIC streams: one unidirectional stream per frame, sent in the order they
+/// were written.
 #[derive(Clone)]
-pub struct QuicFrames(pub Connection);
+pub struct QuicFrames {
+    conn: Connection,
+    /// Frames written so far: each stream's priority is below its predecessor's.
+    written: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl QuicFrames {
+    /// Frames over `conn`.
+    pub fn new(conn: Connection) -> Self {
+        Self {
+            conn,
+            written: Arc::default(),
+        }
+    }
+}
 
 impl FrameTransport for QuicFrames {
     async fn write(&self, frame: Bytes) -> anyhow::Result<()> {
-        let mut s = self.0.open_uni().await?;
+        let mut s = self.conn.open_uni().await?;
+        // quinn sends the streams of one priority round-robin: frames queued together
+        // would all arrive at the end, together, and a receiver that mixes a message in
+        // parts as they come (D-PSGD streamed in parts) could not begin before the last.
+        // A falling priority sends them one after the other, as TCP does.
+        let n = self
+            .written
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        s.set_priority(i32::MAX - (n & 0x7fff_ffff) as i32)?;
         s.write_chunk(frame).await?;
         s.finish()?;
         Ok(())
