@@ -381,6 +381,18 @@ pub struct GossipStats {
     pub background_nanos: u64,
 }
 
+/// Counters of two state machines together (the parts of one message, the phases of a run).
+impl std::ops::AddAssign for GossipStats {
+    fn add_assign(&mut self, o: GossipStats) {
+        self.frames_sent += o.frames_sent;
+        self.bytes_sent += o.bytes_sent;
+        self.frames_received += o.frames_received;
+        self.bytes_received += o.bytes_received;
+        self.skipped += o.skipped;
+        self.background_nanos += o.background_nanos;
+    }
+}
+
 /// What one link of a peer measured and chose, for algorithms that choose per link
 /// ([`ChocoAuto`]: the compressor; [`algorithms::local_auto::AsyncLinks`]: the period).
 #[derive(Debug, Clone, PartialEq)]

@@ -112,12 +112,7 @@ impl Phased {
         if self.next_phase() == self.current {
             return;
         }
-        let s = self.phases[self.current].gossip.stats();
-        self.past.frames_sent += s.frames_sent;
-        self.past.bytes_sent += s.bytes_sent;
-        self.past.frames_received += s.frames_received;
-        self.past.bytes_received += s.bytes_received;
-        self.past.skipped += s.skipped;
+        self.past += self.phases[self.current].gossip.stats();
         self.current += 1;
         self.phase_start = self.outer.round;
         for (from, frame) in std::mem::take(&mut self.held) {
@@ -190,15 +185,9 @@ impl Gossip for Phased {
     }
 
     fn stats(&self) -> GossipStats {
-        let s = self.phases[self.current].gossip.stats();
-        GossipStats {
-            frames_sent: self.past.frames_sent + s.frames_sent,
-            bytes_sent: self.past.bytes_sent + s.bytes_sent,
-            frames_received: self.past.frames_received + s.frames_received,
-            bytes_received: self.past.bytes_received + s.bytes_received,
-            skipped: self.past.skipped + s.skipped,
-            background_nanos: self.past.background_nanos + s.background_nanos,
-        }
+        let mut total = self.past;
+        total += self.phases[self.current].gossip.stats();
+        total
     }
 
     fn set_epoch(&mut self, epoch: usize) {

@@ -160,6 +160,21 @@ pub(crate) struct Part {
 /// Bytes of the part prefix of a [`FrameKind::GossipPart`] payload: index, count (u32 LE).
 pub(crate) const PART_PREFIX_LEN: usize = 8;
 
+impl Part {
+    /// The part a [`FrameKind::GossipPart`] payload names in its prefix (`None` if it is
+    /// shorter than the prefix).
+    pub(crate) fn of_payload(payload: &[u8]) -> Option<Part> {
+        let word = |i: usize| {
+            let b = payload.get(i..i + 4)?;
+            Some(u32::from_le_bytes(b.try_into().ok()?))
+        };
+        Some(Part {
+            index: word(0)?,
+            count: word(4)?,
+        })
+    }
+}
+
 /// Adaptive straggler deadlines (`--straggler-deadline-ms auto`): each in-neighbour j gets,
 /// every round, the deadline
 ///
@@ -533,21 +548,14 @@ impl Exchange {
         let Some(part) = self.p.part else {
             return Ok(payload);
         };
-        let word = |i: usize| {
-            payload
-                .get(i..i + 4)
-                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-        };
-        match (word(0), word(4)) {
-            (Some(index), Some(count)) if index == part.index && count == part.count => {
-                Ok(&payload[PART_PREFIX_LEN..])
-            }
-            (index, count) => Err(GossipError::WrongPart {
+        match Part::of_payload(payload) {
+            Some(got) if got == part => Ok(&payload[PART_PREFIX_LEN..]),
+            got => Err(GossipError::WrongPart {
                 from,
                 part: part.index,
                 parts: part.count,
-                got_part: index.unwrap_or(u32::MAX),
-                got_parts: count.unwrap_or(0),
+                got_part: got.map_or(u32::MAX, |g| g.index),
+                got_parts: got.map_or(0, |g| g.count),
             }),
         }
     }

@@ -131,9 +131,11 @@ impl StreamedDPsgd {
                     index: s as u32,
                     count,
                 });
+                // The part's own bound (as `DPsgdConfig::from_matrix` sets it for d), within
+                // the whole message's.
                 c.max_payload_bytes = u32::try_from(16 * r.len() + 1024 + PART_PREFIX_LEN)
                     .unwrap_or(u32::MAX)
-                    .min(cfg.max_payload_bytes.max(1024));
+                    .min(cfg.max_payload_bytes);
                 c.seed = cfg.seed.wrapping_add(s as u64);
                 DPsgd::new(c, x0[r.clone()].to_vec())
             })
@@ -156,17 +158,12 @@ impl StreamedDPsgd {
         }
     }
 
-    /// How many parts x is cut into.
-    pub fn parts(&self) -> usize {
-        self.parts.len()
-    }
-
-    /// Part `s` takes the step x ← mix − η `g` (`g`: its slice of the gradient), its result
-    /// goes into x, and its next round begins at `now`.
+    /// Part `s` takes the step x ← mix − η `g` (`g: [d]`, the gradient; the part reads its
+    /// slice), its result goes into x, and its next round begins at `now`.
     fn step_ahead(&mut self, s: usize, now: Instant, g: &[f32]) {
-        let part = &mut self.parts[s];
-        part.apply_gradient(g);
-        self.x[self.ranges[s].clone()].copy_from_slice(part.params());
+        let (part, r) = (&mut self.parts[s], self.ranges[s].clone());
+        part.apply_gradient(&g[r.clone()]);
+        self.x[r].copy_from_slice(part.params());
         part.begin_from_params(now, None);
         self.ahead[s] = true;
     }
@@ -199,8 +196,9 @@ impl StreamedDPsgd {
             }
             self.settled[s] = true;
             if std::mem::take(&mut self.waiting[s]) {
+                // Lent out for the call (step_ahead borrows all of self), then put back.
                 let g = std::mem::take(&mut self.grad);
-                self.step_ahead(s, now, &g[self.ranges[s].clone()]);
+                self.step_ahead(s, now, &g);
                 self.grad = g;
             } else {
                 self.x[self.ranges[s].clone()].copy_from_slice(self.parts[s].params());
@@ -215,14 +213,13 @@ impl StreamedDPsgd {
     }
 }
 
-/// The part of a [`FrameKind::GossipPart`] frame (`None` if it is not one or too short).
+/// The part index of a [`FrameKind::GossipPart`] frame (`None` if it is not one or too
+/// short).
 fn part_of(frame: &[u8]) -> Option<usize> {
     let (h, payload) = FrameHeader::parse(frame, u32::MAX).ok()?;
-    if h.kind != FrameKind::GossipPart {
-        return None;
-    }
-    let index = payload.get(..4)?;
-    Some(u32::from_le_bytes(index.try_into().ok()?) as usize)
+    (h.kind == FrameKind::GossipPart)
+        .then(|| Part::of_payload(payload))?
+        .map(|p| p.index as usize)
 }
 
 impl Gossip for StreamedDPsgd {
@@ -303,13 +300,8 @@ impl Gossip for StreamedDPsgd {
 
     fn stats(&self) -> GossipStats {
         let mut total = GossipStats::default();
-        for s in self.parts.iter().map(|p| p.stats()) {
-            total.frames_sent += s.frames_sent;
-            total.bytes_sent += s.bytes_sent;
-            total.frames_received += s.frames_received;
-            total.bytes_received += s.bytes_received;
-            total.skipped += s.skipped;
-            total.background_nanos += s.background_nanos;
+        for part in &self.parts {
+            total += part.stats();
         }
         total
     }
@@ -413,15 +405,15 @@ impl Gossip for StreamedDPsgd {
             // The round has mixed already: the driver applies the gradient as usual.
             return;
         }
+        self.grad.resize(grad.len(), 0.0);
         for s in 0..self.parts.len() {
-            let r = self.ranges[s].clone();
             if self.ahead[s] {
                 continue;
             }
             if self.settled[s] {
-                self.step_ahead(s, now, &grad[r]);
+                self.step_ahead(s, now, grad);
             } else {
-                self.grad.resize(grad.len(), 0.0);
+                let r = self.ranges[s].clone();
                 self.grad[r.clone()].copy_from_slice(&grad[r]);
                 self.waiting[s] = true;
             }

@@ -48,17 +48,7 @@ pub(super) fn send(child: &Child, signal: i32) {
 
 /// Whether `child` is stopped (state `T` or `t` in /proc/<pid>/stat).
 pub(super) fn is_stopped(child: &Child) -> bool {
-    std::fs::read_to_string(format!("/proc/{}/stat", child.id()))
-        .ok()
-        .and_then(|s| {
-            // The state follows the command name, which is in parentheses.
-            let after = s.rsplit_once(')')?.1;
-            after
-                .split_whitespace()
-                .next()
-                .map(|st| st == "T" || st == "t")
-        })
-        .unwrap_or(false)
+    crate::plane::process::is_stopped(child.id())
 }
 
 /// Makes the process `cmd` starts get SIGTERM when the launcher dies, even by SIGKILL

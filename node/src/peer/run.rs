@@ -801,10 +801,12 @@ impl<B: AutodiffBackend> Training<'_, B> {
         let direction = Some(self.learner.direction());
         // The next round begins from this one's result at once (below) unless a checkpoint
         // or the epoch's end comes between: then parts of it may leave while this one mixes.
-        let next_round = protocol.number() + 1;
-        let next_follows = more
-            && !(args.checkpoint_every > 0 && next_round.is_multiple_of(args.checkpoint_every))
-            && args.inject_bad_frames.is_none();
+        // Whether the round after this one, when it is round `next`, begins at once.
+        let follows = |next: u64| {
+            more && !(args.checkpoint_every > 0 && next.is_multiple_of(args.checkpoint_every))
+                && args.inject_bad_frames.is_none()
+        };
+        let next_follows = follows(protocol.number() + 1);
         let began_now = protocol.computed(
             &mut *self.drv.core.gossip,
             t1,
@@ -823,7 +825,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
         self.x.copy_from_slice(self.drv.core.gossip.params());
         let round = self.drv.core.gossip.round();
         let checkpoint = args.checkpoint_every > 0 && round.is_multiple_of(args.checkpoint_every);
-        if more && !checkpoint && args.inject_bad_frames.is_none() {
+        if follows(round) {
             // Round::start begins nothing for an algorithm that does not overlap: that round
             // is then started as usual, at the top of the next call.
             let at = Instant::now();

@@ -28,7 +28,7 @@
 
 mod liveness;
 mod local_link;
-mod process;
+pub(crate) mod process;
 mod quic;
 mod receive;
 pub mod relay;

@@ -71,6 +71,12 @@ impl ProcessId {
     }
 }
 
+/// Whether process `pid` is stopped (SIGSTOP, a debugger), by `/proc`; `false` if `/proc`
+/// does not say (a launcher's child, known by its pid alone).
+pub fn is_stopped(pid: u32) -> bool {
+    read_stat(pid).is_some_and(|(state, _)| matches!(state, 'T' | 't'))
+}
+
 /// The state letter and start time of process `pid`, from `/proc/<pid>/stat`.
 fn read_stat(pid: u32) -> Option<(char, u64)> {
     parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
