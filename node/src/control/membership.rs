@@ -36,6 +36,11 @@ pub struct Welcome {
     /// peer, which takes its x from those ([`Membership::welcome_carries_x`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub without_x: bool,
+    /// The rejoins the sender knows of, as (peer, round it mixes from), the hello's sender
+    /// excluded: a restarted peer 0 learns from them which peers came back while it was
+    /// away, and from which epoch their reports come again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejoined: Vec<(Rank, u64)>,
 }
 
 /// When an event is handled, as the driver reads it (the state machine reads no clock).
@@ -243,6 +248,9 @@ pub struct RejoinPlan {
     pub departed: BTreeSet<Rank>,
     /// The peers that welcomed it and are not departed: each says goodbye to it at the end.
     pub welcomed: Vec<Rank>,
+    /// The latest rejoin of each other peer that some welcome told of, as peer → round it
+    /// mixes from; the peers in `departed` excluded.
+    pub rejoined: BTreeMap<Rank, u64>,
 }
 
 /// The mixing matrix for the survivors once the peers in `gone` have left, and, if the
@@ -289,6 +297,9 @@ pub struct Membership {
     departed: BTreeMap<Rank, MembershipEvent>,
     /// The rejoins handled, as (peer, round it mixes from).
     rejoined: Vec<(Rank, u64)>,
+    /// This peer restarted: the latest rejoin of each other peer that its welcomes told of
+    /// (the peers departed then excluded), as peer → round it mixes from.
+    rejoins_heard: BTreeMap<Rank, u64>,
 }
 
 impl Membership {
@@ -301,7 +312,19 @@ impl Membership {
             exited: vec![0; n],
             departed: BTreeMap::new(),
             rejoined: Vec::new(),
+            rejoins_heard: BTreeMap::new(),
         }
+    }
+
+    /// This restarted peer's welcomes told of `plan`'s rejoins ([`RejoinPlan::rejoined`]).
+    pub fn heard_of_rejoins(&mut self, plan: &RejoinPlan) {
+        self.rejoins_heard = plan.rejoined.clone();
+    }
+
+    /// The rejoins this restarted peer heard of in its welcomes, as peer → round it mixes
+    /// from ([`Membership::heard_of_rejoins`]).
+    pub fn rejoins_heard(&self) -> &BTreeMap<Rank, u64> {
+        &self.rejoins_heard
     }
 
     /// Rank `rank`'s process has incarnation `incarnation` (from the directory, a hello,
@@ -436,6 +459,12 @@ impl Membership {
             round,
             departed: self.departed.keys().copied().filter(|&r| r != to).collect(),
             without_x: !self.welcome_carries_x(to, w),
+            rejoined: self
+                .rejoined
+                .iter()
+                .copied()
+                .filter(|&(r, _)| r != to)
+                .collect(),
         }
     }
 
@@ -659,11 +688,19 @@ impl Membership {
             .copied()
             .filter(|r| !departed.contains(r))
             .collect();
+        let mut rejoined = BTreeMap::new();
+        for &(r, round) in welcomes.values().flat_map(|(w, _)| &w.rejoined) {
+            if r != self.me && !departed.contains(&r) {
+                let latest = rejoined.entry(r).or_insert(round);
+                *latest = (*latest).max(round);
+            }
+        }
         Ok(RejoinPlan {
             at: at.min(total_rounds),
             collects_only,
             departed,
             welcomed,
+            rejoined,
         })
     }
 

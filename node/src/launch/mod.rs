@@ -126,6 +126,9 @@ pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     for stale in ["epochs.jsonl", "bootstrap.addr", "membership.jsonl"] {
         let _ = std::fs::remove_file(run_dir.join(stale));
     }
+    let _ = std::fs::remove_dir_all(run_dir.join("addrs"));
+    std::fs::create_dir_all(run_dir.join("addrs"))
+        .with_context(|| format!("cannot create {}", run_dir.join("addrs").display()))?;
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -358,6 +361,12 @@ fn signal_name(signal: i32) -> String {
 
 fn log_path(run_dir: &Path, rank: usize) -> PathBuf {
     run_dir.join("logs").join(format!("peer-{rank}.log"))
+}
+
+/// `<run>/addrs/peer-<rank>.addr`: where peer `rank` publishes its libp2p multiaddr
+/// (`--address-file`), through which a restarted peer comes back while peer 0 is away.
+fn address_path(run_dir: &Path, rank: usize) -> PathBuf {
+    run_dir.join("addrs").join(format!("peer-{rank}.addr"))
 }
 
 /// The last `n` lines of peer `rank`'s log.

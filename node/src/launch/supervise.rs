@@ -171,6 +171,10 @@ impl Spawner {
             .arg(format!("--config={}", self.run_config.display()))
             .arg(format!("--rank={rank}"))
             .arg(format!("--out={}", self.run_dir.display()))
+            .arg(format!(
+                "--address-file={}",
+                address_path(&self.run_dir, rank).display()
+            ))
             .args(extra)
             .env("RAYON_NUM_THREADS", self.threads_per_peer.to_string())
             .env("MURMUR_INCARNATION", incarnation.to_string())
@@ -197,6 +201,10 @@ impl Spawner {
         })
     }
 }
+
+/// How many members' addresses a restarted peer is given besides peer 0's: each is dialled
+/// and asked, and one answer is enough.
+const ENTRY_MEMBERS: usize = 4;
 
 /// The supervisor of one launch: the processes, what it has shown, and the restarts due.
 pub(super) struct Supervisor<'a> {
@@ -457,35 +465,72 @@ impl<'a> Supervisor<'a> {
     /// Starts the queued restarts, at once: the new process's hello tells its neighbours
     /// that the old one has left, and its incarnation number (a larger one than the old
     /// process's, [`crate::plane::Incarnation`]) keeps the departure notices about the old
-    /// process from closing the new one's connections. Peer 0 comes back with
-    /// `--rejoin-running` (it serves as the bootstrap again at a new address, which the
-    /// other restarts then wait for).
+    /// process from closing the new one's connections. A restarted peer is given every
+    /// live member's libp2p address (and peer 0's, once it has published it): any member
+    /// takes it back, so it does not wait for peer 0. Peer 0 comes back with
+    /// `--rejoin-running` (it serves as the bootstrap again at a new address, after taking
+    /// the directory as it stands from a member).
     fn restart_due(&mut self, print: &dyn Fn(String)) -> anyhow::Result<()> {
         let addr_file = crate::peer::bootstrap_file(&self.spawner.run_dir);
+        for &rank in &self.pending {
+            let _ = std::fs::remove_file(address_path(&self.spawner.run_dir, rank));
+        }
         if self.pending.contains(&0) {
             self.pending.retain(|&r| r != 0);
             let _ = std::fs::remove_file(&addr_file);
             self.bootstrap.clear();
-            let extra = vec![
+            let mut extra = vec![
                 format!("--bootstrap-file={}", addr_file.display()),
                 "--resume".into(),
                 "--rejoin-running".into(),
             ];
+            extra.extend(
+                self.members(0)
+                    .into_iter()
+                    .map(|a| format!("--bootstrap={a}")),
+            );
             self.peers.procs.push(self.spawner.spawn(0, extra)?);
             print("peer 0 restarted with --resume --rejoin-running".into());
         }
         if self.bootstrap.is_empty() {
-            match std::fs::read_to_string(&addr_file) {
-                Ok(a) if !a.trim().is_empty() => self.bootstrap = a.trim().to_string(),
-                _ => return Ok(()),
+            if let Ok(a) = std::fs::read_to_string(&addr_file) {
+                self.bootstrap = a.trim().to_string();
             }
         }
         for rank in std::mem::take(&mut self.pending) {
-            let extra = vec![format!("--bootstrap={}", self.bootstrap), "--resume".into()];
+            let mut entries = self.members(rank);
+            if !self.bootstrap.is_empty() {
+                entries.insert(0, self.bootstrap.clone());
+            }
+            if entries.is_empty() {
+                // Nobody to come back through yet (peer 0 restarting alone): next time.
+                self.pending.push(rank);
+                continue;
+            }
+            let mut extra: Vec<String> =
+                entries.iter().map(|a| format!("--bootstrap={a}")).collect();
+            extra.push("--resume".into());
             self.peers.procs.push(self.spawner.spawn(rank, extra)?);
             print(format!("peer {rank} restarted with --resume"));
         }
         Ok(())
+    }
+
+    /// The libp2p multiaddrs that up to [`ENTRY_MEMBERS`] live peers other than 0 and
+    /// `except` have published (`<run>/addrs/peer-<rank>.addr`), through which a restarted
+    /// peer comes back.
+    fn members(&self, except: usize) -> Vec<String> {
+        self.peers
+            .procs
+            .iter()
+            .filter(|p| p.rank != 0 && p.rank != except)
+            .filter_map(|p| {
+                std::fs::read_to_string(address_path(&self.spawner.run_dir, p.rank)).ok()
+            })
+            .map(|a| a.trim().to_string())
+            .filter(|a| !a.is_empty())
+            .take(ENTRY_MEMBERS)
+            .collect()
     }
 
     /// Stops every peer (with `signal`, then SIGKILL after the grace period).

@@ -23,6 +23,9 @@ pub(super) struct Driver {
     pub(super) admitted: Admitted,
     /// Peer 0 only: where its bootstrap learns that a new peer mixes with the run.
     pub(super) settle: Option<tokio::sync::mpsc::UnboundedSender<Rank>>,
+    /// Where discovery learns where the peers that came back are (the directory it serves
+    /// to restarted peers; [`crate::control::discovery::Relocations`]).
+    pub(super) relocated: tokio::sync::mpsc::UnboundedSender<PeerInfo>,
     /// Peers other than 0: the report frames of the latest epochs ([`KEPT_REPORTS`]), sent
     /// again to a restarted peer 0 once linked to it: the reports
     /// sent to its previous process shortly before it died, and those made while it was
@@ -129,6 +132,10 @@ impl Driver {
                 Action::ForgetOldConnections { peer, before } => self.plane.forget(peer, before),
                 Action::Admit { id, rank } => self.admitted.admit_all([(id, rank)]),
                 Action::CloseAdmission => self.admitted.set_open(false),
+                Action::Relocated(info) => {
+                    // Discovery ends only with the process.
+                    let _ = self.relocated.send(info);
+                }
                 Action::Record { event, at } => {
                     if let Some(c) = self.collector.as_mut() {
                         c.membership(event, at)?;

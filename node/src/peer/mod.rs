@@ -58,9 +58,11 @@ pub struct PeerArgs {
     #[arg(long)]
     pub rank: Option<Rank>,
     /// The bootstrap's libp2p multiaddr (required for ranks other than 0, unless `--mdns`
-    /// finds it), e.g. /ip4/10.0.0.1/udp/4001/quic-v1. Repeat it for several addresses
-    /// (peer 0 on several networks, or candidate hosts): each is dialled, the first that
-    /// answers is asked, and the peer fails only if none can be reached.
+    /// finds it), e.g. /ip4/10.0.0.1/udp/4001/quic-v1, or any member's. Repeat it for
+    /// several addresses (peer 0 on several networks, candidate hosts, members): each is
+    /// dialled, each that answers is asked, and the peer fails only if none can be reached.
+    /// A restarted peer (`--resume`) is taken back by any member, so it comes back while
+    /// peer 0 is away; a new peer is pointed at peer 0 (found through the run's DHT).
     #[arg(long)]
     pub bootstrap: Vec<libp2p::Multiaddr>,
     /// On a LAN: peer 0 (`--rank 0 --mdns`) answers mDNS queries with its listen address;
@@ -122,8 +124,10 @@ pub struct PeerArgs {
     /// (`directory.json`), serves as the bootstrap again (writing its new address to
     /// `--bootstrap-file`), rejoins like any restarted peer and goes on writing the run's
     /// record from the epochs it holds; the peers send it again the reports it missed.
-    /// `murmur launch --restart-failed` and `murmur.sbatch` pass it. Without it, peer 0
-    /// with `--resume` resumes the whole run.
+    /// With `--bootstrap` (members' multiaddrs) it first takes the directory from a member
+    /// as it stands now (peers that came back while it was away are at new addresses),
+    /// falling back on the saved one after 5 s. `murmur launch --restart-failed` and
+    /// `murmur.sbatch` pass it. Without it, peer 0 with `--resume` resumes the whole run.
     #[arg(long, requires = "resume")]
     pub rejoin_running: bool,
 }

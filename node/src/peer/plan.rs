@@ -31,7 +31,10 @@ pub(super) fn plan(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<Start> {
     // Without --rank, a joining peer learns its rank from the bootstrap; until then it
     // goes by a placeholder that nothing keeps.
     // A peer joins through a bootstrap it is given or finds with mDNS; peer 0 is one.
-    let joins = !peer.bootstrap.is_empty() || peer.mdns && peer.rank != Some(0);
+    // A restarted peer 0 (`--rejoin-running`) may name members with --bootstrap: it takes
+    // the directory from them, then serves as the bootstrap.
+    let peer0_again = peer.rank == Some(0) && peer.rejoin_running;
+    let joins = !peer.bootstrap.is_empty() && !peer0_again || peer.mdns && peer.rank != Some(0);
     let assigned = peer.rank.is_none() && joins;
     let rank = peer.rank.unwrap_or(if assigned { 1 } else { 0 });
     if assigned && n == 1 {
@@ -49,8 +52,11 @@ pub(super) fn plan(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<Start> {
     if rank != 0 && !joins {
         bail!("peer {rank} needs --bootstrap <multiaddr of peer 0> (or --mdns on a LAN)");
     }
-    if rank == 0 && !peer.bootstrap.is_empty() {
-        bail!("peer 0 is the bootstrap: it takes --listen, not --bootstrap");
+    if rank == 0 && !peer.bootstrap.is_empty() && !peer0_again {
+        bail!(
+            "peer 0 is the bootstrap: it takes --listen, not --bootstrap (a restarted peer 0, \
+             with --rejoin-running, may name members with --bootstrap to take the directory from)"
+        );
     }
     if assigned && peer.resume {
         bail!(

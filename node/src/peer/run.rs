@@ -92,8 +92,9 @@ pub(super) fn run_on<B: AutodiffBackend>(
         // A restarted peer 0 takes up the record where its previous process left it.
         if let Some(c) = drv.collector.as_mut() {
             let departed = drv.core.membership.departed().clone();
+            let back = drv.core.membership.rejoins_heard().clone();
             let collects_only = first_round >= rounds_per_epoch * args.train.epochs as u64;
-            c.rejoined(first_round, &departed, collects_only)?;
+            c.rejoined(first_round, (&departed, &back), collects_only)?;
         }
         report::keep_peer_epochs_before(&peer_log, first_epoch)?;
     } else if first_epoch > 0 {
@@ -234,6 +235,8 @@ struct Parts {
     relay: crate::control::discovery::RelayClient,
     /// Peer 0: where its bootstrap learns that a new peer mixes with the run.
     settle: tokio::sync::mpsc::UnboundedSender<Rank>,
+    /// Where discovery learns where peers that came back are.
+    relocated: tokio::sync::mpsc::UnboundedSender<PeerInfo>,
 }
 
 /// Binds the data plane, loads the identity and the checkpoints, and joins the run through
@@ -307,8 +310,10 @@ fn join(
     {
         warn!(listen = %peer.listen, "--mdns with a loopback --listen address: only peers on this machine can reach the bootstrap (listen on the LAN, e.g. /ip4/0.0.0.0/udp/4001/quic-v1)");
     }
-    // Peer 0 tells its bootstrap when a new peer mixes with the run (or left).
+    // Peer 0 tells its bootstrap when a new peer mixes with the run (or left); every peer
+    // tells its discovery where peers that came back are, for the directory it serves.
     let (settle, settled) = tokio::sync::mpsc::unbounded_channel();
+    let (relocated, relocations) = tokio::sync::mpsc::unbounded_channel();
     let role = match joins {
         false => Role::Bootstrap {
             initial,
@@ -330,6 +335,7 @@ fn join(
             // Peer 0 relays the links that hole punching cannot open.
             relay: (!args.net.no_relay)
                 .then(|| Relay::new(plane.local_addr.ip(), me.data_addr.ip())),
+            members: peer.bootstrap.clone(),
         },
         true => Role::Join {
             bootstrap: peer.bootstrap.clone(),
@@ -377,6 +383,7 @@ fn join(
         key.clone(),
         gate,
         peer.mdns,
+        relocations,
     ))?;
     if assigned {
         me.rank = given;
@@ -409,6 +416,7 @@ fn join(
             max_payload,
             relay,
             settle,
+            relocated,
         },
     })
 }
@@ -436,6 +444,7 @@ fn wire<B: AutodiffBackend>(
         max_payload,
         relay,
         settle,
+        relocated,
     } = parts;
     let n = args.peers;
     // The data plane accepts the run's peers only, each as its rank.
@@ -533,6 +542,7 @@ fn wire<B: AutodiffBackend>(
         relay,
         admitted,
         settle: (rank == 0).then_some(settle),
+        relocated,
         kept_reports: Default::default(),
     };
     // A restarted peer 0 takes up the run's record before any report reaches it.

@@ -153,18 +153,20 @@ impl Collector {
     }
 
     /// A restarted peer 0 that took up the record ([`Collector::take_up`]) mixes again from
-    /// round `at`: records its departure and return, and the departures it learned while
-    /// rejoining (`departed`, by rank) that the record lacks; its own reports are awaited
-    /// from the epoch of `at` on. With `collects_only` (it came back too late to train
-    /// again, `at` past the run's last round) only its departure is recorded, and its
-    /// reports are awaited no more.
+    /// round `at`: records its departure and return, and what it learned while rejoining
+    /// that the record lacks — the departures (`departed`, by rank) and the peers that came
+    /// back while it was away (`back`: peer → round it mixes from; their reports are
+    /// awaited from that round's epoch on, so the epochs their old process never reported
+    /// are complete without them); its own reports are awaited from the epoch of `at` on.
+    /// With `collects_only` (it came back too late to train again, `at` past the run's
+    /// last round) only its departure is recorded, and its reports are awaited no more.
     ///
     /// # Errors
     /// The record cannot be written.
     pub(crate) fn rejoined(
         &mut self,
         at: u64,
-        departed: &BTreeMap<Rank, MembershipEvent>,
+        (departed, back): (&BTreeMap<Rank, MembershipEvent>, &BTreeMap<Rank, u64>),
         collects_only: bool,
     ) -> anyhow::Result<()> {
         let at_epoch = (at / self.rounds_per_epoch.max(1)) as usize + 1;
@@ -197,6 +199,17 @@ impl Collector {
             if self.absent.get(&r) != Some(&usize::MAX) {
                 self.membership(e.clone(), None)?;
             }
+        }
+        for (&r, &round) in back {
+            let newer_known = self.history.iter().any(|e| e.peer == r && e.round >= round);
+            if r == 0 || departed.contains_key(&r) || newer_known {
+                continue;
+            }
+            let epoch = (round / self.rounds_per_epoch.max(1)) as usize + 1;
+            let mut event = MembershipEvent::back(r, round, false, (epoch, wall));
+            event.reason =
+                format!("came back while peer 0 was away; mixes again from round {round}");
+            self.membership(event, Some(round))?;
         }
         if collects_only {
             // Its own reports are awaited no more.

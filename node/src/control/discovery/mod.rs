@@ -80,6 +80,16 @@ pub const KAD_PROTOCOL: &str = "/murmur/kad/1";
 /// a node that just connected may still be filling).
 const LOOKUP_RETRY: Duration = Duration::from_secs(1);
 
+/// How long a restarted peer 0 asks members for the current directory before it serves the
+/// one it saved.
+const MEMBER_FETCH: Duration = Duration::from_secs(5);
+
+/// What the data plane learns of the run's peers for the directory this node serves: each
+/// is a peer's process (its incarnation) at its data-plane address, from a rejoin notice
+/// ([`policy::relocate`]). Every member keeps its directory current this way, so that a
+/// restarted peer can take it from any of them; peer 0 also saves it (`directory.json`).
+pub type Relocations = tokio::sync::mpsc::UnboundedReceiver<PeerInfo>;
+
 #[derive(NetworkBehaviour)]
 struct Behaviour {
     join: request_response::json::Behaviour<JoinRequest, JoinResponse>,
@@ -129,6 +139,11 @@ pub enum Role {
         directory_file: Option<PathBuf>,
         /// The relay it offers the run's peers (`None`: `--no-relay`).
         relay: Option<std::sync::Arc<Relay>>,
+        /// A restarted peer 0 (`running`): members' multiaddrs (its `--bootstrap`) to fetch
+        /// the directory from as it stands now — peers that came back while it was away
+        /// are at new addresses its saved file lacks. None given, or none answering in
+        /// [`MEMBER_FETCH`]: the saved directory is served.
+        members: Vec<Multiaddr>,
     },
     /// Any other peer: dial `bootstrap`.
     Join {
@@ -317,6 +332,7 @@ pub async fn discover(
     key: Keypair,
     gate: Gate,
     mdns: bool,
+    mut relocations: Relocations,
 ) -> anyhow::Result<(Discovered, RelayClient)> {
     let mut swarm = build_swarm(key.clone(), timeout, mdns)?;
     me.peer_id = swarm.local_peer_id().to_string();
@@ -330,10 +346,38 @@ pub async fn discover(
             joined,
             settled,
             resume,
-            running,
+            mut running,
             directory_file,
             relay,
+            members,
         } => {
+            if let Some(saved) = running.as_mut().filter(|_| !members.is_empty()) {
+                let fetch = JoinRequest {
+                    info: me.clone(),
+                    fingerprint: fingerprint.clone(),
+                    rejoin: true,
+                    checkpoint_rounds: Vec::new(),
+                    any_rank: false,
+                    proof: None,
+                };
+                let none = std::sync::Mutex::new(Vec::new());
+                let asked = join(
+                    &mut swarm,
+                    members.clone(),
+                    fetch,
+                    &gate,
+                    &listen.files,
+                    &none,
+                );
+                match tokio::time::timeout(MEMBER_FETCH, asked).await {
+                    Ok(Ok(found)) => {
+                        info!("took the run's directory as it stands from a member");
+                        *saved = found.directory;
+                    }
+                    Ok(Err(e)) => warn!("no directory from the members {}: {e:#}; serving the saved one", list(&members)),
+                    Err(_) => warn!("no directory from the members {} within {MEMBER_FETCH:?}; serving the saved one", list(&members)),
+                }
+            }
             let directory = tokio::time::timeout_at(
                 deadline,
                 serve(
@@ -388,7 +432,8 @@ pub async fn discover(
             (directory, None, relay)
         }
     };
-    // Keep the control plane alive for liveness; the bootstrap answers late joins.
+    // Keep the control plane alive for liveness; the bootstrap answers late joins, every
+    // member restarted peers.
     let dir = directory.directory.clone();
     let boot: Option<PeerId> = dir
         .first()
@@ -415,13 +460,23 @@ pub async fn discover(
                     relay,
                     directory_file,
                 };
-                late.run(swarm, settled).await
+                late.run(swarm, settled, relocations).await
             }
             None => {
+                let mut member = Member {
+                    rank: directory.rank,
+                    dir,
+                    fingerprint,
+                    gate,
+                    observed: Default::default(),
+                };
                 // Relay requests sent to the bootstrap, by id, with where their answer goes.
                 let mut sent = std::collections::HashMap::new();
                 loop {
                     tokio::select! {
+                        Some(info) = relocations.recv() => {
+                            policy::relocate(&mut member.dir, info);
+                        }
                         Some((request, answer)) = asked.recv() => match boot {
                             Some(b) => {
                                 let id = swarm.behaviour_mut().relay.send_request(&b, request);
@@ -433,7 +488,7 @@ pub async fn discover(
                             }
                         },
                         event = swarm.select_next_some() => {
-                            match as_member(&mut swarm, event, boot, &listen.files) {
+                            match as_member(&mut swarm, event, (boot, Some(&mut member)), &listen.files) {
                                 Ok(Some(SwarmEvent::Behaviour(BehaviourEvent::Relay(e)))) => {
                                     relay_as_member(&mut swarm, e, &mut sent)
                                 }
@@ -495,30 +550,80 @@ fn relay_as_member(
     }
 }
 
+/// A member of the run that is not its bootstrap, as discovery sees it: what it needs to
+/// take a restarted peer back ([`policy::member_answer`]).
+struct Member {
+    /// This peer's rank.
+    rank: Rank,
+    /// The directory, kept current by the data plane's [`Relocations`].
+    dir: Directory,
+    fingerprint: Fingerprint,
+    gate: Gate,
+    /// Where each peer's control-plane connection comes from ([`nat`]).
+    observed: std::collections::HashMap<PeerId, std::net::IpAddr>,
+}
+
 /// What a node that is not the bootstrap does with a control-plane `event`, besides its own
-/// business: it serves the DHT ([`serve_dht`]), answers a join request with
-/// [`JoinResponse::NotBootstrap`] naming `bootstrap` (the run's peer 0 as it knows it; `None`
-/// while it is joining itself), and writes a new listen address to `files`. Returns the
-/// event if it was none of those.
+/// business: it serves the DHT ([`serve_dht`]), answers a join request — a member (`member`)
+/// as [`policy::member_answer`] decides, a node still joining with
+/// [`JoinResponse::NotBootstrap`] naming `bootstrap` (the run's peer 0 as it knows it;
+/// `None` while it is joining itself) — and writes a new listen address to `files`. Returns
+/// the event if it was none of those.
 ///
 /// # Errors
 /// A listen address cannot be written.
 fn as_member(
     swarm: &mut Swarm<Behaviour>,
     event: SwarmEvent<BehaviourEvent>,
-    bootstrap: Option<PeerId>,
+    (bootstrap, member): (Option<PeerId>, Option<&mut Member>),
     files: &[PathBuf],
 ) -> anyhow::Result<Option<SwarmEvent<BehaviourEvent>>> {
     serve_dht(swarm, &event, bootstrap);
     match event {
         SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
             peer,
-            message: request_response::Message::Request { channel, .. },
+            message:
+                request_response::Message::Request {
+                    mut request,
+                    channel,
+                    ..
+                },
             ..
         })) => {
-            debug!(%peer, ?bootstrap, "a join request to a node that is not the bootstrap");
-            let answer = policy::not_bootstrap(bootstrap);
+            let Some(m) = member else {
+                debug!(%peer, "a join request to a node still joining");
+                let answer = policy::not_bootstrap(bootstrap);
+                let _ = swarm.behaviour_mut().join.send_response(channel, answer);
+                return Ok(None);
+            };
+            seen_through_nat(&mut request, m.observed.get(&peer).copied());
+            let local = *swarm.local_peer_id();
+            let ids = (&local, &peer);
+            let (answer, late) = policy::member_answer(
+                &mut m.dir,
+                &m.fingerprint,
+                &m.gate,
+                ids,
+                request,
+                (m.rank, bootstrap),
+            );
+            match late {
+                None => debug!(%peer, "a new peer asked a member: pointed at the bootstrap"),
+                Some(policy::Late::Rejoined(rank)) => {
+                    info!(rank, %peer, "peer {rank} rejoins the run through this member")
+                }
+                Some(policy::Late::Refused(why)) => warn!(%peer, "refused a rejoin: {why}"),
+                Some(policy::Late::Joined(_)) => {}
+            }
             let _ = swarm.behaviour_mut().join.send_response(channel, answer);
+            Ok(None)
+        }
+        SwarmEvent::ConnectionEstablished {
+            peer_id, endpoint, ..
+        } if member.is_some() => {
+            if let Some(m) = member {
+                note_observed(&mut m.observed, peer_id, &endpoint);
+            }
             Ok(None)
         }
         SwarmEvent::NewListenAddr { address, .. } => {
@@ -613,6 +718,7 @@ impl LateJoins {
         &mut self,
         mut swarm: Swarm<Behaviour>,
         mut settled: tokio::sync::mpsc::UnboundedReceiver<Rank>,
+        mut relocations: Relocations,
     ) {
         let local = *swarm.local_peer_id();
         loop {
@@ -648,6 +754,11 @@ impl LateJoins {
                     }
                     other => log_event(other),
                 }},
+                Some(info) = relocations.recv() => {
+                    if policy::relocate(&mut self.dir, info) {
+                        save_directory(self.directory_file.as_deref(), &self.dir);
+                    }
+                }
                 Some(rank) = settled.recv() => {
                     if self.pending.is_some_and(|(p, _)| p == rank) {
                         debug!(rank, "the new peer settled");
@@ -674,7 +785,14 @@ impl LateJoins {
     async fn answer(&mut self, swarm: &mut Swarm<Behaviour>, (peer, request, channel): Waiting) {
         let local = *swarm.local_peer_id();
         let ids = (&local, &peer);
-        let late = policy::admit_rejoin(&mut self.dir, &self.fingerprint, &self.gate, ids, request);
+        let late = policy::admit_rejoin(
+            &mut self.dir,
+            &self.fingerprint,
+            &self.gate,
+            ids,
+            request,
+            1,
+        );
         match &late {
             Late::Refused(why) => warn!(%peer, "refused a late join: {why}"),
             Late::Rejoined(rank) => info!(rank, %peer, "peer rejoins the run"),
@@ -774,7 +892,13 @@ async fn serve(
         rounds[r0] = own.clone();
     }
     // Peers can only join once we listen; with n = 1 the address must still be published.
-    let mut listening = false;
+    // A restarted peer 0 that took the directory from a member listens already (its
+    // address was published meanwhile).
+    let mut listening = swarm.listeners().next().is_some();
+    if listening {
+        let addrs: Vec<Multiaddr> = swarm.listeners().cloned().collect();
+        publish_record(swarm, key, &addrs);
+    }
     // Where each peer's control-plane connection comes from (a NAT's address, maybe).
     let mut observed = std::collections::HashMap::new();
     loop {

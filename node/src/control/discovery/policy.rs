@@ -211,17 +211,20 @@ pub(super) enum Late {
     Joined(PeerInfo),
 }
 
-/// The bootstrap `local`'s decision on `request` from `peer` once the run is under way: a
-/// restarted peer (`rejoin`) with the run's fingerprint and a rank other than 0 replaces its
-/// entry of `dir` (keeping its identity), a new peer (on the allow-list, if there is one)
-/// takes an empty rank (the lowest for [`JoinRequest::any_rank`]); anything else is refused
-/// with the reason, and `dir` is left as it was.
+/// The decision of the node `local` on `request` from `peer` once the run is under way: a
+/// restarted peer (`rejoin`) with the run's fingerprint and a rank of at least `first` (1 at
+/// the bootstrap, which is peer 0; 0 at any other member, through which a restarted peer 0
+/// fetches the directory) replaces its entry of `dir` (keeping its identity), a new peer (on
+/// the allow-list, if there is one) takes an empty rank (the lowest for
+/// [`JoinRequest::any_rank`]); anything else is refused with the reason, and `dir` is left
+/// as it was.
 pub(super) fn admit_rejoin(
     dir: &mut [Option<PeerInfo>],
     fingerprint: &Fingerprint,
     gate: &Gate,
     (local, peer): (&PeerId, &PeerId),
     mut request: JoinRequest,
+    first: Rank,
 ) -> Late {
     if request.any_rank {
         match free_rank(dir) {
@@ -237,9 +240,9 @@ pub(super) fn admit_rejoin(
     let current = dir.get(r).cloned().flatten();
     let refusal = if request.fingerprint != *fingerprint {
         Some(options_differ(&request.fingerprint, fingerprint, r))
-    } else if r == 0 || r >= dir.len() {
+    } else if r < first || r >= dir.len() {
         Some(format!(
-            "rank {r} cannot rejoin (ranks 1..{} can)",
+            "rank {r} cannot rejoin through this node (ranks {first}..{} can)",
             dir.len()
         ))
     } else if !request.rejoin {
@@ -286,12 +289,75 @@ pub(super) fn late_answer(
     }
 }
 
-/// What a node that is not the bootstrap answers any join request: look the bootstrap up
-/// in the DHT, the bootstrap being peer 0 as this node knows it (`None` while it is
-/// joining itself).
+/// What a node that is not the bootstrap answers a join request it does not serve: look
+/// the bootstrap up in the DHT, the bootstrap being peer 0 as this node knows it (`None`
+/// while it is joining itself).
 pub(super) fn not_bootstrap(bootstrap: Option<PeerId>) -> JoinResponse {
     JoinResponse::NotBootstrap {
         bootstrap: bootstrap.map(|b| b.to_string()),
+    }
+}
+
+/// What the member `local` of rank `me` (not the bootstrap; `bootstrap`: peer 0 as it knows
+/// it) answers `request` from `peer` once the run is under way, with `dir` its directory,
+/// and what it decided (`None`: not its to decide).
+///
+/// A restarted peer (`rejoin`, its rank taken in `dir`), peer 0 included, gets the
+/// directory from any member: [`admit_rejoin`]'s checks are the bootstrap's (the run's
+/// fingerprint; the identity libp2p authenticated must be the one `dir` holds for that rank,
+/// so only the holder of that rank's key can take it back; the run key's tag), and every
+/// member holds what they need. So a peer comes back while peer 0 is away. A new peer
+/// (an empty rank, or any rank) is pointed at the bootstrap, which alone gives out empty
+/// ranks (two members could give one rank to two peers), as is a whole run resuming (it
+/// has no members yet).
+pub(super) fn member_answer(
+    dir: &mut [Option<PeerInfo>],
+    fingerprint: &Fingerprint,
+    gate: &Gate,
+    (local, peer): (&PeerId, &PeerId),
+    request: JoinRequest,
+    (me, bootstrap): (Rank, Option<PeerId>),
+) -> (JoinResponse, Option<Late>) {
+    let r = request.info.rank;
+    if !request.rejoin || takes_empty_rank(dir, &request) {
+        return (not_bootstrap(bootstrap), None);
+    }
+    let late = if r == me {
+        Late::Refused(format!(
+            "rank {r} is the member asked ({local}), which is alive: a second process of one \
+             rank cannot rejoin"
+        ))
+    } else {
+        admit_rejoin(dir, fingerprint, gate, (local, peer), request, 0)
+    };
+    let answer = late_answer(dir, &late, gate, (local, peer));
+    (answer, Some(late))
+}
+
+/// Applies what the data plane learnt, `info`: the process of incarnation
+/// `info.incarnation` of rank `info.rank` is at `info.data_addr` (a restarted or new peer's
+/// rejoin notice), to the directory `dir` that this node serves. Returns whether `dir`
+/// changed. Ignored: a rank out of range, an older incarnation than the entry's, or an
+/// identity other than the entry's (the entry keeps its identity, as in [`admit_rejoin`]).
+pub(super) fn relocate(dir: &mut [Option<PeerInfo>], info: PeerInfo) -> bool {
+    let Some(slot) = dir.get_mut(info.rank) else {
+        return false;
+    };
+    match slot {
+        Some(e) if e.peer_id != info.peer_id || e.incarnation > info.incarnation => false,
+        Some(e) if e.data_addr == info.data_addr && e.incarnation == info.incarnation => false,
+        Some(e) => {
+            if e.data_addr != info.data_addr {
+                e.nat_published = info.nat_published;
+            }
+            e.data_addr = info.data_addr;
+            e.incarnation = info.incarnation;
+            true
+        }
+        None => {
+            *slot = Some(info);
+            true
+        }
     }
 }
 

@@ -240,11 +240,13 @@ mod tests {
             round: 150,
             departed: vec![6],
             without_x: false,
+            rejoined: vec![(3, 120)],
         };
         let frame = encode_with_params(FrameKind::Welcome, 2, 150, &welcome, &[0.5, -1.0]).unwrap();
         let (w, x): (Welcome, Vec<f32>) =
             decode_with_params(&frame[FRAME_HEADER_LEN..], 2).unwrap();
         assert_eq!((w.round, w.departed, x), (150, vec![6], vec![0.5, -1.0]));
+        assert_eq!(w.rejoined, vec![(3, 120)]);
         assert!(decode_with_params::<Welcome>(&frame[FRAME_HEADER_LEN..], 3).is_err());
     }
 }

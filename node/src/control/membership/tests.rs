@@ -442,18 +442,19 @@ fn new_peers_taking_every_empty_rank_close_the_admission() {
 fn a_restarted_peer_rejoins_from_the_welcomes() {
     let mut m = Membership::new(2, N);
     m.start_empty(&[7]);
-    let welcome = |round, departed: Vec<Rank>| {
+    let welcome = |round, departed: Vec<Rank>, rejoined: Vec<(Rank, u64)>| {
         let w = Welcome {
             round,
             departed,
             without_x: false,
+            rejoined,
         };
         (w, vec![0.0f32])
     };
     let welcomes: BTreeMap<Rank, _> = [
-        (1, welcome(100, vec![6, 7])),
-        (3, welcome(120, vec![2])),
-        (6, welcome(90, vec![])),
+        (1, welcome(100, vec![6, 7], vec![(4, 60), (6, 30)])),
+        (3, welcome(120, vec![2], vec![(4, 90), (2, 10), (5, 70)])),
+        (6, welcome(90, vec![], vec![])),
     ]
     .into_iter()
     .collect();
@@ -465,6 +466,11 @@ fn a_restarted_peer_rejoins_from_the_welcomes() {
         "this peer is not among them"
     );
     assert_eq!(plan.welcomed, vec![1, 3]);
+    assert_eq!(
+        plan.rejoined,
+        BTreeMap::from([(4, 90), (5, 70)]),
+        "the latest rejoin of each peer, not this one's nor a departed one's"
+    );
     assert_eq!(
         m.plan_rejoin(&welcomes, [4, 6], 1000, 20),
         Err(RejoinError::Unreachable(4))

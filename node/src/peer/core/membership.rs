@@ -358,6 +358,15 @@ impl PeerCore {
             self.goodbyes.expect(back);
         }
         out.push(broadcast(readmitted.flood));
+        if let Some(id) = self.peer_ids.get(back).copied().flatten() {
+            out.push(Action::Relocated(PeerInfo {
+                rank: back,
+                peer_id: id.to_string(),
+                data_addr: notice.addr,
+                nat_published: None,
+                incarnation: notice.incarnation,
+            }));
+        }
         let record = Membership::rejoin_record(back, at, readmitted.new, self.now(now));
         self.record(record, Some(at), out);
         Ok(())
@@ -452,6 +461,7 @@ impl PeerCore {
             Err(e @ RejoinError::Unreachable(r)) => bail!("{e}: {:#}", unreachable[&r]),
             Err(e) => return Err(e.into()),
         };
+        self.membership.heard_of_rejoins(&plan);
         let collects_only = plan.collects_only;
         if collects_only {
             info!(

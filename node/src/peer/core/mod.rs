@@ -102,6 +102,9 @@ pub(crate) enum Action {
     Admit { id: libp2p::PeerId, rank: Rank },
     /// Every rank is taken: the data plane refuses strangers at once again.
     CloseAdmission,
+    /// A peer came back (or a new one took its rank): its process and data-plane address,
+    /// for the directory discovery serves to restarted peers.
+    Relocated(crate::control::discovery::PeerInfo),
     /// Peer 0: a line of `membership.jsonl` (`at`: the round a rejoining peer mixes from).
     Record {
         event: MembershipEvent,

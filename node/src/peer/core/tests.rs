@@ -84,6 +84,7 @@ fn kinds(actions: &[Action]) -> Vec<&'static str> {
             Action::CloseAdmission => "close",
             Action::Record { .. } => "record",
             Action::Collect { .. } => "collect",
+            Action::Relocated(_) => "relocated",
         })
         .collect()
 }
@@ -191,7 +192,12 @@ fn peer_0_leaves_like_any_peer_and_every_peer_links_to_its_new_process() {
             frame(FrameKind::Rejoin, 1, 60, &notice[FRAME_HEADER_LEN..]),
         )
         .unwrap();
-    assert_eq!(kinds(&out), ["connect", "broadcast"]);
+    assert_eq!(kinds(&out), ["connect", "broadcast", "relocated"]);
+    // Discovery learns where peer 0's new process is, for the directory it serves.
+    assert!(matches!(
+        &out[2],
+        Action::Relocated(info) if (info.rank, info.data_addr, info.incarnation) == (0, addr, 20)
+    ));
     assert!(matches!(
         out[0],
         Action::Connect {

@@ -293,7 +293,7 @@ fn a_peer_without_a_rank_takes_the_lowest_empty_one_until_none_is_left() {
     );
     let new = request(0, ids[1], true);
     assert!(takes_empty_rank(&dir, &new));
-    let late = admit_rejoin(&mut dir, &fp, &gate, (&local, &ids[1]), new);
+    let late = admit_rejoin(&mut dir, &fp, &gate, (&local, &ids[1]), new, 1);
     assert!(matches!(&late, Late::Joined(i) if i.rank == 1 && i.peer_id == ids[1].to_string()));
     let answer = late_answer(&dir, &late, &gate, (&local, &ids[1]));
     assert!(matches!(answer, JoinResponse::Directory { .. }));
@@ -303,6 +303,7 @@ fn a_peer_without_a_rank_takes_the_lowest_empty_one_until_none_is_left() {
         &gate,
         (&local, &ids[3]),
         request(0, ids[3], true),
+        1,
     );
     assert!(matches!(&late, Late::Joined(i) if i.rank == 3));
     assert_eq!(free_rank(&dir), None);
@@ -314,6 +315,7 @@ fn a_peer_without_a_rank_takes_the_lowest_empty_one_until_none_is_left() {
         &gate,
         (&local, &latecomer),
         request(0, latecomer, true),
+        1,
     );
     let answer = late_answer(&dir, &late, &gate, (&local, &latecomer));
     assert!(refusal_text(&answer).contains("no empty rank"));
@@ -323,7 +325,7 @@ fn a_peer_without_a_rank_takes_the_lowest_empty_one_until_none_is_left() {
         "a refusal leaves the directory as it was"
     );
     // The restarted peer keeps its rank and is no new peer.
-    let late = admit_rejoin(&mut dir, &fp, &gate, (&local, &ids[2]), restarted);
+    let late = admit_rejoin(&mut dir, &fp, &gate, (&local, &ids[2]), restarted, 1);
     assert!(matches!(late, Late::Rejoined(2)));
 }
 
@@ -341,6 +343,7 @@ fn a_restarted_peer_gets_its_rank_back_only_with_its_identity_and_options() {
             &gate,
             (&local, &peer),
             req,
+            1,
         ) {
             Late::Refused(why) => why,
             other => panic!("expected a refusal, got {other:?}"),
@@ -353,9 +356,15 @@ fn a_restarted_peer_gets_its_rank_back_only_with_its_identity_and_options() {
         "{why}"
     );
     let why = refused(&mut dir, ids[0], request(0, ids[0], false));
-    assert_eq!(why, "rank 0 cannot rejoin (ranks 1..4 can)");
+    assert_eq!(
+        why,
+        "rank 0 cannot rejoin through this node (ranks 1..4 can)"
+    );
     let why = refused(&mut dir, ids[1], request(7, ids[1], false));
-    assert_eq!(why, "rank 7 cannot rejoin (ranks 1..4 can)");
+    assert_eq!(
+        why,
+        "rank 7 cannot rejoin through this node (ranks 1..4 can)"
+    );
     let why = refused(&mut dir, ids[1], fresh(1, ids[1], false));
     assert!(
         why.contains("already under way") && why.contains("--join-running"),
@@ -370,7 +379,7 @@ fn a_restarted_peer_gets_its_rank_back_only_with_its_identity_and_options() {
     // The genuine peer, restarted at another data-plane address.
     let mut back = request(1, ids[1], false);
     back.info.data_addr = "10.0.0.9:7000".parse().unwrap();
-    let late = admit_rejoin(&mut dir, &fp, &gate, (&local, &ids[1]), back);
+    let late = admit_rejoin(&mut dir, &fp, &gate, (&local, &ids[1]), back, 1);
     assert!(matches!(late, Late::Rejoined(1)));
     assert_eq!(
         dir[1].as_ref().unwrap().data_addr.to_string(),
@@ -390,7 +399,7 @@ fn a_late_new_peer_must_be_on_the_allow_list_a_restarted_one_need_not() {
     let local = ids[0];
     let mut req = request(2, ids[2], false);
     req.fingerprint = fp.clone();
-    let late = admit_rejoin(&mut dir, &fp, &gate, (&local, &ids[2]), req);
+    let late = admit_rejoin(&mut dir, &fp, &gate, (&local, &ids[2]), req, 1);
     assert!(
         matches!(&late, Late::Refused(why) if why.contains("allow-list")),
         "{late:?}"
@@ -398,7 +407,7 @@ fn a_late_new_peer_must_be_on_the_allow_list_a_restarted_one_need_not() {
     assert!(dir[2].is_none());
     let mut req = request(1, ids[1], false);
     req.fingerprint = fp.clone();
-    let late = admit_rejoin(&mut dir, &fp, &gate, (&local, &ids[1]), req);
+    let late = admit_rejoin(&mut dir, &fp, &gate, (&local, &ids[1]), req, 1);
     assert!(matches!(late, Late::Rejoined(1)));
 }
 
@@ -520,4 +529,109 @@ fn with_a_run_key_a_joining_peer_takes_only_a_proven_directory() {
     let read = read_answer(directory(Some(foreign)), pair, 2, &gate, false);
     assert!(matches!(&read, Reading::Failed(why)
         if why.starts_with("the bootstrap") && why.contains("did not prove the run key")));
+}
+
+#[test]
+fn any_member_takes_a_restarted_peer_back_with_the_bootstraps_checks_and_points_new_ones_at_it() {
+    let ids: Vec<PeerId> = (0..4).map(|_| PeerId::random()).collect();
+    // Rank 3 is empty (an elastic run); the member asked is rank 1.
+    let mut dir: Vec<_> = (0..4).map(|r| (r < 3).then(|| info(r, ids[r]))).collect();
+    let fp = fingerprint(4);
+    let gate = Gate {
+        allow: None,
+        key: Some(run_key(7)),
+    };
+    let (member, boot) = (ids[1], ids[0]);
+    let ask = |dir: &mut Vec<Option<PeerInfo>>, peer: PeerId, mut req: JoinRequest| {
+        req.proof = Some(run_key(7).tag("join", &peer, &member));
+        member_answer(dir, &fp, &gate, (&member, &peer), req, (1, Some(boot)))
+    };
+    // Peer 2 restarted, at a new address: its entry is updated and it gets the directory,
+    // with the member's run-key tag.
+    let mut back = request(2, ids[2], false);
+    back.info.data_addr = "10.0.0.2:9000".parse().unwrap();
+    back.info.incarnation = 5;
+    let (answer, late) = ask(&mut dir, ids[2], back);
+    assert!(matches!(late, Some(Late::Rejoined(2))), "{late:?}");
+    match answer {
+        JoinResponse::Directory { directory, proof } => {
+            assert_eq!(
+                directory[2].as_ref().unwrap().data_addr.to_string(),
+                "10.0.0.2:9000"
+            );
+            assert!(run_key(7).verify(proof.as_deref(), "answer", &member, &ids[2]));
+        }
+        other => panic!("expected the directory, got {other:?}"),
+    }
+    assert_eq!(dir[2].as_ref().unwrap().incarnation, 5);
+    // Peer 0 restarted fetches the directory from a member too.
+    let (answer, late) = ask(&mut dir, ids[0], request(0, ids[0], false));
+    assert!(matches!(late, Some(Late::Rejoined(0))), "{late:?}");
+    assert!(matches!(answer, JoinResponse::Directory { .. }));
+    // Another identity claiming rank 2: refused, the entry kept.
+    let impostor = PeerId::random();
+    let (answer, late) = ask(&mut dir, impostor, request(2, impostor, false));
+    assert!(matches!(late, Some(Late::Refused(_))));
+    assert!(
+        refusal_text(&answer).contains("keeps its identity"),
+        "{answer:?}"
+    );
+    assert_eq!(dir[2].as_ref().unwrap().peer_id, ids[2].to_string());
+    // Without the run key's tag: refused.
+    let mut untagged = request(2, ids[2], false);
+    untagged.proof = None;
+    let (answer, _) = member_answer(
+        &mut dir,
+        &fp,
+        &gate,
+        (&member, &ids[2]),
+        untagged,
+        (1, Some(boot)),
+    );
+    assert!(refusal_text(&answer).contains("run key"), "{answer:?}");
+    // A second process of the member's own rank: refused.
+    let (answer, _) = ask(&mut dir, ids[1], request(1, ids[1], false));
+    assert!(refusal_text(&answer).contains("alive"), "{answer:?}");
+    // A new peer (an empty rank, or any rank) and a peer that is not rejoining: to the
+    // bootstrap, and the directory is untouched.
+    let before = peer_ids(&dir);
+    let newcomer = PeerId::random();
+    for req in [
+        request(3, newcomer, false),
+        request(0, newcomer, true),
+        fresh(2, ids[2], false),
+    ] {
+        let (answer, late) = ask(&mut dir, newcomer, req);
+        assert!(late.is_none());
+        assert!(
+            matches!(&answer, JoinResponse::NotBootstrap { bootstrap: Some(b) } if *b == boot.to_string()),
+            "{answer:?}"
+        );
+    }
+    assert_eq!(peer_ids(&dir), before);
+}
+
+#[test]
+fn a_rejoin_the_data_plane_learnt_updates_the_directory_a_node_serves() {
+    let ids: Vec<PeerId> = (0..3).map(|_| PeerId::random()).collect();
+    let mut dir: Vec<_> = vec![Some(info(0, ids[0])), Some(info(1, ids[1])), None];
+    let moved = |rank: Rank, id: PeerId, addr: &str, incarnation| PeerInfo {
+        data_addr: addr.parse().unwrap(),
+        incarnation,
+        ..info(rank, id)
+    };
+    assert!(relocate(&mut dir, moved(1, ids[1], "10.0.0.1:5", 3)));
+    assert_eq!(dir[1].as_ref().unwrap().data_addr.to_string(), "10.0.0.1:5");
+    // The same again, an older process, another identity, a rank out of range: no change.
+    assert!(!relocate(&mut dir, moved(1, ids[1], "10.0.0.1:5", 3)));
+    assert!(!relocate(&mut dir, moved(1, ids[1], "10.0.0.1:6", 2)));
+    assert!(!relocate(
+        &mut dir,
+        moved(1, PeerId::random(), "10.0.0.1:7", 9)
+    ));
+    assert!(!relocate(&mut dir, moved(5, ids[1], "10.0.0.1:7", 9)));
+    assert_eq!(dir[1].as_ref().unwrap().data_addr.to_string(), "10.0.0.1:5");
+    // A new peer's first entry.
+    assert!(relocate(&mut dir, moved(2, ids[2], "10.0.0.3:5", 1)));
+    assert_eq!(dir[2].as_ref().unwrap().peer_id, ids[2].to_string());
 }
