@@ -232,37 +232,21 @@ fn a_killed_peer_is_restarted_and_rejoins_under_restart_failed() {
 
 #[test]
 fn a_killed_peer_0_is_restarted_and_the_record_goes_on_without_a_gap() {
-    // Peer 2 dies with it: it comes back through a member while peer 0 is away (before, it
-    // waited for peer 0's new process), and peer 0's new process takes the directory from
-    // a member (peer 2's new address is not in the file its old process saved). The
-    // record has every epoch once: the restarted peer 0 learns from its welcomes that peer
-    // 2 came back while it was away, so the epoch peer 2's old process never reported is
-    // complete without it (before, that row was lost).
     let mut l = Launch::start(&["--epochs=8", "--checkpoint-every=16", "--restart-failed"]);
-    l.wait_for_epoch(2);
-    let (p0, p2) = (l.peer(0), l.peer(2));
-    signal(p0, libc::SIGKILL);
-    signal(p2, libc::SIGKILL);
-    let (status, out, err) = l.finish(Duration::from_secs(240));
-    assert!(status.success(), "{out}\n{err}");
-    let s = l.summary();
-    assert_eq!(text(&s["outcome"]), "completed");
+    let (out, s) = l.kill_and_finish(0, Duration::from_secs(240));
     assert!(
         out.contains("peer 0 failed (SIGKILL)")
-            && out.contains("peer 0 restarted with --resume --rejoin-running")
-            && out.contains("peer 2 restarted with --resume"),
+            && out.contains("peer 0 restarted with --resume --rejoin-running"),
         "{out}"
     );
-    let failures = text(&s["peer_failures"]);
-    assert!(
-        failures.contains("0:SIGKILL@") && failures.contains("2:SIGKILL@"),
-        "{s}"
-    );
-    assert!(text(&s["rejoins"]).contains("0@"), "{s}");
+    assert!(text(&s["peer_failures"]).starts_with("0:SIGKILL@"), "{s}");
+    assert!(text(&s["rejoins"]).starts_with("0@"), "{s}");
     assert_eq!(s["epochs"].as_u64(), Some(8));
     assert!(s["final_min_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");
     // Every epoch once in the record, though two processes of peer 0 wrote it.
     l.assert_every_epoch_once(8);
+    // The new process took the directory as it stands from a member (the launcher gives
+    // it the members' addresses), then served as the bootstrap again.
     let log = l.log(0);
     assert!(
         log.contains("took the run's directory as it stands from a member")

@@ -670,12 +670,20 @@ impl Membership {
         total_rounds: u64,
         margin: u64,
     ) -> Result<RejoinPlan, RejoinError> {
+        // A peer whose rejoin this peer heard while rejoining (both restarted at once) is
+        // back, whatever welcomes sent before that said.
+        let back_since = |r: Rank| self.rejoined.iter().any(|&(p, _)| p == r);
         let departed: BTreeSet<Rank> = welcomes
             .values()
             .flat_map(|(w, _)| w.departed.iter().copied())
-            .filter(|&r| r != self.me)
+            .filter(|&r| r != self.me && !back_since(r))
             .collect();
-        if let Some(r) = unreachable.into_iter().find(|r| !departed.contains(r)) {
+        // A destination is also allowed to be unreachable if this peer itself knows its
+        // process left (the supervisor saw it exit, or a new process of it said hello):
+        // restarted at the same time as this one, it comes back through its own rejoin.
+        let counted =
+            |r: &Rank| !departed.contains(r) && !self.departed.contains_key(r) && !back_since(*r);
+        if let Some(r) = unreachable.into_iter().find(counted) {
             return Err(RejoinError::Unreachable(r));
         }
         let at = welcomes.values().map(|(w, _)| w.round).max().unwrap_or(0) + margin;

@@ -81,9 +81,24 @@ struct Proc {
     stopped: bool,
 }
 
+impl Proc {
+    /// Writes `line` (an exit notice) to the process's standard input; best effort: a
+    /// process that exited is not written to again.
+    fn notify(&mut self, line: &str) {
+        if let Some(stdin) = self.notices.as_mut() {
+            use std::io::Write;
+            if stdin.write_all(line.as_bytes()).is_err() {
+                self.notices = None;
+            }
+        }
+    }
+}
+
 /// Every peer process of the run; stops them all when dropped.
 struct Peers {
     procs: Vec<Proc>,
+    /// The latest process of each rank seen to exit, as rank → (incarnation, how).
+    exits: std::collections::BTreeMap<usize, (crate::plane::Incarnation, String)>,
 }
 
 impl Peers {
@@ -92,14 +107,29 @@ impl Peers {
     /// a peer that exited meanwhile is skipped.
     fn tell_exit(&mut self, rank: usize, incarnation: crate::plane::Incarnation, how: &str) {
         let line = crate::peer::supervisor::exit_notice(rank, incarnation, how);
+        self.exits.insert(rank, (incarnation, how.to_string()));
         for p in self.procs.iter_mut().filter(|p| p.rank != rank) {
-            if let Some(stdin) = p.notices.as_mut() {
-                use std::io::Write;
-                if stdin.write_all(line.as_bytes()).is_err() {
-                    p.notices = None;
-                }
+            p.notify(&line);
+        }
+    }
+
+    /// Adds a newly started process, first telling it of the latest process of each other
+    /// rank that exited: a restarted peer may hold their old addresses (a directory taken
+    /// just before they came back), and a link to a process known to have exited fails at
+    /// once instead of waiting out the handshake's timeout (10 s, during which the others
+    /// could finish the run). A notice about a process older than the one it knows of is
+    /// ignored by the peer.
+    fn add(&mut self, mut proc: Proc) {
+        for (&rank, (incarnation, how)) in &self.exits {
+            if rank != proc.rank {
+                proc.notify(&crate::peer::supervisor::exit_notice(
+                    rank,
+                    *incarnation,
+                    how,
+                ));
             }
         }
+        self.procs.push(proc);
     }
 
     /// Sends `signal` to every peer, waits up to [`STOP_GRACE`] for them to exit, then
@@ -246,14 +276,17 @@ impl<'a> Supervisor<'a> {
         spawner: Spawner,
         initial: usize,
     ) -> anyhow::Result<Supervisor<'a>> {
-        let mut peers = Peers { procs: Vec::new() };
+        let mut peers = Peers {
+            procs: Vec::new(),
+            exits: Default::default(),
+        };
         let run_dir = spawner.run_dir.clone();
         let addr_file = crate::peer::bootstrap_file(&run_dir);
         let mut first = vec![format!("--bootstrap-file={}", addr_file.display())];
         if initial < args.peers {
             first.push(format!("--initial-peers={initial}"));
         }
-        peers.procs.push(spawner.spawn(0, first)?);
+        peers.add(spawner.spawn(0, first)?);
         let t0 = Instant::now();
         let bootstrap = loop {
             if let Ok(a) = std::fs::read_to_string(&addr_file) {
@@ -354,7 +387,7 @@ impl<'a> Supervisor<'a> {
                 format!("--bootstrap={}", self.bootstrap),
                 "--join-running".into(),
             ];
-            self.peers.procs.push(self.spawner.spawn(rank, extra)?);
+            self.peers.add(self.spawner.spawn(rank, extra)?);
             print(format!("rank {rank} joins the running run"));
         }
         Ok(())
@@ -489,7 +522,7 @@ impl<'a> Supervisor<'a> {
                     .into_iter()
                     .map(|a| format!("--bootstrap={a}")),
             );
-            self.peers.procs.push(self.spawner.spawn(0, extra)?);
+            self.peers.add(self.spawner.spawn(0, extra)?);
             print("peer 0 restarted with --resume --rejoin-running".into());
         }
         if self.bootstrap.is_empty() {
@@ -510,7 +543,7 @@ impl<'a> Supervisor<'a> {
             let mut extra: Vec<String> =
                 entries.iter().map(|a| format!("--bootstrap={a}")).collect();
             extra.push("--resume".into());
-            self.peers.procs.push(self.spawner.spawn(rank, extra)?);
+            self.peers.add(self.spawner.spawn(rank, extra)?);
             print(format!("peer {rank} restarted with --resume"));
         }
         Ok(())

@@ -349,7 +349,7 @@ impl Driver {
         let deadline = Instant::now() + timeout;
         loop {
             let waiting: Vec<Rank> = (self.links.keys().copied())
-                .filter(|&r| !self.core.welcomed_by(r))
+                .filter(|&r| self.core.awaits_welcome(r))
                 .collect();
             if waiting.is_empty() {
                 break;

@@ -475,6 +475,21 @@ fn a_restarted_peer_rejoins_from_the_welcomes() {
         m.plan_rejoin(&welcomes, [4, 6], 1000, 20),
         Err(RejoinError::Unreachable(4))
     );
+    // Unless this peer knows itself that 4's process left (its supervisor saw it exit):
+    // restarted at the same moment, 4 comes back through its own rejoin.
+    let now = Now {
+        round: 0,
+        epoch: 0,
+        wall_seconds: 0.0,
+    };
+    assert!(m.depart((4, 1), "exited".into(), 2, 0, now).is_some());
+    let plan4 = m.plan_rejoin(&welcomes, [4, 6], 1000, 20).unwrap();
+    assert_eq!(plan4.at, 140);
+    // A peer whose rejoin this one heard while rejoining is back, whatever earlier welcomes
+    // said (6 was departed for peer 1's).
+    assert!(m.rejoin_notice((6, 9), 130, addr(), 3).is_some());
+    let plan6 = m.plan_rejoin(&welcomes, [6], 1000, 20).unwrap();
+    assert_eq!(plan6.departed, BTreeSet::from([7]));
     assert_eq!(
         m.plan_rejoin(&welcomes, [], 140, 20),
         Err(RejoinError::TooLate {

@@ -201,6 +201,7 @@ impl PeerCore {
         let Some(hello) = self.accepted(verdict, from) else {
             return Ok(());
         };
+        self.hellos.insert(from);
         // The old process's connections are closed; the hello came on the newest one.
         match hello.restart {
             Restart::KnownDeparted { before } => {
@@ -422,9 +423,11 @@ impl PeerCore {
         Ok(Bytes::from(encode_hello(self.rank, me)?))
     }
 
-    /// Whether `peer` has answered this peer's hello.
-    pub(crate) fn welcomed_by(&self, peer: Rank) -> bool {
-        self.welcomes.contains_key(&peer)
+    /// Whether a rejoining peer waits for `peer`'s welcome: not if it came, nor if `peer`'s
+    /// new process said hello here (both restarted at once: it is rejoining too, and this
+    /// peer welcomed it instead).
+    pub(crate) fn awaits_welcome(&self, peer: Rank) -> bool {
+        !self.welcomes.contains_key(&peer) && !self.hellos.contains(&peer)
     }
 
     /// A restarted peer, every welcome in: agrees the round it mixes again from (the

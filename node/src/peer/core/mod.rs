@@ -153,6 +153,9 @@ pub(crate) struct PeerCore {
     linked: BTreeSet<Rank>,
     /// A rejoining peer only: the answers to its hellos, by sender.
     welcomes: BTreeMap<Rank, (Welcome, Vec<f32>)>,
+    /// The peers whose new process said hello to this one (restarted while it runs, or
+    /// while both were away): they answer no hello of this peer's, they are welcomed.
+    hellos: BTreeSet<Rank>,
     /// A rejoining peer only: the round it mixes again from, and the in-neighbours whose
     /// frame for that round has arrived.
     first_frames: Option<(u64, HashSet<Rank>)>,
@@ -207,6 +210,7 @@ impl PeerCore {
             started,
             peer_ids: setup.peer_ids,
             welcomes: BTreeMap::new(),
+            hellos: BTreeSet::new(),
             first_frames: None,
             settling: setup.admit_signer.is_some().then(Vec::new),
             admit_signer: setup.admit_signer,
