@@ -305,7 +305,7 @@ pub(super) async fn join(
             }
         };
         // Until it has joined, this peer knows no bootstrap to name.
-        let Some(event) = as_member(swarm, event, (None, None), addr_files)? else {
+        let Some(event) = as_member(swarm, event, None, addr_files)? else {
             continue;
         };
         match event {

@@ -465,6 +465,7 @@ pub async fn discover(
             None => {
                 let mut member = Member {
                     rank: directory.rank,
+                    bootstrap: boot,
                     dir,
                     fingerprint,
                     gate,
@@ -488,7 +489,7 @@ pub async fn discover(
                             }
                         },
                         event = swarm.select_next_some() => {
-                            match as_member(&mut swarm, event, (boot, Some(&mut member)), &listen.files) {
+                            match as_member(&mut swarm, event, Some(&mut member), &listen.files) {
                                 Ok(Some(SwarmEvent::Behaviour(BehaviourEvent::Relay(e)))) => {
                                     relay_as_member(&mut swarm, e, &mut sent)
                                 }
@@ -555,6 +556,8 @@ fn relay_as_member(
 struct Member {
     /// This peer's rank.
     rank: Rank,
+    /// The run's peer 0 as this peer knows it (from the directory).
+    bootstrap: Option<PeerId>,
     /// The directory, kept current by the data plane's [`Relocations`].
     dir: Directory,
     fingerprint: Fingerprint,
@@ -564,21 +567,20 @@ struct Member {
 }
 
 /// What a node that is not the bootstrap does with a control-plane `event`, besides its own
-/// business: it serves the DHT ([`serve_dht`]), answers a join request — a member (`member`)
-/// as [`policy::member_answer`] decides, a node still joining with
-/// [`JoinResponse::NotBootstrap`] naming `bootstrap` (the run's peer 0 as it knows it;
-/// `None` while it is joining itself) — and writes a new listen address to `files`. Returns
-/// the event if it was none of those.
+/// business: it serves the DHT ([`serve_dht`]) for its bootstrap, answers a join request —
+/// a member (`member`) as [`policy::member_answer`] decides, a node still joining (`None`:
+/// it knows no bootstrap yet) with [`JoinResponse::NotBootstrap`] naming none — and writes a
+/// new listen address to `files`. Returns the event if it was none of those.
 ///
 /// # Errors
 /// A listen address cannot be written.
 fn as_member(
     swarm: &mut Swarm<Behaviour>,
     event: SwarmEvent<BehaviourEvent>,
-    (bootstrap, member): (Option<PeerId>, Option<&mut Member>),
+    member: Option<&mut Member>,
     files: &[PathBuf],
 ) -> anyhow::Result<Option<SwarmEvent<BehaviourEvent>>> {
-    serve_dht(swarm, &event, bootstrap);
+    serve_dht(swarm, &event, member.as_ref().and_then(|m| m.bootstrap));
     match event {
         SwarmEvent::Behaviour(BehaviourEvent::Join(request_response::Event::Message {
             peer,
@@ -592,7 +594,7 @@ fn as_member(
         })) => {
             let Some(m) = member else {
                 debug!(%peer, "a join request to a node still joining");
-                let answer = policy::not_bootstrap(bootstrap);
+                let answer = policy::not_bootstrap(None);
                 let _ = swarm.behaviour_mut().join.send_response(channel, answer);
                 return Ok(None);
             };
@@ -605,7 +607,7 @@ fn as_member(
                 &m.gate,
                 ids,
                 request,
-                (m.rank, bootstrap),
+                (m.rank, m.bootstrap),
             );
             match late {
                 None => debug!(%peer, "a new peer asked a member: pointed at the bootstrap"),
@@ -618,6 +620,7 @@ fn as_member(
             let _ = swarm.behaviour_mut().join.send_response(channel, answer);
             Ok(None)
         }
+        // A member notes where its callers come from (a joining peer dials for itself).
         SwarmEvent::ConnectionEstablished {
             peer_id, endpoint, ..
         } if member.is_some() => {
