@@ -343,6 +343,11 @@ impl Membership {
         }
     }
 
+    /// The newest incarnation of `rank` whose process is known to have exited (0: none).
+    pub fn exited_incarnation(&self, rank: Rank) -> Incarnation {
+        self.exited.get(rank).copied().unwrap_or(0)
+    }
+
     /// The newest incarnation known of `rank` (0: unknown).
     pub fn incarnation(&self, rank: Rank) -> Incarnation {
         self.incarnations.get(rank).copied().unwrap_or(0)
@@ -739,12 +744,15 @@ impl Membership {
     }
 
     /// Whether this rejoining peer may begin round `at`: every in-neighbour of that round
-    /// (`in_peers`) has sent its frame for it (`arrived`), has departed, or (re)joins after it.
+    /// (`in_peers`) has sent its frame for it (`arrived`), has departed, or (re)joins at it
+    /// or after it. A neighbour restarted at the same time as this peer and mixing again from
+    /// the same round waits likewise before sending its frame of that round: waiting for it
+    /// here would deadlock both (its frame comes in the round itself).
     pub fn ready_to_mix(&self, at: u64, in_peers: &[Rank], arrived: &HashSet<Rank>) -> bool {
         in_peers.iter().all(|r| {
             arrived.contains(r)
                 || self.departed.contains_key(r)
-                || self.rejoined.iter().any(|&(p, a)| p == *r && a > at)
+                || self.rejoined.iter().any(|&(p, a)| p == *r && a >= at)
         })
     }
 }

@@ -520,6 +520,12 @@ fn a_restarted_peer_rejoins_from_the_welcomes() {
     assert!(!m.ready_to_mix(140, &[1, 3, 5, 6], &arrived));
     let arrived: HashSet<Rank> = [1, 3].into_iter().collect();
     assert!(m.ready_to_mix(140, &[1, 3, 5, 6], &arrived));
+    // Nor for a neighbour restarted with this peer that mixes again from the same round: it
+    // waits for this peer's frame as this peer would for its.
+    m.rejoin_notice((3, 2), 140, addr(), 1).unwrap();
+    assert!(!m.ready_to_mix(140, &[1, 3], &HashSet::new()));
+    let arrived: HashSet<Rank> = [1].into_iter().collect();
+    assert!(m.ready_to_mix(140, &[1, 3, 5, 6], &arrived));
     assert_eq!(m.departed()[&6].event, "left");
     assert_eq!(
         (m.departed()[&6].round, m.departed()[&6].reason.as_str()),

@@ -333,7 +333,14 @@ impl PeerCore {
         };
         let (back, at) = (notice.back, notice.at);
         let (w, _) = self.surviving(&notice.still_gone)?;
-        if let Err(e) = self.gossip.peer_rejoined(back, &w, at) {
+        // This peer rejoining too, from a later round (both restarted at once): it mixes no
+        // round before its own first, so it takes `back` in from that one; `back` heard this
+        // peer's rejoin notice and mixes with it from there too.
+        let from_round = match self.first_frames {
+            Some((first, _)) => at.max(first),
+            None => at,
+        };
+        if let Err(e) = self.gossip.peer_rejoined(back, &w, from_round) {
             warn!(
                 back,
                 at, "peer {back} asked to mix again from round {at} and was not admitted: {e}"
@@ -353,7 +360,9 @@ impl PeerCore {
         // Every peer reports its epochs to peer 0, neighbour or not.
         let sends_to = self.gossip.out_peers().contains(&back) || back == 0;
         if sends_to && !self.linked.contains(&back) {
-            self.connect(back, notice.addr, None, out);
+            // A peer still waiting for welcomes says hello on the new link too: it awaits
+            // this peer's welcome as it does every linked peer's.
+            self.connect(back, notice.addr, self.pending_hello.clone(), out);
         }
         if self.gossip.in_peers().contains(&back) || self.rank == 0 {
             self.goodbyes.expect(back);
@@ -418,9 +427,13 @@ impl PeerCore {
         }
     }
 
-    /// A restarted peer's hello (`me`: its new directory entry), sent on every link it has.
-    pub(crate) fn hello(&self, me: &PeerInfo) -> anyhow::Result<Bytes> {
-        Ok(Bytes::from(encode_hello(self.rank, me)?))
+    /// A restarted peer's hello (`me`: its new directory entry), to send on every link it
+    /// has; sent also on every link it opens until it plans its rejoin
+    /// ([`PeerCore::plan_rejoin`]).
+    pub(crate) fn hello(&mut self, me: &PeerInfo) -> anyhow::Result<Bytes> {
+        let hello = Bytes::from(encode_hello(self.rank, me)?);
+        self.pending_hello = Some(hello.clone());
+        Ok(hello)
     }
 
     /// Whether a rejoining peer waits for `peer`'s welcome: not if it came, nor if `peer`'s
@@ -465,6 +478,7 @@ impl PeerCore {
             Err(e) => return Err(e.into()),
         };
         self.membership.heard_of_rejoins(&plan);
+        self.pending_hello = None;
         let collects_only = plan.collects_only;
         if collects_only {
             info!(
@@ -480,7 +494,15 @@ impl PeerCore {
         let (survivors, _) = self.surviving(&departed.iter().copied().collect::<Vec<_>>())?;
         for &g in departed {
             self.gossip.peer_left(g, &survivors)?;
-            self.drop_links(g, Incarnation::MAX, &mut out);
+            // A departed peer whose new process welcomed this one or said hello here is
+            // rejoining too (both restarted at once): its notice brings it back, and the
+            // link it opened to this peer stays; only its exited processes' links close.
+            let restarting = self.welcomes.contains_key(&g) || self.hellos.contains(&g);
+            let before = match restarting {
+                true => self.membership.exited_incarnation(g).saturating_add(1),
+                false => Incarnation::MAX,
+            };
+            self.drop_links(g, before, &mut out);
             self.membership.gone_before_rejoin(g, at);
         }
         self.gossip.start_at_round(at)?;

@@ -156,6 +156,10 @@ pub(crate) struct PeerCore {
     /// The peers whose new process said hello to this one (restarted while it runs, or
     /// while both were away): they answer no hello of this peer's, they are welcomed.
     hellos: BTreeSet<Rank>,
+    /// A rejoining peer still waiting for welcomes only: its hello, sent also on every link
+    /// it opens meanwhile (to a peer whose rejoin it hears of: restarted at the same time,
+    /// that process never had this hello).
+    pending_hello: Option<Bytes>,
     /// A rejoining peer only: the round it mixes again from, and the in-neighbours whose
     /// frame for that round has arrived.
     first_frames: Option<(u64, HashSet<Rank>)>,
@@ -211,6 +215,7 @@ impl PeerCore {
             peer_ids: setup.peer_ids,
             welcomes: BTreeMap::new(),
             hellos: BTreeSet::new(),
+            pending_hello: None,
             first_frames: None,
             settling: setup.admit_signer.is_some().then(Vec::new),
             admit_signer: setup.admit_signer,

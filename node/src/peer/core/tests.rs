@@ -210,6 +210,143 @@ fn peer_0_leaves_like_any_peer_and_every_peer_links_to_its_new_process() {
 }
 
 #[test]
+fn a_rejoining_peer_says_hello_on_a_link_it_opens_while_waiting_for_welcomes() {
+    // Peers 0 and 1 of the ring were restarted at once: 0's new process learned that 1
+    // exited, then hears that 1's new process is back before its own welcomes are in.
+    let mut c = core(0);
+    c.handle(Instant::now(), lost(1, 10, "killed")).unwrap();
+    let me = PeerInfo {
+        rank: 0,
+        peer_id: libp2p::identity::Keypair::generate_ed25519()
+            .public()
+            .to_peer_id()
+            .to_string(),
+        data_addr: "127.0.0.1:4300".parse().unwrap(),
+        nat_published: None,
+        incarnation: 11,
+    };
+    let hello = c.hello(&me).unwrap();
+    let rejoin = |c: &mut PeerCore, back: Rank, incarnation, at| {
+        let addr: SocketAddr = "127.0.0.1:4200".parse().unwrap();
+        let notice = crate::control::membership::encode_rejoin(3, (back, incarnation), at, addr);
+        c.handle(
+            Instant::now(),
+            frame(FrameKind::Rejoin, 3, at, &notice[FRAME_HEADER_LEN..]),
+        )
+        .unwrap()
+    };
+    let out = rejoin(&mut c, 1, 20, 60);
+    let Some(Action::Connect {
+        to: 1,
+        then: Some(sent),
+        ..
+    }) = out.first()
+    else {
+        panic!("{out:?}")
+    };
+    // Peer 1's new process never had the hello: without it, no welcome comes on this link
+    // and the wait for one runs into the rejoin timeout.
+    assert_eq!(sent, &hello);
+    assert!(c.awaits_welcome(1));
+    // Once the rejoin is planned, a link opened later carries nothing: peer 1's next
+    // process is linked to without a hello.
+    let welcome = core(3).membership.welcome(0, 40, &c.w.clone());
+    c.welcomes.insert(3, (welcome, vec![0.5f32; D]));
+    c.plan_rejoin(&BTreeMap::new(), 1000, 2, me.data_addr)
+        .unwrap();
+    c.handle(Instant::now(), lost(1, 20, "killed")).unwrap();
+    let out = rejoin(&mut c, 1, 30, 80);
+    assert!(
+        matches!(
+            out.first(),
+            Some(Action::Connect {
+                to: 1,
+                then: None,
+                ..
+            })
+        ),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_rejoining_peer_takes_in_a_peer_rejoining_from_an_earlier_round_from_its_own_first() {
+    // Peers 0 and 1 of the ring restarted at once; 1 planned to mix again from round 45,
+    // then hears that 0 mixes again from round 44 (a welcome of a lower round).
+    let mut c = core(1);
+    c.handle(Instant::now(), lost(0, 10, "killed")).unwrap();
+    let welcome = core(2).membership.welcome(1, 25, &c.w.clone());
+    c.welcomes.insert(2, (welcome, vec![0.5f32; D]));
+    let (plan, _) = c
+        .plan_rejoin(
+            &BTreeMap::new(),
+            1000,
+            20,
+            "127.0.0.1:4300".parse().unwrap(),
+        )
+        .unwrap();
+    assert_eq!(plan.at, 45);
+    let addr: SocketAddr = "127.0.0.1:4200".parse().unwrap();
+    let notice = crate::control::membership::encode_rejoin(2, (0, 20), 44, addr);
+    c.handle(
+        Instant::now(),
+        frame(FrameKind::Rejoin, 2, 44, &notice[FRAME_HEADER_LEN..]),
+    )
+    .unwrap();
+    assert!(!c.membership.has_left(0), "taken back, not refused");
+    // Peer 0 mixes with this peer from this peer's first round on, as peer 0 does from the
+    // notice of this peer's rejoin: its frame of round 45 is awaited besides peer 2's.
+    let mut x = Vec::new();
+    murmur_compress::Identity.compress(&[1.0; D], &mut StdRng::seed_from_u64(0), &mut x);
+    c.handle(Instant::now(), frame(FrameKind::Gossip, 2, 45, &x))
+        .unwrap();
+    assert!(!c.ready_to_mix());
+    c.handle(Instant::now(), frame(FrameKind::Gossip, 0, 45, &x))
+        .unwrap();
+    assert!(c.ready_to_mix());
+    assert_eq!(c.refused_frames, 0);
+}
+
+#[test]
+fn a_departed_peer_whose_new_process_welcomed_a_rejoining_one_keeps_its_link() {
+    // Peers 0 and 1 of the ring restarted at once: 0's new process was told that 1's old
+    // one exited; 1's new process welcomed 0, and peer 3's welcome (sent before it heard of
+    // 1's rejoin) names 1 departed.
+    let mut c = core(0);
+    let exited = || Input::Exited {
+        peer: 1,
+        incarnation: 10,
+        reason: "SIGKILL".into(),
+    };
+    c.handle(Instant::now(), exited()).unwrap();
+    let from_1 = core(1).membership.welcome(0, 30, &c.w.clone());
+    let mut member = core(2);
+    member.handle(Instant::now(), exited()).unwrap();
+    let from_2 = member.membership.welcome(0, 40, &c.w.clone());
+    assert_eq!(from_2.departed, [1]);
+    c.welcomes.insert(1, (from_1, vec![0.5f32; D]));
+    c.welcomes.insert(2, (from_2, Vec::new()));
+    let (_, out) = c
+        .plan_rejoin(
+            &BTreeMap::new(),
+            1000,
+            20,
+            "127.0.0.1:4300".parse().unwrap(),
+        )
+        .unwrap();
+    // Only the exited process's connections close: 1's new process sends its frames to this
+    // peer on the link it opened with its welcome once its own rejoin notice comes.
+    let drops: Vec<_> = out
+        .iter()
+        .filter_map(|a| match a {
+            Action::DropLinks { peer, before } => Some((*peer, *before)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(drops, [(1, 11)]);
+}
+
+#[test]
 fn reports_go_to_peer_0_s_collector_and_are_refused_elsewhere() {
     let mut c = core(0);
     let out = c
