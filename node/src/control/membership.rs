@@ -41,6 +41,11 @@ pub struct Welcome {
     /// away, and from which epoch their reports come again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejoined: Vec<(Rank, u64)>,
+    /// Where the processes of the peers in `rejoined` listen, as (peer, incarnation,
+    /// data-plane address), from their rejoin notices: a restarted peer opens its links to
+    /// them there (its directory may predate their rejoin).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub locations: Vec<(Rank, Incarnation, SocketAddr)>,
 }
 
 /// When an event is handled, as the driver reads it (the state machine reads no clock).
@@ -251,6 +256,9 @@ pub struct RejoinPlan {
     /// The latest rejoin of each other peer that some welcome told of, as peer → round it
     /// mixes from; the peers in `departed` excluded.
     pub rejoined: BTreeMap<Rank, u64>,
+    /// Where the newest process of each peer in `rejoined` listens, as peer → (incarnation,
+    /// data-plane address), when a welcome told it ([`Welcome::locations`]).
+    pub locations: BTreeMap<Rank, (Incarnation, SocketAddr)>,
 }
 
 /// The mixing matrix for the survivors once the peers in `gone` have left, and, if the
@@ -300,6 +308,9 @@ pub struct Membership {
     /// This peer restarted: the latest rejoin of each other peer that its welcomes told of
     /// (the peers departed then excluded), as peer → round it mixes from.
     rejoins_heard: BTreeMap<Rank, u64>,
+    /// Where each peer's newest rejoined process listens, as peer → (incarnation,
+    /// data-plane address), from rejoin notices; passed on in welcomes.
+    locations: BTreeMap<Rank, (Incarnation, SocketAddr)>,
 }
 
 impl Membership {
@@ -313,6 +324,7 @@ impl Membership {
             departed: BTreeMap::new(),
             rejoined: Vec::new(),
             rejoins_heard: BTreeMap::new(),
+            locations: BTreeMap::new(),
         }
     }
 
@@ -470,6 +482,10 @@ impl Membership {
                 .copied()
                 .filter(|&(r, _)| r != to)
                 .collect(),
+            locations: (self.locations.iter())
+                .filter(|(&r, _)| r != to)
+                .map(|(&r, &(incarnation, addr))| (r, incarnation, addr))
+                .collect(),
         }
     }
 
@@ -613,6 +629,13 @@ impl Membership {
         }
         self.rejoined.push((back, at));
         self.learn_incarnation(back, incarnation);
+        if self
+            .locations
+            .get(&back)
+            .is_none_or(|&(i, _)| i <= incarnation)
+        {
+            self.locations.insert(back, (incarnation, addr));
+        }
         let still_gone = self
             .departed
             .keys()
@@ -708,12 +731,22 @@ impl Membership {
                 *latest = (*latest).max(round);
             }
         }
+        let mut locations = BTreeMap::new();
+        for &(r, incarnation, addr) in welcomes.values().flat_map(|(w, _)| &w.locations) {
+            if rejoined.contains_key(&r) {
+                let newest = locations.entry(r).or_insert((incarnation, addr));
+                if newest.0 < incarnation {
+                    *newest = (incarnation, addr);
+                }
+            }
+        }
         Ok(RejoinPlan {
             at: at.min(total_rounds),
             collects_only,
             departed,
             welcomed,
             rejoined,
+            locations,
         })
     }
 

@@ -241,12 +241,17 @@ mod tests {
             departed: vec![6],
             without_x: false,
             rejoined: vec![(3, 120)],
+            locations: vec![(3, 77, "127.0.0.1:4000".parse().unwrap())],
         };
         let frame = encode_with_params(FrameKind::Welcome, 2, 150, &welcome, &[0.5, -1.0]).unwrap();
         let (w, x): (Welcome, Vec<f32>) =
             decode_with_params(&frame[FRAME_HEADER_LEN..], 2).unwrap();
         assert_eq!((w.round, w.departed, x), (150, vec![6], vec![0.5, -1.0]));
         assert_eq!(w.rejoined, vec![(3, 120)]);
+        assert_eq!(
+            w.locations, welcome.locations,
+            "the address survives the JSON"
+        );
         assert!(decode_with_params::<Welcome>(&frame[FRAME_HEADER_LEN..], 3).is_err());
     }
 }

@@ -448,6 +448,7 @@ fn a_restarted_peer_rejoins_from_the_welcomes() {
             departed,
             without_x: false,
             rejoined,
+            locations: Vec::new(),
         };
         (w, vec![0.0f32])
     };

@@ -506,6 +506,17 @@ impl PeerCore {
             self.membership.gone_before_rejoin(g, at);
         }
         self.gossip.start_at_round(at)?;
+        // A peer that came back before this one (both restarted at once) and was not in
+        // this peer's directory yet: link to it where the welcomes say it listens, if this
+        // peer sends to it (every peer sends its reports to peer 0).
+        for (&r, &(incarnation, addr)) in &plan.locations {
+            self.membership.learn_incarnation(r, incarnation);
+            let sends_to = self.gossip.out_peers().contains(&r) || r == 0;
+            let newest = incarnation >= self.membership.incarnation(r);
+            if r != self.rank && sends_to && newest && !self.linked.contains(&r) {
+                self.connect(r, addr, None, &mut out);
+            }
+        }
         // Every peer that welcomed us opened a link to us and says goodbye on it at the end
         // (perhaps already).
         for &w in &plan.welcomed {

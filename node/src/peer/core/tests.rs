@@ -347,6 +347,56 @@ fn a_departed_peer_whose_new_process_welcomed_a_rejoining_one_keeps_its_link() {
 }
 
 #[test]
+fn a_rejoining_peer_links_to_a_peer_that_came_back_before_it_where_the_welcomes_say() {
+    // Peers 0 and 1 of the ring restarted at once; 0 came back first. Peer 1's directory
+    // still has 0's exited process, so it has no link to 0's new one; peer 2 heard 0's
+    // rejoin notice and welcomes 1.
+    let mut c = core(1);
+    let exited = || Input::Exited {
+        peer: 0,
+        incarnation: 10,
+        reason: "SIGKILL".into(),
+    };
+    c.handle(Instant::now(), exited()).unwrap();
+    let mut member = core(2);
+    member.handle(Instant::now(), exited()).unwrap();
+    let at_0: SocketAddr = "127.0.0.1:4200".parse().unwrap();
+    let notice = crate::control::membership::encode_rejoin(3, (0, 20), 44, at_0);
+    member
+        .handle(
+            Instant::now(),
+            frame(FrameKind::Rejoin, 3, 44, &notice[FRAME_HEADER_LEN..]),
+        )
+        .unwrap();
+    let welcome = member.membership.welcome(1, 30, &c.w.clone());
+    assert_eq!(welcome.locations, [(0, 20, at_0)]);
+    c.welcomes.insert(2, (welcome, vec![0.5f32; D]));
+    let (_, out) = c
+        .plan_rejoin(
+            &BTreeMap::new(),
+            1000,
+            20,
+            "127.0.0.1:4300".parse().unwrap(),
+        )
+        .unwrap();
+    // Without that link its frames never reach 0, which waits for them from its first
+    // round with this peer on.
+    let connects: Vec<_> = out
+        .iter()
+        .filter_map(|a| match a {
+            Action::Connect {
+                to,
+                incarnation,
+                addr,
+                ..
+            } => Some((*to, *incarnation, *addr)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(connects, [(0, 20, at_0)]);
+}
+
+#[test]
 fn reports_go_to_peer_0_s_collector_and_are_refused_elsewhere() {
     let mut c = core(0);
     let out = c
