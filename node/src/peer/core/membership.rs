@@ -494,14 +494,11 @@ impl PeerCore {
         let (survivors, _) = self.surviving(&departed.iter().copied().collect::<Vec<_>>())?;
         for &g in departed {
             self.gossip.peer_left(g, &survivors)?;
-            // A departed peer whose new process welcomed this one or said hello here is
-            // rejoining too (both restarted at once): its notice brings it back, and the
-            // link it opened to this peer stays; only its exited processes' links close.
-            let restarting = self.welcomes.contains_key(&g) || self.hellos.contains(&g);
-            let before = match restarting {
-                true => self.membership.exited_incarnation(g).saturating_add(1),
-                false => Incarnation::MAX,
-            };
+            // Only the links of its processes known to have exited close: a departed peer
+            // may have a new process already, linked to this one (restarted at the same
+            // time, it welcomed this peer or will say hello), whose rejoin notice brings it
+            // back. A link to a process that died unseen fails by itself.
+            let before = self.membership.exited_incarnation(g).saturating_add(1);
             self.drop_links(g, before, &mut out);
             self.membership.gone_before_rejoin(g, at);
         }

@@ -308,7 +308,7 @@ fn a_rejoining_peer_takes_in_a_peer_rejoining_from_an_earlier_round_from_its_own
 }
 
 #[test]
-fn a_departed_peer_whose_new_process_welcomed_a_rejoining_one_keeps_its_link() {
+fn a_rejoining_peer_closes_only_the_links_of_a_departed_peer_s_exited_processes() {
     // Peers 0 and 1 of the ring restarted at once: 0's new process was told that 1's old
     // one exited; 1's new process welcomed 0, and peer 3's welcome (sent before it heard of
     // 1's rejoin) names 1 departed.
