@@ -255,6 +255,46 @@ fn a_killed_peer_0_is_restarted_and_the_record_goes_on_without_a_gap() {
     );
 }
 
+/// Peers 0 and 1 of the 4-peer ring killed in the same instant (one host of two peers
+/// lost): both come back, each through a member, and the ring mixes again without waiting
+/// out a round timeout. Before, the two new processes disagreed whether the other was back
+/// (one mixed with a neighbour it had no link to, or each waited for the other's first
+/// frame): 4 of 6 runs stopped or lost a peer for good.
+#[test]
+fn peers_0_and_1_killed_together_both_come_back() {
+    let mut l = Launch::start(&["--epochs=8", "--checkpoint-every=16", "--restart-failed"]);
+    l.wait_for_epoch(2);
+    let (p0, p1) = (l.peer(0), l.peer(1));
+    signal(p0, libc::SIGKILL);
+    signal(p1, libc::SIGKILL);
+    let (status, out, err) = l.finish(Duration::from_secs(240));
+    assert!(status.success(), "{out}\n{err}");
+    let s = l.summary();
+    assert_eq!(text(&s["outcome"]), "completed", "{s}");
+    // Nobody failed but the two killed: no round timed out, no restart ran out.
+    let failures = text(&s["peer_failures"]);
+    let mut failed: Vec<&str> = failures.split_whitespace().collect();
+    failed.sort_unstable();
+    assert!(
+        failed.len() == 2
+            && failed[0].starts_with("0:SIGKILL@")
+            && failed[1].starts_with("1:SIGKILL@"),
+        "{s}\n{out}"
+    );
+    let rejoins = text(&s["rejoins"]);
+    assert!(
+        rejoins.split_whitespace().any(|r| r.starts_with("0@"))
+            && rejoins.split_whitespace().any(|r| r.starts_with("1@")),
+        "{s}"
+    );
+    for rank in 0..4 {
+        let log = l.log(rank);
+        assert!(!log.contains("timed out"), "peer {rank}: {log}");
+    }
+    l.assert_every_epoch_once(8);
+    assert!(s["final_min_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");
+}
+
 /// Peer 0 killed in the run's last epoch comes back too late to train again: it takes up
 /// the record and only collects; the others wait for it at their end and send it the reports
 /// they kept, so the record has every epoch once and the model leaves the run. Before, the

@@ -359,6 +359,7 @@ impl Driver {
             }
         }
         let (rejoining, actions) = self.core.plan_rejoin(
+            Instant::now(),
             &unreachable,
             total_rounds,
             REJOIN_MARGIN_ROUNDS,

@@ -331,6 +331,16 @@ impl PeerCore {
         let Some(notice) = self.accepted(verdict, from) else {
             return Ok(());
         };
+        self.take_back(now, notice, out)
+    }
+
+    /// Carries out a rejoin notice the state machine accepted (see [`PeerCore::on_rejoin`]).
+    fn take_back(
+        &mut self,
+        now: Instant,
+        notice: crate::control::membership::RejoinNotice,
+        out: &mut Vec<Action>,
+    ) -> anyhow::Result<()> {
         let (back, at) = (notice.back, notice.at);
         let (w, _) = self.surviving(&notice.still_gone)?;
         // This peer rejoining too, from a later round (both restarted at once): it mixes no
@@ -448,7 +458,8 @@ impl PeerCore {
     /// beginning it), forgets the peers the welcomes name as departed, starts the algorithm
     /// at that round and announces it to all (`my_addr`: its data-plane address). Returns
     /// the round, the mean x of the in-neighbours that answered, and what to send and drop.
-    /// Wait then until [`PeerCore::ready_to_mix`].
+    /// Wait then until [`PeerCore::ready_to_mix`]. A peer the welcomes say came back while
+    /// this one was away is taken back from that round on (`now`: when, for the record).
     ///
     /// Peer 0, restarted so late that the run ends before the agreed round, still takes up
     /// the record: it announces `at` = `total_rounds` (a round nobody reaches, so nobody
@@ -461,6 +472,7 @@ impl PeerCore {
     /// no in-neighbour answering.
     pub(crate) fn plan_rejoin(
         &mut self,
+        now: Instant,
         unreachable: &BTreeMap<Rank, anyhow::Error>,
         total_rounds: u64,
         margin: u64,
@@ -503,17 +515,6 @@ impl PeerCore {
             self.membership.gone_before_rejoin(g, at);
         }
         self.gossip.start_at_round(at)?;
-        // A peer that came back before this one (both restarted at once) and was not in
-        // this peer's directory yet: link to it where the welcomes say it listens, if this
-        // peer sends to it (every peer sends its reports to peer 0).
-        for (&r, &(incarnation, addr)) in &plan.locations {
-            self.membership.learn_incarnation(r, incarnation);
-            let sends_to = self.gossip.out_peers().contains(&r) || r == 0;
-            let newest = incarnation >= self.membership.incarnation(r);
-            if r != self.rank && sends_to && newest && !self.linked.contains(&r) {
-                self.connect(r, addr, None, &mut out);
-            }
-        }
         // Every peer that welcomed us opened a link to us and says goodbye on it at the end
         // (perhaps already).
         for &w in &plan.welcomed {
@@ -556,6 +557,29 @@ impl PeerCore {
             .rejoining(self.membership.incarnation(self.rank), at, my_addr);
         // Peer 0 collecting only waits for no frame: nobody reaches round `at`.
         self.first_frames = (!collects_only).then(|| (at, HashSet::new()));
+        // A peer that came back before this one (both restarted at once) while this one was
+        // away, as the welcomes tell: taken back as its rejoin notice would have (this peer
+        // may have taken it for departed from its supervisor's notice), from this peer's
+        // first round on, and linked to where it listens (this peer's directory may predate
+        // its rejoin) if this peer sends to it.
+        for (&r, &(incarnation, addr)) in &plan.locations {
+            let round = plan.rejoined[&r];
+            if self.membership.has_left(r) {
+                if let Some(notice) =
+                    self.membership
+                        .rejoin_notice((r, incarnation), round, addr, self.rank)
+                {
+                    self.take_back(now, notice, &mut out)?;
+                }
+                continue;
+            }
+            self.membership.learn_incarnation(r, incarnation);
+            let sends_to = self.gossip.out_peers().contains(&r) || r == 0;
+            let newest = incarnation >= self.membership.incarnation(r);
+            if r != self.rank && sends_to && newest && !self.linked.contains(&r) {
+                self.connect(r, addr, None, &mut out);
+            }
+        }
         out.push(broadcast(flood));
         info!(at, neighbours = ?in_peers, "rejoining: mixing again from round {at}");
         Ok((Rejoining { at, mean }, out))

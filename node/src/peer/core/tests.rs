@@ -252,7 +252,7 @@ fn a_rejoining_peer_says_hello_on_a_link_it_opens_while_waiting_for_welcomes() {
     // process is linked to without a hello.
     let welcome = core(3).membership.welcome(0, 40, &c.w.clone());
     c.welcomes.insert(3, (welcome, vec![0.5f32; D]));
-    c.plan_rejoin(&BTreeMap::new(), 1000, 2, me.data_addr)
+    c.plan_rejoin(Instant::now(), &BTreeMap::new(), 1000, 2, me.data_addr)
         .unwrap();
     c.handle(Instant::now(), lost(1, 20, "killed")).unwrap();
     let out = rejoin(&mut c, 1, 30, 80);
@@ -279,6 +279,7 @@ fn a_rejoining_peer_takes_in_a_peer_rejoining_from_an_earlier_round_from_its_own
     c.welcomes.insert(2, (welcome, vec![0.5f32; D]));
     let (plan, _) = c
         .plan_rejoin(
+            Instant::now(),
             &BTreeMap::new(),
             1000,
             20,
@@ -328,6 +329,7 @@ fn a_rejoining_peer_closes_only_the_links_of_a_departed_peer_s_exited_processes(
     c.welcomes.insert(2, (from_2, Vec::new()));
     let (_, out) = c
         .plan_rejoin(
+            Instant::now(),
             &BTreeMap::new(),
             1000,
             20,
@@ -373,6 +375,7 @@ fn a_rejoining_peer_links_to_a_peer_that_came_back_before_it_where_the_welcomes_
     c.welcomes.insert(2, (welcome, vec![0.5f32; D]));
     let (_, out) = c
         .plan_rejoin(
+            Instant::now(),
             &BTreeMap::new(),
             1000,
             20,
@@ -394,6 +397,18 @@ fn a_rejoining_peer_links_to_a_peer_that_came_back_before_it_where_the_welcomes_
         })
         .collect();
     assert_eq!(connects, [(0, 20, at_0)]);
+    // And it mixes with 0 again from its own first round: taken for departed from its
+    // supervisor's notice, this peer would neither send to 0 nor wait for it, while 0
+    // waits for this peer's frames once it hears this peer's rejoin notice.
+    assert!(!c.membership.has_left(0));
+    let mut x = Vec::new();
+    murmur_compress::Identity.compress(&[1.0; D], &mut StdRng::seed_from_u64(0), &mut x);
+    c.handle(Instant::now(), frame(FrameKind::Gossip, 2, 50, &x))
+        .unwrap();
+    assert!(!c.ready_to_mix(), "waits for 0's frame of round 50");
+    c.handle(Instant::now(), frame(FrameKind::Gossip, 0, 50, &x))
+        .unwrap();
+    assert!(c.ready_to_mix());
 }
 
 #[test]
