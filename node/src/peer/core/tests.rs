@@ -209,12 +209,52 @@ fn peer_0_leaves_like_any_peer_and_every_peer_links_to_its_new_process() {
     assert!(!c.membership.has_left(0));
 }
 
+/// Peer `peer`'s process of incarnation 10 exited, as its supervisor saw.
+fn exited(peer: Rank) -> Input {
+    Input::Exited {
+        peer,
+        incarnation: 10,
+        reason: "SIGKILL".into(),
+    }
+}
+
+/// `c` is told by peer `from` that peer `back`'s process of `incarnation`, listening at
+/// `addr`, mixes again from round `at`.
+fn rejoin_notice(
+    c: &mut PeerCore,
+    from: Rank,
+    (back, incarnation): (Rank, Incarnation),
+    at: u64,
+    addr: SocketAddr,
+) -> Vec<Action> {
+    let notice = crate::control::membership::encode_rejoin(from, (back, incarnation), at, addr);
+    let input = frame(FrameKind::Rejoin, from, at, &notice[FRAME_HEADER_LEN..]);
+    c.handle(Instant::now(), input).unwrap()
+}
+
+/// A D-PSGD frame (x = 1) of peer `from` for round `round`.
+fn gossip_frame(from: Rank, round: u64) -> Input {
+    let mut x = Vec::new();
+    murmur_compress::Identity.compress(&[1.0; D], &mut StdRng::seed_from_u64(0), &mut x);
+    frame(FrameKind::Gossip, from, round, &x)
+}
+
+/// The rejoining `c` plans its rejoin with the welcomes it has (margin 20 rounds): the
+/// round it mixes again from, and the actions.
+fn plan(c: &mut PeerCore) -> (u64, Vec<Action>) {
+    let addr = "127.0.0.1:4300".parse().unwrap();
+    let (rejoining, out) = c
+        .plan_rejoin(Instant::now(), &BTreeMap::new(), 1000, 20, addr)
+        .unwrap();
+    (rejoining.at, out)
+}
+
 #[test]
 fn a_rejoining_peer_says_hello_on_a_link_it_opens_while_waiting_for_welcomes() {
     // Peers 0 and 1 of the ring were restarted at once: 0's new process learned that 1
     // exited, then hears that 1's new process is back before its own welcomes are in.
     let mut c = core(0);
-    c.handle(Instant::now(), lost(1, 10, "killed")).unwrap();
+    c.handle(Instant::now(), exited(1)).unwrap();
     let me = PeerInfo {
         rank: 0,
         peer_id: libp2p::identity::Keypair::generate_ed25519()
@@ -226,16 +266,8 @@ fn a_rejoining_peer_says_hello_on_a_link_it_opens_while_waiting_for_welcomes() {
         incarnation: 11,
     };
     let hello = c.hello(&me).unwrap();
-    let rejoin = |c: &mut PeerCore, back: Rank, incarnation, at| {
-        let addr: SocketAddr = "127.0.0.1:4200".parse().unwrap();
-        let notice = crate::control::membership::encode_rejoin(3, (back, incarnation), at, addr);
-        c.handle(
-            Instant::now(),
-            frame(FrameKind::Rejoin, 3, at, &notice[FRAME_HEADER_LEN..]),
-        )
-        .unwrap()
-    };
-    let out = rejoin(&mut c, 1, 20, 60);
+    let addr: SocketAddr = "127.0.0.1:4200".parse().unwrap();
+    let out = rejoin_notice(&mut c, 3, (1, 20), 60, addr);
     let Some(Action::Connect {
         to: 1,
         then: Some(sent),
@@ -252,10 +284,9 @@ fn a_rejoining_peer_says_hello_on_a_link_it_opens_while_waiting_for_welcomes() {
     // process is linked to without a hello.
     let welcome = core(3).membership.welcome(0, 40, &c.w.clone());
     c.welcomes.insert(3, (welcome, vec![0.5f32; D]));
-    c.plan_rejoin(Instant::now(), &BTreeMap::new(), 1000, 2, me.data_addr)
-        .unwrap();
+    plan(&mut c);
     c.handle(Instant::now(), lost(1, 20, "killed")).unwrap();
-    let out = rejoin(&mut c, 1, 30, 80);
+    let out = rejoin_notice(&mut c, 3, (1, 30), 80, addr);
     assert!(
         matches!(
             out.first(),
@@ -277,33 +308,14 @@ fn a_rejoining_peer_takes_in_a_peer_rejoining_from_an_earlier_round_from_its_own
     c.handle(Instant::now(), lost(0, 10, "killed")).unwrap();
     let welcome = core(2).membership.welcome(1, 25, &c.w.clone());
     c.welcomes.insert(2, (welcome, vec![0.5f32; D]));
-    let (plan, _) = c
-        .plan_rejoin(
-            Instant::now(),
-            &BTreeMap::new(),
-            1000,
-            20,
-            "127.0.0.1:4300".parse().unwrap(),
-        )
-        .unwrap();
-    assert_eq!(plan.at, 45);
-    let addr: SocketAddr = "127.0.0.1:4200".parse().unwrap();
-    let notice = crate::control::membership::encode_rejoin(2, (0, 20), 44, addr);
-    c.handle(
-        Instant::now(),
-        frame(FrameKind::Rejoin, 2, 44, &notice[FRAME_HEADER_LEN..]),
-    )
-    .unwrap();
+    assert_eq!(plan(&mut c).0, 45);
+    rejoin_notice(&mut c, 2, (0, 20), 44, "127.0.0.1:4200".parse().unwrap());
     assert!(!c.membership.has_left(0), "taken back, not refused");
     // Peer 0 mixes with this peer from this peer's first round on, as peer 0 does from the
     // notice of this peer's rejoin: its frame of round 45 is awaited besides peer 2's.
-    let mut x = Vec::new();
-    murmur_compress::Identity.compress(&[1.0; D], &mut StdRng::seed_from_u64(0), &mut x);
-    c.handle(Instant::now(), frame(FrameKind::Gossip, 2, 45, &x))
-        .unwrap();
+    c.handle(Instant::now(), gossip_frame(2, 45)).unwrap();
     assert!(!c.ready_to_mix());
-    c.handle(Instant::now(), frame(FrameKind::Gossip, 0, 45, &x))
-        .unwrap();
+    c.handle(Instant::now(), gossip_frame(0, 45)).unwrap();
     assert!(c.ready_to_mix());
     assert_eq!(c.refused_frames, 0);
 }
@@ -311,31 +323,18 @@ fn a_rejoining_peer_takes_in_a_peer_rejoining_from_an_earlier_round_from_its_own
 #[test]
 fn a_rejoining_peer_closes_only_the_links_of_a_departed_peer_s_exited_processes() {
     // Peers 0 and 1 of the ring restarted at once: 0's new process was told that 1's old
-    // one exited; 1's new process welcomed 0, and peer 3's welcome (sent before it heard of
+    // one exited; 1's new process welcomed 0, and peer 2's welcome (sent before it heard of
     // 1's rejoin) names 1 departed.
     let mut c = core(0);
-    let exited = || Input::Exited {
-        peer: 1,
-        incarnation: 10,
-        reason: "SIGKILL".into(),
-    };
-    c.handle(Instant::now(), exited()).unwrap();
+    c.handle(Instant::now(), exited(1)).unwrap();
     let from_1 = core(1).membership.welcome(0, 30, &c.w.clone());
     let mut member = core(2);
-    member.handle(Instant::now(), exited()).unwrap();
+    member.handle(Instant::now(), exited(1)).unwrap();
     let from_2 = member.membership.welcome(0, 40, &c.w.clone());
     assert_eq!(from_2.departed, [1]);
     c.welcomes.insert(1, (from_1, vec![0.5f32; D]));
     c.welcomes.insert(2, (from_2, Vec::new()));
-    let (_, out) = c
-        .plan_rejoin(
-            Instant::now(),
-            &BTreeMap::new(),
-            1000,
-            20,
-            "127.0.0.1:4300".parse().unwrap(),
-        )
-        .unwrap();
+    let (_, out) = plan(&mut c);
     // Only the exited process's connections close: 1's new process sends its frames to this
     // peer on the link it opened with its welcome once its own rejoin notice comes.
     let drops: Vec<_> = out
@@ -354,34 +353,15 @@ fn a_rejoining_peer_links_to_a_peer_that_came_back_before_it_where_the_welcomes_
     // still has 0's exited process, so it has no link to 0's new one; peer 2 heard 0's
     // rejoin notice and welcomes 1.
     let mut c = core(1);
-    let exited = || Input::Exited {
-        peer: 0,
-        incarnation: 10,
-        reason: "SIGKILL".into(),
-    };
-    c.handle(Instant::now(), exited()).unwrap();
+    c.handle(Instant::now(), exited(0)).unwrap();
     let mut member = core(2);
-    member.handle(Instant::now(), exited()).unwrap();
+    member.handle(Instant::now(), exited(0)).unwrap();
     let at_0: SocketAddr = "127.0.0.1:4200".parse().unwrap();
-    let notice = crate::control::membership::encode_rejoin(3, (0, 20), 44, at_0);
-    member
-        .handle(
-            Instant::now(),
-            frame(FrameKind::Rejoin, 3, 44, &notice[FRAME_HEADER_LEN..]),
-        )
-        .unwrap();
+    rejoin_notice(&mut member, 3, (0, 20), 44, at_0);
     let welcome = member.membership.welcome(1, 30, &c.w.clone());
     assert_eq!(welcome.locations, [(0, 20, at_0)]);
     c.welcomes.insert(2, (welcome, vec![0.5f32; D]));
-    let (_, out) = c
-        .plan_rejoin(
-            Instant::now(),
-            &BTreeMap::new(),
-            1000,
-            20,
-            "127.0.0.1:4300".parse().unwrap(),
-        )
-        .unwrap();
+    let (at, out) = plan(&mut c);
     // Without that link its frames never reach 0, which waits for them from its first
     // round with this peer on.
     let connects: Vec<_> = out
@@ -401,13 +381,9 @@ fn a_rejoining_peer_links_to_a_peer_that_came_back_before_it_where_the_welcomes_
     // supervisor's notice, this peer would neither send to 0 nor wait for it, while 0
     // waits for this peer's frames once it hears this peer's rejoin notice.
     assert!(!c.membership.has_left(0));
-    let mut x = Vec::new();
-    murmur_compress::Identity.compress(&[1.0; D], &mut StdRng::seed_from_u64(0), &mut x);
-    c.handle(Instant::now(), frame(FrameKind::Gossip, 2, 50, &x))
-        .unwrap();
-    assert!(!c.ready_to_mix(), "waits for 0's frame of round 50");
-    c.handle(Instant::now(), frame(FrameKind::Gossip, 0, 50, &x))
-        .unwrap();
+    c.handle(Instant::now(), gossip_frame(2, at)).unwrap();
+    assert!(!c.ready_to_mix(), "waits for 0's frame of round {at}");
+    c.handle(Instant::now(), gossip_frame(0, at)).unwrap();
     assert!(c.ready_to_mix());
 }
 
