@@ -255,11 +255,16 @@ impl Collector {
         if report.peer >= self.n {
             bail!("report from unknown peer {}", report.peer);
         }
-        if self.taken_up && self.rows.last().is_some_and(|r| r.epoch >= epoch) {
+        // An epoch before the last recorded one is still open only if it is pending (it
+        // waited for a peer that came back while peer 0 was away, and a later epoch was
+        // recorded first).
+        let closed = self.rows.last().is_some_and(|r| r.epoch >= epoch)
+            && !self.pending.contains_key(&epoch);
+        if self.taken_up && closed {
             // A peer sends its latest reports again to a restarted peer 0.
             return Ok(());
         }
-        if self.rows.last().is_some_and(|r| r.epoch >= epoch) {
+        if closed {
             bail!(
                 "report of peer {} for epoch {epoch}, which is already recorded",
                 report.peer
@@ -290,16 +295,6 @@ impl Collector {
         let path = self.dir.join("epochs.jsonl");
         let mut rows: Vec<EpochRow> = report::read_json_lines(&path)?;
         rows.retain(|r| r.epoch < first_epoch);
-        let mut jsonl = Vec::new();
-        for r in &rows {
-            jsonl.extend(serde_json::to_vec(r)?);
-            jsonl.push(b'\n');
-        }
-        report::write_atomic(&path, &jsonl)?;
-        report::write_atomic(
-            &self.dir.join("epochs.csv"),
-            report::to_csv(&rows)?.as_bytes(),
-        )?;
         self.carried = match peer0_wall_seconds {
             Some(wall_seconds) => Some(EpochRow {
                 wall_seconds,
@@ -308,7 +303,7 @@ impl Collector {
             None => rows.last().cloned(),
         };
         self.rows = rows;
-        Ok(())
+        self.write_rows()
     }
 
     /// Whether epoch `epoch` waits for peer `r`'s report.
@@ -347,7 +342,9 @@ impl Collector {
     }
 
     /// Aggregates, prints and writes every pending epoch that has the reports of all peers
-    /// still in the run, oldest first.
+    /// still in the run, oldest first. An epoch complete after a later one (it waited for
+    /// the reports a peer kept while peer 0 was away) takes its place in the record: the
+    /// files are rewritten in epoch order, and the exported x̄ stays the newest epoch's.
     pub(crate) fn record_complete(&mut self) -> anyhow::Result<()> {
         let complete: Vec<usize> = self
             .pending
@@ -371,16 +368,39 @@ impl Collector {
             )?;
             let all: Vec<Reported> = slots.into_iter().flatten().collect();
             let (row, mean) = self.aggregate(epoch, all)?;
-            self.mean = Some(mean);
             println!("{}", report::format_row(&row));
-            report::append_json_line(&self.dir.join("epochs.jsonl"), &row)?;
-            self.rows.push(row);
-            report::write_atomic(
-                &self.dir.join("epochs.csv"),
-                report::to_csv(&self.rows)?.as_bytes(),
-            )?;
+            if self.rows.last().is_none_or(|r| r.epoch < epoch) {
+                // The newest epoch: its x̄ is the model the run exports.
+                self.mean = Some(mean);
+                report::append_json_line(&self.dir.join("epochs.jsonl"), &row)?;
+                self.rows.push(row);
+                report::write_atomic(
+                    &self.dir.join("epochs.csv"),
+                    report::to_csv(&self.rows)?.as_bytes(),
+                )?;
+            } else {
+                // Complete after a later epoch (it waited for the reports a peer kept while
+                // peer 0 was away): the record stays in epoch order.
+                let at = self.rows.partition_point(|r| r.epoch < epoch);
+                self.rows.insert(at, row);
+                self.write_rows()?;
+            }
         }
         Ok(())
+    }
+
+    /// Rewrites `epochs.jsonl` and `epochs.csv` with `rows`.
+    fn write_rows(&self) -> anyhow::Result<()> {
+        let mut jsonl = Vec::new();
+        for r in &self.rows {
+            jsonl.extend(serde_json::to_vec(r)?);
+            jsonl.push(b'\n');
+        }
+        report::write_atomic(&self.dir.join("epochs.jsonl"), &jsonl)?;
+        report::write_atomic(
+            &self.dir.join("epochs.csv"),
+            report::to_csv(&self.rows)?.as_bytes(),
+        )
     }
 
     /// The row of `epoch` from `all` its reports (totals continued after a resume), and the
@@ -854,6 +874,40 @@ mod tests {
         odd.0.running_state.pop();
         let (_, mean) = epoch_row(1, &[peer(0.5), odd], &test, kind, 0.0).unwrap();
         assert!(mean.running_state.is_empty());
+    }
+
+    #[test]
+    fn an_epoch_complete_after_a_later_one_takes_its_place_in_the_record() {
+        let kind: model::ModelKind = "mlp:hidden=4,input=1x2x2,classes=2".parse().unwrap();
+        let net = Net::<burn::backend::Flex>::new(kind, &Default::default());
+        let d = net.dim();
+        let test = Dataset::synthetic(net.input(), 8, 3);
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Collector::new(2, dir.path().to_path_buf(), 10, test, d, kind);
+        let add = |c: &mut Collector, peer, epoch, value: f32| {
+            let mut r = report();
+            (r.peer, r.epoch, r.rounds) = (peer, epoch, 10 * epoch as u64);
+            r.running_state.clear();
+            c.add(r, vec![value; d])
+        };
+        // Epoch 2 waits for peer 1's report (kept while peer 0 was away, say) while epoch
+        // 3 is recorded; the late report completes it.
+        add(&mut c, 0, 2, 0.0).unwrap();
+        add(&mut c, 0, 3, 1.0).unwrap();
+        add(&mut c, 1, 3, 1.0).unwrap();
+        add(&mut c, 1, 2, 0.0).unwrap();
+        let epochs = |rows: &[EpochRow]| rows.iter().map(|r| r.epoch).collect::<Vec<_>>();
+        assert_eq!(epochs(&c.rows), [2, 3]);
+        let jsonl: Vec<EpochRow> =
+            report::read_json_lines(&dir.path().join("epochs.jsonl")).unwrap();
+        assert_eq!(epochs(&jsonl), [2, 3], "the file in epoch order too");
+        let csv = std::fs::read_to_string(dir.path().join("epochs.csv")).unwrap();
+        let first_column: Vec<&str> = csv.lines().skip(1).map(|l| &l[..1]).collect();
+        assert_eq!(first_column, ["2", "3"]);
+        // The exported model stays the newest epoch's x̄.
+        assert_eq!(c.mean.as_ref().unwrap().x, vec![1.0; d]);
+        // A report of a recorded epoch is still refused.
+        assert!(add(&mut c, 1, 2, 0.0).is_err());
     }
 
     #[test]
