@@ -317,16 +317,31 @@ impl Collector {
     /// that round on.
     pub(crate) fn membership(
         &mut self,
-        event: MembershipEvent,
+        mut event: MembershipEvent,
         back_at: Option<u64>,
     ) -> anyhow::Result<()> {
         // A restarted peer 0 learns again what its record holds (an elastic run's empty
         // ranks): recorded once.
-        let known = self.taken_up
+        let mut known = self.taken_up
             && self.history.iter().any(|e| {
                 (e.event.as_str(), e.peer, e.round)
                     == (event.event.as_str(), event.peer, event.round)
             });
+        if self.taken_up && event.event == "left" && event.round == 0 && !known {
+            // Told before this restarted peer 0 mixed again (its supervisor's notice of an
+            // exit, replayed to the new process): recorded once, if the record does not
+            // hold that departure yet, after the last epoch recorded (its round is not
+            // known here), not at round 0.
+            let since_back = (self.history.iter())
+                .rposition(|e| e.peer == event.peer && e.event != "left")
+                .map_or(0, |i| i + 1);
+            known = self.history[since_back..]
+                .iter()
+                .any(|e| e.peer == event.peer && e.event == "left");
+            let recorded = self.rows.last().map_or(0, |r| r.epoch);
+            event.round = recorded as u64 * self.rounds_per_epoch;
+            event.epoch = recorded + 1;
+        }
         if !known {
             report::append_json_line(&self.dir.join("membership.jsonl"), &event)?;
         }
@@ -908,6 +923,46 @@ mod tests {
         assert_eq!(c.mean.as_ref().unwrap().x, vec![1.0; d]);
         // A report of a recorded epoch is still refused.
         assert!(add(&mut c, 1, 2, 0.0).is_err());
+    }
+
+    #[test]
+    fn a_departure_told_to_a_restarted_peer_0_before_it_mixed_is_placed_after_the_record() {
+        let kind: model::ModelKind = "mlp:hidden=4,input=1x2x2,classes=2".parse().unwrap();
+        let net = Net::<burn::backend::Flex>::new(kind, &Default::default());
+        let d = net.dim();
+        let test = Dataset::synthetic(net.input(), 8, 3);
+        let dir = tempfile::tempdir().unwrap();
+        let collector = || Collector::new(3, dir.path().to_path_buf(), 10, test.clone(), d, kind);
+        let mut c = collector();
+        for epoch in 0..=3 {
+            for peer in 0..3 {
+                let mut r = report();
+                (r.peer, r.epoch, r.rounds) = (peer, epoch, 10 * epoch as u64);
+                r.running_state.clear();
+                c.add(r, vec![0.5; d]).unwrap();
+            }
+        }
+        let left = |peer, round, epoch| MembershipEvent {
+            event: "left".into(),
+            peer,
+            round,
+            epoch,
+            wall_seconds: 0.0,
+            noticed_by: 0,
+            reason: "its process exited (SIGKILL), as the launcher saw".into(),
+        };
+        // Peer 0's old process recorded peer 2's departure, not peer 1's; then it died too.
+        c.membership(left(2, 33, 4), None).unwrap();
+        let mut c = collector();
+        c.take_up().unwrap();
+        // Its new process is told of both exits before it mixes again (its round is 0).
+        c.membership(left(1, 0, 0), None).unwrap();
+        c.membership(left(2, 0, 0), None).unwrap();
+        let events: Vec<MembershipEvent> =
+            report::read_json_lines(&dir.path().join("membership.jsonl")).unwrap();
+        let placed: Vec<_> = events.iter().map(|e| (e.peer, e.round, e.epoch)).collect();
+        assert_eq!(placed, [(2, 33, 4), (1, 30, 4)], "{events:?}");
+        assert!(!c.awaits(1, 4) && !c.awaits(2, 4));
     }
 
     #[test]
