@@ -261,6 +261,18 @@ pub struct RejoinPlan {
     pub locations: BTreeMap<Rank, (Incarnation, SocketAddr)>,
 }
 
+/// Keeps in `locations` the location of `rank`'s newest process: `(incarnation, addr)`
+/// unless a newer incarnation is held.
+fn keep_newest(
+    locations: &mut BTreeMap<Rank, (Incarnation, SocketAddr)>,
+    rank: Rank,
+    (incarnation, addr): (Incarnation, SocketAddr),
+) {
+    if locations.get(&rank).is_none_or(|&(i, _)| i <= incarnation) {
+        locations.insert(rank, (incarnation, addr));
+    }
+}
+
 /// The mixing matrix for the survivors once the peers in `gone` have left, and, if the
 /// surviving graph is not (strongly) connected, a description of its parts. Algorithms
 /// that re-weight (`reweights`) get Metropolis–Hastings on the surviving graph; push-sum
@@ -629,13 +641,7 @@ impl Membership {
         }
         self.rejoined.push((back, at));
         self.learn_incarnation(back, incarnation);
-        if self
-            .locations
-            .get(&back)
-            .is_none_or(|&(i, _)| i <= incarnation)
-        {
-            self.locations.insert(back, (incarnation, addr));
-        }
+        keep_newest(&mut self.locations, back, (incarnation, addr));
         let still_gone = self
             .departed
             .keys()
@@ -734,10 +740,7 @@ impl Membership {
         let mut locations = BTreeMap::new();
         for &(r, incarnation, addr) in welcomes.values().flat_map(|(w, _)| &w.locations) {
             if rejoined.contains_key(&r) {
-                let newest = locations.entry(r).or_insert((incarnation, addr));
-                if newest.0 < incarnation {
-                    *newest = (incarnation, addr);
-                }
+                keep_newest(&mut locations, r, (incarnation, addr));
             }
         }
         Ok(RejoinPlan {

@@ -891,20 +891,29 @@ mod tests {
         assert!(mean.running_state.is_empty());
     }
 
-    #[test]
-    fn an_epoch_complete_after_a_later_one_takes_its_place_in_the_record() {
+    /// A collector of `n` peers (10 rounds per epoch) writing into `dir`, for a tiny MLP
+    /// (its d returned too) evaluated on 8 synthetic samples.
+    fn tiny_collector(n: usize, dir: &Path) -> (Collector, usize) {
         let kind: model::ModelKind = "mlp:hidden=4,input=1x2x2,classes=2".parse().unwrap();
         let net = Net::<burn::backend::Flex>::new(kind, &Default::default());
         let d = net.dim();
         let test = Dataset::synthetic(net.input(), 8, 3);
+        (Collector::new(n, dir.to_path_buf(), 10, test, d, kind), d)
+    }
+
+    /// Peer `peer`'s report of epoch `epoch` with x = `value` (`[d]`).
+    fn add(c: &mut Collector, peer: Rank, epoch: usize, value: f32) -> anyhow::Result<()> {
+        let mut r = report();
+        (r.peer, r.epoch, r.rounds) = (peer, epoch, 10 * epoch as u64);
+        r.running_state.clear();
+        let d = c.d;
+        c.add(r, vec![value; d])
+    }
+
+    #[test]
+    fn an_epoch_complete_after_a_later_one_takes_its_place_in_the_record() {
         let dir = tempfile::tempdir().unwrap();
-        let mut c = Collector::new(2, dir.path().to_path_buf(), 10, test, d, kind);
-        let add = |c: &mut Collector, peer, epoch, value: f32| {
-            let mut r = report();
-            (r.peer, r.epoch, r.rounds) = (peer, epoch, 10 * epoch as u64);
-            r.running_state.clear();
-            c.add(r, vec![value; d])
-        };
+        let (mut c, d) = tiny_collector(2, dir.path());
         // Epoch 2 waits for peer 1's report (kept while peer 0 was away, say) while epoch
         // 3 is recorded; the late report completes it.
         add(&mut c, 0, 2, 0.0).unwrap();
@@ -927,19 +936,11 @@ mod tests {
 
     #[test]
     fn a_departure_told_to_a_restarted_peer_0_before_it_mixed_is_placed_after_the_record() {
-        let kind: model::ModelKind = "mlp:hidden=4,input=1x2x2,classes=2".parse().unwrap();
-        let net = Net::<burn::backend::Flex>::new(kind, &Default::default());
-        let d = net.dim();
-        let test = Dataset::synthetic(net.input(), 8, 3);
         let dir = tempfile::tempdir().unwrap();
-        let collector = || Collector::new(3, dir.path().to_path_buf(), 10, test.clone(), d, kind);
-        let mut c = collector();
+        let (mut c, _) = tiny_collector(3, dir.path());
         for epoch in 0..=3 {
             for peer in 0..3 {
-                let mut r = report();
-                (r.peer, r.epoch, r.rounds) = (peer, epoch, 10 * epoch as u64);
-                r.running_state.clear();
-                c.add(r, vec![0.5; d]).unwrap();
+                add(&mut c, peer, epoch, 0.5).unwrap();
             }
         }
         let left = |peer, round, epoch| MembershipEvent {
@@ -953,7 +954,7 @@ mod tests {
         };
         // Peer 0's old process recorded peer 2's departure, not peer 1's; then it died too.
         c.membership(left(2, 33, 4), None).unwrap();
-        let mut c = collector();
+        let (mut c, _) = tiny_collector(3, dir.path());
         c.take_up().unwrap();
         // Its new process is told of both exits before it mixes again (its round is 0).
         c.membership(left(1, 0, 0), None).unwrap();

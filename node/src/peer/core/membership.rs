@@ -367,13 +367,7 @@ impl PeerCore {
         if readmitted.all_taken {
             out.push(Action::CloseAdmission);
         }
-        // Every peer reports its epochs to peer 0, neighbour or not.
-        let sends_to = self.gossip.out_peers().contains(&back) || back == 0;
-        if sends_to && !self.linked.contains(&back) {
-            // A peer still waiting for welcomes says hello on the new link too: it awaits
-            // this peer's welcome as it does every linked peer's.
-            self.connect(back, notice.addr, self.pending_hello.clone(), out);
-        }
+        self.link_to(back, notice.addr, out);
         if self.gossip.in_peers().contains(&back) || self.rank == 0 {
             self.goodbyes.expect(back);
         }
@@ -390,6 +384,17 @@ impl PeerCore {
         let record = Membership::rejoin_record(back, at, readmitted.new, self.now(now));
         self.record(record, Some(at), out);
         Ok(())
+    }
+
+    /// Opens a link to `peer`'s process at `addr` if this peer sends to it (every peer
+    /// reports its epochs to peer 0, neighbour or not) and holds none yet. A peer still
+    /// waiting for welcomes says hello on it too: it awaits that peer's welcome as it does
+    /// every linked peer's.
+    fn link_to(&self, peer: Rank, addr: SocketAddr, out: &mut Vec<Action>) {
+        let sends_to = self.gossip.out_peers().contains(&peer) || peer == 0;
+        if sends_to && !self.linked.contains(&peer) {
+            self.connect(peer, addr, self.pending_hello.clone(), out);
+        }
     }
 
     /// Handles a `Hello`, `Welcome`, `Admit` or `Rejoin` frame from `from`.
@@ -573,11 +578,9 @@ impl PeerCore {
                 }
                 continue;
             }
-            self.membership.learn_incarnation(r, incarnation);
-            let sends_to = self.gossip.out_peers().contains(&r) || r == 0;
-            let newest = incarnation >= self.membership.incarnation(r);
-            if r != self.rank && sends_to && newest && !self.linked.contains(&r) {
-                self.connect(r, addr, None, &mut out);
+            if incarnation >= self.membership.incarnation(r) {
+                self.membership.learn_incarnation(r, incarnation);
+                self.link_to(r, addr, &mut out);
             }
         }
         out.push(broadcast(flood));

@@ -209,6 +209,20 @@ fn peer_0_leaves_like_any_peer_and_every_peer_links_to_its_new_process() {
     assert!(!c.membership.has_left(0));
 }
 
+/// The directory entry of a new process of peer `rank` (a fresh identity) at `addr`.
+fn peer_info(rank: Rank, addr: SocketAddr, incarnation: Incarnation) -> PeerInfo {
+    PeerInfo {
+        rank,
+        peer_id: libp2p::identity::Keypair::generate_ed25519()
+            .public()
+            .to_peer_id()
+            .to_string(),
+        data_addr: addr,
+        nat_published: None,
+        incarnation,
+    }
+}
+
 /// Peer `peer`'s process of incarnation 10 exited, as its supervisor saw.
 fn exited(peer: Rank) -> Input {
     Input::Exited {
@@ -255,16 +269,7 @@ fn a_rejoining_peer_says_hello_on_a_link_it_opens_while_waiting_for_welcomes() {
     // exited, then hears that 1's new process is back before its own welcomes are in.
     let mut c = core(0);
     c.handle(Instant::now(), exited(1)).unwrap();
-    let me = PeerInfo {
-        rank: 0,
-        peer_id: libp2p::identity::Keypair::generate_ed25519()
-            .public()
-            .to_peer_id()
-            .to_string(),
-        data_addr: "127.0.0.1:4300".parse().unwrap(),
-        nat_published: None,
-        incarnation: 11,
-    };
+    let me = peer_info(0, "127.0.0.1:4300".parse().unwrap(), 11);
     let hello = c.hello(&me).unwrap();
     let addr: SocketAddr = "127.0.0.1:4200".parse().unwrap();
     let out = rejoin_notice(&mut c, 3, (1, 20), 60, addr);
@@ -432,16 +437,7 @@ fn the_injected_bad_frames_with_a_header_are_refused_and_counted() {
 fn a_restarted_peer_s_hello_opens_a_link_that_carries_the_welcome() {
     let mut c = core(0);
     let addr: SocketAddr = "127.0.0.1:4100".parse().unwrap();
-    let me = PeerInfo {
-        rank: 1,
-        peer_id: libp2p::identity::Keypair::generate_ed25519()
-            .public()
-            .to_peer_id()
-            .to_string(),
-        data_addr: addr,
-        nat_published: None,
-        incarnation: 20,
-    };
+    let me = peer_info(1, addr, 20);
     let hello = crate::control::membership::encode_hello(1, &me).unwrap();
     let input = frame(FrameKind::Hello, 1, 0, &hello[FRAME_HEADER_LEN..]);
     let out = c.handle(Instant::now(), input).unwrap();
