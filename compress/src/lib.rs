@@ -19,7 +19,7 @@
 //! | [`TernGrad`] | quantiser | yes | variance ≤ ‖x‖∞‖x‖₁ − ‖x‖² per bucket | 2 |
 //! | [`Natural`] | quantiser | yes | variance ≤ ‖x‖²/8 | 9 |
 //! | [`Fp16`], [`Bf16`] | cast | no | relative error 2⁻¹¹, 2⁻⁸ | 16 |
-//! | [`SparseLoco`] (top-k per chunk of C, 2-bit values) | sparsifier + quantiser | no | top-k of each chunk, magnitudes at 2 levels | 18 per kept + 64 per chunk |
+//! | [`SparseLoco`] (top-k per chunk of C, 2-bit values, Rice-coded positions) | sparsifier + quantiser | no | top-k of each chunk, magnitudes at 2 levels | ≈ 3.5 + log₂(C/k) per kept (at most 3 + ⌈log₂ C⌉) + 80 per chunk |
 //!
 //! [`ErrorFeedback`] turns any of them into an error-feedback operator (residual memory,
 //! 1-bit SGD / EF-SGD), and [`Dgc`] adds deep gradient compression's momentum correction,

@@ -38,7 +38,8 @@ pub enum OperatorId {
     Fp16 = 8,
     /// [`crate::Bf16`]: `d` bfloat16 values.
     Bf16 = 9,
-    /// [`crate::SparseLoco`]: per chunk two levels, `u16` indices and 2-bit codes.
+    /// [`crate::SparseLoco`]: per chunk two levels, the count kept, and Rice-coded
+    /// positions with 2-bit codes.
     SparseLoco = 10,
 }
 

@@ -137,8 +137,15 @@ fn encode(op: &mut dyn Compressor, x: &[f32], seed: u64) -> Vec<u8> {
     assert_eq!(&out[..3], &[0xAA; 3], "compress must append");
     let msg = out.split_off(3);
     assert_eq!(n, msg.len());
-    assert_eq!(op.encoded_len(x.len()), Some(n));
-    assert_eq!(op.max_encoded_len(x.len()), n);
+    match op.encoded_len(x.len()) {
+        // Fixed-size codes: exactly the size stated, which is also the bound.
+        Some(len) => {
+            assert_eq!(len, n);
+            assert_eq!(op.max_encoded_len(x.len()), n);
+        }
+        // SparseLoCo's Rice-coded positions: within the bound.
+        None => assert!(n <= op.max_encoded_len(x.len())),
+    }
     assert_eq!(msg[0], op.id() as u8);
     assert_eq!(msg[1], 1);
     assert_eq!(
@@ -1036,7 +1043,7 @@ proptest! {
 
     #[test]
     fn arbitrary_payloads_never_panic(
-        op in 4u8..=7,
+        op in prop_oneof![4u8..=7, Just(10u8)],
         d in prop_oneof![0u32..80, Just(1000u32)],
         declared_d in prop_oneof![Just(None), any::<u32>().prop_map(Some)],
         payload in proptest::collection::vec(any::<u8>(), 0..400),
@@ -1212,4 +1219,63 @@ fn int8_is_unbiased_and_finer_than_qsgd_with_the_same_bits() {
         err_qsgd > 10.0 * err_int8,
         "QSGD's error {err_qsgd:e} is not 10× int8's {err_int8:e}"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// SparseLoCo: chunked top-k, 2-bit values, Rice-coded positions
+// ---------------------------------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Against the module doc, chunk by chunk: the kept values are the `min(k, c)` largest
+    /// magnitudes (every decoded coordinate at least as large in |x| as every dropped
+    /// non-zero one), each decoded as ±low or ±high with x's sign, with low ≤ high; zero
+    /// elsewhere; the message within its bound.
+    #[test]
+    fn sparseloco_round_trip_keeps_the_chunks_largest_at_two_levels(
+        x in proptest::collection::vec(prop_oneof![Just(0f32), -100f32..100.0], 0..600),
+        ratio in (1u32..=256).prop_map(|r| f64::from(r) / 256.0),
+        chunk in prop_oneof![1usize..70, Just(4096usize), Just(65536usize)],
+    ) {
+        let mut c = murmur_compress::SparseLoco::new(ratio, chunk);
+        let k = c.k();
+        let msg = encode(&mut c, &x, 0);
+        let mut y = vec![f32::NAN; x.len()];
+        decode_into(&msg, &mut y).unwrap();
+        for (xs, ys) in x.chunks(chunk).zip(y.chunks(chunk)) {
+            let kept: Vec<usize> = (0..xs.len()).filter(|&i| ys[i] != 0.0).collect();
+            let nonzero = xs.iter().filter(|v| **v != 0.0).count();
+            prop_assert_eq!(kept.len(), nonzero.min(k.min(xs.len())));
+            let mut levels: Vec<f32> = kept.iter().map(|&i| ys[i].abs()).collect();
+            levels.sort_by(f32::total_cmp);
+            levels.dedup();
+            prop_assert!(levels.len() <= 2, "levels {:?}", levels);
+            let smallest_kept = kept.iter().map(|&i| xs[i].abs()).fold(f32::INFINITY, f32::min);
+            for i in 0..xs.len() {
+                if ys[i] != 0.0 {
+                    prop_assert_eq!(ys[i].is_sign_negative(), xs[i].is_sign_negative());
+                } else {
+                    prop_assert!(xs[i].abs() <= smallest_kept, "dropped {} over kept {}", xs[i], smallest_kept);
+                }
+            }
+        }
+    }
+
+    /// Right chunk and k, then random bytes: refused or decoded to finite values, never a
+    /// panic (the positions' code is read bit by bit up to the payload's end).
+    #[test]
+    fn sparseloco_plausible_payloads_never_panic(
+        d in 0usize..300,
+        chunk in 1u32..80,
+        k in 1u32..80,
+        body in proptest::collection::vec(any::<u8>(), 0..600),
+    ) {
+        let mut payload = chunk.to_le_bytes().to_vec();
+        payload.extend_from_slice(&k.to_le_bytes());
+        payload.extend_from_slice(&body);
+        let mut msg = header(10, d as u32, payload.len() as u32);
+        msg.extend_from_slice(&payload);
+        decode_anyhow(&msg, d);
+    }
 }

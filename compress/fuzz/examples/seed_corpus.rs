@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use murmur_compress::{Compressor, OperatorId, HEADER_LEN};
 use murmur_compress_fuzz::{
-    operator, DENSE, NATURAL, QSGD, RANDK, RAW_CONTROL, SIGN, SPARSE, TERNGRAD,
+    operator, DENSE, NATURAL, QSGD, RANDK, RAW_CONTROL, SIGN, SPARSE, SPARSELOCO, TERNGRAD,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -51,7 +51,7 @@ fn write(dir: &Path, target: &str, name: &str, bytes: &[u8]) {
 
 fn main() {
     let root = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "corpus".into()));
-    let families: [(&str, &[OperatorId]); 7] = [
+    let families: [(&str, &[OperatorId]); 8] = [
         ("decode_dense", DENSE),
         ("decode_sparse", SPARSE),
         ("decode_randk", RANDK),
@@ -59,6 +59,7 @@ fn main() {
         ("decode_sign", SIGN),
         ("decode_terngrad", TERNGRAD),
         ("decode_natural", NATURAL),
+        ("decode_sparseloco", SPARSELOCO),
     ];
     let mut count = 0;
     for (target, family) in families {

@@ -34,7 +34,8 @@
 //! fp16/bf16 are within their rounding error (fp16 saturating at ±65504); natural gives 0 or
 //! one of the two powers of two around |x| with x's sign; TernGrad gives 0 or ±max|x| of
 //! the bucket with x's sign; Sign gives ±(mean |x| of the bucket) with x's sign; QSGD gives
-//! values within one level (‖x_b‖/s) of x with x's sign.
+//! values within one level (‖x_b‖/s) of x with x's sign; SparseLoCo keeps in each chunk the
+//! `min(k, c)` largest magnitudes but exact zeros, at no more than two levels with x's sign.
 //!
 //! `MURMUR_FUZZ_OPS=topk,randk` (names as `OperatorId::name`) restricts the round trip to
 //! some operators, e.g. to focus a run, or to leave out placeholders.
@@ -44,8 +45,8 @@ use std::sync::OnceLock;
 use murmur_compress::rng::randk_bitset;
 use murmur_compress::{
     decode_add, decode_into, k_for_ratio, validate, ApproxTopK, Bf16, Compressor, DecodeError,
-    Fp16, Identity, IndexCoding, MessageInfo, Natural, OperatorId, Qsgd, RandK, Sign, TernGrad,
-    TopK, HEADER_LEN, WIRE_VERSION,
+    Fp16, Identity, IndexCoding, MessageInfo, Natural, OperatorId, Qsgd, RandK, Sign, SparseLoco,
+    TernGrad, TopK, HEADER_LEN, WIRE_VERSION,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -69,6 +70,8 @@ pub const SIGN: &[OperatorId] = &[OperatorId::Sign];
 pub const TERNGRAD: &[OperatorId] = &[OperatorId::TernGrad];
 /// Natural compression.
 pub const NATURAL: &[OperatorId] = &[OperatorId::Natural];
+/// SparseLoCo: chunked top-k, 2-bit values, Rice-coded positions.
+pub const SPARSELOCO: &[OperatorId] = &[OperatorId::SparseLoco];
 
 /// Sentinel of `decode_into`'s output: a NaN, so a coordinate left unwritten on Ok shows.
 const OUT_SENTINEL: u32 = 0x7fc0_0bad;
@@ -186,6 +189,8 @@ pub enum Spec {
     Fp16,
     /// bfloat16.
     Bf16,
+    /// SparseLoCo: top `⌈ratio·chunk⌉` of each chunk, 2-bit values.
+    SparseLoco { ratio: f64, chunk: usize },
 }
 
 /// A bucket size from a byte: 1 … 4065, small and larger than most fuzzed d.
@@ -201,7 +206,8 @@ fn bucket(p: u8) -> usize {
 /// - approximate top-k: ratio (p1+1)/256; p2 bits 0–1 coding, bits 2–7 sample hits − 1;
 /// - random-k: ratio (p1+1)/256; scaled if p2 is odd;
 /// - QSGD: s = p1 + 1 levels, bucket from p2;
-/// - sign, TernGrad: the whole vector if p2 = 0, else a bucket from p2.
+/// - sign, TernGrad: the whole vector if p2 = 0, else a bucket from p2;
+/// - SparseLoCo: ratio (p1+1)/256, chunk from p2 (as a bucket).
 pub fn operator(op: OperatorId, p1: u8, p2: u8, d: usize) -> (Box<dyn Compressor>, Spec) {
     let ratio = (p1 as f64 + 1.0) / 256.0;
     let coding = [
@@ -275,6 +281,13 @@ pub fn operator(op: OperatorId, p1: u8, p2: u8, d: usize) -> (Box<dyn Compressor
         OperatorId::Natural => (Box::new(Natural::new()), Spec::Natural),
         OperatorId::Fp16 => (Box::new(Fp16::default()), Spec::Fp16),
         OperatorId::Bf16 => (Box::new(Bf16::default()), Spec::Bf16),
+        OperatorId::SparseLoco => {
+            let chunk = bucket(p2);
+            (
+                Box::new(SparseLoco::new(ratio, chunk)),
+                Spec::SparseLoco { ratio, chunk },
+            )
+        }
         other => panic!("no fuzz operator for {other:?}"),
     }
 }
@@ -375,6 +388,51 @@ pub fn roundtrip(data: &[u8]) {
 fn check_reference(spec: &Spec, x: &[f32], y: &[f32], msg: &[u8], nnz: usize) {
     let d = x.len();
     match spec {
+        Spec::SparseLoco { ratio, chunk } => {
+            // Per chunk: the min(k, c) largest magnitudes but exact zeros, each ±low or
+            // ±high with x's sign; every dropped |x| at most the smallest kept one.
+            let k = k_for_ratio(*ratio, *chunk);
+            let mut total = 0;
+            for (at, (xc, yc)) in x.chunks(*chunk).zip(y.chunks(*chunk)).enumerate() {
+                let kept: Vec<usize> = (0..xc.len()).filter(|&i| yc[i] != 0.0).collect();
+                let nonzero = xc.iter().filter(|v| **v != 0.0).count();
+                assert_eq!(
+                    kept.len(),
+                    nonzero.min(k.min(xc.len())),
+                    "sparseloco: chunk {at} kept {kept:?}, k = {k}"
+                );
+                let mut levels: Vec<u32> = kept.iter().map(|&i| yc[i].abs().to_bits()).collect();
+                levels.sort_unstable();
+                levels.dedup();
+                assert!(
+                    levels.len() <= 2,
+                    "sparseloco: chunk {at}, levels {levels:?}"
+                );
+                let least = kept
+                    .iter()
+                    .map(|&i| xc[i].abs())
+                    .fold(f32::INFINITY, f32::min);
+                for i in 0..xc.len() {
+                    if yc[i] != 0.0 {
+                        assert_eq!(
+                            yc[i] < 0.0,
+                            xc[i] < 0.0,
+                            "sparseloco: x = {} → {}, sign",
+                            xc[i],
+                            yc[i]
+                        );
+                    } else {
+                        assert!(
+                            xc[i].abs() <= least,
+                            "sparseloco: dropped {} over kept {least}",
+                            xc[i]
+                        );
+                    }
+                }
+                total += kept.len();
+            }
+            assert_eq!(total, nnz, "sparseloco: nnz");
+        }
         Spec::Identity => {
             for i in 0..d {
                 assert!(y[i] == x[i], "identity: y[{i}] = {} ≠ x = {}", y[i], x[i]);
