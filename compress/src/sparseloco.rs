@@ -20,9 +20,17 @@
 //! With `C = 4096` and a ratio of 1/64 (k = 64) a chunk takes about 90 bytes for 16,384
 //! bytes of `f32` (≈ 180×). The paper's chunks are 2-D 64×64 tiles of each weight matrix;
 //! here they are runs of the flat vector (a ring all-reduce's chunks do not follow the
-//! tensors).
+//! tensors), or runs of each tensor (below).
 //!
-//! Payload: `u32 C`, `u32 k`, then per chunk of length `c`: `f32 low`, `f32 high`, the
+//! **Chunks per tensor.** [`SparseLoco::layerwise`] (`sparseloco,layerwise`) cuts each
+//! tensor of the model into chunks of its own, so that no chunk mixes, say, a LayerNorm's
+//! gains with the weights of the matrix after it: the paper's tiles are per weight matrix.
+//! The message then carries the tensors' lengths, and decodes without being told them.
+//!
+//! Payload: `u32 C`, `u32 k`, `u32 T` (the number of tensors; 0 for the flat vector, one
+//! tensor of d), `T` tensor lengths as minimal LEB128 varints summing to d, then per chunk
+//! (tensor by tensor, each cut into chunks of `C` from its first coordinate, the last
+//! shorter) of length `c`: `f32 low`, `f32 high`, the
 //! number kept `kc ≤ min(k, c)` as a minimal LEB128 varint, `u8 b` (the Rice parameter,
 //! at most 16), then one bit stream
 //! (LSB-first, as every packed field of the crate) of `kc` kept values in position order,
@@ -63,6 +71,9 @@ const NAME: &str = "sparseloco";
 pub struct SparseLoco {
     ratio: f64,
     chunk: usize,
+    /// The tensors' lengths, summing to d, whose chunks start at each tensor's first
+    /// coordinate; empty for chunks of the flat vector.
+    layers: Vec<usize>,
     /// Scratch, kept between calls: the kept indices and magnitudes of a chunk.
     idx: Vec<u32>,
     mags: Vec<f32>,
@@ -86,9 +97,24 @@ impl SparseLoco {
         SparseLoco {
             ratio,
             chunk,
+            layers: Vec::new(),
             idx: Vec::new(),
             mags: Vec::new(),
         }
+    }
+
+    /// As [`SparseLoco::new`], with chunks that follow the tensors: each tensor of
+    /// `layers` (their lengths in parameter order, summing to the d it is given) is cut
+    /// into chunks of its own, the paper's per-tensor tiles in one dimension. An empty
+    /// `layers` is the flat vector.
+    ///
+    /// # Panics
+    /// As [`SparseLoco::new`]; [`Compressor::compress`] panics if the lengths do not sum
+    /// to `x.len()` (a caller's bug, as for layer-wise top-k).
+    pub fn layerwise(ratio: f64, chunk: usize, layers: Vec<usize>) -> Self {
+        let mut c = Self::new(ratio, chunk);
+        c.layers = layers;
+        c
     }
 
     /// k, the coordinates kept of a whole chunk.
@@ -109,17 +135,25 @@ fn max_chunk_len(len: usize, kc: usize) -> usize {
     9 + crate::wire::varint_len(kc as u32) + (kc * (3 + position_bits(len) as usize)).div_ceil(8)
 }
 
-/// The largest payload for `d` coordinates in chunks of `chunk` keeping `k` of each;
-/// saturates instead of overflowing.
-fn max_payload_len(d: usize, chunk: usize, k: usize) -> usize {
-    let (full, rest) = (d / chunk, d % chunk);
+/// The largest chunks' part of a payload for a tensor of `len` coordinates in chunks of
+/// `chunk` keeping `k` of each; saturates instead of overflowing.
+fn max_tensor_len(len: usize, chunk: usize, k: usize) -> usize {
+    let (full, rest) = (len / chunk, len % chunk);
     let last = if rest > 0 {
         max_chunk_len(rest, k.min(rest))
     } else {
         0
     };
     full.saturating_mul(max_chunk_len(chunk, k.min(chunk)))
-        .saturating_add(8 + last)
+        .saturating_add(last)
+}
+
+/// The bytes before the chunks: `C`, `k`, the tensor count and each tensor's length.
+fn layout_len(layers: &[usize]) -> usize {
+    12 + layers
+        .iter()
+        .map(|&l| crate::wire::varint_len(l as u32))
+        .sum::<usize>()
 }
 
 /// The Rice parameter that codes `gaps` in the fewest bits (the smallest such), with the
@@ -168,13 +202,34 @@ impl Compressor for SparseLoco {
         let start = begin_message(
             OperatorId::SparseLoco,
             d,
-            max_payload_len(d, self.chunk, k),
+            self.max_encoded_len(d) - HEADER_LEN,
             out,
         );
         out.extend_from_slice(&(self.chunk as u32).to_le_bytes());
         out.extend_from_slice(&(k as u32).to_le_bytes());
+        out.extend_from_slice(&(self.layers.len() as u32).to_le_bytes());
+        for &l in &self.layers {
+            put_varint(l as u32, out);
+        }
+        let flat = [d];
+        let layers = if self.layers.is_empty() {
+            &flat[..]
+        } else {
+            assert_eq!(
+                self.layers.iter().sum::<usize>(),
+                d,
+                "sparseloco: the tensors' lengths must sum to d"
+            );
+            &self.layers[..]
+        };
         let mut mags = std::mem::take(&mut self.mags);
-        for part in x.chunks(self.chunk) {
+        let mut at = 0;
+        let parts = layers.iter().flat_map(|&l| {
+            let tensor = &x[at..at + l];
+            at += l;
+            tensor.chunks(self.chunk)
+        });
+        for part in parts {
             self.idx.clear();
             top_k_exact(part, k, 0, &mut self.idx);
             self.idx.retain(|&i| part[i as usize] != 0.0);
@@ -225,7 +280,15 @@ impl Compressor for SparseLoco {
     }
 
     fn max_encoded_len(&self, d: usize) -> usize {
-        HEADER_LEN + max_payload_len(d, self.chunk, self.k())
+        let (chunk, k) = (self.chunk, self.k());
+        let chunks = if self.layers.is_empty() {
+            max_tensor_len(d, chunk, k)
+        } else {
+            self.layers.iter().fold(0, |n: usize, &l| {
+                n.saturating_add(max_tensor_len(l, chunk, k))
+            })
+        };
+        HEADER_LEN + layout_len(&self.layers).saturating_add(chunks)
     }
 
     fn unbiased(&self) -> bool {
@@ -307,14 +370,43 @@ fn walk(payload: &[u8], d: usize, mut each: impl FnMut(usize, f32)) -> Result<us
             value: k as u64,
         });
     }
-    // Every chunk takes at least its prefix: a header that declares
-    // a d of more chunks than the payload could hold is refused before any loop over them.
-    let least = d.div_ceil(chunk).saturating_mul(CHUNK_PREFIX);
+    // The tensors: T lengths summing to d (T = 0: the flat vector, one tensor of d).
+    let tensors = r.u32()? as usize;
+    if tensors > r.remaining() {
+        // Each length takes at least a byte.
+        return Err(DecodeError::PayloadLength {
+            operator: NAME,
+            declared: payload.len(),
+            expected: 12usize.saturating_add(tensors),
+        });
+    }
+    let lengths_at = r.offset();
+    let mut at = lengths_at;
+    let (mut sum, mut chunks) = (0usize, 0usize);
+    for _ in 0..tensors {
+        let l = get_varint(payload, &mut at, HEADER_LEN)? as usize;
+        sum = sum.saturating_add(l);
+        chunks = chunks.saturating_add(l.div_ceil(chunk));
+    }
+    r.take(at - lengths_at)?;
+    if tensors == 0 {
+        (sum, chunks) = (d, d.div_ceil(chunk));
+    }
+    if sum != d {
+        return Err(DecodeError::BadParameter {
+            operator: NAME,
+            name: "tensor lengths",
+            value: sum as u64,
+        });
+    }
+    // Every chunk takes at least its prefix: a header that declares a d of more chunks
+    // than the payload could hold is refused before any loop over them.
+    let least = chunks.saturating_mul(CHUNK_PREFIX);
     if r.remaining() < least {
         return Err(DecodeError::PayloadLength {
             operator: NAME,
             declared: payload.len(),
-            expected: least.saturating_add(8),
+            expected: least.saturating_add(r.offset()),
         });
     }
     let too_long = |at: usize| DecodeError::PayloadLength {
@@ -322,11 +414,25 @@ fn walk(payload: &[u8], d: usize, mut each: impl FnMut(usize, f32)) -> Result<us
         declared: payload.len(),
         expected: at,
     };
+    // Each chunk's first coordinate and length, tensor by tensor (lengths read above).
+    let mut at = lengths_at;
+    let tensor_lens = (0..tensors.max(1)).map(|_| {
+        if tensors == 0 {
+            d
+        } else {
+            get_varint(payload, &mut at, HEADER_LEN).unwrap_or(0) as usize
+        }
+    });
+    let mut first = 0;
+    let spans = tensor_lens.flat_map(|l| {
+        let begin = first;
+        first += l;
+        (begin..begin + l)
+            .step_by(chunk)
+            .map(move |s| (s, chunk.min(begin + l - s)))
+    });
     let mut nnz = 0;
-    let mut start = 0;
-    let mut bucket = 0;
-    while start < d {
-        let len = chunk.min(d - start);
+    for (bucket, (start, len)) in spans.enumerate() {
         let kc = k.min(len);
         let mut level = || -> Result<f32, DecodeError> {
             let v = f32::from_le_bytes(r.take(4)?.try_into().unwrap_or_default());
@@ -401,8 +507,6 @@ fn walk(payload: &[u8], d: usize, mut each: impl FnMut(usize, f32)) -> Result<us
         }
         r.take(used)?;
         nnz += kc;
-        start += chunk;
-        bucket += 1;
     }
     if r.remaining() > 0 {
         return Err(too_long(r.offset()));
@@ -461,6 +565,58 @@ mod tests {
     }
 
     #[test]
+    fn chunks_per_tensor_are_each_tensor_compressed_on_its_own() {
+        // Tensors of 3, 0, 10 and 5 in chunks of 4: the layer-wise message decodes to the
+        // flat operator's result on each tensor alone, side by side.
+        let layers = vec![3, 0, 10, 5];
+        let x: Vec<f32> = (0..18).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+        let mut c = SparseLoco::layerwise(0.5, 4, layers.clone());
+        let msg = encode(&mut c, &x);
+        let mut y = vec![9.0; 18];
+        decode_into(&msg, &mut y).unwrap();
+        let mut want = Vec::new();
+        let mut at = 0;
+        for l in layers {
+            let part = &x[at..at + l];
+            let m = encode(&mut SparseLoco::new(0.5, 4), part);
+            let mut yp = vec![0.0; l];
+            decode_into(&m, &mut yp).unwrap();
+            want.extend(yp);
+            at += l;
+        }
+        assert_eq!(y, want);
+        // No layout is the flat vector: other chunks, another result.
+        let mut flat = vec![0.0; 18];
+        decode_into(&encode(&mut SparseLoco::new(0.5, 4), &x), &mut flat).unwrap();
+        assert_ne!(flat, want);
+
+        // Lengths that do not sum to d, and a tensor count beyond the payload.
+        let p = HEADER_LEN;
+        let mut bad = msg.clone();
+        assert_eq!(bad[p + 12], 3);
+        bad[p + 12] = 4;
+        assert!(matches!(
+            decode_into(&bad, &mut y).unwrap_err(),
+            DecodeError::BadParameter {
+                name: "tensor lengths",
+                ..
+            }
+        ));
+        let mut bad = msg.clone();
+        bad[p + 8..p + 12].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            decode_into(&bad, &mut y).unwrap_err(),
+            DecodeError::PayloadLength { .. }
+        ));
+    }
+
+    #[test]
+    #[should_panic(expected = "must sum to d")]
+    fn tensors_that_are_not_the_vector_are_a_caller_s_bug() {
+        encode(&mut SparseLoco::layerwise(0.5, 4, vec![3, 4]), &[1.0; 8]);
+    }
+
+    #[test]
     fn exact_zeros_are_not_sent() {
         // k = 3 of a chunk with one non-zero value: only it travels (a kept zero would have
         // come back as a level), and an all-zero chunk sends its prefix alone.
@@ -473,7 +629,7 @@ mod tests {
         assert_eq!(validate_message(&msg, 8).unwrap().nnz, 1);
         assert_eq!(
             msg.len(),
-            HEADER_LEN + 8 + (CHUNK_PREFIX + 1) + CHUNK_PREFIX
+            HEADER_LEN + 12 + (CHUNK_PREFIX + 1) + CHUNK_PREFIX
         );
     }
 
@@ -506,7 +662,7 @@ mod tests {
             .collect();
         let mut c = SparseLoco::new(1.0 / 64.0, DEFAULT_CHUNK);
         let msg = encode(&mut c, &x);
-        let per_chunk = (msg.len() - HEADER_LEN - 8) as f64 / 40.0;
+        let per_chunk = (msg.len() - HEADER_LEN - 12) as f64 / 40.0;
         let bits_per_value = (per_chunk - CHUNK_PREFIX as f64) * 8.0 / 64.0;
         assert!(
             (8.5..10.5).contains(&bits_per_value),
@@ -594,19 +750,19 @@ mod tests {
             DecodeError::BadParameter { name: "k", .. }
         ));
         assert!(matches!(
-            refused(&|m| m[p + 8..p + 12].copy_from_slice(&f32::NAN.to_le_bytes())),
+            refused(&|m| m[p + 12..p + 16].copy_from_slice(&f32::NAN.to_le_bytes())),
             DecodeError::NonFiniteScale { bucket: 0 }
         ));
         assert!(matches!(
-            refused(&|m| m[p + 16] = 3),
+            refused(&|m| m[p + 20] = 3),
             DecodeError::BadParameter { name: "kept", .. }
         ));
         assert!(matches!(
-            refused(&|m| m[p + 17] = 17),
+            refused(&|m| m[p + 21] = 17),
             DecodeError::BadParameter { name: "rice", .. }
         ));
         assert!(matches!(
-            refused(&|m| m[p + 18..p + 20].fill(0xff)),
+            refused(&|m| m[p + 22..p + 24].fill(0xff)),
             DecodeError::IndexOutOfRange { .. }
         ));
         // A byte more, declared in the header: past the last chunk.

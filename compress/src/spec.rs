@@ -19,7 +19,7 @@
 //! | `sign` | — | `bucket=N` (none: one scale for the whole vector) |
 //! | `terngrad` | — | `bucket=N` (none: one scale for the whole vector) |
 //! | `natural`, `fp16`, `bf16` | — | — |
-//! | `sparseloco` | ratio (1/64) | `chunk=C` (4096), `decay=B` (0.95: the error-feedback decay of the pseudo-gradient aggregation) |
+//! | `sparseloco` | ratio (1/64) | `chunk=C` (4096), `decay=B` (0.95: the error-feedback decay of the pseudo-gradient aggregation), `layerwise` (chunks per tensor) |
 //! | `dgc` | ratio (0.001) | `momentum=M` (0.9), `warmup=EPOCHS` (4), `exact` (flag; sampled threshold by default) |
 //!
 //! A ratio is in `(0, 1]`, a bucket size at least 1 (and below 2³²), a DGC momentum in
@@ -120,7 +120,7 @@ pub enum CompressorSpec {
     Fp16,
     /// `bf16`: cast to bfloat16 ([`Bf16`]).
     Bf16,
-    /// `sparseloco[:RATIO][,chunk=C][,decay=B]`: SparseLoCo's top-k per chunk of C
+    /// `sparseloco[:RATIO][,chunk=C][,decay=B][,layerwise]`: SparseLoCo's top-k per chunk of C
     /// coordinates with 2-bit values ([`SparseLoco`]); ratio 1/64, C = 4096 and β = 0.95 by
     /// default.
     SparseLoco {
@@ -132,6 +132,9 @@ pub enum CompressorSpec {
         /// aggregation applies before each compression, e ← β e + Δ (Sarfi et al. 2025,
         /// Algorithm 1; `murmur_gossip`'s DiLoCo). The operator itself does not use it.
         decay: f32,
+        /// Chunks per tensor (`,layerwise`): each of the model's tensors cut into chunks of
+        /// its own ([`SparseLoco::layerwise`]); needs the tensor lengths.
+        layerwise: bool,
     },
     /// `ef+OPERATOR`: error feedback ([`ErrorFeedback`]) around an operator that is neither
     /// error feedback nor DGC.
@@ -332,8 +335,8 @@ const GRAMMARS: [Grammar; 13] = [
     },
     Grammar {
         name: "sparseloco",
-        usage: "sparseloco[:RATIO][,chunk=C][,decay=B]",
-        keys: "chunk, decay",
+        usage: "sparseloco[:RATIO][,chunk=C][,decay=B][,layerwise]",
+        keys: "chunk, decay, layerwise",
     },
     Grammar {
         name: "dgc",
@@ -691,7 +694,21 @@ impl CompressorSpec {
             Self::Natural => Box::new(Natural::new()),
             Self::Fp16 => Box::new(Fp16::default()),
             Self::Bf16 => Box::new(Bf16::default()),
-            Self::SparseLoco { ratio, chunk, .. } => Box::new(SparseLoco::new(*ratio, *chunk)),
+            Self::SparseLoco {
+                ratio,
+                chunk,
+                layerwise: false,
+                ..
+            } => Box::new(SparseLoco::new(*ratio, *chunk)),
+            Self::SparseLoco {
+                ratio,
+                chunk,
+                layerwise: true,
+                ..
+            } => {
+                let layers = layers.ok_or(SpecError::LayersRequired)?;
+                Box::new(SparseLoco::layerwise(*ratio, *chunk, layers.to_vec()))
+            }
             Self::ErrorFeedback(inner) => Box::new(ErrorFeedback::new(inner.build(layers)?)),
             Self::Dgc(cfg) => Box::new(Dgc::new(*cfg)),
         })
@@ -759,6 +776,7 @@ impl CompressorSpec {
                         .filter(|b| (0.0..=1.0).contains(b))
                         .ok_or_else(|| p.invalid("decay", text, EXPECT_DECAY))?,
                 },
+                layerwise: p.flag("layerwise")?,
             },
             _ => {
                 let default = DgcConfig::default();
@@ -847,7 +865,14 @@ impl fmt::Display for CompressorSpec {
                 ratio,
                 chunk,
                 decay,
-            } => write!(f, "{name}:{ratio},chunk={chunk},decay={decay}"),
+                layerwise,
+            } => {
+                write!(f, "{name}:{ratio},chunk={chunk},decay={decay}")?;
+                if *layerwise {
+                    f.write_str(",layerwise")?;
+                }
+                Ok(())
+            }
             Self::ErrorFeedback(inner) => write!(f, "ef+{inner}"),
             Self::Dgc(cfg) => {
                 write!(

@@ -19,7 +19,7 @@ fn error(s: &str) -> String {
 }
 
 /// Every example of the grammar, with its canonical form.
-const EXAMPLES: [(&str, &str); 29] = [
+const EXAMPLES: [(&str, &str); 30] = [
     ("identity", "identity"),
     ("topk", "topk:0.01"),
     ("topk:0.01", "topk:0.01"),
@@ -49,6 +49,10 @@ const EXAMPLES: [(&str, &str); 29] = [
     (
         "sparseloco:0.03,decay=0",
         "sparseloco:0.03,chunk=4096,decay=0",
+    ),
+    (
+        "sparseloco:0.1,layerwise",
+        "sparseloco:0.1,chunk=4096,decay=0.95,layerwise",
     ),
     ("ef+topk:0.01", "ef+topk:0.01"),
     ("ef+sign", "ef+sign"),
@@ -395,6 +399,7 @@ fn layerwise_top_k_needs_the_layers() {
         "topk:0.01,layerwise",
         "ef+topk:0.01,layerwise",
         "approx-topk:0.1,layerwise",
+        "sparseloco:0.1,layerwise",
     ] {
         let e = parse(text).build(None).err().expect("refused");
         assert_eq!(e, SpecError::LayersRequired);
@@ -508,7 +513,8 @@ fn plain_spec() -> impl Strategy<Value = CompressorSpec> {
             .prop_map(|(ratio, chunk, decay)| CompressorSpec::SparseLoco {
                 ratio,
                 chunk,
-                decay
+                decay,
+                layerwise: chunk % 2 == 0,
             }),
         (
             ratio(),

@@ -1205,3 +1205,74 @@ fn a_sparseloco_run_resumed_from_its_state_continues_bit_for_bit() {
         "restoring the residual changed nothing"
     );
 }
+
+#[test]
+fn sparseloco_layerwise_chunks_follow_the_model_s_tensors() {
+    // The registry gives the all-gather an operator whose chunks start at each tensor
+    // (lengths 7, 0, 40, 13 in chunks of 16): the same run as DiLoCo put together by hand
+    // with that operator, bit for bit, and another run than the flat chunks'.
+    let (n, d, h) = (3, 60, 2);
+    let layers = [7usize, 0, 40, 13];
+    let x0 = vec![uniform_vectors(1, d, 1.0, 95).remove(0); n];
+    let topo = ring(n);
+    let registry = |text: &str| -> Sim {
+        let opts = sparseloco_options(h, text);
+        let spec: AlgorithmSpec = "diloco".parse().unwrap();
+        Sim::new(
+            (0..n)
+                .map(|i| {
+                    spec.build(murmur_gossip::BuildContext {
+                        rank: i,
+                        topology: &topo,
+                        lr: 0.1,
+                        x0: x0[i].clone(),
+                        tensor_lengths: &layers,
+                        max_payload_bytes: 1 << 20,
+                        round_timeout: Duration::from_secs(60),
+                        seed: i as u64,
+                        skip_after: None,
+                        auto_deadline: None,
+                        options: &opts,
+                        in_place: false,
+                        shared_start: true,
+                    })
+                    .unwrap()
+                })
+                .collect(),
+        )
+    };
+    let mut layerwise = registry("sparseloco:0.2,chunk=16,decay=0.9,layerwise");
+    let mut flat = registry("sparseloco:0.2,chunk=16,decay=0.9");
+    let mut by_hand = Sim::new(
+        (0..n)
+            .map(|i| {
+                let c = murmur_compress::SparseLoco::layerwise(0.2, 16, layers.to_vec());
+                let cfg = AllReduceConfig::new(i, n, 0.0, d);
+                let ring = AllReduce::gathered(cfg, x0[i].clone(), Box::new(c), 0.9);
+                let p = DiLoCo::gathered(ring, h, 0.1, OuterConfig::averaging(), i as u64, true);
+                Box::new(p.unwrap()) as Box<dyn Gossip>
+            })
+            .collect(),
+    );
+    for t in 0..4 * h {
+        let g = grads(n, d, t);
+        layerwise.run_round(Some(&g)).unwrap();
+        flat.run_round(Some(&g)).unwrap();
+        by_hand.run_round(Some(&g)).unwrap();
+    }
+    for i in 0..n {
+        assert_eq!(
+            layerwise.peer(i).params(),
+            by_hand.peer(i).params(),
+            "peer {i}"
+        );
+    }
+    assert_ne!(layerwise.peer(0).params(), flat.peer(0).params());
+    // Streaming DiLoCo's compressed ring cuts fragments that do not follow the tensors.
+    let o = sparseloco_options(h, "sparseloco:0.2,layerwise");
+    let streaming: AlgorithmSpec = "streaming-diloco".parse().unwrap();
+    let err = o.validate(&[streaming]).unwrap_err().to_string();
+    assert!(err.contains("layerwise"), "{err}");
+    let diloco: AlgorithmSpec = "diloco".parse().unwrap();
+    assert!(o.validate(&[diloco]).is_ok());
+}

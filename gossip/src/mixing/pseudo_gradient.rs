@@ -27,6 +27,29 @@ pub fn outer_step_seed(seed: u64, k: u64) -> u64 {
     seed ^ k.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
+/// As [`check_pseudo_gradient_compressor`], for `diloco`'s SparseLoCo form, which
+/// all-gathers each peer's message of the whole vector: its chunks may follow the tensors
+/// (`sparseloco,layerwise`).
+///
+/// # Errors
+/// [`BuildError::Options`] naming the compressor and why.
+pub fn check_diloco_compressor(spec: &CompressorSpec) -> Result<(), BuildError> {
+    match spec {
+        CompressorSpec::SparseLoco {
+            layerwise: true,
+            ratio,
+            chunk,
+            decay,
+        } => check_pseudo_gradient_compressor(&CompressorSpec::SparseLoco {
+            ratio: *ratio,
+            chunk: *chunk,
+            decay: *decay,
+            layerwise: false,
+        }),
+        other => check_pseudo_gradient_compressor(other),
+    }
+}
+
 /// Refuses a compressor that the compressed ring of `diloco` cannot use: one with state
 /// of its own (`ef+`: the ring keeps its own residual; DGC), a layer-wise one (the ring's
 /// chunks do not follow the tensors), and one around which error feedback diverges (what
@@ -55,6 +78,9 @@ pub fn check_pseudo_gradient_compressor(spec: &CompressorSpec) -> Result<(), Bui
             layerwise: true, ..
         }
         | CompressorSpec::ApproxTopK {
+            layerwise: true, ..
+        }
+        | CompressorSpec::SparseLoco {
             layerwise: true, ..
         } => refuse("the ring's chunks do not follow the model's tensors; drop ,layerwise".into()),
         other => {

@@ -211,7 +211,8 @@ pub struct GossipArgs {
     /// Compression of the gossip messages:
     /// `identity` (none), `fp16`, `bf16`, `qsgd[:S][,bucket=B]`, `int8[,bucket=B]`, `natural`, `terngrad`,
     /// `sign`, `topk:RATIO[,layerwise]`, `approx-topk:RATIO`, `randk:RATIO[,unscaled]`,
-    /// `ef+SPEC`, `dgc:RATIO`. Default: `identity` for dpsgd (which mixes the neighbours'
+    /// `ef+SPEC`, `dgc:RATIO`, `sparseloco[:RATIO][,chunk=C][,decay=B][,layerwise]` (DiLoCo's
+    /// pseudo-gradients, SparseLoCo). Default: `identity` for dpsgd (which mixes the neighbours'
     /// compressed parameters, so use a cast there), `topk:0.01` for choco.
     #[arg(long)]
     #[serde(
