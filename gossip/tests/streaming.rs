@@ -93,8 +93,17 @@ fn the_schedule_spreads_one_sync_per_fragment_over_each_outer_step() {
 fn one_fragment_without_overlap_is_diloco_bit_for_bit() {
     let (n, d, h) = (4, 13, 3);
     let x0 = vec![uniform_vectors(1, d, 1.0, 5).remove(0); n];
-    for compressor in ["identity", "int8,bucket=4", "topk:0.3"] {
-        let outer = if compressor.starts_with("topk") {
+    // SparseLoCo: the all-gather of each peer's own message, every sync compressed from the
+    // shared start, as diloco's SparseLoCo form.
+    for compressor in [
+        "identity",
+        "int8,bucket=4",
+        "topk:0.3",
+        "sparseloco:0.3,chunk=4",
+    ] {
+        let outer = if compressor.starts_with("sparseloco") {
+            OuterConfig::averaging()
+        } else if compressor.starts_with("topk") {
             OuterConfig {
                 lr: 0.3,
                 ..OuterConfig::averaging()
@@ -186,7 +195,7 @@ fn run_with_grads(sim: &mut Sim, rounds: std::ops::Range<u64>, d: usize) {
 #[test]
 fn a_run_resumed_mid_sync_continues_bit_for_bit() {
     let (n, d, h) = (4, 23, 8);
-    for compressor in ["identity", "int8,bucket=4"] {
+    for compressor in ["identity", "int8,bucket=4", "sparseloco:0.4,chunk=3"] {
         // P = 4: fragment p of outer step k syncs in round 8k + 2p + 1. With τ = 2 a sync is
         // always in flight between rounds: after round 10, sync 4 (begun in round 9,
         // applied in 11); after round 11, sync 5 (begun in 11). With τ = 1, sync 5 is
@@ -395,4 +404,48 @@ fn overlap_hides_the_fragments_all_reduce_behind_compute_in_the_simulator() {
         wall2 < compute + 0.1 * (wall0 - compute),
         "{wall2} vs {wall0}"
     );
+}
+
+#[test]
+fn sparseloco_fragments_are_all_gathered_and_compressed_from_the_shared_start() {
+    // P = 4 fragments of m = 16, H = 8, τ = 0: every sync, each fragment's first included,
+    // is n − 1 frames of one compressed message (the all-gather), never the 2(n − 1)
+    // frames of a ring nor a raw average; the anchors stay identical on every peer.
+    let (n, d, h, p) = (4, 64, 8u64, 4u64);
+    let opts = streaming(
+        h,
+        p,
+        0,
+        0.5,
+        OuterConfig::averaging(),
+        "sparseloco:0.25,chunk=8",
+    );
+    let x0 = vec![uniform_vectors(1, d, 1.0, 31).remove(0); n];
+    let mut sim = Sim::new(network("streaming-diloco", &x0, 0.1, &opts));
+    let spec: CompressorSpec = "sparseloco:0.25,chunk=8".parse().unwrap();
+    let most = (24 + 4 + spec.build(None).unwrap().max_encoded_len(16)) as u64;
+    let raw = (24 + 4 + 12 + 4 * 16) as u64;
+    assert!(most < raw);
+    let schedule = StreamingSchedule::new(p, h, 0).unwrap();
+    for t in 0..2 * h {
+        let before = sim.peer(0).stats();
+        sim.run_round(Some(&grads(n, d, t))).unwrap();
+        let after = sim.peer(0).stats();
+        let (frames, bytes) = (
+            after.frames_sent - before.frames_sent,
+            after.bytes_sent - before.bytes_sent,
+        );
+        if schedule.sync_at(t).is_some() {
+            assert_eq!(frames, n as u64 - 1, "round {t}");
+            assert!(bytes <= frames * most, "round {t}: {bytes} bytes");
+        } else {
+            assert_eq!(frames, 0, "round {t}");
+        }
+        let state = sim.peer(0).state();
+        assert_eq!(state.vectors[0].0, "streaming.anchor");
+        let a0 = state.vectors[0].1.clone();
+        for i in 1..n {
+            assert_eq!(sim.peer(i).state().vectors[0].1, a0, "round {t}: anchors");
+        }
+    }
 }

@@ -52,6 +52,16 @@
 //! first P syncs are raw and all later ones compressed. The compressor is seeded per sync
 //! from the peer's seed and the sync's number.
 //!
+//! **SparseLoCo** (`--compressor sparseloco…`; Sarfi et al. 2025) is aggregated as its paper
+//! does and as `diloco` does it: the ring is an [`AllReduce::gathered`] one, so each peer
+//! compresses its own C(Δ_i,p + β e_i,p) of the fragment and the peers all-gather the n
+//! messages (n − 1 frames a sync, the mean keeping the union of their supports), with the
+//! fragment's residual decayed by β. From a shared start (`--init same`, `--init-from`)
+//! every sync is compressed, each fragment's first included
+//! ([`StreamingDiLoCo::compressed_from_start`]): the anchors are identical already. Its
+//! chunks are runs of the fragment (`,layerwise` is refused: the fragments are ranges of
+//! the flat vector).
+//!
 //! **State.** [`Gossip::state`] holds `streaming.anchor` `[d]`, `streaming.outer_velocity`
 //! `[d]` (the fragments' optimizer states, concatenated), in the compressed form
 //! `streaming.residual` `[d]` (the fragments' residuals; padding always has a zero residual),
@@ -230,6 +240,9 @@ pub struct StreamingDiLoCo {
     anchored: bool,
     /// The fragments' residuals, `[len_p]` each (compressed form only).
     residuals: Vec<Vec<f32>>,
+    /// The first compressed sync: P (each fragment's first sync averages the models and
+    /// aligns the anchors), or 0 from a shared start ([`StreamingDiLoCo::compressed_from_start`]).
+    first_compressed: u64,
     /// `[m]`: the values given to the ring for the pending sync (padded with zeros).
     sent: Vec<f32>,
     /// `[m]` scratch of the outer step.
@@ -308,6 +321,7 @@ impl StreamingDiLoCo {
             anchor: x0.clone(),
             anchored: false,
             residuals,
+            first_compressed: schedule.fragments,
             sent: vec![0.0; m],
             delta: vec![0.0; m],
             pending: None,
@@ -339,6 +353,18 @@ impl StreamingDiLoCo {
         self.anchor.len()
     }
 
+    /// Compresses every sync, each fragment's first included, for peers that all start from
+    /// the same x⁰ bit for bit: their anchors need no aligning average (as `diloco`'s
+    /// SparseLoCo form from a shared start). No effect on the uncompressed form; call it
+    /// before the first round.
+    pub fn compressed_from_start(mut self) -> Self {
+        if self.compressed {
+            self.first_compressed = 0;
+            self.ring.set_compressed_from(self.base);
+        }
+        self
+    }
+
     fn range(&self, p: usize) -> std::ops::Range<usize> {
         chunk_range(p, self.schedule.fragments as usize, self.d())
     }
@@ -346,7 +372,7 @@ impl StreamingDiLoCo {
     /// Whether sync `s` averages the models (uncompressed form, or a fragment's first sync
     /// in the compressed form, which aligns the anchors).
     fn mixes_models(&self, s: u64) -> bool {
-        !self.compressed || s < self.schedule.fragments
+        !self.compressed || s < self.first_compressed
     }
 
     /// Begins sync `s` from the parameters after this round's inner step; false if they are
@@ -450,7 +476,7 @@ impl StreamingDiLoCo {
         }
         let out = &self.ring.params()[..len];
         let anchor = &mut self.anchor[r.clone()];
-        if self.compressed && s < self.schedule.fragments {
+        if self.compressed && s < self.first_compressed {
             // The fragment's first sync in the compressed form: the anchors align on the
             // exact mean.
             anchor.copy_from_slice(out);
@@ -743,7 +769,7 @@ impl StreamingDiLoCo {
     fn set_base(&mut self, base: u64) {
         self.base = base;
         self.ring
-            .set_compressed_from(self.schedule.fragments.saturating_sub(base));
+            .set_compressed_from(self.first_compressed.saturating_sub(base));
     }
 }
 
@@ -785,7 +811,7 @@ impl Algorithm for StreamingDiLoCoAlgorithm {
          default 4) sync at staggered inner steps by ring all-reduce and are applied --tau \
          steps later (default 1), merged with the local fragment (--merge-alpha, default \
          0.5), so communication hides behind compute; --compressor int8 compresses the \
-         pseudo-gradients"
+         pseudo-gradients, --compressor sparseloco all-gathers them as SparseLoCo does"
     }
     fn capabilities(&self) -> &'static Capabilities {
         &CAPABILITIES
@@ -810,13 +836,22 @@ impl Algorithm for StreamingDiLoCoAlgorithm {
         let (x0, lr, seed, outer) = (ctx.x0.clone(), ctx.lr, ctx.seed, o.outer());
         let mut cfg = crate::AllReduceConfig::new(ctx.rank, ctx.peers(), 0.0, m);
         cfg.round_timeout = ctx.round_timeout;
-        let ring = if spec == CompressorSpec::Identity {
-            AllReduce::new(cfg, vec![0.0; m])
-        } else {
-            AllReduce::compressed(cfg, vec![0.0; m], spec.build(None)?)
+        let zeros = vec![0.0; m];
+        let (ring, gathered) = match spec {
+            CompressorSpec::Identity => (AllReduce::new(cfg, zeros), false),
+            // SparseLoCo as its paper aggregates: each peer's own compressed pseudo-gradient
+            // of the fragment, all-gathered, with the decayed residual.
+            CompressorSpec::SparseLoco { decay, .. } => {
+                let ring = AllReduce::gathered(cfg, zeros, spec.build(None)?, decay);
+                (ring, true)
+            }
+            _ => (AllReduce::compressed(cfg, zeros, spec.build(None)?), false),
         };
-        Ok(Box::new(StreamingDiLoCo::new(
-            ring, schedule, x0, lr, alpha, outer, seed,
-        )?))
+        let peer = StreamingDiLoCo::new(ring, schedule, x0, lr, alpha, outer, seed)?;
+        Ok(Box::new(if gathered && ctx.shared_start {
+            peer.compressed_from_start()
+        } else {
+            peer
+        }))
     }
 }
