@@ -4,9 +4,11 @@
 //! local SGD with model averaging every H = 50 steps, DiLoCo (Douillard et al. 2023) with
 //! H ∈ {10, 50, 200}, DiLoCo with 8-bit (`int8`, and `qsgd:127` for comparison) and
 //! top-10% pseudo-gradients, SparseLoCo (Sarfi et al. 2025: top 1/64 and 3% of each chunk of
-//! 4096 at 2 bits, all-gathered, decayed error feedback, outer SGD), decentralized DiLoCo on a ring (NoLoCo's form), and Streaming
-//! DiLoCo (Douillard et al. 2025: 4 fragments synced at staggered steps, each applied one
-//! step later, merged with α = 0.5) raw and with int8: validation loss in bits per byte
+//! 4096 at H = 50, and 30% at H = 100, at 2 bits with Rice-coded positions, all-gathered,
+//! decayed error feedback, outer SGD), decentralized DiLoCo on a ring (NoLoCo's form), and
+//! Streaming DiLoCo (Douillard et al. 2025: 4 fragments synced at staggered steps, each
+//! applied one step later, merged with α = 0.5) raw, with int8 and with SparseLoCo's 30%
+//! at H = 100: validation loss in bits per byte
 //! against the epoch, the bytes sent per peer, and simulated wall time at 100 Mb/s and
 //! 1 Gb/s, with the share of the communication hidden behind compute at 100 Mb/s
 //! (1 − wait / communicate).
@@ -28,7 +30,7 @@ use crate::runner::{json_f64, parse_json, Ctx, Job};
 use crate::table::{markdown, write_checked_csv, Table};
 
 /// (id, label, the run's own arguments), in plot order.
-const RUNS: [(&str, &str, &[&str]); 14] = [
+const RUNS: [(&str, &str, &[&str]); 16] = [
     (
         "allreduce",
         "all-reduce (every step)",
@@ -106,6 +108,15 @@ const RUNS: [(&str, &str, &[&str]); 14] = [
         ],
     ),
     (
+        "diloco-h100-sparseloco30",
+        "SparseLoCo H=100 (30% of 4096, 2 bits)",
+        &[
+            "--algorithm=diloco",
+            "--local-steps=100",
+            "--compressor=sparseloco:0.3",
+        ],
+    ),
+    (
         "diloco-gossip-h50",
         "DiLoCo-gossip H=50 ring",
         &[
@@ -122,6 +133,17 @@ const RUNS: [(&str, &str, &[&str]); 14] = [
             "--local-steps=50",
             "--fragments=4",
             "--tau=1",
+        ],
+    ),
+    (
+        "streaming-h100-sparseloco30",
+        "Streaming SparseLoCo H=100 P=4 τ=1 (30%)",
+        &[
+            "--algorithm=streaming-diloco",
+            "--local-steps=100",
+            "--fragments=4",
+            "--tau=1",
+            "--compressor=sparseloco:0.3",
         ],
     ),
     (

@@ -806,10 +806,13 @@ impl RunArgs {
             ));
         }
         let outer = self.algorithm_options().outer();
-        // diloco's SparseLoCo form takes the paper's η_out = 1 by design (its decayed
-        // residual replaces the outer momentum; gossip/src/algorithms/diloco.rs).
-        let sparseloco = self.algorithm_name() == "diloco"
-            && matches!(self.compressor(), CompressorSpec::SparseLoco { .. });
+        // The SparseLoCo form of diloco and streaming-diloco takes the paper's η_out = 1 by
+        // design (its decayed residual replaces the outer momentum; both all-gather,
+        // gossip/src/algorithms/diloco.rs, streaming_diloco.rs).
+        let sparseloco = matches!(
+            self.algorithm_name().as_str(),
+            "diloco" | "streaming-diloco"
+        ) && matches!(self.compressor(), CompressorSpec::SparseLoco { .. });
         if compresses == Compresses::PseudoGradients && !casts && !sparseloco && outer.lr > 0.5 {
             let biased = self.compressor().build(None).is_ok_and(|c| !c.unbiased());
             if biased {

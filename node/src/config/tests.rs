@@ -302,6 +302,24 @@ fn a_biased_pseudo_gradient_with_a_large_outer_step_is_warned_about() {
     );
     assert!(!warned(&["--compressor", "bf16"]), "a cast");
     assert!(!warned(&[]));
+    // SparseLoCo's paper takes η_out = 1 with its decayed residual, in both DiLoCo forms.
+    assert!(!warned(&["--compressor", "sparseloco:0.3"]));
+    let streaming = |c: &str| {
+        parse(&[
+            "murmur",
+            "simulate",
+            "--algorithm",
+            "streaming-diloco",
+            "--compressor",
+            c,
+        ])
+        .unwrap()
+        .warnings()
+        .iter()
+        .any(|w| w.contains("biased compressor"))
+    };
+    assert!(!streaming("sparseloco:0.3"));
+    assert!(streaming("topk:0.1"));
     // Every warning is one sentence without a run of spaces from a broken line.
     let adamw = parse(&["murmur", "simulate", "--optimizer", "adamw", "--lr", "0.1"]).unwrap();
     let w = adamw.warnings();
