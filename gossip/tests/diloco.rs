@@ -1272,7 +1272,10 @@ fn sparseloco_layerwise_chunks_follow_the_model_s_tensors() {
     let o = sparseloco_options(h, "sparseloco:0.2,layerwise");
     let streaming: AlgorithmSpec = "streaming-diloco".parse().unwrap();
     let err = o.validate(&[streaming]).unwrap_err().to_string();
-    assert!(err.contains("layerwise"), "{err}");
+    assert!(
+        err.contains("layerwise") && err.contains("for streaming-diloco:"),
+        "{err}"
+    );
     let diloco: AlgorithmSpec = "diloco".parse().unwrap();
     assert!(o.validate(&[diloco]).is_ok());
 }

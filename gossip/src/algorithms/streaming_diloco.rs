@@ -85,7 +85,7 @@ use crate::algorithm::{
     RunSetup,
 };
 use crate::mixing::pseudo_gradient::{
-    check_pseudo_gradient_compressor, outer_step_seed, outer_update, DILOCO_LOCAL_STEPS,
+    check_streaming_compressor, outer_step_seed, outer_update, DILOCO_LOCAL_STEPS,
 };
 use crate::optimizer::OuterConfig;
 use crate::BuildError;
@@ -817,12 +817,12 @@ impl Algorithm for StreamingDiLoCoAlgorithm {
         &CAPABILITIES
     }
     /// Refuses a compressor that a pseudo-gradient ring cannot use
-    /// ([`check_pseudo_gradient_compressor`]).
+    /// ([`check_streaming_compressor`]).
     fn check(&self, run: &RunSetup<'_>) -> Result<(), BuildError> {
         run.options
             .compressor
             .as_ref()
-            .map_or(Ok(()), check_pseudo_gradient_compressor)
+            .map_or(Ok(()), check_streaming_compressor)
     }
     fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
         let o = ctx.options;
@@ -832,7 +832,7 @@ impl Algorithm for StreamingDiLoCoAlgorithm {
         let (d, p) = (ctx.dim(), schedule.fragments as usize);
         let m = d.div_ceil(p);
         let spec = o.compressor(self);
-        check_pseudo_gradient_compressor(&spec)?;
+        check_streaming_compressor(&spec)?;
         let (x0, lr, seed, outer) = (ctx.x0.clone(), ctx.lr, ctx.seed, o.outer());
         let mut cfg = crate::AllReduceConfig::new(ctx.rank, ctx.peers(), 0.0, m);
         cfg.round_timeout = ctx.round_timeout;

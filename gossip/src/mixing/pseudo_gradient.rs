@@ -58,9 +58,23 @@ pub fn check_diloco_compressor(spec: &CompressorSpec) -> Result<(), BuildError> 
 /// # Errors
 /// [`BuildError::Options`] naming the compressor and why.
 pub fn check_pseudo_gradient_compressor(spec: &CompressorSpec) -> Result<(), BuildError> {
+    check_ring_compressor(spec, "diloco")
+}
+
+/// As [`check_pseudo_gradient_compressor`], for `streaming-diloco`'s ring of fragments
+/// (its refusals name that algorithm).
+///
+/// # Errors
+/// [`BuildError::Options`] naming the compressor and why.
+pub fn check_streaming_compressor(spec: &CompressorSpec) -> Result<(), BuildError> {
+    check_ring_compressor(spec, "streaming-diloco")
+}
+
+/// The refusals of [`check_pseudo_gradient_compressor`], naming `algorithm`.
+fn check_ring_compressor(spec: &CompressorSpec, algorithm: &str) -> Result<(), BuildError> {
     let refuse = |why: String| {
         Err(BuildError::Options(format!(
-            "--compressor {spec} for diloco: {why}"
+            "--compressor {spec} for {algorithm}: {why}"
         )))
     };
     match spec {
