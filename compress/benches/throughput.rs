@@ -30,7 +30,7 @@ use criterion::{
 };
 use murmur_compress::{
     decode_add, validate, ApproxTopK, Bf16, Compressor, Fp16, Identity, Natural, Qsgd, RandK, Sign,
-    TernGrad, TopK,
+    SparseLoco, TernGrad, TopK,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -48,7 +48,7 @@ const SCALE: f32 = 1.0 / 3.0;
 type Make = fn() -> Box<dyn Compressor>;
 
 /// The operators, by the name used in benchmark ids.
-const OPERATORS: [(&str, Make); 10] = [
+const OPERATORS: [(&str, Make); 12] = [
     ("identity", || Box::new(Identity)),
     ("topk-1%", || Box::new(TopK::new(0.01))),
     ("approx-topk-1%", || Box::new(ApproxTopK::new(0.01))),
@@ -59,6 +59,8 @@ const OPERATORS: [(&str, Make); 10] = [
     ("natural", || Box::new(Natural::new())),
     ("fp16", || Box::new(Fp16::default())),
     ("bf16", || Box::new(Bf16::default())),
+    ("sparseloco-1/64", || Box::new(SparseLoco::new(1.0 / 64.0, 4096))),
+    ("sparseloco-30%", || Box::new(SparseLoco::new(0.3, 4096))),
 ];
 
 /// `d` standard-normal values from the fixed seed.
