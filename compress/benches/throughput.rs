@@ -59,7 +59,9 @@ const OPERATORS: [(&str, Make); 12] = [
     ("natural", || Box::new(Natural::new())),
     ("fp16", || Box::new(Fp16::default())),
     ("bf16", || Box::new(Bf16::default())),
-    ("sparseloco-1/64", || Box::new(SparseLoco::new(1.0 / 64.0, 4096))),
+    ("sparseloco-1/64", || {
+        Box::new(SparseLoco::new(1.0 / 64.0, 4096))
+    }),
     ("sparseloco-30%", || Box::new(SparseLoco::new(0.3, 4096))),
 ];
 
