@@ -3,7 +3,8 @@
 //! per chunk and 2-bit values. The vector `x: [d]` is cut into chunks of `C` coordinates
 //! (the last may be shorter); in each chunk of length `c` the `min(k, c)` largest
 //! magnitudes are kept (`k = ⌈ratio·C⌉`) but for exact zeros, which are not sent (a 2-bit
-//! code has no zero), each as its position in the chunk and a 2-bit code: a sign bit and a magnitude bit choosing between the chunk's two levels, the mean
+//! code has no zero). Each kept value travels as its position in the chunk and a 2-bit
+//! code: a sign bit and a magnitude bit choosing between the chunk's two levels, the mean
 //! |v| of the kept values below their median and of those at or above it (a one-bit Lloyd
 //! quantizer of the magnitudes). Biased (`E[C(x)] ≠ x`): used with error feedback, as the
 //! paper does (murmur's DiLoCo keeps the residual itself).
@@ -27,17 +28,16 @@
 //! gains with the weights of the matrix after it: the paper's tiles are per weight matrix.
 //! The message then carries the tensors' lengths, and decodes without being told them.
 //!
-//! Payload: `u32 C`, `u32 k`, `u32 T` (the number of tensors; 0 for the flat vector, one
-//! tensor of d), `T` tensor lengths as minimal LEB128 varints summing to d, then per chunk
-//! (tensor by tensor, each cut into chunks of `C` from its first coordinate, the last
-//! shorter) of length `c`: `f32 low`, `f32 high`, the
-//! number kept `kc ≤ min(k, c)` as a minimal LEB128 varint, `u8 b` (the Rice parameter,
-//! at most 16), then one bit stream
-//! (LSB-first, as every packed field of the crate) of `kc` kept values in position order,
-//! each its gap's code (the first gap is the first position, each later one the position
-//! minus the one before it minus 1; every position below `c`) followed by its 2-bit code
-//! (bit 0 the sign, bit 1 the level), zero-padded to a whole byte. The message's size depends on
-//! where the kept values lie: [`SparseLoco::max_encoded_len`] bounds it.
+//! **Payload:** `u32 C`, `u32 k`, `u32 T` (the number of tensors; 0 for the flat vector,
+//! one tensor of d), `T` tensor lengths as minimal LEB128 varints summing to d, then per
+//! chunk (tensor by tensor, each cut into chunks of `C` from its first coordinate, the last
+//! shorter) of length `c`: `f32 low`, `f32 high`, the number kept `kc ≤ min(k, c)` as a
+//! minimal LEB128 varint, `u8 b` (the Rice parameter, at most 16), then one bit stream
+//! (LSB-first, as every packed field of the crate) of the `kc` kept values in position
+//! order, each its gap's code (the first gap is the first position, each later one the
+//! position minus the one before it minus 1; every position below `c`) followed by its
+//! 2-bit code (bit 0 the sign, bit 1 the level), zero-padded to a whole byte. The message's
+//! size depends on where the kept values lie: [`Compressor::max_encoded_len`] bounds it.
 
 use crate::select::top_k_exact;
 use crate::wire::{
