@@ -12,8 +12,8 @@ use murmur_gossip::{
 
 mod common;
 use common::{
-    build, drain_mixed, max_abs_diff, network, rebuild, ring, ring_mh, snapshot, uniform_vectors,
-    Net,
+    build, build_for_tensors, drain_mixed, max_abs_diff, network, rebuild, ring, ring_mh, snapshot,
+    uniform_vectors, Net,
 };
 
 fn options(h: u64, outer: OuterConfig) -> AlgorithmOptions {
@@ -1217,26 +1217,11 @@ fn sparseloco_layerwise_chunks_follow_the_model_s_tensors() {
     let topo = ring(n);
     let registry = |text: &str| -> Sim {
         let opts = sparseloco_options(h, text);
-        let spec: AlgorithmSpec = "diloco".parse().unwrap();
         Sim::new(
             (0..n)
                 .map(|i| {
-                    spec.build(murmur_gossip::BuildContext {
-                        rank: i,
-                        topology: &topo,
-                        lr: 0.1,
-                        x0: x0[i].clone(),
-                        tensor_lengths: &layers,
-                        max_payload_bytes: 1 << 20,
-                        round_timeout: Duration::from_secs(60),
-                        seed: i as u64,
-                        skip_after: None,
-                        auto_deadline: None,
-                        options: &opts,
-                        in_place: false,
-                        shared_start: true,
-                    })
-                    .unwrap()
+                    let x = x0[i].clone();
+                    build_for_tensors("diloco", &topo, i, x, 0.1, &opts, None, &layers).unwrap()
                 })
                 .collect(),
         )

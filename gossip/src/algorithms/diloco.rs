@@ -168,7 +168,7 @@ use crate::algorithm::{
     RunSetup,
 };
 use crate::mixing::pseudo_gradient::{
-    check_diloco_compressor, outer_step_seed, outer_update, DILOCO_LOCAL_STEPS,
+    check_pseudo_gradient_compressor, outer_step_seed, outer_update, DILOCO_LOCAL_STEPS,
 };
 use crate::optimizer::OuterConfig;
 use crate::BuildError;
@@ -749,12 +749,12 @@ impl Algorithm for DiLoCoAlgorithm {
         &CAPABILITIES
     }
     /// Refuses a compressor that a pseudo-gradient ring cannot use
-    /// ([`check_diloco_compressor`]).
+    /// ([`check_pseudo_gradient_compressor`]).
     fn check(&self, run: &RunSetup<'_>) -> Result<(), BuildError> {
         run.options
             .compressor
             .as_ref()
-            .map_or(Ok(()), check_diloco_compressor)
+            .map_or(Ok(()), check_pseudo_gradient_compressor)
     }
     fn build(&self, ctx: BuildContext<'_>) -> Result<Box<dyn Gossip>, BuildError> {
         let (h, lr, outer) = (ctx.options.local_steps(self), ctx.lr, ctx.options.outer());
@@ -764,7 +764,7 @@ impl Algorithm for DiLoCoAlgorithm {
             let inner = crate::AllReduce::from_context(ctx, 0.0);
             return Ok(Box::new(DiLoCo::new(Box::new(inner), h, lr, outer)?));
         }
-        check_diloco_compressor(&spec)?;
+        check_pseudo_gradient_compressor(&spec)?;
         let (seed, aligned) = (ctx.seed, ctx.shared_start);
         if let CompressorSpec::SparseLoco { decay, .. } = spec {
             // Each peer's message is of the whole vector: its chunks may follow the tensors.

@@ -837,15 +837,15 @@ impl Algorithm for StreamingDiLoCoAlgorithm {
         let mut cfg = crate::AllReduceConfig::new(ctx.rank, ctx.peers(), 0.0, m);
         cfg.round_timeout = ctx.round_timeout;
         let zeros = vec![0.0; m];
-        let (ring, gathered) = match spec {
-            CompressorSpec::Identity => (AllReduce::new(cfg, zeros), false),
+        let gathered = matches!(spec, CompressorSpec::SparseLoco { .. });
+        let ring = match spec {
+            CompressorSpec::Identity => AllReduce::new(cfg, zeros),
             // SparseLoCo as its paper aggregates: each peer's own compressed pseudo-gradient
             // of the fragment, all-gathered, with the decayed residual.
             CompressorSpec::SparseLoco { decay, .. } => {
-                let ring = AllReduce::gathered(cfg, zeros, spec.build(None)?, decay);
-                (ring, true)
+                AllReduce::gathered(cfg, zeros, spec.build(None)?, decay)
             }
-            _ => (AllReduce::compressed(cfg, zeros, spec.build(None)?), false),
+            _ => AllReduce::compressed(cfg, zeros, spec.build(None)?),
         };
         let peer = StreamingDiLoCo::new(ring, schedule, x0, lr, alpha, outer, seed)?;
         Ok(Box::new(if gathered && ctx.shared_start {

@@ -27,51 +27,37 @@ pub fn outer_step_seed(seed: u64, k: u64) -> u64 {
     seed ^ k.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-/// As [`check_pseudo_gradient_compressor`], for `diloco`'s SparseLoCo form, which
-/// all-gathers each peer's message of the whole vector: its chunks may follow the tensors
-/// (`sparseloco,layerwise`).
-///
-/// # Errors
-/// [`BuildError::Options`] naming the compressor and why.
-pub fn check_diloco_compressor(spec: &CompressorSpec) -> Result<(), BuildError> {
-    match spec {
-        CompressorSpec::SparseLoco {
-            layerwise: true,
-            ratio,
-            chunk,
-            decay,
-        } => check_pseudo_gradient_compressor(&CompressorSpec::SparseLoco {
-            ratio: *ratio,
-            chunk: *chunk,
-            decay: *decay,
-            layerwise: false,
-        }),
-        other => check_pseudo_gradient_compressor(other),
-    }
-}
-
-/// Refuses a compressor that the compressed ring of `diloco` cannot use: one with state
-/// of its own (`ef+`: the ring keeps its own residual; DGC), a layer-wise one (the ring's
-/// chunks do not follow the tensors), and one around which error feedback diverges (what
-/// `ef+` refuses: scaled random-k, TernGrad, QSGD with ω ≥ 1).
+/// Refuses a compressor that `diloco`'s pseudo-gradient aggregation cannot use: one with
+/// state of its own (`ef+`: the aggregation keeps its own residual; DGC), a layer-wise top-k
+/// (the compressed ring's chunks do not follow the tensors), and one around which error
+/// feedback diverges (what `ef+` refuses: scaled random-k, TernGrad, QSGD with ω ≥ 1).
+/// `sparseloco,layerwise` is taken: SparseLoCo's messages are all-gathered whole, so their
+/// chunks may follow the tensors.
 ///
 /// # Errors
 /// [`BuildError::Options`] naming the compressor and why.
 pub fn check_pseudo_gradient_compressor(spec: &CompressorSpec) -> Result<(), BuildError> {
-    check_ring_compressor(spec, "diloco")
+    check_ring_compressor(spec, "diloco", true)
 }
 
-/// As [`check_pseudo_gradient_compressor`], for `streaming-diloco`'s ring of fragments
-/// (its refusals name that algorithm).
+/// As [`check_pseudo_gradient_compressor`], for `streaming-diloco`'s ring of fragments (its
+/// refusals name that algorithm), which refuses `sparseloco,layerwise` too: a fragment is a
+/// range of the flat vector, not a run of whole tensors.
 ///
 /// # Errors
 /// [`BuildError::Options`] naming the compressor and why.
 pub fn check_streaming_compressor(spec: &CompressorSpec) -> Result<(), BuildError> {
-    check_ring_compressor(spec, "streaming-diloco")
+    check_ring_compressor(spec, "streaming-diloco", false)
 }
 
-/// The refusals of [`check_pseudo_gradient_compressor`], naming `algorithm`.
-fn check_ring_compressor(spec: &CompressorSpec, algorithm: &str) -> Result<(), BuildError> {
+/// The refusals of [`check_pseudo_gradient_compressor`], naming `algorithm`;
+/// `whole_vector`: whether SparseLoCo's messages are of the whole vector (a layer-wise one
+/// then fits).
+fn check_ring_compressor(
+    spec: &CompressorSpec,
+    algorithm: &str,
+    whole_vector: bool,
+) -> Result<(), BuildError> {
     let refuse = |why: String| {
         Err(BuildError::Options(format!(
             "--compressor {spec} for {algorithm}: {why}"
@@ -93,10 +79,13 @@ fn check_ring_compressor(spec: &CompressorSpec, algorithm: &str) -> Result<(), B
         }
         | CompressorSpec::ApproxTopK {
             layerwise: true, ..
-        }
-        | CompressorSpec::SparseLoco {
-            layerwise: true, ..
         } => refuse("the ring's chunks do not follow the model's tensors; drop ,layerwise".into()),
+        CompressorSpec::SparseLoco {
+            layerwise: true, ..
+        } if !whole_vector => refuse(
+            "the fragments are ranges of the flat vector, not the model's tensors; drop ,layerwise"
+                .into(),
+        ),
         other => {
             // Error feedback is applied to it, so it must suit ef+.
             CompressorSpec::ErrorFeedback(Box::new(other.clone()))

@@ -289,6 +289,22 @@ pub fn build_with_skip(
     options: &AlgorithmOptions,
     skip_after: Option<std::time::Duration>,
 ) -> Result<Box<dyn Gossip>, BuildError> {
+    let d = x0.len();
+    build_for_tensors(algorithm, topology, rank, x0, lr, options, skip_after, &[d])
+}
+
+/// [`build_with_skip`] for a model of the tensors `tensor_lengths` (summing to x0's d).
+#[allow(clippy::too_many_arguments)]
+pub fn build_for_tensors(
+    algorithm: &str,
+    topology: &Topology,
+    rank: usize,
+    x0: Vec<f32>,
+    lr: f32,
+    options: &AlgorithmOptions,
+    skip_after: Option<std::time::Duration>,
+    tensor_lengths: &[usize],
+) -> Result<Box<dyn Gossip>, BuildError> {
     let spec: AlgorithmSpec = algorithm.parse().unwrap();
     let d = x0.len();
     spec.build(BuildContext {
@@ -296,7 +312,7 @@ pub fn build_with_skip(
         topology,
         lr,
         x0,
-        tensor_lengths: &[d],
+        tensor_lengths,
         max_payload_bytes: u32::try_from(16 * d + 1024).unwrap(),
         round_timeout: std::time::Duration::from_secs(60),
         seed: rank as u64,
