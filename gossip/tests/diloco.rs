@@ -1253,7 +1253,7 @@ fn sparseloco_layerwise_chunks_follow_the_model_s_tensors() {
         );
     }
     assert_ne!(layerwise.peer(0).params(), flat.peer(0).params());
-    // Streaming DiLoCo's compressed ring cuts fragments that do not follow the tensors.
+    // Streaming DiLoCo's fragments are ranges of the flat vector, not whole tensors.
     let o = sparseloco_options(h, "sparseloco:0.2,layerwise");
     let streaming: AlgorithmSpec = "streaming-diloco".parse().unwrap();
     let err = o.validate(&[streaming]).unwrap_err().to_string();

@@ -109,7 +109,8 @@
 //! test `the_residual_carries_what_the_compressed_ring_did_not_send`). Error feedback is
 //! applied whatever the operator, so the operators that `ef+` refuses (scaled random-k,
 //! TernGrad, QSGD with ω ≥ 1) are refused, and so are those with state of their own
-//! (`ef+…`, DGC) and the layer-wise ones (the chunks do not follow the tensors).
+//! (`ef+…`, DGC) and layer-wise top-k (the ring's chunks do not follow the tensors;
+//! `sparseloco,layerwise` is taken, its messages being all-gathered whole).
 //! The operator's randomness is seeded per outer step from the peer's seed and the outer
 //! step's number, so a resumed run replays it.
 //!
