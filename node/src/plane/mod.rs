@@ -42,7 +42,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, Context};
+use anyhow::{anyhow, bail, Context};
 use bytes::Bytes;
 use libp2p::identity::Keypair;
 use libp2p::PeerId;
@@ -52,7 +52,7 @@ use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Connection, Endpoint, TransportConfig, VarInt};
 use serde::Serialize;
 use tokio::sync::mpsc;
-use tracing::info;
+use tracing::{debug, info};
 
 use quic::{accept_loop, crypto_provider, transport_config, QuicFrames};
 use send::send_loop;
@@ -82,7 +82,9 @@ const SERVER_NAME: &str = "murmur-peer";
 /// since the Unix epoch, [`Incarnation::now`], unless its supervisor sets
 /// `MURMUR_INCARNATION`), and states it in its directory entry, its hello, its rejoin notice
 /// and every data-plane connection it opens (the TLS server name of the QUIC handshake,
-/// `p<incarnation>.murmur`, which the client's handshake signature covers). A departure
+/// `p<incarnation>.murmur`, which the client's handshake signature covers); the process it
+/// dials answers which incarnation it is (the first stream, [`quic::ask_incarnation`]), and
+/// the link carries that one, not the directory's. A departure
 /// notice names the incarnations it is about ([`crate::control::membership`]), so a notice
 /// about a rank's old process never closes its new process's connections. 0: unknown.
 pub type Incarnation = u64;
@@ -463,6 +465,7 @@ impl DataPlane {
         )?;
         let inbound = Inbound::default();
         let acks = receive::HeldAcks::default();
+        let incarnation = incarnation_now();
         let serving = quic::Serving {
             events: events.clone(),
             max_payload_bytes,
@@ -471,6 +474,7 @@ impl DataPlane {
             tcp: tcp.clone(),
             pool,
             acks: acks.clone(),
+            incarnation,
         };
         tokio::spawn(accept_loop(endpoint.clone(), admitted, serving));
         Ok((
@@ -482,7 +486,7 @@ impl DataPlane {
                 quic_config,
                 timeouts,
                 rank,
-                incarnation: incarnation_now(),
+                incarnation,
                 emulation: LinkEmulation::default(),
                 transport: TransportChoice::default(),
                 wire: Wire::default(),
@@ -607,6 +611,7 @@ impl DataPlane {
         .await
         .map_err(|_| anyhow!("timed out connecting to peer {to} at {addr}"))?
         .with_context(|| format!("connecting to peer {to} at {addr}"))?;
+        let incarnation = reached_incarnation(&conn, (to, incarnation), addr).await?;
         let probe = liveness::LinkProbe::default();
         tokio::spawn(liveness::report_when_silent(
             conn.clone(),
@@ -791,6 +796,37 @@ impl Link {
             .await
             .map_err(|_| anyhow!("the link to peer {} is closed", self.to))
     }
+}
+
+/// The incarnation of peer `to`'s process that `conn` (dialled at `addr`) reached, as that
+/// process answers ([`quic::ask_incarnation`]): the link's incarnation from then on.
+/// `known`: the newest incarnation of `to` known here (0: none).
+///
+/// # Errors
+/// No answer, or a process older than `known` (a process that has been replaced: the
+/// connection is closed).
+async fn reached_incarnation(
+    conn: &Connection,
+    (to, known): (Rank, Incarnation),
+    addr: SocketAddr,
+) -> anyhow::Result<Incarnation> {
+    let reached = quic::ask_incarnation(conn)
+        .await
+        .with_context(|| format!("connecting to peer {to} at {addr}"))?;
+    if reached < known {
+        conn.close(VarInt::from_u32(ABANDONED), b"an older process");
+        bail!(
+            "peer {to} at {addr} is its process of incarnation {reached}, older than the one \
+             known here ({known})"
+        );
+    }
+    if reached != known {
+        debug!(
+            to,
+            reached, known, "the link to peer {to} reached a newer process than the one known"
+        );
+    }
+    Ok(reached)
 }
 
 /// A link's transport besides its QUIC connection.
@@ -984,6 +1020,47 @@ mod tests {
                 .await
                 .is_err(),
             "nothing else: no loss reported for the forgotten connection"
+        );
+    }
+
+    /// A link carries the incarnation of the process it reached, as that process answers,
+    /// not the one the dialler knew (its directory predates the peer's restart in place, at
+    /// the same address); a process older than the newest one known is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_link_carries_the_incarnation_of_the_process_it_reached() {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let timeout = Duration::from_secs(5);
+        let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+        let admitted = Admitted::default();
+        admitted.admit_all([(a.public().to_peer_id(), 0)]);
+        let (mut sender, _e) =
+            DataPlane::bind(0, any, 1 << 20, timeout, &a, Admitted::default()).unwrap();
+        sender.transport = TransportChoice::Quic;
+        let (receiver, mut events) =
+            DataPlane::bind(1, any, 1 << 20, timeout, &b, admitted).unwrap();
+        let (b_id, now) = (b.public().to_peer_id(), receiver.incarnation());
+        let mut links = Vec::new();
+        for known in [0, 1, now] {
+            let link = sender
+                .connect((1, known), receiver.local_addr, b_id)
+                .await
+                .unwrap();
+            assert_eq!(link.incarnation(), now, "dialled knowing {known}");
+            link.send(frame(0)).await.unwrap();
+            assert!(matches!(
+                next(&mut events).await,
+                NetEvent::Frame { from: 0, .. }
+            ));
+            links.push(link);
+        }
+        let e = sender
+            .connect((1, now + 1), receiver.local_addr, b_id)
+            .await
+            .err()
+            .expect("a process older than the one known is refused");
+        assert!(
+            format!("{e:#}").contains("older than the one known"),
+            "{e:#}"
         );
     }
 

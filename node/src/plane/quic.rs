@@ -4,7 +4,9 @@
 //!
 //! Every link has a QUIC connection, also when its frames travel through shared memory
 //! ([`super::local_link`]) or TCP ([`super::tcp`]): the connection proves the peers'
-//! identities, carries the offer of the other transport (a bidirectional stream), notices a silent peer ([`super::liveness`]) and
+//! identities, answers which process it reached (the incarnation query, the first
+//! bidirectional stream), carries the offer of the other transport (the next one), notices a
+//! silent peer ([`super::liveness`]) and
 //! carries the close that ends the link.
 
 use std::net::SocketAddr;
@@ -24,7 +26,7 @@ use super::receive::{deliver, BufferPool, HeldAcks, Receiving};
 use super::send::FrameTransport;
 use super::tcp::TcpSide;
 use super::tls::{self, Admitted};
-use super::{closed_here, liveness, local_link, Inbound, NetEvent, ABANDONED};
+use super::{closed_here, liveness, local_link, Inbound, Incarnation, NetEvent, ABANDONED};
 
 /// How long an incoming connection waits for the directory before it is refused.
 const ADMISSION_WAIT: Duration = Duration::from_secs(120);
@@ -41,8 +43,8 @@ pub(super) fn transport_config(timeouts: liveness::Timeouts) -> TransportConfig 
     t.receive_window(VarInt::from_u32(256 << 20));
     t.send_window(256 << 20);
     t.max_concurrent_uni_streams(VarInt::from_u32(1024));
-    // The shared-memory offer.
-    t.max_concurrent_bidi_streams(VarInt::from_u32(2));
+    // The incarnation query, then the offer of the other transport (shared memory, TCP).
+    t.max_concurrent_bidi_streams(VarInt::from_u32(3));
     t.keep_alive_interval(Some(liveness::keep_alive_interval(peer_timeout)));
     t.max_idle_timeout(Some(
         VarInt::from_u64(idle_timeout.as_millis() as u64)
@@ -111,6 +113,78 @@ pub(super) struct Serving {
     pub pool: BufferPool,
     /// The goodbyes' acknowledgements, held or not ([`HeldAcks`]).
     pub acks: HeldAcks,
+    /// This process's incarnation, told to every process that dials it
+    /// ([`answer_incarnation`]).
+    pub incarnation: Incarnation,
+}
+
+/// Tag of a data-plane connection's first bidirectional stream: the dialling process asks
+/// which incarnation the process it reached is ([`ask_incarnation`]).
+const INCARNATION_TAG: &[u8; 4] = b"INC1";
+
+/// Asks the process at the other end of `conn` (just dialled) which incarnation it is. Its
+/// answer, not the directory's, is the link's: a directory read before a peer restarted in
+/// place (the same address, as `murmur.sbatch` restarts it) names the old process, and a
+/// link labelled with it would be dropped as the old process's once the new one says hello.
+/// The answer comes over the handshake's authenticated connection, from the identity the
+/// certificate proved.
+///
+/// # Errors
+/// No answer within [`liveness::HANDSHAKE_TIMEOUT`], the connection closed, or an answer
+/// that is not one (an older murmur).
+pub(super) async fn ask_incarnation(conn: &Connection) -> anyhow::Result<Incarnation> {
+    let exchange = async {
+        let (mut send, mut recv) = conn.open_bi().await?;
+        send.write_all(INCARNATION_TAG).await?;
+        send.finish()?;
+        let answer = recv.read_to_end(64).await?;
+        let bytes = <[u8; 8]>::try_from(answer.as_slice()).map_err(|_| {
+            anyhow!(
+                "an answer of {} bytes to the incarnation query, not 8 (every peer of a run \
+                 must run the same murmur)",
+                answer.len()
+            )
+        })?;
+        anyhow::Ok(Incarnation::from_le_bytes(bytes))
+    };
+    tokio::time::timeout(liveness::HANDSHAKE_TIMEOUT, exchange)
+        .await
+        .map_err(|_| {
+            anyhow!(
+                "no answer to the incarnation query within {:?}",
+                liveness::HANDSHAKE_TIMEOUT
+            )
+        })?
+}
+
+/// Answers the incarnation query that opens every incoming connection
+/// ([`ask_incarnation`]) with `mine`. It is answered before the dialler's admission is
+/// known: a process that restarted and is still reading the directory tells which process
+/// it is at once (an incarnation is no secret; the dialler's identity is proven already).
+///
+/// # Errors
+/// No query within [`liveness::HANDSHAKE_TIMEOUT`], or a first stream that is not one.
+async fn answer_incarnation(conn: &Connection, mine: Incarnation) -> anyhow::Result<()> {
+    let exchange = async {
+        let (mut send, mut recv) = conn.accept_bi().await?;
+        let query = recv.read_to_end(64).await?;
+        anyhow::ensure!(
+            query == INCARNATION_TAG,
+            "its first stream is not the incarnation query (an older murmur? every peer of a \
+             run must run the same version)"
+        );
+        send.write_all(&mine.to_le_bytes()).await?;
+        send.finish()?;
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(liveness::HANDSHAKE_TIMEOUT, exchange)
+        .await
+        .map_err(|_| {
+            anyhow!(
+                "no incarnation query within {:?}",
+                liveness::HANDSHAKE_TIMEOUT
+            )
+        })?
 }
 
 /// Accepts the endpoint's incoming connections: authenticated, admitted, bound to a rank.
@@ -124,6 +198,10 @@ pub(super) async fn accept_loop(endpoint: Endpoint, admitted: Admitted, serving:
                 Ok(conn) => conn,
                 Err(e) => return refuse_connection(events, remote, e.to_string()).await,
             };
+            if let Err(e) = answer_incarnation(&conn, serving.incarnation).await {
+                conn.close(VarInt::from_u32(ABANDONED), b"no incarnation query");
+                return refuse_connection(events, remote, format!("{e:#}")).await;
+            }
             // The handshake checked the certificate; bind the connection to its rank.
             let peer = conn
                 .peer_identity()
@@ -195,6 +273,7 @@ async fn serve_connection(
         tcp,
         pool,
         acks,
+        incarnation: _,
     } = serving;
     inbound
         .lock()
