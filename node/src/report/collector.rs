@@ -342,6 +342,20 @@ impl Collector {
             event.round = recorded as u64 * self.rounds_per_epoch;
             event.epoch = recorded + 1;
         }
+        if !known && event.event == "rejoined" && self.counted_in(event.peer) {
+            // A rejoin means its old process left, even where no departure reached this
+            // collector (its old process died with peer 0's, and the new peer 0 first heard
+            // of its new process): the departure is recorded before the rejoin, so that
+            // every rejoin in the record follows a departure.
+            let left = MembershipEvent {
+                event: "left".into(),
+                reason: "its process exited, unseen by peer 0 (recorded with its rejoin)".into(),
+                noticed_by: 0,
+                ..event.clone()
+            };
+            report::append_json_line(&self.dir.join("membership.jsonl"), &left)?;
+            self.history.push(left);
+        }
         if !known {
             report::append_json_line(&self.dir.join("membership.jsonl"), &event)?;
         }
@@ -354,6 +368,14 @@ impl Collector {
             self.history.push(event);
         }
         self.record_complete()
+    }
+
+    /// Whether the record counts peer `r` in the run: its last event is a (re)join, or it
+    /// has none (an initial peer); not after a departure, nor for an empty rank.
+    fn counted_in(&self, r: Rank) -> bool {
+        (self.history.iter().rev())
+            .find(|e| e.peer == r)
+            .is_none_or(|e| e.event == "joined" || e.event == "rejoined")
     }
 
     /// Aggregates, prints and writes every pending epoch that has the reports of all peers
@@ -964,6 +986,50 @@ mod tests {
         let placed: Vec<_> = events.iter().map(|e| (e.peer, e.round, e.epoch)).collect();
         assert_eq!(placed, [(2, 33, 4), (1, 30, 4)], "{events:?}");
         assert!(!c.awaits(1, 4) && !c.awaits(2, 4));
+    }
+
+    /// A rejoin of a peer whose departure never reached the collector (its old process died
+    /// with peer 0's) is recorded after a departure at the same round, once; a rejoin
+    /// after a recorded departure is not given a second one.
+    #[test]
+    fn a_rejoin_without_a_recorded_departure_is_recorded_after_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut c, _) = tiny_collector(3, dir.path());
+        for peer in 0..3 {
+            add(&mut c, peer, 0, 0.5).unwrap();
+        }
+        c.membership(MembershipEvent::back(1, 20, false, (3, 1.0)), Some(20))
+            .unwrap();
+        let left = MembershipEvent {
+            event: "left".into(),
+            peer: 2,
+            round: 25,
+            epoch: 3,
+            wall_seconds: 1.5,
+            noticed_by: 1,
+            reason: "connection from peer 2: timed out".into(),
+        };
+        c.membership(left, None).unwrap();
+        c.membership(MembershipEvent::back(2, 30, false, (4, 2.0)), Some(30))
+            .unwrap();
+        let events: Vec<MembershipEvent> =
+            report::read_json_lines(&dir.path().join("membership.jsonl")).unwrap();
+        let placed: Vec<_> = (events.iter())
+            .map(|e| (e.event.as_str(), e.peer, e.round))
+            .collect();
+        assert_eq!(
+            placed,
+            [
+                ("left", 1, 20),
+                ("rejoined", 1, 20),
+                ("left", 2, 25),
+                ("rejoined", 2, 30)
+            ],
+            "{events:?}"
+        );
+        assert!(events[0].reason.contains("unseen by peer 0"), "{events:?}");
+        // Its reports are awaited again from the epoch of its rejoin round on.
+        assert!(!c.awaits(1, 2) && c.awaits(1, 3));
     }
 
     #[test]
