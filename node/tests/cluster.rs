@@ -878,6 +878,67 @@ fn sgp_on_a_directed_graph_survives_a_killed_peer_which_then_rejoins() {
 }
 
 #[test]
+fn a_new_peer_is_admitted_by_a_member_while_peer_0_is_away() {
+    // A ring of 5 started with 4 peers (rank 4 empty). Peer 0 is killed after epoch 2 and
+    // not restarted; once member 1 counts it gone, 1 is the lowest live rank and admits.
+    // A new peer that knows only member 1's address takes rank 4: member 1 signs its
+    // admission, peer 3 (its neighbour) checks that signature, and the new peer mixes.
+    // Peer 2 sleeps 80 ms a round, so that the run outlasts the new peer's 10-s attempt to
+    // link to peer 0's dead process (its directory still lists it).
+    let mut c = Cluster::new();
+    let run = args(&[
+        "--peers=5",
+        "--topology=ring",
+        "--algorithm=dpsgd",
+        "--epochs=10",
+        "--rounds-per-epoch=25",
+        "--peer-timeout-secs=3",
+        "--round-timeout-secs=30",
+        "--slow-peer=2:80",
+    ]);
+    let mut first = run.clone();
+    first.push("--initial-peers=4".into());
+    let boot = c.start_bootstrap(&first);
+    let member = c.dir.path().join("member-1.addr");
+    for rank in 1..4 {
+        let mut a = run.clone();
+        a.push(format!("--bootstrap={boot}"));
+        if rank == 1 {
+            a.push(format!("--address-file={}", member.display()));
+        }
+        c.spawn(rank, &a);
+    }
+    let mut late = run.clone();
+    late.push(format!("--bootstrap={}", c.address(1, &member)));
+    late.push("--join-running".into());
+    wait_for_epoch(&c, 2);
+    c.children[0].kill().unwrap();
+    let t0 = Instant::now();
+    while !c.read_log(1).contains("peer 0 left the run") {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{}", c.read_log(1));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.spawn(4, &late); // children[4]
+    c.all_succeed(&[(1, 1), (2, 2), (3, 3), (4, 4)]);
+    let (log1, log3, log4) = (c.read_log(1), c.read_log(3), c.read_log(4));
+    assert!(
+        log1.contains("admitted a new peer to rank 4: every lower rank is away"),
+        "{log1}"
+    );
+    assert!(log3.contains("a new peer takes rank 4"), "{log3}");
+    assert!(log4.contains("mixing again from round"), "{log4}");
+    for log in [&log1, &log3, &log4] {
+        assert!(!log.contains("dropped an admission"), "{log}");
+    }
+    // Peer 4 trained with the run to the end: its own record has every epoch from its
+    // first on, and its model is as good as the others'.
+    let own = std::fs::read_to_string(c.out().join("peers/peer-4.jsonl")).unwrap();
+    let last: Value = serde_json::from_str(own.lines().last().unwrap()).unwrap();
+    assert_eq!(last["epoch"], 10, "{own}");
+    assert!(last["test_accuracy"].as_f64().unwrap() > 0.8, "{last}");
+}
+
+#[test]
 fn a_new_peer_takes_an_empty_rank_of_an_elastic_run() {
     // A ring of 5 started with 4 peers (rank 4 empty: ranks 3 and 0 are its neighbours and
     // the 4 train on the path 0 – 1 – 2 – 3); a new peer takes rank 4 after two epochs. It

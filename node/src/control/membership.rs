@@ -80,13 +80,20 @@ pub enum Refusal {
     MalformedAdmit,
     /// A rejoin notice that does not decode, or about a rank outside the run.
     MalformedRejoin,
-    /// An admission to `rank` without peer 0's valid signature.
+    /// An admission to `rank` without a valid signature of the member it names as its
+    /// signer.
     Unsigned {
         /// The rank the admission is for.
         rank: Rank,
     },
     /// An admission to `rank`, which is not an empty rank here (or is this peer's).
     NotEmpty {
+        /// The rank the admission is for.
+        rank: Rank,
+    },
+    /// An admission to `rank`, which another member gave to another new peer already (two
+    /// members that each took themselves for the lowest live one admitted at once).
+    Conflict {
         /// The rank the admission is for.
         rank: Rank,
     },
@@ -99,12 +106,15 @@ impl fmt::Display for Refusal {
             Refusal::MalformedHello => write!(f, "dropped a malformed hello"),
             Refusal::MalformedAdmit => write!(f, "dropped a malformed admission notice"),
             Refusal::MalformedRejoin => write!(f, "dropped a malformed rejoin notice"),
-            Refusal::Unsigned { rank } => {
-                write!(
-                    f,
-                    "dropped an admission for rank {rank} that peer 0 did not sign"
-                )
-            }
+            Refusal::Unsigned { rank } => write!(
+                f,
+                "dropped an admission for rank {rank} that no member of the run signed"
+            ),
+            Refusal::Conflict { rank } => write!(
+                f,
+                "dropped an admission for rank {rank}, which another member gave to another \
+                 new peer already (the first admission heard of holds here)"
+            ),
             Refusal::NotEmpty { rank } => write!(
                 f,
                 "dropped an admission for rank {rank}, which is not an empty rank here"
@@ -382,6 +392,14 @@ impl Membership {
         &self.departed
     }
 
+    /// The lowest rank this peer counts in the run: not departed, not an empty rank (this
+    /// peer's own at most).
+    pub fn lowest_live(&self) -> Rank {
+        (0..self.me)
+            .find(|r| !self.departed.contains_key(r))
+            .unwrap_or(self.me)
+    }
+
     /// The rejoins this peer has taken part in, as (peer, round it mixes from).
     pub fn rejoined(&self) -> &[(Rank, u64)] {
         &self.rejoined
@@ -552,61 +570,78 @@ impl Membership {
         from: Rank,
         payload: &[u8],
         peer_ids: &[Option<libp2p::PeerId>],
-        signer: Option<&libp2p::identity::Keypair>,
+        key: Option<&libp2p::identity::Keypair>,
     ) -> Result<Verdict<Admission>, MembershipError> {
         match decode_admit(payload) {
-            Some((rank, id, signature)) if rank < self.n => {
-                self.admit(rank, id, signature, from, peer_ids, signer)
+            Some((rank, id, signed)) if rank < self.n => {
+                self.admit(rank, id, signed, from, peer_ids, key)
             }
             _ => Ok(Verdict::Refuse(Refusal::MalformedAdmit)),
         }
     }
 
-    /// A new peer with identity `id` took the empty rank `rank` (told by peer `from`; by
-    /// peer 0's bootstrap when `from` is this peer, which then signs it with `signer`).
-    /// `peer_ids`: each rank's identity as known here. Ignored if `rank` already has that
-    /// identity; refused without peer 0's signature (`signature`, Ed25519 over
-    /// [`admit_message`]) or for a rank that is not empty here.
+    /// A new peer with identity `id` took the empty rank `rank`, admitted by the member
+    /// `signed.signer` (told by peer `from`; by this peer's own discovery when `from` is
+    /// this peer, which then signs it with `key` as the signer). `peer_ids`: each rank's
+    /// identity as known here.
+    ///
+    /// Any member may admit (the one that takes itself for the lowest live rank does:
+    /// [`crate::control::discovery`]), and every peer checks the admission itself: the
+    /// signature must be the Ed25519 signature over [`admit_message`] of the identity the
+    /// directory holds for `signed.signer`, a member other than the admitted rank. So a
+    /// forged admission is refused: an outsider holds no member's key, and a member cannot
+    /// sign in another's name (the signer's rank is in the signed message); the data plane
+    /// already refuses frames from identities not admitted.
+    ///
+    /// Ignored if `rank` already has that identity; refused without such a signature, for a
+    /// rank that is not empty here, or for one already given to another identity (two
+    /// members admitted at once: the first admission heard of holds).
     ///
     /// # Errors
-    /// [`MembershipError::Signing`]: peer 0's key cannot sign.
+    /// [`MembershipError::Signing`]: this peer's key cannot sign.
     pub fn admit(
         &self,
         rank: Rank,
         id: libp2p::PeerId,
-        signature: Vec<u8>,
+        signed: Signed,
         from: Rank,
         peer_ids: &[Option<libp2p::PeerId>],
-        signer: Option<&libp2p::identity::Keypair>,
+        key: Option<&libp2p::identity::Keypair>,
     ) -> Result<Verdict<Admission>, MembershipError> {
-        if peer_ids.get(rank).copied().flatten() == Some(id) {
+        let known = peer_ids.get(rank).copied().flatten();
+        if known == Some(id) {
             return Ok(Verdict::Ignore);
         }
-        let signature = match signer {
-            Some(key) if from == self.me => key
-                .sign(&admit_message(rank, &id))
-                .map_err(|e| MembershipError::Signing(e.to_string()))?,
-            _ => signature,
+        let signed = match key {
+            Some(key) if from == self.me => Signed {
+                signer: self.me,
+                signature: key
+                    .sign(&admit_message(rank, self.me, &id))
+                    .map_err(|e| MembershipError::Signing(e.to_string()))?,
+            },
+            _ => signed,
         };
-        let signed = peer_ids
-            .first()
-            .copied()
+        let valid = (signed.signer != rank)
+            .then(|| peer_ids.get(signed.signer).copied().flatten())
             .flatten()
             .as_ref()
             .and_then(auth::public_key)
-            .is_some_and(|k| k.verify(&admit_message(rank, &id), &signature));
-        if !signed {
+            .is_some_and(|k| k.verify(&admit_message(rank, signed.signer, &id), &signed.signature));
+        if !valid {
             return Ok(Verdict::Refuse(Refusal::Unsigned { rank }));
         }
         let empty = self.departed.get(&rank).is_some_and(|e| e.event == "empty");
         if !empty || rank == self.me {
             return Ok(Verdict::Refuse(Refusal::NotEmpty { rank }));
         }
+        if known.is_some() {
+            return Ok(Verdict::Refuse(Refusal::Conflict { rank }));
+        }
         Ok(Verdict::Accept(Admission {
             rank,
             id,
             flood: Flood {
-                frame: encode_admit(self.me, rank, id, &signature),
+                frame: encode_admit(self.me, rank, id, &signed),
                 except: vec![from],
             },
         }))

@@ -21,8 +21,12 @@ pub(super) struct Driver {
     pub(super) relay: crate::control::discovery::RelayClient,
     /// The identities the data plane accepts, each as its rank.
     pub(super) admitted: Admitted,
-    /// Peer 0 only: where its bootstrap learns that a new peer mixes with the run.
-    pub(super) settle: Option<tokio::sync::mpsc::UnboundedSender<Rank>>,
+    /// Where its discovery learns that a new peer (one it may have admitted) mixes with the
+    /// run.
+    pub(super) settle: tokio::sync::mpsc::UnboundedSender<Rank>,
+    /// Where its discovery learns the lowest rank this peer counts in the run: a member
+    /// admits new peers while that is its own rank.
+    pub(super) lowest_live: tokio::sync::watch::Sender<Rank>,
     /// Where discovery learns where the peers that came back are (the directory it serves
     /// to restarted peers; [`crate::control::discovery::Relocations`]).
     pub(super) relocated: tokio::sync::mpsc::UnboundedSender<PeerInfo>,
@@ -45,14 +49,15 @@ const KEPT_REPORT_BYTES: usize = 256 << 20;
 const RECORD_WAIT: Duration = Duration::from_secs(600);
 
 impl Driver {
-    /// Peer 0: tells the bootstrap of each new peer whose first round this peer has
-    /// reached, so that it lets the next new peer in.
+    /// Tells discovery of each new peer whose first round this peer has reached, so that it
+    /// lets the next new peer in, and of the lowest rank this peer counts in the run.
     pub(super) fn settle_joins(&mut self) {
         for rank in self.core.settled_joins() {
-            if let Some(tx) = &self.settle {
-                let _ = tx.send(rank);
-            }
+            let _ = self.settle.send(rank);
         }
+        let lowest = self.core.lowest_live();
+        self.lowest_live
+            .send_if_modified(|r| std::mem::replace(r, lowest) != lowest);
     }
 
     /// Hands `input` to the core and carries out what it decides (and what that causes).

@@ -37,7 +37,9 @@ use tracing::{debug, info, info_span, warn};
 
 use crate::config::{DeviceSpec, Init, RunArgs};
 use crate::control::auth;
-use crate::control::discovery::{discover, Discovered, Fingerprint, Gate, Listen, PeerInfo, Role};
+use crate::control::discovery::{
+    discover, Admitting, Discovered, Fingerprint, Gate, Listen, PeerInfo, Role,
+};
 use crate::plane::relay::Relay;
 use crate::plane::tls::Admitted;
 use crate::plane::{DataPlane, Links, NetEvent};

@@ -233,8 +233,10 @@ struct Parts {
     max_payload: u32,
     /// How this peer gets relayed links.
     relay: crate::control::discovery::RelayClient,
-    /// Peer 0: where its bootstrap learns that a new peer mixes with the run.
+    /// Where its discovery learns that a new peer mixes with the run.
     settle: tokio::sync::mpsc::UnboundedSender<Rank>,
+    /// Where its discovery learns the lowest rank it counts in the run.
+    lowest_live: tokio::sync::watch::Sender<Rank>,
     /// Where discovery learns where peers that came back are.
     relocated: tokio::sync::mpsc::UnboundedSender<PeerInfo>,
 }
@@ -310,15 +312,21 @@ fn join(
     {
         warn!(listen = %peer.listen, "--mdns with a loopback --listen address: only peers on this machine can reach the bootstrap (listen on the LAN, e.g. /ip4/0.0.0.0/udp/4001/quic-v1)");
     }
-    // Peer 0 tells its bootstrap when a new peer mixes with the run (or left); every peer
-    // tells its discovery where peers that came back are, for the directory it serves.
+    // Every peer tells its discovery when a new peer mixes with the run and which is the
+    // lowest rank it counts in the run (for the new peers it admits), and where peers that
+    // came back are (for the directory it serves).
     let (settle, settled) = tokio::sync::mpsc::unbounded_channel();
+    let (lowest_live, lowest_live_rx) = tokio::sync::watch::channel(0);
     let (relocated, relocations) = tokio::sync::mpsc::unbounded_channel();
+    let admitting = Admitting {
+        joined: plane.event_sender(),
+        settled,
+        lowest_live: lowest_live_rx,
+    };
     let role = match joins {
         false => Role::Bootstrap {
             initial,
-            joined: plane.event_sender(),
-            settled,
+            admitting,
             resume: (peer.resume && !peer.rejoin_running).then(|| {
                 resumable_rounds(&checkpoint_rounds, &peer.out, fingerprint.rounds_per_epoch)
             }),
@@ -343,13 +351,14 @@ fn join(
             checkpoint_rounds,
             any_rank: assigned,
             relay: !args.net.no_relay,
+            admitting,
         },
     };
     let gate = Gate {
-        allow: match (&args.net.allow_peers, rank) {
-            (Some(path), 0) => Some(auth::read_allow_list(path)?),
-            _ => None,
-        },
+        // Every member admits new peers while the ranks below it are away.
+        allow: (args.net.allow_peers.as_ref())
+            .map(|path| auth::read_allow_list(path))
+            .transpose()?,
         key: args
             .net
             .run_key
@@ -416,6 +425,7 @@ fn join(
             max_payload,
             relay,
             settle,
+            lowest_live,
             relocated,
         },
     })
@@ -444,6 +454,7 @@ fn wire<B: AutodiffBackend>(
         max_payload,
         relay,
         settle,
+        lowest_live,
         relocated,
     } = parts;
     let n = args.peers;
@@ -510,7 +521,7 @@ fn wire<B: AutodiffBackend>(
         peer_ids,
         linked: links.keys().copied().collect(),
         expected_in: expected_in.into_iter().collect(),
-        admit_signer: (rank == 0).then_some(key),
+        admit_signer: Some(key),
         incarnations: (0..n)
             .map(|r| match &directory[r] {
                 _ if r == rank => plane.incarnation(),
@@ -541,7 +552,8 @@ fn wire<B: AutodiffBackend>(
         plane,
         relay,
         admitted,
-        settle: (rank == 0).then_some(settle),
+        settle,
+        lowest_live,
         relocated,
         kept_reports: Default::default(),
     };

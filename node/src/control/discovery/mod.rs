@@ -122,13 +122,9 @@ pub enum Role {
         /// How many peers (peer 0 included) start the run; the other ranks join it later
         /// with `--join-running`. n for a run that starts complete.
         initial: usize,
-        /// Where peers that take an empty rank of the running run are announced.
-        joined: tokio::sync::mpsc::Sender<crate::plane::NetEvent>,
-        /// Peer 0's training loop sends here the rank of each new peer once it mixes with
-        /// the run (peer 0 has reached the new peer's first round) or has left. New peers
-        /// are admitted one at a time: the next waits for that news (or for the join
-        /// timeout), so that it learns the one before as a member, not as an empty rank.
-        settled: tokio::sync::mpsc::UnboundedReceiver<Rank>,
+        /// Where new peers taking an empty rank of the running run are announced, and
+        /// when they settle.
+        admitting: Admitting,
         /// Resume the whole run from checkpoints: the rounds of peer 0's own checkpoints.
         resume: Option<Vec<u64>>,
         /// Peer 0 restarted while the others train on (`--rejoin-running`): the directory
@@ -160,7 +156,31 @@ pub enum Role {
         any_rank: bool,
         /// Ask the bootstrap for relayed links when the direct path fails.
         relay: bool,
+        /// Once a member: the new peers it admits while every lower rank is away.
+        admitting: Admitting,
     },
+}
+
+/// What a peer needs to admit new peers (taking an empty rank) to the running run: peer 0's
+/// bootstrap admits them, and so does any other member while it is the lowest rank it
+/// counts in the run (every lower rank, peer 0 included, away). The admission itself is
+/// its training loop's: it signs it with its key and floods it
+/// ([`crate::control::membership::Membership::admit`]), and every peer checks the
+/// signature.
+#[derive(Debug)]
+pub struct Admitting {
+    /// Where a new peer is announced to this peer's training loop (as
+    /// [`crate::plane::NetEvent::Joined`]).
+    pub joined: tokio::sync::mpsc::Sender<crate::plane::NetEvent>,
+    /// The training loop sends here the rank of each new peer once it mixes with the run
+    /// (this peer has reached the new peer's first round). New peers are admitted one at a
+    /// time: the next waits for that news (or for the join timeout), so that it learns the
+    /// one before as a member, not as an empty rank.
+    pub settled: tokio::sync::mpsc::UnboundedReceiver<Rank>,
+    /// The lowest rank the training loop counts in the run (not departed, not empty), kept
+    /// current by it: a member other than peer 0 admits new peers only while that is its
+    /// own rank.
+    pub lowest_live: tokio::sync::watch::Receiver<Rank>,
 }
 
 /// The libp2p node of identity `key`: join requests (answered within `timeout`), ping,
@@ -343,8 +363,7 @@ pub async fn discover(
     let (directory, late, use_relay) = match role {
         Role::Bootstrap {
             initial,
-            joined,
-            settled,
+            admitting,
             resume,
             mut running,
             directory_file,
@@ -396,11 +415,7 @@ pub async fn discover(
             // Offer the record again, now that the initial peers are in the routing table.
             let addrs: Vec<Multiaddr> = swarm.listeners().cloned().collect();
             publish_record(&mut swarm, &key, &addrs);
-            (
-                directory,
-                Some((joined, settled, relay, directory_file)),
-                true,
-            )
+            (directory, Ok((admitting, relay, directory_file)), true)
         }
         Role::Join {
             bootstrap,
@@ -408,6 +423,7 @@ pub async fn discover(
             checkpoint_rounds,
             any_rank,
             relay,
+            admitting,
         } => {
             let request = JoinRequest {
                 info: me,
@@ -429,7 +445,7 @@ pub async fn discover(
                         b => anyhow!("no directory from the bootstrap {} within {timeout:?}: {refused} (is peer 0 running, and reachable at the addresses it publishes, its --listen?)", list(b)),
                     }
                 })??;
-            (directory, None, relay)
+            (directory, Err(admitting), relay)
         }
     };
     // Keep the control plane alive for liveness; the bootstrap answers late joins, every
@@ -441,28 +457,25 @@ pub async fn discover(
         .and_then(|p| p.peer_id.parse().ok());
     let (requests, mut asked) = tokio::sync::mpsc::channel::<Pending>(16);
     let client = match &late {
-        Some((_, _, relay, _)) => relay.clone().map_or(RelayClient::Off, RelayClient::Local),
-        None if use_relay => RelayClient::Remote(requests),
-        None => RelayClient::Off,
+        Ok((_, relay, _)) => relay.clone().map_or(RelayClient::Off, RelayClient::Local),
+        Err(_) if use_relay => RelayClient::Remote(requests),
+        Err(_) => RelayClient::Off,
     };
     tokio::spawn(async move {
         match late {
-            Some((joined, settled, relay, directory_file)) => {
+            Ok((admitting, relay, directory_file)) => {
                 let mut late = LateJoins {
                     dir,
                     fingerprint,
                     gate,
-                    joined,
-                    pending: None,
-                    waiting: std::collections::VecDeque::new(),
-                    limit: timeout,
+                    new_peers: NewPeers::new(admitting, timeout),
                     observed: Default::default(),
                     relay,
                     directory_file,
                 };
-                late.run(swarm, settled, relocations).await
+                late.run(swarm, relocations).await
             }
-            None => {
+            Err(admitting) => {
                 let mut member = Member {
                     rank: directory.rank,
                     bootstrap: boot,
@@ -470,13 +483,19 @@ pub async fn discover(
                     fingerprint,
                     gate,
                     observed: Default::default(),
+                    new_peers: NewPeers::new(admitting, timeout),
                 };
                 // Relay requests sent to the bootstrap, by id, with where their answer goes.
                 let mut sent = std::collections::HashMap::new();
                 loop {
+                    let until = member.new_peers.deadline();
                     tokio::select! {
                         Some(info) = relocations.recv() => {
                             policy::relocate(&mut member.dir, info);
+                        }
+                        Some(rank) = member.new_peers.settled.recv() => member.new_peers.settle(rank),
+                        _ = tokio::time::sleep_until(until.unwrap_or_else(tokio::time::Instant::now)), if until.is_some() => {
+                            member.new_peers.give_up_waiting();
                         }
                         Some((request, answer)) = asked.recv() => match boot {
                             Some(b) => {
@@ -499,6 +518,7 @@ pub async fn discover(
                             }
                         }
                     }
+                    member.admit_waiting(&mut swarm).await;
                 }
             }
         }
@@ -564,6 +584,41 @@ struct Member {
     gate: Gate,
     /// Where each peer's control-plane connection comes from ([`nat`]).
     observed: std::collections::HashMap<PeerId, std::net::IpAddr>,
+    /// The new peers this member admits while every lower rank is away.
+    new_peers: NewPeers,
+}
+
+impl Member {
+    /// Whether this member admits new peers now: every lower rank is away, as its training
+    /// loop counts them.
+    fn admits(&self) -> bool {
+        *self.new_peers.lowest_live.borrow() == self.rank
+    }
+
+    /// Answers the new peers waiting for this member, one at a time ([`NewPeers`]), while it
+    /// admits; once it no longer does (a lower rank came back), the rest are pointed at the
+    /// bootstrap as any member points them.
+    async fn admit_waiting(&mut self, swarm: &mut Swarm<Behaviour>) {
+        while self.new_peers.pending.is_none() {
+            let Some(next) = self.new_peers.waiting.pop_front() else {
+                return;
+            };
+            if !self.admits() {
+                let (peer, _, channel) = next;
+                debug!(%peer, "a lower rank is back: the new peer is pointed at the bootstrap");
+                let answer = policy::not_bootstrap(self.bootstrap);
+                let _ = swarm.behaviour_mut().join.send_response(channel, answer);
+                continue;
+            }
+            let (dir, fingerprint, gate) = (&mut self.dir, &self.fingerprint, &self.gate);
+            let late = answer_late(swarm, (dir, fingerprint, gate), next, 1);
+            if let Late::Joined(info) = &late {
+                let r = info.rank;
+                info!(rank = r, "admitted a new peer to rank {r}: every lower rank is away, so this member admits");
+            }
+            self.new_peers.announce(late).await;
+        }
+    }
 }
 
 /// What a node that is not the bootstrap does with a control-plane `event`, besides its own
@@ -599,6 +654,11 @@ fn as_member(
                 return Ok(None);
             };
             seen_through_nat(&mut request, m.observed.get(&peer).copied());
+            if m.admits() && request.rejoin && policy::takes_empty_rank(&m.dir, &request) {
+                info!(%peer, "a new peer asks this member, which admits while every lower rank is away");
+                m.new_peers.waiting.push_back((peer, request, channel));
+                return Ok(None);
+            }
             let local = *swarm.local_peer_id();
             let ids = (&local, &peer);
             let (answer, late) = policy::member_answer(
@@ -662,14 +722,8 @@ struct LateJoins {
     dir: Directory,
     fingerprint: Fingerprint,
     gate: Gate,
-    /// Where new peers are announced to peer 0's data plane.
-    joined: tokio::sync::mpsc::Sender<crate::plane::NetEvent>,
-    /// The new peer being taken in, and since when.
-    pending: Option<(Rank, tokio::time::Instant)>,
-    /// New peers waiting for it, in order of arrival.
-    waiting: std::collections::VecDeque<Waiting>,
-    /// How long a new peer may take to settle before the next is let in anyway.
-    limit: Duration,
+    /// The new peers it admits, one at a time.
+    new_peers: NewPeers,
     /// Where each peer's control-plane connection comes from ([`nat`]).
     observed: std::collections::HashMap<PeerId, std::net::IpAddr>,
     /// The relay for links whose direct path fails (`None`: `--no-relay`).
@@ -716,16 +770,11 @@ pub fn load_directory(file: &std::path::Path, n: usize) -> anyhow::Result<Direct
 
 impl LateJoins {
     /// Answers the join requests reaching `swarm` (and serves the DHT) for as long as the
-    /// run lives; `settled` brings the rank of each new peer once it mixes with the run.
-    async fn run(
-        &mut self,
-        mut swarm: Swarm<Behaviour>,
-        mut settled: tokio::sync::mpsc::UnboundedReceiver<Rank>,
-        mut relocations: Relocations,
-    ) {
+    /// run lives.
+    async fn run(&mut self, mut swarm: Swarm<Behaviour>, mut relocations: Relocations) {
         let local = *swarm.local_peer_id();
         loop {
-            let until = self.pending.map(|(_, since)| since + self.limit);
+            let until = self.new_peers.deadline();
             tokio::select! {
                 event = swarm.select_next_some() => { serve_dht(&mut swarm, &event, Some(local)); match event {
                     SwarmEvent::ConnectionEstablished { peer_id, endpoint, .. } => {
@@ -737,9 +786,9 @@ impl LateJoins {
                         ..
                     })) => {
                         seen_through_nat(&mut request, self.observed.get(&peer).copied());
-                        if self.pending.is_some() && policy::takes_empty_rank(&self.dir, &request) {
+                        if self.new_peers.pending.is_some() && policy::takes_empty_rank(&self.dir, &request) {
                             info!(%peer, "a new peer waits until the one joining before it mixes with the run");
-                            self.waiting.push_back((peer, request, channel));
+                            self.new_peers.waiting.push_back((peer, request, channel));
                         } else {
                             self.answer(&mut swarm, (peer, request, channel)).await;
                         }
@@ -762,20 +811,13 @@ impl LateJoins {
                         save_directory(self.directory_file.as_deref(), &self.dir);
                     }
                 }
-                Some(rank) = settled.recv() => {
-                    if self.pending.is_some_and(|(p, _)| p == rank) {
-                        debug!(rank, "the new peer settled");
-                        self.pending = None;
-                    }
-                }
+                Some(rank) = self.new_peers.settled.recv() => self.new_peers.settle(rank),
                 _ = tokio::time::sleep_until(until.unwrap_or_else(tokio::time::Instant::now)), if until.is_some() => {
-                    if let Some((rank, _)) = self.pending.take() {
-                        warn!(rank, "the new peer {rank} did not reach its first round within {:?}; admitting the next", self.limit);
-                    }
+                    self.new_peers.give_up_waiting();
                 }
             }
-            while self.pending.is_none() {
-                let Some(next) = self.waiting.pop_front() else {
+            while self.new_peers.pending.is_none() {
+                let Some(next) = self.new_peers.waiting.pop_front() else {
                     break;
                 };
                 self.answer(&mut swarm, next).await;
@@ -784,31 +826,96 @@ impl LateJoins {
     }
 
     /// Answers one late join as [`policy::admit_rejoin`] decides; a new peer admitted
-    /// becomes the pending one and is announced to the data plane.
-    async fn answer(&mut self, swarm: &mut Swarm<Behaviour>, (peer, request, channel): Waiting) {
-        let local = *swarm.local_peer_id();
-        let ids = (&local, &peer);
-        let late = policy::admit_rejoin(
-            &mut self.dir,
-            &self.fingerprint,
-            &self.gate,
-            ids,
-            request,
-            1,
-        );
-        match &late {
-            Late::Refused(why) => warn!(%peer, "refused a late join: {why}"),
-            Late::Rejoined(rank) => info!(rank, %peer, "peer rejoins the run"),
-            Late::Joined(info) => {
-                let r = info.rank;
-                info!(rank = r, %peer, "a new peer takes rank {r} of the running run");
-            }
-        }
-        let answer = policy::late_answer(&self.dir, &late, &self.gate, ids);
-        let _ = swarm.behaviour_mut().join.send_response(channel, answer);
+    /// becomes the pending one and is announced to the training loop.
+    async fn answer(&mut self, swarm: &mut Swarm<Behaviour>, waiting: Waiting) {
+        let (dir, fingerprint, gate) = (&mut self.dir, &self.fingerprint, &self.gate);
+        let late = answer_late(swarm, (dir, fingerprint, gate), waiting, 1);
         if !matches!(late, Late::Refused(_)) {
             save_directory(self.directory_file.as_deref(), &self.dir);
         }
+        self.new_peers.announce(late).await;
+    }
+}
+
+/// Answers one late join (`waiting`) as [`policy::admit_rejoin`] decides (`first`: the
+/// lowest rank that may rejoin through this node), updating `dir`; returns the decision.
+fn answer_late(
+    swarm: &mut Swarm<Behaviour>,
+    (dir, fingerprint, gate): (&mut Directory, &Fingerprint, &Gate),
+    (peer, request, channel): Waiting,
+    first: Rank,
+) -> Late {
+    let local = *swarm.local_peer_id();
+    let ids = (&local, &peer);
+    let late = policy::admit_rejoin(dir, fingerprint, gate, ids, request, first);
+    match &late {
+        Late::Refused(why) => warn!(%peer, "refused a late join: {why}"),
+        Late::Rejoined(rank) => info!(rank, %peer, "peer rejoins the run"),
+        Late::Joined(info) => {
+            let r = info.rank;
+            info!(rank = r, %peer, "a new peer takes rank {r} of the running run");
+        }
+    }
+    let answer = policy::late_answer(dir, &late, gate, ids);
+    let _ = swarm.behaviour_mut().join.send_response(channel, answer);
+    late
+}
+
+/// The new peers (taking an empty rank) that one peer admits to the running run, one at a
+/// time: the next waits until the one before mixes with the run (or for the join timeout).
+#[derive(Debug)]
+struct NewPeers {
+    /// Where they are announced, and when they settle.
+    joined: tokio::sync::mpsc::Sender<crate::plane::NetEvent>,
+    settled: tokio::sync::mpsc::UnboundedReceiver<Rank>,
+    lowest_live: tokio::sync::watch::Receiver<Rank>,
+    /// The new peer being taken in, and since when.
+    pending: Option<(Rank, tokio::time::Instant)>,
+    /// New peers waiting for it, in order of arrival.
+    waiting: std::collections::VecDeque<Waiting>,
+    /// How long a new peer may take to settle before the next is let in anyway.
+    limit: Duration,
+}
+
+impl NewPeers {
+    fn new(a: Admitting, limit: Duration) -> Self {
+        NewPeers {
+            joined: a.joined,
+            settled: a.settled,
+            lowest_live: a.lowest_live,
+            pending: None,
+            waiting: std::collections::VecDeque::new(),
+            limit,
+        }
+    }
+
+    /// When the pending new peer is given up waiting for, if one is pending.
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.pending.map(|(_, since)| since + self.limit)
+    }
+
+    /// New peer `rank` mixes with the run: the next may be let in.
+    fn settle(&mut self, rank: Rank) {
+        if self.pending.is_some_and(|(p, _)| p == rank) {
+            debug!(rank, "the new peer settled");
+            self.pending = None;
+        }
+    }
+
+    /// The pending new peer did not settle within the limit: the next is let in anyway.
+    fn give_up_waiting(&mut self) {
+        if let Some((rank, _)) = self.pending.take() {
+            warn!(
+                rank,
+                "the new peer {rank} did not reach its first round within {:?}; admitting the next",
+                self.limit
+            );
+        }
+    }
+
+    /// After `late`: a new peer admitted becomes the pending one and is announced to the
+    /// training loop (which signs and floods its admission).
+    async fn announce(&mut self, late: Late) {
         let Late::Joined(info) = late else {
             return;
         };

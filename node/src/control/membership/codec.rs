@@ -1,6 +1,6 @@
 //! The membership notices on the data plane and their wire format: leave, hello, admit
 //! and rejoin frames (a 24-byte frame header, then the payload described on each encoder),
-//! and the message peer 0 signs to admit a new peer. A welcome is a frame with parameters
+//! and the message a member signs to admit a new peer. A welcome is a frame with parameters
 //! (`report::frames::encode_with_params`) carrying a [`super::Welcome`].
 
 use std::net::SocketAddr;
@@ -74,11 +74,12 @@ pub fn decode_hello(payload: &[u8], from: Rank) -> Option<PeerInfo> {
 }
 
 /// An admission notice: the 24-byte frame header (kind `Admit`), then `rank: u64 LE |
-/// id_len: u16 LE | PeerId bytes | peer 0's signature` (a new peer with that libp2p
-/// identity took that empty rank).
-pub fn encode_admit(sender: Rank, rank: Rank, id: libp2p::PeerId, signature: &[u8]) -> Vec<u8> {
+/// signer: u64 LE | id_len: u16 LE | PeerId bytes | the signer's signature` (a new peer
+/// with that libp2p identity took that empty rank, admitted by the member of rank `signer`,
+/// whose Ed25519 signature over [`admit_message`] it carries).
+pub fn encode_admit(sender: Rank, rank: Rank, id: libp2p::PeerId, signed: &Signed) -> Vec<u8> {
     let id = id.to_bytes();
-    let len = 8 + 2 + id.len() + signature.len();
+    let len = 8 + 8 + 2 + id.len() + signed.signature.len();
     let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + len);
     FrameHeader {
         kind: FrameKind::Admit,
@@ -89,30 +90,46 @@ pub fn encode_admit(sender: Rank, rank: Rank, id: libp2p::PeerId, signature: &[u
     }
     .emit(&mut frame);
     frame.extend_from_slice(&(rank as u64).to_le_bytes());
+    frame.extend_from_slice(&(signed.signer as u64).to_le_bytes());
     frame.extend_from_slice(&(id.len() as u16).to_le_bytes());
     frame.extend_from_slice(&id);
-    frame.extend_from_slice(signature);
+    frame.extend_from_slice(&signed.signature);
     frame
 }
 
-/// Inverse of [`encode_admit`] for the payload `rank: u64 | id_len: u16 | PeerId bytes |
-/// peer 0's signature`: (rank, identity, signature); `None` if malformed (also a payload
-/// over 266 bytes).
-pub fn decode_admit(payload: &[u8]) -> Option<(Rank, libp2p::PeerId, Vec<u8>)> {
-    if payload.len() < 10 || payload.len() > 10 + 128 + 128 {
+/// Who admitted a new peer, and its proof: the member of rank `signer` and its Ed25519
+/// signature over [`admit_message`] (64 bytes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signed {
+    /// The rank of the member that admitted the new peer.
+    pub signer: Rank,
+    /// Its signature over [`admit_message`].
+    pub signature: Vec<u8>,
+}
+
+/// Inverse of [`encode_admit`] for the payload `rank: u64 | signer: u64 | id_len: u16 |
+/// PeerId bytes | signature`: (rank, identity, signer and signature); `None` if malformed
+/// (also a payload over 274 bytes).
+pub fn decode_admit(payload: &[u8]) -> Option<(Rank, libp2p::PeerId, Signed)> {
+    if payload.len() < 18 || payload.len() > 18 + 128 + 128 {
         return None;
     }
     let rank = u64::from_le_bytes(payload[..8].try_into().ok()?);
-    let id_len = u16::from_le_bytes(payload[8..10].try_into().ok()?) as usize;
-    let id = libp2p::PeerId::from_bytes(payload.get(10..10 + id_len)?).ok()?;
-    let signature = payload[10 + id_len..].to_vec();
-    Some((usize::try_from(rank).ok()?, id, signature))
+    let signer = u64::from_le_bytes(payload[8..16].try_into().ok()?);
+    let id_len = u16::from_le_bytes(payload[16..18].try_into().ok()?) as usize;
+    let id = libp2p::PeerId::from_bytes(payload.get(18..18 + id_len)?).ok()?;
+    let signed = Signed {
+        signer: usize::try_from(signer).ok()?,
+        signature: payload[18 + id_len..].to_vec(),
+    };
+    Some((usize::try_from(rank).ok()?, id, signed))
 }
 
-/// What peer 0 signs to admit identity `id` to rank `rank`.
-pub fn admit_message(rank: Rank, id: &libp2p::PeerId) -> Vec<u8> {
-    let mut m = b"murmur admit v1\n".to_vec();
+/// What the member of rank `signer` signs to admit identity `id` to rank `rank`.
+pub fn admit_message(rank: Rank, signer: Rank, id: &libp2p::PeerId) -> Vec<u8> {
+    let mut m = b"murmur admit v2\n".to_vec();
     m.extend_from_slice(&(rank as u64).to_le_bytes());
+    m.extend_from_slice(&(signer as u64).to_le_bytes());
     m.extend_from_slice(&id.to_bytes());
     m
 }
@@ -165,29 +182,34 @@ mod tests {
     use crate::report::frames::{decode_with_params, encode_with_params};
 
     #[test]
-    fn an_admission_holds_only_with_peer_0s_signature() {
-        let peer0 = libp2p::identity::Keypair::generate_ed25519();
-        let member = libp2p::identity::Keypair::generate_ed25519();
+    fn an_admission_holds_only_with_its_signer_s_signature() {
+        let signer = libp2p::identity::Keypair::generate_ed25519();
+        let other = libp2p::identity::Keypair::generate_ed25519();
         let new = libp2p::PeerId::random();
-        let key0 =
-            auth::public_key(&peer0.public().to_peer_id()).expect("Ed25519 PeerIds inline the key");
-        let signature = peer0.sign(&admit_message(3, &new)).unwrap();
-        let frame = encode_admit(2, 3, new, &signature);
+        let key = auth::public_key(&signer.public().to_peer_id())
+            .expect("Ed25519 PeerIds inline the key");
+        let signed = Signed {
+            signer: 1,
+            signature: signer.sign(&admit_message(3, 1, &new)).unwrap(),
+        };
+        let frame = encode_admit(2, 3, new, &signed);
         let h = FrameHeader::parse(&frame, 1 << 20).unwrap().0;
         assert_eq!((h.kind, h.sender), (FrameKind::Admit, 2));
-        let (rank, id, sig) = decode_admit(&frame[FRAME_HEADER_LEN..]).unwrap();
-        assert_eq!((rank, id), (3, new));
-        assert!(key0.verify(&admit_message(rank, &id), &sig));
-        // A member's own signature, another rank, or no signature: refused.
-        let forged = member.sign(&admit_message(3, &new)).unwrap();
-        assert!(!key0.verify(&admit_message(3, &new), &forged));
-        assert!(!key0.verify(&admit_message(4, &new), &sig));
-        assert!(!key0.verify(&admit_message(3, &new), &[]));
+        let (rank, id, got) = decode_admit(&frame[FRAME_HEADER_LEN..]).unwrap();
+        assert_eq!((rank, id, &got), (3, new, &signed));
+        let sig = &got.signature;
+        assert!(key.verify(&admit_message(rank, got.signer, &id), sig));
+        // Another key's signature, another rank or signer, or no signature: refused.
+        let forged = other.sign(&admit_message(3, 1, &new)).unwrap();
+        assert!(!key.verify(&admit_message(3, 1, &new), &forged));
+        assert!(!key.verify(&admit_message(4, 1, &new), sig));
+        assert!(!key.verify(&admit_message(3, 0, &new), sig));
+        assert!(!key.verify(&admit_message(3, 1, &new), &[]));
         // Malformed payloads.
         let payload = &frame[FRAME_HEADER_LEN..];
-        assert!(decode_admit(&payload[..9]).is_none());
+        assert!(decode_admit(&payload[..17]).is_none());
         let mut long_id = payload.to_vec();
-        long_id[8..10].copy_from_slice(&500u16.to_le_bytes());
+        long_id[16..18].copy_from_slice(&500u16.to_le_bytes());
         assert!(decode_admit(&long_id).is_none());
         assert!(decode_admit(&[0u8; 300]).is_none());
     }

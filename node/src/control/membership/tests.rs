@@ -327,14 +327,28 @@ fn only_in_neighbours_welcome_with_their_parameters_unless_none_is_present() {
     assert!(Membership::new(0, N).welcome_carries_x(4, &directed));
 }
 
+/// An admission signed by `key` as the member of rank `signer`.
+fn signed_by(
+    key: &libp2p::identity::Keypair,
+    signer: Rank,
+    rank: Rank,
+    id: &libp2p::PeerId,
+) -> Signed {
+    Signed {
+        signer,
+        signature: key.sign(&admit_message(rank, signer, id)).unwrap(),
+    }
+}
+
 #[test]
-fn an_admission_holds_only_for_an_empty_rank_with_peer_0s_signature() {
+fn an_admission_holds_only_for_an_empty_rank_with_its_signer_s_signature() {
     let peer0 = libp2p::identity::Keypair::generate_ed25519();
     let member = libp2p::identity::Keypair::generate_ed25519();
     let new = libp2p::PeerId::random();
     let mut peer_ids: Vec<Option<libp2p::PeerId>> =
         (0..N).map(|_| Some(libp2p::PeerId::random())).collect();
     peer_ids[0] = Some(peer0.public().to_peer_id());
+    peer_ids[1] = Some(member.public().to_peer_id());
     peer_ids[3] = None;
     let mut m = Membership::new(2, N);
     let records = m.start_empty(&[3]);
@@ -348,31 +362,65 @@ fn an_admission_holds_only_for_an_empty_rank_with_peer_0s_signature() {
         ),
         ("empty", 3, 0, 2)
     );
-    let signed = peer0.sign(&admit_message(3, &new)).unwrap();
-    let frame = encode_admit(4, 3, new, &signed);
-    let (_, notice) = payload(&frame, FrameKind::Admit, 4);
-    let Verdict::Accept(a) = m.on_admit(4, notice, &peer_ids, None).unwrap() else {
-        panic!("peer 0's admission to an empty rank holds");
-    };
-    assert_eq!(
-        (a.rank, a.id, a.flood.except.as_slice()),
-        (3, new, &[4][..])
-    );
-    let (_, passed) = payload(&a.flood.frame, FrameKind::Admit, 2);
-    assert_eq!(decode_admit(passed), Some((3, new, signed.clone())));
-    // A member's signature, or none.
-    let forged = member.sign(&admit_message(3, &new)).unwrap();
-    for sig in [forged, Vec::new()] {
+    // Peer 0's admission, and that of member 1 (which admits while peer 0 is away).
+    for (key, signer) in [(&peer0, 0), (&member, 1)] {
+        let signed = signed_by(key, signer, 3, &new);
+        let frame = encode_admit(4, 3, new, &signed);
+        let (_, notice) = payload(&frame, FrameKind::Admit, 4);
+        let Verdict::Accept(a) = m.on_admit(4, notice, &peer_ids, None).unwrap() else {
+            panic!("member {signer}'s admission to an empty rank holds");
+        };
         assert_eq!(
-            m.admit(3, new, sig, 4, &peer_ids, None).unwrap(),
-            Verdict::Refuse(Refusal::Unsigned { rank: 3 })
+            (a.rank, a.id, a.flood.except.as_slice()),
+            (3, new, &[4][..])
+        );
+        let (_, passed) = payload(&a.flood.frame, FrameKind::Admit, 2);
+        assert_eq!(decode_admit(passed), Some((3, new, signed)));
+    }
+    // Forged: member 1's signature in peer 0's name, a stranger's in member 1's, a
+    // signature of another rank's admission, none, a signer without an identity here, the
+    // admitted rank as its own signer, a signer outside the run.
+    let stranger = libp2p::identity::Keypair::generate_ed25519();
+    let mut as_peer0 = signed_by(&member, 1, 3, &new);
+    as_peer0.signer = 0;
+    let unknown_signer = {
+        let mut ids = peer_ids.clone();
+        ids[1] = None;
+        ids
+    };
+    let forged = [
+        (as_peer0, &peer_ids),
+        (signed_by(&stranger, 1, 3, &new), &peer_ids),
+        (
+            Signed {
+                signer: 0,
+                signature: peer0.sign(&admit_message(4, 0, &new)).unwrap(),
+            },
+            &peer_ids,
+        ),
+        (
+            Signed {
+                signer: 0,
+                signature: Vec::new(),
+            },
+            &peer_ids,
+        ),
+        (signed_by(&member, 1, 3, &new), &unknown_signer),
+        (signed_by(&member, 3, 3, &new), &peer_ids),
+        (signed_by(&member, N, 3, &new), &peer_ids),
+    ];
+    for (signed, ids) in forged {
+        assert_eq!(
+            m.admit(3, new, signed.clone(), 4, ids, None).unwrap(),
+            Verdict::Refuse(Refusal::Unsigned { rank: 3 }),
+            "{signed:?}"
         );
     }
     // A rank that is taken, or the peer's own.
     for rank in [5, 2] {
-        let sig = peer0.sign(&admit_message(rank, &new)).unwrap();
+        let signed = signed_by(&peer0, 0, rank, &new);
         assert_eq!(
-            m.admit(rank, new, sig, 4, &peer_ids, None).unwrap(),
+            m.admit(rank, new, signed, 4, &peer_ids, None).unwrap(),
             Verdict::Refuse(Refusal::NotEmpty { rank })
         );
     }
@@ -380,19 +428,29 @@ fn an_admission_holds_only_for_an_empty_rank_with_peer_0s_signature() {
         Refusal::NotEmpty { rank: 5 }.to_string(),
         "dropped an admission for rank 5, which is not an empty rank here"
     );
-    // Already known with that identity: nothing to do.
+    // Already known with that identity: nothing to do. Known with another (two members
+    // admitted at once): the first heard of holds.
     let mut known = peer_ids.clone();
     known[3] = Some(new);
+    let signed = signed_by(&peer0, 0, 3, &new);
     assert_eq!(
         m.admit(3, new, signed, 4, &known, None).unwrap(),
         Verdict::Ignore
     );
-    // Malformed, or for a rank outside the run.
+    let other = libp2p::PeerId::random();
     assert_eq!(
-        m.on_admit(4, &notice[..9], &peer_ids, None).unwrap(),
+        m.admit(3, other, signed_by(&member, 1, 3, &other), 4, &known, None)
+            .unwrap(),
+        Verdict::Refuse(Refusal::Conflict { rank: 3 })
+    );
+    // Malformed, or for a rank outside the run.
+    let frame = encode_admit(4, 3, new, &signed_by(&peer0, 0, 3, &new));
+    let (_, notice) = payload(&frame, FrameKind::Admit, 4);
+    assert_eq!(
+        m.on_admit(4, &notice[..17], &peer_ids, None).unwrap(),
         Verdict::Refuse(Refusal::MalformedAdmit)
     );
-    let outside = encode_admit(4, N, new, &[]);
+    let outside = encode_admit(4, N, new, &signed_by(&peer0, 0, N, &new));
     assert_eq!(
         m.on_admit(4, &outside[FRAME_HEADER_LEN..], &peer_ids, None)
             .unwrap(),
@@ -401,24 +459,44 @@ fn an_admission_holds_only_for_an_empty_rank_with_peer_0s_signature() {
 }
 
 #[test]
-fn peer_0s_bootstrap_signs_the_admissions_it_tells() {
-    let peer0 = libp2p::identity::Keypair::generate_ed25519();
+fn the_admitting_member_signs_the_admissions_it_tells_in_its_own_name() {
+    let member = libp2p::identity::Keypair::generate_ed25519();
     let new = libp2p::PeerId::random();
     let mut peer_ids: Vec<Option<libp2p::PeerId>> = vec![None; N];
-    peer_ids[0] = Some(peer0.public().to_peer_id());
-    let mut m = Membership::new(0, N);
+    peer_ids[2] = Some(member.public().to_peer_id());
+    let mut m = Membership::new(2, N);
     m.start_empty(&[6]);
+    let unsigned = Signed {
+        signer: 0,
+        signature: Vec::new(),
+    };
     let Verdict::Accept(a) = m
-        .admit(6, new, Vec::new(), 0, &peer_ids, Some(&peer0))
+        .admit(6, new, unsigned, 2, &peer_ids, Some(&member))
         .unwrap()
     else {
-        panic!("peer 0 admits to an empty rank");
+        panic!("a member admits to an empty rank");
     };
-    let (_, passed) = payload(&a.flood.frame, FrameKind::Admit, 0);
-    let (rank, id, sig) = decode_admit(passed).unwrap();
-    let key0 = auth::public_key(&peer0.public().to_peer_id()).unwrap();
-    assert!(key0.verify(&admit_message(rank, &id), &sig));
-    assert_eq!(a.flood.except, vec![0]);
+    let (_, passed) = payload(&a.flood.frame, FrameKind::Admit, 2);
+    let (rank, id, signed) = decode_admit(passed).unwrap();
+    assert_eq!(signed.signer, 2);
+    let key = auth::public_key(&member.public().to_peer_id()).unwrap();
+    assert!(key.verify(&admit_message(rank, 2, &id), &signed.signature));
+    assert_eq!(a.flood.except, vec![2]);
+}
+
+#[test]
+fn the_lowest_live_rank_skips_departed_and_empty_ranks() {
+    let mut m = Membership::new(3, N);
+    assert_eq!(m.lowest_live(), 0);
+    m.start_empty(&[1]);
+    m.depart((0, 10), "timed out".into(), 2, 5, now(5)).unwrap();
+    assert_eq!(m.lowest_live(), 2);
+    m.depart((2, 10), "timed out".into(), 4, 6, now(6)).unwrap();
+    assert_eq!(
+        m.lowest_live(),
+        3,
+        "this peer, when every lower rank is away"
+    );
 }
 
 #[test]

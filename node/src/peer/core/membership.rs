@@ -18,7 +18,7 @@ use super::{Action, PeerCore};
 use crate::control::discovery::PeerInfo;
 use crate::control::membership::{
     encode_hello, surviving, Admission, Departure, Flood, Membership, MembershipError, Refusal,
-    RejoinError, Restart, Verdict, Welcome,
+    RejoinError, Restart, Signed, Verdict, Welcome,
 };
 use crate::plane::Incarnation;
 use crate::report::frames::{decode_with_params_sized, encode_with_params};
@@ -47,7 +47,9 @@ impl PeerCore {
     fn refuse_membership(&mut self, from: Rank, refusal: Refusal) {
         self.refuse();
         match refusal {
-            Refusal::Unsigned { rank } | Refusal::NotEmpty { rank } => {
+            Refusal::Unsigned { rank }
+            | Refusal::NotEmpty { rank }
+            | Refusal::Conflict { rank } => {
                 warn!(from, rank, "{refusal}")
             }
             _ => warn!(from, "{refusal}"),
@@ -274,23 +276,23 @@ impl PeerCore {
     }
 
     /// A new peer with identity `id` took the empty rank `rank` (told by peer `from`; by
-    /// peer 0's bootstrap when `from` is this peer, which then signs the notice): admit its
-    /// identity to the data plane and pass the notice on once. Refused (counted) for a rank
-    /// that is not empty here, or without peer 0's signature (`signature`, Ed25519 over
-    /// [`crate::control::membership::admit_message`]): a member cannot admit an identity on
-    /// its own.
+    /// this peer's own discovery when `from` is this peer, which then signs the notice):
+    /// admit its identity to the data plane and pass the notice on once. Refused (counted)
+    /// for a rank that is not empty here, or without its signer's signature (`signed`,
+    /// [`crate::control::membership::Membership::admit`]): a member cannot admit an
+    /// identity in another's name.
     pub(super) fn on_admit(
         &mut self,
         rank: Rank,
         id: libp2p::PeerId,
-        signature: Vec<u8>,
+        signed: Signed,
         from: Rank,
         out: &mut Vec<Action>,
     ) -> anyhow::Result<()> {
         let verdict = self.membership.admit(
             rank,
             id,
-            signature,
+            signed,
             from,
             &self.peer_ids,
             self.admit_signer.as_ref(),

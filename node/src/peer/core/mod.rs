@@ -63,7 +63,7 @@ pub(crate) enum Input {
     },
     /// The data plane refused a frame (it logged why).
     Refused { peer: Option<Rank>, reason: String },
-    /// Peer 0's bootstrap admitted a new peer `peer_id` into the empty rank `rank`.
+    /// This peer's discovery admitted a new peer `peer_id` into the empty rank `rank`.
     Joined { rank: Rank, peer_id: libp2p::PeerId },
     /// A frame to `to` (the algorithm's, or a welcome) could not be sent: its link (to the
     /// process of incarnation `incarnation`) ended.
@@ -163,10 +163,11 @@ pub(crate) struct PeerCore {
     /// A rejoining peer only: the round it mixes again from, and the in-neighbours whose
     /// frame for that round has arrived.
     first_frames: Option<(u64, HashSet<Rank>)>,
-    /// Peer 0 only: its key, to sign the admission of a new peer.
+    /// Its key, to sign the admission of a new peer it admits (peer 0, or a member while
+    /// every lower rank is away).
     admit_signer: Option<libp2p::identity::Keypair>,
-    /// Peer 0 with a bootstrap only: the new peers whose first round this peer has not
-    /// reached yet, as (rank, first round); see [`PeerCore::settled_joins`].
+    /// With a key: the new peers whose first round this peer has not reached yet, as
+    /// (rank, first round); see [`PeerCore::settled_joins`].
     settling: Option<Vec<(Rank, u64)>>,
 }
 
@@ -182,7 +183,7 @@ pub(crate) struct CoreSetup {
     pub(crate) linked: Vec<Rank>,
     /// The peers that owe this one a goodbye.
     pub(crate) expected_in: Vec<Rank>,
-    /// Peer 0: its key, to sign admissions (and it collects the reports).
+    /// Its key, to sign the admissions it makes.
     pub(crate) admit_signer: Option<libp2p::identity::Keypair>,
     /// Each rank's incarnation as the directory has it (0: unknown or empty), this peer's
     /// own process's included.
@@ -245,7 +246,11 @@ impl PeerCore {
         let mut out = Vec::new();
         match input {
             Input::Joined { rank, peer_id } => {
-                self.on_admit(rank, peer_id, Vec::new(), self.rank, &mut out)?
+                let signed = crate::control::membership::Signed {
+                    signer: self.rank,
+                    signature: Vec::new(),
+                };
+                self.on_admit(rank, peer_id, signed, self.rank, &mut out)?
             }
             Input::Frame {
                 from,
@@ -420,8 +425,14 @@ impl PeerCore {
         None
     }
 
-    /// Peer 0: the new peers whose first round this peer has now reached; its bootstrap
-    /// lets the next new peer in once told.
+    /// The lowest rank this peer counts in the run (not departed, not empty; itself at
+    /// most): the member that admits new peers, as this peer sees it.
+    pub(crate) fn lowest_live(&self) -> Rank {
+        self.membership.lowest_live()
+    }
+
+    /// The new peers whose first round this peer has now reached; its discovery lets the
+    /// next new peer in once told.
     pub(crate) fn settled_joins(&mut self) -> Vec<Rank> {
         let round = self.gossip.round();
         let Some(settling) = self.settling.as_mut() else {
