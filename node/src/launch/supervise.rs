@@ -383,10 +383,10 @@ impl<'a> Supervisor<'a> {
             !self.bootstrap.is_empty() && rows.iter().any(|r| r.epoch >= self.launch.join_at_epoch);
         if let Some(&rank) = self.to_join.first().filter(|&&r| due && reporting >= r) {
             self.to_join.remove(0);
-            let extra = vec![
-                format!("--bootstrap={}", self.bootstrap),
-                "--join-running".into(),
-            ];
+            // Peer 0 and some members: a member admits it if peer 0 is away meanwhile.
+            let mut extra = vec![format!("--bootstrap={}", self.bootstrap)];
+            extra.extend(self.members(rank).iter().map(|a| format!("--bootstrap={a}")));
+            extra.push("--join-running".into());
             self.peers.add(self.spawner.spawn(rank, extra)?);
             print(format!("rank {rank} joins the running run"));
         }
