@@ -385,7 +385,11 @@ impl<'a> Supervisor<'a> {
             self.to_join.remove(0);
             // Peer 0 and some members: a member admits it if peer 0 is away meanwhile.
             let mut extra = vec![format!("--bootstrap={}", self.bootstrap)];
-            extra.extend(self.members(rank).iter().map(|a| format!("--bootstrap={a}")));
+            extra.extend(
+                self.members(rank)
+                    .iter()
+                    .map(|a| format!("--bootstrap={a}")),
+            );
             extra.push("--join-running".into());
             self.peers.add(self.spawner.spawn(rank, extra)?);
             print(format!("rank {rank} joins the running run"));

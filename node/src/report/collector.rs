@@ -206,9 +206,17 @@ impl Collector {
                 continue;
             }
             let epoch = (round / self.rounds_per_epoch.max(1)) as usize + 1;
-            let mut event = MembershipEvent::back(r, round, false, (epoch, wall));
-            event.reason =
-                format!("came back while peer 0 was away; mixes again from round {round}");
+            // An empty rank taken while peer 0 was away (a member admitted the new peer).
+            let new = (self.history.iter().rev())
+                .find(|e| e.peer == r)
+                .is_some_and(|e| e.event == "empty");
+            let mut event = MembershipEvent::back(r, round, new, (epoch, wall));
+            event.reason = match new {
+                false => format!("came back while peer 0 was away; mixes again from round {round}"),
+                true => format!(
+                    "a new peer, admitted by a member while peer 0 was away; mixes from round {round}"
+                ),
+            };
             self.membership(event, Some(round))?;
         }
         if collects_only {
@@ -1030,6 +1038,51 @@ mod tests {
         assert!(events[0].reason.contains("unseen by peer 0"), "{events:?}");
         // Its reports are awaited again from the epoch of its rejoin round on.
         assert!(!c.awaits(1, 2) && c.awaits(1, 3));
+    }
+
+    /// A restarted peer 0 records a peer that took an empty rank while it was away (a
+    /// member admitted it) as a join, and one that came back as a rejoin.
+    #[test]
+    fn a_restarted_peer_0_records_a_peer_admitted_while_it_was_away_as_a_join() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut c, _) = tiny_collector(4, dir.path());
+        let empty = MembershipEvent {
+            event: "empty".into(),
+            peer: 3,
+            round: 0,
+            epoch: 0,
+            wall_seconds: 0.0,
+            noticed_by: 0,
+            reason: "not taken yet: the run started with --initial-peers".into(),
+        };
+        c.membership(empty, None).unwrap();
+        for peer in 0..3 {
+            add(&mut c, peer, 0, 0.5).unwrap();
+        }
+        let (mut c, _) = tiny_collector(4, dir.path());
+        c.take_up().unwrap();
+        let back = BTreeMap::from([(3, 40), (2, 40)]);
+        let left2 = MembershipEvent {
+            event: "left".into(),
+            peer: 2,
+            round: 30,
+            epoch: 4,
+            wall_seconds: 1.0,
+            noticed_by: 1,
+            reason: "timed out".into(),
+        };
+        c.membership(left2, None).unwrap();
+        c.rejoined(50, (&BTreeMap::new(), &back), false).unwrap();
+        let events: Vec<MembershipEvent> =
+            report::read_json_lines(&dir.path().join("membership.jsonl")).unwrap();
+        let of = |p: Rank| -> Vec<&str> {
+            (events.iter().filter(|e| e.peer == p))
+                .map(|e| e.event.as_str())
+                .collect()
+        };
+        assert_eq!(of(3), ["empty", "joined"], "{events:?}");
+        assert_eq!(of(2), ["left", "rejoined"], "{events:?}");
+        assert_eq!(of(0), ["left", "rejoined"], "{events:?}");
     }
 
     #[test]
