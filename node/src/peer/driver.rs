@@ -220,6 +220,25 @@ impl Driver {
         }
     }
 
+    /// Before this peer begins its next round: waits for the rejoin notice of each peer it
+    /// welcomed that could mix again from that round ([`PeerCore::held_by`]), handling
+    /// events meanwhile. One that announces nothing within `timeout` is not waited for.
+    pub(super) fn hold_for_rejoins(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        while let Some(peer) = self.core.held_by() {
+            self.transmit()?;
+            if !self.next_event(deadline)? {
+                warn!(
+                    peer,
+                    "peer {peer} was welcomed but announced no round to mix again from within \
+                     {timeout:?}; going on without waiting for it"
+                );
+                self.core.stop_awaiting_rejoin(peer);
+            }
+        }
+        Ok(())
+    }
+
     /// Handles the network events that are already queued, without blocking, and sends
     /// what they caused. Events of the state machine are left for [`Driver::wait_mixed`].
     pub(super) fn serve_ready(&mut self) -> anyhow::Result<()> {

@@ -872,6 +872,8 @@ impl<B: AutodiffBackend> Training<'_, B> {
     /// Starts a round from x ([`Round::start`]); an algorithm that overlaps the exchange with
     /// the gradient sends its frames now.
     fn begin_round(&mut self) -> anyhow::Result<Round> {
+        let timeout = Duration::from_secs(self.args.net.round_timeout_secs);
+        self.drv.hold_for_rejoins(timeout)?;
         let protocol = Round::start(
             &mut *self.drv.core.gossip,
             Instant::now(),

@@ -129,6 +129,7 @@ impl PeerCore {
             before,
             flood,
         } = d;
+        self.awaiting_rejoin.remove(&gone);
         warn!(
             gone,
             round, noticed_by, "peer {gone} left the run: {reason}"
@@ -213,6 +214,11 @@ impl PeerCore {
             Restart::Unchanged => {}
         }
         let welcome = self.membership.welcome(from, self.gossip.round(), &self.w);
+        if self.pending_hello.is_none() && self.first_frames.is_none() {
+            // A member (not rejoining itself): it begins no round from which `from` could
+            // mix again until `from` has said which it takes ([`PeerCore::held_by`]).
+            self.awaiting_rejoin.insert(from, welcome.round);
+        }
         let x: &[f32] = match welcome.without_x {
             true => &[],
             false => self.gossip.params(),
@@ -344,6 +350,7 @@ impl PeerCore {
         out: &mut Vec<Action>,
     ) -> anyhow::Result<()> {
         let (back, at) = (notice.back, notice.at);
+        self.awaiting_rejoin.remove(&back);
         let (w, _) = self.surviving(&notice.still_gone)?;
         // This peer rejoining too, from a later round (both restarted at once): it mixes no
         // round before its own first, so it takes `back` in from that one; `back` heard this
@@ -588,6 +595,26 @@ impl PeerCore {
         out.push(broadcast(flood));
         info!(at, neighbours = ?in_peers, "rejoining: mixing again from round {at}");
         Ok((Rejoining { at, mean }, out))
+    }
+
+    /// The peer this one waits for before it begins its next round, if any: one it
+    /// welcomed (at round `r`) whose rejoin notice has not come, once the next round could
+    /// be the one that peer mixes again from (`r` + [`crate::peer::REJOIN_MARGIN_ROUNDS`]
+    /// at the earliest). A rejoining peer may wait for another restarted peer's hello before
+    /// it announces its round; a welcomer that went on meanwhile would have begun that
+    /// round already and could not take it back, and the rejoining peer would wait for its
+    /// frame of that round until its timeout.
+    pub(crate) fn held_by(&self) -> Option<Rank> {
+        let next = self.gossip.round() + 1;
+        (self.awaiting_rejoin.iter())
+            .find(|(_, &r)| next >= r + crate::peer::REJOIN_MARGIN_ROUNDS)
+            .map(|(&p, _)| p)
+    }
+
+    /// Gives up waiting for `peer`'s rejoin notice ([`PeerCore::held_by`]): this peer goes
+    /// on without it.
+    pub(crate) fn stop_awaiting_rejoin(&mut self, peer: Rank) {
+        self.awaiting_rejoin.remove(&peer);
     }
 
     /// A rejoining peer: whether every in-neighbour of its first round is at it (its frame

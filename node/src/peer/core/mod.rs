@@ -163,6 +163,9 @@ pub(crate) struct PeerCore {
     /// A rejoining peer only: the round it mixes again from, and the in-neighbours whose
     /// frame for that round has arrived.
     first_frames: Option<(u64, HashSet<Rank>)>,
+    /// The peers this one welcomed as a member whose rejoin notice has not come yet, with
+    /// the round of the welcome ([`PeerCore::held_by`]).
+    awaiting_rejoin: BTreeMap<Rank, u64>,
     /// Its key, to sign the admission of a new peer it admits (peer 0, or a member while
     /// every lower rank is away).
     admit_signer: Option<libp2p::identity::Keypair>,
@@ -218,6 +221,7 @@ impl PeerCore {
             hellos: BTreeSet::new(),
             pending_hello: None,
             first_frames: None,
+            awaiting_rejoin: BTreeMap::new(),
             settling: setup.admit_signer.is_some().then(Vec::new),
             admit_signer: setup.admit_signer,
         }
@@ -286,6 +290,10 @@ impl PeerCore {
                     peer,
                     incarnation, "lost the connection to a departed process: {reason}"
                 );
+                if incarnation >= self.membership.incarnation(peer) {
+                    // The new process this peer welcomed will not say its round.
+                    self.awaiting_rejoin.remove(&peer);
+                }
                 self.drop_links(peer, incarnation.saturating_add(1), &mut out);
             }
             Input::Lost {

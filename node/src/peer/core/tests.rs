@@ -482,3 +482,46 @@ fn a_restarted_peer_s_hello_opens_a_link_that_carries_the_welcome() {
     assert!(out.is_empty());
     assert_eq!(c.refused_frames, 1);
 }
+
+#[test]
+fn a_member_holds_the_round_a_welcomed_peer_could_mix_again_from_until_it_says_which() {
+    let (now, margin) = (Instant::now(), crate::peer::REJOIN_MARGIN_ROUNDS);
+    let mut c = core(2);
+    let addr: SocketAddr = "127.0.0.1:4201".parse().unwrap();
+    for p in [1, 3] {
+        let hello = crate::control::membership::encode_hello(p, &peer_info(p, addr, 20)).unwrap();
+        c.handle(
+            now,
+            frame(FrameKind::Hello, p, 0, &hello[FRAME_HEADER_LEN..]),
+        )
+        .unwrap();
+    }
+    // Welcomed at round 0: the rounds before 0 + margin are begun without waiting.
+    assert_eq!(c.held_by(), None);
+    c.gossip.start_at_round(margin - 1).unwrap();
+    assert_eq!(c.held_by(), Some(1));
+    // Peer 1 says it mixes again from round `margin`: only peer 3 holds this one now.
+    let notice = crate::control::membership::encode_rejoin(1, (1, 20), margin, addr);
+    c.handle(
+        now,
+        frame(FrameKind::Rejoin, 1, margin, &notice[FRAME_HEADER_LEN..]),
+    )
+    .unwrap();
+    assert_eq!(c.held_by(), Some(3));
+    // Peer 3's new process dies before it says: nothing holds the round any more.
+    c.handle(now, lost(3, 20, "killed")).unwrap();
+    assert!(c.membership.has_left(3));
+    assert_eq!(c.held_by(), None);
+    // A peer waited for too long is given up.
+    let hello = crate::control::membership::encode_hello(1, &peer_info(1, addr, 30)).unwrap();
+    c.handle(
+        now,
+        frame(FrameKind::Hello, 1, 0, &hello[FRAME_HEADER_LEN..]),
+    )
+    .unwrap();
+    assert_eq!(c.held_by(), None, "welcomed at round {}", margin - 1);
+    c.gossip.start_at_round(2 * margin).unwrap();
+    assert_eq!(c.held_by(), Some(1));
+    c.stop_awaiting_rejoin(1);
+    assert_eq!(c.held_by(), None);
+}
