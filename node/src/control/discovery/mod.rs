@@ -13,7 +13,10 @@
 //! (`--resume`; their entry gets the new address, the identity must stay the same) and new
 //! peers taking an empty rank (`--join-running`; allow-list permitting), whose entry it
 //! passes to the data plane as [`crate::plane::NetEvent::Joined`] so that every peer admits
-//! the new identity. Both get the directory at once.
+//! the new identity. Both get the directory at once. While peer 0 is away, any member
+//! answers them too: a restarted peer at once, and new peers while that member is the
+//! lowest rank it counts in the run ([`Admitting`]: it admits them one at a time as the
+//! bootstrap does, and its training loop signs the admission with its own key).
 //!
 //! Every peer also listens on libp2p (`--listen`) and takes part in the run's Kademlia DHT
 //! (protocol `/murmur/kad/1`, kept apart from public DHTs; every node a server, routing

@@ -307,9 +307,9 @@ pub(super) fn not_bootstrap(bootstrap: Option<PeerId>) -> JoinResponse {
 /// fingerprint; the identity libp2p authenticated must be the one `dir` holds for that rank,
 /// so only the holder of that rank's key can take it back; the run key's tag), and every
 /// member holds what they need. So a peer comes back while peer 0 is away. A new peer
-/// (an empty rank, or any rank) is pointed at the bootstrap, which alone gives out empty
-/// ranks (two members could give one rank to two peers), as is a whole run resuming (it
-/// has no members yet).
+/// (an empty rank, or any rank) is pointed at the bootstrap, as is a whole run resuming (it
+/// has no members yet), unless this member admits new peers itself because every lower
+/// rank is away (decided before this is asked: [`super::Admitting`]).
 pub(super) fn member_answer(
     dir: &mut [Option<PeerInfo>],
     fingerprint: &Fingerprint,
