@@ -186,6 +186,18 @@ pub struct Admitting {
     pub lowest_live: tokio::sync::watch::Receiver<Rank>,
 }
 
+/// What a peer serves once it is in the run: peer 0's bootstrap (late joins, the relay, the
+/// saved directory), or a member (restarted peers, and new peers while it is the lowest
+/// live rank).
+enum Serving {
+    Bootstrap {
+        admitting: Admitting,
+        relay: Option<std::sync::Arc<Relay>>,
+        directory_file: Option<PathBuf>,
+    },
+    Member(Admitting),
+}
+
 /// The libp2p node of identity `key`: join requests (answered within `timeout`), ping,
 /// identify, the run's DHT (this node a server), and mDNS if `mdns`.
 ///
@@ -363,7 +375,7 @@ pub async fn discover(
         .listen_on(listen.addr.clone())
         .with_context(|| format!("cannot listen on {} (--listen)", listen.addr))?;
     let deadline = tokio::time::Instant::now() + timeout;
-    let (directory, late, use_relay) = match role {
+    let (directory, serving, use_relay) = match role {
         Role::Bootstrap {
             initial,
             admitting,
@@ -418,7 +430,12 @@ pub async fn discover(
             // Offer the record again, now that the initial peers are in the routing table.
             let addrs: Vec<Multiaddr> = swarm.listeners().cloned().collect();
             publish_record(&mut swarm, &key, &addrs);
-            (directory, Ok((admitting, relay, directory_file)), true)
+            let serving = Serving::Bootstrap {
+                admitting,
+                relay,
+                directory_file,
+            };
+            (directory, serving, true)
         }
         Role::Join {
             bootstrap,
@@ -448,7 +465,7 @@ pub async fn discover(
                         b => anyhow!("no directory from the bootstrap {} within {timeout:?}: {refused} (is peer 0 running, and reachable at the addresses it publishes, its --listen?)", list(b)),
                     }
                 })??;
-            (directory, Err(admitting), relay)
+            (directory, Serving::Member(admitting), relay)
         }
     };
     // Keep the control plane alive for liveness; the bootstrap answers late joins, every
@@ -459,14 +476,20 @@ pub async fn discover(
         .and_then(|p| p.as_ref())
         .and_then(|p| p.peer_id.parse().ok());
     let (requests, mut asked) = tokio::sync::mpsc::channel::<Pending>(16);
-    let client = match &late {
-        Ok((_, relay, _)) => relay.clone().map_or(RelayClient::Off, RelayClient::Local),
-        Err(_) if use_relay => RelayClient::Remote(requests),
-        Err(_) => RelayClient::Off,
+    let client = match &serving {
+        Serving::Bootstrap { relay, .. } => {
+            relay.clone().map_or(RelayClient::Off, RelayClient::Local)
+        }
+        Serving::Member(_) if use_relay => RelayClient::Remote(requests),
+        Serving::Member(_) => RelayClient::Off,
     };
     tokio::spawn(async move {
-        match late {
-            Ok((admitting, relay, directory_file)) => {
+        match serving {
+            Serving::Bootstrap {
+                admitting,
+                relay,
+                directory_file,
+            } => {
                 let mut late = LateJoins {
                     dir,
                     fingerprint,
@@ -478,7 +501,7 @@ pub async fn discover(
                 };
                 late.run(swarm, relocations).await
             }
-            Err(admitting) => {
+            Serving::Member(admitting) => {
                 let mut member = Member {
                     rank: directory.rank,
                     bootstrap: boot,
