@@ -105,6 +105,40 @@ impl Cluster {
         joined
     }
 
+    /// A D-PSGD ring of 5 (10 epochs of 25 rounds, `extra` options) started with ranks 0–3:
+    /// rank 4 is empty. Returns the run's options, for a peer started later, and the libp2p
+    /// address of member `member`.
+    fn start_ring_of_5_without_rank_4(
+        &mut self,
+        extra: &[&str],
+        member: usize,
+    ) -> (Vec<String>, String) {
+        let mut run = args(&[
+            "--peers=5",
+            "--topology=ring",
+            "--algorithm=dpsgd",
+            "--epochs=10",
+            "--rounds-per-epoch=25",
+            "--peer-timeout-secs=3",
+            "--round-timeout-secs=30",
+        ]);
+        run.extend(extra.iter().map(|a| a.to_string()));
+        let mut first = run.clone();
+        first.push("--initial-peers=4".into());
+        let boot = self.start_bootstrap(&first);
+        let file = self.dir.path().join(format!("member-{member}.addr"));
+        for rank in 1..4 {
+            let mut a = run.clone();
+            a.push(format!("--bootstrap={boot}"));
+            if rank == member {
+                a.push(format!("--address-file={}", file.display()));
+            }
+            self.spawn(rank, &a);
+        }
+        let addr = self.address(member, &file);
+        (run, addr)
+    }
+
     /// Waits until peer 0 has recorded a departure in `membership.jsonl`.
     fn wait_for_departure(&self) {
         let membership = self.out().join("membership.jsonl");
@@ -888,30 +922,8 @@ fn a_new_peer_is_admitted_by_a_member_while_peer_0_is_away() {
     // Peer 2 sleeps 80 ms a round, so that the run outlasts the new peer's 10-s attempt to
     // link to peer 0's dead process (its directory still lists it).
     let mut c = Cluster::new();
-    let run = args(&[
-        "--peers=5",
-        "--topology=ring",
-        "--algorithm=dpsgd",
-        "--epochs=10",
-        "--rounds-per-epoch=25",
-        "--peer-timeout-secs=3",
-        "--round-timeout-secs=30",
-        "--slow-peer=2:80",
-    ]);
-    let mut first = run.clone();
-    first.push("--initial-peers=4".into());
-    let boot = c.start_bootstrap(&first);
-    let member = c.dir.path().join("member-1.addr");
-    for rank in 1..4 {
-        let mut a = run.clone();
-        a.push(format!("--bootstrap={boot}"));
-        if rank == 1 {
-            a.push(format!("--address-file={}", member.display()));
-        }
-        c.spawn(rank, &a);
-    }
-    let mut late = run.clone();
-    late.push(format!("--bootstrap={}", c.address(1, &member)));
+    let (mut late, member) = c.start_ring_of_5_without_rank_4(&["--slow-peer=2:80"], 1);
+    late.push(format!("--bootstrap={member}"));
     late.push("--join-running".into());
     wait_for_epoch(&c, 2);
     c.children[0].kill().unwrap();
@@ -946,29 +958,8 @@ fn a_new_peer_takes_an_empty_rank_of_an_elastic_run() {
     // the 4 train on the path 0 – 1 – 2 – 3); a new peer takes rank 4 after two epochs. It
     // knows only member 2's address, not the bootstrap's: it finds peer 0 in the run's DHT.
     let mut c = Cluster::new();
-    let run = args(&[
-        "--peers=5",
-        "--topology=ring",
-        "--algorithm=dpsgd",
-        "--epochs=10",
-        "--rounds-per-epoch=25",
-        "--peer-timeout-secs=3",
-        "--round-timeout-secs=30",
-    ]);
-    let mut first = run.clone();
-    first.push("--initial-peers=4".into());
-    let boot = c.start_bootstrap(&first);
-    let member = c.dir.path().join("member-2.addr");
-    for rank in 1..4 {
-        let mut a = run.clone();
-        a.push(format!("--bootstrap={boot}"));
-        if rank == 2 {
-            a.push(format!("--address-file={}", member.display()));
-        }
-        c.spawn(rank, &a);
-    }
-    let mut joined = run.clone();
-    joined.push(format!("--bootstrap={}", c.address(2, &member)));
+    let (mut joined, member) = c.start_ring_of_5_without_rank_4(&[], 2);
+    joined.push(format!("--bootstrap={member}"));
     wait_for_epoch(&c, 2);
     // A peer started without --join-running is refused by the running run.
     c.spawn(4, &joined); // children[4]

@@ -574,16 +574,16 @@ impl Membership {
     ) -> Result<Verdict<Admission>, MembershipError> {
         match decode_admit(payload) {
             Some((rank, id, signed)) if rank < self.n => {
-                self.admit(rank, id, signed, from, peer_ids, key)
+                self.admit(rank, id, Some(signed), from, peer_ids, key)
             }
             _ => Ok(Verdict::Refuse(Refusal::MalformedAdmit)),
         }
     }
 
     /// A new peer with identity `id` took the empty rank `rank`, admitted by the member
-    /// `signed.signer` (told by peer `from`; by this peer's own discovery when `from` is
-    /// this peer, which then signs it with `key` as the signer). `peer_ids`: each rank's
-    /// identity as known here.
+    /// `signed.signer` (told by peer `from`), or by this peer itself when `signed` is `None`
+    /// (its own discovery admitted it: it signs with `key` as the signer). `peer_ids`: each
+    /// rank's identity as known here.
     ///
     /// Any member may admit (the one that takes itself for the lowest live rank does:
     /// [`crate::control::discovery`]), and every peer checks the admission itself: the
@@ -603,7 +603,7 @@ impl Membership {
         &self,
         rank: Rank,
         id: libp2p::PeerId,
-        signed: Signed,
+        signed: Option<Signed>,
         from: Rank,
         peer_ids: &[Option<libp2p::PeerId>],
         key: Option<&libp2p::identity::Keypair>,
@@ -612,14 +612,15 @@ impl Membership {
         if known == Some(id) {
             return Ok(Verdict::Ignore);
         }
-        let signed = match key {
-            Some(key) if from == self.me => Signed {
+        let signed = match (signed, key) {
+            (Some(signed), _) => signed,
+            (None, Some(key)) => Signed {
                 signer: self.me,
                 signature: key
                     .sign(&admit_message(rank, self.me, &id))
                     .map_err(|e| MembershipError::Signing(e.to_string()))?,
             },
-            _ => signed,
+            (None, None) => return Ok(Verdict::Refuse(Refusal::Unsigned { rank })),
         };
         let valid = (signed.signer != rank)
             .then(|| peer_ids.get(signed.signer).copied().flatten())

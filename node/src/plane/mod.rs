@@ -867,6 +867,29 @@ mod tests {
         Bytes::from(f)
     }
 
+    /// A sender (peer 0, identity `a`, QUIC only) and a receiver (peer 1, identity `b`, which
+    /// admits `a` as peer 0), on 127.0.0.1 with a 5 s peer timeout: (sender, its events,
+    /// receiver, its events).
+    pub(super) fn quic_pair(
+        a: &Keypair,
+        b: &Keypair,
+    ) -> (
+        DataPlane,
+        mpsc::Receiver<NetEvent>,
+        DataPlane,
+        mpsc::Receiver<NetEvent>,
+    ) {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let timeout = Duration::from_secs(5);
+        let admitted = Admitted::default();
+        admitted.admit_all([(a.public().to_peer_id(), 0)]);
+        let (mut sender, sender_events) =
+            DataPlane::bind(0, any, 1 << 20, timeout, a, Admitted::default()).unwrap();
+        sender.transport = TransportChoice::Quic;
+        let (receiver, events) = DataPlane::bind(1, any, 1 << 20, timeout, b, admitted).unwrap();
+        (sender, sender_events, receiver, events)
+    }
+
     /// The next event within 10 s.
     async fn next(events: &mut mpsc::Receiver<NetEvent>) -> NetEvent {
         tokio::time::timeout(Duration::from_secs(10), events.recv())
@@ -1028,16 +1051,8 @@ mod tests {
     /// the same address); a process older than the newest one known is refused.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_link_carries_the_incarnation_of_the_process_it_reached() {
-        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let timeout = Duration::from_secs(5);
         let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
-        let admitted = Admitted::default();
-        admitted.admit_all([(a.public().to_peer_id(), 0)]);
-        let (mut sender, _e) =
-            DataPlane::bind(0, any, 1 << 20, timeout, &a, Admitted::default()).unwrap();
-        sender.transport = TransportChoice::Quic;
-        let (receiver, mut events) =
-            DataPlane::bind(1, any, 1 << 20, timeout, &b, admitted).unwrap();
+        let (sender, _e, receiver, mut events) = quic_pair(&a, &b);
         let (b_id, now) = (b.public().to_peer_id(), receiver.incarnation());
         let mut links = Vec::new();
         for known in [0, 1, now] {

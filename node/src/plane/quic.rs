@@ -147,14 +147,18 @@ pub(super) async fn ask_incarnation(conn: &Connection) -> anyhow::Result<Incarna
         })?;
         anyhow::Ok(Incarnation::from_le_bytes(bytes))
     };
-    tokio::time::timeout(liveness::HANDSHAKE_TIMEOUT, exchange)
+    within_handshake_timeout("an answer to the incarnation query", exchange).await
+}
+
+/// `exchange`, given up after [`liveness::HANDSHAKE_TIMEOUT`] with "no `what` within …".
+async fn within_handshake_timeout<T>(
+    what: &str,
+    exchange: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    let limit = liveness::HANDSHAKE_TIMEOUT;
+    tokio::time::timeout(limit, exchange)
         .await
-        .map_err(|_| {
-            anyhow!(
-                "no answer to the incarnation query within {:?}",
-                liveness::HANDSHAKE_TIMEOUT
-            )
-        })?
+        .map_err(|_| anyhow!("no {what} within {limit:?}"))?
 }
 
 /// Answers the incarnation query that opens every incoming connection
@@ -177,14 +181,7 @@ async fn answer_incarnation(conn: &Connection, mine: Incarnation) -> anyhow::Res
         send.finish()?;
         anyhow::Ok(())
     };
-    tokio::time::timeout(liveness::HANDSHAKE_TIMEOUT, exchange)
-        .await
-        .map_err(|_| {
-            anyhow!(
-                "no incarnation query within {:?}",
-                liveness::HANDSHAKE_TIMEOUT
-            )
-        })?
+    within_handshake_timeout("incarnation query", exchange).await
 }
 
 /// Accepts the endpoint's incoming connections: authenticated, admitted, bound to a rank.

@@ -971,21 +971,13 @@ mod tests {
     /// a token used twice and a plaintext offer to an encrypted receiver are all refused.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tcp_connections_without_an_offer_or_under_another_identity_are_refused() {
-        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let timeout = Duration::from_secs(5);
         let (a, b, stranger) = (
             Keypair::generate_ed25519(),
             Keypair::generate_ed25519(),
             Keypair::generate_ed25519(),
         );
         let b_id = b.public().to_peer_id();
-        let admitted = Admitted::default();
-        admitted.admit_all([(a.public().to_peer_id(), 0)]);
-        let (mut sender, _e) =
-            DataPlane::bind(0, any, 1 << 20, timeout, &a, Admitted::default()).unwrap();
-        sender.transport = TransportChoice::Quic;
-        let (receiver, mut events) =
-            DataPlane::bind(1, any, 1 << 20, timeout, &b, admitted).unwrap();
+        let (sender, _e, receiver, mut events) = crate::plane::tests::quic_pair(&a, &b);
         let tcp_addr = SocketAddr::new(receiver.local_addr.ip(), receiver.tcp_port());
         // One offer per connection: each ask on a link of its own.
         let link = || async {

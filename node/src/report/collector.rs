@@ -207,9 +207,7 @@ impl Collector {
             }
             let epoch = (round / self.rounds_per_epoch.max(1)) as usize + 1;
             // An empty rank taken while peer 0 was away (a member admitted the new peer).
-            let new = (self.history.iter().rev())
-                .find(|e| e.peer == r)
-                .is_some_and(|e| e.event == "empty");
+            let new = self.last_event(r).is_some_and(|e| e.event == "empty");
             let mut event = MembershipEvent::back(r, round, new, (epoch, wall));
             event.reason = match new {
                 false => format!("came back while peer 0 was away; mixes again from round {round}"),
@@ -381,9 +379,13 @@ impl Collector {
     /// Whether the record counts peer `r` in the run: its last event is a (re)join, or it
     /// has none (an initial peer); not after a departure, nor for an empty rank.
     fn counted_in(&self, r: Rank) -> bool {
-        (self.history.iter().rev())
-            .find(|e| e.peer == r)
+        self.last_event(r)
             .is_none_or(|e| e.event == "joined" || e.event == "rejoined")
+    }
+
+    /// The record's latest membership event about peer `r`, if any.
+    fn last_event(&self, r: Rank) -> Option<&MembershipEvent> {
+        self.history.iter().rev().find(|e| e.peer == r)
     }
 
     /// Aggregates, prints and writes every pending epoch that has the reports of all peers

@@ -411,7 +411,7 @@ fn an_admission_holds_only_for_an_empty_rank_with_its_signer_s_signature() {
     ];
     for (signed, ids) in forged {
         assert_eq!(
-            m.admit(3, new, signed.clone(), 4, ids, None).unwrap(),
+            m.admit(3, new, Some(signed.clone()), 4, ids, None).unwrap(),
             Verdict::Refuse(Refusal::Unsigned { rank: 3 }),
             "{signed:?}"
         );
@@ -420,7 +420,8 @@ fn an_admission_holds_only_for_an_empty_rank_with_its_signer_s_signature() {
     for rank in [5, 2] {
         let signed = signed_by(&peer0, 0, rank, &new);
         assert_eq!(
-            m.admit(rank, new, signed, 4, &peer_ids, None).unwrap(),
+            m.admit(rank, new, Some(signed), 4, &peer_ids, None)
+                .unwrap(),
             Verdict::Refuse(Refusal::NotEmpty { rank })
         );
     }
@@ -434,13 +435,20 @@ fn an_admission_holds_only_for_an_empty_rank_with_its_signer_s_signature() {
     known[3] = Some(new);
     let signed = signed_by(&peer0, 0, 3, &new);
     assert_eq!(
-        m.admit(3, new, signed, 4, &known, None).unwrap(),
+        m.admit(3, new, Some(signed), 4, &known, None).unwrap(),
         Verdict::Ignore
     );
     let other = libp2p::PeerId::random();
     assert_eq!(
-        m.admit(3, other, signed_by(&member, 1, 3, &other), 4, &known, None)
-            .unwrap(),
+        m.admit(
+            3,
+            other,
+            Some(signed_by(&member, 1, 3, &other)),
+            4,
+            &known,
+            None
+        )
+        .unwrap(),
         Verdict::Refuse(Refusal::Conflict { rank: 3 })
     );
     // Malformed, or for a rank outside the run.
@@ -466,14 +474,7 @@ fn the_admitting_member_signs_the_admissions_it_tells_in_its_own_name() {
     peer_ids[2] = Some(member.public().to_peer_id());
     let mut m = Membership::new(2, N);
     m.start_empty(&[6]);
-    let unsigned = Signed {
-        signer: 0,
-        signature: Vec::new(),
-    };
-    let Verdict::Accept(a) = m
-        .admit(6, new, unsigned, 2, &peer_ids, Some(&member))
-        .unwrap()
-    else {
+    let Verdict::Accept(a) = m.admit(6, new, None, 2, &peer_ids, Some(&member)).unwrap() else {
         panic!("a member admits to an empty rank");
     };
     let (_, passed) = payload(&a.flood.frame, FrameKind::Admit, 2);

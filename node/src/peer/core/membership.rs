@@ -18,7 +18,7 @@ use super::{Action, PeerCore};
 use crate::control::discovery::PeerInfo;
 use crate::control::membership::{
     encode_hello, surviving, Admission, Departure, Flood, Membership, MembershipError, Refusal,
-    RejoinError, Restart, Signed, Verdict, Welcome,
+    RejoinError, Restart, Verdict, Welcome,
 };
 use crate::plane::Incarnation;
 use crate::report::frames::{decode_with_params_sized, encode_with_params};
@@ -281,29 +281,19 @@ impl PeerCore {
         Ok(out)
     }
 
-    /// A new peer with identity `id` took the empty rank `rank` (told by peer `from`; by
-    /// this peer's own discovery when `from` is this peer, which then signs the notice):
-    /// admit its identity to the data plane and pass the notice on once. Refused (counted)
-    /// for a rank that is not empty here, or without its signer's signature (`signed`,
-    /// [`crate::control::membership::Membership::admit`]): a member cannot admit an
-    /// identity in another's name.
-    pub(super) fn on_admit(
+    /// This peer's discovery admitted a new peer with identity `id` to the empty rank
+    /// `rank`: this peer signs the admission with its key, admits the identity to its data
+    /// plane and floods the notice ([`crate::control::membership::Membership::admit`]; a
+    /// notice from another peer goes through [`Membership::on_admit`]).
+    pub(super) fn admit_new_peer(
         &mut self,
         rank: Rank,
         id: libp2p::PeerId,
-        signed: Signed,
-        from: Rank,
         out: &mut Vec<Action>,
     ) -> anyhow::Result<()> {
-        let verdict = self.membership.admit(
-            rank,
-            id,
-            signed,
-            from,
-            &self.peer_ids,
-            self.admit_signer.as_ref(),
-        );
-        self.admission(verdict, from, out)
+        let key = self.admit_signer.as_ref();
+        let verdict = (self.membership).admit(rank, id, None, self.rank, &self.peer_ids, key);
+        self.admission(verdict, self.rank, out)
     }
 
     /// Carries out the state machine's verdict on an admission told by `from`.

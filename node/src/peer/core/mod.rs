@@ -249,13 +249,7 @@ impl PeerCore {
     pub(crate) fn handle(&mut self, now: Instant, input: Input) -> anyhow::Result<Vec<Action>> {
         let mut out = Vec::new();
         match input {
-            Input::Joined { rank, peer_id } => {
-                let signed = crate::control::membership::Signed {
-                    signer: self.rank,
-                    signature: Vec::new(),
-                };
-                self.on_admit(rank, peer_id, signed, self.rank, &mut out)?
-            }
+            Input::Joined { rank, peer_id } => self.admit_new_peer(rank, peer_id, &mut out)?,
             Input::Frame {
                 from,
                 header,
