@@ -8,7 +8,8 @@
 # Environment: MURMUR (binary; default target/release/murmur), PEERS (8), FAST (link rate,
 # tc units; 200mbit), SLOW (rate of the link SLOW_LINK; default: FAST), SLOW_LINK ("3-4":
 # the ring edge between ranks 3 and 4), SLOW_ONEWAY (1: only the direction 3 → 4 of that
-# edge is slow, 4 → 3 runs at FAST: an asymmetric link), VANISH ("R@SECS": SECS seconds after
+# edge is slow, 4 → 3 runs at FAST: an asymmetric link), MTU (every link's MTU in bytes;
+# 1500, or 9000 for a jumbo-frame fabric), VANISH ("R@SECS": SECS seconds after
 # the peers start, host R vanishes as a host that loses power does: its link goes down, then
 # its process is killed, so no FIN or RST reaches the others; the time is written to
 # OUT/vanish.txt and peer R's failure is expected), BASELINE ("gloo": instead of murmur,
@@ -32,6 +33,7 @@ PEERS=${PEERS:-8}
 FAST=${FAST:-200mbit}
 SLOW=${SLOW:-$FAST}
 SLOW_LINK=${SLOW_LINK:-3-4}
+MTU=${MTU:-1500}
 BR=mrbr0
 NET=10.78.0
 
@@ -56,9 +58,9 @@ for i in $(seq 0 $((PEERS - 1))); do
     # frees it later).
     ip link del "mrv$i" 2>/dev/null || true
     ip link add "mrv$i" type veth peer name eth0 netns "h$i"
-    ip link set "mrv$i" master "$BR" up
+    ip link set "mrv$i" mtu "$MTU" master "$BR" up
     ip -n "h$i" addr add "$NET.$((i + 1))/24" dev eth0
-    ip -n "h$i" link set eth0 up
+    ip -n "h$i" link set eth0 mtu "$MTU" up
     ip -n "h$i" link set lo up
 done
 

@@ -34,7 +34,7 @@ use murmur_gossip::Rank;
 use quinn::{Connection, VarInt};
 use tokio::sync::{mpsc, Mutex};
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::process::{ProcessId, ProcessState};
 use super::receive::Receiving;
@@ -215,7 +215,19 @@ pub async fn silent(
     let mut silent_from: Option<Instant> = None;
     loop {
         tokio::select! {
-            _ = conn.closed() => return None,
+            _ = conn.closed() => {
+                let s = conn.stats();
+                debug!(
+                    peer,
+                    "QUIC connection {direction} peer {peer} closed: path MTU {} bytes, {} \
+                     packets sent, {} lost, {} congestion events",
+                    s.path.current_mtu,
+                    s.path.sent_packets,
+                    s.path.lost_packets,
+                    s.path.congestion_events
+                );
+                return None;
+            }
             now = ticks.tick() => {
                 // One look at the far end a tick: a process of this host that is gone is
                 // lost at once, whatever the silence.

@@ -447,7 +447,7 @@ impl DataPlane {
         let socket: std::net::UdpSocket = socket.into();
         let raw = Arc::new(socket.try_clone()?);
         let endpoint = Endpoint::new(
-            quinn::EndpointConfig::default(),
+            quic::endpoint_config(),
             Some(server),
             socket,
             Arc::new(quinn::TokioRuntime),
@@ -1077,6 +1077,33 @@ mod tests {
             format!("{e:#}").contains("older than the one known"),
             "{e:#}"
         );
+    }
+
+    /// Path-MTU discovery takes a QUIC link past Ethernet's 1,452-byte packets where the
+    /// path carries larger ones (loopback's MTU is 65,536): up to [`quic::MAX_UDP_PAYLOAD`],
+    /// which both ends announce.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_quic_link_grows_its_packets_where_the_path_carries_them() {
+        let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+        let (sender, _e, receiver, mut events) = quic_pair(&a, &b);
+        let link = sender
+            .connect((1, 0), receiver.local_addr, b.public().to_peer_id())
+            .await
+            .unwrap();
+        assert_eq!(link.kind, LinkKind::Quic);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mtu = loop {
+            link.send(sized(0, 1 << 20, 7)).await.unwrap();
+            assert!(matches!(
+                next(&mut events).await,
+                NetEvent::Frame { from: 0, .. }
+            ));
+            let mtu = link.conn.stats().path.current_mtu;
+            if mtu == quic::MAX_UDP_PAYLOAD || std::time::Instant::now() > deadline {
+                break mtu;
+            }
+        };
+        assert_eq!(mtu, quic::MAX_UDP_PAYLOAD, "the path MTU discovery reached");
     }
 
     /// A plaintext link needs both ends to ask for it: a plaintext sender to an encrypted

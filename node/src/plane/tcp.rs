@@ -883,8 +883,6 @@ fn ended_early(
 mod tests {
     use super::*;
     use crate::plane::quic::crypto_provider;
-    use crate::plane::tls::Admitted;
-    use crate::plane::{DataPlane, TransportChoice};
 
     #[test]
     fn a_host_answers_while_nothing_it_was_sent_waits_long_for_an_answer() {
