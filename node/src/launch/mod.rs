@@ -56,8 +56,9 @@ pub struct LaunchArgs {
     #[arg(long)]
     pub run_id: Option<String>,
     /// An elastic run: start with ranks 0..M only; the other ranks join the running run
-    /// (`murmur peer --join-running`) once epoch `--join-at-epoch` is recorded, one at a
-    /// time: the next once the one before reports (D-PSGD, SGP, CHOCO-SGD).
+    /// (`murmur peer --join-running`) once epoch `--join-at-epoch` is recorded, all started
+    /// at once; the run takes them in one at a time, neighbours of its members first
+    /// (D-PSGD, SGP, CHOCO-SGD).
     #[arg(long, value_name = "M")]
     pub initial_peers: Option<usize>,
     /// With `--initial-peers`: the epoch after which the other ranks join.

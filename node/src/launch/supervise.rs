@@ -374,15 +374,16 @@ impl<'a> Supervisor<'a> {
         }
     }
 
-    /// An elastic run: starts the next rank to join once its epoch is due. One joiner at a
-    /// time: two neighbours joining at once would each take the other's hello for a restart
-    /// (see the guide, elastic runs).
+    /// An elastic run: starts every rank still to join once its epoch is due, all at once.
+    /// The run takes them in one at a time, neighbours of its members first (see the
+    /// guide, elastic runs), so that no two neighbours join half-way together.
     fn join_due(&mut self, rows: &[EpochRow], print: &dyn Fn(String)) -> anyhow::Result<()> {
-        let reporting = rows.last().map_or(0, |r| r.peers);
         let due =
             !self.bootstrap.is_empty() && rows.iter().any(|r| r.epoch >= self.launch.join_at_epoch);
-        if let Some(&rank) = self.to_join.first().filter(|&&r| due && reporting >= r) {
-            self.to_join.remove(0);
+        if !due {
+            return Ok(());
+        }
+        for rank in std::mem::take(&mut self.to_join) {
             // Peer 0 and some members: a member admits it if peer 0 is away meanwhile.
             let mut extra = vec![format!("--bootstrap={}", self.bootstrap)];
             extra.extend(

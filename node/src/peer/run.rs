@@ -43,7 +43,7 @@ pub(super) fn run_on<B: AutodiffBackend>(
     });
     let (mut net, mut x) = init_model::<B>(args, &device, start.rank)?;
     let fingerprint = fingerprint(args, &topo, x.len(), rounds_per_epoch);
-    let joined = join(args, peer, &start, &fingerprint, x.len())?;
+    let joined = join(args, peer, &start, (&fingerprint, &topo), x.len())?;
     let rank = joined.me.rank;
     span.record("peer", rank);
     if rank != start.rank && args.train.init == Init::Independent {
@@ -247,7 +247,7 @@ fn join(
     args: &RunArgs,
     peer: &PeerArgs,
     start: &Start,
-    fingerprint: &Fingerprint,
+    (fingerprint, topo): (&Fingerprint, &murmur_topology::Topology),
     d: usize,
 ) -> anyhow::Result<Joined> {
     let Start {
@@ -322,6 +322,15 @@ fn join(
         joined: plane.event_sender(),
         settled,
         lowest_live: lowest_live_rx,
+        neighbours: (0..args.peers)
+            .map(|r| {
+                let g = &topo.graph;
+                let mut ns = [g.in_neighbors(r), g.out_neighbors(r)].concat();
+                ns.sort_unstable();
+                ns.dedup();
+                ns
+            })
+            .collect(),
     };
     let role = match joins {
         false => Role::Bootstrap {

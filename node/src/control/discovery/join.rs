@@ -354,7 +354,10 @@ pub(super) async fn join(
                     j.refused(format!("{peer}: {error}"));
                     continue;
                 }
-                bail!("join request to the bootstrap failed: {error}")
+                bail!(
+                    "join request to the bootstrap failed: {error} (if its connection was lost \
+                     before it answered, the run may have ended or peer 0 may be gone)"
+                )
             }
             other => debug!(?other, "join"),
         }

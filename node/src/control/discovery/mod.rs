@@ -184,6 +184,10 @@ pub struct Admitting {
     /// current by it: a member other than peer 0 admits new peers only while that is its
     /// own rank.
     pub lowest_live: tokio::sync::watch::Receiver<Rank>,
+    /// Each rank's neighbours in the run's communication graph (in and out), `n` lists:
+    /// new peers are let in neighbours first, so that none trains apart while another
+    /// waiting one would join the run ([`NewPeers::next`]). Empty: in order of arrival.
+    pub neighbours: Vec<Vec<Rank>>,
 }
 
 /// What a peer serves once it is in the run: peer 0's bootstrap (late joins, the relay, the
@@ -625,17 +629,15 @@ impl Member {
     /// admits; once it no longer does (a lower rank came back), the rest are pointed at the
     /// bootstrap as any member points them.
     async fn admit_waiting(&mut self, swarm: &mut Swarm<Behaviour>) {
-        while self.new_peers.pending.is_none() {
-            let Some(next) = self.new_peers.waiting.pop_front() else {
-                return;
-            };
-            if !self.admits() {
-                let (peer, _, channel) = next;
+        if !self.admits() {
+            for (_, (peer, _, channel)) in self.new_peers.waiting.drain(..) {
                 debug!(%peer, "a lower rank is back: the new peer is pointed at the bootstrap");
                 let answer = policy::not_bootstrap(self.bootstrap);
                 let _ = swarm.behaviour_mut().join.send_response(channel, answer);
-                continue;
             }
+            return;
+        }
+        while let Some(next) = self.new_peers.next(&self.dir, tokio::time::Instant::now()) {
             let (dir, fingerprint, gate) = (&mut self.dir, &self.fingerprint, &self.gate);
             let late = answer_late(swarm, (dir, fingerprint, gate), next, 1);
             if let Late::Joined(info) = &late {
@@ -682,7 +684,7 @@ fn as_member(
             seen_through_nat(&mut request, m.observed.get(&peer).copied());
             if m.admits() && request.rejoin && policy::takes_empty_rank(&m.dir, &request) {
                 info!(%peer, "a new peer asks this member, which admits while every lower rank is away");
-                m.new_peers.waiting.push_back((peer, request, channel));
+                m.new_peers.wait(&m.dir, (peer, request, channel));
                 return Ok(None);
             }
             let local = *swarm.local_peer_id();
@@ -812,9 +814,8 @@ impl LateJoins {
                         ..
                     })) => {
                         seen_through_nat(&mut request, self.observed.get(&peer).copied());
-                        if self.new_peers.pending.is_some() && policy::takes_empty_rank(&self.dir, &request) {
-                            info!(%peer, "a new peer waits until the one joining before it mixes with the run");
-                            self.new_peers.waiting.push_back((peer, request, channel));
+                        if policy::takes_empty_rank(&self.dir, &request) {
+                            self.new_peers.wait(&self.dir, (peer, request, channel));
                         } else {
                             self.answer(&mut swarm, (peer, request, channel)).await;
                         }
@@ -842,10 +843,7 @@ impl LateJoins {
                     self.new_peers.give_up_waiting();
                 }
             }
-            while self.new_peers.pending.is_none() {
-                let Some(next) = self.new_peers.waiting.pop_front() else {
-                    break;
-                };
+            while let Some(next) = self.new_peers.next(&self.dir, tokio::time::Instant::now()) {
                 self.answer(&mut swarm, next).await;
             }
         }
@@ -897,10 +895,12 @@ struct NewPeers {
     lowest_live: tokio::sync::watch::Receiver<Rank>,
     /// The new peer being taken in, and since when.
     pending: Option<(Rank, tokio::time::Instant)>,
-    /// New peers waiting for it, in order of arrival.
-    waiting: std::collections::VecDeque<Waiting>,
+    /// New peers waiting to be let in, in order of arrival, each with when it came.
+    waiting: std::collections::VecDeque<(tokio::time::Instant, Waiting)>,
     /// How long a new peer may take to settle before the next is let in anyway.
     limit: Duration,
+    /// Each rank's neighbours ([`Admitting::neighbours`]).
+    neighbours: Vec<Vec<Rank>>,
 }
 
 impl NewPeers {
@@ -912,12 +912,42 @@ impl NewPeers {
             pending: None,
             waiting: std::collections::VecDeque::new(),
             limit,
+            neighbours: a.neighbours,
         }
     }
 
-    /// When the pending new peer is given up waiting for, if one is pending.
+    /// When to look again: the pending new peer is given up waiting for at its limit; with
+    /// none pending, the first new peer still waiting is let in at its [`policy::GATHER`] time.
     fn deadline(&self) -> Option<tokio::time::Instant> {
-        self.pending.map(|(_, since)| since + self.limit)
+        match self.pending {
+            Some((_, since)) => Some(since + self.limit),
+            None => self
+                .waiting
+                .front()
+                .map(|(since, _)| *since + policy::GATHER),
+        }
+    }
+
+    /// Queues new peer `w` to be let in ([`NewPeers::next`]).
+    fn wait(&mut self, dir: &Directory, w: Waiting) {
+        let (peer, rank) = (w.0, w.1.info.rank);
+        if !policy::next_to_the_run(&self.neighbours, dir, &w.1) {
+            info!(%peer, rank, "a new peer none of whose neighbours is in the run yet: it waits up to {:?} for those that have one", policy::GATHER);
+        } else if self.pending.is_some() {
+            info!(%peer, "a new peer waits until the one joining before it mixes with the run");
+        }
+        self.waiting.push_back((tokio::time::Instant::now(), w));
+    }
+
+    /// The waiting new peer to let in at `now`, if one may be (none is pending;
+    /// [`policy::pick_next`]).
+    fn next(&mut self, dir: &Directory, now: tokio::time::Instant) -> Option<Waiting> {
+        if self.pending.is_some() {
+            return None;
+        }
+        let waiting = self.waiting.iter().map(|(since, w)| (*since, &w.1));
+        let at = policy::pick_next(waiting, dir, &self.neighbours, now)?;
+        self.waiting.remove(at).map(|(_, w)| w)
     }
 
     /// New peer `rank` mixes with the run: the next may be let in.

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use libp2p::PeerId;
 use murmur_gossip::Rank;
 
-use super::{Discovered, Fingerprint, JoinRequest, JoinResponse, PeerInfo};
+use super::{Directory, Discovered, Fingerprint, JoinRequest, JoinResponse, PeerInfo};
 use crate::control::auth::RunKey;
 
 /// Who may join besides the run options: the bootstrap's checks, and what a joining peer
@@ -450,6 +450,49 @@ pub(super) fn read_answer(
         }),
         Err(why) => Reading::Failed(why),
     }
+}
+
+/// How long a new peer none of whose neighbours is in the run yet waits for the others that
+/// came before it is let in anyway: let in first, it would train apart from the run (with a
+/// round of its own) until a neighbour joined, and the next new peers next to it would then
+/// wait for the run to catch up with that round.
+pub(super) const GATHER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether the new peer of `request` would have a neighbour in the run (`dir`), each
+/// rank's neighbours being `neighbours`: true for one that takes whatever empty rank is
+/// lowest, or whose neighbours are not known.
+pub(super) fn next_to_the_run(
+    neighbours: &[Vec<Rank>],
+    dir: &Directory,
+    request: &JoinRequest,
+) -> bool {
+    request.any_rank
+        || neighbours
+            .get(request.info.rank)
+            .is_none_or(|ns| ns.iter().any(|&j| dir.get(j).is_some_and(Option::is_some)))
+}
+
+/// Which of the `waiting` new peers (when each came, its request; in order of arrival) to
+/// let in at `now`, by its index: the first to have come with a neighbour in the run
+/// ([`next_to_the_run`]); else, once the first still waiting has waited [`GATHER`], the one
+/// of the lowest rank; else none yet.
+pub(super) fn pick_next<'a>(
+    waiting: impl Iterator<Item = (tokio::time::Instant, &'a JoinRequest)> + Clone,
+    dir: &Directory,
+    neighbours: &[Vec<Rank>],
+    now: tokio::time::Instant,
+) -> Option<usize> {
+    if let Some(at) = waiting
+        .clone()
+        .position(|(_, r)| next_to_the_run(neighbours, dir, r))
+    {
+        return Some(at);
+    }
+    let (first, _) = waiting.clone().next()?;
+    (now >= first + GATHER)
+        .then(|| waiting.enumerate().min_by_key(|(_, (_, r))| r.info.rank))
+        .flatten()
+        .map(|(at, _)| at)
 }
 
 #[cfg(test)]

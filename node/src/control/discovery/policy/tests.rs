@@ -635,3 +635,54 @@ fn a_rejoin_the_data_plane_learnt_updates_the_directory_a_node_serves() {
     assert!(relocate(&mut dir, moved(2, ids[2], "10.0.0.3:5", 1)));
     assert_eq!(dir[2].as_ref().unwrap().peer_id, ids[2].to_string());
 }
+
+/// New peers waiting to join a running 8-ring whose ranks 0–3 are in: the first to have
+/// come with a neighbour in the run goes first, whatever came before it; one without waits
+/// for `GATHER`, then the lowest rank goes; a peer without a rank never waits.
+#[test]
+fn new_peers_are_let_in_next_to_the_run_first() {
+    let ring: Vec<Vec<Rank>> = (0..8).map(|r| vec![(r + 7) % 8, (r + 1) % 8]).collect();
+    let mut dir: Directory = (0..8)
+        .map(|r| (r < 4).then(|| info(r, PeerId::random())))
+        .collect();
+    let t0 = tokio::time::Instant::now();
+    let at = |s: u64| t0 + std::time::Duration::from_millis(s);
+    // Arrived in this order: 6 (next to 5 and 7), 5 (next to 4 and 6), 4 (next to 3).
+    let waiting = [
+        fresh(6, PeerId::random(), false),
+        fresh(5, PeerId::random(), false),
+    ];
+    let mut waiting: Vec<(tokio::time::Instant, JoinRequest)> =
+        waiting.into_iter().map(|r| (t0, r)).collect();
+    let pick = |w: &[(tokio::time::Instant, JoinRequest)], dir: &Directory, now| {
+        pick_next(w.iter().map(|(t, r)| (*t, r)), dir, &ring, now)
+    };
+    // 6 and 5 have no neighbour in the run: none goes before GATHER, then the lowest rank.
+    assert_eq!(pick(&waiting, &dir, at(0)), None);
+    assert_eq!(pick(&waiting, &dir, at(999)), None);
+    assert_eq!(pick(&waiting, &dir, t0 + GATHER), Some(1), "rank 5");
+    // 4 came last but is next to 3: it goes first, at once.
+    waiting.push((at(10), fresh(4, PeerId::random(), false)));
+    assert_eq!(pick(&waiting, &dir, at(10)), Some(2));
+    waiting.remove(2);
+    dir[4] = Some(info(4, PeerId::random()));
+    // Now 5 is next to 4: it goes before 6, which came first.
+    assert_eq!(pick(&waiting, &dir, at(20)), Some(1));
+    waiting.remove(1);
+    dir[5] = Some(info(5, PeerId::random()));
+    assert_eq!(pick(&waiting, &dir, at(30)), Some(0));
+    // A peer without a rank takes the lowest empty one: it never waits.
+    let mut dir: Directory = (0..8)
+        .map(|r| (r < 4).then(|| info(r, PeerId::random())))
+        .collect();
+    dir[0] = None;
+    let lone = [(at(0), fresh(6, PeerId::random(), true))];
+    assert_eq!(pick(&lone, &dir, at(0)), Some(0));
+    // Neighbours not known (an empty list): in order of arrival, as before.
+    let w = [(at(0), fresh(6, PeerId::random(), false))];
+    assert_eq!(
+        pick_next(w.iter().map(|(t, r)| (*t, r)), &dir, &[], at(0)),
+        Some(0)
+    );
+    assert_eq!(pick(&[], &dir, at(5000)), None);
+}
