@@ -23,8 +23,8 @@
 //! each preceded by its length (u64 LE): a frame over the receiver's limit is read past
 //! and refused, one whose header lies about its length refused, and the frames after them
 //! still arrive — the checks, refusals and counting of [`super::receive::deliver`], as on
-//! the other transports. One thread per side does the blocking I/O (`write_all` of the whole
-//! frame; a read straight into the frame's buffer). A frame's transfer time (what the
+//! the other transports. One thread per side does the blocking I/O (writes of at most
+//! [`WRITE_CHUNK`] bytes; a read straight into the frame's buffer). A frame's transfer time (what the
 //! per-link choices measure bandwidth from) is taken from the kernel's receive timestamps
 //! of its first and last bytes ([`Stamped`]), not from when the reading thread got to them:
 //! on a busy host that thread often finds a frame already whole in the kernel's buffers.
@@ -310,17 +310,28 @@ impl FrameTransport for TcpFrames {
     }
 }
 
-/// Writes `frame` preceded by its length (u64 LE), in as few system calls as the writer
-/// takes.
+/// The most bytes of a frame handed to the kernel in one write (2 MiB). One write of a
+/// whole 100 MB frame holds the socket's lock until the kernel has taken all of it, so the
+/// acknowledgements that arrive meanwhile wait in its backlog and the window opens late:
+/// on loopback, writes of 1–4 MiB (as iperf3's 1 MiB writes, or gloo's non-blocking ones,
+/// which return when the send buffer is full) moved 1.2–1.4× as many bytes a second at
+/// 0.8× the CPU of whole-frame writes; 2 MiB measured best of them (see the guide,
+/// transport).
+pub const WRITE_CHUNK: usize = 2 << 20;
+
+/// Writes `frame` preceded by its length (u64 LE), at most [`WRITE_CHUNK`] bytes of it a
+/// system call.
 fn write_frame(w: &mut dyn Write, frame: &[u8]) -> std::io::Result<()> {
     let len = (frame.len() as u64).to_le_bytes();
     let mut done = 0;
     let total = len.len() + frame.len();
     while done < total {
         let n = if done < len.len() {
-            w.write_vectored(&[IoSlice::new(&len[done..]), IoSlice::new(frame)])?
+            let first = &frame[..frame.len().min(WRITE_CHUNK)];
+            w.write_vectored(&[IoSlice::new(&len[done..]), IoSlice::new(first)])?
         } else {
-            w.write(&frame[done - len.len()..])?
+            let from = done - len.len();
+            w.write(&frame[from..frame.len().min(from + WRITE_CHUNK)])?
         };
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());

@@ -13,8 +13,9 @@
 //! reads the 24-byte header, checks it and reads the payload into one buffer it reuses for
 //! every frame — as a PyTorch user's `recv` into a preallocated tensor does, and iperf3.
 //! These are the anchors murmur is judged against, so they are moved the way the tools a
-//! user would pick instead move them (large writes, one thread per side, no allocation per
-//! message); `experiments/wire/` measures PyTorch gloo and iperf3 themselves. Every delivered frame is handed to a callback (the
+//! user would pick instead move them (writes of 2 MiB, [`crate::plane::tcp::WRITE_CHUNK`],
+//! as iperf3 writes 1 MiB and gloo's non-blocking writes return when the send buffer is
+//! full; one thread per side; no allocation per message); `experiments/wire/` measures PyTorch gloo and iperf3 themselves. Every delivered frame is handed to a callback (the
 //! benchmark counts its bytes; the tests compare them); the receivers themselves do not
 //! look at the payload. Each function returns the seconds from the first byte written (the
 //! TLS handshake done) until the receiver has handed over the last frame.
@@ -201,8 +202,11 @@ where
             let mut w = connect(client)?;
             let t = Instant::now();
             for i in 0..frames {
-                w.write_all(frame)
-                    .with_context(|| format!("writing frame {i}"))?;
+                // As iperf3 and gloo write: a part at a time (murmur's TCP link too).
+                for part in frame.chunks(crate::plane::tcp::WRITE_CHUNK) {
+                    w.write_all(part)
+                        .with_context(|| format!("writing frame {i}"))?;
+                }
             }
             w.flush().context("flushing the last frame")?;
             anyhow::Ok((t, w))
