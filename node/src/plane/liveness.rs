@@ -22,7 +22,9 @@
 //! the far host answers ([`Host`]). A peer silent for the peer timeout whose host still
 //! answers is waited for up to the paused timeout (`--paused-timeout-secs`) before it is
 //! reported lost, with one warning; a vanished host stops answering and is reported at the
-//! peer timeout as before ([`verdict`]). On one host a shared-memory link's ends know each
+//! peer timeout, or sooner where the data sent to it goes unacknowledged (or the connection
+//! breaks): then once the peer has also been silent on QUIC for two keep-alive intervals
+//! ([`Timeouts::host_gone`], 2 s by default; [`verdict`]). On one host a shared-memory link's ends know each
 //! other's process ([`super::process`]): a stopped one is waited for the same way, and one
 //! that exited is reported at once, at the next look. On QUIC alone (through NATs, relayed)
 //! nothing tells the two apart, and the peer timeout decides.
@@ -79,6 +81,17 @@ impl Timeouts {
     pub fn idle(&self) -> Duration {
         (self.paused() + Duration::from_secs(1)).max(HANDSHAKE_TIMEOUT)
     }
+
+    /// The silence after which a peer whose host is gone from the link's TCP connection
+    /// ([`Host::Gone`]) is lost: two keep-alive intervals (2 s at the default
+    /// peer timeout of 5 s), at most the peer timeout. Two signals agree by then: no
+    /// datagram came on the QUIC connection although the far end sends a keep-alive every
+    /// interval, and the far kernel, which acknowledges TCP data whatever its processes do
+    /// (a paused or starved one included), has left retransmitted data unacknowledged for
+    /// a second, or the connection broke — its host is gone or cut off, not slow.
+    pub fn host_gone(&self) -> Duration {
+        (2 * keep_alive_interval(self.peer)).min(self.peer)
+    }
 }
 
 /// What tells of a link's far process besides its QUIC datagrams, once the link's transport
@@ -118,27 +131,35 @@ pub enum Host {
     /// zero-window probes, keep-alive probes), or the process on this host is running or
     /// stopped: alive or paused, not dead.
     Answers,
-    /// The connection broke or its host stopped acknowledging, or the process exited: gone.
+    /// Its host left a probe unanswered for a second (or its process on this host exited):
+    /// not answering, but the evidence is weak alone (see [`Host::Gone`]).
     Silent,
+    /// The TCP connection broke, or data sent on it went unacknowledged, retransmitted,
+    /// for a second: the far host is gone or cut off.
+    Gone,
 }
 
-/// What a silence of `silent` (at least the peer timeout) means.
+/// What a silence means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
+    /// Not long enough to say anything: look again.
+    Waiting,
     /// The peer's host still answers: paused or hung; wait up to the paused timeout.
     Paused,
     /// The peer is lost.
     Lost,
 }
 
-/// The verdict on a peer silent for `silent` (≥ `t.peer`) whose host is in state `host`:
-/// [`Verdict::Paused`] while its host answers and the silence is shorter than the paused
-/// timeout, else [`Verdict::Lost`].
+/// The verdict on a peer silent for `silent` whose host is in state `host`: lost from
+/// [`Timeouts::host_gone`] on if its host is gone; else nothing before the peer
+/// timeout; then [`Verdict::Paused`] while its host answers and the silence is shorter
+/// than the paused timeout, else [`Verdict::Lost`].
 pub fn verdict(silent: Duration, t: Timeouts, host: Host) -> Verdict {
-    if host == Host::Answers && silent < t.paused() {
-        Verdict::Paused
-    } else {
-        Verdict::Lost
+    match host {
+        Host::Gone if silent >= t.host_gone() => Verdict::Lost,
+        _ if silent < t.peer => Verdict::Waiting,
+        Host::Answers if silent < t.paused() => Verdict::Paused,
+        _ => Verdict::Lost,
     }
 }
 
@@ -147,6 +168,8 @@ pub fn verdict(silent: Duration, t: Timeouts, host: Host) -> Verdict {
 #[derive(Debug)]
 pub struct Silence {
     timeout: Duration,
+    /// The shortest silence [`Silence::look`] reports (at most `timeout`).
+    report_from: Duration,
     /// When this clock last looked.
     last_look: Instant,
     /// When the count last changed (or the clock was last reset).
@@ -160,10 +183,18 @@ impl Silence {
     pub fn new(now: Instant, timeout: Duration, datagrams: u64) -> Silence {
         Silence {
             timeout,
+            report_from: timeout,
             last_look: now,
             last_heard: now,
             datagrams,
         }
+    }
+
+    /// The same clock, reporting silences from `from` on (at most the timeout) instead of
+    /// from the timeout; what counts as this process's own pause stays half the timeout.
+    pub fn reporting_from(mut self, from: Duration) -> Silence {
+        self.report_from = from.min(self.timeout);
+        self
     }
 
     /// How often to look: a tenth of the timeout, between 50 and 500 ms.
@@ -172,7 +203,8 @@ impl Silence {
     }
 
     /// A look at `now`, the connection having received `datagrams` so far. `Some(silence)`
-    /// once nothing arrived for the timeout while this process ran. A gap since the last
+    /// once nothing arrived for the timeout (or from [`Silence::reporting_from`]) while
+    /// this process ran. A gap since the last
     /// look of more than half the timeout is this process's own pause: the silence starts
     /// again from `now`.
     pub fn look(&mut self, now: Instant, datagrams: u64) -> Option<Duration> {
@@ -184,7 +216,7 @@ impl Silence {
             return None;
         }
         let silent = now.saturating_duration_since(self.last_heard);
-        (silent >= self.timeout).then_some(silent)
+        (silent >= self.report_from).then_some(silent)
     }
 }
 
@@ -208,11 +240,14 @@ pub async fn silent(
     probe: &LinkProbe,
     (peer, direction): (Rank, &str),
 ) -> Option<Loss> {
-    let mut clock = Silence::new(Instant::now(), t.peer, conn.stats().udp_rx.datagrams);
+    let mut clock = Silence::new(Instant::now(), t.peer, conn.stats().udp_rx.datagrams)
+        .reporting_from(t.host_gone());
     let mut ticks = tokio::time::interval(clock.interval());
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // While the host answers for a silent peer: when its silence began.
     let mut silent_from: Option<Instant> = None;
+    // In this silence, the far kernel answered a new connection ([`kernel_answers`]).
+    let mut kernel_answered = false;
     loop {
         tokio::select! {
             _ = conn.closed() => {
@@ -231,11 +266,12 @@ pub async fn silent(
             now = ticks.tick() => {
                 // One look at the far end a tick: a process of this host that is gone is
                 // lost at once, whatever the silence.
-                let host = host(probe);
+                let mut host = host(probe);
                 if let (Host::Silent, Some(Far::Process(p))) = (host, probe.get()) {
                     return Some(Loss::Exited(*p));
                 }
                 let Some(s) = clock.look(now, conn.stats().udp_rx.datagrams) else {
+                    kernel_answered = false;
                     if let Some(from) = silent_from.take() {
                         info!(
                             peer,
@@ -246,7 +282,20 @@ pub async fn silent(
                     }
                     continue;
                 };
+                // Before the peer timeout, a host taken for gone must also leave a new
+                // connection unanswered (once a silence: a kernel that answered is alive).
+                if host == Host::Gone && s < t.peer {
+                    if !kernel_answered {
+                        if let Some(Far::Tcp(tcp)) = probe.get() {
+                            kernel_answered = kernel_answers(tcp).await;
+                        }
+                    }
+                    if kernel_answered {
+                        host = Host::Silent;
+                    }
+                }
                 match verdict(s, t, host) {
+                    Verdict::Waiting => {}
                     Verdict::Lost => return Some(Loss::Silent(s, host)),
                     Verdict::Paused => {
                         if silent_from.is_none() {
@@ -271,6 +320,31 @@ pub async fn silent(
                 }
             }
         }
+    }
+}
+
+/// How long [`kernel_answers`] waits for the far kernel.
+const KERNEL_ANSWER_WAIT: Duration = Duration::from_millis(500);
+
+/// Whether the kernel at the far end of `tcp` answers a new TCP connection to the address
+/// `tcp` is connected to within [`KERNEL_ANSWER_WAIT`]: with a SYN-ACK (a listener: the
+/// connection is closed before its first byte, which the far data plane takes for this
+/// check) or a reset (no listener on that port, as for the far end's own port of an
+/// accepted link). A kernel answers whatever its processes do, a paused or starved one
+/// included; a host that is gone or cut off does not.
+pub async fn kernel_answers(tcp: &std::net::TcpStream) -> bool {
+    match tcp.peer_addr() {
+        Ok(addr) => kernel_answers_at(addr).await,
+        Err(_) => false,
+    }
+}
+
+/// Whether the kernel at `addr`'s host answers a TCP connection to it ([`kernel_answers`]).
+async fn kernel_answers_at(addr: std::net::SocketAddr) -> bool {
+    match tokio::time::timeout(KERNEL_ANSWER_WAIT, tokio::net::TcpStream::connect(addr)).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(e)) => e.kind() == std::io::ErrorKind::ConnectionRefused,
+        Err(_) => false,
     }
 }
 
@@ -312,6 +386,7 @@ pub async fn report_when_silent(
                     ", though not dead: paused or hung for longer than --paused-timeout-secs"
                 }
                 Host::Silent => ", its host no longer answering on the TCP link",
+                Host::Gone => ", its host gone from the TCP link (its data unacknowledged, or the connection broken)",
             };
             format!(
                 "connection {direction} peer {peer}: timed out (silent for {:.1} s{host})",
@@ -381,6 +456,24 @@ mod tests {
     }
 
     #[test]
+    fn a_clock_reporting_early_reports_from_then_and_still_knows_its_own_pauses() {
+        let t0 = Instant::now();
+        let mut c = Silence::new(t0, T, 0).reporting_from(ms(2_000));
+        assert_eq!(c.look(t0 + ms(1_500), 0), None);
+        assert_eq!(c.look(t0 + ms(2_000), 0), Some(ms(2_000)));
+        assert_eq!(c.look(t0 + ms(3_000), 0), Some(ms(3_000)));
+        // A datagram starts the silence again.
+        assert_eq!(c.look(t0 + ms(3_500), 1), None);
+        // A gap of 2 s is under half the peer timeout: not this process's pause.
+        assert_eq!(c.look(t0 + ms(5_500), 1), Some(ms(2_000)));
+        // One of 3 s is: the silence starts again.
+        assert_eq!(c.look(t0 + ms(8_500), 1), None);
+        // Never later than the timeout.
+        let c = Silence::new(t0, T, 0).reporting_from(Duration::from_secs(9));
+        assert_eq!(c.report_from, T);
+    }
+
+    #[test]
     fn slow_looks_within_half_the_timeout_still_count_silence() {
         let t0 = Instant::now();
         let mut c = Silence::new(t0, T, 0);
@@ -400,9 +493,20 @@ mod tests {
         assert_eq!(verdict(at(5), t, Host::Answers), Verdict::Paused);
         assert_eq!(verdict(at(29), t, Host::Answers), Verdict::Paused);
         assert_eq!(verdict(at(30), t, Host::Answers), Verdict::Lost);
-        // A vanished host, or no TCP link to ask: lost at the peer timeout, as before.
-        assert_eq!(verdict(at(5), t, Host::Silent), Verdict::Lost);
+        // No TCP link to ask: lost at the peer timeout, nothing said before.
+        assert_eq!(verdict(at(4), t, Host::Unknown), Verdict::Waiting);
         assert_eq!(verdict(at(5), t, Host::Unknown), Verdict::Lost);
+        assert_eq!(verdict(at(4), t, Host::Answers), Verdict::Waiting);
+        // A host gone: lost after two keep-alive intervals (2 s); one that only left a
+        // probe unanswered, at the peer timeout.
+        assert_eq!(t.host_gone(), at(2));
+        assert_eq!(verdict(ms(1_999), t, Host::Gone), Verdict::Waiting);
+        assert_eq!(verdict(at(2), t, Host::Gone), Verdict::Lost);
+        assert_eq!(verdict(at(2), t, Host::Silent), Verdict::Waiting);
+        assert_eq!(verdict(at(5), t, Host::Silent), Verdict::Lost);
+        // Never later than the peer timeout, and 4 s (two of 2 s) for long ones.
+        assert_eq!(Timeouts::from(ms(1_000)).host_gone(), ms(400));
+        assert_eq!(Timeouts::from(Duration::from_secs(60)).host_gone(), at(4));
         // A paused timeout below the peer timeout is the peer timeout; from a bare peer
         // timeout, no wait at all.
         let short = Timeouts {
@@ -412,6 +516,17 @@ mod tests {
         assert_eq!(short.paused(), T);
         assert_eq!(verdict(T, short, Host::Answers), Verdict::Lost);
         assert_eq!(verdict(T, T.into(), Host::Answers), Verdict::Lost);
+    }
+
+    /// A kernel answers a connection to a listener and to a port without one (a host that
+    /// does not answer needs a host to vanish: `.ci/net-test`'s vanishing host).
+    #[tokio::test]
+    async fn a_kernel_answers_a_new_connection_to_a_listener_or_not() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert!(kernel_answers_at(listener.local_addr().unwrap()).await);
+        let closed = listener.local_addr().unwrap();
+        drop(listener);
+        assert!(kernel_answers_at(closed).await, "a reset is an answer");
     }
 
     #[test]

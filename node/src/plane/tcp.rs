@@ -141,18 +141,29 @@ struct TcpView {
     /// Something sent is unacknowledged and was sent again: a retransmission, a
     /// zero-window probe or a keep-alive probe.
     unanswered: bool,
+    /// Data is in flight unacknowledged and was retransmitted: not a probe. A paused
+    /// process's kernel acknowledges all data that reaches its window (and the sender sends
+    /// none beyond it), so this lasting is a host gone or cut off. A probe is weaker
+    /// evidence: the far kernel answers the probes of a zero window or of an idle link at
+    /// a limited rate (`tcp_invalid_ratelimit`, 500 ms), and a paused peer's probes were
+    /// seen unanswered for 1.1 s.
+    data_unanswered: bool,
     /// Since the last acknowledgement came.
     since_ack: Duration,
 }
 
 impl TcpView {
     /// The far host answers: established, and nothing sent again waits for an answer for
-    /// longer than [`UNANSWERED_FOR`].
+    /// longer than [`UNANSWERED_FOR`]; gone: the connection broke, or retransmitted data
+    /// waits that long; else silent (a probe waits).
     fn host(&self) -> Host {
-        if self.established && !(self.unanswered && self.since_ack >= UNANSWERED_FOR) {
-            Host::Answers
-        } else {
+        let waited = self.since_ack >= UNANSWERED_FOR;
+        if !self.established || (self.data_unanswered && waited) {
+            Host::Gone
+        } else if self.unanswered && waited {
             Host::Silent
+        } else {
+            Host::Answers
         }
     }
 }
@@ -178,6 +189,7 @@ fn tcp_view(tcp: &TcpStream) -> Option<TcpView> {
         // TCP_ESTABLISHED of the kernel's tcp_states.h.
         established: info.tcpi_state == 1,
         unanswered: info.tcpi_retransmits > 0 || info.tcpi_probes > 0,
+        data_unanswered: info.tcpi_retransmits > 0 && info.tcpi_unacked > 0,
         since_ack: Duration::from_millis(info.tcpi_last_ack_recv.into()),
     })
 }
@@ -689,6 +701,15 @@ async fn accept_loop(listener: tokio::net::TcpListener, side: Arc<TcpSide>) {
                     t.set_nonblocking(false)?;
                     Ok(t)
                 });
+                // A connection closed before its first byte is another peer's check that
+                // this host answers ([`super::liveness::kernel_answers`]): not a refusal.
+                if let Ok(t) = &tcp {
+                    let _ = t.set_read_timeout(Some(HANDSHAKE_TIMEOUT));
+                    if matches!(t.peek(&mut [0u8; 1]), Ok(0)) {
+                        debug!(%remote, "a TCP connection closed before its first byte: a check that this host answers");
+                        return;
+                    }
+                }
                 match tcp
                     .map_err(anyhow::Error::from)
                     .and_then(|t| bind(&side, t))
@@ -897,19 +918,22 @@ mod tests {
 
     #[test]
     fn a_host_answers_while_nothing_it_was_sent_waits_long_for_an_answer() {
-        let view = |established, unanswered, ms| TcpView {
+        let view = |established, unanswered, data_unanswered, ms| TcpView {
             established,
             unanswered,
+            data_unanswered,
             since_ack: Duration::from_millis(ms),
         };
         // A paused process: zero-window probes answered, long gaps between answers.
-        assert_eq!(view(true, false, 8_000).host(), Host::Answers);
+        assert_eq!(view(true, false, false, 8_000).host(), Host::Answers);
         // A live link retransmitting once: the answer comes soon.
-        assert_eq!(view(true, true, 300).host(), Host::Answers);
-        // A vanished host: retransmissions or probes unanswered for a second and more.
-        assert_eq!(view(true, true, 1_000).host(), Host::Silent);
+        assert_eq!(view(true, true, true, 300).host(), Host::Answers);
+        // A probe unanswered for a second: silent (a paused peer's can be, rate-limited).
+        assert_eq!(view(true, true, false, 1_000).host(), Host::Silent);
+        // A vanished host: retransmitted data unanswered for a second and more.
+        assert_eq!(view(true, true, true, 1_000).host(), Host::Gone);
         // Closed by a FIN, a reset or the kernel's keep-alive timeout.
-        assert_eq!(view(false, false, 0).host(), Host::Silent);
+        assert_eq!(view(false, false, false, 0).host(), Host::Gone);
     }
 
     /// The kernel's view of real loopback connections: a far end that never reads (a
@@ -949,7 +973,7 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        assert_eq!(host(&probe), Host::Silent);
+        assert_eq!(host(&probe), Host::Gone);
     }
 
     /// The next refusal reported within 10 s.
