@@ -246,6 +246,15 @@ impl Graph {
         &self.in_adj[i]
     }
 
+    /// Peers `i` sends to or receives from (either end of an edge with `i`), sorted, each
+    /// once. Panics if `i >= n`.
+    pub fn neighbors(&self, i: Rank) -> Vec<Rank> {
+        let mut ns = [self.in_neighbors(i), self.out_neighbors(i)].concat();
+        ns.sort_unstable();
+        ns.dedup();
+        ns
+    }
+
     /// Out-degree of peer `i`. Panics if `i >= n`.
     pub fn out_degree(&self, i: Rank) -> usize {
         self.out_adj[i].len()

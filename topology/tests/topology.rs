@@ -1076,3 +1076,13 @@ fn adjacency_lists_and_exported_graph_texts_load_back_to_the_same_graph() {
         "{err}"
     );
 }
+
+#[test]
+fn neighbors_are_both_ends_of_a_peer_s_edges_each_once() {
+    // 0 -> 1, 2 -> 0, 0 <-> 3 (both directions), 1 -> 2.
+    let g = Graph::from_edges(4, &[(0, 1), (2, 0), (0, 3), (3, 0), (1, 2)], true).unwrap();
+    assert_eq!(g.neighbors(0), vec![1, 2, 3]);
+    assert_eq!(g.neighbors(1), vec![0, 2]);
+    assert_eq!(g.neighbors(3), vec![0]);
+    assert_eq!(Graph::ring(5).unwrap().neighbors(0), vec![1, 4]);
+}

@@ -322,15 +322,7 @@ fn join(
         joined: plane.event_sender(),
         settled,
         lowest_live: lowest_live_rx,
-        neighbours: (0..args.peers)
-            .map(|r| {
-                let g = &topo.graph;
-                let mut ns = [g.in_neighbors(r), g.out_neighbors(r)].concat();
-                ns.sort_unstable();
-                ns.dedup();
-                ns
-            })
-            .collect(),
+        neighbours: (0..args.peers).map(|r| topo.graph.neighbors(r)).collect(),
     };
     let role = match joins {
         false => Role::Bootstrap {

@@ -285,10 +285,8 @@ pub async fn silent(
                 // Before the peer timeout, a host taken for gone must also leave a new
                 // connection unanswered (once a silence: a kernel that answered is alive).
                 if host == Host::Gone && s < t.peer {
-                    if !kernel_answered {
-                        if let Some(Far::Tcp(tcp)) = probe.get() {
-                            kernel_answered = kernel_answers(tcp).await;
-                        }
+                    if let (false, Some(Far::Tcp(tcp))) = (kernel_answered, probe.get()) {
+                        kernel_answered = kernel_answers(tcp).await;
                     }
                     if kernel_answered {
                         host = Host::Silent;
@@ -332,7 +330,7 @@ const KERNEL_ANSWER_WAIT: Duration = Duration::from_millis(500);
 /// check) or a reset (no listener on that port, as for the far end's own port of an
 /// accepted link). A kernel answers whatever its processes do, a paused or starved one
 /// included; a host that is gone or cut off does not.
-pub async fn kernel_answers(tcp: &std::net::TcpStream) -> bool {
+async fn kernel_answers(tcp: &std::net::TcpStream) -> bool {
     match tcp.peer_addr() {
         Ok(addr) => kernel_answers_at(addr).await,
         Err(_) => false,
@@ -518,10 +516,11 @@ mod tests {
         assert_eq!(verdict(T, T.into(), Host::Answers), Verdict::Lost);
     }
 
-    /// A kernel answers a connection to a listener and to a port without one (a host that
-    /// does not answer needs a host to vanish: `.ci/net-test`'s vanishing host).
+    /// A kernel answers a connection to a listener, and to a port without one (a reset is
+    /// an answer too). That a host which vanished does not answer needs a host to vanish:
+    /// `.ci/net-test` (e).
     #[tokio::test]
-    async fn a_kernel_answers_a_new_connection_to_a_listener_or_not() {
+    async fn a_kernel_answers_a_connection_to_a_listener_and_to_a_closed_port() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         assert!(kernel_answers_at(listener.local_addr().unwrap()).await);
         let closed = listener.local_addr().unwrap();
