@@ -3,7 +3,7 @@
 //!
 //! Peer 0 starts first and writes its libp2p address to `<run>/bootstrap.addr`; the others
 //! get it as `--bootstrap`. Each peer's stdout and stderr go to `<run>/logs/peer-<rank>.log`.
-//! The launcher prints peer 0's per-epoch rows (from `<run>/epochs.jsonl`) and its
+//! The launcher prints the record keeper's per-epoch rows (from `<run>/epochs.jsonl`) and its
 //! membership events (`membership.jsonl`: departures, rejoins) as they appear, with a
 //! progress bar, and watches every process:
 //!
@@ -14,8 +14,9 @@
 //!   `--restart-failed N` it is started again with `--resume` (at most N times) and
 //!   rejoins the run (D-PSGD, SGP, CHOCO-SGD; `restarts` in `summary.json`).
 //! - A stopped peer (SIGSTOP, a debugger) is reported while it is stopped.
-//! - The run ends early when peer 0 fails (it is the bootstrap and collects the
-//!   metrics), and when the algorithm cannot go on without a departed peer (all-reduce,
+//! - Peer 0 fails like any other peer: the lowest live peer keeps the run's record in the
+//!   same run folder while it is away (for good, or until its restart links to it). The
+//!   run ends early when the algorithm cannot go on without a departed peer (all-reduce,
 //!   the parameter server, local SGD with model averaging, phase schedules: their peers
 //!   stop with an error, peer 0 among them). The launcher then stops every peer, writes
 //!   `summary.json` from the epochs recorded with `outcome` = `stopped: <why>`, and fails
@@ -108,8 +109,8 @@ impl Interrupted {
 ///
 /// # Errors
 /// Bad options or a peer count that does not fit in memory (before anything starts); a
-/// peer that cannot be started; peer 0 failing, or the run stopping without a departed
-/// peer (after `summary.json` is written); [`Interrupted`] on SIGINT or SIGTERM.
+/// peer that cannot be started; peer 0 failing before the run started, or the run
+/// stopping without a departed peer (after `summary.json` is written); [`Interrupted`] on SIGINT or SIGTERM.
 pub fn run(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Summary> {
     let Checked {
         topo,

@@ -20,12 +20,10 @@ pub(super) struct RestartPolicy {
 pub(super) enum Exit {
     /// It exited with success: the run ended for it.
     Finished,
-    /// Peer 0 failed and will not be restarted: the bootstrap and metrics collector; the
-    /// run stops.
-    StopBootstrap,
     /// It failed, will not be restarted, and the algorithm cannot go on without it.
     StopRun,
-    /// It failed and will not be restarted; the others train on without it.
+    /// It failed and will not be restarted; the others train on without it (peer 0
+    /// included: the lowest live peer keeps the record, a member admits).
     GoOn,
     /// It failed after the record already held the run's last epoch (every peer's reports
     /// of every epoch are in): nothing is lost and nothing is restarted, whatever its rank
@@ -39,15 +37,9 @@ pub(super) enum Exit {
 }
 
 impl RestartPolicy {
-    /// The verdict on peer `rank`'s process exiting (`success`: exit status 0) at `epoch`,
-    /// after `restarts_done` restarts of that peer.
-    pub(super) fn on_exit(
-        &self,
-        rank: usize,
-        success: bool,
-        epoch: usize,
-        restarts_done: u32,
-    ) -> Exit {
+    /// The verdict on a peer process exiting (`success`: exit status 0) at `epoch`, after
+    /// `restarts_done` restarts of that peer; the same for every rank, peer 0 included.
+    pub(super) fn on_exit(&self, success: bool, epoch: usize, restarts_done: u32) -> Exit {
         if success {
             return Exit::Finished;
         }
@@ -55,13 +47,12 @@ impl RestartPolicy {
             return Exit::AfterRecord;
         }
         let restart = restarts_done < self.restart_failed;
-        match (restart, rank, self.survives_departure) {
-            (true, _, _) => Exit::Restart {
+        match (restart, self.survives_departure) {
+            (true, _) => Exit::Restart {
                 attempt: restarts_done + 1,
             },
-            (false, 0, _) => Exit::StopBootstrap,
-            (false, _, true) => Exit::GoOn,
-            (false, _, false) => Exit::StopRun,
+            (false, true) => Exit::GoOn,
+            (false, false) => Exit::StopRun,
         }
     }
 }
@@ -450,7 +441,7 @@ impl<'a> Supervisor<'a> {
                 epochs: args.train.epochs,
                 survives_departure: args.survives_departure(),
             };
-            let verdict = policy.on_exit(rank, success, epoch, done);
+            let verdict = policy.on_exit(success, epoch, done);
             if verdict == Exit::Finished {
                 continue;
             }
@@ -461,12 +452,6 @@ impl<'a> Supervisor<'a> {
                 .unwrap_or_default();
             match verdict {
                 Exit::Finished => {}
-                Exit::StopBootstrap => {
-                    stop.get_or_insert(format!(
-                        "peer 0 (the bootstrap, which collects the metrics) failed ({how}) at \
-                         epoch {epoch}{cause}"
-                    ));
-                }
                 Exit::StopRun => {
                     stop.get_or_insert(format!(
                         "peer {rank} failed ({how}) at epoch {epoch}{cause}, and {} cannot go \
@@ -649,46 +634,35 @@ mod tests {
     use super::{Exit, RestartPolicy};
 
     #[test]
-    fn the_restart_policy_restarts_up_to_its_limit_peer_0_included() {
+    fn the_restart_policy_restarts_up_to_its_limit_whatever_the_rank() {
         let p = RestartPolicy {
             restart_failed: 2,
             epochs: 10,
             survives_departure: true,
         };
-        assert_eq!(p.on_exit(3, true, 4, 0), Exit::Finished);
-        assert_eq!(p.on_exit(3, false, 4, 0), Exit::Restart { attempt: 1 });
-        assert_eq!(p.on_exit(3, false, 4, 1), Exit::Restart { attempt: 2 });
+        assert_eq!(p.on_exit(true, 4, 0), Exit::Finished);
+        assert_eq!(p.on_exit(true, 10, 0), Exit::Finished);
+        assert_eq!(p.on_exit(false, 4, 0), Exit::Restart { attempt: 1 });
+        assert_eq!(p.on_exit(false, 4, 1), Exit::Restart { attempt: 2 });
+        assert_eq!(p.on_exit(false, 4, 2), Exit::GoOn, "the limit is reached");
         assert_eq!(
-            p.on_exit(3, false, 4, 2),
-            Exit::GoOn,
-            "the limit is reached"
-        );
-        assert_eq!(
-            p.on_exit(3, false, 10, 0),
+            p.on_exit(false, 10, 0),
             Exit::AfterRecord,
             "after the last epoch's row"
         );
-        assert_eq!(p.on_exit(0, false, 10, 0), Exit::AfterRecord, "peer 0 too");
-        assert_eq!(
-            p.on_exit(0, false, 4, 0),
-            Exit::Restart { attempt: 1 },
-            "peer 0 too"
-        );
-        assert_eq!(p.on_exit(0, false, 4, 2), Exit::StopBootstrap);
-        assert_eq!(p.on_exit(0, true, 10, 0), Exit::Finished);
         let fixed = RestartPolicy {
             survives_departure: false,
             restart_failed: 0,
             ..p
         };
-        assert_eq!(fixed.on_exit(3, false, 4, 0), Exit::StopRun);
-        assert_eq!(fixed.on_exit(3, false, 10, 0), Exit::AfterRecord);
+        assert_eq!(fixed.on_exit(false, 4, 0), Exit::StopRun);
+        assert_eq!(fixed.on_exit(false, 10, 0), Exit::AfterRecord);
         let restarting = RestartPolicy {
             restart_failed: 1,
             ..fixed
         };
         assert_eq!(
-            restarting.on_exit(3, false, 4, 0),
+            restarting.on_exit(false, 4, 0),
             Exit::Restart { attempt: 1 }
         );
     }

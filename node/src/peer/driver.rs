@@ -1,5 +1,6 @@
 //! The peer's shell around its sans-I/O core ([`super::core::PeerCore`]): owns the tokio
-//! runtime, the data plane, the links, the relay client and peer 0's metrics collector;
+//! runtime, the data plane, the links, the relay client and the collector of the record's
+//! keeper (peer 0, or the lowest live rank while it is away);
 //! turns network events into the core's inputs and carries out the actions it returns.
 //! Decisions are the core's; this file only moves bytes and waits.
 
@@ -13,8 +14,17 @@ pub(super) struct Driver {
     pub(super) links: Links,
     /// The decisions: the algorithm's and the membership's state machines, the goodbyes.
     pub(super) core: PeerCore,
-    /// Rank 0 only.
+    /// The record's keeper only: peer 0, or the peer standing in for it.
     pub(super) collector: Option<Collector>,
+    /// The record's keeper this peer reports to ([`PeerCore::record_keeper`], as last
+    /// followed).
+    pub(super) record_to: Rank,
+    /// What a collector is made of, for a peer that stands in for a departed peer 0.
+    pub(super) record: RecordSetup,
+    /// Reports sent here while this peer kept no record (as (sender, frame), the latest
+    /// [`EARLY_REPORTS`]): a sender that takes this peer for the keeper just before this
+    /// peer learns it; they go to its collector once it stands in.
+    pub(super) early_reports: std::collections::VecDeque<(Rank, Bytes)>,
     /// Our QUIC endpoint: links to restarted peers are opened during the run.
     pub(super) plane: DataPlane,
     /// How this peer gets a relayed link when the direct path does not open.
@@ -31,11 +41,40 @@ pub(super) struct Driver {
     /// to restarted peers; [`crate::control::discovery::Relocations`]).
     pub(super) relocated: tokio::sync::mpsc::UnboundedSender<PeerInfo>,
     /// Peers other than 0: the report frames of the latest epochs ([`KEPT_REPORTS`]), sent
-    /// again to a restarted peer 0 once linked to it: the reports
-    /// sent to its previous process shortly before it died, and those made while it was
-    /// away, may not have been recorded.
+    /// again to a new record keeper (a stand-in, a restarted peer 0) once linked to it: the
+    /// reports sent to the previous keeper shortly before it died or handed the record on,
+    /// and those made meanwhile, may not have been recorded.
     pub(super) kept_reports: std::collections::VecDeque<Bytes>,
 }
+
+/// What a [`Collector`] is made of: a run of `n` peers writing to `dir`, `rounds_per_epoch`,
+/// x̄ (`d` parameters of model `kind`) evaluated on `test`.
+pub(super) struct RecordSetup {
+    pub(super) n: usize,
+    pub(super) dir: std::path::PathBuf,
+    pub(super) rounds_per_epoch: u64,
+    pub(super) test: std::sync::Arc<crate::train::data::Dataset>,
+    pub(super) d: usize,
+    pub(super) kind: crate::train::model::ModelKind,
+}
+
+impl RecordSetup {
+    /// A new, empty collector.
+    pub(super) fn collector(&self) -> Collector {
+        Collector::new(
+            self.n,
+            self.dir.clone(),
+            self.rounds_per_epoch,
+            self.test.clone(),
+            self.d,
+            self.kind,
+        )
+    }
+}
+
+/// How many report frames a peer that keeps no record holds for when it stands in
+/// ([`Driver::early_reports`]).
+const EARLY_REPORTS: usize = 64;
 
 /// How many of its latest epoch reports a peer keeps for a restarted peer 0: at most this
 /// many, and beyond the latest 2 no more than [`KEPT_REPORT_BYTES`] in all (a report
@@ -116,7 +155,7 @@ impl Driver {
                                 self.send(to, frame)?;
                             }
                             if to == 0 {
-                                self.send_kept_reports()?;
+                                self.send_kept_reports(0)?;
                             }
                         }
                         Err(e) => warn!(to, "cannot connect to peer {to}: {e:#}"),
@@ -146,17 +185,86 @@ impl Driver {
                         c.membership(event, at)?;
                     }
                 }
-                Action::Collect { from, report } => {
-                    let added = self
-                        .collector
-                        .as_mut()
-                        .map_or(Ok(()), |c| c.add_frame(from, &report));
-                    if let Err(e) = added {
-                        self.core.refuse();
-                        warn!(from, "dropped a report: {e:#}");
-                    }
-                }
+                Action::Collect { from, report } => self.collect(from, report),
+                Action::FollowRecord => self.follow_record()?,
             }
+        }
+        Ok(())
+    }
+
+    /// A report frame's payload from `from`: to the collector, or held in case this peer
+    /// stands in soon ([`Driver::early_reports`]).
+    fn collect(&mut self, from: Rank, report: Bytes) {
+        let Some(c) = self.collector.as_mut() else {
+            self.early_reports.push_back((from, report));
+            while self.early_reports.len() > EARLY_REPORTS
+                || self
+                    .early_reports
+                    .iter()
+                    .map(|(_, r)| r.len())
+                    .sum::<usize>()
+                    > KEPT_REPORT_BYTES
+            {
+                self.early_reports.pop_front();
+            }
+            return;
+        };
+        if let Err(e) = c.add_frame(from, &report) {
+            self.core.refuse();
+            warn!(from, "dropped a report: {e:#}");
+        }
+    }
+
+    /// Follows the record's keeper ([`PeerCore::record_keeper`]) when it changed: this peer
+    /// stands in for a departed peer 0 (it takes up the record from the run folder, with
+    /// the reports sent to it and its own kept ones), hands the record back (peer 0's new
+    /// process linked to it), or links to the new keeper and sends it its kept reports.
+    ///
+    /// # Errors
+    /// The record in the run folder cannot be read or written.
+    fn follow_record(&mut self) -> anyhow::Result<()> {
+        let keeper = self.core.record_keeper();
+        if keeper == self.record_to {
+            return Ok(());
+        }
+        let rank = self.core.rank;
+        self.record_to = keeper;
+        if keeper == rank {
+            warn!(
+                "peer 0 is away: this peer, the lowest live one, keeps the run's record \
+                 ({}) until peer 0's new process links to it",
+                self.record.dir.display()
+            );
+            let mut c = self.record.collector();
+            c.stand_in(self.core.membership.departed())?;
+            self.collector = Some(c);
+            self.plane.hold_acknowledgements();
+            let mut reports: Vec<(Rank, Bytes)> = self.early_reports.drain(..).collect();
+            reports.extend(
+                self.kept_reports
+                    .iter()
+                    .map(|f| (rank, f.slice(murmur_gossip::FRAME_HEADER_LEN..))),
+            );
+            for (from, report) in reports {
+                self.collect(from, report);
+            }
+            return Ok(());
+        }
+        if rank != 0 && self.collector.take().is_some() {
+            info!(
+                keeper,
+                "peer {keeper} keeps the run's record again: this peer stops standing in"
+            );
+            self.plane.stop_holding_acknowledgements();
+        }
+        self.early_reports.clear();
+        if !self.links.contains_key(&keeper) {
+            if let Some(connect) = self.core.connect_to_keeper() {
+                self.execute(vec![connect])?;
+            }
+        }
+        if self.links.contains_key(&keeper) {
+            self.send_kept_reports(keeper)?;
         }
         Ok(())
     }
@@ -307,8 +415,8 @@ impl Driver {
         Ok(())
     }
 
-    /// Peer 0: acknowledges the goodbyes of the peers whose reports are all in the written
-    /// record (their senders may exit now); see [`crate::plane::DataPlane::hold_acknowledgements`].
+    /// The record's keeper: acknowledges the goodbyes of the peers whose reports are all in
+    /// the written record (their senders may exit now); see [`crate::plane::DataPlane::hold_acknowledgements`].
     fn release_acknowledgements(&self) {
         if let Some(c) = self.collector.as_ref() {
             let goodbyes = &self.core.goodbyes;
@@ -317,34 +425,43 @@ impl Driver {
         }
     }
 
-    /// Sends this epoch's report (metrics and x) to rank 0, or records it on rank 0.
+    /// Sends this epoch's report (metrics and x) to the record's keeper, or records it
+    /// there. A peer other than 0 keeps it ([`Driver::kept_reports`]), also while it stands
+    /// in, for the next keeper.
     pub(super) fn report(&mut self, report: PeerEpoch, x: &[f32]) -> anyhow::Result<()> {
+        let frame = match self.core.rank {
+            0 => None,
+            rank => {
+                let frame = Bytes::from(encode_report(rank, &report, x)?);
+                self.kept_reports.push_back(frame.clone());
+                let bytes =
+                    |k: &std::collections::VecDeque<Bytes>| k.iter().map(Bytes::len).sum::<usize>();
+                while self.kept_reports.len() > KEPT_REPORTS
+                    || self.kept_reports.len() > 2 && bytes(&self.kept_reports) > KEPT_REPORT_BYTES
+                {
+                    self.kept_reports.pop_front();
+                }
+                Some(frame)
+            }
+        };
         if let Some(c) = self.collector.as_mut() {
             c.add(report, x.to_vec())?;
             self.release_acknowledgements();
             return Ok(());
         }
-        let frame = Bytes::from(encode_report(self.core.rank, &report, x)?);
-        self.kept_reports.push_back(frame.clone());
-        let bytes = |k: &std::collections::VecDeque<Bytes>| k.iter().map(Bytes::len).sum::<usize>();
-        while self.kept_reports.len() > KEPT_REPORTS
-            || self.kept_reports.len() > 2 && bytes(&self.kept_reports) > KEPT_REPORT_BYTES
-        {
-            self.kept_reports.pop_front();
-        }
-        match self.links.get(&0) {
-            Some(_) => self.send(0, frame),
-            // Peer 0 left: the report waits for its new process.
-            None => Ok(()),
+        match (frame, self.links.contains_key(&self.record_to)) {
+            (Some(frame), true) => self.send(self.record_to, frame),
+            // The keeper left: the report waits for the next one.
+            _ => Ok(()),
         }
     }
 
-    /// Sends the kept epoch reports to peer 0 (a restarted one: its collector takes those
-    /// of the epochs it has not recorded and ignores the others).
-    fn send_kept_reports(&mut self) -> anyhow::Result<()> {
+    /// Sends the kept epoch reports to `keeper`, a new record keeper (its collector takes
+    /// those of the epochs it has not recorded and ignores the others).
+    fn send_kept_reports(&mut self, keeper: Rank) -> anyhow::Result<()> {
         let kept: Vec<Bytes> = self.kept_reports.iter().cloned().collect();
         for frame in kept {
-            self.send(0, frame)?;
+            self.send(keeper, frame)?;
         }
         Ok(())
     }
@@ -358,13 +475,16 @@ impl Driver {
     ///
     /// # Errors
     /// No welcome within `timeout`, a peer unreachable that the run still counts, the run
-    /// ending before the agreed round (`total_rounds`), or no in-neighbour answering.
+    /// ending before the agreed round (`total_rounds`), no in-neighbour answering, or the
+    /// run over while this peer waits for welcomes (`ended`: its record is complete; a
+    /// peer that finished and exited answers no hello).
     pub(super) fn rejoin(
         &mut self,
         me: &PeerInfo,
         unreachable: BTreeMap<Rank, anyhow::Error>,
         total_rounds: u64,
         timeout: Duration,
+        ended: &dyn Fn() -> bool,
     ) -> anyhow::Result<(u64, Vec<f32>)> {
         let hello = self.core.hello(me)?;
         for link in self.links.values() {
@@ -378,8 +498,14 @@ impl Driver {
             if waiting.is_empty() {
                 break;
             }
-            if !self.next_event(deadline)? {
-                bail!("--resume: no answer from peers {waiting:?} within {timeout:?}");
+            let look = deadline.min(Instant::now() + Duration::from_millis(250));
+            if !self.next_event(look)? {
+                if ended() {
+                    bail!("--resume: the run ended while peers {waiting:?} had not answered");
+                }
+                if Instant::now() >= deadline {
+                    bail!("--resume: no answer from peers {waiting:?} within {timeout:?}");
+                }
             }
         }
         let (rejoining, actions) = self.core.plan_rejoin(
@@ -405,11 +531,17 @@ impl Driver {
 
     /// Says goodbye on every link and waits until every expected peer said goodbye to us
     /// and every link was closed by its receiver. A peer other than 0 that finds peer 0 (the
-    /// record's collector) departed then waits up to `collector_wait` for it to come back
-    /// (`launch --restart-failed` and murmur.sbatch restart it at once): its rejoin links
-    /// this peer to it again and sends it the reports this peer kept, and this peer says
-    /// goodbye on that link too.
-    pub(super) fn finish(&mut self, collector_wait: Duration) -> anyhow::Result<()> {
+    /// record's collector) departed and no stand-in keeping the record then waits up to
+    /// `collector_wait` for it to come back (`launch --restart-failed` and murmur.sbatch
+    /// restart it at once): its rejoin links this peer to it again and sends it the reports
+    /// this peer kept, and this peer says goodbye on that link too. A peer that took up the
+    /// record meanwhile (it stands in for peer 0) waits, up to `record_wait`, until the
+    /// record holds epoch `last_epoch`: the others send it their last reports now.
+    pub(super) fn finish(
+        &mut self,
+        collector_wait: Duration,
+        (last_epoch, record_wait): (usize, Duration),
+    ) -> anyhow::Result<()> {
         let mut deadline = Instant::now() + Duration::from_secs(30);
         let mut waited_for_the_record = false;
         let mut collector_deadline = None;
@@ -424,19 +556,23 @@ impl Driver {
                 self.links.clear();
                 if !self.next_event(deadline)? {
                     let (missing, unacknowledged) = self.core.goodbyes.outstanding();
-                    // Only peer 0 owes something (never so on peer 0 itself): it says
-                    // goodbye, and acknowledges ours once our reports are recorded, after its
-                    // own last epoch and the evaluation of x̄ (slow for a large model): wait
-                    // for it while it lives (its death or silence ends the wait at once).
-                    let only_peer_0 = |v: &[Rank]| v.iter().all(|&r| r == 0);
-                    let only_the_record = only_peer_0(&missing)
-                        && only_peer_0(&unacknowledged)
-                        && !self.core.membership.has_left(0);
+                    // Only the record's keeper owes something (never so on the keeper
+                    // itself): it says goodbye, and acknowledges ours once our reports are
+                    // recorded, after its own last epoch and the evaluation of x̄ (slow for a
+                    // large model): wait for it while it lives (its death or silence ends
+                    // the wait at once).
+                    let keeper = self.record_to;
+                    let only_keeper = |v: &[Rank]| v.iter().all(|&r| r == keeper);
+                    let only_the_record = only_keeper(&missing)
+                        && only_keeper(&unacknowledged)
+                        && keeper != self.core.rank
+                        && !self.core.membership.has_left(keeper);
                     if only_the_record && !waited_for_the_record {
                         waited_for_the_record = true;
                         info!(
-                            "peer 0 has not yet finished and recorded this peer's last reports: \
-                             waiting up to {} s more for it before exiting",
+                            "peer {keeper} (the record's keeper) has not yet finished and \
+                             recorded this peer's last reports: waiting up to {} s more for it \
+                             before exiting",
                             RECORD_WAIT.as_secs()
                         );
                         deadline = Instant::now() + RECORD_WAIT;
@@ -451,7 +587,30 @@ impl Driver {
                 }
             }
             self.links.clear();
-            if self.core.rank == 0 || !self.core.membership.has_left(0) {
+            // Standing in since it finished its own training: the record's last epoch waits
+            // for the reports the others send it now.
+            let record_until = Instant::now() + record_wait;
+            while self.core.rank != 0
+                && (self.collector.as_ref())
+                    .is_some_and(|c| c.rows.last().is_none_or(|r| r.epoch < last_epoch))
+            {
+                if !self.next_event(record_until)? {
+                    warn!(
+                        "the record's last epochs lack peers {:?}: they sent no report within {} s",
+                        self.collector.as_ref().map(|c| c.missing_reporters()),
+                        record_wait.as_secs()
+                    );
+                    break;
+                }
+            }
+            // Nothing to wait for: peer 0 is there, a stand-in keeps the record (it has our
+            // last reports), or the record is complete (its summary written).
+            let done = |d: &Driver| {
+                !d.core.membership.has_left(0)
+                    || d.record_to != 0
+                    || super::run_completed(&d.record.dir)
+            };
+            if self.core.rank == 0 || done(self) {
                 break;
             }
             let until = *collector_deadline.get_or_insert_with(|| {
@@ -462,12 +621,13 @@ impl Driver {
                 );
                 Instant::now() + collector_wait
             });
-            while self.core.membership.has_left(0) {
-                if !self.next_event(until)? {
+            while !done(self) {
+                let look = until.min(Instant::now() + Duration::from_millis(250));
+                if !self.next_event(look)? && Instant::now() >= until {
                     break;
                 }
             }
-            if self.core.membership.has_left(0) {
+            if !done(self) {
                 warn!(
                     "peer 0 did not come back: the run's record lacks this peer's last \
                      reports (its own rows are in peers/peer-{}.jsonl)",
@@ -475,6 +635,8 @@ impl Driver {
                 );
                 break;
             }
+            // Once more: the goodbyes on links opened meanwhile (to peer 0's new process, to
+            // a stand-in).
         }
         self.rt
             .block_on(self.plane.shutdown(Duration::from_secs(2)));

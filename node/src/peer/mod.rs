@@ -148,7 +148,21 @@ pub fn run(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
     check_device(args.train.device)?;
     let watch = crate::control::pause::PauseWatch::global();
     let timeout = Duration::from_secs(args.net.peer_timeout_secs);
-    train(args, peer).map_err(|e| match peer.rank {
+    let _ = STARTED.set(std::time::SystemTime::now());
+    let trained = train(args, peer);
+    if let Err(e) = &trained {
+        if peer.rejoin_running && run_completed_within(&peer.out, COMPLETED_RECORD_WAIT) {
+            // Restarted too late: the others finished, and the record's keeper (a stand-in
+            // for this peer 0, or peer 0) completed the record meanwhile.
+            warn!(
+                "the run ended while this restarted process came back ({e:#}): its record is \
+                 complete (summary.json), nothing is left to rejoin"
+            );
+            println!("the run ended while this process came back; its record is complete");
+            return Ok(());
+        }
+    }
+    trained.map_err(|e| match peer.rank {
         Some(0) if watch.longest_pause() >= timeout => e.context(format!(
             "peer 0 was paused for {:.1} s (longer than --peer-timeout-secs {}): the others \
              stopped without the bootstrap",
@@ -158,6 +172,44 @@ pub fn run(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
         Some(0) => e,
         _ => watch.explain(e, timeout),
     })
+}
+
+/// When this process started [`run`].
+static STARTED: std::sync::OnceLock<std::time::SystemTime> = std::sync::OnceLock::new();
+
+/// How long a restarted process that failed to come back looks for the summary of a run
+/// that ended meanwhile (the record's keeper writes it last, after its goodbyes when it took
+/// the record up while finishing).
+const COMPLETED_RECORD_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether the run folder `out` holds the summary of a completed run, written since this
+/// process started (by the record's keeper, at the run's end): a restarted peer that finds
+/// it has nothing left to rejoin.
+pub(crate) fn run_completed(out: &Path) -> bool {
+    let path = out.join("summary.json");
+    let since = STARTED.get().copied().unwrap_or(std::time::UNIX_EPOCH);
+    let written = std::fs::metadata(&path).and_then(|m| m.modified());
+    let completed = || {
+        std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|s| s["outcome"] == crate::report::COMPLETED)
+    };
+    written.is_ok_and(|t| t >= since) && completed()
+}
+
+/// [`run_completed`], looked for up to `wait`.
+fn run_completed_within(out: &Path, wait: Duration) -> bool {
+    let until = Instant::now() + wait;
+    loop {
+        if run_completed(out) {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// [`run`] on the device the run asks for.

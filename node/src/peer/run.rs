@@ -52,6 +52,8 @@ pub(super) fn run_on<B: AutodiffBackend>(
     // Keep only this peer's shard of the training set (a CIFAR-10 training set is 154 MB of
     // bytes, a token file 4 bytes a token): the whole set is dropped here.
     let RunData { train, test } = data;
+    // Shared with the collector, which peer 0 has and another peer makes when it stands in.
+    let test = std::sync::Arc::new(test);
     let shard = train.subset(&shards[rank]);
     drop(train);
     info!(d = x.len(), shard = shard.len(), rounds_per_epoch, topology = %topo.name, "peer starting");
@@ -442,7 +444,7 @@ fn wire<B: AutodiffBackend>(
     (rank, parts): (Rank, Parts),
     topo: &murmur_topology::Topology,
     (net, x): (&Net<B>, &[f32]),
-    test: &crate::train::data::Dataset,
+    test: &std::sync::Arc<crate::train::data::Dataset>,
     rounds_per_epoch: u64,
 ) -> anyhow::Result<(Driver, BTreeMap<Rank, anyhow::Error>)> {
     let Parts {
@@ -530,26 +532,32 @@ fn wire<B: AutodiffBackend>(
                 None => 0,
             })
             .collect(),
+        addrs: directory
+            .iter()
+            .map(|p| p.as_ref().map(|p| p.data_addr))
+            .collect(),
     };
     if rank == 0 {
         // Peer 0 acknowledges a peer's goodbye once its reports are recorded.
         plane.hold_acknowledgements();
     }
+    let record = super::driver::RecordSetup {
+        n,
+        dir: peer.out.clone(),
+        rounds_per_epoch,
+        test: test.clone(),
+        d: x.len(),
+        kind: args.train.model,
+    };
     let mut drv = Driver {
         rt,
         events,
         links,
         core: super::core::PeerCore::new(gossip, setup, Instant::now()),
-        collector: (rank == 0).then(|| {
-            Collector::new(
-                n,
-                peer.out.clone(),
-                rounds_per_epoch,
-                test.clone(),
-                x.len(),
-                args.train.model,
-            )
-        }),
+        collector: (rank == 0).then(|| record.collector()),
+        record_to: 0,
+        record,
+        early_reports: Default::default(),
         plane,
         relay,
         admitted,
@@ -635,6 +643,7 @@ fn enter<B: AutodiffBackend>(
         unreachable,
         rounds_per_epoch * args.train.epochs as u64,
         Duration::from_secs(args.net.join_timeout_secs),
+        &|| super::run_completed(&peer.out),
     )?;
     *x = mean;
     let mut model_state = Vec::new();
@@ -944,6 +953,44 @@ impl<B: AutodiffBackend> Training<'_, B> {
         }
         // The record and the model before the goodbyes: a peer 0 that dies while saying
         // goodbye costs the run nothing.
+        let wrote = self.write_record(topo, out)?;
+        // A departed peer 0 is waited for as long as it takes to notice a silent peer, but
+        // not longer than a supervisor's restart needs (a long timeout set for stragglers
+        // must not hold every peer at the end of a run whose peer 0 is gone for good).
+        let collector_wait = Duration::from_secs(args.net.peer_timeout_secs.min(10));
+        let record_wait = Duration::from_secs(args.net.round_timeout_secs);
+        (self.drv).finish(collector_wait, (args.train.epochs, record_wait))?;
+        // This peer took up the record while it finished (it stands in for a peer 0 that
+        // died after this peer's last epoch): it writes the summary and the model now.
+        if !wrote {
+            self.write_record(topo, out)?;
+        }
+        if args.train.save_peer_models {
+            let path = out
+                .join("peers")
+                .join(format!("model-{}.safetensors", self.rank));
+            crate::report::collector::write_model(
+                model::inference_copy(&self.net),
+                &self.x,
+                &path,
+            )?;
+            info!(path = %path.display(), "wrote this peer's model");
+        }
+        Ok(())
+    }
+
+    /// The record's keeper only (`false` elsewhere): writes `summary.json`, `sample.txt`
+    /// where the data set has one, and the network's mean model x̄ (`model.safetensors`).
+    ///
+    /// # Errors
+    /// No epoch was recorded, or a file cannot be written.
+    fn write_record(
+        &mut self,
+        topo: &murmur_topology::Topology,
+        out: &Path,
+    ) -> anyhow::Result<bool> {
+        let args = self.args;
+        let drv = &mut self.drv;
         if let Some(c) = &drv.collector {
             let last = c
                 .rows
@@ -969,24 +1016,9 @@ impl<B: AutodiffBackend> Training<'_, B> {
                 crate::report::collector::write_model(eval, x_bar, &out.join("model.safetensors"))?;
             info!(path = %path.display(), "wrote the network's mean model x̄");
             println!("run folder: {}", out.display());
+            return Ok(true);
         }
-        // A departed peer 0 is waited for as long as it takes to notice a silent peer, but
-        // not longer than a supervisor's restart needs (a long timeout set for stragglers
-        // must not hold every peer at the end of a run whose peer 0 is gone for good).
-        let collector_wait = Duration::from_secs(args.net.peer_timeout_secs.min(10));
-        drv.finish(collector_wait)?;
-        if args.train.save_peer_models {
-            let path = out
-                .join("peers")
-                .join(format!("model-{}.safetensors", self.rank));
-            crate::report::collector::write_model(
-                model::inference_copy(&self.net),
-                &self.x,
-                &path,
-            )?;
-            info!(path = %path.display(), "wrote this peer's model");
-        }
-        Ok(())
+        Ok(false)
     }
 }
 

@@ -751,12 +751,18 @@ impl DataPlane {
 
     /// From now on, an incoming link whose goodbye counted every frame is reported
     /// ([`NetEvent::Finished`]) but not closed — its sender waits — until
-    /// [`DataPlane::release_acknowledgements`] says this peer is done with its frames: peer
-    /// 0, the record's collector, acknowledges a peer's goodbye only once that peer's reports
+    /// [`DataPlane::release_acknowledgements`] says this peer is done with its frames: the
+    /// record's keeper acknowledges a peer's goodbye only once that peer's reports
     /// are in the written record. A sender that then sees this process die keeps its reports
     /// for its restarted process instead of having exited with them.
     pub fn hold_acknowledgements(&self) {
         self.acks.hold();
+    }
+
+    /// Stops [`DataPlane::hold_acknowledgements`]: every held goodbye is acknowledged now,
+    /// later ones at once.
+    pub fn stop_holding_acknowledgements(&self) {
+        self.acks.stop_holding();
     }
 
     /// Closes the held incoming links (goodbye acknowledged) of the senders `done` says

@@ -116,6 +116,16 @@ impl HeldAcks {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).on = true;
     }
 
+    /// Holds no more: acknowledges every held goodbye, and those to come at once (a stand-in
+    /// for the record's keeper that hands the record back).
+    pub fn stop_holding(&self) {
+        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        held.on = false;
+        for (_, conn) in held.conns.drain(..) {
+            conn.close(VarInt::from_u32(0), b"done");
+        }
+    }
+
     /// Acknowledges `from`'s goodbye on `conn` now, or keeps it for [`HeldAcks::release`].
     fn acknowledge(&self, from: Rank, conn: &Connection) {
         let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());

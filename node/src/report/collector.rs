@@ -1,8 +1,11 @@
-//! Peer 0's collector: the epoch reports of every peer, aggregated into the run's rows,
-//! consensus distance and summary.
+//! The record's collector: the epoch reports of every peer, aggregated into the run's rows,
+//! consensus distance and summary. Peer 0 keeps the record; while it is away the lowest live
+//! rank stands in for it ([`Collector::stand_in`]) and hands the record back when peer 0's
+//! new process links to it ([`Collector::take_up`], [`Collector::rejoined`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::bail;
@@ -48,13 +51,13 @@ pub(crate) fn peer_distances(slots: &[Option<Reported>]) -> Vec<Option<f64>> {
 /// A peer's report for an epoch and its parameters x: [d].
 pub(crate) type Reported = (PeerEpoch, Vec<f32>);
 
-/// Rank 0's aggregation of the per-epoch reports into [`EpochRow`]s.
+/// The record keeper's aggregation of the per-epoch reports into [`EpochRow`]s.
 pub(crate) struct Collector {
     pub(crate) n: usize,
     pub(crate) d: usize,
     pub(crate) dir: PathBuf,
     pub(crate) kind: model::ModelKind,
-    pub(crate) test: Dataset,
+    pub(crate) test: Arc<Dataset>,
     /// Reports by epoch, one slot per peer.
     pub(crate) pending: BTreeMap<usize, Vec<Option<Reported>>>,
     /// Peers that left, with the epoch from which their reports are awaited again
@@ -74,22 +77,26 @@ pub(crate) struct Collector {
     pub(crate) carried: Option<EpochRow>,
     /// When peer 0 started training.
     pub(crate) started: Instant,
-    /// A restarted peer 0 took up the record ([`Collector::take_up`]): reports of recorded
-    /// epochs (sent again by the peers) are ignored.
+    /// A restarted peer 0 or a stand-in took up the record ([`Collector::take_up`],
+    /// [`Collector::stand_in`]): reports of recorded epochs (sent again by the peers) are
+    /// ignored.
     pub(crate) taken_up: bool,
+    /// A restarted peer 0 until [`Collector::rejoined`]: nothing is written (a stand-in may
+    /// still be writing the record); membership events wait here, reports in `pending`.
+    deferred: Option<Vec<(MembershipEvent, Option<u64>)>>,
     /// The network's averaged model of the latest recorded epoch (x̄ and the mean BatchNorm
     /// statistics): the model the run exports ([`write_model`]).
     pub(crate) mean: Option<MeanModel>,
 }
 
 impl Collector {
-    /// Peer 0's collector for a run of `n` peers writing to `dir`, evaluating x̄ (`d`
-    /// parameters of model `kind`) on `test`.
+    /// The collector of a run of `n` peers writing to `dir`, evaluating x̄ (`d` parameters
+    /// of model `kind`) on `test`.
     pub(crate) fn new(
         n: usize,
         dir: PathBuf,
         rounds_per_epoch: u64,
-        test: Dataset,
+        test: Arc<Dataset>,
         d: usize,
         kind: model::ModelKind,
     ) -> Collector {
@@ -107,21 +114,54 @@ impl Collector {
             carried: None,
             started: Instant::now(),
             taken_up: false,
+            deferred: None,
             mean: None,
         }
     }
 
     /// Peer 0 restarted in a run under way (`--rejoin-running`): takes up the record its
-    /// previous processes wrote in the run folder — the rows of `epochs.jsonl` and the
-    /// events of `membership.jsonl` (the peers recorded as departed stay so) — before any
-    /// report reaches it. Reports of recorded epochs (the peers send their latest again)
-    /// are ignored from then on, and the epochs are complete without peer 0's own reports
-    /// until [`Collector::rejoined`]. The wall time goes on from the last row's, plus the
-    /// time since `epochs.jsonl` was last written (the gap while no peer 0 ran counts).
+    /// previous processes (or a stand-in) wrote in the run folder — the rows of
+    /// `epochs.jsonl` and the events of `membership.jsonl` (the peers recorded as departed
+    /// stay so) — before any report reaches it. Reports of recorded epochs (the peers send
+    /// their latest again) are ignored from then on, and the epochs are complete without
+    /// peer 0's own reports until [`Collector::rejoined`]. Until then nothing is written: a
+    /// stand-in keeps the record until this process's link reaches it, and
+    /// [`Collector::rejoined`] reads the record again. The wall time goes on from the last
+    /// row's, plus the time since `epochs.jsonl` was last written (the gap while no peer 0
+    /// ran counts).
     ///
     /// # Errors
     /// A line of the record does not parse.
     pub(crate) fn take_up(&mut self) -> anyhow::Result<()> {
+        self.read_record()?;
+        self.deferred = Some(Vec::new());
+        Ok(())
+    }
+
+    /// The lowest live rank while peer 0 is away (not restarted, or not yet linked to this
+    /// peer): takes up the record as it stands in the run folder, as a restarted peer 0
+    /// does ([`Collector::take_up`]), and records the departures it knows of that the
+    /// record lacks (`departed`, by rank: peer 0's among them). A run folder that is not
+    /// shared with peer 0's host has no record: this one starts from its first epoch.
+    ///
+    /// # Errors
+    /// The record does not parse or cannot be written.
+    pub(crate) fn stand_in(
+        &mut self,
+        departed: &BTreeMap<Rank, MembershipEvent>,
+    ) -> anyhow::Result<()> {
+        self.read_record()?;
+        for (&r, e) in departed {
+            if self.counted_in(r) {
+                self.membership(e.clone(), None)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the record of the run folder ([`Collector::take_up`]); reports already
+    /// pending for epochs it holds are dropped.
+    fn read_record(&mut self) -> anyhow::Result<()> {
         let rows_path = self.dir.join("epochs.jsonl");
         let rows: Vec<EpochRow> = report::read_json_lines(&rows_path)?;
         let since_written = std::fs::metadata(&rows_path)
@@ -136,8 +176,12 @@ impl Collector {
         });
         self.started = Instant::now();
         self.rows = rows;
+        let recorded = self.rows.last().map(|r| r.epoch);
+        self.pending.retain(|&e, _| recorded.is_none_or(|r| e > r));
         let events: Vec<MembershipEvent> =
             report::read_json_lines(&self.dir.join("membership.jsonl"))?;
+        self.absent.clear();
+        self.history.clear();
         for e in events {
             let from = match e.event.as_str() {
                 "left" | "empty" => usize::MAX,
@@ -169,6 +213,14 @@ impl Collector {
         (departed, back): (&BTreeMap<Rank, MembershipEvent>, &BTreeMap<Rank, u64>),
         collects_only: bool,
     ) -> anyhow::Result<()> {
+        // Every peer that stood in for it has handed the record back (it answered this
+        // process's hello): read it as it is now, then what waited.
+        if let Some(deferred) = self.deferred.take() {
+            self.read_record()?;
+            for (event, back_at) in deferred {
+                self.membership(event, back_at)?;
+            }
+        }
         let at_epoch = (at / self.rounds_per_epoch.max(1)) as usize + 1;
         let wall = self.started.elapsed().as_secs_f64()
             + self.carried.as_ref().map_or(0.0, |c| c.wall_seconds);
@@ -221,8 +273,11 @@ impl Collector {
             // Its own reports are awaited no more.
             return self.membership(left, None);
         }
-        report::append_json_line(&self.dir.join("membership.jsonl"), &left)?;
-        self.history.push(left);
+        // A stand-in recorded its departure already.
+        if self.last_event(0).is_none_or(|e| e.event != "left") {
+            report::append_json_line(&self.dir.join("membership.jsonl"), &left)?;
+            self.history.push(left);
+        }
         let back = MembershipEvent::back(0, at, false, (at_epoch, wall));
         self.membership(back, Some(at))
     }
@@ -326,13 +381,21 @@ impl Collector {
         mut event: MembershipEvent,
         back_at: Option<u64>,
     ) -> anyhow::Result<()> {
-        // A restarted peer 0 learns again what its record holds (an elastic run's empty
-        // ranks): recorded once.
+        if let Some(deferred) = self.deferred.as_mut() {
+            deferred.push((event, back_at));
+            return Ok(());
+        }
+        // A restarted peer 0 or a stand-in learns again what its record holds (an elastic
+        // run's empty ranks, a departure a stand-in recorded as it noticed it): recorded
+        // once. A peer that left has no process left to leave again until it is back.
         let mut known = self.taken_up
-            && self.history.iter().any(|e| {
+            && (self.history.iter().any(|e| {
                 (e.event.as_str(), e.peer, e.round)
                     == (event.event.as_str(), event.peer, event.round)
-            });
+            }) || event.event == "left"
+                && self
+                    .last_event(event.peer)
+                    .is_some_and(|e| e.event == "left"));
         if self.taken_up && event.event == "left" && event.round == 0 && !known {
             // Told before this restarted peer 0 mixed again (its supervisor's notice of an
             // exit, replayed to the new process): recorded once, if the record does not
@@ -393,6 +456,9 @@ impl Collector {
     /// the reports a peer kept while peer 0 was away) takes its place in the record: the
     /// files are rewritten in epoch order, and the exported x̄ stays the newest epoch's.
     pub(crate) fn record_complete(&mut self) -> anyhow::Result<()> {
+        if self.deferred.is_some() {
+            return Ok(());
+        }
         let complete: Vec<usize> = self
             .pending
             .iter()
@@ -929,7 +995,7 @@ mod tests {
         let kind: model::ModelKind = "mlp:hidden=4,input=1x2x2,classes=2".parse().unwrap();
         let net = Net::<burn::backend::Flex>::new(kind, &Default::default());
         let d = net.dim();
-        let test = Dataset::synthetic(net.input(), 8, 3);
+        let test = Arc::new(Dataset::synthetic(net.input(), 8, 3));
         (Collector::new(n, dir.to_path_buf(), 10, test, d, kind), d)
     }
 
@@ -991,11 +1057,102 @@ mod tests {
         // Its new process is told of both exits before it mixes again (its round is 0).
         c.membership(left(1, 0, 0), None).unwrap();
         c.membership(left(2, 0, 0), None).unwrap();
+        let read = || -> Vec<MembershipEvent> {
+            report::read_json_lines(&dir.path().join("membership.jsonl")).unwrap()
+        };
+        // Nothing is written before it rejoined (a stand-in may still keep the record).
+        assert_eq!(read().len(), 1, "{:?}", read());
+        c.rejoined(50, (&BTreeMap::new(), &BTreeMap::new()), false)
+            .unwrap();
+        let events = read();
+        let placed: Vec<_> = events.iter().map(|e| (e.peer, e.round, e.epoch)).collect();
+        assert_eq!(
+            placed,
+            [(2, 33, 4), (1, 30, 4), (0, 50, 6), (0, 50, 6)],
+            "{events:?}"
+        );
+        assert!(!c.awaits(1, 4) && !c.awaits(2, 4));
+    }
+
+    /// The lowest live rank stands in for a departed peer 0: it continues the record peer
+    /// 0 wrote (recording peer 0's departure, ignoring reports of recorded epochs sent
+    /// again), and hands it back to peer 0's new process, which takes it up where the
+    /// stand-in left it: every epoch once, one departure of peer 0.
+    #[test]
+    fn a_stand_in_continues_the_record_and_hands_it_back_to_a_restarted_peer_0() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut c, _) = tiny_collector(3, dir.path());
+        for epoch in 0..=1 {
+            for peer in 0..3 {
+                add(&mut c, peer, epoch, 0.5).unwrap();
+            }
+        }
+        add(&mut c, 1, 2, 0.5).unwrap();
+        // Peer 0 dies during epoch 2; peer 1 stands in.
+        drop(c);
+        let left0 = MembershipEvent {
+            event: "left".into(),
+            peer: 0,
+            round: 25,
+            epoch: 3,
+            wall_seconds: 1.0,
+            noticed_by: 1,
+            reason: "timed out".into(),
+        };
+        let (mut stand_in, _) = tiny_collector(3, dir.path());
+        stand_in
+            .stand_in(&BTreeMap::from([(0, left0.clone())]))
+            .unwrap();
         let events: Vec<MembershipEvent> =
             report::read_json_lines(&dir.path().join("membership.jsonl")).unwrap();
-        let placed: Vec<_> = events.iter().map(|e| (e.peer, e.round, e.epoch)).collect();
-        assert_eq!(placed, [(2, 33, 4), (1, 30, 4)], "{events:?}");
-        assert!(!c.awaits(1, 4) && !c.awaits(2, 4));
+        assert_eq!(
+            events.len(),
+            1,
+            "peer 0's departure, recorded by its stand-in"
+        );
+        assert_eq!((events[0].peer, events[0].noticed_by), (0, 1));
+        // The peers send their kept reports again: epoch 1's are ignored, epoch 2 is
+        // complete without peer 0's.
+        for peer in 1..3 {
+            add(&mut stand_in, peer, 1, 0.5).unwrap();
+            add(&mut stand_in, peer, 2, 0.5).unwrap();
+        }
+        // Peer 0's new process takes up the record while the stand-in still records.
+        let (mut back, _) = tiny_collector(3, dir.path());
+        back.take_up().unwrap();
+        for peer in 1..3 {
+            add(&mut stand_in, peer, 3, 0.5).unwrap();
+            // Sent to the new peer 0 too, once linked to it.
+            add(&mut back, peer, 3, 0.5).unwrap();
+        }
+        let last = |c: &Collector| c.rows.last().map(|r| r.epoch);
+        assert_eq!(
+            last(&back),
+            Some(2),
+            "it records nothing before it rejoined"
+        );
+        assert_eq!(last(&stand_in), Some(3));
+        drop(stand_in);
+        back.membership(left0, None).unwrap();
+        back.rejoined(45, (&BTreeMap::new(), &BTreeMap::new()), false)
+            .unwrap();
+        for epoch in 4..=5 {
+            for peer in 0..3 {
+                add(&mut back, peer, epoch, 0.5).unwrap();
+            }
+        }
+        let rows: Vec<EpochRow> =
+            report::read_json_lines(&dir.path().join("epochs.jsonl")).unwrap();
+        let epochs: Vec<usize> = rows.iter().map(|r| r.epoch).collect();
+        assert_eq!(epochs, [0, 1, 2, 3, 4, 5]);
+        let peers: Vec<usize> = rows.iter().map(|r| r.peers).collect();
+        assert_eq!(peers, [3, 3, 2, 2, 3, 3]);
+        let events: Vec<MembershipEvent> =
+            report::read_json_lines(&dir.path().join("membership.jsonl")).unwrap();
+        let placed: Vec<_> = (events.iter())
+            .map(|e| (e.event.as_str(), e.peer, e.round))
+            .collect();
+        assert_eq!(placed, [("left", 0, 25), ("rejoined", 0, 45)], "{events:?}");
     }
 
     /// A rejoin of a peer whose departure never reached the collector (its old process died

@@ -153,9 +153,9 @@ impl PeerCore {
             })?;
         if gone == 0 {
             warn!(
-                "peer 0 left: the run's record (epochs.csv, summary.json) waits for it to \
-                 come back (launch --restart-failed and murmur.sbatch restart it at once); \
-                 this peer keeps its epoch reports for it meanwhile"
+                "peer 0 left: the lowest live peer keeps the run's record (epochs.csv, \
+                 summary.json) until peer 0's new process links to it (launch \
+                 --restart-failed and murmur.sbatch restart it at once)"
             );
         }
         self.drop_links(gone, before, out);
@@ -164,16 +164,15 @@ impl PeerCore {
         Ok(())
     }
 
-    /// Peer 0 records a line of `membership.jsonl`.
+    /// The record's keeper records a line of `membership.jsonl` (the shell of a peer that
+    /// keeps no record drops it).
     fn record(
         &self,
         event: crate::report::MembershipEvent,
         at: Option<u64>,
         out: &mut Vec<Action>,
     ) {
-        if self.collects {
-            out.push(Action::Record { event, at });
-        }
+        out.push(Action::Record { event, at });
     }
 
     /// The mixing matrix for the survivors once the peers in `gone` have left, and, if the
@@ -205,6 +204,7 @@ impl PeerCore {
             return Ok(());
         };
         self.hellos.insert(from);
+        self.addrs[from] = Some(hello.addr);
         // The old process's connections are closed; the hello came on the newest one.
         match hello.restart {
             Restart::KnownDeparted { before } => {
@@ -236,7 +236,13 @@ impl PeerCore {
 
     /// Asks the shell to open a link to `to` at `addr` (then to send `then` on it), if its
     /// identity is known here.
-    fn connect(&self, to: Rank, addr: SocketAddr, then: Option<Bytes>, out: &mut Vec<Action>) {
+    pub(super) fn connect(
+        &self,
+        to: Rank,
+        addr: SocketAddr,
+        then: Option<Bytes>,
+        out: &mut Vec<Action>,
+    ) {
         let incarnation = self.membership.incarnation(to);
         match self.peer_ids[to] {
             Some(id) => out.push(Action::Connect {
@@ -366,6 +372,7 @@ impl PeerCore {
         if readmitted.all_taken {
             out.push(Action::CloseAdmission);
         }
+        self.addrs[back] = Some(notice.addr);
         self.link_to(back, notice.addr, out);
         if self.gossip.in_peers().contains(&back) || self.rank == 0 {
             self.goodbyes.expect(back);

@@ -105,14 +105,20 @@ pub(crate) enum Action {
     /// A peer came back (or a new one took its rank): its process and data-plane address,
     /// for the directory discovery serves to restarted peers.
     Relocated(crate::control::discovery::PeerInfo),
-    /// Peer 0: a line of `membership.jsonl` (`at`: the round a rejoining peer mixes from).
+    /// A line of `membership.jsonl` (`at`: the round a rejoining peer mixes from), for the
+    /// record's keeper's collector (nothing on a peer that keeps no record).
     Record {
         event: MembershipEvent,
         at: Option<u64>,
     },
-    /// Peer 0: an epoch report (the frame's payload) of `from` for the collector; a report
+    /// An epoch report (the frame's payload) of `from`, for the collector of the record's
+    /// keeper (a peer that becomes the keeper soon takes those it was sent first); a report
     /// the collector refuses is counted with [`PeerCore::refuse`].
     Collect { from: Rank, report: Bytes },
+    /// The record's keeper as this peer sees it may have changed
+    /// ([`PeerCore::record_keeper`]): the shell takes up the record, hands it back, or
+    /// links to the new keeper and sends it the reports it kept.
+    FollowRecord,
 }
 
 /// How a round ended, as the algorithm's state machine says.
@@ -134,8 +140,11 @@ pub(crate) struct PeerCore {
     pub(crate) goodbyes: Goodbyes,
     /// Frames dropped as malformed, unexpected or not allowed.
     pub(crate) refused_frames: u64,
-    /// Whether this peer collects the epoch reports (peer 0).
-    collects: bool,
+    /// The record's keeper when [`Action::FollowRecord`] was last asked for.
+    keeper: Rank,
+    /// Each rank's data-plane address as last heard (the directory, hellos, rejoin
+    /// notices; `None`: unknown), to link to a new record keeper.
+    addrs: Vec<Option<SocketAddr>>,
     /// The run's mixing matrix W (n×n); re-weighted without the departed peers when used.
     w: MixingMatrix,
     /// Algorithm name, for messages.
@@ -191,20 +200,22 @@ pub(crate) struct CoreSetup {
     /// Each rank's incarnation as the directory has it (0: unknown or empty), this peer's
     /// own process's included.
     pub(crate) incarnations: Vec<Incarnation>,
+    /// Each rank's data-plane address as the directory has it (`None`: unknown or empty).
+    pub(crate) addrs: Vec<Option<SocketAddr>>,
 }
 
 impl PeerCore {
     /// The core of peer `setup.rank` running `gossip`, training not yet started.
     pub(crate) fn new(gossip: Box<dyn Gossip>, setup: CoreSetup, started: Instant) -> Self {
         let n = setup.w.n();
-        let collects = setup.rank == 0;
         Self {
             rank: setup.rank,
             goodbyes: Goodbyes::new(setup.linked.iter().copied(), setup.expected_in),
             linked: setup.linked.into_iter().collect(),
             gossip,
             refused_frames: 0,
-            collects,
+            keeper: 0,
+            addrs: setup.addrs,
             w: setup.w,
             algorithm: setup.algorithm,
             membership: {
@@ -247,6 +258,17 @@ impl PeerCore {
     /// The run cannot go on here: the survivors cannot re-weight W, or the algorithm
     /// cannot continue without a departed peer (peer 0 included).
     pub(crate) fn handle(&mut self, now: Instant, input: Input) -> anyhow::Result<Vec<Action>> {
+        let mut out = self.handle_input(now, input)?;
+        let keeper = self.record_keeper();
+        if keeper != self.keeper {
+            self.keeper = keeper;
+            out.push(Action::FollowRecord);
+        }
+        Ok(out)
+    }
+
+    /// [`PeerCore::handle`] but for the record's keeper.
+    fn handle_input(&mut self, now: Instant, input: Input) -> anyhow::Result<Vec<Action>> {
         let mut out = Vec::new();
         match input {
             Input::Joined { rank, peer_id } => self.admit_new_peer(rank, peer_id, &mut out)?,
@@ -268,7 +290,7 @@ impl PeerCore {
                     incarnation,
                     reason,
                 };
-                return self.handle(now, lost);
+                return self.handle_input(now, lost);
             }
             Input::LinkDone { to } => self.goodbyes.link_done(to),
             Input::Lost {
@@ -335,7 +357,7 @@ impl PeerCore {
         out: &mut Vec<Action>,
     ) -> anyhow::Result<()> {
         let departed = self.membership.has_left(from);
-        match policy::route(header.kind, departed, self.collects) {
+        match policy::route(header.kind, departed) {
             Route::Membership => self.on_membership_frame(now, from, header, &bytes, out)?,
             Route::Departed => debug!(from, "dropped a frame of a peer that has left"),
             Route::Algorithm => self.on_algorithm_frame(now, from, &header, &bytes, transfer),
@@ -431,6 +453,39 @@ impl PeerCore {
     /// most): the member that admits new peers, as this peer sees it.
     pub(crate) fn lowest_live(&self) -> Rank {
         self.membership.lowest_live()
+    }
+
+    /// The peer that keeps the run's record (collects the epoch reports, writes
+    /// `epochs.csv`, `membership.jsonl`, `summary.json` and the model), as this peer sees
+    /// it: peer 0 while it counts in the run or while this peer holds a link to its new
+    /// process (which takes the record back); else the lowest live rank, which stands in.
+    /// Every survivor derives the same keeper from the departures they all learn.
+    pub(crate) fn record_keeper(&self) -> Rank {
+        if !self.membership.has_left(0) || self.linked.contains(&0) {
+            0
+        } else {
+            self.lowest_live()
+        }
+    }
+
+    /// A link to the record's keeper ([`Action::Connect`]; `None` if this peer keeps the
+    /// record or does not know where the keeper is), for a shell that holds none: also
+    /// one that said goodbye on its links already (a peer that finished its last epoch
+    /// owes a new keeper the reports it kept).
+    pub(crate) fn connect_to_keeper(&self) -> Option<Action> {
+        let keeper = self.record_keeper();
+        if keeper == self.rank {
+            return None;
+        }
+        let mut out = Vec::new();
+        match self.addrs.get(keeper).copied().flatten() {
+            Some(addr) => self.connect(keeper, addr, None, &mut out),
+            None => warn!(
+                keeper,
+                "cannot link to peer {keeper}, which keeps the record now: its address is not known here"
+            ),
+        }
+        out.pop()
     }
 
     /// The new peers whose first round this peer has now reached; its discovery lets the

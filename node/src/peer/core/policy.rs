@@ -128,18 +128,18 @@ pub(crate) enum Route {
     Departed,
     /// The algorithm's state machine.
     Algorithm,
-    /// An epoch report, to peer 0's collector.
+    /// An epoch report, to the collector of the record's keeper.
     Report,
     /// A departure notice.
     Leave,
-    /// Nothing here takes it: dropped and counted as refused (a report sent to a peer other
-    /// than 0, an unexpected kind).
+    /// Nothing here takes it: dropped and counted as refused (an unexpected kind).
     Refuse,
 }
 
 /// Where a frame of kind `kind` from a peer goes; `departed`: whether that peer has left the
-/// run; `collects`: whether this peer collects the reports (peer 0).
-pub(crate) fn route(kind: FrameKind, departed: bool, collects: bool) -> Route {
+/// run. A report goes to the shell on any peer: the record's keeper can change, and a peer
+/// may be sent reports just before it learns that it keeps the record now.
+pub(crate) fn route(kind: FrameKind, departed: bool) -> Route {
     if kind.is_membership_handshake() {
         return Route::Membership;
     }
@@ -148,7 +148,7 @@ pub(crate) fn route(kind: FrameKind, departed: bool, collects: bool) -> Route {
     }
     match kind {
         k if k.is_algorithm() => Route::Algorithm,
-        FrameKind::Report if collects => Route::Report,
+        FrameKind::Report => Route::Report,
         FrameKind::Leave => Route::Leave,
         _ => Route::Refuse,
     }
@@ -199,11 +199,13 @@ mod tests {
 
     #[test]
     fn frames_go_where_their_kind_says_and_the_rest_is_refused() {
-        assert_eq!(route(FrameKind::Gossip, false, false), Route::Algorithm);
-        assert_eq!(route(FrameKind::Gossip, true, false), Route::Departed);
-        assert_eq!(route(FrameKind::Report, false, true), Route::Report);
-        assert_eq!(route(FrameKind::Report, false, false), Route::Refuse);
-        assert_eq!(route(FrameKind::Leave, false, false), Route::Leave);
-        assert_eq!(route(FrameKind::Leave, true, false), Route::Departed);
+        assert_eq!(route(FrameKind::Gossip, false), Route::Algorithm);
+        assert_eq!(route(FrameKind::Gossip, true), Route::Departed);
+        assert_eq!(route(FrameKind::Report, false), Route::Report);
+        assert_eq!(route(FrameKind::Report, true), Route::Departed);
+        assert_eq!(route(FrameKind::Leave, false), Route::Leave);
+        assert_eq!(route(FrameKind::Leave, true), Route::Departed);
+        assert_eq!(route(FrameKind::Hello, true), Route::Membership);
+        assert_eq!(route(FrameKind::Bye, false), Route::Refuse);
     }
 }

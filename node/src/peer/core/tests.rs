@@ -38,6 +38,9 @@ fn core(rank: Rank) -> PeerCore {
         expected_in,
         admit_signer: (rank == 0).then(libp2p::identity::Keypair::generate_ed25519),
         incarnations: vec![10; 4],
+        addrs: (0..4)
+            .map(|r| Some(SocketAddr::from(([127, 0, 0, 1], 4000 + r as u16))))
+            .collect(),
     };
     PeerCore::new(Box::new(gossip), setup, Instant::now())
 }
@@ -85,6 +88,7 @@ fn kinds(actions: &[Action]) -> Vec<&'static str> {
             Action::Record { .. } => "record",
             Action::Collect { .. } => "collect",
             Action::Relocated(_) => "relocated",
+            Action::FollowRecord => "follow",
         })
         .collect()
 }
@@ -146,7 +150,7 @@ fn a_lost_connection_of_an_old_process_closes_its_links_and_departs_no_one() {
 }
 
 #[test]
-fn a_peer_other_than_0_records_nothing_and_a_failed_send_is_a_departure() {
+fn a_failed_send_is_a_departure_recorded_where_the_record_is_kept() {
     let mut c = core(2);
     let out = c
         .handle(
@@ -158,7 +162,8 @@ fn a_peer_other_than_0_records_nothing_and_a_failed_send_is_a_departure() {
             },
         )
         .unwrap();
-    assert_eq!(kinds(&out), ["drop", "broadcast"]);
+    // The record line goes to the shell, which drops it on a peer that keeps no record.
+    assert_eq!(kinds(&out), ["drop", "broadcast", "record"]);
     assert!(c.membership.has_left(3));
 }
 
@@ -181,7 +186,8 @@ fn peer_0_leaves_like_any_peer_and_every_peer_links_to_its_new_process() {
     // Peer 2 of the ring of 4 is no neighbour of peer 0, but sends it its reports.
     let mut c = core(2);
     let out = c.handle(Instant::now(), lost(0, 10, "killed")).unwrap();
-    assert_eq!(kinds(&out), ["drop", "broadcast"]);
+    // Peer 1 keeps the record now.
+    assert_eq!(kinds(&out), ["drop", "broadcast", "record", "follow"]);
     assert!(c.membership.has_left(0));
     // Peer 0's new process rejoins: peer 2 opens a link to it, for the reports.
     let addr: SocketAddr = "127.0.0.1:4200".parse().unwrap();
@@ -192,7 +198,12 @@ fn peer_0_leaves_like_any_peer_and_every_peer_links_to_its_new_process() {
             frame(FrameKind::Rejoin, 1, 60, &notice[FRAME_HEADER_LEN..]),
         )
         .unwrap();
-    assert_eq!(kinds(&out), ["connect", "broadcast", "relocated"]);
+    // Back in the run, peer 0 keeps the record again.
+    assert_eq!(
+        kinds(&out),
+        ["connect", "broadcast", "relocated", "record", "follow"]
+    );
+    assert_eq!(c.record_keeper(), 0);
     // Discovery learns where peer 0's new process is, for the directory it serves.
     assert!(matches!(
         &out[2],
@@ -393,21 +404,57 @@ fn a_rejoining_peer_links_to_a_peer_that_came_back_before_it_where_the_welcomes_
 }
 
 #[test]
-fn reports_go_to_peer_0_s_collector_and_are_refused_elsewhere() {
-    let mut c = core(0);
-    let out = c
-        .handle(Instant::now(), frame(FrameKind::Report, 2, 0, b"r"))
-        .unwrap();
-    let [Action::Collect { from: 2, report }] = &out[..] else {
-        panic!("{out:?}")
+fn reports_go_to_the_shell_on_every_peer_which_collects_them_if_it_keeps_the_record() {
+    for rank in [0, 1] {
+        let mut c = core(rank);
+        let out = c
+            .handle(Instant::now(), frame(FrameKind::Report, 2, 0, b"r"))
+            .unwrap();
+        let [Action::Collect { from: 2, report }] = &out[..] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(&report[..], b"r", "the payload, without the header");
+        assert_eq!(c.refused_frames, 0);
+    }
+}
+
+/// Peer 0 keeps the record while it counts in the run; once it has left, the lowest live
+/// rank stands in (every survivor derives the same one), and peer 0's new process takes
+/// the record back as soon as this peer holds a link to it.
+#[test]
+fn the_lowest_live_peer_keeps_the_record_while_peer_0_is_away() {
+    let mut c = core(2);
+    assert_eq!(c.record_keeper(), 0);
+    let out = c.handle(Instant::now(), exited(0)).unwrap();
+    assert_eq!(kinds(&out).last(), Some(&"follow"), "{:?}", kinds(&out));
+    assert_eq!(c.record_keeper(), 1);
+    let out = c.handle(Instant::now(), exited(1)).unwrap();
+    assert_eq!(kinds(&out).last(), Some(&"follow"));
+    assert_eq!(c.record_keeper(), 2, "itself: 0 and 1 are away");
+    assert!(c.connect_to_keeper().is_none());
+    let mut c3 = core(3);
+    c3.handle(Instant::now(), exited(0)).unwrap();
+    assert_eq!(c3.record_keeper(), 1, "the same keeper on every survivor");
+    let Some(Action::Connect { to: 1, addr, .. }) = c3.connect_to_keeper() else {
+        panic!("peer 3 does not send to 1 on the ring: the shell links to it")
     };
-    assert_eq!(&report[..], b"r", "the payload, without the header");
-    let mut c = core(1);
-    let out = c
-        .handle(Instant::now(), frame(FrameKind::Report, 2, 0, b"r"))
+    assert_eq!(addr.port(), 4001);
+    // Peer 0's new process says hello: linked to it, peer 3 sends its reports there.
+    let me = peer_info(0, "127.0.0.1:4500".parse().unwrap(), 11);
+    let hello = crate::control::membership::encode_hello(0, &me).unwrap();
+    let out = c3
+        .handle(
+            Instant::now(),
+            frame(FrameKind::Hello, 0, 0, &hello[FRAME_HEADER_LEN..]),
+        )
         .unwrap();
-    assert!(out.is_empty());
-    assert_eq!(c.refused_frames, 1);
+    assert!(kinds(&out).contains(&"connect"), "{:?}", kinds(&out));
+    assert_eq!(c3.record_keeper(), 1, "not before the link is open");
+    let out = c3
+        .handle(Instant::now(), Input::Connected { to: 0 })
+        .unwrap();
+    assert_eq!(kinds(&out), ["follow"]);
+    assert_eq!(c3.record_keeper(), 0);
 }
 
 #[test]
