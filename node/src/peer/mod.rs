@@ -52,7 +52,8 @@ use checkpoint::{Checkpoint, CheckpointMeta};
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "This peer")]
 pub struct PeerArgs {
-    /// This peer's rank in 0..peers. Rank 0 is the bootstrap and collects the metrics.
+    /// This peer's rank in 0..peers. Rank 0 is the bootstrap and keeps the run's record (the
+    /// lowest live rank does while it is away).
     /// Without it, a peer with `--bootstrap` gets the lowest rank not taken yet from the
     /// bootstrap (with `--join-running`: the lowest empty rank), and one without is rank 0.
     /// Its identity key is then kept as `<out>/identity/peer-<rank>.key`, so that it can be
