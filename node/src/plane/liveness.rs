@@ -266,8 +266,8 @@ pub async fn silent(
             now = ticks.tick() => {
                 // One look at the far end a tick: a process of this host that is gone is
                 // lost at once, whatever the silence.
-                let mut host = host(probe);
-                if let (Host::Silent, Some(Far::Process(p))) = (host, probe.get()) {
+                let raw = host(probe);
+                if let (Host::Silent, Some(Far::Process(p))) = (raw, probe.get()) {
                     return Some(Loss::Exited(*p));
                 }
                 let Some(s) = clock.look(now, conn.stats().udp_rx.datagrams) else {
@@ -282,16 +282,14 @@ pub async fn silent(
                     }
                     continue;
                 };
-                // Before the peer timeout, a host taken for gone must also leave a new
-                // connection unanswered (once a silence: a kernel that answered is alive).
-                if host == Host::Gone && s < t.peer {
+                // What the TCP connection says is confirmed by a new connection where it
+                // decides (once a silence: a kernel that answered is alive).
+                if asks_kernel(raw, s, t) {
                     if let (false, Some(Far::Tcp(tcp))) = (kernel_answered, probe.get()) {
                         kernel_answered = kernel_answers(tcp).await;
                     }
-                    if kernel_answered {
-                        host = Host::Silent;
-                    }
                 }
+                let host = confirmed(raw, (s, t), kernel_answered);
                 match verdict(s, t, host) {
                     Verdict::Waiting => {}
                     Verdict::Lost => return Some(Loss::Silent(s, host)),
@@ -318,6 +316,33 @@ pub async fn silent(
                 }
             }
         }
+    }
+}
+
+/// Whether the far kernel's answer to a new TCP connection ([`kernel_answers`]) is needed
+/// to judge a link whose connection says `raw`, silent for `silent`: a host taken for gone
+/// before the peer timeout (it must also leave a new connection unanswered), and, at the
+/// peer timeout, a host that left a probe unanswered on a connection still established
+/// (under load a paused peer's kernel can answer a probe late).
+pub fn asks_kernel(raw: Host, silent: Duration, t: Timeouts) -> bool {
+    match raw {
+        Host::Gone => silent < t.peer,
+        Host::Silent => silent >= t.peer,
+        Host::Unknown | Host::Answers => false,
+    }
+}
+
+/// The host's state once the far kernel answered a new connection (`kernel_answered`) or
+/// not: a host taken for gone before the peer timeout is only silent if its kernel
+/// answers; a host silent on a connection still established whose kernel answers is alive,
+/// and its process holds the connection open, so it is paused or hung, not dead (a dead
+/// process's kernel resets the connection, which then says [`Host::Gone`]). Anything else
+/// stays as the connection says.
+pub fn confirmed(raw: Host, (silent, t): (Duration, Timeouts), kernel_answered: bool) -> Host {
+    match raw {
+        Host::Gone if kernel_answered && silent < t.peer => Host::Silent,
+        Host::Silent if kernel_answered && silent >= t.peer => Host::Answers,
+        other => other,
     }
 }
 
@@ -406,6 +431,42 @@ mod tests {
     use super::*;
 
     const T: Duration = Duration::from_secs(5);
+
+    /// The far kernel's answer to a new connection decides only where the TCP connection's
+    /// own view is weak: a host taken for gone early is silent if its kernel answers; a
+    /// host silent at the peer timeout on an established connection is paused if its
+    /// kernel answers (waited for, not lost); a broken connection stays gone at the peer
+    /// timeout (a dead process on a live host: its kernel answers, yet it is lost).
+    #[test]
+    fn the_far_kernel_s_answer_tells_a_late_probe_of_a_paused_peer_from_a_dead_one() {
+        let t = Timeouts {
+            peer: T,
+            paused: Duration::from_secs(30),
+        };
+        let early = ms(2_500);
+        assert!(asks_kernel(Host::Gone, early, t) && !asks_kernel(Host::Gone, T, t));
+        assert!(asks_kernel(Host::Silent, T, t) && !asks_kernel(Host::Silent, early, t));
+        assert!(!asks_kernel(Host::Answers, T, t) && !asks_kernel(Host::Unknown, T, t));
+        let judged = |raw, s, answered| verdict(s, t, confirmed(raw, (s, t), answered));
+        assert_eq!(judged(Host::Gone, early, true), Verdict::Waiting);
+        assert_eq!(judged(Host::Gone, early, false), Verdict::Lost);
+        assert_eq!(
+            judged(Host::Silent, T, true),
+            Verdict::Paused,
+            "a late probe"
+        );
+        assert_eq!(judged(Host::Silent, T, false), Verdict::Lost);
+        assert_eq!(
+            judged(Host::Gone, T, true),
+            Verdict::Lost,
+            "a broken connection"
+        );
+        assert_eq!(
+            judged(Host::Silent, ms(31_000), true),
+            Verdict::Lost,
+            "paused too long"
+        );
+    }
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
