@@ -198,3 +198,82 @@ fn a_link_measured_in_an_earlier_phase_reaches_a_later_per_link_phase() {
     let to_2 = sim.peer(1).link_choices().into_iter().find(|c| c.peer == 2);
     assert_eq!(to_2.and_then(|c| c.bytes_per_sec), None, "never measured");
 }
+
+/// All-reduce for one round, then D-PSGD on a ring: a neighbour already in the D-PSGD phase
+/// sends its whole x, larger than any all-reduce chunk this peer accepts; the frame is
+/// kept for the D-PSGD phase, not refused as too large (that stalled the phase switch of
+/// `launch --phases allreduce:1,dpsgd` about one run in ten: the frame was dropped and
+/// the round waited for it until its timeout).
+#[test]
+fn a_frame_of_the_next_phase_too_large_for_this_one_is_kept() {
+    use murmur_gossip::{AllReduce, AllReduceConfig};
+    let (n, d) = (4, 16);
+    let ring = ring_mh(n);
+    let xs = start(n, d);
+    let mut peers: Vec<Phased> = (0..n)
+        .map(|i| {
+            Phased::new(vec![
+                Phase {
+                    name: "allreduce".into(),
+                    gossip: Box::new(AllReduce::new(
+                        AllReduceConfig::new(i, n, 0.0, d),
+                        xs[i].clone(),
+                    )),
+                    rounds: Some(1),
+                },
+                Phase {
+                    name: "dpsgd".into(),
+                    gossip: Box::new(DPsgd::new(
+                        DPsgdConfig::from_matrix(&ring, i, 0.0, d),
+                        xs[i].clone(),
+                    )),
+                    rounds: None,
+                },
+            ])
+        })
+        .collect();
+    let now = Instant::now();
+    // The all-reduce round, to the end, for every peer but 0's own switch.
+    let mut queue = Vec::new();
+    for (i, p) in peers.iter_mut().enumerate() {
+        let x = p.params().to_vec();
+        p.begin_round(now, &x, None);
+        while let Some(t) = p.poll_transmit() {
+            queue.push((i, t.to, t.frame.to_vec()));
+        }
+    }
+    while let Some((from, to, f)) = queue.pop() {
+        peers[to].handle_message(now, from, &f).unwrap();
+        while let Some(t) = peers[to].poll_transmit() {
+            queue.push((to, t.to, t.frame.to_vec()));
+        }
+    }
+    for p in &mut peers {
+        assert_eq!(p.poll_event(), Some(GossipEvent::Mixed { round: 0 }));
+    }
+    // Peer 1 begins the D-PSGD round; peer 0 is still idle after the all-reduce.
+    let x = peers[1].params().to_vec();
+    peers[1].begin_round(now, &x, None);
+    let mut to_0 = None;
+    while let Some(t) = peers[1].poll_transmit() {
+        if t.to == 0 {
+            to_0 = Some(t.frame.to_vec());
+        }
+    }
+    let to_0 = to_0.expect("peer 1 sends to its ring neighbour 0");
+    peers[0]
+        .handle_message(now, 1, &to_0)
+        .expect("kept for the D-PSGD phase");
+    // Peer 0 switches: the kept frame counts in its D-PSGD round.
+    let x = peers[0].params().to_vec();
+    peers[0].begin_round(now, &x, None);
+    assert_eq!(peers[0].dropped_frames(), 0);
+    let x3 = peers[3].params().to_vec();
+    peers[3].begin_round(now, &x3, None);
+    while let Some(t) = peers[3].poll_transmit() {
+        if t.to == 0 {
+            peers[0].handle_message(now, 3, &t.frame).unwrap();
+        }
+    }
+    assert_eq!(peers[0].poll_event(), Some(GossipEvent::Mixed { round: 1 }));
+}

@@ -9,7 +9,8 @@
 //!
 //! A faster neighbour may already be in the next phase while this peer finishes the
 //! current one. A frame that the current phase refuses because of its kind, its round
-//! window or its sender (the next phase may use another graph) is therefore kept (at most [`Phased::MAX_HELD`] frames) and offered to the next
+//! window, its sender (the next phase may use another graph) or its size (an all-reduce
+//! phase takes chunks of x, a gossip phase sends the whole x) is therefore kept (at most [`Phased::MAX_HELD`] frames) and offered to the next
 //! phase when it begins; what that phase refuses then is dropped and counted in
 //! [`Phased::dropped_frames`]. Other refusals are returned at once.
 
@@ -149,7 +150,8 @@ impl Gossip for Phased {
             Err(
                 GossipError::WrongKind(_)
                 | GossipError::RoundOutOfWindow { .. }
-                | GossipError::NotANeighbour(_),
+                | GossipError::NotANeighbour(_)
+                | GossipError::Frame(crate::frame::FrameError::TooLarge { .. }),
             ) if self.current + 1 < self.phases.len() && self.held.len() < Self::MAX_HELD => {
                 self.held.push_back((from, frame.to_vec()));
                 Ok(())
