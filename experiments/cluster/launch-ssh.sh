@@ -13,11 +13,14 @@
 # RUN_DIR: the run folder on every host (the same path on each; no shared filesystem
 # needed). Each peer writes its files there and its libp2p multiaddr to
 # RUN_DIR/addrs/peer-<r>.addr (a peer added later with --join-running may enter the run
-# through any of them); peer 0 also bootstrap.addr, the epochs, the summary and the
-# membership. Back on this machine, in RUN_DIR: every peer's log (logs/peer-<r>.log) and,
-# from peer 0's host, summary.json, summary.csv, epochs.csv, epochs.jsonl, membership.jsonl
+# through any of them); peer 0 also bootstrap.addr, and the record's keeper (peer 0, or the
+# lowest live peer while peer 0 is away or once it has failed for good) the epochs, the
+# summary and the membership. Back on this machine, in RUN_DIR: every peer's log
+# (logs/peer-<r>.log) and, from the keeper's host (peer 0's; the lowest rank that finished
+# if peer 0 failed), summary.json, summary.csv, epochs.csv, epochs.jsonl, membership.jsonl
 # and distances.jsonl (those that exist), and the charts, plots/ (drawn there with `murmur
-# plot`); peer 0's table and summary line are printed.
+# plot`); the keeper's table and summary line are printed. Without a shared filesystem a
+# stand-in's record covers only the epochs from its taking over (its own folder).
 # Run options: passed to every peer (e.g. --epochs 20 --topology ring --checkpoint-every 50);
 # --peers is set from the host file.
 #
@@ -164,25 +167,39 @@ for ((r = 0; r < n; r++)); do
     fi
 done
 
-# Peer 0's results, from its host into the local run folder (through a temporary file: the
-# two folders may be one, on one machine or a shared filesystem).
+# The record's keeper at the end: peer 0, or, if it failed, the lowest rank that finished
+# (it stood in for peer 0 and kept the record).
+record_rank=0
+if [[ " ${failed[*]} " == *" 0 "* ]]; then
+    for ((r = 1; r < n; r++)); do
+        if [[ " ${failed[*]} " != *" $r "* ]]; then
+            record_rank=$r
+            break
+        fi
+    done
+    echo "launch-ssh: peer 0 failed; the record's keeper was peer $record_rank, on ${hosts[$record_rank]}" >&2
+fi
+record_host=${hosts[$record_rank]}
+
+# The keeper's results, from its host into the local run folder (through a temporary file:
+# the two folders may be one, on one machine or a shared filesystem).
 fetched=()
 for f in summary.json summary.csv epochs.csv epochs.jsonl membership.jsonl distances.jsonl; do
-    if on "${hosts[0]}" "cat $(quote "$run_dir/$f") 2>/dev/null" > "$run_dir/$f.fetch"; then
+    if on "$record_host" "cat $(quote "$run_dir/$f") 2>/dev/null" > "$run_dir/$f.fetch"; then
         mv "$run_dir/$f.fetch" "$run_dir/$f"
         fetched+=("$f")
     else
         rm -f "$run_dir/$f.fetch"
     fi
 done
-# The run's charts (plots/, as `launch` draws them), drawn on peer 0's host (where MURMUR
-# is) and brought here the same way: a tar stream into a temporary folder, then moved in
+# The run's charts (plots/, as `launch` draws them), drawn on the keeper's host (where
+# MURMUR is) and brought here the same way: a tar stream into a temporary folder, then moved in
 # place. A missing font or a run with no epoch recorded is said, not fatal.
 if [[ ${#fetched[@]} -gt 0 ]]; then
     plot_log=$(mktemp)
     plots_tmp=$(mktemp -d "$run_dir/.plots.XXXXXX")
-    if on "${hosts[0]}" "$(quote "$MURMUR" plot "$run_dir")" > "$plot_log" 2>&1 \
-        && on "${hosts[0]}" "tar -C $(quote "$run_dir") -cf - plots" | tar -C "$plots_tmp" -xf - \
+    if on "$record_host" "$(quote "$MURMUR" plot "$run_dir")" > "$plot_log" 2>&1 \
+        && on "$record_host" "tar -C $(quote "$run_dir") -cf - plots" | tar -C "$plots_tmp" -xf - \
         && [[ -d $plots_tmp/plots ]]; then
         rm -rf "$run_dir/plots"
         mv "$plots_tmp/plots" "$run_dir/plots"
@@ -193,10 +210,13 @@ if [[ ${#fetched[@]} -gt 0 ]]; then
     fi
     rm -rf "$plots_tmp" "$plot_log"
 fi
-# Peer 0's table and summary line.
+# The table and summary line: peer 0's, then a stand-in's rows and summary.
 grep -v '^[0-9TZ:.-]* *\(INFO\|WARN\|DEBUG\)' "$run_dir/logs/peer-0.log" || true
+if [[ $record_rank != 0 ]]; then
+    grep -v '^[0-9TZ:.-]* *\(INFO\|WARN\|DEBUG\|ERROR\)' "$run_dir/logs/peer-$record_rank.log" || true
+fi
 if [[ ${#fetched[@]} -gt 0 ]]; then
-    echo "launch-ssh: from ${hosts[0]} into $run_dir: ${fetched[*]}" >&2
+    echo "launch-ssh: from $record_host into $run_dir: ${fetched[*]}" >&2
 fi
 
 if [[ ${#failed[@]} -gt 0 ]]; then
