@@ -266,6 +266,49 @@ fn a_killed_peer_0_that_does_not_come_back_leaves_the_record_to_the_lowest_live_
     );
 }
 
+/// Peer 0 killed, then peer 1 killed the moment it stands in for it (it logged that it keeps
+/// the record): peer 2 stands in next, both restarted processes come back, and the record
+/// has every epoch once with both departures and both rejoins.
+#[test]
+fn a_stand_in_killed_while_it_keeps_the_record_hands_it_on() {
+    let mut l = Launch::start(&["--epochs=10", "--checkpoint-every=16", "--restart-failed"]);
+    l.wait_for_epoch(3);
+    signal(l.peer(0), libc::SIGKILL);
+    let t0 = Instant::now();
+    while !l.log(1).contains("keeps the run's record (") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "peer 1 did not stand in"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    signal(l.peer(1), libc::SIGKILL);
+    let (status, out, err) = l.finish(Duration::from_secs(120));
+    assert!(status.success(), "{out}\n{err}");
+    let s = l.summary();
+    assert_eq!(text(&s["outcome"]), "completed", "{s}");
+    l.assert_every_epoch_once(10);
+    let (departures, rejoins) = (text(&s["departures"]), text(&s["rejoins"]));
+    for rank in ["0@", "1@"] {
+        assert!(
+            departures.split_whitespace().any(|d| d.starts_with(rank)),
+            "{s}"
+        );
+        assert!(
+            rejoins.split_whitespace().any(|d| d.starts_with(rank)),
+            "{s}"
+        );
+    }
+    assert!(s["final_mean_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");
+    for rank in 0..4 {
+        assert!(
+            !l.log(rank).contains("timed out"),
+            "peer {rank}: {}",
+            l.log(rank)
+        );
+    }
+}
+
 #[test]
 fn a_killed_peer_0_is_restarted_and_the_record_goes_on_without_a_gap() {
     let mut l = Launch::start(&["--epochs=8", "--checkpoint-every=16", "--restart-failed"]);
