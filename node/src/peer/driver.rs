@@ -236,7 +236,9 @@ impl Driver {
                 self.record.dir.display()
             );
             let mut c = self.record.collector();
-            c.stand_in(self.core.membership.departed())?;
+            // The keeper before it (a stand-in that has not yet heard that this peer keeps
+            // the record now) lets the record's lock go within a round or so.
+            c.stand_in(self.core.membership.departed(), self.plane.timeouts().peer)?;
             self.collector = Some(c);
             self.plane.hold_acknowledgements();
             let mut reports: Vec<(Rank, Bytes)> = self.early_reports.drain(..).collect();

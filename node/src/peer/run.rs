@@ -566,10 +566,14 @@ fn wire<B: AutodiffBackend>(
         relocated,
         kept_reports: Default::default(),
     };
-    // A restarted peer 0 takes up the run's record before any report reaches it.
-    if peer.rejoin_running {
-        if let Some(c) = drv.collector.as_mut() {
-            c.take_up()?;
+    // A restarted peer 0 takes up the run's record before any report reaches it (and its
+    // lock once it has rejoined); a starting one holds the record's lock from the start.
+    if let Some(c) = drv.collector.as_mut() {
+        match peer.rejoin_running {
+            true => c.take_up()?,
+            false => {
+                c.lock_record(Duration::ZERO);
+            }
         }
     }
     // Every peer mixes without the empty ranks of an elastic run (a peer joining the run

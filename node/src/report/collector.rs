@@ -87,7 +87,17 @@ pub(crate) struct Collector {
     /// The network's averaged model of the latest recorded epoch (x̄ and the mean BatchNorm
     /// statistics): the model the run exports ([`write_model`]).
     pub(crate) mean: Option<MeanModel>,
+    /// The run folder's `record.lock`, locked (`flock`) while this collector may write the
+    /// record ([`Collector::lock_record`]); the kernel releases it when the process dies.
+    lock: Option<std::fs::File>,
 }
+
+/// The file whose lock ([`Collector::lock_record`]) the record's writer holds.
+const RECORD_LOCK: &str = "record.lock";
+
+/// How long a restarted peer 0 waits for the lock of the record when it takes the record
+/// back (every stand-in let it go before it welcomed the new process: normally at once).
+const REJOIN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Collector {
     /// The collector of a run of `n` peers writing to `dir`, evaluating x̄ (`d` parameters
@@ -116,6 +126,65 @@ impl Collector {
             taken_up: false,
             deferred: None,
             mean: None,
+            lock: None,
+        }
+    }
+
+    /// Takes the lock of the run folder's record (`record.lock`, an exclusive `flock`),
+    /// waiting up to `wait` for the process holding it: the keeper before this one stops
+    /// writing once it hears that this one keeps the record (a stand-in hands it back, an
+    /// old stand-in hears of a lower rank back), and a dead holder's lock is released by
+    /// the kernel. So no two processes write the record at once, whatever order the
+    /// membership news reaches them in. Returns whether it holds the lock; a file system
+    /// without locks (said once) or a holder that stays (a paused keeper, warned) is no
+    /// reason to keep no record.
+    pub(crate) fn lock_record(&mut self, wait: std::time::Duration) -> bool {
+        if self.lock.is_some() {
+            return true;
+        }
+        let path = self.dir.join(RECORD_LOCK);
+        let file = match std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(
+                    "cannot open {}: {e}; the record is written unlocked",
+                    path.display()
+                );
+                return false;
+            }
+        };
+        let until = Instant::now() + wait;
+        loop {
+            match file.try_lock() {
+                Ok(()) => {
+                    self.lock = Some(file);
+                    return true;
+                }
+                Err(std::fs::TryLockError::WouldBlock) if Instant::now() < until => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    tracing::warn!(
+                        "another process still holds {} after {:.1} s: this peer writes the \
+                         record anyway",
+                        path.display(),
+                        wait.as_secs_f64()
+                    );
+                    return false;
+                }
+                Err(std::fs::TryLockError::Error(e)) => {
+                    tracing::warn!(
+                        "cannot lock {}: {e}; the record is written unlocked",
+                        path.display()
+                    );
+                    return false;
+                }
+            }
         }
     }
 
@@ -149,7 +218,9 @@ impl Collector {
     pub(crate) fn stand_in(
         &mut self,
         departed: &BTreeMap<Rank, MembershipEvent>,
+        lock_wait: std::time::Duration,
     ) -> anyhow::Result<()> {
+        self.lock_record(lock_wait);
         self.read_record()?;
         for (&r, e) in departed {
             if self.counted_in(r) {
@@ -216,6 +287,7 @@ impl Collector {
         // Every peer that stood in for it has handed the record back (it answered this
         // process's hello): read it as it is now, then what waited.
         if let Some(deferred) = self.deferred.take() {
+            self.lock_record(REJOIN_LOCK_WAIT);
             self.read_record()?;
             for (event, back_at) in deferred {
                 self.membership(event, back_at)?;
@@ -1074,6 +1146,29 @@ mod tests {
         assert!(!c.awaits(1, 4) && !c.awaits(2, 4));
     }
 
+    /// One writer of a run folder's record at a time: a second collector does not get the
+    /// record's lock while the first holds it, and gets it once the first is gone (a
+    /// keeper that stood down, or died: the kernel drops a dead process's lock).
+    #[test]
+    fn the_record_has_one_writer_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut first, _) = tiny_collector(3, dir.path());
+        let (mut second, _) = tiny_collector(3, dir.path());
+        assert!(first.lock_record(std::time::Duration::ZERO));
+        let t0 = Instant::now();
+        assert!(!second.lock_record(std::time::Duration::from_millis(100)));
+        assert!(
+            t0.elapsed() >= std::time::Duration::from_millis(100),
+            "it waited"
+        );
+        drop(first);
+        assert!(second.lock_record(std::time::Duration::ZERO));
+        assert!(
+            second.lock_record(std::time::Duration::ZERO),
+            "held already"
+        );
+    }
+
     /// The lowest live rank stands in for a departed peer 0: it continues the record peer
     /// 0 wrote (recording peer 0's departure, ignoring reports of recorded epochs sent
     /// again), and hands it back to peer 0's new process, which takes it up where the
@@ -1101,7 +1196,10 @@ mod tests {
         };
         let (mut stand_in, _) = tiny_collector(3, dir.path());
         stand_in
-            .stand_in(&BTreeMap::from([(0, left0.clone())]))
+            .stand_in(
+                &BTreeMap::from([(0, left0.clone())]),
+                std::time::Duration::ZERO,
+            )
             .unwrap();
         let events: Vec<MembershipEvent> =
             report::read_json_lines(&dir.path().join("membership.jsonl")).unwrap();
