@@ -16,6 +16,35 @@ fn complete(n: usize) -> MixingMatrix {
     MixingMatrix::metropolis_hastings(&Graph::complete(n).unwrap()).unwrap()
 }
 
+/// `first` (named `names.0`) for `rounds` rounds, then `second` (`names.1`).
+fn two_phases(
+    names: (&str, &str),
+    first: Box<dyn Gossip>,
+    rounds: u64,
+    second: Box<dyn Gossip>,
+) -> Phased {
+    Phased::new(vec![
+        Phase {
+            name: names.0.into(),
+            gossip: first,
+            rounds: Some(rounds),
+        },
+        Phase {
+            name: names.1.into(),
+            gossip: second,
+            rounds: None,
+        },
+    ])
+}
+
+/// Peer i: D-PSGD with η = 0 on `w`, from `x0`.
+fn dpsgd(w: &MixingMatrix, i: usize, x0: &[f32]) -> Box<dyn Gossip> {
+    Box::new(DPsgd::new(
+        DPsgdConfig::from_matrix(w, i, 0.0, x0.len()),
+        x0.to_vec(),
+    ))
+}
+
 /// Peer i: D-PSGD on `first` for `rounds` rounds, then D-PSGD on `second`.
 fn phased(
     first: &MixingMatrix,
@@ -24,19 +53,12 @@ fn phased(
     i: usize,
     x0: &[f32],
 ) -> Phased {
-    let d = x0.len();
-    let phase = |w: &MixingMatrix, name: &str, rounds| Phase {
-        name: name.into(),
-        gossip: Box::new(DPsgd::new(
-            DPsgdConfig::from_matrix(w, i, 0.0, d),
-            x0.to_vec(),
-        )),
+    two_phases(
+        ("ring", "complete"),
+        dpsgd(first, i, x0),
         rounds,
-    };
-    Phased::new(vec![
-        phase(first, "ring", Some(rounds)),
-        phase(second, "complete", None),
-    ])
+        dpsgd(second, i, x0),
+    )
 }
 
 fn start(n: usize, d: usize) -> Vec<Vec<f32>> {
@@ -55,16 +77,7 @@ fn the_second_phase_starts_at_its_round() {
         .map(|i| Box::new(phased(&ring, &full, 3, i, &xs[i])) as Box<dyn Gossip>)
         .collect();
     let mut sim = Sim::new(peers);
-    let mut ring_only = Sim::new(
-        (0..n)
-            .map(|i| {
-                Box::new(DPsgd::new(
-                    DPsgdConfig::from_matrix(&ring, i, 0.0, d),
-                    xs[i].clone(),
-                )) as Box<dyn Gossip>
-            })
-            .collect(),
-    );
+    let mut ring_only = Sim::new((0..n).map(|i| dpsgd(&ring, i, &xs[i])).collect());
     let avg = sim.average();
     for _ in 0..3 {
         sim.run_round(None).unwrap();
@@ -154,24 +167,16 @@ fn a_link_measured_in_an_earlier_phase_reaches_a_later_per_link_phase() {
     let xs = start(n, d);
     let mut peers: Vec<Phased> = (0..n)
         .map(|i| {
-            Phased::new(vec![
-                Phase {
-                    name: "dpsgd".into(),
-                    gossip: Box::new(DPsgd::new(
-                        DPsgdConfig::from_matrix(&ring, i, 0.0, d),
-                        xs[i].clone(),
-                    )),
-                    rounds: Some(2),
-                },
-                Phase {
-                    name: "choco-auto".into(),
-                    gossip: Box::new(ChocoAuto::new(
-                        ChocoAutoConfig::from_matrix(&ring, i, 0.0, 0.5).unwrap(),
-                        xs[i].clone(),
-                    )),
-                    rounds: None,
-                },
-            ])
+            let choco = ChocoAuto::new(
+                ChocoAutoConfig::from_matrix(&ring, i, 0.0, 0.5).unwrap(),
+                xs[i].clone(),
+            );
+            two_phases(
+                ("dpsgd", "choco-auto"),
+                dpsgd(&ring, i, &xs[i]),
+                2,
+                Box::new(choco),
+            )
         })
         .collect();
     // During the D-PSGD phase, peer 0 times a 4 MiB frame from peer 1: 100 MB/s.
@@ -212,24 +217,13 @@ fn a_frame_of_the_next_phase_too_large_for_this_one_is_kept() {
     let xs = start(n, d);
     let mut peers: Vec<Phased> = (0..n)
         .map(|i| {
-            Phased::new(vec![
-                Phase {
-                    name: "allreduce".into(),
-                    gossip: Box::new(AllReduce::new(
-                        AllReduceConfig::new(i, n, 0.0, d),
-                        xs[i].clone(),
-                    )),
-                    rounds: Some(1),
-                },
-                Phase {
-                    name: "dpsgd".into(),
-                    gossip: Box::new(DPsgd::new(
-                        DPsgdConfig::from_matrix(&ring, i, 0.0, d),
-                        xs[i].clone(),
-                    )),
-                    rounds: None,
-                },
-            ])
+            let allreduce = AllReduce::new(AllReduceConfig::new(i, n, 0.0, d), xs[i].clone());
+            two_phases(
+                ("allreduce", "dpsgd"),
+                Box::new(allreduce),
+                1,
+                dpsgd(&ring, i, &xs[i]),
+            )
         })
         .collect();
     let now = Instant::now();

@@ -56,6 +56,20 @@ impl Launch {
         self.dir.path().join("run")
     }
 
+    /// Waits (polling every 5 ms, at most 30 s) until peer `rank`'s log contains `text`.
+    fn wait_for_log(&self, rank: usize, text: &str) {
+        let t0 = Instant::now();
+        while !std::fs::read_to_string(self.run().join(format!("logs/peer-{rank}.log")))
+            .is_ok_and(|log| log.contains(text))
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "peer {rank} never logged {text:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Waits until epoch `epoch` is recorded.
     fn wait_for_epoch(&mut self, epoch: u64) {
         let t0 = Instant::now();
@@ -274,14 +288,8 @@ fn a_stand_in_killed_while_it_keeps_the_record_hands_it_on() {
     let mut l = Launch::start(&["--epochs=10", "--checkpoint-every=16", "--restart-failed"]);
     l.wait_for_epoch(3);
     signal(l.peer(0), libc::SIGKILL);
-    let t0 = Instant::now();
-    while !l.log(1).contains("keeps the run's record (") {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "peer 1 did not stand in"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    // Peer 1 stands in.
+    l.wait_for_log(1, "keeps the run's record (");
     signal(l.peer(1), libc::SIGKILL);
     let (status, out, err) = l.finish(Duration::from_secs(120));
     assert!(status.success(), "{out}\n{err}");
@@ -500,13 +508,7 @@ fn a_restarted_peer_killed_again_at_once_stalls_nobody() {
     };
     // As soon as its rejoin notice reached peer 2 (which links to it to report): while the
     // peers open their links to it.
-    while !l.log(2).contains("peer 0 rejoins the run from round") {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "peer 0 did not rejoin"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    l.wait_for_log(2, "peer 0 rejoins the run from round");
     signal(second, libc::SIGKILL);
     let (status, out, err) = l.finish(Duration::from_secs(90));
     assert!(status.success(), "{out}\n{err}");

@@ -1071,6 +1071,19 @@ mod tests {
         (Collector::new(n, dir.to_path_buf(), 10, test, d, kind), d)
     }
 
+    /// The reports of peers `peers` for every epoch of `epochs`, x = 0.5 each.
+    fn add_all(
+        c: &mut Collector,
+        epochs: std::ops::RangeInclusive<usize>,
+        peers: std::ops::Range<Rank>,
+    ) {
+        for epoch in epochs {
+            for peer in peers.clone() {
+                add(c, peer, epoch, 0.5).unwrap();
+            }
+        }
+    }
+
     /// Peer `peer`'s report of epoch `epoch` with x = `value` (`[d]`).
     fn add(c: &mut Collector, peer: Rank, epoch: usize, value: f32) -> anyhow::Result<()> {
         let mut r = report();
@@ -1108,11 +1121,7 @@ mod tests {
     fn a_departure_told_to_a_restarted_peer_0_before_it_mixed_is_placed_after_the_record() {
         let dir = tempfile::tempdir().unwrap();
         let (mut c, _) = tiny_collector(3, dir.path());
-        for epoch in 0..=3 {
-            for peer in 0..3 {
-                add(&mut c, peer, epoch, 0.5).unwrap();
-            }
-        }
+        add_all(&mut c, 0..=3, 0..3);
         let left = |peer, round, epoch| MembershipEvent {
             event: "left".into(),
             peer,
@@ -1177,11 +1186,7 @@ mod tests {
     fn a_stand_in_continues_the_record_and_hands_it_back_to_a_restarted_peer_0() {
         let dir = tempfile::tempdir().unwrap();
         let (mut c, _) = tiny_collector(3, dir.path());
-        for epoch in 0..=1 {
-            for peer in 0..3 {
-                add(&mut c, peer, epoch, 0.5).unwrap();
-            }
-        }
+        add_all(&mut c, 0..=1, 0..3);
         add(&mut c, 1, 2, 0.5).unwrap();
         // Peer 0 dies during epoch 2; peer 1 stands in.
         drop(c);
@@ -1234,11 +1239,7 @@ mod tests {
         back.membership(left0, None).unwrap();
         back.rejoined(45, (&BTreeMap::new(), &BTreeMap::new()), false)
             .unwrap();
-        for epoch in 4..=5 {
-            for peer in 0..3 {
-                add(&mut back, peer, epoch, 0.5).unwrap();
-            }
-        }
+        add_all(&mut back, 4..=5, 0..3);
         let rows: Vec<EpochRow> =
             report::read_json_lines(&dir.path().join("epochs.jsonl")).unwrap();
         let epochs: Vec<usize> = rows.iter().map(|r| r.epoch).collect();
@@ -1260,9 +1261,7 @@ mod tests {
     fn a_rejoin_without_a_recorded_departure_is_recorded_after_one() {
         let dir = tempfile::tempdir().unwrap();
         let (mut c, _) = tiny_collector(3, dir.path());
-        for peer in 0..3 {
-            add(&mut c, peer, 0, 0.5).unwrap();
-        }
+        add_all(&mut c, 0..=0, 0..3);
         c.membership(MembershipEvent::back(1, 20, false, (3, 1.0)), Some(20))
             .unwrap();
         let left = MembershipEvent {
@@ -1313,9 +1312,7 @@ mod tests {
             reason: "not taken yet: the run started with --initial-peers".into(),
         };
         c.membership(empty, None).unwrap();
-        for peer in 0..3 {
-            add(&mut c, peer, 0, 0.5).unwrap();
-        }
+        add_all(&mut c, 0..=0, 0..3);
         let (mut c, _) = tiny_collector(4, dir.path());
         c.take_up().unwrap();
         let back = BTreeMap::from([(3, 40), (2, 40)]);

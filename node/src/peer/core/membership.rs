@@ -243,20 +243,31 @@ impl PeerCore {
         then: Option<Bytes>,
         out: &mut Vec<Action>,
     ) {
-        let incarnation = self.membership.incarnation(to);
-        match self.peer_ids[to] {
-            Some(id) => out.push(Action::Connect {
-                to,
-                incarnation,
-                addr,
-                id,
-                then,
-            }),
-            None => warn!(
+        out.extend(self.connect_action(to, addr, then));
+    }
+
+    /// The [`Action::Connect`] of [`PeerCore::connect`] (`None`, logged, if the identity of
+    /// `to` is not known here).
+    pub(super) fn connect_action(
+        &self,
+        to: Rank,
+        addr: SocketAddr,
+        then: Option<Bytes>,
+    ) -> Option<Action> {
+        let Some(id) = self.peer_ids[to] else {
+            warn!(
                 to,
                 "cannot connect to peer {to}: its identity is not known here"
-            ),
-        }
+            );
+            return None;
+        };
+        Some(Action::Connect {
+            to,
+            incarnation: self.membership.incarnation(to),
+            addr,
+            id,
+            then,
+        })
     }
 
     /// The ranks of an elastic run that nobody has taken yet (`empty`) are out of the run

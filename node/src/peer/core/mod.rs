@@ -477,15 +477,16 @@ impl PeerCore {
         if keeper == self.rank {
             return None;
         }
-        let mut out = Vec::new();
         match self.addrs.get(keeper).copied().flatten() {
-            Some(addr) => self.connect(keeper, addr, None, &mut out),
-            None => warn!(
-                keeper,
-                "cannot link to peer {keeper}, which keeps the record now: its address is not known here"
-            ),
+            Some(addr) => self.connect_action(keeper, addr, None),
+            None => {
+                warn!(
+                    keeper,
+                    "cannot link to peer {keeper}, which keeps the record now: its address is not known here"
+                );
+                None
+            }
         }
-        out.pop()
     }
 
     /// The new peers whose first round this peer has now reached; its discovery lets the
