@@ -20,8 +20,12 @@ use thiserror::Error;
 
 /// `"MU"` in little-endian.
 pub const FRAME_MAGIC: u16 = 0x554D;
-/// Version of the frame layout written by this crate.
-pub const FRAME_VERSION: u8 = 1;
+/// Version of the frame protocol written by this crate: the header layout and what each
+/// kind means. Raised when either changes, so that peers of builds that would misread each
+/// other refuse each other's frames by name ([`FrameError::UnknownVersion`]). 2: a
+/// `Welcome` carries no parameters; a rejoining peer fetches them in parts (`Fetch`,
+/// `StatePart`).
+pub const FRAME_VERSION: u8 = 2;
 /// Length of [`FrameHeader`] on the wire, in bytes.
 pub const FRAME_HEADER_LEN: usize = 24;
 
@@ -72,13 +76,18 @@ pub enum FrameKind {
     /// Payload: part index u32 LE, part count u32 LE, then the part's `murmur_compress`
     /// message; the header's `dim` is the part's length.
     GossipPart = 15,
+    /// A (re)joining peer asks a donor for a slice of its parameters x (payload defined by
+    /// the node).
+    Fetch = 16,
+    /// A donor's answer to `Fetch`: the slice of x asked for (payload defined by the node).
+    StatePart = 17,
 }
 
 impl FrameKind {
     /// Whether the algorithms' state machines handle this kind (their messages: `Gossip`,
     /// `PushSum`, `Reduce`, `Push`, `Pull`, `Skip`, `LinkRate`). The other kinds are the node's: metrics
     /// (`Report`), shutdown (`Bye`) and membership (`Leave`, `Hello`, `Welcome`, `Rejoin`,
-    /// `Admit`). A new algorithm that needs a new message adds a kind here and returns true
+    /// `Admit`, `Fetch`, `StatePart`). A new algorithm that needs a new message adds a kind here and returns true
     /// for it; the node's driver then hands its frames to the state machine unchanged.
     pub fn is_algorithm(self) -> bool {
         matches!(
@@ -94,12 +103,18 @@ impl FrameKind {
         )
     }
 
-    /// Whether this kind belongs to the membership protocol (hello, welcome, rejoin, admit),
-    /// which a peer handles even from a peer it believes departed.
+    /// Whether this kind belongs to the membership protocol (hello, welcome, rejoin, admit,
+    /// and the rejoining peer's fetch of its parameters), which a peer handles even from a
+    /// peer it believes departed.
     pub fn is_membership_handshake(self) -> bool {
         matches!(
             self,
-            Self::Hello | Self::Welcome | Self::Rejoin | Self::Admit
+            Self::Hello
+                | Self::Welcome
+                | Self::Rejoin
+                | Self::Admit
+                | Self::Fetch
+                | Self::StatePart
         )
     }
 
@@ -120,6 +135,8 @@ impl FrameKind {
             13 => Some(Self::Admit),
             14 => Some(Self::LinkRate),
             15 => Some(Self::GossipPart),
+            16 => Some(Self::Fetch),
+            17 => Some(Self::StatePart),
             _ => None,
         }
     }
@@ -276,7 +293,7 @@ mod tests {
     #[test]
     fn every_kind_is_the_algorithms_or_the_nodes() {
         let kinds: Vec<FrameKind> = (0..=255).filter_map(FrameKind::from_u8).collect();
-        assert_eq!(kinds.len(), 15);
+        assert_eq!(kinds.len(), 17);
         let algorithm: Vec<u8> = kinds
             .iter()
             .filter(|k| k.is_algorithm())
@@ -288,7 +305,7 @@ mod tests {
             .filter(|k| k.is_membership_handshake())
             .map(|&k| k as u8)
             .collect();
-        assert_eq!(handshake, [9, 10, 11, 13]);
+        assert_eq!(handshake, [9, 10, 11, 13, 16, 17]);
     }
 
     fn sample() -> Vec<u8> {

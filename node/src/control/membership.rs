@@ -24,18 +24,15 @@ use crate::control::auth;
 use crate::plane::Incarnation;
 use crate::report::MembershipEvent;
 
-/// A peer's answer to a restarted peer's hello (the JSON part of a `Welcome` frame; the
-/// sender's parameters x follow).
+/// A peer's answer to a restarted peer's hello (the JSON part of a `Welcome` frame, which
+/// carries no parameters: the restarted peer fetches x in parts from the donors
+/// [`RejoinPlan::donors`] chooses).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Welcome {
     /// The sender's round (the next to begin, or the one mixing).
     pub round: u64,
     /// Peers the sender knows to have left, the hello's sender excluded.
     pub departed: Vec<Rank>,
-    /// The welcome carries no parameters: its sender is no in-neighbour of the restarted
-    /// peer, which takes its x from those ([`Membership::welcome_carries_x`]).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub without_x: bool,
     /// The rejoins the sender knows of, as (peer, round it mixes from), the hello's sender
     /// excluded: a restarted peer 0 learns from them which peers came back while it was
     /// away, and from which epoch their reports come again.
@@ -271,6 +268,33 @@ pub struct RejoinPlan {
     pub locations: BTreeMap<Rank, (Incarnation, SocketAddr)>,
 }
 
+impl RejoinPlan {
+    /// The peers a restarted peer fetches its parameters x from ([`crate::peer`]'s
+    /// catch-up, in parts, several at once): its present in-neighbours `in_peers` (of W) that
+    /// welcomed it, so that its start is its neighbours' state and peer 0, to which every
+    /// joiner says hello, does not serve every joiner; if none of them did (an elastic
+    /// run's holes around its rank), every peer that welcomed it (peer 0 at least). A peer
+    /// in `restarting` (its new process said hello here too: it is rejoining itself, its x
+    /// not yet caught up) donates only if no other can. Ascending; empty only without
+    /// welcomes.
+    pub fn donors(&self, in_peers: &[Rank], restarting: &BTreeSet<Rank>) -> Vec<Rank> {
+        let present: Vec<Rank> = (self.welcomed.iter().copied())
+            .filter(|r| in_peers.contains(r))
+            .collect();
+        let pool = if present.is_empty() {
+            self.welcomed.clone()
+        } else {
+            present
+        };
+        let settled: Vec<Rank> = (pool.iter().copied())
+            .filter(|r| !restarting.contains(r))
+            .collect();
+        let mut donors = if settled.is_empty() { pool } else { settled };
+        donors.sort_unstable();
+        donors
+    }
+}
+
 /// Keeps in `locations` the location of `rank`'s newest process: `(incarnation, addr)`
 /// unless a newer incarnation is held.
 fn keep_newest(
@@ -499,13 +523,11 @@ impl Membership {
         })
     }
 
-    /// This peer's answer to the hello of `to` at round `round` (its x follows in the
-    /// frame unless `without_x`, see [`Membership::welcome_carries_x`]).
-    pub fn welcome(&self, to: Rank, round: u64, w: &MixingMatrix) -> Welcome {
+    /// This peer's answer to the hello of `to` at round `round`.
+    pub fn welcome(&self, to: Rank, round: u64) -> Welcome {
         Welcome {
             round,
             departed: self.departed.keys().copied().filter(|&r| r != to).collect(),
-            without_x: !self.welcome_carries_x(to, w),
             rejoined: self
                 .rejoined
                 .iter()
@@ -517,25 +539,6 @@ impl Membership {
                 .map(|(&r, &(incarnation, addr))| (r, incarnation, addr))
                 .collect(),
         }
-    }
-
-    /// Whether this peer's welcome to the (re)joining peer `joiner` carries its parameters
-    /// x (`[d]`): the joiner starts from the mean x of its present in-neighbours, so only
-    /// they send it — unless it has none present (an elastic run's holes), when every peer
-    /// that welcomes it does (peer 0 at least, to which every peer links). On a directed or
-    /// time-varying graph (`w` not symmetric) every welcome carries x. This keeps peer 0,
-    /// which every joiner says hello to, from sending its x to every joiner.
-    pub fn welcome_carries_x(&self, joiner: Rank, w: &MixingMatrix) -> bool {
-        if !w.graph().is_symmetric() {
-            return true;
-        }
-        let present: Vec<Rank> = w
-            .in_weights(joiner)
-            .into_iter()
-            .map(|(j, _)| j)
-            .filter(|&j| j != joiner && !self.departed.contains_key(&j))
-            .collect();
-        present.is_empty() || present.contains(&self.me)
     }
 
     /// The ranks of an elastic run that nobody has taken yet (`empty`) are out of the run
@@ -723,8 +726,7 @@ impl Membership {
         MembershipEvent::back(back, at, new, (now.epoch, now.wall_seconds))
     }
 
-    /// This restarted peer's plan from the `welcomes` to its hellos (by sender: the welcome
-    /// and the sender's x): the peers departed for any of them, the round it mixes again
+    /// This restarted peer's plan from the `welcomes` to its hellos (by sender): the peers departed for any of them, the round it mixes again
     /// from (the highest welcome round plus `margin` rounds, 0 without welcomes), and who
     /// welcomed it. `unreachable`: the destinations it could not connect to, ascending. Peer
     /// 0 with `at` not before `total_rounds` still takes up the record: its plan
@@ -735,7 +737,7 @@ impl Membership {
     /// `total_rounds` (a peer other than 0).
     pub fn plan_rejoin(
         &self,
-        welcomes: &BTreeMap<Rank, (Welcome, Vec<f32>)>,
+        welcomes: &BTreeMap<Rank, Welcome>,
         unreachable: impl IntoIterator<Item = Rank>,
         total_rounds: u64,
         margin: u64,
@@ -745,7 +747,7 @@ impl Membership {
         let back_since = |r: Rank| self.rejoined.iter().any(|&(p, _)| p == r);
         let departed: BTreeSet<Rank> = welcomes
             .values()
-            .flat_map(|(w, _)| w.departed.iter().copied())
+            .flat_map(|w| w.departed.iter().copied())
             .filter(|&r| r != self.me && !back_since(r))
             .collect();
         // A destination is also allowed to be unreachable if this peer itself knows its
@@ -756,7 +758,7 @@ impl Membership {
         if let Some(r) = unreachable.into_iter().find(counted) {
             return Err(RejoinError::Unreachable(r));
         }
-        let at = welcomes.values().map(|(w, _)| w.round).max().unwrap_or(0) + margin;
+        let at = welcomes.values().map(|w| w.round).max().unwrap_or(0) + margin;
         let collects_only = at >= total_rounds;
         if collects_only && self.me != 0 {
             return Err(RejoinError::TooLate { total_rounds, at });
@@ -767,14 +769,14 @@ impl Membership {
             .filter(|r| !departed.contains(r))
             .collect();
         let mut rejoined = BTreeMap::new();
-        for &(r, round) in welcomes.values().flat_map(|(w, _)| &w.rejoined) {
+        for &(r, round) in welcomes.values().flat_map(|w| &w.rejoined) {
             if r != self.me && !departed.contains(&r) {
                 let latest = rejoined.entry(r).or_insert(round);
                 *latest = (*latest).max(round);
             }
         }
         let mut locations = BTreeMap::new();
-        for &(r, incarnation, addr) in welcomes.values().flat_map(|(w, _)| &w.locations) {
+        for &(r, incarnation, addr) in welcomes.values().flat_map(|w| &w.locations) {
             if rejoined.contains_key(&r) {
                 keep_newest(&mut locations, r, (incarnation, addr));
             }

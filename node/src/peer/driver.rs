@@ -130,6 +130,10 @@ impl Driver {
                         }
                     }
                 }
+                Action::Send { to, frame } => match self.links.contains_key(&to) {
+                    true => self.send(to, frame)?,
+                    false => debug!(to, "no link to peer {to} for a frame of the membership"),
+                },
                 Action::Connect {
                     to,
                     incarnation,
@@ -469,25 +473,27 @@ impl Driver {
     }
 
     /// A restarted peer's way back into the run: hello to every peer it has a link to
-    /// (`me`: its new directory entry), their welcomes (round, departed peers, x), then the
-    /// round it mixes again from ([`PeerCore::plan_rejoin`]) announced to all, and a wait
-    /// until every in-neighbour has sent its frame for that round. Destinations it could not
-    /// connect to (`unreachable`) must be among the departed peers of the welcomes.
-    /// Returns that round and the mean x of the in-neighbours that answered.
+    /// (`me`: its new directory entry), their welcomes (round, departed peers), its x
+    /// fetched in parts from its donors ([`Driver::catch_up`]; a part not answered within
+    /// `part_timeout` is asked of another donor), then the round it mixes again from
+    /// ([`PeerCore::plan_rejoin`]) announced to all, and a wait until every in-neighbour has
+    /// sent its frame for that round. Destinations it could not connect to (`unreachable`)
+    /// must be among the departed peers of the welcomes. Returns that round and x (`[d]`;
+    /// `None` for a peer 0 that came back too late to train and only collects).
     ///
     /// # Errors
     /// No welcome within `timeout`, a peer unreachable that the run still counts, the run
-    /// ending before the agreed round (`total_rounds`), no in-neighbour answering, or the
-    /// run over while this peer waits for welcomes (`ended`: its record is complete; a
-    /// peer that finished and exited answers no hello).
+    /// ending before the agreed round (`total_rounds`), no peer to fetch x from or x not
+    /// whole within `timeout`, or the run over while this peer waits for welcomes
+    /// (`ended`: its record is complete; a peer that finished and exited answers no hello).
     pub(super) fn rejoin(
         &mut self,
         me: &PeerInfo,
         unreachable: BTreeMap<Rank, anyhow::Error>,
         total_rounds: u64,
-        timeout: Duration,
+        (timeout, part_timeout): (Duration, Duration),
         ended: &dyn Fn() -> bool,
-    ) -> anyhow::Result<(u64, Vec<f32>)> {
+    ) -> anyhow::Result<(u64, Option<Vec<f32>>)> {
         let hello = self.core.hello(me)?;
         for link in self.links.values() {
             self.rt.block_on(link.send(hello.clone()))?;
@@ -510,6 +516,13 @@ impl Driver {
                 }
             }
         }
+        let donors =
+            self.core
+                .catch_up_donors(&unreachable, total_rounds, REJOIN_MARGIN_ROUNDS)?;
+        let x = match donors.is_empty() {
+            true => None,
+            false => Some(self.catch_up(&donors, part_timeout, timeout)?),
+        };
         let (rejoining, actions) = self.core.plan_rejoin(
             Instant::now(),
             &unreachable,
@@ -528,7 +541,55 @@ impl Driver {
             }
         }
         self.core.end_rejoin();
-        Ok((at, rejoining.mean))
+        Ok((at, x))
+    }
+
+    /// Fetches x (`[d]`) in parts from `donors` ([`crate::peer::core::catch_up`]), handling
+    /// events meanwhile, and logs what each donor sent.
+    ///
+    /// # Errors
+    /// Every donor left before x was whole, or x not whole within `timeout`.
+    fn catch_up(
+        &mut self,
+        donors: &[Rank],
+        part_timeout: Duration,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<f32>> {
+        let actions = self
+            .core
+            .begin_catch_up(Instant::now(), donors, part_timeout)?;
+        self.execute(actions)?;
+        let deadline = Instant::now() + timeout;
+        while !self.core.caught_up() {
+            let look = (self.core.catch_up_deadline())
+                .unwrap_or(deadline)
+                .min(deadline)
+                .min(Instant::now() + Duration::from_millis(250));
+            self.next_event(look)?;
+            let actions = self.core.poll_catch_up(Instant::now())?;
+            self.execute(actions)?;
+            if !self.core.caught_up() && Instant::now() >= deadline {
+                bail!("--resume: this peer's parameters were not whole within {timeout:?} (donors {donors:?})");
+            }
+        }
+        let (x, summary) = self.core.finish_catch_up().expect("a catch-up under way");
+        let sent: Vec<String> = (summary.donors.iter())
+            .map(|d| {
+                let left = if d.gone { ", left" } else { "" };
+                format!(
+                    "peer {}: {} parts, {} bytes, {} timed out{left}",
+                    d.rank, d.parts, d.bytes, d.timeouts
+                )
+            })
+            .collect();
+        info!(
+            seconds = summary.seconds,
+            duplicate_bytes = summary.duplicate_bytes,
+            "caught up: x fetched from {} donors ({})",
+            summary.donors.len(),
+            sent.join("; ")
+        );
+        Ok(x)
     }
 
     /// Says goodbye on every link and waits until every expected peer said goodbye to us

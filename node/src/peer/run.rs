@@ -640,16 +640,22 @@ fn enter<B: AutodiffBackend>(
             args.algorithm_name()
         );
     }
-    // A restarted peer agrees on a round with its neighbours and starts from their mean,
-    // with the momentum of its latest checkpoint.
-    let (at, mean) = drv.rejoin(
+    // A restarted peer agrees on a round with its neighbours and starts from their x
+    // (fetched in parts from several of them), with the momentum of its latest checkpoint.
+    let timeouts = (
+        Duration::from_secs(args.net.join_timeout_secs),
+        Duration::from_secs(args.net.peer_timeout_secs),
+    );
+    let (at, fetched) = drv.rejoin(
         me,
         unreachable,
         rounds_per_epoch * args.train.epochs as u64,
-        Duration::from_secs(args.net.join_timeout_secs),
+        timeouts,
         &|| super::run_completed(&peer.out),
     )?;
-    *x = mean;
+    if let Some(fetched) = fetched {
+        *x = fetched;
+    }
     let mut model_state = Vec::new();
     let mut totals = None;
     if let Some(c) = checkpoints.into_iter().max_by_key(|c| c.meta.round) {

@@ -126,6 +126,11 @@ pub struct JoinRequest {
     /// the bootstrap), hex.
     #[serde(default)]
     pub proof: Option<String>,
+    /// The frame protocol its build speaks ([`murmur_gossip::frame::FRAME_VERSION`]; 0 from
+    /// a build before this field): a peer of another protocol is refused at the door, with
+    /// both versions named, instead of having its frames refused one by one.
+    #[serde(default)]
+    pub wire: u8,
 }
 
 /// The run's peers, indexed by rank: `None` for a rank nobody has taken yet (an elastic

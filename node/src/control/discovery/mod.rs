@@ -61,6 +61,7 @@ use libp2p::request_response::{self, ProtocolSupport};
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
 use libp2p::{identify, ping, Multiaddr, PeerId, StreamProtocol, Swarm};
+use murmur_gossip::frame::FRAME_VERSION;
 use murmur_gossip::Rank;
 use tracing::{debug, info, warn};
 
@@ -397,6 +398,7 @@ pub async fn discover(
                     checkpoint_rounds: Vec::new(),
                     any_rank: false,
                     proof: None,
+                    wire: FRAME_VERSION,
                 };
                 let none = std::sync::Mutex::new(Vec::new());
                 let asked = join(
@@ -456,6 +458,7 @@ pub async fn discover(
                 checkpoint_rounds,
                 any_rank,
                 proof: None,
+                wire: FRAME_VERSION,
             };
             let refusals = std::sync::Mutex::new(Vec::new());
             let directory = tokio::time::timeout_at(deadline, join(&mut swarm, bootstrap.clone(), request, &gate, &listen.files, &refusals))

@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 
 use libp2p::PeerId;
+use murmur_gossip::frame::FRAME_VERSION;
 use murmur_gossip::Rank;
 
 use super::{Directory, Discovered, Fingerprint, JoinRequest, JoinResponse, PeerInfo};
@@ -75,6 +76,18 @@ pub(super) fn common_round(rounds: &[Vec<u64>]) -> Option<u64> {
         .max()
 }
 
+/// The refusal of a peer of rank `rank` whose build speaks another frame protocol
+/// (`theirs`) than this one's, if it does.
+fn wire_differs(theirs: u8, rank: Rank) -> Option<String> {
+    (theirs != FRAME_VERSION).then(|| {
+        format!(
+            "peer {rank} speaks frame protocol version {theirs}, this peer version {FRAME_VERSION} \
+             (murmur {}): every peer of a run must run the same murmur release",
+            env!("CARGO_PKG_VERSION")
+        )
+    })
+}
+
 /// The refusal of a peer of rank `rank` whose run options `theirs` differ from peer 0's
 /// `ours`: `run options differ: ` and each field that differs.
 fn options_differ(theirs: &Fingerprint, ours: &Fingerprint, rank: Rank) -> String {
@@ -109,6 +122,9 @@ pub(super) fn admit_initial(
         request.info.rank
     };
     if let Some(why) = gate.refusal(local, peer, request.proof.as_deref(), true) {
+        return Err(why);
+    }
+    if let Some(why) = wire_differs(request.wire, r) {
         return Err(why);
     }
     if request.rejoin && !resuming {
@@ -238,7 +254,9 @@ pub(super) fn admit_rejoin(
     }
     let r = request.info.rank;
     let current = dir.get(r).cloned().flatten();
-    let refusal = if request.fingerprint != *fingerprint {
+    let refusal = if let Some(why) = wire_differs(request.wire, r) {
+        Some(why)
+    } else if request.fingerprint != *fingerprint {
         Some(options_differ(&request.fingerprint, fingerprint, r))
     } else if r < first || r >= dir.len() {
         Some(format!(

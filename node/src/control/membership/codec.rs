@@ -261,7 +261,6 @@ mod tests {
         let welcome = Welcome {
             round: 150,
             departed: vec![6],
-            without_x: false,
             rejoined: vec![(3, 120)],
             locations: vec![(3, 77, "127.0.0.1:4000".parse().unwrap())],
         };

@@ -265,9 +265,7 @@ fn a_hello_from_a_member_means_its_old_process_left() {
     );
     assert_eq!(d.reason, "it restarted: a new process said hello");
     // The welcome names the departed peers but the hello's sender.
-    let ring =
-        MixingMatrix::metropolis_hastings(&murmur_topology::Graph::ring(N).unwrap()).unwrap();
-    let w = m.welcome(4, 78, &ring);
+    let w = m.welcome(4, 78);
     assert_eq!((w.round, w.departed), (78, vec![6]));
     // A second hello of the same process only closes its older connections.
     let Verdict::Accept(h) = m.on_hello(4, hello, now(78)) else {
@@ -294,37 +292,31 @@ fn a_hello_from_a_member_means_its_old_process_left() {
     }
 }
 
-/// A joiner takes the mean x of its present in-neighbours: only they send x in their
-/// welcomes, so peer 0 (to which every joiner says hello) does not send its x to every
-/// joiner; a joiner without a present in-neighbour gets x from every peer that welcomes it.
+/// A joiner fetches x from its present in-neighbours that welcomed it, so that peer 0 (to
+/// which every joiner says hello) does not serve every joiner; without any, from every peer
+/// that welcomed it; a peer that is rejoining itself only if no other can.
 #[test]
-fn only_in_neighbours_welcome_with_their_parameters_unless_none_is_present() {
-    let ring =
-        MixingMatrix::metropolis_hastings(&murmur_topology::Graph::ring(N).unwrap()).unwrap();
-    // Peer 0 welcomes rank 4 of the ring of 8: its in-neighbours are 3 and 5.
-    let mut m = Membership::new(0, N);
-    assert!(!m.welcome_carries_x(4, &ring));
-    assert!(m.welcome(4, 10, &ring).without_x);
-    // Peer 3 is one of them.
-    assert!(Membership::new(3, N).welcome_carries_x(4, &ring));
-    // With 3 and 5 empty ranks (an elastic run), peer 0's x is needed.
-    m.start_empty(&[3, 5]);
-    assert!(m.welcome_carries_x(4, &ring));
-    assert!(!m.welcome(4, 10, &ring).without_x);
-    // Directed graphs: always.
-    let cycle: Vec<Vec<f64>> = (0..N)
-        .map(|i| {
-            (0..N)
-                .map(|j| match j {
-                    _ if j == i => 0.5,
-                    _ if j == (i + N - 1) % N => 0.5,
-                    _ => 0.0,
-                })
-                .collect()
-        })
-        .collect();
-    let directed = MixingMatrix::from_dense(cycle).unwrap();
-    assert!(Membership::new(0, N).welcome_carries_x(4, &directed));
+fn a_joiner_fetches_x_from_its_in_neighbours_unless_none_is_present() {
+    let plan = |welcomed: Vec<Rank>| RejoinPlan {
+        at: 30,
+        collects_only: false,
+        departed: BTreeSet::new(),
+        welcomed,
+        rejoined: BTreeMap::new(),
+        locations: BTreeMap::new(),
+    };
+    let none = BTreeSet::new();
+    // Rank 4 of the ring of 8: its in-neighbours are 3 and 5; peer 0 welcomed it too.
+    assert_eq!(plan(vec![0, 3, 5]).donors(&[3, 5], &none), [3, 5]);
+    // 5 departed (it sent no welcome): 3 alone.
+    assert_eq!(plan(vec![0, 3]).donors(&[3, 5], &none), [3]);
+    // With 3 and 5 empty ranks (an elastic run): whoever welcomed it.
+    assert_eq!(plan(vec![0, 6]).donors(&[3, 5], &none), [0, 6]);
+    // 3 restarted at the same time (its hello came here): its x is not caught up yet.
+    let restarting = BTreeSet::from([3]);
+    assert_eq!(plan(vec![0, 3, 5]).donors(&[3, 5], &restarting), [5]);
+    assert_eq!(plan(vec![0, 3]).donors(&[3, 5], &restarting), [3], "no other");
+    assert!(plan(vec![]).donors(&[3, 5], &none).is_empty());
 }
 
 /// An admission signed by `key` as the member of rank `signer`.
@@ -522,14 +514,12 @@ fn a_restarted_peer_rejoins_from_the_welcomes() {
     let mut m = Membership::new(2, N);
     m.start_empty(&[7]);
     let welcome = |round, departed: Vec<Rank>, rejoined: Vec<(Rank, u64)>| {
-        let w = Welcome {
+        Welcome {
             round,
             departed,
-            without_x: false,
             rejoined,
             locations: Vec::new(),
-        };
-        (w, vec![0.0f32])
+        }
     };
     let welcomes: BTreeMap<Rank, _> = [
         (1, welcome(100, vec![6, 7], vec![(4, 60), (6, 30)])),

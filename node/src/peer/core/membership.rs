@@ -5,20 +5,21 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail};
 use bytes::Bytes;
 use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
-use murmur_gossip::{consensus_distance, Rank};
+use murmur_gossip::Rank;
 use murmur_topology::MixingMatrix;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
+use super::catch_up::{self, Part};
 use super::{Action, PeerCore};
 use crate::control::discovery::PeerInfo;
 use crate::control::membership::{
     encode_hello, surviving, Admission, Departure, Flood, Membership, MembershipError, Refusal,
-    RejoinError, Restart, Verdict, Welcome,
+    RejoinError, RejoinPlan, Restart, Verdict, Welcome,
 };
 use crate::plane::Incarnation;
 use crate::report::frames::{decode_with_params_sized, encode_with_params};
@@ -30,8 +31,6 @@ pub(crate) struct Rejoining {
     /// came back too late to train again and only collects the record
     /// ([`PeerCore::plan_rejoin`]).
     pub(crate) at: u64,
-    /// The mean x (`[d]`) of the in-neighbours that welcomed it: its new parameters.
-    pub(crate) mean: Vec<f32>,
 }
 
 /// `flood` as a broadcast.
@@ -213,17 +212,13 @@ impl PeerCore {
             Restart::Departed(d) => self.departure(*d, out)?,
             Restart::Unchanged => {}
         }
-        let welcome = self.membership.welcome(from, self.gossip.round(), &self.w);
+        let welcome = self.membership.welcome(from, self.gossip.round());
         if self.pending_hello.is_none() && self.first_frames.is_none() {
             // A member (not rejoining itself): it begins no round from which `from` could
             // mix again until `from` has said which it takes ([`PeerCore::held_by`]).
             self.awaiting_rejoin.insert(from, welcome.round);
         }
-        let x: &[f32] = match welcome.without_x {
-            true => &[],
-            false => self.gossip.params(),
-        };
-        let frame = encode_with_params(FrameKind::Welcome, self.rank, welcome.round, &welcome, x)?;
+        let frame = encode_with_params(FrameKind::Welcome, self.rank, welcome.round, &welcome, &[])?;
         info!(
             from,
             round = welcome.round,
@@ -427,11 +422,8 @@ impl PeerCore {
         match header.kind {
             FrameKind::Hello => self.on_hello(now, from, payload, out),
             FrameKind::Welcome if self.first_frames.is_none() => {
-                let d = self.gossip.params().len();
-                // A welcome from a peer that is no in-neighbour carries no x.
-                let sized = |w: &Welcome| if w.without_x { 0 } else { d };
-                match decode_with_params_sized::<Welcome>(payload, sized) {
-                    Ok(w) => {
+                match decode_with_params_sized::<Welcome>(payload, |_| 0) {
+                    Ok((w, _)) => {
                         self.welcomes.insert(from, w);
                     }
                     Err(e) => {
@@ -451,11 +443,177 @@ impl PeerCore {
                 self.admission(verdict, from, out)
             }
             FrameKind::Rejoin => self.on_rejoin(now, from, payload, out),
+            FrameKind::Fetch => self.on_fetch(from, payload, out),
+            FrameKind::StatePart => {
+                self.on_state_part(now, from, payload);
+                Ok(())
+            }
             other => {
                 self.refuse();
                 warn!(from, ?other, "dropped an unexpected frame");
                 Ok(())
             }
+        }
+    }
+
+    /// A rejoining peer `from` asks for a slice of x ([`catch_up`]): answered with this
+    /// peer's x of that slice as it is now. A malformed request, or one beyond x or above
+    /// the part bound, is refused and counted.
+    fn on_fetch(&mut self, from: Rank, payload: &[u8], out: &mut Vec<Action>) -> anyhow::Result<()> {
+        let d = self.gossip.params().len();
+        let asked = decode_with_params_sized::<Part>(payload, |_| 0).ok();
+        let Some((part, range)) = asked.and_then(|(p, _)| Some((p, p.within(d)?))) else {
+            self.refuse();
+            warn!(
+                from,
+                "refused a request for a part of x: malformed, beyond this peer's {d} values or \
+                 above {} values",
+                catch_up::PART_FLOATS
+            );
+            return Ok(());
+        };
+        let (round, x) = (self.gossip.round(), &self.gossip.params()[range]);
+        let frame = encode_with_params(FrameKind::StatePart, self.rank, round, &part, x)?;
+        debug!(from, part.start, part.len, "sending a part of x to a rejoining peer");
+        out.push(Action::Send {
+            to: from,
+            frame: Bytes::from(frame),
+        });
+        Ok(())
+    }
+
+    /// A donor's part of x for this rejoining peer's catch-up. One that is malformed, not
+    /// asked for or from a peer that is no donor is refused and counted; one after the
+    /// catch-up (a donor that answered late) is dropped.
+    fn on_state_part(&mut self, now: Instant, from: Rank, payload: &[u8]) {
+        let Some(c) = self.catch_up.as_mut() else {
+            debug!(from, "dropped a part of x that came after the catch-up");
+            return;
+        };
+        // At most the part bound is allocated, whatever the request says.
+        let sized = |p: &Part| p.within(usize::MAX).map_or(0, |r| r.len());
+        let taken = decode_with_params_sized::<Part>(payload, sized)
+            .map_err(|e| format!("{e:#}"))
+            .and_then(|(part, values)| {
+                (c.on_part(now, from, part, &values)).map_err(|e| e.to_string())
+            });
+        if let Err(e) = taken {
+            self.refuse();
+            warn!(from, "refused a part of x: {e}");
+        }
+    }
+
+    /// A restarted peer, every welcome in: the peers it fetches its x from
+    /// ([`RejoinPlan::donors`]) among those it holds a link to; none for a peer 0 that
+    /// came back too late to train again (it only collects the record). Arguments as
+    /// [`PeerCore::plan_rejoin`].
+    ///
+    /// # Errors
+    /// As [`PeerCore::plan_rejoin`], and no peer to fetch x from.
+    pub(crate) fn catch_up_donors(
+        &self,
+        unreachable: &BTreeMap<Rank, anyhow::Error>,
+        total_rounds: u64,
+        margin: u64,
+    ) -> anyhow::Result<Vec<Rank>> {
+        let plan = self.rejoin_plan(unreachable, total_rounds, margin)?;
+        if plan.collects_only {
+            return Ok(Vec::new());
+        }
+        let in_peers = self.gossip.in_peers();
+        let donors: Vec<Rank> = (plan.donors(&in_peers, &self.hellos).into_iter())
+            .filter(|r| self.linked.contains(r))
+            .collect();
+        if donors.is_empty() {
+            bail!(
+                "--resume: none of the in-neighbours {in_peers:?} answered, nor any other peer \
+                 this peer could fetch its parameters from"
+            );
+        }
+        Ok(donors)
+    }
+
+    /// Begins the catch-up of x (`[d]`) from `donors` ([`catch_up`]), a part asked of
+    /// another donor after `part_timeout` without an answer; returns the first requests.
+    /// Then feed events and call [`PeerCore::poll_catch_up`] until
+    /// [`PeerCore::caught_up`].
+    ///
+    /// # Errors
+    /// As [`PeerCore::poll_catch_up`].
+    pub(crate) fn begin_catch_up(
+        &mut self,
+        now: Instant,
+        donors: &[Rank],
+        part_timeout: Duration,
+    ) -> anyhow::Result<Vec<Action>> {
+        let d = self.gossip.params().len();
+        info!(?donors, d, "fetching x in parts from donors {donors:?}");
+        self.catch_up = Some(catch_up::CatchUp::new(d, donors, part_timeout, now));
+        self.poll_catch_up(now)
+    }
+
+    /// The catch-up's next requests: the parts of donors that left (or whose link is gone)
+    /// and of donors silent past the part time-out are asked of the others.
+    ///
+    /// # Errors
+    /// Every donor left before x was whole.
+    pub(crate) fn poll_catch_up(&mut self, now: Instant) -> anyhow::Result<Vec<Action>> {
+        let Some(c) = self.catch_up.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let gone: Vec<Rank> = (c.live_donors())
+            .filter(|&r| self.membership.has_left(r) || !self.linked.contains(&r))
+            .collect();
+        for r in gone {
+            warn!(donor = r, "donor {r} left during the catch-up: its parts are asked of the others");
+            c.donor_gone(r);
+        }
+        if c.stranded() {
+            bail!("--resume: every peer this peer fetched its parameters from left before it had them all");
+        }
+        let mut out = Vec::new();
+        for (to, part) in c.poll(now) {
+            let frame = encode_with_params(FrameKind::Fetch, self.rank, 0, &part, &[])?;
+            out.push(Action::Send {
+                to,
+                frame: Bytes::from(frame),
+            });
+        }
+        Ok(out)
+    }
+
+    /// When the catch-up next needs a [`PeerCore::poll_catch_up`] (a part's time-out).
+    pub(crate) fn catch_up_deadline(&self) -> Option<Instant> {
+        self.catch_up.as_ref().and_then(|c| c.deadline())
+    }
+
+    /// Whether x is whole (or no catch-up is under way).
+    pub(crate) fn caught_up(&self) -> bool {
+        self.catch_up.as_ref().is_none_or(|c| c.done())
+    }
+
+    /// Ends the catch-up: x (`[d]`) and what each donor sent.
+    pub(crate) fn finish_catch_up(&mut self) -> Option<(Vec<f32>, catch_up::Summary)> {
+        self.catch_up.take().map(|c| c.finish())
+    }
+
+    /// [`Membership::plan_rejoin`] from the welcomes, its errors in words.
+    fn rejoin_plan(
+        &self,
+        unreachable: &BTreeMap<Rank, anyhow::Error>,
+        total_rounds: u64,
+        margin: u64,
+    ) -> anyhow::Result<RejoinPlan> {
+        let plan = self.membership.plan_rejoin(
+            &self.welcomes,
+            unreachable.keys().copied(),
+            total_rounds,
+            margin,
+        );
+        match plan {
+            Ok(p) => Ok(p),
+            Err(e @ RejoinError::Unreachable(r)) => bail!("{e}: {:#}", unreachable[&r]),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -475,11 +633,11 @@ impl PeerCore {
         !self.welcomes.contains_key(&peer) && !self.hellos.contains(&peer)
     }
 
-    /// A restarted peer, every welcome in: agrees the round it mixes again from (the
-    /// highest round heard plus `margin` rounds, so that every neighbour learns it before
-    /// beginning it), forgets the peers the welcomes name as departed, starts the algorithm
-    /// at that round and announces it to all (`my_addr`: its data-plane address). Returns
-    /// the round, the mean x of the in-neighbours that answered, and what to send and drop.
+    /// A restarted peer, every welcome in and its x fetched ([`PeerCore::catch_up_donors`]):
+    /// agrees the round it mixes again from (the highest round heard plus `margin` rounds,
+    /// so that every neighbour learns it before beginning it), forgets the peers the
+    /// welcomes name as departed, starts the algorithm at that round and announces it to
+    /// all (`my_addr`: its data-plane address). Returns the round and what to send and drop.
     /// Wait then until [`PeerCore::ready_to_mix`]. A peer the welcomes say came back while
     /// this one was away is taken back from that round on (`now`: when, for the record).
     ///
@@ -490,8 +648,7 @@ impl PeerCore {
     ///
     /// # Errors
     /// A destination it could not connect to (`unreachable`, with why) that the run still
-    /// counts, the run ending before the agreed round (`total_rounds`; not for peer 0), or
-    /// no in-neighbour answering.
+    /// counts, or the run ending before the agreed round (`total_rounds`; not for peer 0).
     pub(crate) fn plan_rejoin(
         &mut self,
         now: Instant,
@@ -500,17 +657,7 @@ impl PeerCore {
         margin: u64,
         my_addr: SocketAddr,
     ) -> anyhow::Result<(Rejoining, Vec<Action>)> {
-        let plan = self.membership.plan_rejoin(
-            &self.welcomes,
-            unreachable.keys().copied(),
-            total_rounds,
-            margin,
-        );
-        let plan = match plan {
-            Ok(p) => p,
-            Err(e @ RejoinError::Unreachable(r)) => bail!("{e}: {:#}", unreachable[&r]),
-            Err(e) => return Err(e.into()),
-        };
+        let plan = self.rejoin_plan(unreachable, total_rounds, margin)?;
         self.membership.heard_of_rejoins(&plan);
         self.pending_hello = None;
         let collects_only = plan.collects_only;
@@ -548,32 +695,6 @@ impl PeerCore {
             .into_iter()
             .filter(|r| !departed.contains(r))
             .collect();
-        let mut xs: Vec<&[f32]> = in_peers
-            .iter()
-            .filter_map(|r| self.welcomes.get(r).map(|(_, x)| x.as_slice()))
-            .filter(|x| !x.is_empty())
-            .collect();
-        if xs.is_empty() {
-            // No in-neighbour present (an elastic run's holes around this rank): start from
-            // the peers that answered with their x (peer 0 at least).
-            let donors: Vec<Rank> = (self.welcomes.iter())
-                .filter(|(_, (_, x))| !x.is_empty())
-                .map(|(&r, _)| r)
-                .collect();
-            info!(
-                ?donors,
-                "no in-neighbour of this peer is present: starting from the mean x of peers \
-                 {donors:?}, and training apart until a neighbour joins"
-            );
-            xs = donors
-                .iter()
-                .map(|r| self.welcomes[r].1.as_slice())
-                .collect();
-        }
-        if xs.is_empty() {
-            bail!("--resume: none of the in-neighbours {in_peers:?} answered, nor any other peer with its parameters");
-        }
-        let (_, mean) = consensus_distance(xs.iter().copied());
         let flood = self
             .membership
             .rejoining(self.membership.incarnation(self.rank), at, my_addr);
@@ -602,7 +723,7 @@ impl PeerCore {
         }
         out.push(broadcast(flood));
         info!(at, neighbours = ?in_peers, "rejoining: mixing again from round {at}");
-        Ok((Rejoining { at, mean }, out))
+        Ok((Rejoining { at }, out))
     }
 
     /// The peer this one waits for before it begins its next round, if any: one it

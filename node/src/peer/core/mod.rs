@@ -9,8 +9,10 @@
 //!
 //! - [`policy`]: the pure decisions it asks ([`policy::Goodbyes`], [`policy::route`]);
 //! - `membership`: departures, a restarted peer's hello and rejoin, the admission of a new
-//!   peer ([`crate::control::membership`] decides; the core turns verdicts into actions).
+//!   peer ([`crate::control::membership`] decides; the core turns verdicts into actions);
+//! - [`catch_up`]: a rejoining peer's x fetched in parts from several donors at once.
 
+pub(crate) mod catch_up;
 mod membership;
 pub(super) mod policy;
 
@@ -82,6 +84,9 @@ pub(crate) enum Action {
     /// Send `frame` on every link except those to `except`, best effort (a failing link is
     /// reported by the data plane on its own).
     Broadcast { frame: Bytes, except: Vec<Rank> },
+    /// Send `frame` to `to` on the link held to it, best effort (no link, or a link that
+    /// fails: logged; what asked for it has its own time-out).
+    Send { to: Rank, frame: Bytes },
     /// Open a link to `to` (identity `id`, its process of incarnation `incarnation`) at
     /// `addr`, direct first and relayed as the fallback; once open, [`Input::Connected`] and
     /// then `then` is sent on it. A failure is logged and nothing more happens.
@@ -161,7 +166,10 @@ pub(crate) struct PeerCore {
     /// The ranks the shell holds a link to, as far as the core has asked for them.
     linked: BTreeSet<Rank>,
     /// A rejoining peer only: the answers to its hellos, by sender.
-    welcomes: BTreeMap<Rank, (Welcome, Vec<f32>)>,
+    welcomes: BTreeMap<Rank, Welcome>,
+    /// A rejoining peer only, between its welcomes and its rejoin notice: the fetch of its
+    /// x from donors ([`PeerCore::begin_catch_up`]).
+    catch_up: Option<catch_up::CatchUp>,
     /// The peers whose new process said hello to this one (restarted while it runs, or
     /// while both were away): they answer no hello of this peer's, they are welcomed.
     hellos: BTreeSet<Rank>,
@@ -229,6 +237,7 @@ impl PeerCore {
             started,
             peer_ids: setup.peer_ids,
             welcomes: BTreeMap::new(),
+            catch_up: None,
             hellos: BTreeSet::new(),
             pending_hello: None,
             first_frames: None,

@@ -11,8 +11,13 @@ const D: usize = 8;
 /// neighbours (and to peer 0 for the reports), expecting goodbyes from its neighbours
 /// (from everyone on peer 0).
 fn core(rank: Rank) -> PeerCore {
+    core_at(rank, 1.0)
+}
+
+/// [`core`] with x = `v` everywhere.
+fn core_at(rank: Rank, v: f32) -> PeerCore {
     let w = MixingMatrix::metropolis_hastings(&Graph::ring(4).unwrap()).unwrap();
-    let gossip = DPsgd::new(DPsgdConfig::from_matrix(&w, rank, 0.1, D), vec![1.0; D]);
+    let gossip = DPsgd::new(DPsgdConfig::from_matrix(&w, rank, 0.1, D), vec![v; D]);
     let mut linked = w.out_neighbors(rank);
     let mut expected_in: Vec<Rank> = w.in_weights(rank).iter().map(|&(j, _)| j).collect();
     if rank == 0 {
@@ -80,6 +85,7 @@ fn kinds(actions: &[Action]) -> Vec<&'static str> {
         .iter()
         .map(|a| match a {
             Action::Broadcast { .. } => "broadcast",
+            Action::Send { .. } => "send",
             Action::Connect { .. } => "connect",
             Action::DropLinks { .. } => "drop",
             Action::ForgetOldConnections { .. } => "forget",
@@ -298,8 +304,8 @@ fn a_rejoining_peer_says_hello_on_a_link_it_opens_while_waiting_for_welcomes() {
     assert!(c.awaits_welcome(1));
     // Once the rejoin is planned, a link opened later carries nothing: peer 1's next
     // process is linked to without a hello.
-    let welcome = core(3).membership.welcome(0, 40, &c.w.clone());
-    c.welcomes.insert(3, (welcome, vec![0.5f32; D]));
+    let welcome = core(3).membership.welcome(0, 40);
+    c.welcomes.insert(3, welcome);
     plan(&mut c);
     c.handle(Instant::now(), lost(1, 20, "killed")).unwrap();
     let out = rejoin_notice(&mut c, 3, (1, 30), 80, addr);
@@ -322,8 +328,8 @@ fn a_rejoining_peer_takes_in_a_peer_rejoining_from_an_earlier_round_from_its_own
     // then hears that 0 mixes again from round 44 (a welcome of a lower round).
     let mut c = core(1);
     c.handle(Instant::now(), lost(0, 10, "killed")).unwrap();
-    let welcome = core(2).membership.welcome(1, 25, &c.w.clone());
-    c.welcomes.insert(2, (welcome, vec![0.5f32; D]));
+    let welcome = core(2).membership.welcome(1, 25);
+    c.welcomes.insert(2, welcome);
     assert_eq!(plan(&mut c).0, 45);
     rejoin_notice(&mut c, 2, (0, 20), 44, "127.0.0.1:4200".parse().unwrap());
     assert!(!c.membership.has_left(0), "taken back, not refused");
@@ -343,13 +349,13 @@ fn a_rejoining_peer_closes_only_the_links_of_a_departed_peer_s_exited_processes(
     // 1's rejoin) names 1 departed.
     let mut c = core(0);
     c.handle(Instant::now(), exited(1)).unwrap();
-    let from_1 = core(1).membership.welcome(0, 30, &c.w.clone());
+    let from_1 = core(1).membership.welcome(0, 30);
     let mut member = core(2);
     member.handle(Instant::now(), exited(1)).unwrap();
-    let from_2 = member.membership.welcome(0, 40, &c.w.clone());
+    let from_2 = member.membership.welcome(0, 40);
     assert_eq!(from_2.departed, [1]);
-    c.welcomes.insert(1, (from_1, vec![0.5f32; D]));
-    c.welcomes.insert(2, (from_2, Vec::new()));
+    c.welcomes.insert(1, from_1);
+    c.welcomes.insert(2, from_2);
     let (_, out) = plan(&mut c);
     // Only the exited process's connections close: 1's new process sends its frames to this
     // peer on the link it opened with its welcome once its own rejoin notice comes.
@@ -374,9 +380,9 @@ fn a_rejoining_peer_links_to_a_peer_that_came_back_before_it_where_the_welcomes_
     member.handle(Instant::now(), exited(0)).unwrap();
     let at_0: SocketAddr = "127.0.0.1:4200".parse().unwrap();
     rejoin_notice(&mut member, 3, (0, 20), 44, at_0);
-    let welcome = member.membership.welcome(1, 30, &c.w.clone());
+    let welcome = member.membership.welcome(1, 30);
     assert_eq!(welcome.locations, [(0, 20, at_0)]);
-    c.welcomes.insert(2, (welcome, vec![0.5f32; D]));
+    c.welcomes.insert(2, welcome);
     let (at, out) = plan(&mut c);
     // Without that link its frames never reach 0, which waits for them from its first
     // round with this peer on.
@@ -571,4 +577,92 @@ fn a_member_holds_the_round_a_welcomed_peer_could_mix_again_from_until_it_says_w
     assert_eq!(c.held_by(), Some(1));
     c.stop_awaiting_rejoin(1);
     assert_eq!(c.held_by(), None);
+}
+
+/// The frame of a `Send` action (panics on any other).
+fn sent(action: &Action) -> (Rank, Input) {
+    let Action::Send { to, frame } = action else {
+        panic!("{action:?}")
+    };
+    let (header, _) = FrameHeader::parse(frame, u32::MAX).unwrap();
+    let input = Input::Frame {
+        from: header.sender,
+        header,
+        bytes: frame.clone(),
+        transfer: None,
+    };
+    (*to, input)
+}
+
+/// A rejoining peer fetches x in parts from its in-neighbours (each sends half, peer 0
+/// none), and a donor serves only slices within its x.
+#[test]
+fn a_rejoining_peer_fetches_its_x_in_parts_from_its_in_neighbours() {
+    let now = Instant::now();
+    // Peer 2 of the ring of 4 restarted; its in-neighbours 1 and 3 and peer 0 welcome it.
+    let mut c = core(2);
+    for from in [0, 1, 3] {
+        let welcome = core(from).membership.welcome(2, 30);
+        c.welcomes.insert(from, welcome);
+    }
+    let donors = c.catch_up_donors(&BTreeMap::new(), 1000, 20).unwrap();
+    assert_eq!(donors, [1, 3], "peer 0 is no in-neighbour: it serves no x");
+    let asks = c
+        .begin_catch_up(now, &donors, Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(kinds(&asks), ["send", "send"]);
+    let mut members = [core_at(1, 3.0), core_at(3, 5.0)];
+    for ask in &asks {
+        let (to, fetch) = sent(ask);
+        let donor = &mut members[if to == 1 { 0 } else { 1 }];
+        let answer = donor.handle(now, fetch).unwrap();
+        assert_eq!(kinds(&answer), ["send"]);
+        let (back, part) = sent(&answer[0]);
+        assert_eq!(back, 2);
+        assert!(c.handle(now, part).unwrap().is_empty());
+    }
+    assert!(c.caught_up());
+    let (x, summary) = c.finish_catch_up().unwrap();
+    assert_eq!(x, [3., 3., 3., 3., 5., 5., 5., 5.], "half from each");
+    let bytes: Vec<u64> = summary.donors.iter().map(|d| d.bytes).collect();
+    assert_eq!(bytes, [16, 16]);
+    assert_eq!(c.refused_frames, 0);
+    // A part that comes after the catch-up is dropped, not refused.
+    let (_, fetch) = sent(&asks[0]);
+    let late = members[0].handle(now, fetch).unwrap();
+    c.handle(now, sent(&late[0]).1).unwrap();
+    assert_eq!(c.refused_frames, 0);
+    // A request beyond x is refused and counted.
+    let beyond = catch_up::Part { start: 6, len: 4 };
+    let frame = crate::report::frames::encode_with_params(FrameKind::Fetch, 2, 0, &beyond, &[]);
+    let (_, input) = sent(&Action::Send {
+        to: 1,
+        frame: Bytes::from(frame.unwrap()),
+    });
+    assert!(members[0].handle(now, input).unwrap().is_empty());
+    assert_eq!(members[0].refused_frames, 1);
+}
+
+/// A donor that leaves during the catch-up has its part asked of the other at once.
+#[test]
+fn a_donor_that_leaves_during_the_catch_up_is_replaced_at_once() {
+    let now = Instant::now();
+    let mut c = core(2);
+    for from in [1, 3] {
+        c.welcomes.insert(from, core(from).membership.welcome(2, 30));
+    }
+    let donors = c.catch_up_donors(&BTreeMap::new(), 1000, 20).unwrap();
+    let asks = c
+        .begin_catch_up(now, &donors, Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(asks.len(), 2);
+    c.handle(now, exited(3)).unwrap();
+    let again = c.poll_catch_up(now).unwrap();
+    let [(1, _)] = again.iter().map(sent).collect::<Vec<_>>()[..] else {
+        panic!("{again:?}")
+    };
+    // Both gone: the rejoin fails with one line instead of a silently half-zero x.
+    c.handle(now, exited(1)).unwrap();
+    let err = c.poll_catch_up(now).unwrap_err();
+    assert!(err.to_string().contains("left before it had them all"), "{err}");
 }

@@ -26,6 +26,7 @@ fn request(rank: Rank, id: PeerId, any_rank: bool) -> JoinRequest {
         checkpoint_rounds: Vec::new(),
         any_rank,
         proof: None,
+        wire: murmur_gossip::frame::FRAME_VERSION,
     }
 }
 
@@ -212,6 +213,13 @@ fn an_initial_peer_is_refused_for_its_options_its_resume_or_the_gate() {
     let why =
         admit_initial(&slots, &fp, &open, peer, &request(1, ids[1], false), false).unwrap_err();
     assert!(why.contains("start this peer without --resume"), "{why}");
+    // A build of another frame protocol (0: one from before the field): refused at the
+    // door, both versions named.
+    let mut old_build = fresh(1, ids[1], false);
+    old_build.wire = 0;
+    let why = admit_initial(&slots, &fp, &open, peer, &old_build, false).unwrap_err();
+    let expected = format!("peer 1 speaks frame protocol version 0, this peer version {FRAME_VERSION}");
+    assert!(why.starts_with(&expected), "{why}");
     let why = admit_initial(&slots, &fp, &open, peer, &fresh(1, ids[1], false), true).unwrap_err();
     assert!(why.contains("start this peer with --resume"), "{why}");
     assert!(admit_initial(&slots, &fp, &open, peer, &request(1, ids[1], false), true).is_ok());
@@ -348,6 +356,10 @@ fn a_restarted_peer_gets_its_rank_back_only_with_its_identity_and_options() {
             Late::Refused(why) => why,
             other => panic!("expected a refusal, got {other:?}"),
         };
+    let mut old_build = request(1, ids[1], false);
+    old_build.wire = FRAME_VERSION + 1;
+    let why = refused(&mut dir, ids[1], old_build);
+    assert!(why.contains("every peer of a run must run the same murmur release"), "{why}");
     let mut other = request(1, ids[1], false);
     other.fingerprint.epochs = 3;
     let why = refused(&mut dir, ids[1], other);
