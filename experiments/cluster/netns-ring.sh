@@ -12,7 +12,11 @@
 # 1500, or 9000 for a jumbo-frame fabric), VANISH ("R@SECS": SECS seconds after
 # the peers start, host R vanishes as a host that loses power does: its link goes down, then
 # its process is killed, so no FIN or RST reaches the others; the time is written to
-# OUT/vanish.txt and peer R's failure is expected), BASELINE ("gloo": instead of murmur,
+# OUT/vanish.txt and peer R's failure is expected), RESTART ("R@E": once peer 0 has
+# recorded epoch E, peer R (≥ 1) is killed (SIGKILL) and started again at once with
+# `--resume`, as a supervisor would; its new process logs to OUT/peer-R.restart.log, and
+# the seconds from its start to its rejoin (its `rejoining: mixing again` line) are
+# printed, with its catch-up line), BASELINE ("gloo": instead of murmur,
 # the same ring as D-PSGD in PyTorch over gloo, experiments/wire/gloo_dpsgd.py run with
 # $PYTHON, default python3; the options are that script's, e.g. --hidden 31447; its JSON
 # lines are printed). Latency is not shaped (netem is not in
@@ -122,6 +126,30 @@ if [ -n "${VANISH:-}" ]; then
     echo "host h$gone vanished at $(cat "$OUT/vanish.txt")"
     pids[$gone]=""
 fi
+if [ -n "${RESTART:-}" ]; then
+    victim=${RESTART%@*}
+    epoch=${RESTART#*@}
+    [ "$victim" -ge 1 ] || { echo "netns-ring.sh: RESTART needs a rank of at least 1" >&2; exit 2; }
+    until grep -q "\"epoch\":$epoch," "$OUT/run/epochs.jsonl" 2>/dev/null; do sleep 0.05; done
+    kill -9 "${pids[$victim]}"
+    wait "${pids[$victim]}" || true
+    i=$victim
+    ip netns exec "h$i" "$MURMUR" peer --rank "$i" "${common[@]}" --bootstrap "$BOOT" \
+        --listen "/ip4/$NET.$((i + 1))/udp/4001/quic-v1" --data-addr "$NET.$((i + 1)):5001" \
+        --out "$OUT/peer-$i" --resume >"$OUT/peer-$i.restart.log" 2>&1 &
+    pids[$victim]=$!
+    restarted=$(date +%s.%N)
+fi
 wait_peers "$OUT" "${pids[@]}" || status=1
+if [ -n "${RESTART:-}" ]; then
+    log=$OUT/peer-$victim.restart.log
+    rejoined=$(grep -m1 'rejoining: mixing again' "$log" | cut -d' ' -f1 || true)
+    if [ -n "$rejoined" ]; then
+        echo "peer $victim rejoined $(echo "$(date -d "$rejoined" +%s.%N) - $restarted" | bc) s after its restart"
+    else
+        echo "peer $victim did not rejoin; see $log"
+    fi
+    grep -h 'caught up' "$log" | sed 's/\x1b\[[0-9;]*m//g' || true
+fi
 summary_line "$OUT"
 exit $status

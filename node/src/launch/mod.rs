@@ -73,7 +73,7 @@ pub struct LaunchArgs {
     /// Restart a peer (rank ≥ 1) that fails — exits with an error, is killed, or leaves
     /// after a pause — with `--resume`, at most N times per peer (N = 3 when the option has
     /// no value); it rejoins the running run from its latest checkpoint (with
-    /// `--checkpoint-every`) or from its neighbours' mean. D-PSGD, SGP and CHOCO-SGD
+    /// `--checkpoint-every`) and its neighbours' parameters. D-PSGD, SGP and CHOCO-SGD
     /// (without `--straggler-policy skip`). Without it a failed peer stays out and the
     /// others train on without it.
     #[arg(

@@ -516,9 +516,9 @@ impl Driver {
                 }
             }
         }
-        let donors =
-            self.core
-                .catch_up_donors(&unreachable, total_rounds, REJOIN_MARGIN_ROUNDS)?;
+        let donors = self
+            .core
+            .catch_up_donors(&unreachable, total_rounds, REJOIN_MARGIN_ROUNDS)?;
         let x = match donors.is_empty() {
             true => None,
             false => Some(self.catch_up(&donors, part_timeout, timeout)?),
@@ -575,10 +575,14 @@ impl Driver {
         let (x, summary) = self.core.finish_catch_up().expect("a catch-up under way");
         let sent: Vec<String> = (summary.donors.iter())
             .map(|d| {
+                let late = match d.timeouts {
+                    0 => String::new(),
+                    n => format!(", {n} not answered in time"),
+                };
                 let left = if d.gone { ", left" } else { "" };
                 format!(
-                    "peer {}: {} parts, {} bytes, {} timed out{left}",
-                    d.rank, d.parts, d.bytes, d.timeouts
+                    "peer {}: {} parts, {} bytes{late}{left}",
+                    d.rank, d.parts, d.bytes
                 )
             })
             .collect();

@@ -103,8 +103,9 @@ pub struct PeerArgs {
     pub identity: Option<PathBuf>,
     /// Come back after a crash (same options, same run folder; D-PSGD, SGP, CHOCO-SGD). A
     /// restarted peer rejoins the run under way: the bootstrap admits it again, its neighbours send their
-    /// round and parameters, it starts from their mean with the momentum of its last
-    /// checkpoint (`--checkpoint-every`) and mixes again from a round agreed with them.
+    /// round, it fetches their parameters in parts, from several of them at once, and starts
+    /// from them with the momentum of its last checkpoint (`--checkpoint-every`), mixing again
+    /// from a round agreed with them.
     /// With peer 0 also started with `--resume`, the whole run resumes: every peer (all
     /// with `--resume`) continues from its checkpoint of the latest round all of them hold.
     #[arg(long)]
@@ -118,8 +119,8 @@ pub struct PeerArgs {
     pub initial_peers: Option<usize>,
     /// A new peer taking its (empty) rank in a run under way (started with
     /// `--initial-peers`): the bootstrap admits its identity (allow-list permitting), its
-    /// neighbours send their round and parameters, it starts from their mean and mixes from
-    /// a round agreed with them, as a restarted peer does.
+    /// neighbours send their round, it fetches their parameters in parts, from several of
+    /// them at once, and mixes from a round agreed with them, as a restarted peer does.
     #[arg(long, conflicts_with = "resume")]
     pub join_running: bool,
     /// Peer 0, with `--resume`, restarted while the other peers train on (D-PSGD, SGP,

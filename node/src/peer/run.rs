@@ -585,8 +585,9 @@ fn wire<B: AutodiffBackend>(
 }
 
 /// Where this peer's training starts: round 0; with the whole run resuming, its checkpoint
-/// of the agreed round; or, restarted or new in a run under way, the mean of its
-/// neighbours at a round agreed with them (and the momentum of its latest checkpoint).
+/// of the agreed round; or, restarted or new in a run under way, its neighbours' x
+/// (fetched in parts from several of them at once) at a round agreed with them (and the
+/// momentum of its latest checkpoint).
 /// Sets the model, x and the optimizer's state; returns the first round and the totals
 /// this peer had reported at its checkpoint (to count on from), if it resumed from one.
 #[allow(clippy::too_many_arguments)]

@@ -315,7 +315,11 @@ fn a_joiner_fetches_x_from_its_in_neighbours_unless_none_is_present() {
     // 3 restarted at the same time (its hello came here): its x is not caught up yet.
     let restarting = BTreeSet::from([3]);
     assert_eq!(plan(vec![0, 3, 5]).donors(&[3, 5], &restarting), [5]);
-    assert_eq!(plan(vec![0, 3]).donors(&[3, 5], &restarting), [3], "no other");
+    assert_eq!(
+        plan(vec![0, 3]).donors(&[3, 5], &restarting),
+        [3],
+        "no other"
+    );
     assert!(plan(vec![]).donors(&[3, 5], &none).is_empty());
 }
 
@@ -513,13 +517,11 @@ fn new_peers_taking_every_empty_rank_close_the_admission() {
 fn a_restarted_peer_rejoins_from_the_welcomes() {
     let mut m = Membership::new(2, N);
     m.start_empty(&[7]);
-    let welcome = |round, departed: Vec<Rank>, rejoined: Vec<(Rank, u64)>| {
-        Welcome {
-            round,
-            departed,
-            rejoined,
-            locations: Vec::new(),
-        }
+    let welcome = |round, departed: Vec<Rank>, rejoined: Vec<(Rank, u64)>| Welcome {
+        round,
+        departed,
+        rejoined,
+        locations: Vec::new(),
     };
     let welcomes: BTreeMap<Rank, _> = [
         (1, welcome(100, vec![6, 7], vec![(4, 60), (6, 30)])),

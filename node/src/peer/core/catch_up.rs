@@ -322,7 +322,11 @@ mod tests {
         let d = 10;
         let mut c = CatchUp::new(d, &[3, 5, 7], T, now);
         let asks = c.poll(now);
-        assert_eq!(asks.len(), 3, "one part per donor (d / k rounded up = 4): {asks:?}");
+        assert_eq!(
+            asks.len(),
+            3,
+            "one part per donor (d / k rounded up = 4): {asks:?}"
+        );
         let donors: Vec<Rank> = asks.iter().map(|a| a.0).collect();
         assert_eq!(donors, [3, 5, 7]);
         assert!(c.poll(now).is_empty(), "nothing more to ask");
@@ -380,7 +384,11 @@ mod tests {
         assert_eq!(c.deadline(), Some(t0 + T));
         assert!(c.poll(t0 + T / 2).is_empty(), "not yet");
         let retry = c.poll(t0 + T);
-        assert_eq!(retry, [(1, asks[1].1)], "donor 2 failed it: donor 1 is asked");
+        assert_eq!(
+            retry,
+            [(1, asks[1].1)],
+            "donor 2 failed it: donor 1 is asked"
+        );
         answer(&mut c, t0 + T, retry[0]);
         assert!(c.done());
         // Donor 2 answers late: counted, not taken.
@@ -447,7 +455,14 @@ mod tests {
     fn a_donor_serves_only_slices_within_its_x_and_within_the_bound() {
         assert_eq!(Part { start: 2, len: 3 }.within(5), Some(2..5));
         assert_eq!(Part { start: 2, len: 4 }.within(5), None);
-        assert_eq!(Part { start: u64::MAX, len: 2 }.within(5), None);
+        assert_eq!(
+            Part {
+                start: u64::MAX,
+                len: 2
+            }
+            .within(5),
+            None
+        );
         let big = Part {
             start: 0,
             len: PART_FLOATS as u64 + 1,

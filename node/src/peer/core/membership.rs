@@ -218,7 +218,8 @@ impl PeerCore {
             // mix again until `from` has said which it takes ([`PeerCore::held_by`]).
             self.awaiting_rejoin.insert(from, welcome.round);
         }
-        let frame = encode_with_params(FrameKind::Welcome, self.rank, welcome.round, &welcome, &[])?;
+        let frame =
+            encode_with_params(FrameKind::Welcome, self.rank, welcome.round, &welcome, &[])?;
         info!(
             from,
             round = welcome.round,
@@ -459,7 +460,12 @@ impl PeerCore {
     /// A rejoining peer `from` asks for a slice of x ([`catch_up`]): answered with this
     /// peer's x of that slice as it is now. A malformed request, or one beyond x or above
     /// the part bound, is refused and counted.
-    fn on_fetch(&mut self, from: Rank, payload: &[u8], out: &mut Vec<Action>) -> anyhow::Result<()> {
+    fn on_fetch(
+        &mut self,
+        from: Rank,
+        payload: &[u8],
+        out: &mut Vec<Action>,
+    ) -> anyhow::Result<()> {
         let d = self.gossip.params().len();
         let asked = decode_with_params_sized::<Part>(payload, |_| 0).ok();
         let Some((part, range)) = asked.and_then(|(p, _)| Some((p, p.within(d)?))) else {
@@ -474,7 +480,10 @@ impl PeerCore {
         };
         let (round, x) = (self.gossip.round(), &self.gossip.params()[range]);
         let frame = encode_with_params(FrameKind::StatePart, self.rank, round, &part, x)?;
-        debug!(from, part.start, part.len, "sending a part of x to a rejoining peer");
+        debug!(
+            from,
+            part.start, part.len, "sending a part of x to a rejoining peer"
+        );
         out.push(Action::Send {
             to: from,
             frame: Bytes::from(frame),
@@ -565,7 +574,10 @@ impl PeerCore {
             .filter(|&r| self.membership.has_left(r) || !self.linked.contains(&r))
             .collect();
         for r in gone {
-            warn!(donor = r, "donor {r} left during the catch-up: its parts are asked of the others");
+            warn!(
+                donor = r,
+                "donor {r} left during the catch-up: its parts are asked of the others"
+            );
             c.donor_gone(r);
         }
         if c.stranded() {

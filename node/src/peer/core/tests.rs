@@ -649,7 +649,8 @@ fn a_donor_that_leaves_during_the_catch_up_is_replaced_at_once() {
     let now = Instant::now();
     let mut c = core(2);
     for from in [1, 3] {
-        c.welcomes.insert(from, core(from).membership.welcome(2, 30));
+        c.welcomes
+            .insert(from, core(from).membership.welcome(2, 30));
     }
     let donors = c.catch_up_donors(&BTreeMap::new(), 1000, 20).unwrap();
     let asks = c
@@ -664,5 +665,8 @@ fn a_donor_that_leaves_during_the_catch_up_is_replaced_at_once() {
     // Both gone: the rejoin fails with one line instead of a silently half-zero x.
     c.handle(now, exited(1)).unwrap();
     let err = c.poll_catch_up(now).unwrap_err();
-    assert!(err.to_string().contains("left before it had them all"), "{err}");
+    assert!(
+        err.to_string().contains("left before it had them all"),
+        "{err}"
+    );
 }

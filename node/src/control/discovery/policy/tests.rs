@@ -218,7 +218,8 @@ fn an_initial_peer_is_refused_for_its_options_its_resume_or_the_gate() {
     let mut old_build = fresh(1, ids[1], false);
     old_build.wire = 0;
     let why = admit_initial(&slots, &fp, &open, peer, &old_build, false).unwrap_err();
-    let expected = format!("peer 1 speaks frame protocol version 0, this peer version {FRAME_VERSION}");
+    let expected =
+        format!("peer 1 speaks frame protocol version 0, this peer version {FRAME_VERSION}");
     assert!(why.starts_with(&expected), "{why}");
     let why = admit_initial(&slots, &fp, &open, peer, &fresh(1, ids[1], false), true).unwrap_err();
     assert!(why.contains("start this peer with --resume"), "{why}");
@@ -359,7 +360,10 @@ fn a_restarted_peer_gets_its_rank_back_only_with_its_identity_and_options() {
     let mut old_build = request(1, ids[1], false);
     old_build.wire = FRAME_VERSION + 1;
     let why = refused(&mut dir, ids[1], old_build);
-    assert!(why.contains("every peer of a run must run the same murmur release"), "{why}");
+    assert!(
+        why.contains("every peer of a run must run the same murmur release"),
+        "{why}"
+    );
     let mut other = request(1, ids[1], false);
     other.fingerprint.epochs = 3;
     let why = refused(&mut dir, ids[1], other);
