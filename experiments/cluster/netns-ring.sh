@@ -45,6 +45,8 @@ NET=10.78.0
 [ -x "$MURMUR" ] || { echo "netns-ring.sh: no murmur binary at $MURMUR (cargo build --release)" >&2; exit 1; }
 mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
+# What an earlier run into OUT left (its record would look like this run's progress).
+rm -rf "$OUT/run" "$OUT"/peer-* "$OUT/boot.addr" "$OUT/vanish.txt"
 
 cleanup() {
     local hosts=()

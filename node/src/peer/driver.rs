@@ -94,6 +94,13 @@ impl Driver {
         for rank in self.core.settled_joins() {
             let _ = self.settle.send(rank);
         }
+        self.publish_lowest_live();
+    }
+
+    /// Tells discovery of the lowest rank this peer counts in the run, at once (not only at
+    /// a round's end): a member whose lower ranks all left admits new peers from the moment
+    /// it counts the last of them gone.
+    fn publish_lowest_live(&self) {
         let lowest = self.core.lowest_live();
         self.lowest_live
             .send_if_modified(|r| std::mem::replace(r, lowest) != lowest);
@@ -115,6 +122,7 @@ impl Driver {
             }
         }
         let actions = self.core.handle(Instant::now(), input)?;
+        self.publish_lowest_live();
         self.execute(actions)
     }
 

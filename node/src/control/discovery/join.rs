@@ -1,6 +1,7 @@
 //! A joining peer's side of discovery: it dials the bootstrap (or every node mDNS finds),
-//! asks each node once, follows a member to the bootstrap through the DHT, and takes the
-//! directory of the first bootstrap that admits it. What it makes of each answer is
+//! asks each node once (a member again while the bootstrap it named cannot be dialled),
+//! follows a member to the bootstrap through the DHT, and takes the directory of the first
+//! bootstrap (or admitting member) that admits it. What it makes of each answer is
 //! [`policy::read_answer`]'s decision; this file only moves messages and logs.
 
 use std::collections::HashSet;
@@ -79,6 +80,13 @@ struct Joining<'a> {
     vouched: HashSet<PeerId>,
     /// The nodes asked.
     asked: HashSet<PeerId>,
+    /// The members that answered by naming their bootstrap: asked again when it cannot be
+    /// dialled (a member admits once it counts every lower rank gone, which it may not yet
+    /// when it first answers).
+    pointed: HashSet<PeerId>,
+    /// When to ask [`Self::pointed`] again: [`LOOKUP_RETRY`] after a dial of a bootstrap
+    /// they named failed.
+    reask: Option<tokio::time::Instant>,
     /// The DHT lookup of the bootstrap record has started (when a node says it is not the
     /// bootstrap).
     looking: bool,
@@ -91,10 +99,10 @@ struct Joining<'a> {
 impl Joining<'_> {
     /// Notes why a node did not take this peer.
     fn refused(&self, why: String) {
-        self.refusals
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(why);
+        let mut refusals = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+        if !refusals.contains(&why) {
+            refusals.push(why);
+        }
     }
 
     /// The error once every `--bootstrap` address failed.
@@ -162,6 +170,13 @@ impl Joining<'_> {
                 return Err(self.all_failed());
             }
         } else {
+            if let Some(boot) = peer.filter(|p| self.vouched.contains(p)) {
+                // A bootstrap that members named but that is gone (or not yet counted
+                // gone by them): ask those members again, and look it up anew then.
+                info!(bootstrap = %boot, "the bootstrap that a member named cannot be dialled; asking the member again in {LOOKUP_RETRY:?}");
+                self.found.remove(&boot);
+                self.reask = Some(tokio::time::Instant::now() + LOOKUP_RETRY);
+            }
             let peer = peer.map(|p| p.to_string()).unwrap_or_default();
             warn!(%peer, "cannot dial a node found: {error}");
             self.refused(format!("{peer}: cannot dial: {error}"));
@@ -234,12 +249,16 @@ impl Joining<'_> {
                 info!(%peer, bootstrap = %boot, "a member of the run, not its bootstrap; looking the bootstrap up in the run's DHT through it");
                 self.refused(format!("{peer} is a member, not the bootstrap, and the DHT lookup of the bootstrap {boot} through it found none that answered"));
                 self.vouched.insert(boot);
+                self.pointed.insert(peer);
                 if !self.looking {
                     self.looking = true;
                     swarm
                         .behaviour_mut()
                         .kad
                         .get_record(kad::RecordKey::new(&BOOTSTRAP_KEY));
+                } else if !self.found.contains(&boot) && self.retry.is_none() {
+                    // Asked again after its bootstrap could not be dialled: look anew.
+                    self.retry = Some(tokio::time::Instant::now());
                 }
             }
             Reading::Stranger => {
@@ -290,6 +309,8 @@ pub(super) async fn join(
         found: HashSet::new(),
         vouched: HashSet::new(),
         asked: HashSet::new(),
+        pointed: HashSet::new(),
+        reask: None,
         looking: false,
         retry: None,
         refusals,
@@ -301,6 +322,14 @@ pub(super) async fn join(
             _ = tokio::time::sleep_until(j.retry.unwrap_or_else(tokio::time::Instant::now)), if j.retry.is_some() => {
                 j.retry = None;
                 swarm.behaviour_mut().kad.get_record(kad::RecordKey::new(&BOOTSTRAP_KEY));
+                continue;
+            }
+            _ = tokio::time::sleep_until(j.reask.unwrap_or_else(tokio::time::Instant::now)), if j.reask.is_some() => {
+                j.reask = None;
+                for member in std::mem::take(&mut j.pointed) {
+                    j.asked.remove(&member);
+                    ask(swarm, &mut j.asked, member, &j.request, gate);
+                }
                 continue;
             }
         };
