@@ -594,11 +594,12 @@ impl Driver {
                 )
             })
             .collect();
+        let n = summary.donors.len();
         info!(
             seconds = summary.seconds,
             duplicate_bytes = summary.duplicate_bytes,
-            "caught up: x fetched from {} donors ({})",
-            summary.donors.len(),
+            "caught up: x fetched from {n} donor{} ({})",
+            if n == 1 { "" } else { "s" },
             sent.join("; ")
         );
         Ok(x)
