@@ -507,22 +507,14 @@ impl Driver {
             self.rt.block_on(link.send(hello.clone()))?;
         }
         let deadline = Instant::now() + timeout;
-        loop {
-            let waiting: Vec<Rank> = (self.links.keys().copied())
-                .filter(|&r| self.core.awaits_welcome(r))
-                .collect();
-            if waiting.is_empty() {
-                break;
-            }
-            let look = deadline.min(Instant::now() + Duration::from_millis(250));
-            if !self.next_event(look)? {
-                if ended() {
-                    bail!("--resume: the run ended while peers {waiting:?} had not answered");
-                }
-                if Instant::now() >= deadline {
-                    bail!("--resume: no answer from peers {waiting:?} within {timeout:?}");
-                }
-            }
+        self.await_welcomes(deadline, timeout, ended)?;
+        // Too few present in-neighbours to share the catch-up: the nearest other peers too.
+        let helpers =
+            self.core
+                .link_catch_up_helpers(&unreachable, total_rounds, REJOIN_MARGIN_ROUNDS)?;
+        if !helpers.is_empty() {
+            self.execute(helpers)?;
+            self.await_welcomes(deadline, timeout, ended)?;
         }
         let donors = self
             .core
@@ -550,6 +542,37 @@ impl Driver {
         }
         self.core.end_rejoin();
         Ok((at, x))
+    }
+
+    /// Handles events until every linked peer has welcomed this rejoining peer (or said
+    /// hello itself).
+    ///
+    /// # Errors
+    /// Not all by `deadline` (`timeout` after the hello), or the run over meanwhile
+    /// (`ended`).
+    fn await_welcomes(
+        &mut self,
+        deadline: Instant,
+        timeout: Duration,
+        ended: &dyn Fn() -> bool,
+    ) -> anyhow::Result<()> {
+        loop {
+            let waiting: Vec<Rank> = (self.links.keys().copied())
+                .filter(|&r| self.core.awaits_welcome(r))
+                .collect();
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            let look = deadline.min(Instant::now() + Duration::from_millis(250));
+            if !self.next_event(look)? {
+                if ended() {
+                    bail!("--resume: the run ended while peers {waiting:?} had not answered");
+                }
+                if Instant::now() >= deadline {
+                    bail!("--resume: no answer from peers {waiting:?} within {timeout:?}");
+                }
+            }
+        }
     }
 
     /// Fetches x (`[d]`) in parts from `donors` ([`crate::peer::core::catch_up`]), handling

@@ -29,6 +29,11 @@ use serde::{Deserialize, Serialize};
 /// The largest part, in f32 values (4 MiB).
 pub(crate) const PART_FLOATS: usize = 1 << 20;
 
+/// The fewest donors a catch-up asks when the run has them: a peer with fewer present
+/// in-neighbours (an elastic run's empty ranks beside it, neighbours gone) also fetches from
+/// the nearest other present peers, so that no single donor serves a whole x.
+pub(crate) const MIN_DONORS: usize = 2;
+
 /// Parts asked of one donor at a time (with [`PART_FLOATS`]: 64 MiB).
 pub(crate) const PARTS_IN_FLIGHT: usize = 16;
 

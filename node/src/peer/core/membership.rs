@@ -530,9 +530,17 @@ impl PeerCore {
             return Ok(Vec::new());
         }
         let in_peers = self.gossip.in_peers();
-        let donors: Vec<Rank> = (plan.donors(&in_peers, &self.hellos).into_iter())
+        let mut donors: Vec<Rank> = (plan.donors(&in_peers, &self.hellos).into_iter())
             .filter(|r| self.linked.contains(r))
             .collect();
+        let helpers = (self.helpers.iter().copied())
+            .filter(|r| plan.welcomed.contains(r) && self.linked.contains(r));
+        for r in helpers {
+            if !donors.contains(&r) {
+                donors.push(r);
+            }
+        }
+        donors.sort_unstable();
         if donors.is_empty() {
             bail!(
                 "--resume: none of the in-neighbours {in_peers:?} answered, nor any other peer \
@@ -540,6 +548,62 @@ impl PeerCore {
             );
         }
         Ok(donors)
+    }
+
+    /// A restarted peer, every welcome in, that would fetch x from fewer than
+    /// [`catch_up::MIN_DONORS`] peers (its present in-neighbours; an elastic run's joiner
+    /// beside empty ranks has one): picks the nearest other present peers (by distance of
+    /// rank around the ring of ranks, which on a ring is the distance in hops) to fetch from
+    /// as well, and links to each it holds no link to, saying hello on it; the driver then
+    /// awaits their welcomes as any. Arguments as [`PeerCore::plan_rejoin`]. Returns the
+    /// links to open; none for a peer 0 that only collects or with donors enough.
+    ///
+    /// # Errors
+    /// As [`PeerCore::plan_rejoin`].
+    pub(crate) fn link_catch_up_helpers(
+        &mut self,
+        unreachable: &BTreeMap<Rank, anyhow::Error>,
+        total_rounds: u64,
+        margin: u64,
+    ) -> anyhow::Result<Vec<Action>> {
+        let plan = self.rejoin_plan(unreachable, total_rounds, margin)?;
+        if plan.collects_only {
+            return Ok(Vec::new());
+        }
+        let in_peers = self.gossip.in_peers();
+        let donors: Vec<Rank> = (plan.donors(&in_peers, &self.hellos).into_iter())
+            .filter(|r| self.linked.contains(r))
+            .collect();
+        let Some(wanted) = catch_up::MIN_DONORS
+            .checked_sub(donors.len())
+            .filter(|&k| k > 0)
+        else {
+            return Ok(Vec::new());
+        };
+        let (n, me) = (self.peer_ids.len(), self.rank);
+        let away = |r: Rank| (r + n - me) % n;
+        let mut present: Vec<Rank> = (0..n)
+            .filter(|&r| r != me && !donors.contains(&r) && !self.hellos.contains(&r))
+            .filter(|r| !plan.departed.contains(r) && !self.membership.has_left(*r))
+            .filter(|&r| !unreachable.contains_key(&r) && self.peer_ids[r].is_some())
+            .collect();
+        present.sort_by_key(|&r| (away(r).min(n - away(r)), r));
+        let mut out = Vec::new();
+        for r in present.into_iter().take(wanted) {
+            self.helpers.insert(r);
+            if self.linked.contains(&r) {
+                continue;
+            }
+            let addr = (plan.locations.get(&r).map(|&(_, a)| a)).or(self.addrs[r]);
+            if let Some(addr) = addr {
+                info!(
+                    helper = r,
+                    "few present in-neighbours: also fetching x from peer {r}"
+                );
+                self.connect(r, addr, self.pending_hello.clone(), &mut out);
+            }
+        }
+        Ok(out)
     }
 
     /// Begins the catch-up of x (`[d]`) from `donors` ([`catch_up`]), a part asked of

@@ -170,6 +170,10 @@ pub(crate) struct PeerCore {
     /// A rejoining peer only, between its welcomes and its rejoin notice: the fetch of its
     /// x from donors ([`PeerCore::begin_catch_up`]).
     catch_up: Option<catch_up::CatchUp>,
+    /// A rejoining peer only: the nearest present peers besides its in-neighbours that it
+    /// also fetches x from, as it has fewer than [`catch_up::MIN_DONORS`] present
+    /// in-neighbours ([`PeerCore::link_catch_up_helpers`]).
+    helpers: BTreeSet<Rank>,
     /// The peers whose new process said hello to this one (restarted while it runs, or
     /// while both were away): they answer no hello of this peer's, they are welcomed.
     hellos: BTreeSet<Rank>,
@@ -238,6 +242,7 @@ impl PeerCore {
             peer_ids: setup.peer_ids,
             welcomes: BTreeMap::new(),
             catch_up: None,
+            helpers: BTreeSet::new(),
             hellos: BTreeSet::new(),
             pending_hello: None,
             first_frames: None,

@@ -643,6 +643,47 @@ fn a_rejoining_peer_fetches_its_x_in_parts_from_its_in_neighbours() {
     assert_eq!(members[0].refused_frames, 1);
 }
 
+/// A rejoining peer with one present in-neighbour also fetches x from the nearest other
+/// present peer, and links to it (saying hello) if it holds no link; with both present it
+/// asks nobody else.
+#[test]
+fn a_peer_with_one_present_in_neighbour_also_fetches_from_the_nearest_other_peer() {
+    // Peer 2 of the ring of 4 rejoins while its in-neighbour 3 is gone; 1 welcomes it, and
+    // it holds no link to peer 0 yet.
+    let mut c = core(2);
+    let hello = c
+        .hello(&peer_info(2, "127.0.0.1:4302".parse().unwrap(), 11))
+        .unwrap();
+    c.linked.remove(&0);
+    let mut welcome = core(1).membership.welcome(2, 30);
+    welcome.departed.push(3);
+    c.welcomes.insert(1, welcome);
+    let none = BTreeMap::new();
+    assert_eq!(c.catch_up_donors(&none, 1000, 20).unwrap(), [1]);
+    let out = c.link_catch_up_helpers(&none, 1000, 20).unwrap();
+    let [Action::Connect {
+        to: 0,
+        then: Some(said),
+        ..
+    }] = &out[..]
+    else {
+        panic!("{out:?}")
+    };
+    assert_eq!(said, &hello, "it says hello on the new link");
+    c.handle(Instant::now(), Input::Connected { to: 0 })
+        .unwrap();
+    c.welcomes.insert(0, core(0).membership.welcome(2, 31));
+    assert_eq!(c.catch_up_donors(&none, 1000, 20).unwrap(), [0, 1]);
+    // Both in-neighbours present: no other peer is asked.
+    let mut c = core(2);
+    for from in [0, 1, 3] {
+        c.welcomes
+            .insert(from, core(from).membership.welcome(2, 30));
+    }
+    assert!(c.link_catch_up_helpers(&none, 1000, 20).unwrap().is_empty());
+    assert_eq!(c.catch_up_donors(&none, 1000, 20).unwrap(), [1, 3]);
+}
+
 /// A donor that leaves during the catch-up has its part asked of the other at once.
 #[test]
 fn a_donor_that_leaves_during_the_catch_up_is_replaced_at_once() {
