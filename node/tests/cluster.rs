@@ -554,6 +554,18 @@ fn launch_grows_an_elastic_run() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--join-at-epoch"));
+    // D-PSGD re-weights around the empty ranks: not on a directed graph, refused before
+    // any peer starts (it was eight peers' errors and a run folder without a record).
+    let out = murmur()
+        .args(["launch", "--peers=8", "--initial-peers=4", "--epochs=2"])
+        .args(["--topology=exponential", "--run-id=directed"])
+        .arg(format!("--out={}", dir.path().display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("needs an undirected graph"), "{err}");
+    assert!(!dir.path().join("directed").exists());
 }
 
 /// CHOCO-SGD grows too: each new peer gets its neighbours' copies in full in its first round.

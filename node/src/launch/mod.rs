@@ -225,6 +225,19 @@ fn check(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Checked> {
             args.peers
         );
     }
+    // The others re-weight W around an elastic run's empty ranks (Metropolis–Hastings,
+    // which needs an undirected graph); push-sum (SGP) only pushes around them.
+    let reweights = (args.algorithms().iter()).any(|a| {
+        a.capabilities().pattern == murmur_gossip::Pattern::Graph(murmur_gossip::GraphNeeds::Static)
+    });
+    if initial < args.peers && reweights && !topo.w.graph().is_symmetric() {
+        bail!(
+            "--initial-peers: {} re-weights W around the ranks not yet taken, which needs an \
+             undirected graph, and {} is directed (choose an undirected --topology, or sgp)",
+            args.algorithm_name(),
+            args.topology_label(&topo)
+        );
+    }
     if initial < args.peers && !(1..args.train.epochs).contains(&launch.join_at_epoch) {
         bail!(
             "--join-at-epoch {} must be in 1..{} (--epochs): the new peers need rounds left to join",
