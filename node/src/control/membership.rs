@@ -145,10 +145,10 @@ pub enum MembershipError {
 pub enum RejoinError {
     /// A destination it could not connect to is still a member for every peer that
     /// welcomed it (the driver appends the connection's error).
-    #[error("--resume: cannot reach peer {0}, which the run still counts as a member")]
+    #[error("cannot reach peer {0}, which the run still counts as a member")]
     Unreachable(Rank),
     /// The agreed round `at` is not before the run's last round `total_rounds`.
-    #[error("--resume: the run ends at round {total_rounds}, too soon to rejoin at round {at}")]
+    #[error("the run ends at round {total_rounds}, too soon for this peer to mix from round {at}")]
     TooLate {
         /// The run's number of rounds.
         total_rounds: u64,

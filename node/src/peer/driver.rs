@@ -537,7 +537,7 @@ impl Driver {
             let deadline = Instant::now() + timeout;
             if !self.next_event(deadline)? {
                 let in_peers = self.core.gossip.in_peers_at(at);
-                bail!("--resume: in-neighbours {in_peers:?} did not reach round {at} within {timeout:?}");
+                bail!("in-neighbours {in_peers:?} did not reach round {at} within {timeout:?}");
             }
         }
         self.core.end_rejoin();
@@ -566,10 +566,10 @@ impl Driver {
             let look = deadline.min(Instant::now() + Duration::from_millis(250));
             if !self.next_event(look)? {
                 if ended() {
-                    bail!("--resume: the run ended while peers {waiting:?} had not answered");
+                    bail!("the run ended while peers {waiting:?} had not answered");
                 }
                 if Instant::now() >= deadline {
-                    bail!("--resume: no answer from peers {waiting:?} within {timeout:?}");
+                    bail!("no answer from peers {waiting:?} within {timeout:?}");
                 }
             }
         }
@@ -600,7 +600,9 @@ impl Driver {
             let actions = self.core.poll_catch_up(Instant::now())?;
             self.execute(actions)?;
             if !self.core.caught_up() && Instant::now() >= deadline {
-                bail!("--resume: this peer's parameters were not whole within {timeout:?} (donors {donors:?})");
+                bail!(
+                    "this peer's parameters were not whole within {timeout:?} (donors {donors:?})"
+                );
             }
         }
         let (x, summary) = self.core.finish_catch_up().expect("a catch-up under way");

@@ -647,13 +647,18 @@ fn enter<B: AutodiffBackend>(
         Duration::from_secs(args.net.join_timeout_secs),
         Duration::from_secs(args.net.peer_timeout_secs),
     );
-    let (at, fetched) = drv.rejoin(
-        me,
-        unreachable,
-        rounds_per_epoch * args.train.epochs as u64,
-        timeouts,
-        &|| super::run_completed(&peer.out),
-    )?;
+    let (at, fetched) = drv
+        .rejoin(
+            me,
+            unreachable,
+            rounds_per_epoch * args.train.epochs as u64,
+            timeouts,
+            &|| super::run_completed(&peer.out),
+        )
+        .with_context(|| match peer.join_running {
+            true => "--join-running: joining the run under way",
+            false => "--resume: rejoining the run under way",
+        })?;
     if let Some(fetched) = fetched {
         *x = fetched;
     }

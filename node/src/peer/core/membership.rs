@@ -543,7 +543,7 @@ impl PeerCore {
         donors.sort_unstable();
         if donors.is_empty() {
             bail!(
-                "--resume: none of the in-neighbours {in_peers:?} answered, nor any other peer \
+                "none of the in-neighbours {in_peers:?} answered, nor any other peer \
                  this peer could fetch its parameters from"
             );
         }
@@ -645,7 +645,7 @@ impl PeerCore {
             c.donor_gone(r);
         }
         if c.stranded() {
-            bail!("--resume: every peer this peer fetched its parameters from left before it had them all");
+            bail!("every peer this peer fetched its parameters from left before it had them all");
         }
         let mut out = Vec::new();
         for (to, part) in c.poll(now) {
