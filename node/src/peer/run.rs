@@ -241,6 +241,10 @@ struct Parts {
     lowest_live: tokio::sync::watch::Sender<Rank>,
     /// Where discovery learns where peers that came back are.
     relocated: tokio::sync::mpsc::UnboundedSender<PeerInfo>,
+    /// A new peer admitted by a member other than peer 0: the ranks below that member,
+    /// which it counted gone (their directory entries name dead processes): not dialled,
+    /// taken as unreachable, and the welcomes say they left.
+    away: Vec<Rank>,
 }
 
 /// Binds the data plane, loads the identity and the checkpoints, and joins the run through
@@ -384,6 +388,7 @@ fn join(
             rank: given,
             directory,
             resume_round,
+            answered_by,
         },
         relay,
     ) = rt.block_on(discover(
@@ -430,6 +435,11 @@ fn join(
             settle,
             lowest_live,
             relocated,
+            away: match answered_by {
+                // A member admitted this new peer: it counts every lower rank gone.
+                Some(member) if peer.join_running && !peer.resume => (0..member).collect(),
+                _ => Vec::new(),
+            },
         },
     })
 }
@@ -459,6 +469,7 @@ fn wire<B: AutodiffBackend>(
         settle,
         lowest_live,
         relocated,
+        away,
     } = parts;
     let n = args.peers;
     // The data plane accepts the run's peers only, each as its rank.
@@ -502,6 +513,7 @@ fn wire<B: AutodiffBackend>(
     // Empty ranks of an elastic run have no entry.
     let targets: Vec<(Rank, &PeerInfo, libp2p::PeerId)> = destinations
         .iter()
+        .filter(|to| !away.contains(to))
         .filter_map(|&to| Some((to, directory[to].as_ref()?, peer_ids[to]?)))
         .collect();
     let mut expected_in: HashSet<Rank> = gossip.in_peers().into_iter().collect();
@@ -509,7 +521,7 @@ fn wire<B: AutodiffBackend>(
         expected_in.extend(1..n);
     }
     let incoming: Vec<Rank> = expected_in.iter().copied().collect();
-    let (links, unreachable) = rt.block_on(links::open(
+    let (links, mut unreachable) = rt.block_on(links::open(
         &plane,
         &relay,
         (rank, directory[rank].as_ref()),
@@ -517,6 +529,19 @@ fn wire<B: AutodiffBackend>(
         &incoming,
         peer.resume || peer.join_running,
     ))?;
+    // Taken as unreachable without a dial (which would wait out the handshake time-out of a
+    // dead process); the welcomes then say that they left.
+    let member = away.len();
+    for &to in destinations.iter().filter(|to| away.contains(to)) {
+        if directory[to].is_some() {
+            info!(
+                to,
+                "not dialling peer {to}: peer {member}, which admitted this peer, counts it gone"
+            );
+            let why = anyhow!("peer {member}, which admitted this peer, counted it gone");
+            unreachable.insert(to, why);
+        }
+    }
     let setup = super::core::CoreSetup {
         rank,
         w: topo.w.clone(),

@@ -182,6 +182,10 @@ pub struct Discovered {
     pub directory: Directory,
     /// For a whole run resuming from checkpoints: the round all peers continue from.
     pub resume_round: Option<u64>,
+    /// The rank of the member that answered, when it was not peer 0 (a member admits a new
+    /// peer only while it counts every lower rank gone; it takes a restarted one back
+    /// whatever the lower ranks are doing).
+    pub answered_by: Option<Rank>,
 }
 
 impl PeerInfo {

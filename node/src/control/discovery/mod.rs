@@ -1078,6 +1078,7 @@ async fn serve(
                 rank: r0,
                 directory: slots,
                 resume_round: None,
+                answered_by: None,
             });
         }
         if listening && policy::initial_complete(&slots, initial) {
@@ -1108,6 +1109,7 @@ async fn serve(
                 rank: r0,
                 directory: slots,
                 resume_round,
+                answered_by: None,
             });
         }
         let event = swarm.select_next_some().await;

@@ -460,11 +460,16 @@ pub(super) fn read_answer(
             ));
         }
     }
+    let answerer = peer.to_string();
+    let answered_by = (directory.iter())
+        .position(|p| p.as_ref().is_some_and(|p| p.peer_id == answerer))
+        .filter(|&r| r > 0);
     match my_rank(&directory, n, me) {
         Ok(rank) => Reading::Joined(Discovered {
             rank,
             directory,
             resume_round,
+            answered_by,
         }),
         Err(why) => Reading::Failed(why),
     }

@@ -494,7 +494,20 @@ fn a_joining_peer_reads_each_answer() {
         proof,
     };
     let read = read_answer(directory(None), pair, 2, &open, false);
-    assert!(matches!(&read, Reading::Joined(d) if d.rank == 1 && d.resume_round.is_none()));
+    assert!(matches!(&read, Reading::Joined(d)
+        if d.rank == 1 && d.resume_round.is_none() && d.answered_by.is_none()));
+    // Answered by a member (rank 1) of a run of 3: the new peer knows which.
+    let (new, member) = (PeerId::random(), PeerId::random());
+    let three = JoinResponse::Directory {
+        directory: vec![
+            Some(info(0, boot)),
+            Some(info(1, member)),
+            Some(info(2, new)),
+        ],
+        proof: None,
+    };
+    let read = read_answer(three, (&new, &member), 3, &open, false);
+    assert!(matches!(&read, Reading::Joined(d) if d.rank == 2 && d.answered_by == Some(1)));
     let resume = JoinResponse::Resume {
         directory: dir.clone(),
         round: 12,
