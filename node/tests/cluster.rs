@@ -232,6 +232,22 @@ fn murmur_json(args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Runs `murmur launch ARGS --out DIR`, fails the test if it succeeds, returns its stderr.
+fn launch_fails(dir: &Path, args: &[&str]) -> String {
+    let out = murmur()
+        .arg("launch")
+        .args(args)
+        .arg(format!("--out={}", dir.display()))
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// Runs `murmur launch ARGS --out DIR` (see [`murmur_ok`]).
 fn launch_ok(dir: &Path, args: &[&str]) -> String {
     murmur_ok("launch", dir, args)
@@ -542,28 +558,24 @@ fn launch_grows_an_elastic_run() {
     assert_eq!(rows[0]["peers"], 3);
     assert_eq!(rows.last().unwrap()["peers"], 5);
     // --join-at-epoch must leave the new peers rounds to join in.
-    let out = murmur()
-        .args([
-            "launch",
-            "--peers=4",
-            "--initial-peers=3",
-            "--join-at-epoch=4",
-        ])
-        .args(["--epochs=4", &format!("--out={}", dir.path().display())])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--join-at-epoch"));
+    let late = [
+        "--peers=4",
+        "--initial-peers=3",
+        "--join-at-epoch=4",
+        "--epochs=4",
+    ];
+    assert!(launch_fails(dir.path(), &late).contains("--join-at-epoch"));
     // D-PSGD re-weights around the empty ranks: not on a directed graph, refused before
     // any peer starts (it was eight peers' errors and a run folder without a record).
-    let out = murmur()
-        .args(["launch", "--peers=8", "--initial-peers=4", "--epochs=2"])
-        .args(["--topology=exponential", "--run-id=directed"])
-        .arg(format!("--out={}", dir.path().display()))
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let directed = ["--peers=8", "--initial-peers=4", "--epochs=2"];
+    let err = launch_fails(
+        dir.path(),
+        &[
+            &directed[..],
+            &["--topology=exponential", "--run-id=directed"],
+        ]
+        .concat(),
+    );
     assert!(err.contains("needs an undirected graph"), "{err}");
     assert!(!dir.path().join("directed").exists());
 }

@@ -225,18 +225,22 @@ fn check(args: &RunArgs, launch: &LaunchArgs) -> anyhow::Result<Checked> {
             args.peers
         );
     }
-    // The others re-weight W around an elastic run's empty ranks (Metropolis–Hastings,
-    // which needs an undirected graph); push-sum (SGP) only pushes around them.
-    let reweights = (args.algorithms().iter()).any(|a| {
-        a.capabilities().pattern == murmur_gossip::Pattern::Graph(murmur_gossip::GraphNeeds::Static)
-    });
-    if initial < args.peers && reweights && !topo.w.graph().is_symmetric() {
-        bail!(
-            "--initial-peers: {} re-weights W around the ranks not yet taken, which needs an \
-             undirected graph, and {} is directed (choose an undirected --topology, or sgp)",
-            args.algorithm_name(),
-            args.topology_label(&topo)
-        );
+    // The peers re-weight W around an elastic run's empty ranks as around departed ones
+    // (`surviving`: Metropolis–Hastings, which needs an undirected graph); push-sum
+    // (SGP) only pushes around them. Checked here, before any peer starts.
+    if initial < args.peers {
+        let push_sum = murmur_gossip::Pattern::Graph(murmur_gossip::GraphNeeds::PushSchedule);
+        let reweights = (args.algorithms().iter()).any(|a| a.capabilities().pattern != push_sum);
+        let empty: Vec<murmur_gossip::Rank> = (initial..args.peers).collect();
+        if let Err(e) = crate::control::membership::surviving(&topo.w, reweights, &empty) {
+            bail!(
+                "--initial-peers: {} on {} cannot leave ranks {initial}..{} empty: {e} \
+                 (choose an undirected --topology, or sgp)",
+                args.algorithm_name(),
+                args.topology_label(&topo),
+                args.peers
+            );
+        }
     }
     if initial < args.peers && !(1..args.train.epochs).contains(&launch.join_at_epoch) {
         bail!(

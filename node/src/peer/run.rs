@@ -241,10 +241,10 @@ struct Parts {
     lowest_live: tokio::sync::watch::Sender<Rank>,
     /// Where discovery learns where peers that came back are.
     relocated: tokio::sync::mpsc::UnboundedSender<PeerInfo>,
-    /// A new peer admitted by a member other than peer 0: the ranks below that member,
-    /// which it counted gone (their directory entries name dead processes): not dialled,
+    /// A new peer admitted by member m other than peer 0: m, which counted every lower
+    /// rank gone (their directory entries name dead processes): those are not dialled but
     /// taken as unreachable, and the welcomes say they left.
-    away: Vec<Rank>,
+    admitted_by: Option<Rank>,
 }
 
 /// Binds the data plane, loads the identity and the checkpoints, and joins the run through
@@ -435,11 +435,9 @@ fn join(
             settle,
             lowest_live,
             relocated,
-            away: match answered_by {
-                // A member admitted this new peer: it counts every lower rank gone.
-                Some(member) if peer.join_running && !peer.resume => (0..member).collect(),
-                _ => Vec::new(),
-            },
+            // A member that answers a new peer admitted it (a restarted one it only takes
+            // back).
+            admitted_by: answered_by.filter(|_| peer.join_running && !peer.resume),
         },
     })
 }
@@ -469,8 +467,9 @@ fn wire<B: AutodiffBackend>(
         settle,
         lowest_live,
         relocated,
-        away,
+        admitted_by,
     } = parts;
+    let away = |to: Rank| admitted_by.is_some_and(|m| to < m);
     let n = args.peers;
     // The data plane accepts the run's peers only, each as its rank.
     let mut peer_ids: Vec<Option<libp2p::PeerId>> = Vec::with_capacity(n);
@@ -513,7 +512,7 @@ fn wire<B: AutodiffBackend>(
     // Empty ranks of an elastic run have no entry.
     let targets: Vec<(Rank, &PeerInfo, libp2p::PeerId)> = destinations
         .iter()
-        .filter(|to| !away.contains(to))
+        .filter(|&&to| !away(to))
         .filter_map(|&to| Some((to, directory[to].as_ref()?, peer_ids[to]?)))
         .collect();
     let mut expected_in: HashSet<Rank> = gossip.in_peers().into_iter().collect();
@@ -531,9 +530,8 @@ fn wire<B: AutodiffBackend>(
     ))?;
     // Taken as unreachable without a dial (which would wait out the handshake time-out of a
     // dead process); the welcomes then say that they left.
-    let member = away.len();
-    for &to in destinations.iter().filter(|to| away.contains(to)) {
-        if directory[to].is_some() {
+    for &to in destinations.iter().filter(|&&to| away(to)) {
+        if let (Some(member), Some(_)) = (admitted_by, &directory[to]) {
             info!(
                 to,
                 "not dialling peer {to}: peer {member}, which admitted this peer, counts it gone"

@@ -6,13 +6,14 @@
 //! donor has at most [`PARTS_IN_FLIGHT`] parts asked of it at a time (64 MiB: the memory a
 //! catch-up costs a donor is bounded, whatever d), and the next part goes to the donor with
 //! the fewest parts in flight, so a faster donor sends more. A donor answers between its
-//! own training steps; so many parts in flight keep its link busy through a step (with
-//! 2 in flight, 8 MiB, a 100 MB model's catch-up at 1 Gbit/s took 0.73 s instead of 0.4). A part not answered within the
-//! part time-out is asked of another donor (the first answer counts, a later one is
-//! counted as duplicate bytes); a donor that leaves has its parts asked of the others at
-//! once. Hivemind's state download from one peer at a time (its issues #169, #504) and
-//! torchft's whole-checkpoint recovery are what this avoids: no donor sends the whole
-//! model, and no donor's loss or slowness stops the catch-up.
+//! own training steps; so many parts in flight keep its link busy through a step (with 2 in
+//! flight, 8 MiB, a 100 MB model's catch-up from 2 donors at 1 Gbit/s took 0.73 s instead
+//! of 0.45; its link-rate bound is 0.40 s). A part not answered within the part time-out
+//! is asked of another donor (the first answer counts, a later one is counted as duplicate
+//! bytes); a donor that leaves has its parts asked of the others at once. Hivemind's state
+//! download from one peer at a time (its issues #169, #504) and torchft's whole-checkpoint
+//! recovery are what this avoids: with two donors or more no donor sends the whole model,
+//! and no donor's loss or slowness stops the catch-up.
 //!
 //! Each part is one donor's x of that slice at the round it answered: the joiner starts
 //! from a patchwork of its neighbours' parameters, which its first mixing rounds average.

@@ -525,14 +525,9 @@ impl PeerCore {
         total_rounds: u64,
         margin: u64,
     ) -> anyhow::Result<Vec<Rank>> {
-        let plan = self.rejoin_plan(unreachable, total_rounds, margin)?;
-        if plan.collects_only {
+        let Some((plan, mut donors)) = self.donor_plan(unreachable, total_rounds, margin)? else {
             return Ok(Vec::new());
-        }
-        let in_peers = self.gossip.in_peers();
-        let mut donors: Vec<Rank> = (plan.donors(&in_peers, &self.hellos).into_iter())
-            .filter(|r| self.linked.contains(r))
-            .collect();
+        };
         let helpers = (self.helpers.iter().copied())
             .filter(|r| plan.welcomed.contains(r) && self.linked.contains(r));
         for r in helpers {
@@ -543,11 +538,33 @@ impl PeerCore {
         donors.sort_unstable();
         if donors.is_empty() {
             bail!(
-                "none of the in-neighbours {in_peers:?} answered, nor any other peer \
-                 this peer could fetch its parameters from"
+                "none of the in-neighbours {:?} answered, nor any other peer this peer could \
+                 fetch its parameters from",
+                self.gossip.in_peers()
             );
         }
         Ok(donors)
+    }
+
+    /// The rejoin plan and the donors it gives among the peers this one holds a link to
+    /// ([`RejoinPlan::donors`]), helpers not counted; `None` for a peer 0 that only
+    /// collects. Arguments and errors as [`PeerCore::plan_rejoin`].
+    fn donor_plan(
+        &self,
+        unreachable: &BTreeMap<Rank, anyhow::Error>,
+        total_rounds: u64,
+        margin: u64,
+    ) -> anyhow::Result<Option<(RejoinPlan, Vec<Rank>)>> {
+        let plan = self.rejoin_plan(unreachable, total_rounds, margin)?;
+        if plan.collects_only {
+            return Ok(None);
+        }
+        let donors = (plan
+            .donors(&self.gossip.in_peers(), &self.hellos)
+            .into_iter())
+        .filter(|r| self.linked.contains(r))
+        .collect();
+        Ok(Some((plan, donors)))
     }
 
     /// A restarted peer, every welcome in, that would fetch x from fewer than
@@ -566,14 +583,9 @@ impl PeerCore {
         total_rounds: u64,
         margin: u64,
     ) -> anyhow::Result<Vec<Action>> {
-        let plan = self.rejoin_plan(unreachable, total_rounds, margin)?;
-        if plan.collects_only {
+        let Some((plan, donors)) = self.donor_plan(unreachable, total_rounds, margin)? else {
             return Ok(Vec::new());
-        }
-        let in_peers = self.gossip.in_peers();
-        let donors: Vec<Rank> = (plan.donors(&in_peers, &self.hellos).into_iter())
-            .filter(|r| self.linked.contains(r))
-            .collect();
+        };
         let Some(wanted) = catch_up::MIN_DONORS
             .checked_sub(donors.len())
             .filter(|&k| k > 0)
