@@ -24,8 +24,9 @@ pub const FRAME_MAGIC: u16 = 0x554D;
 /// kind means. Raised when either changes, so that peers of builds that would misread each
 /// other refuse each other's frames by name ([`FrameError::UnknownVersion`]). 2: a
 /// `Welcome` carries no parameters; a rejoining peer fetches them in parts (`Fetch`,
-/// `StatePart`).
-pub const FRAME_VERSION: u8 = 2;
+/// `StatePart`). 3: a part names the vector it is of (x or the optimizer's state), so a
+/// donor of version 2 would answer a request for optimizer state with x.
+pub const FRAME_VERSION: u8 = 3;
 /// Length of [`FrameHeader`] on the wire, in bytes.
 pub const FRAME_HEADER_LEN: usize = 24;
 

@@ -46,6 +46,13 @@ pub trait Optimizer: Send {
     /// # Errors
     /// [`StateError`] if its length does not fit this optimizer and model.
     fn restore(&mut self, state: Vec<f32>) -> Result<(), StateError>;
+
+    /// Whether [`Optimizer::state`] carries anything from one step to the next (false for
+    /// heavy ball with μ = 0, whose "velocity" is only the last gradient): a restarted or
+    /// new peer fetches the state from its donors only if it does.
+    fn keeps_state(&self) -> bool {
+        true
+    }
 }
 
 /// Heavy-ball momentum (Polyak 1964), as in D-PSGD with momentum: v ← μ v + g, u = v.
@@ -88,6 +95,10 @@ impl Optimizer for HeavyBall {
         check_len("momentum", self.velocity.len(), state.len())?;
         self.velocity = state;
         Ok(())
+    }
+
+    fn keeps_state(&self) -> bool {
+        self.momentum != 0.0
     }
 }
 
@@ -132,6 +143,10 @@ impl Optimizer for Nesterov {
 
     fn restore(&mut self, state: Vec<f32>) -> Result<(), StateError> {
         self.ball.restore(state)
+    }
+
+    fn keeps_state(&self) -> bool {
+        self.ball.keeps_state()
     }
 }
 
@@ -428,6 +443,14 @@ mod tests {
         // m̂ = 0.5 / 0.75, v̂ = 1 / 0.75, u = (2/3) / √(4/3) = 0.57735.
         let u = o.step(&[0.0], &[0.0])[0];
         assert!((u - 0.577_350_3).abs() < 1e-6, "{u}");
+    }
+
+    #[test]
+    fn only_an_optimizer_with_memory_keeps_a_state_worth_fetching() {
+        assert!(!HeavyBall::new(0.0, 3).keeps_state(), "plain SGD");
+        assert!(HeavyBall::new(0.9, 3).keeps_state());
+        assert!(Nesterov::new(0.9, 3).keeps_state());
+        assert!(AdamW::new(AdamWConfig::default(), 3).keeps_state());
     }
 
     #[test]

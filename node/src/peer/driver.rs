@@ -4,6 +4,7 @@
 //! turns network events into the core's inputs and carries out the actions it returns.
 //! Decisions are the core's; this file only moves bytes and waits.
 
+use super::core::catch_up::Fetched;
 use super::core::{bad_frames, Action, Input, PeerCore, RoundEnd};
 use super::*;
 
@@ -344,10 +345,18 @@ impl Driver {
 
     /// Before this peer begins its next round: waits for the rejoin notice of each peer it
     /// welcomed that could mix again from that round ([`PeerCore::held_by`]), handling
-    /// events meanwhile. One that announces nothing within `timeout` is not waited for.
-    pub(super) fn hold_for_rejoins(&mut self, timeout: Duration) -> anyhow::Result<()> {
+    /// events meanwhile and answering their requests for parts of the optimizer's state
+    /// (`optimizer_state`: the inner optimizer's `Optimizer::state`, read only if one
+    /// waits). One that announces nothing within `timeout` is not waited for.
+    pub(super) fn hold_for_rejoins(
+        &mut self,
+        timeout: Duration,
+        optimizer_state: &dyn Fn() -> Vec<f32>,
+    ) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
+        self.serve_optimizer_state(optimizer_state)?;
         while let Some(peer) = self.core.held_by() {
+            self.serve_optimizer_state(optimizer_state)?;
             self.transmit()?;
             if !self.next_event(deadline)? {
                 warn!(
@@ -359,6 +368,19 @@ impl Driver {
             }
         }
         Ok(())
+    }
+
+    /// Between two rounds: answers the requests for parts of the optimizer's state that wait
+    /// for a copy of it, from `optimizer_state` (read only then), and drops an idle copy
+    /// ([`PeerCore::serve_optimizer_state`]).
+    pub(super) fn serve_optimizer_state(
+        &mut self,
+        optimizer_state: &dyn Fn() -> Vec<f32>,
+    ) -> anyhow::Result<()> {
+        let actions = self
+            .core
+            .serve_optimizer_state(Instant::now(), optimizer_state)?;
+        self.execute(actions)
     }
 
     /// Handles the network events that are already queued, without blocking, and sends
@@ -481,13 +503,14 @@ impl Driver {
     }
 
     /// A restarted peer's way back into the run: hello to every peer it has a link to
-    /// (`me`: its new directory entry), their welcomes (round, departed peers), its x
-    /// fetched in parts from its donors ([`Driver::catch_up`]; a part not answered within
-    /// `part_timeout` is asked of another donor), then the round it mixes again from
-    /// ([`PeerCore::plan_rejoin`]) announced to all, and a wait until every in-neighbour has
-    /// sent its frame for that round. Destinations it could not connect to (`unreachable`)
-    /// must be among the departed peers of the welcomes. Returns that round and x (`[d]`;
-    /// `None` for a peer 0 that came back too late to train and only collects).
+    /// (`me`: its new directory entry), their welcomes (round, departed peers), its x and
+    /// its optimizer's state (`optimizer_len` values; 0: none) fetched in parts from its
+    /// donors ([`Driver::catch_up`]; a part not answered within `part_timeout` is asked of
+    /// another donor), then the round it mixes again from ([`PeerCore::plan_rejoin`])
+    /// announced to all, and a wait until every in-neighbour has sent its frame for that
+    /// round. Destinations it could not connect to (`unreachable`) must be among the
+    /// departed peers of the welcomes. Returns that round and what was fetched (`None` for
+    /// a peer 0 that came back too late to train and only collects).
     ///
     /// # Errors
     /// No welcome within `timeout`, a peer unreachable that the run still counts, the run
@@ -499,9 +522,10 @@ impl Driver {
         me: &PeerInfo,
         unreachable: BTreeMap<Rank, anyhow::Error>,
         total_rounds: u64,
+        optimizer_len: usize,
         (timeout, part_timeout): (Duration, Duration),
         ended: &dyn Fn() -> bool,
-    ) -> anyhow::Result<(u64, Option<Vec<f32>>)> {
+    ) -> anyhow::Result<(u64, Option<Fetched>)> {
         let hello = self.core.hello(me)?;
         for link in self.links.values() {
             self.rt.block_on(link.send(hello.clone()))?;
@@ -519,9 +543,9 @@ impl Driver {
         let donors = self
             .core
             .catch_up_donors(&unreachable, total_rounds, REJOIN_MARGIN_ROUNDS)?;
-        let x = match donors.is_empty() {
+        let fetched = match donors.is_empty() {
             true => None,
-            false => Some(self.catch_up(&donors, part_timeout, timeout)?),
+            false => Some(self.catch_up(&donors, optimizer_len, part_timeout, timeout)?),
         };
         let (rejoining, actions) = self.core.plan_rejoin(
             Instant::now(),
@@ -541,7 +565,7 @@ impl Driver {
             }
         }
         self.core.end_rejoin();
-        Ok((at, x))
+        Ok((at, fetched))
     }
 
     /// Handles events until every linked peer has welcomed this rejoining peer (or said
@@ -575,20 +599,22 @@ impl Driver {
         }
     }
 
-    /// Fetches x (`[d]`) in parts from `donors` ([`crate::peer::core::catch_up`]), handling
-    /// events meanwhile, and logs what each donor sent.
+    /// Fetches x (`[d]`) and the optimizer's state (`[optimizer_len]`, if not 0) in parts
+    /// from `donors` ([`crate::peer::core::catch_up`]), handling events meanwhile, and logs
+    /// what each donor sent.
     ///
     /// # Errors
-    /// Every donor left before x was whole, or x not whole within `timeout`.
+    /// Every donor left before they were whole, or they were not whole within `timeout`.
     fn catch_up(
         &mut self,
         donors: &[Rank],
+        optimizer_len: usize,
         part_timeout: Duration,
         timeout: Duration,
-    ) -> anyhow::Result<Vec<f32>> {
-        let actions = self
-            .core
-            .begin_catch_up(Instant::now(), donors, part_timeout)?;
+    ) -> anyhow::Result<Fetched> {
+        let actions =
+            self.core
+                .begin_catch_up(Instant::now(), donors, optimizer_len, part_timeout)?;
         self.execute(actions)?;
         let deadline = Instant::now() + timeout;
         while !self.core.caught_up() {
@@ -605,7 +631,7 @@ impl Driver {
                 );
             }
         }
-        let (x, summary) = self.core.finish_catch_up().expect("a catch-up under way");
+        let (fetched, summary) = self.core.finish_catch_up().expect("a catch-up under way");
         let sent: Vec<String> = (summary.donors.iter())
             .map(|d| {
                 let late = match d.timeouts {
@@ -623,11 +649,16 @@ impl Driver {
         info!(
             seconds = summary.seconds,
             duplicate_bytes = summary.duplicate_bytes,
-            "caught up: x fetched from {n} donor{} ({})",
+            "caught up: x{} fetched from {n} donor{} ({})",
+            if optimizer_len > 0 {
+                " and the optimizer's state"
+            } else {
+                ""
+            },
             if n == 1 { "" } else { "s" },
             sent.join("; ")
         );
-        Ok(x)
+        Ok(fetched)
     }
 
     /// Says goodbye on every link and waits until every expected peer said goodbye to us

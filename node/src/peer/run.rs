@@ -2,6 +2,7 @@
 //! the links, the driver), enter (start, resume or rejoin), train (the rounds and the epoch
 //! reports), finish (the last reports, the summary).
 
+use super::core::catch_up::Vector;
 use super::*;
 use crate::report::PeerTotals;
 use crate::train::inner_optimizer::Optimizer;
@@ -608,9 +609,9 @@ fn wire<B: AutodiffBackend>(
 }
 
 /// Where this peer's training starts: round 0; with the whole run resuming, its checkpoint
-/// of the agreed round; or, restarted or new in a run under way, its neighbours' x
-/// (fetched in parts from several of them at once) at a round agreed with them (and the
-/// momentum of its latest checkpoint).
+/// of the agreed round; or, restarted or new in a run under way, its neighbours' x and
+/// optimizer state (fetched in parts from several of them at once; the state only if the
+/// optimizer keeps one) at a round agreed with them.
 /// Sets the model, x and the optimizer's state; returns the first round and the totals
 /// this peer had reported at its checkpoint (to count on from), if it resumed from one.
 #[allow(clippy::too_many_arguments)]
@@ -664,17 +665,23 @@ fn enter<B: AutodiffBackend>(
             args.algorithm_name()
         );
     }
-    // A restarted peer agrees on a round with its neighbours and starts from their x
-    // (fetched in parts from several of them), with the momentum of its latest checkpoint.
+    // A restarted peer agrees on a round with its neighbours and starts from their x and
+    // optimizer state (fetched in parts from several of them): its own checkpoint's state
+    // belongs to an older x, a new peer's is zero (Adam's bias correction would start over).
     let timeouts = (
         Duration::from_secs(args.net.join_timeout_secs),
         Duration::from_secs(args.net.peer_timeout_secs),
     );
+    let optimizer_len = match optimizer.keeps_state() {
+        true => optimizer.state().len(),
+        false => 0,
+    };
     let (at, fetched) = drv
         .rejoin(
             me,
             unreachable,
             rounds_per_epoch * args.train.epochs as u64,
+            optimizer_len,
             timeouts,
             &|| super::run_completed(&peer.out),
         )
@@ -682,16 +689,25 @@ fn enter<B: AutodiffBackend>(
             true => "--join-running: joining the run under way",
             false => "--resume: rejoining the run under way",
         })?;
-    if let Some(fetched) = fetched {
-        *x = fetched;
+    let mut fetched_state = None;
+    if let Some(mut fetched) = fetched {
+        *x = fetched.take(Vector::X).expect("x is always fetched");
+        fetched_state = fetched.take(Vector::Optimizer);
     }
     let mut model_state = Vec::new();
     let mut totals = None;
     if let Some(c) = checkpoints.into_iter().max_by_key(|c| c.meta.round) {
         info!(round = c.meta.round, "loaded the checkpoint");
-        optimizer.restore(c.velocity)?;
+        if fetched_state.is_none() {
+            optimizer.restore(c.velocity)?;
+        }
         model_state = c.model_state;
         totals = c.meta.totals;
+    }
+    if let Some(state) = fetched_state {
+        optimizer
+            .restore(state)
+            .context("the optimizer's state fetched from the donors")?;
     }
     restore(net, x, &model_state)?;
     Ok((at, totals))
@@ -912,8 +928,11 @@ impl<B: AutodiffBackend> Training<'_, B> {
         if args.inject_bad_frames == Some(self.rank) {
             self.drv.inject_bad_frames(round, self.x.len())?;
         }
-        // Serve what arrived meanwhile (a parameter server answers its workers here).
+        // Serve what arrived meanwhile (a parameter server answers its workers here), and the
+        // requests of a catching-up peer for the optimizer's state as it is between rounds.
         self.drv.serve_ready()?;
+        let (drv, learner) = (&mut self.drv, &self.learner);
+        drv.serve_optimizer_state(&|| learner.optimizer_state())?;
         self.drv.settle_joins();
         Ok(())
     }
@@ -922,7 +941,8 @@ impl<B: AutodiffBackend> Training<'_, B> {
     /// the gradient sends its frames now.
     fn begin_round(&mut self) -> anyhow::Result<Round> {
         let timeout = Duration::from_secs(self.args.net.round_timeout_secs);
-        self.drv.hold_for_rejoins(timeout)?;
+        let (drv, learner) = (&mut self.drv, &self.learner);
+        drv.hold_for_rejoins(timeout, &|| learner.optimizer_state())?;
         let protocol = Round::start(
             &mut *self.drv.core.gossip,
             Instant::now(),
@@ -961,7 +981,7 @@ impl<B: AutodiffBackend> Training<'_, B> {
                 totals: Some(self.totals()),
             },
             x: self.x.clone(),
-            velocity: self.learner.optimizer().state(),
+            velocity: self.learner.optimizer_state(),
             state: self.drv.core.gossip.state(),
             model_state,
         }

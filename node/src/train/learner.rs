@@ -115,6 +115,11 @@ impl Learner {
         self.optimizer.as_mut()
     }
 
+    /// The optimizer's state now (`Optimizer::state`), for a checkpoint or a catching-up peer.
+    pub fn optimizer_state(&self) -> Vec<f32> {
+        self.optimizer.state()
+    }
+
     /// The mean mini-batch loss since the last call (nats), `None` without a step; resets
     /// the running sum.
     pub fn take_mean_loss(&mut self) -> Option<f64> {

@@ -14,7 +14,7 @@ use murmur_gossip::Rank;
 use murmur_topology::MixingMatrix;
 use tracing::{debug, info, warn};
 
-use super::catch_up::{self, Part};
+use super::catch_up::{self, Answer, Part, Vector};
 use super::{Action, PeerCore};
 use crate::control::discovery::PeerInfo;
 use crate::control::membership::{
@@ -444,7 +444,7 @@ impl PeerCore {
                 self.admission(verdict, from, out)
             }
             FrameKind::Rejoin => self.on_rejoin(now, from, payload, out),
-            FrameKind::Fetch => self.on_fetch(from, payload, out),
+            FrameKind::Fetch => self.on_fetch(now, from, payload, out),
             FrameKind::StatePart => {
                 self.on_state_part(now, from, payload);
                 Ok(())
@@ -457,32 +457,54 @@ impl PeerCore {
         }
     }
 
-    /// A rejoining peer `from` asks for a slice of x ([`catch_up`]): answered with this
-    /// peer's x of that slice as it is now. A malformed request, or one beyond x or above
-    /// the part bound, is refused and counted.
+    /// A rejoining peer `from` asks for a slice of x or of the optimizer's state
+    /// ([`catch_up`]): answered with this peer's x of that slice as it is now, or from its
+    /// copy of the optimizer's state (a request that comes before the copy waits for it:
+    /// [`PeerCore::serve_optimizer_state`]). A malformed request, or one beyond the vector
+    /// or above the part bound, is refused and counted.
     fn on_fetch(
         &mut self,
+        now: Instant,
         from: Rank,
         payload: &[u8],
         out: &mut Vec<Action>,
     ) -> anyhow::Result<()> {
         let d = self.gossip.params().len();
-        let asked = decode_with_params_sized::<Part>(payload, |_| 0).ok();
-        let Some((part, range)) = asked.and_then(|(p, _)| Some((p, p.within(d)?))) else {
-            self.refuse();
+        let refused = |core: &mut Self, what: &str| {
+            core.refuse();
             warn!(
                 from,
-                "refused a request for a part of x: malformed, beyond this peer's {d} values or \
-                 above {} values",
+                "refused a request for a part of {what}: malformed, beyond this peer's values \
+                 or above {} values",
                 catch_up::PART_FLOATS
             );
+        };
+        let Ok((part, _)) = decode_with_params_sized::<Part>(payload, |_| 0) else {
+            refused(self, "x");
             return Ok(());
         };
-        let (round, x) = (self.gossip.round(), &self.gossip.params()[range]);
-        let frame = encode_with_params(FrameKind::StatePart, self.rank, round, &part, x)?;
+        let round = self.gossip.round();
+        let values = match part.of {
+            Vector::X => match part.within(d) {
+                Some(range) => &self.gossip.params()[range],
+                None => {
+                    refused(self, "x");
+                    return Ok(());
+                }
+            },
+            Vector::Optimizer => match self.optimizer_copy.ask(now, from, part) {
+                Answer::Values(v) => v,
+                Answer::Waits => return Ok(()),
+                Answer::Refused => {
+                    refused(self, "the optimizer's state");
+                    return Ok(());
+                }
+            },
+        };
+        let frame = encode_with_params(FrameKind::StatePart, self.rank, round, &part, values)?;
         debug!(
             from,
-            part.start, part.len, "sending a part of x to a rejoining peer"
+            part.start, part.len, "sending a part of {} to a rejoining peer", part.of
         );
         out.push(Action::Send {
             to: from,
@@ -491,12 +513,56 @@ impl PeerCore {
         Ok(())
     }
 
+    /// Whether a rejoining peer's requests for parts of the optimizer's state wait for this
+    /// peer's copy of it: the shell, which holds the optimizer, then calls
+    /// [`PeerCore::serve_optimizer_state`] between two rounds.
+    #[cfg(test)]
+    pub(crate) fn wants_optimizer_state(&self) -> bool {
+        self.optimizer_copy.wanted()
+    }
+
+    /// Takes `state` (`[s]`, the inner optimizer's `Optimizer::state` now, between two
+    /// rounds) as the copy catch-ups are answered from, and answers the requests that
+    /// waited for it; drops a copy idle for [`catch_up::COPY_KEPT`] when nothing waits.
+    ///
+    /// # Errors
+    /// A frame that cannot be encoded.
+    pub(crate) fn serve_optimizer_state(
+        &mut self,
+        now: Instant,
+        state: impl FnOnce() -> Vec<f32>,
+    ) -> anyhow::Result<Vec<Action>> {
+        let mut out = Vec::new();
+        if !self.optimizer_copy.wanted() {
+            self.optimizer_copy.release_idle(now);
+            return Ok(out);
+        }
+        let (me, round) = (self.rank, self.gossip.round());
+        let mut refused = 0;
+        for (to, part, values) in self.optimizer_copy.take(now, state()) {
+            let Some(values) = values else {
+                refused += 1;
+                continue;
+            };
+            let frame = encode_with_params(FrameKind::StatePart, me, round, &part, values)?;
+            out.push(Action::Send {
+                to,
+                frame: Bytes::from(frame),
+            });
+        }
+        for _ in 0..refused {
+            self.refuse();
+            warn!("refused a request for a part of the optimizer's state beyond its values");
+        }
+        Ok(out)
+    }
+
     /// A donor's part of x for this rejoining peer's catch-up. One that is malformed, not
     /// asked for or from a peer that is no donor is refused and counted; one after the
     /// catch-up (a donor that answered late) is dropped.
     fn on_state_part(&mut self, now: Instant, from: Rank, payload: &[u8]) {
         let Some(c) = self.catch_up.as_mut() else {
-            debug!(from, "dropped a part of x that came after the catch-up");
+            debug!(from, "dropped a part that came after the catch-up");
             return;
         };
         // At most the part bound is allocated, whatever the request says.
@@ -508,7 +574,7 @@ impl PeerCore {
             });
         if let Err(e) = taken {
             self.refuse();
-            warn!(from, "refused a part of x: {e}");
+            warn!(from, "refused a part for the catch-up: {e}");
         }
     }
 
@@ -618,7 +684,8 @@ impl PeerCore {
         Ok(out)
     }
 
-    /// Begins the catch-up of x (`[d]`) from `donors` ([`catch_up`]), a part asked of
+    /// Begins the catch-up of x (`[d]`) and, if `optimizer_len` > 0, of the inner
+    /// optimizer's state (`[optimizer_len]`) from `donors` ([`catch_up`]), a part asked of
     /// another donor after `part_timeout` without an answer; returns the first requests.
     /// Then feed events and call [`PeerCore::poll_catch_up`] until
     /// [`PeerCore::caught_up`].
@@ -629,11 +696,26 @@ impl PeerCore {
         &mut self,
         now: Instant,
         donors: &[Rank],
+        optimizer_len: usize,
         part_timeout: Duration,
     ) -> anyhow::Result<Vec<Action>> {
         let d = self.gossip.params().len();
-        info!(?donors, d, "fetching x in parts from donors {donors:?}");
-        self.catch_up = Some(catch_up::CatchUp::new(d, donors, part_timeout, now));
+        let mut vectors = vec![(Vector::X, d)];
+        if optimizer_len > 0 {
+            vectors.push((Vector::Optimizer, optimizer_len));
+        }
+        info!(
+            ?donors,
+            d,
+            optimizer_len,
+            "fetching x{} in parts from donors {donors:?}",
+            if optimizer_len > 0 {
+                " and the optimizer's state"
+            } else {
+                ""
+            }
+        );
+        self.catch_up = Some(catch_up::CatchUp::new(&vectors, donors, part_timeout, now));
         self.poll_catch_up(now)
     }
 
@@ -680,8 +762,9 @@ impl PeerCore {
         self.catch_up.as_ref().is_none_or(|c| c.done())
     }
 
-    /// Ends the catch-up: x (`[d]`) and what each donor sent.
-    pub(crate) fn finish_catch_up(&mut self) -> Option<(Vec<f32>, catch_up::Summary)> {
+    /// Ends the catch-up: the vectors fetched (x, `[d]`, and the optimizer's state if asked)
+    /// and what each donor sent.
+    pub(crate) fn finish_catch_up(&mut self) -> Option<(catch_up::Fetched, catch_up::Summary)> {
         self.catch_up.take().map(|c| c.finish())
     }
 

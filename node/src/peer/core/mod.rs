@@ -170,6 +170,9 @@ pub(crate) struct PeerCore {
     /// A rejoining peer only, between its welcomes and its rejoin notice: the fetch of its
     /// x from donors ([`PeerCore::begin_catch_up`]).
     catch_up: Option<catch_up::CatchUp>,
+    /// As a donor: the copy of its optimizer's state it answers catch-ups from, and the
+    /// requests waiting for it ([`PeerCore::serve_optimizer_state`]).
+    optimizer_copy: catch_up::OptimizerCopy,
     /// A rejoining peer only: the nearest present peers besides its in-neighbours that it
     /// also fetches x from, as it has fewer than [`catch_up::MIN_DONORS`] present
     /// in-neighbours ([`PeerCore::link_catch_up_helpers`]).
@@ -242,6 +245,7 @@ impl PeerCore {
             peer_ids: setup.peer_ids,
             welcomes: BTreeMap::new(),
             catch_up: None,
+            optimizer_copy: catch_up::OptimizerCopy::default(),
             helpers: BTreeSet::new(),
             hellos: BTreeSet::new(),
             pending_hello: None,

@@ -608,7 +608,7 @@ fn a_rejoining_peer_fetches_its_x_in_parts_from_its_in_neighbours() {
     let donors = c.catch_up_donors(&BTreeMap::new(), 1000, 20).unwrap();
     assert_eq!(donors, [1, 3], "peer 0 is no in-neighbour: it serves no x");
     let asks = c
-        .begin_catch_up(now, &donors, Duration::from_secs(5))
+        .begin_catch_up(now, &donors, 0, Duration::from_secs(5))
         .unwrap();
     assert_eq!(kinds(&asks), ["send", "send"]);
     let mut members = [core_at(1, 3.0), core_at(3, 5.0)];
@@ -622,8 +622,10 @@ fn a_rejoining_peer_fetches_its_x_in_parts_from_its_in_neighbours() {
         assert!(c.handle(now, part).unwrap().is_empty());
     }
     assert!(c.caught_up());
-    let (x, summary) = c.finish_catch_up().unwrap();
+    let (mut fetched, summary) = c.finish_catch_up().unwrap();
+    let x = fetched.take(catch_up::Vector::X).unwrap();
     assert_eq!(x, [3., 3., 3., 3., 5., 5., 5., 5.], "half from each");
+    assert_eq!(fetched.take(catch_up::Vector::Optimizer), None);
     let bytes: Vec<u64> = summary.donors.iter().map(|d| d.bytes).collect();
     assert_eq!(bytes, [16, 16]);
     assert_eq!(c.refused_frames, 0);
@@ -633,7 +635,11 @@ fn a_rejoining_peer_fetches_its_x_in_parts_from_its_in_neighbours() {
     c.handle(now, sent(&late[0]).1).unwrap();
     assert_eq!(c.refused_frames, 0);
     // A request beyond x is refused and counted.
-    let beyond = catch_up::Part { start: 6, len: 4 };
+    let beyond = catch_up::Part {
+        of: catch_up::Vector::X,
+        start: 6,
+        len: 4,
+    };
     let frame = crate::report::frames::encode_with_params(FrameKind::Fetch, 2, 0, &beyond, &[]);
     let (_, input) = sent(&Action::Send {
         to: 1,
@@ -641,6 +647,67 @@ fn a_rejoining_peer_fetches_its_x_in_parts_from_its_in_neighbours() {
     });
     assert!(members[0].handle(now, input).unwrap().is_empty());
     assert_eq!(members[0].refused_frames, 1);
+}
+
+/// A rejoining peer fetches its optimizer's state with x: a donor answers the parts of x at
+/// once and those of the state once its shell gave it a copy (between two of its rounds),
+/// then from that copy at once until it is idle.
+#[test]
+fn a_rejoining_peer_fetches_the_optimizer_s_state_from_copies_its_donors_make_between_rounds() {
+    let now = Instant::now();
+    let mut c = core(2);
+    for from in [1, 3] {
+        c.welcomes
+            .insert(from, core(from).membership.welcome(2, 30));
+    }
+    let donors = c.catch_up_donors(&BTreeMap::new(), 1000, 20).unwrap();
+    // Heavy ball: a velocity of d = 8 values.
+    let asks = c
+        .begin_catch_up(now, &donors, 8, Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(asks.len(), 4, "half of x and half of the state from each");
+    let mut members = [core_at(1, 3.0), core_at(3, 5.0)];
+    let member = |to: Rank| if to == 1 { 0 } else { 1 };
+    for ask in &asks {
+        let (to, fetch) = sent(ask);
+        for answer in members[member(to)].handle(now, fetch).unwrap() {
+            assert!(c.handle(now, sent(&answer).1).unwrap().is_empty());
+        }
+    }
+    assert!(
+        !c.caught_up(),
+        "the state's parts wait for the donors' copies"
+    );
+    for (m, velocity) in members.iter_mut().zip([30.0, 50.0]) {
+        assert!(m.wants_optimizer_state());
+        let answers = m.serve_optimizer_state(now, || vec![velocity; 8]).unwrap();
+        assert_eq!(kinds(&answers), ["send"]);
+        assert!(!m.wants_optimizer_state());
+        c.handle(now, sent(&answers[0]).1).unwrap();
+    }
+    assert!(c.caught_up());
+    let (mut fetched, summary) = c.finish_catch_up().unwrap();
+    assert_eq!(
+        fetched.take(catch_up::Vector::X).unwrap(),
+        [3., 3., 3., 3., 5., 5., 5., 5.]
+    );
+    assert_eq!(
+        fetched.take(catch_up::Vector::Optimizer).unwrap(),
+        [30., 30., 30., 30., 50., 50., 50., 50.]
+    );
+    let bytes: Vec<u64> = summary.donors.iter().map(|d| d.bytes).collect();
+    assert_eq!(bytes, [32, 32]);
+    // The copy answers the next request at once; idle for COPY_KEPT, it is dropped.
+    let (to, fetch) = sent(&asks[3]);
+    assert_eq!(to, 3, "the second part of the state");
+    let m = &mut members[member(to)];
+    assert_eq!(kinds(&m.handle(now, fetch).unwrap()), ["send"]);
+    m.serve_optimizer_state(now + catch_up::COPY_KEPT, || unreachable!("nothing waits"))
+        .unwrap();
+    let (_, fetch) = sent(&asks[3]);
+    assert!(m.handle(now, fetch).unwrap().is_empty());
+    assert!(m.wants_optimizer_state(), "a new copy is wanted");
+    assert_eq!((c.refused_frames, m.refused_frames), (0, 0));
 }
 
 /// A rejoining peer with one present in-neighbour also fetches x from the nearest other
@@ -695,7 +762,7 @@ fn a_donor_that_leaves_during_the_catch_up_is_replaced_at_once() {
     }
     let donors = c.catch_up_donors(&BTreeMap::new(), 1000, 20).unwrap();
     let asks = c
-        .begin_catch_up(now, &donors, Duration::from_secs(5))
+        .begin_catch_up(now, &donors, 0, Duration::from_secs(5))
         .unwrap();
     assert_eq!(asks.len(), 2);
     c.handle(now, exited(3)).unwrap();
