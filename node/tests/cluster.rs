@@ -859,6 +859,12 @@ fn killed_peer_rejoins(extra: &[&str]) {
     let log3 = c.read_log(3);
     assert!(log3.contains("loaded the checkpoint"), "{log3}");
     assert!(log3.contains("mixing again from round"), "{log3}");
+    // Its momentum (μ = 0.9 by default) comes with x from its in-neighbours 2 and 4, not
+    // from the older checkpoint.
+    assert!(
+        log3.contains("caught up: x and the optimizer's state fetched from 2 donors"),
+        "{log3}"
+    );
     let s = summary(&c.out());
     assert!(s["departures"].as_str().unwrap().starts_with("3@"), "{s}");
     let rejoins = s["rejoins"].as_str().unwrap();

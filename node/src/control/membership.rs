@@ -25,7 +25,7 @@ use crate::plane::Incarnation;
 use crate::report::MembershipEvent;
 
 /// A peer's answer to a restarted peer's hello (the JSON part of a `Welcome` frame, which
-/// carries no parameters: the restarted peer fetches x in parts from the donors
+/// carries no parameters: the restarted peer fetches x and its optimizer's state in parts from the donors
 /// [`RejoinPlan::donors`] chooses).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Welcome {

@@ -103,9 +103,9 @@ pub struct PeerArgs {
     pub identity: Option<PathBuf>,
     /// Come back after a crash (same options, same run folder; D-PSGD, SGP, CHOCO-SGD). A
     /// restarted peer rejoins the run under way: the bootstrap admits it again, its neighbours send their
-    /// round, it fetches their parameters in parts, from several of them at once, and starts
-    /// from them with the momentum of its last checkpoint (`--checkpoint-every`), mixing again
-    /// from a round agreed with them.
+    /// round, it fetches their parameters and optimizer state (momentum) in parts, from
+    /// several of them at once, and starts from them, mixing again from a round agreed with
+    /// them.
     /// With peer 0 also started with `--resume`, the whole run resumes: every peer (all
     /// with `--resume`) continues from its checkpoint of the latest round all of them hold.
     #[arg(long)]
