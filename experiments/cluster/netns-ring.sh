@@ -19,7 +19,12 @@
 # printed, with its catch-up line), BASELINE ("gloo": instead of murmur,
 # the same ring as D-PSGD in PyTorch over gloo, experiments/wire/gloo_dpsgd.py run with
 # $PYTHON, default python3; the options are that script's, e.g. --hidden 31447; its JSON
-# lines are printed). Latency is not shaped (netem is not in
+# lines are printed; "iperf3": iperf3's server on h1 and its client on h0, the options
+# iperf3's, e.g. -P 4 -n 1G; its summary is printed), FLOW_CAP (a rate: each TCP flow
+# of a link is held to it as well, as a cloud caps one flow below the link: TCP packets
+# are spread over 16 classes of that rate by their source port's low 4 bits, so the
+# connections one peer opens land in classes of their own; other packets share the
+# link's rate). Latency is not shaped (netem is not in
 # every kernel); tc's htb queues add what a full link adds.
 #
 # Writes OUT/peer-<r>.log (every peer's log; the `link` lines of choco-auto say what each
@@ -70,6 +75,30 @@ for i in $(seq 0 $((PEERS - 1))); do
     ip -n "h$i" link set lo up
 done
 
+# Under the link class $2 of host $1 (to neighbour $3, rate $4): 16 classes of FLOW_CAP
+# each (minor (j+1)·256 + bucket, in hex), TCP packets hashed into them by the low 4 bits of
+# their source port (the IP header taken as 20 bytes, as Linux sends it), and one class of
+# the link's rate for every other packet. htb goes on classifying with an inner class's
+# own filters.
+flow_cap() {
+    local ns=$1 parent=$2 j=$3 rate=$4 b base=$((($3 + 1) * 256))
+    for b in $(seq 0 16); do
+        local r=$FLOW_CAP
+        [ "$b" = 16 ] && r=$rate
+        tc -n "$ns" class add dev eth0 parent "$parent" classid "1:$(printf %x $((base + b)))" \
+            htb rate "$r" ceil "$r"
+    done
+    tc -n "$ns" filter add dev eth0 parent "$parent" prio 1 handle "$((j + 2)):" protocol ip u32 divisor 16
+    tc -n "$ns" filter add dev eth0 parent "$parent" prio 1 protocol ip u32 ht 800:: \
+        match ip protocol 6 0xff hashkey mask 0x000f0000 at 20 link "$((j + 2)):"
+    for b in $(seq 0 15); do
+        tc -n "$ns" filter add dev eth0 parent "$parent" prio 1 protocol ip u32 \
+            ht "$((j + 2)):$(printf %x "$b"):" match u32 0 0 flowid "1:$(printf %x $((base + b)))"
+    done
+    tc -n "$ns" filter add dev eth0 parent "$parent" prio 2 protocol ip u32 \
+        match u32 0 0 flowid "1:$(printf %x $((base + 16)))"
+}
+
 # Egress of host i: one htb class per ring neighbour j (rate FAST, or SLOW on the slow
 # edge), chosen by destination address; everything else (the bootstrap's control traffic
 # to non-neighbours) unshaped.
@@ -88,8 +117,20 @@ for i in $(seq 0 $((PEERS - 1))); do
         tc -n "h$i" class add dev eth0 parent 1: classid "1:$((j + 10))" htb rate "$rate" ceil "$rate"
         tc -n "h$i" filter add dev eth0 parent 1: protocol ip prio 1 u32 \
             match ip dst "$NET.$((j + 1))/32" flowid "1:$((j + 10))"
+        if [ -n "${FLOW_CAP:-}" ]; then flow_cap "h$i" "1:$((j + 10))" "$j" "$rate"; fi
     done
 done
+
+if [ "${BASELINE:-}" = iperf3 ]; then
+    ip netns exec h1 iperf3 -s -1 -B "$NET.2" >"$OUT/iperf3-server.log" 2>&1 &
+    server=$!
+    sleep 0.5
+    status=0
+    ip netns exec h0 iperf3 -c "$NET.2" -B "$NET.1" "$@" >"$OUT/iperf3.log" 2>&1 || status=1
+    wait "$server" || true
+    grep -E 'sender|receiver' "$OUT/iperf3.log" | tail -2 || cat "$OUT/iperf3.log"
+    exit $status
+fi
 
 if [ "${BASELINE:-}" = gloo ]; then
     script="$(dirname "$(realpath "$0")")/../wire/gloo_dpsgd.py"

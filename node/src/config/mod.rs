@@ -398,6 +398,13 @@ pub struct NetArgs {
     /// them. A link is plaintext only when both ends give `plaintext`.
     #[arg(long, value_enum, default_value_t = Wire::Encrypted)]
     pub wire: Wire,
+    /// TCP connections per TCP link (1 to 16), each with its own thread on both ends (and
+    /// its own TLS session): a frame of 1 MiB or more is cut into this many slices sent side
+    /// by side. For links one TCP stream cannot fill (a cloud's cap per flow, a long fat
+    /// pipe) or one core cannot encrypt (TLS beyond about 2 GB/s a core); on a link one
+    /// stream fills, more only cost threads.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
+    pub tcp_streams: u8,
     /// No relayed links: peer 0 does not relay for the run, and a peer whose direct path to
     /// a neighbour does not open (a symmetric NAT) fails instead of asking it. By default a
     /// link that hole punching cannot open is relayed through peer 0's data-plane address

@@ -292,6 +292,7 @@ fn join(
     plane.emulation = args.link_emulation();
     plane.transport = args.net.transport;
     plane.set_wire(args.net.wire);
+    plane.tcp_streams = args.net.tcp_streams;
     let mut me = PeerInfo {
         rank,
         peer_id: String::new(),

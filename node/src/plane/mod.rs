@@ -201,6 +201,10 @@ pub struct DataPlane {
     pub transport: TransportChoice,
     /// How the TCP links this plane opens are protected ([`DataPlane::set_wire`]).
     wire: Wire,
+    /// TCP connections of each TCP link this plane opens (`--tcp-streams`, 1 to
+    /// [`tcp::MAX_STREAMS`]): a frame of at least [`tcp::STRIPE_FROM`] bytes is cut across
+    /// them.
+    pub tcp_streams: u8,
     /// The TCP listener and its pending offers ([`tcp`]).
     tcp: Arc<TcpSide>,
     inbound: Inbound,
@@ -490,6 +494,7 @@ impl DataPlane {
                 emulation: LinkEmulation::default(),
                 transport: TransportChoice::default(),
                 wire: Wire::default(),
+                tcp_streams: 1,
                 tcp,
                 inbound,
                 exits: Arc::default(),
@@ -700,6 +705,7 @@ impl DataPlane {
                 conn,
                 addr.ip(),
                 self.wire,
+                self.tcp_streams,
                 &self.key,
                 peer_id,
                 crypto_provider(),
@@ -919,25 +925,35 @@ mod tests {
         Bytes::from(f)
     }
 
-    /// On every transport (shared memory, QUIC, TCP with TLS, TCP in clear): frames arrive
-    /// whole, one over the limit and one with a lying
-    /// header are refused (counted) and the frames after them still arrive, and the goodbye
-    /// finishes both ends.
+    /// On every transport (shared memory, QUIC, TCP with TLS, TCP in clear, each TCP one
+    /// also over several connections): frames arrive whole, one over the limit and one with
+    /// a lying header are refused (counted) and the frames after them still arrive, and the
+    /// goodbye finishes both ends. The frames of 1 MiB and more are cut across a striped
+    /// link's connections, the refused 7 MiB one too.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn both_transports_deliver_refuse_and_finish_alike() {
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        for (choice, wire, kind) in [
+        for (choice, wire, kind, streams) in [
             (
                 TransportChoice::Auto,
                 Wire::Encrypted,
                 LinkKind::SharedMemory,
+                1,
             ),
-            (TransportChoice::Quic, Wire::Encrypted, LinkKind::Quic),
-            (TransportChoice::Tcp, Wire::Encrypted, LinkKind::Tcp),
+            (TransportChoice::Quic, Wire::Encrypted, LinkKind::Quic, 1),
+            (TransportChoice::Tcp, Wire::Encrypted, LinkKind::Tcp, 1),
             (
                 TransportChoice::Tcp,
                 Wire::Plaintext,
                 LinkKind::TcpPlaintext,
+                1,
+            ),
+            (TransportChoice::Tcp, Wire::Encrypted, LinkKind::Tcp, 3),
+            (
+                TransportChoice::Tcp,
+                Wire::Plaintext,
+                LinkKind::TcpPlaintext,
+                2,
             ),
         ] {
             let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
@@ -949,6 +965,7 @@ mod tests {
                 DataPlane::bind(0, any, limit, timeout, &a, Admitted::default()).unwrap();
             sender.transport = choice;
             sender.set_wire(wire);
+            sender.tcp_streams = streams;
             let (mut receiver, mut events) =
                 DataPlane::bind(1, any, limit, timeout, &b, admitted).unwrap();
             receiver.set_wire(wire);
@@ -957,6 +974,7 @@ mod tests {
                 .await
                 .unwrap();
             assert_eq!(link.kind, kind);
+            let kind = format!("{kind} ({streams} connections)");
             let sizes = [0usize, 5, 1 << 20, 3 << 20, 7 << 20, 100];
             for &n in &sizes {
                 link.send(sized(0, n, (n % 251) as u8)).await.unwrap();

@@ -19,6 +19,16 @@
 //! the frames after it (someone on the path can read them, alter them or take the stream
 //! over), as gloo and NCCL do on a trusted fabric.
 //!
+//! **Several connections a link** (`--tcp-streams N`, [`MAX_STREAMS`] at most): the offer
+//! then carries N (one more byte), the receiver answers with one token as before, and the
+//! sender opens N TCP connections, each set up as above (its own TLS handshake proving the
+//! same identity) and followed by its index (one byte) after the token; the link starts once
+//! all N are bound. A frame of at least [`STRIPE_FROM`] bytes is cut into N contiguous
+//! slices ([`stripes`]), written and read side by side, one thread per connection and side;
+//! its length prefix travels on connection 0, and smaller frames go whole on connection 0.
+//! This is what NCCL's several sockets per peer do: it pays where one TCP stream cannot
+//! fill the link (a cloud's per-flow cap, a long fat pipe) or one core cannot encrypt it.
+//!
 //! From then on every frame of the link, the goodbye included, goes over the TCP stream,
 //! each preceded by its length (u64 LE): a frame over the receiver's limit is read past
 //! and refused, one whose header lies about its length refused, and the frames after them
@@ -48,6 +58,7 @@
 use std::collections::HashMap;
 use std::io::{IoSlice, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -83,6 +94,35 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 pub const OFFER_LIFE: Duration = Duration::from_secs(30);
 /// How long a TCP connection to the listener may take to present its token.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most TCP connections one link may have (`--tcp-streams`).
+pub const MAX_STREAMS: u8 = 16;
+
+/// Bytes from which a frame is cut across a link's connections (1 MiB): below it a frame
+/// goes whole on connection 0, as the per-frame cost of the other connections' threads
+/// would outweigh what they move side by side.
+pub const STRIPE_FROM: usize = 1 << 20;
+
+/// Where a frame of `len` bytes travels on a link of `streams` connections: the range of
+/// the frame connection i carries is the i-th item, the ranges contiguous, in order and
+/// covering `0..len`. One range (connection 0) when `streams` is 1 or the frame is under
+/// [`STRIPE_FROM`]; else `streams` slices of `len / streams` bytes, the remainder spread
+/// over the first ones. Both ends compute it from the length prefix alone.
+pub fn stripes(len: usize, streams: usize) -> Vec<Range<usize>> {
+    if streams <= 1 || len < STRIPE_FROM {
+        return vec![0..len];
+    }
+    let (each, extra) = (len / streams, len % streams);
+    let mut start = 0;
+    (0..streams)
+        .map(|i| {
+            let end = start + each + usize::from(i < extra);
+            let r = start..end;
+            start = end;
+            r
+        })
+        .collect()
+}
 
 /// How a TCP link's frames are protected (`--wire`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -218,6 +258,19 @@ struct Pending {
     made: Instant,
     /// The link's [`LinkProbe`], filled once the connection is bound.
     probe: LinkProbe,
+    /// The link's connections, by index, as they are bound (`--tcp-streams` of the sender:
+    /// the length is their number).
+    arrived: Vec<Option<Arrived>>,
+}
+
+/// One bound TCP connection of a link, on the receiving side.
+struct Arrived {
+    /// Its frames' bytes (in clear, or out of TLS).
+    reader: Box<dyn Read + Send>,
+    /// A handle of the socket (for the shutdown and the kernel's view).
+    socket: TcpStream,
+    /// The kernel's receive timestamp of its latest read ([`Stamped`]).
+    stamp: Arc<AtomicU64>,
 }
 
 /// The receiving side of the TCP links of one data plane: its listener and the offers
@@ -274,11 +327,11 @@ impl TcpSide {
         self.port
     }
 
-    /// Takes the offer `token` names, if it is still valid.
-    fn take(&self, token: &[u8; TOKEN_LEN]) -> Option<Pending> {
+    /// The number of connections of the offer `token` names, if it is still valid.
+    fn streams_of(&self, token: &[u8; TOKEN_LEN]) -> Option<usize> {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         pending.retain(|_, p| p.made.elapsed() < OFFER_LIFE);
-        pending.remove(token)
+        pending.get(token).map(|p| p.arrived.len())
     }
 }
 
@@ -294,20 +347,76 @@ type ToWrite = (Bytes, tokio::sync::oneshot::Sender<std::io::Result<()>>);
 pub struct TcpFrames(std::sync::mpsc::Sender<ToWrite>);
 
 impl TcpFrames {
-    /// Starts the writing thread of `writer` (named after `peer`); it ends when the last
-    /// clone of the returned handle is dropped.
-    fn spawn(mut writer: Box<dyn Write + Send>, peer: SocketAddr) -> anyhow::Result<Self> {
+    /// Starts the writing thread of a link whose connections are `writers` (one or more,
+    /// with a handle of each socket; named after `peer`); it ends when the last clone of
+    /// the returned handle is dropped. A frame of several slices ([`stripes`]) is written
+    /// side by side, connection 0's slice by this thread and each other's by a thread of
+    /// the frame's own.
+    fn spawn(
+        mut writers: Vec<Box<dyn Write + Send>>,
+        sockets: Vec<TcpStream>,
+        peer: SocketAddr,
+    ) -> anyhow::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<ToWrite>();
         std::thread::Builder::new()
             .name(format!("tcp-to-{peer}"))
             .spawn(move || {
                 for (frame, done) in rx {
-                    let r = write_frame(&mut *writer, &frame).and_then(|()| writer.flush());
-                    let _ = done.send(r);
+                    let _ = done.send(write_striped(&mut writers, &sockets, &frame));
                 }
             })?;
         Ok(TcpFrames(tx))
     }
+}
+
+/// Writes `frame` over the link's connections `writers` as [`stripes`] cuts it (its
+/// length prefix on connection 0), then flushes them. A connection that fails shuts the
+/// others down, so that no slice waits on a link that is gone.
+fn write_striped(
+    writers: &mut [Box<dyn Write + Send>],
+    sockets: &[TcpStream],
+    frame: &[u8],
+) -> std::io::Result<()> {
+    let ranges = stripes(frame.len(), writers.len());
+    let shut_all = |e: std::io::Error| {
+        for s in sockets {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        e
+    };
+    let (first, rest) = writers.split_at_mut(1);
+    let w0 = &mut first[0];
+    if ranges.len() == 1 {
+        return write_frame(&mut **w0, frame).and_then(|()| w0.flush());
+    }
+    std::thread::scope(|scope| {
+        let others: Vec<_> = rest
+            .iter_mut()
+            .zip(&ranges[1..])
+            .map(|(w, r)| {
+                let part = &frame[r.clone()];
+                scope.spawn(move || {
+                    write_prefixed(&mut **w, None, part)
+                        .and_then(|()| w.flush())
+                        .map_err(shut_all)
+                })
+            })
+            .collect();
+        let mut result = write_prefixed(
+            &mut **w0,
+            Some(frame.len() as u64),
+            &frame[ranges[0].clone()],
+        )
+        .and_then(|()| w0.flush())
+        .map_err(shut_all);
+        for t in others {
+            let r = t
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("a writing thread panicked")));
+            result = result.and(r);
+        }
+        result
+    })
 }
 
 impl FrameTransport for TcpFrames {
@@ -334,7 +443,15 @@ pub const WRITE_CHUNK: usize = 2 << 20;
 /// Writes `frame` preceded by its length (u64 LE), at most [`WRITE_CHUNK`] bytes of it a
 /// system call.
 fn write_frame(w: &mut dyn Write, frame: &[u8]) -> std::io::Result<()> {
-    let len = (frame.len() as u64).to_le_bytes();
+    write_prefixed(w, Some(frame.len() as u64), frame)
+}
+
+/// Writes `bytes` (a frame or a slice of one) preceded by `prefix` (u64 LE) if any, at most
+/// [`WRITE_CHUNK`] bytes of it a system call.
+fn write_prefixed(w: &mut dyn Write, prefix: Option<u64>, bytes: &[u8]) -> std::io::Result<()> {
+    let len_bytes = prefix.map(u64::to_le_bytes);
+    let len: &[u8] = len_bytes.as_ref().map_or(&[], |l| l.as_slice());
+    let frame = bytes;
     let mut done = 0;
     let total = len.len() + frame.len();
     while done < total {
@@ -492,52 +609,90 @@ fn transfer_time(n: u64, waiting: u64, elapsed: Duration) -> Option<Duration> {
     (arriving >= MIN_ARRIVING).then(|| elapsed.mul_f64(n as f64 / arriving as f64))
 }
 
+/// The offer of a TCP link of `streams` connections under `wire`: the tag, the wire byte,
+/// and the number of connections when it is more than one (so that a one-connection offer
+/// reads as it always has).
+fn offer_message(wire: Wire, streams: u8) -> Vec<u8> {
+    let mut m = [OFFER_TAG.as_slice(), &[wire.byte()]].concat();
+    if streams > 1 {
+        m.push(streams);
+    }
+    m
+}
+
+/// Parses an offer ([`offer_message`]): its wire and number of connections.
+fn parse_offer(msg: &[u8]) -> anyhow::Result<(Wire, u8)> {
+    match msg.strip_prefix(OFFER_TAG.as_slice()) {
+        Some([w]) => Ok((Wire::from_byte(*w)?, 1)),
+        Some([w, n]) if (1..=MAX_STREAMS).contains(n) => Ok((Wire::from_byte(*w)?, *n)),
+        Some([_, n]) => bail!("a TCP offer of {n} connections (1 to {MAX_STREAMS})"),
+        _ => bail!("a malformed TCP offer"),
+    }
+}
+
 /// Offers TCP to the receiver at the other end of `conn` (dialled at `ip`), whose identity
-/// is `remote`; returns the link's transport once the TCP connection is bound to the
-/// link, and puts the connection in `probe`. `key` is our identity.
+/// is `remote`, over `streams` connections (1 to [`MAX_STREAMS`]); returns the link's
+/// transport once every TCP connection is bound to the link, and puts connection 0 in
+/// `probe`. `key` is our identity.
 ///
 /// # Errors
-/// The receiver refused (its reason), its TCP port could not be reached within 3 s, the
-/// TLS handshake failed (the wrong identity), or no answer within 10 s.
+/// The receiver refused (its reason), its TCP port could not be reached within 3 s, a TLS
+/// handshake failed (the wrong identity), or no answer within 10 s.
+#[allow(clippy::too_many_arguments)]
 pub async fn offer(
     conn: &Connection,
     ip: IpAddr,
     wire: Wire,
+    streams: u8,
     key: &Keypair,
     remote: PeerId,
     provider: Arc<rustls::crypto::CryptoProvider>,
     probe: &LinkProbe,
 ) -> anyhow::Result<TcpFrames> {
+    let streams = streams.clamp(1, MAX_STREAMS);
     let exchange = async {
         let (mut send, mut recv) = conn.open_bi().await?;
-        send.write_all(&[OFFER_TAG.as_slice(), &[wire.byte()]].concat())
-            .await?;
+        send.write_all(&offer_message(wire, streams)).await?;
         send.finish()?;
         let answer = recv.read_to_end(1024).await?;
         let (port, token) = parse_answer(&answer)?;
         let addr = SocketAddr::new(ip, port);
-        let tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
-            .await
-            .map_err(|_| anyhow!("its TCP port {addr} did not answer within {CONNECT_TIMEOUT:?}"))?
-            .with_context(|| format!("dialling its TCP port {addr}"))?
-            .into_std()?;
-        tcp.set_nonblocking(false)?;
         let config = Arc::new({
             let mut c = tls::client_config(key, remote, provider)?;
             c.resumption = rustls::client::Resumption::disabled();
             c
         });
-        tokio::task::spawn_blocking(move || dial(tcp, wire, &token, config)).await?
+        let dials = (0..streams).map(|i| {
+            let config = config.clone();
+            async move {
+                let tcp =
+                    tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
+                        .await
+                        .map_err(|_| {
+                            anyhow!("its TCP port {addr} did not answer within {CONNECT_TIMEOUT:?}")
+                        })?
+                        .with_context(|| format!("dialling its TCP port {addr}"))?
+                        .into_std()?;
+                tcp.set_nonblocking(false)?;
+                let index = (streams > 1).then_some(i);
+                tokio::task::spawn_blocking(move || dial(tcp, wire, &token, index, config)).await?
+            }
+        });
+        futures::future::try_join_all(dials).await
     };
     tokio::time::timeout(OFFER_TIMEOUT, exchange)
         .await
         .map_err(|_| anyhow!("no TCP link within {OFFER_TIMEOUT:?}"))?
-        .and_then(|(socket, writer)| {
-            let peer = socket.peer_addr()?;
-            let frames = TcpFrames::spawn(writer, peer)?;
-            let _ = probe.set(Far::Tcp(socket.try_clone()?));
-            shut_when_closed(conn, Some(socket));
-            Ok(frames)
+        .and_then(|bound| {
+            let peer = bound[0].0.peer_addr()?;
+            let _ = probe.set(Far::Tcp(bound[0].0.try_clone()?));
+            let (mut writers, mut sockets) = (Vec::new(), Vec::new());
+            for (socket, writer) in bound {
+                shut_when_closed(conn, Some(socket.try_clone()?));
+                sockets.push(socket);
+                writers.push(writer);
+            }
+            TcpFrames::spawn(writers, sockets, peer)
         })
 }
 
@@ -559,12 +714,14 @@ fn parse_answer(answer: &[u8]) -> anyhow::Result<(u16, [u8; TOKEN_LEN])> {
 }
 
 /// The dialling side's setup on a fresh TCP connection (blocking): the wire byte, the TLS
-/// handshake on an encrypted link, the token, the receiver's `OK`. Returns a handle of
-/// the socket (for the shutdown) and the writer of the link's frames.
+/// handshake on an encrypted link, the token, the connection's `index` on a link of
+/// several, the receiver's `OK`. Returns a handle of the socket (for the shutdown) and the
+/// writer of the link's frames.
 fn dial(
     tcp: TcpStream,
     wire: Wire,
     token: &[u8; TOKEN_LEN],
+    index: Option<u8>,
     config: Arc<rustls::ClientConfig>,
 ) -> anyhow::Result<(TcpStream, Box<dyn Write + Send>)> {
     tcp.set_nodelay(true)?;
@@ -588,6 +745,9 @@ fn dial(
         }
     };
     stream.write_all(token)?;
+    if let Some(i) = index {
+        stream.write_all(&[i])?;
+    }
     stream.flush()?;
     let mut ok = [0u8; 2];
     stream
@@ -633,10 +793,7 @@ pub(super) async fn answer_offer(
     let rank = state.lock().await.peer;
     let answer = (|| {
         anyhow::ensure!(first, "this link has a transport already");
-        let wire = match msg.strip_prefix(OFFER_TAG.as_slice()) {
-            Some([w]) => Wire::from_byte(*w)?,
-            _ => bail!("a malformed TCP offer"),
-        };
+        let (wire, streams) = parse_offer(msg)?;
         use std::sync::atomic::Ordering::Relaxed;
         anyhow::ensure!(
             !side.behind_nat.load(Relaxed),
@@ -666,6 +823,7 @@ pub(super) async fn answer_offer(
                     pool: side.pool.clone(),
                     made: Instant::now(),
                     probe: probe.clone(),
+                    arrived: (0..streams).map(|_| None).collect(),
                 },
             );
         let mut ok = b"OK".to_vec();
@@ -714,15 +872,19 @@ async fn accept_loop(listener: tokio::net::TcpListener, side: Arc<TcpSide>) {
                     .map_err(anyhow::Error::from)
                     .and_then(|t| bind(&side, t))
                 {
-                    Ok((reader, socket, stamp, p)) => {
-                        if let Ok(s) = socket.try_clone() {
+                    // One connection of several bound: it waits in the offer for the others.
+                    Ok(None) => {}
+                    Ok(Some((streams, p))) => {
+                        if let Ok(s) = streams[0].socket.try_clone() {
                             let _ = p.probe.set(Far::Tcp(s));
                         }
                         {
                             let _in_runtime = rt.enter();
-                            shut_when_closed(&p.conn, socket.try_clone().ok());
+                            for a in &streams {
+                                shut_when_closed(&p.conn, a.socket.try_clone().ok());
+                            }
                         }
-                        read_frames(reader, socket, stamp, p, rt)
+                        read_frames(streams, p, rt)
                     }
                     Err(e) => {
                         warn!(%remote, "refused a data-plane TCP connection: {e:#}");
@@ -740,12 +902,12 @@ async fn accept_loop(listener: tokio::net::TcpListener, side: Arc<TcpSide>) {
 }
 
 /// The accepting side's setup (blocking): the wire byte, the TLS handshake on an encrypted
-/// link, the token, then `OK`. Returns the frames' reader, a handle of the socket (for the
-/// shutdown) and the offer it is bound to.
-fn bind(
-    side: &TcpSide,
-    tcp: TcpStream,
-) -> anyhow::Result<(Box<dyn Read + Send>, TcpStream, Arc<AtomicU64>, Pending)> {
+/// link, the token, the connection's index on a link of several, then `OK`. Returns the
+/// link's connections and the offer they are bound to once the last of them is bound,
+/// `None` for one that waits for the others. A connection that fails a check (an identity,
+/// a wire or an index that does not match the offer) withdraws the offer: its token is
+/// good for nothing after.
+fn bind(side: &TcpSide, tcp: TcpStream) -> anyhow::Result<Option<(Vec<Arrived>, Pending)>> {
     let setup = || {
         tcp.set_nodelay(true)?;
         keep_alive(&tcp)?;
@@ -779,9 +941,19 @@ fn bind(
         anyhow::Ok((socket, stamp, wire, stream, identity, token))
     };
     let (socket, stamp, wire, mut stream, identity, token) = setup()?;
-    let p = side
-        .take(&token)
-        .ok_or_else(|| anyhow!("a token that names no offer (or an expired one)"))?;
+    let no_offer = || anyhow!("a token that names no offer (or an expired one)");
+    let streams = side.streams_of(&token).ok_or_else(no_offer)?;
+    let index = if streams > 1 {
+        let mut i = [0u8; 1];
+        stream
+            .read_exact(&mut i)
+            .context("reading the connection's index")?;
+        usize::from(i[0])
+    } else {
+        0
+    };
+    let mut pending = side.pending.lock().unwrap_or_else(|e| e.into_inner());
+    let p = pending.get_mut(&token).ok_or_else(no_offer)?;
     let mut check = || {
         anyhow::ensure!(
             wire == p.wire,
@@ -795,25 +967,111 @@ fn bind(
                 p.peer
             );
         }
+        anyhow::ensure!(
+            p.arrived.get(index).is_some_and(Option::is_none),
+            "connection {index} of a link of {} connections, or that connection twice",
+            p.arrived.len()
+        );
         stream.write_all(b"OK")?;
         stream.flush()?;
         socket.set_read_timeout(None)?;
         socket.set_write_timeout(None)?;
         anyhow::Ok(())
     };
-    check()?;
-    Ok((stream.into_reader(), socket, stamp, p))
+    if let Err(e) = check() {
+        pending.remove(&token);
+        return Err(e);
+    }
+    p.arrived[index] = Some(Arrived {
+        reader: stream.into_reader(),
+        socket,
+        stamp,
+    });
+    if p.arrived.iter().any(Option::is_none) {
+        return Ok(None);
+    }
+    let mut p = pending.remove(&token).ok_or_else(no_offer)?;
+    let streams = std::mem::take(&mut p.arrived)
+        .into_iter()
+        .flatten()
+        .collect();
+    Ok(Some((streams, p)))
 }
 
-/// The reading thread of one TCP link: frames to [`deliver`] until the link stops (the
-/// stream ends or the goodbye's count is complete).
-fn read_frames(
-    mut r: Box<dyn Read + Send>,
-    socket: TcpStream,
-    stamp: Arc<AtomicU64>,
-    p: Pending,
-    rt: tokio::runtime::Handle,
-) {
+/// Reads the slices `ranges` of one frame ([`stripes`]) from the link's connections side
+/// by side, connection i's into `buf[ranges[i]]` (past them, with `buf` `None`), the first
+/// on this thread and each other on one of its own. A connection that fails shuts the
+/// others down, so that no read waits on a link that is gone.
+fn read_striped(
+    streams: &mut [Arrived],
+    ranges: &[Range<usize>],
+    buf: Option<&mut [u8]>,
+) -> std::io::Result<()> {
+    /// Reads `len` bytes of `r` into `into`, or past them.
+    fn read_part(r: &mut dyn Read, len: usize, into: Option<&mut [u8]>) -> std::io::Result<()> {
+        match into {
+            Some(b) => r.read_exact(b),
+            None => match std::io::copy(&mut r.take(len as u64), &mut std::io::sink())? {
+                m if m == len as u64 => Ok(()),
+                _ => Err(std::io::ErrorKind::UnexpectedEof.into()),
+            },
+        }
+    }
+    let mut parts: Vec<Option<&mut [u8]>> = match buf {
+        None => ranges.iter().map(|_| None).collect(),
+        Some(mut rest) => ranges
+            .iter()
+            .map(|r| {
+                let (part, after) = std::mem::take(&mut rest).split_at_mut(r.len());
+                rest = after;
+                Some(part)
+            })
+            .collect(),
+    };
+    if ranges.len() == 1 {
+        return read_part(
+            &mut *streams[0].reader,
+            ranges[0].len(),
+            parts.pop().flatten(),
+        );
+    }
+    let sockets: Vec<TcpStream> = streams
+        .iter()
+        .filter_map(|a| a.socket.try_clone().ok())
+        .collect();
+    let shut_all = |e: std::io::Error| {
+        for s in &sockets {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        e
+    };
+    let mut parts = parts.into_iter();
+    let first = parts.next().flatten();
+    let (head, rest) = streams.split_at_mut(1);
+    std::thread::scope(|scope| {
+        let others: Vec<_> = rest
+            .iter_mut()
+            .zip(&ranges[1..])
+            .zip(parts)
+            .map(|((a, r), part)| {
+                let len = r.len();
+                scope.spawn(move || read_part(&mut *a.reader, len, part).map_err(shut_all))
+            })
+            .collect();
+        let mut result = read_part(&mut *head[0].reader, ranges[0].len(), first).map_err(shut_all);
+        for t in others {
+            let r = t
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("a reading thread panicked")));
+            result = result.and(r);
+        }
+        result
+    })
+}
+
+/// The reading thread of one TCP link (its connections `streams`, in order): frames to
+/// [`deliver`] until the link stops (a stream ends or the goodbye's count is complete).
+fn read_frames(mut streams: Vec<Arrived>, p: Pending, rt: tokio::runtime::Handle) {
     let Pending {
         conn,
         state,
@@ -824,23 +1082,33 @@ fn read_frames(
     } = p;
     let limit = FRAME_HEADER_LEN as u64 + max_payload_bytes as u64;
     let ended = |why: String| ended_early(&rt, &conn, &state, &events, why);
+    let count = streams.len();
     loop {
         let mut len = [0u8; 8];
-        if let Err(e) = r.read_exact(&mut len) {
+        if let Err(e) = streams[0].reader.read_exact(&mut len) {
             return ended(e.to_string());
         }
         let first_byte = Instant::now();
-        let first_stamp = stamp.load(Ordering::Relaxed);
+        let first_stamp = streams[0].stamp.load(Ordering::Relaxed);
         // Without the kernel's timestamps, the bytes already waiting (one more system call a
         // frame). On an encrypted link this counts ciphertext, and misses what TLS has
         // buffered already (at most a record or two): close enough for a rate.
-        let waiting = (first_stamp == 0).then(|| waiting_bytes(&socket).unwrap_or(0));
+        let waiting = (first_stamp == 0).then(|| waiting_bytes(&streams[0].socket).unwrap_or(0));
         let n = u64::from_le_bytes(len);
+        // A length no buffer could hold is read past on connection 0 alone (its slices
+        // could not be computed); a link of several then loses step and breaks on its next
+        // frame, as it should with a sender that lies.
+        let ranges = match usize::try_from(n) {
+            Ok(n) => stripes(n, count),
+            Err(_) => vec![0..usize::MAX],
+        };
         let frame = if n > limit {
             // Read past it: the frames after it still arrive.
-            match std::io::copy(&mut (&mut r).take(n), &mut std::io::sink()) {
-                Ok(m) if m == n => {}
-                Ok(m) => return ended(format!("the stream ended {m} bytes into a frame")),
+            match read_striped(&mut streams, &ranges, None) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return ended(format!("the stream ended within a {n}-byte frame"))
+                }
                 Err(e) => return ended(e.to_string()),
             }
             Err(anyhow!(
@@ -848,18 +1116,24 @@ fn read_frames(
             ))
         } else {
             let mut buf = pool.take(n as usize);
-            // One read for all that is left of the frame, into a buffer not zeroed first
-            // (`read_to_end` zeroed each 100 MB buffer: 12% of a link's samples).
-            match r.read_exact(&mut buf) {
+            // One read for all that is left of the frame (a slice of it per connection),
+            // into a buffer not zeroed first (`read_to_end` zeroed each 100 MB buffer: 12% of
+            // a link's samples).
+            match read_striped(&mut streams, &ranges, Some(&mut buf)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                     return ended(format!("the stream ended within a {n}-byte frame"))
                 }
                 Err(e) => return ended(e.to_string()),
             }
+            let last_stamp = streams[..ranges.len()]
+                .iter()
+                .map(|a| a.stamp.load(Ordering::Relaxed))
+                .max()
+                .unwrap_or(0);
             check(&buf, max_payload_bytes).map(|header| {
                 let transfer = match waiting {
-                    None => stamped_time(n, first_stamp, stamp.load(Ordering::Relaxed)),
+                    None => stamped_time(n, first_stamp, last_stamp),
                     Some(waiting) => transfer_time(n, waiting, first_byte.elapsed()),
                 };
                 (header, pool.freeze(buf), transfer)
@@ -989,11 +1263,14 @@ mod tests {
         }
     }
 
-    /// Asks for a TCP link on `conn`: the receiver's answer.
-    async fn ask(conn: &Connection, wire: Wire) -> anyhow::Result<(u16, [u8; TOKEN_LEN])> {
+    /// Asks for a TCP link of `streams` connections on `conn`: the receiver's answer.
+    async fn ask(
+        conn: &Connection,
+        wire: Wire,
+        streams: u8,
+    ) -> anyhow::Result<(u16, [u8; TOKEN_LEN])> {
         let (mut send, mut recv) = conn.open_bi().await?;
-        send.write_all(&[OFFER_TAG.as_slice(), &[wire.byte()]].concat())
-            .await?;
+        send.write_all(&offer_message(wire, streams)).await?;
         send.finish()?;
         parse_answer(&recv.read_to_end(1024).await?)
     }
@@ -1022,7 +1299,7 @@ mod tests {
         let dial_as = |key: &Keypair, token: [u8; TOKEN_LEN], wire: Wire| {
             let config = Arc::new(tls::client_config(key, b_id, crypto_provider()).unwrap());
             tokio::task::spawn_blocking(move || {
-                dial(TcpStream::connect(tcp_addr)?, wire, &token, config).map(|_| ())
+                dial(TcpStream::connect(tcp_addr)?, wire, &token, None, config).map(|_| ())
             })
         };
 
@@ -1034,7 +1311,7 @@ mod tests {
         }
 
         // A real offer's token, presented under another identity.
-        let (port, token) = ask(&link().await.conn, Wire::Encrypted).await.unwrap();
+        let (port, token) = ask(&link().await.conn, Wire::Encrypted, 1).await.unwrap();
         assert_eq!(port, receiver.tcp_port());
         assert!(dial_as(&stranger, token, Wire::Encrypted)
             .await
@@ -1047,17 +1324,159 @@ mod tests {
         assert!(refusal(&mut events).await.contains("names no offer"));
 
         // A connection in clear for an encrypted offer.
-        let (_, token) = ask(&link().await.conn, Wire::Encrypted).await.unwrap();
+        let (_, token) = ask(&link().await.conn, Wire::Encrypted, 1).await.unwrap();
         assert!(dial_as(&a, token, Wire::Plaintext).await.unwrap().is_err());
         assert!(refusal(&mut events).await.contains("Plaintext connection"));
 
         // Plaintext asked of an encrypted receiver.
         let c = link().await;
-        let e = ask(&c.conn, Wire::Plaintext).await.unwrap_err();
+        let e = ask(&c.conn, Wire::Plaintext, 1).await.unwrap_err();
         assert!(e.to_string().contains("plaintext"), "{e}");
         // And a second offer on one connection.
-        let e = ask(&c.conn, Wire::Encrypted).await.unwrap_err();
+        let e = ask(&c.conn, Wire::Encrypted, 1).await.unwrap_err();
         assert!(e.to_string().contains("a transport already"), "{e}");
+    }
+
+    /// On a link of several connections, each must carry the offer's token, under the
+    /// offer's identity, with an index the offer has room for, once: a stranger's
+    /// connection, an index out of range and an index used twice are refused, and each
+    /// refusal withdraws the offer (the connections already bound with it are dropped, and
+    /// its token binds nothing after).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_connection_of_a_striped_link_is_checked() {
+        let (a, b, stranger) = (
+            Keypair::generate_ed25519(),
+            Keypair::generate_ed25519(),
+            Keypair::generate_ed25519(),
+        );
+        let b_id = b.public().to_peer_id();
+        let (sender, _e, receiver, mut events) = crate::plane::tests::quic_pair(&a, &b);
+        let tcp_addr = SocketAddr::new(receiver.local_addr.ip(), receiver.tcp_port());
+        let link = || async {
+            sender
+                .connect((1, 1), receiver.local_addr, b_id)
+                .await
+                .unwrap()
+        };
+        let dial_as = |key: &Keypair, token: [u8; TOKEN_LEN], index: u8| {
+            let config = Arc::new(tls::client_config(key, b_id, crypto_provider()).unwrap());
+            tokio::task::spawn_blocking(move || {
+                dial(
+                    TcpStream::connect(tcp_addr)?,
+                    Wire::Encrypted,
+                    &token,
+                    Some(index),
+                    config,
+                )
+                .map(|_| ())
+            })
+        };
+
+        // Connection 0 bound; a stranger's connection 1 withdraws the offer.
+        let (_, token) = ask(&link().await.conn, Wire::Encrypted, 3).await.unwrap();
+        dial_as(&a, token, 0).await.unwrap().unwrap();
+        assert!(dial_as(&stranger, token, 1).await.unwrap().is_err());
+        assert!(refusal(&mut events).await.contains("identity"));
+        assert!(dial_as(&a, token, 2).await.unwrap().is_err());
+        assert!(refusal(&mut events).await.contains("names no offer"));
+
+        // An index out of range, and one used twice.
+        let (_, token) = ask(&link().await.conn, Wire::Encrypted, 2).await.unwrap();
+        assert!(dial_as(&a, token, 2).await.unwrap().is_err());
+        assert!(refusal(&mut events)
+            .await
+            .contains("connection 2 of a link of 2"));
+        let (_, token) = ask(&link().await.conn, Wire::Encrypted, 2).await.unwrap();
+        dial_as(&a, token, 1).await.unwrap().unwrap();
+        assert!(dial_as(&a, token, 1).await.unwrap().is_err());
+        assert!(refusal(&mut events).await.contains("that connection twice"));
+
+        // An offer of more connections than a link may have.
+        let e = ask(&link().await.conn, Wire::Encrypted, MAX_STREAMS + 1)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("connections (1 to 16)"), "{e}");
+    }
+
+    #[test]
+    fn a_frame_is_cut_into_contiguous_slices_from_one_mib_on() {
+        // Under STRIPE_FROM, or one connection: whole, on connection 0.
+        assert_eq!(stripes(STRIPE_FROM - 1, 4), vec![0..STRIPE_FROM - 1]);
+        assert_eq!(stripes(100 << 20, 1), vec![0..100 << 20]);
+        assert_eq!(stripes(0, 3), vec![0..0]);
+        for (len, n) in [(STRIPE_FROM, 2), (100_000_036, 3), ((7 << 20) + 5, 16)] {
+            let r = stripes(len, n);
+            assert_eq!(r.len(), n);
+            assert_eq!(r[0].start, 0);
+            assert_eq!(r[n - 1].end, len);
+            assert!(r.windows(2).all(|w| w[0].end == w[1].start), "{r:?}");
+            let (min, max) = (
+                r.iter().map(|x| x.len()).min().unwrap(),
+                r.iter().map(|x| x.len()).max().unwrap(),
+            );
+            assert!(max - min <= 1, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn offers_parse_and_bad_ones_are_refused() {
+        for (wire, n) in [
+            (Wire::Encrypted, 1),
+            (Wire::Plaintext, 1),
+            (Wire::Encrypted, 4),
+        ] {
+            assert_eq!(parse_offer(&offer_message(wire, n)).unwrap(), (wire, n));
+        }
+        // One connection reads as the offers before striping did: the tag and the wire.
+        assert_eq!(offer_message(Wire::Plaintext, 1), b"TCP1\x01");
+        assert!(parse_offer(b"TCP1\x00\x00").is_err());
+        assert!(parse_offer(b"TCP1\x00\x11").is_err());
+        assert!(parse_offer(b"TCP1").is_err());
+        assert!(parse_offer(b"TCP1\x00\x02\x00").is_err());
+    }
+
+    /// A frame written across several connections reads back whole, and one read past
+    /// leaves the next frame's bytes where they were, over real loopback sockets.
+    #[test]
+    fn a_frame_cut_across_connections_reads_back_whole() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (mut writers, mut sockets, mut streams) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..3 {
+            let w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let (r, _) = l.accept().unwrap();
+            sockets.push(w.try_clone().unwrap());
+            writers.push(Box::new(w) as Box<dyn Write + Send>);
+            streams.push(Arrived {
+                socket: r.try_clone().unwrap(),
+                reader: Box::new(r),
+                stamp: Arc::default(),
+            });
+        }
+        let first: Vec<u8> = (0..(3 << 20) + 7).map(|i| (i % 251) as u8).collect();
+        let second: Vec<u8> = (0..STRIPE_FROM + 1).map(|i| (i % 13) as u8).collect();
+        let writer = std::thread::spawn(move || {
+            for f in [&first, &second, &first] {
+                write_striped(&mut writers, &sockets, f).unwrap();
+            }
+            first
+        });
+        let mut len = [0u8; 8];
+        // The first frame read past, the second read, the third read.
+        streams[0].reader.read_exact(&mut len).unwrap();
+        let n = u64::from_le_bytes(len) as usize;
+        read_striped(&mut streams, &stripes(n, 3), None).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            streams[0].reader.read_exact(&mut len).unwrap();
+            let n = u64::from_le_bytes(len) as usize;
+            let mut buf = vec![0u8; n];
+            read_striped(&mut streams, &stripes(n, 3), Some(&mut buf)).unwrap();
+            got.push(buf);
+        }
+        let first = writer.join().unwrap();
+        assert_eq!(got[0].len(), STRIPE_FROM + 1);
+        assert!(got[0].iter().enumerate().all(|(i, &b)| b == (i % 13) as u8));
+        assert_eq!(got[1], first);
     }
 
     #[test]

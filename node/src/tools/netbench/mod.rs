@@ -39,6 +39,10 @@ pub struct NetBenchArgs {
     /// `shared-memory`.
     #[arg(long, value_enum, default_value_t = MurmurLink::Quic)]
     pub link: MurmurLink,
+    /// TCP connections of murmur's TCP links (1 to 16; `murmur peer --tcp-streams`): frames
+    /// of 1 MiB or more are cut across them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
+    pub tcp_streams: u8,
     /// Megabytes (10⁶ bytes) to move in the throughput test.
     #[arg(long, default_value_t = 100)]
     pub megabytes: usize,
@@ -614,6 +618,7 @@ async fn measure(
         receiver.set_wire(Wire::Plaintext);
     }
     sender.emulation = emulation;
+    sender.tcp_streams = args.tcp_streams;
     sender.transport = match kind {
         LinkKind::Quic => TransportChoice::Quic,
         LinkKind::SharedMemory => TransportChoice::Auto,
@@ -690,6 +695,7 @@ mod tests {
 
     fn args() -> NetBenchArgs {
         NetBenchArgs {
+            tcp_streams: 1,
             megabytes: 1,
             frame_bytes: 100_000,
             link_bandwidth: None,
