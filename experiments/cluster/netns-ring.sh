@@ -22,9 +22,9 @@
 # lines are printed; "iperf3": iperf3's server on h1 and its client on h0, the options
 # iperf3's, e.g. -P 4 -n 1G; its summary is printed), FLOW_CAP (a rate: each TCP flow
 # of a link is held to it as well, as a cloud caps one flow below the link: TCP packets
-# are spread over 16 classes of that rate by their source port's low 4 bits, so the
-# connections one peer opens land in classes of their own; other packets share the
-# link's rate). Latency is not shaped (netem is not in
+# are spread over 256 classes of that rate by their source port's low byte, so the
+# connections one peer opens land in classes of their own, but for a chance collision;
+# other packets share the link's rate). Latency is not shaped (netem is not in
 # every kernel); tc's htb queues add what a full link adds.
 #
 # Writes OUT/peer-<r>.log (every peer's log; the `link` lines of choco-auto say what each
@@ -75,28 +75,28 @@ for i in $(seq 0 $((PEERS - 1))); do
     ip -n "h$i" link set lo up
 done
 
-# Under the link class $2 of host $1 (to neighbour $3, rate $4): 16 classes of FLOW_CAP
-# each (minor (j+1)·256 + bucket, in hex), TCP packets hashed into them by the low 4 bits of
-# their source port (the IP header taken as 20 bytes, as Linux sends it), and one class of
-# the link's rate for every other packet. htb goes on classifying with an inner class's
-# own filters.
+# Under the link class $2 of host $1 (to neighbour $3, rate $4): 256 classes of FLOW_CAP
+# each (minors 0x1000 + 257·j + bucket), TCP packets hashed into them by the low byte of
+# their source port (the IP header taken as 20 bytes, as Linux sends it; the low 4 bits
+# alone put 4 connections of one process into 2 classes: their ports step by 2 or 16),
+# and one class of the link's rate for every other packet. htb goes on classifying with
+# an inner class's own filters; those get a root hash table of their own (no `ht 800::`,
+# which is the qdisc's). One `tc -batch` (512 commands).
 flow_cap() {
-    local ns=$1 parent=$2 j=$3 rate=$4 b base=$((($3 + 1) * 256))
-    for b in $(seq 0 16); do
-        local r=$FLOW_CAP
-        [ "$b" = 16 ] && r=$rate
-        tc -n "$ns" class add dev eth0 parent "$parent" classid "1:$(printf %x $((base + b)))" \
-            htb rate "$r" ceil "$r"
-    done
-    tc -n "$ns" filter add dev eth0 parent "$parent" prio 1 handle "$((j + 2)):" protocol ip u32 divisor 16
-    tc -n "$ns" filter add dev eth0 parent "$parent" prio 1 protocol ip u32 ht 800:: \
-        match ip protocol 6 0xff hashkey mask 0x000f0000 at 20 link "$((j + 2)):"
-    for b in $(seq 0 15); do
-        tc -n "$ns" filter add dev eth0 parent "$parent" prio 1 protocol ip u32 \
-            ht "$((j + 2)):$(printf %x "$b"):" match u32 0 0 flowid "1:$(printf %x $((base + b)))"
-    done
-    tc -n "$ns" filter add dev eth0 parent "$parent" prio 2 protocol ip u32 \
-        match u32 0 0 flowid "1:$(printf %x $((base + 16)))"
+    local ns=$1 parent=$2 j=$3 rate=$4 b base=$((4096 + 257 * $3))
+    {
+        for b in $(seq 0 256); do
+            local r=$FLOW_CAP
+            [ "$b" = 256 ] && r=$rate
+            echo "class add dev eth0 parent $parent classid 1:$(printf %x $((base + b))) htb rate $r ceil $r"
+        done
+        echo "filter add dev eth0 parent $parent prio 1 handle $(printf %x $((j + 2))): protocol ip u32 divisor 256"
+        echo "filter add dev eth0 parent $parent prio 1 protocol ip u32 match ip protocol 6 0xff hashkey mask 0x00ff0000 at 20 link $(printf %x $((j + 2))):"
+        for b in $(seq 0 255); do
+            echo "filter add dev eth0 parent $parent prio 1 protocol ip u32 ht $(printf %x $((j + 2))):$(printf %x "$b"): match u32 0 0 flowid 1:$(printf %x $((base + b)))"
+        done
+        echo "filter add dev eth0 parent $parent prio 2 protocol ip u32 match u32 0 0 flowid 1:$(printf %x $((base + 256)))"
+    } | tc -n "$ns" -batch -
 }
 
 # Egress of host i: one htb class per ring neighbour j (rate FAST, or SLOW on the slow

@@ -112,10 +112,14 @@ pub async fn open(
         .filter(|l| l.relayed.is_some())
         .map(|l| l.to())
         .collect();
+    let streams = match plane.tcp_streams {
+        n if n > 1 && tcp > 0 => format!("; {n} connections each"),
+        _ => String::new(),
+    };
     info!(
         relayed = ?through_relay,
         "links: {shared} through shared memory, {tcp} over TCP ({plaintext} of them in \
-         clear), {} over QUIC ({} of them relayed)",
+         clear{streams}), {} over QUIC ({} of them relayed)",
         links.len() - shared - tcp,
         through_relay.len()
     );
