@@ -25,8 +25,10 @@ pub const FRAME_MAGIC: u16 = 0x554D;
 /// other refuse each other's frames by name ([`FrameError::UnknownVersion`]). 2: a
 /// `Welcome` carries no parameters; a rejoining peer fetches them in parts (`Fetch`,
 /// `StatePart`). 3: a part names the vector it is of (x or the optimizer's state), so a
-/// donor of version 2 would answer a request for optimizer state with x.
-pub const FRAME_VERSION: u8 = 3;
+/// donor of version 2 would answer a request for optimizer state with x. 4: a part may be
+/// of the algorithm's state (DiLoCo's anchor and outer velocity), which a donor of version 3
+/// could not read.
+pub const FRAME_VERSION: u8 = 4;
 /// Length of [`FrameHeader`] on the wire, in bytes.
 pub const FRAME_HEADER_LEN: usize = 24;
 

@@ -526,6 +526,45 @@ pub trait Gossip: Send {
         })
     }
 
+    /// What a restarted or joining peer takes from its donors beside x, fetched in parts as
+    /// x is: state that its neighbours hold alike, not state of each peer's own. Empty (the
+    /// default) for the algorithms whose state beyond x is their own (a compressor's error
+    /// feedback) or rebuilt by protocol (CHOCO-SGD's copies of its neighbours). DiLoCo's
+    /// gossip form: its anchor `[d]`, then its outer optimizer's velocity (`[d]` with
+    /// Nesterov momentum, `[0]` for plain averaging).
+    fn catch_up_state(&self) -> Vec<f32> {
+        Vec::new()
+    }
+
+    /// Takes `state`, a donor's [`Gossip::catch_up_state`], before this peer's first round.
+    ///
+    /// # Errors
+    /// A length other than this peer's own [`Gossip::catch_up_state`]'s; nothing changed.
+    fn take_catch_up_state(&mut self, state: &[f32]) -> Result<(), StateError> {
+        match state.len() {
+            0 => Ok(()),
+            n => Err(StateError(format!(
+                "a catch-up state of {n} values for an algorithm that takes none"
+            ))),
+        }
+    }
+
+    /// The round `at` (at or after `earliest`, the driver's rounds) from which a restarted
+    /// peer mixes again: the first that exchanges frames. `earliest` for the algorithms that
+    /// exchange every round (the default); DiLoCo's next outer step, so that the returning
+    /// peer waits for its neighbours' frames no longer than one inner step.
+    fn rejoin_round(&self, earliest: u64) -> u64 {
+        earliest
+    }
+
+    /// The round that frames exchanged in the driver's round `round` carry in their header:
+    /// `round` itself (the default); ⌊round / H⌋ for DiLoCo, whose inner algorithm counts
+    /// its outer steps. A rejoining peer waits for its in-neighbours' frames of
+    /// `frame_round(at)`.
+    fn frame_round(&self, round: u64) -> u64 {
+        round
+    }
+
     /// Moves a state machine that has not begun any round to round `round`: a restarted peer
     /// that rejoins a run mid-way (its neighbours admit it at that round with
     /// [`Gossip::peer_rejoined`]).

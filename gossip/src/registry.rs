@@ -343,6 +343,7 @@ mod tests {
         assert_eq!(caps("choco").resumable(true), Resumable::WholeRun);
         assert_eq!(caps("dpsgd").resumable(true), Resumable::Rejoin);
         assert_eq!(caps("diloco").resumable(false), Resumable::WholeRun);
+        assert_eq!(caps("diloco-gossip").resumable(true), Resumable::Rejoin);
         assert_eq!(caps("local-auto").resumable(false), Resumable::No);
         // Every option an algorithm lists is a row of the table.
         for a in AlgorithmSpec::all() {

@@ -1264,3 +1264,127 @@ fn sparseloco_layerwise_chunks_follow_the_model_s_tensors() {
     let diloco: AlgorithmSpec = "diloco".parse().unwrap();
     assert!(o.validate(&[diloco]).is_ok());
 }
+
+/// One inner step of the peers in `alive` (no gradient), their frames delivered to the live
+/// destinations only: whether each produced `Mixed`.
+fn step_among(peers: &mut [Box<dyn Gossip>], alive: &[bool]) -> Vec<bool> {
+    let now = std::time::Instant::now();
+    let mut in_flight = Vec::new();
+    for (i, p) in peers.iter_mut().enumerate().filter(|(i, _)| alive[*i]) {
+        let x = p.params().to_vec();
+        p.begin_round(now, &x, None);
+        while let Some(t) = p.poll_transmit() {
+            in_flight.push((i, t.to, t.frame.to_vec()));
+        }
+    }
+    for (from, to, frame) in in_flight {
+        if alive[to] {
+            peers[to].handle_message(now, from, &frame).unwrap();
+        }
+    }
+    peers.iter_mut().map(|p| drain_mixed(&mut **p)).collect()
+}
+
+/// A peer of the gossip form leaves and one restarted process comes back to the running
+/// run: the survivors train on without it; it comes back at the next outer step
+/// (`rejoin_round`), built afresh from its neighbours' mean, its frames carrying that outer
+/// step (`frame_round`), its anchor and outer velocity its donor's (`take_catch_up_state`);
+/// a neighbour already past that step refuses it; and all reach one model again, peer 3
+/// hearing from it every outer step.
+#[test]
+fn a_gossip_form_peer_rejoins_a_running_run_at_an_outer_step() {
+    let (n, d, h) = (6, 3, 4);
+    let x0 = uniform_vectors(n, d, 1.0, 31);
+    let opts = options(h, OuterConfig::paper());
+    let mut peers = network("diloco-gossip", &x0, 0.1, &opts);
+    let mut alive = vec![true; n];
+    for _ in 0..8 {
+        assert!(step_among(&mut peers, &alive).iter().all(|&m| m));
+    }
+    // Peer 4 dies after the second outer step; its neighbours re-weight.
+    alive[4] = false;
+    let w = ring_mh(n);
+    let survivors = w.without_peers(&[4]).unwrap();
+    for i in (0..n).filter(|&i| alive[i]) {
+        peers[i].peer_left(4, &survivors.w).unwrap();
+    }
+    for _ in 0..8 {
+        let mixed = step_among(&mut peers, &alive);
+        assert!((0..n).all(|i| mixed[i] == alive[i]), "{mixed:?}");
+    }
+    // It comes back at the outer step after round 16: inner step 19, outer step 4.
+    let earliest = peers[0].round();
+    assert_eq!(earliest, 16);
+    let at = peers[0].rejoin_round(earliest);
+    assert_eq!((at, peers[0].frame_round(at)), (19, 4));
+    assert_eq!(peers[0].rejoin_round(19), 19, "an outer step already");
+    while peers[0].round() < at {
+        step_among(&mut peers, &alive);
+    }
+    let x4: Vec<f32> = (0..d)
+        .map(|k| (peers[3].params()[k] + peers[5].params()[k]) / 2.0)
+        .collect();
+    let mut back = build("diloco-gossip", &ring(n), 4, x4, 0.1, &opts).unwrap();
+    back.start_at_round(at).unwrap();
+    assert_eq!(back.round(), at);
+    // It takes a donor's anchor and outer velocity (Nesterov: [d] each); a state of
+    // another length is refused and changes nothing.
+    let donor = peers[3].catch_up_state();
+    assert_eq!(donor.len(), 2 * d);
+    assert!(back.take_catch_up_state(&donor[..d]).is_err());
+    assert_ne!(anchor(&*back), donor[..d]);
+    back.take_catch_up_state(&donor).unwrap();
+    assert_eq!(anchor(&*back), donor[..d]);
+    assert_eq!(back.state().vectors[1].1, donor[d..]);
+    assert_eq!(back.catch_up_state(), donor);
+    // Too late for a neighbour past that outer step: refused, not silently mis-mixed.
+    assert!(matches!(
+        peers[3].peer_rejoined(4, &w, at - h),
+        Err(murmur_gossip::MembershipError::TooLate { .. })
+    ));
+    for i in [0, 1, 2, 3, 5] {
+        peers[i].peer_rejoined(4, &w, at).unwrap();
+    }
+    peers[4] = back;
+    alive[4] = true;
+    // Its first frames carry outer step 4, as the driver waits for them.
+    let x = peers[4].params().to_vec();
+    peers[4].begin_round(std::time::Instant::now(), &x, None);
+    let mut first = Vec::new();
+    while let Some(t) = peers[4].poll_transmit() {
+        first.push(t);
+    }
+    assert_eq!(first.len(), 2, "one frame to each ring neighbour");
+    for t in &first {
+        let (header, _) = murmur_gossip::frame::FrameHeader::parse(&t.frame, u32::MAX).unwrap();
+        assert_eq!((header.sender, header.round), (4, 4));
+    }
+    let now = std::time::Instant::now();
+    let mut in_flight: Vec<(usize, usize, Vec<u8>)> = first
+        .into_iter()
+        .map(|t| (4, t.to, t.frame.to_vec()))
+        .collect();
+    for (i, p) in peers.iter_mut().enumerate().filter(|(i, _)| *i != 4) {
+        let x = p.params().to_vec();
+        p.begin_round(now, &x, None);
+        while let Some(t) = p.poll_transmit() {
+            in_flight.push((i, t.to, t.frame.to_vec()));
+        }
+    }
+    for (from, to, frame) in in_flight {
+        peers[to].handle_message(now, from, &frame).unwrap();
+    }
+    assert!(peers.iter_mut().all(|p| drain_mixed(&mut **p)));
+    let received = peers[3].stats().frames_received;
+    for _ in 0..400 {
+        assert!(step_among(&mut peers, &alive).iter().all(|&m| m));
+    }
+    assert_eq!(
+        peers[3].stats().frames_received - received,
+        2 * 100,
+        "two frames every outer step, peer 4's among them"
+    );
+    let xs: Vec<Vec<f32>> = peers.iter().map(|p| p.params().to_vec()).collect();
+    let xi = murmur_gossip::consensus_distance(xs.iter().map(|v| v.as_slice())).0;
+    assert!(xi < 1e-8, "Ξ² = {xi}");
+}

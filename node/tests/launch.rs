@@ -244,6 +244,43 @@ fn a_killed_peer_is_restarted_and_rejoins_under_restart_failed() {
     assert_eq!(s["epochs"].as_u64(), Some(8));
 }
 
+/// Decentralized DiLoCo (`diloco-gossip`, H = 4): a killed peer is restarted and one
+/// process rejoins the running run (it used to need the whole run resumed) at an outer
+/// step, round ≡ H − 1 (mod H), whose frames its neighbours send, having fetched x, its
+/// optimizer's state and DiLoCo's anchor and outer velocity from its donors.
+#[test]
+fn a_killed_diloco_gossip_peer_rejoins_at_an_outer_step() {
+    let mut l = Launch::start(&[
+        "--epochs=8",
+        "--checkpoint-every=16",
+        "--restart-failed",
+        "--algorithm=diloco-gossip",
+        "--local-steps=4",
+    ]);
+    let (out, s) = l.kill_and_finish(2, Duration::from_secs(240));
+    assert!(out.contains("restarting it with --resume"), "{out}");
+    let rejoins = text(&s["rejoins"]);
+    let round: u64 = rejoins
+        .strip_prefix("2@")
+        .and_then(|r| {
+            let digits: String = r.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no rejoin of peer 2: {s}"));
+    assert_eq!(
+        (round + 1) % 4,
+        0,
+        "rejoined at round {round}, not an outer step"
+    );
+    let log = l.log(2);
+    assert!(
+        log.contains("caught up: x, the optimizer's state and the algorithm's state fetched"),
+        "{log}"
+    );
+    assert!(s["final_min_test_accuracy"].as_f64().unwrap() > 0.75, "{s}");
+    assert_eq!(s["epochs"].as_u64(), Some(8));
+}
+
 /// Peer 0 killed and not restarted: the lowest live peer (1) takes up the record in the
 /// same run folder, records peer 0's departure, and completes every epoch with the others'
 /// reports; the run exits with success and the model leaves it. Before, the launcher

@@ -610,10 +610,74 @@ impl Gossip for DiLoCo {
         r
     }
 
+    /// Passed to the inner algorithm at its outer step ⌊`at` / H⌋ (gossip takes `back` in
+    /// there, as D-PSGD does; all-reduce cannot: [`MembershipError::Unsupported`]). The
+    /// returning peer starts from its donors' x as its anchor, with no outer velocity
+    /// (see [`Gossip::start_at_round`]).
+    fn peer_rejoined(
+        &mut self,
+        back: Rank,
+        w: &murmur_topology::MixingMatrix,
+        at: u64,
+    ) -> Result<(), MembershipError> {
+        let r = self.mixer.gossip_mut().peer_rejoined(back, w, at / self.h);
+        self.pump();
+        r
+    }
+
+    /// The anchor `[d]` (x where none is set yet), then the outer optimizer's velocity: a
+    /// returning peer of the gossip form takes its neighbours' and so steps as they do at its
+    /// first outer step (the all-reduce forms take no peer back: nobody asks for it there).
+    fn catch_up_state(&self) -> Vec<f32> {
+        let anchor = if self.anchored {
+            &self.anchor
+        } else {
+            &self.outer.x
+        };
+        let mut s = anchor.clone();
+        s.extend(self.outer_opt.state());
+        s
+    }
+
+    /// Sets the anchor and the outer velocity from a donor's [`Gossip::catch_up_state`].
+    fn take_catch_up_state(&mut self, state: &[f32]) -> Result<(), StateError> {
+        let want = self.catch_up_state().len();
+        if state.len() != want {
+            return Err(StateError(format!(
+                "DiLoCo's catch-up state has {want} values (anchor and outer velocity), got {}",
+                state.len()
+            )));
+        }
+        if want == 0 {
+            return Ok(());
+        }
+        let (anchor, velocity) = state.split_at(self.anchor.len());
+        self.outer_opt
+            .restore(velocity.to_vec())
+            .map_err(|e| StateError(e.to_string()))?;
+        self.anchor.copy_from_slice(anchor);
+        self.anchored = true;
+        Ok(())
+    }
+
+    /// The next outer step's inner step: the first t ≥ `earliest` with (t + 1) a multiple
+    /// of H.
+    fn rejoin_round(&self, earliest: u64) -> u64 {
+        (earliest + 1).div_ceil(self.h) * self.h - 1
+    }
+
+    /// The inner algorithm's frames carry its outer step ⌊round / H⌋.
+    fn frame_round(&self, round: u64) -> u64 {
+        round / self.h
+    }
+
     /// Moves to inner step `round`; the inner algorithm to its outer step ⌊round / H⌋. An
     /// inner algorithm that cannot start mid-run (ring all-reduce) counts its outer steps
     /// from 0 again: every peer of a resumed run does the same, so their frames agree (a
-    /// single peer cannot rejoin a running run: [`crate::Resumable::WholeRun`]).
+    /// single peer of the all-reduce form cannot rejoin a running run:
+    /// [`crate::Resumable::WholeRun`]). A single peer of the gossip form can
+    /// ([`Gossip::peer_rejoined`]): built afresh, it takes its donors' anchor and outer
+    /// velocity ([`Gossip::take_catch_up_state`]) and their x, fetched by the driver.
     ///
     /// # Panics
     /// If a round is mixing (a driver bug).

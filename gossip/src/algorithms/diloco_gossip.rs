@@ -35,7 +35,7 @@ static CAPABILITIES: Capabilities = Capabilities {
     ],
     skips_stragglers: true,
     departures: Departures::TrainOn,
-    resume: Resume::WholeRun,
+    resume: Resume::Rejoin,
 };
 
 impl Algorithm for DiLoCoGossipAlgorithm {

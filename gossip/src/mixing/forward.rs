@@ -73,6 +73,20 @@ macro_rules! forward_gossip {
     (@one $i:ident in_peers_at) => {
         fn in_peers_at(&self, round: u64) -> Vec<$crate::Rank> { self.$i.in_peers_at(round) }
     };
+    (@one $i:ident catch_up_state) => {
+        fn catch_up_state(&self) -> Vec<f32> { self.$i.catch_up_state() }
+    };
+    (@one $i:ident take_catch_up_state) => {
+        fn take_catch_up_state(&mut self, state: &[f32]) -> Result<(), $crate::StateError> {
+            self.$i.take_catch_up_state(state)
+        }
+    };
+    (@one $i:ident rejoin_round) => {
+        fn rejoin_round(&self, earliest: u64) -> u64 { self.$i.rejoin_round(earliest) }
+    };
+    (@one $i:ident frame_round) => {
+        fn frame_round(&self, round: u64) -> u64 { self.$i.frame_round(round) }
+    };
     (@one $i:ident start_at_round) => {
         fn start_at_round(&mut self, round: u64) -> Result<(), $crate::MembershipError> {
             self.$i.start_at_round(round)

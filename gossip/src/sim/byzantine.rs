@@ -313,5 +313,5 @@ impl Gossip for Byzantine {
         self.inner.apply_gradient(grad);
     }
 
-    crate::forward_gossip!(inner: begin_round, handle_timeout, poll_timeout, poll_event, params, round, stats, set_epoch, out_peers, in_peers, reweights, in_peers_at, start_at_round, state, restore_state, overlaps_gradient, communicates_in_background);
+    crate::forward_gossip!(inner: begin_round, handle_timeout, poll_timeout, poll_event, params, round, stats, set_epoch, out_peers, in_peers, reweights, in_peers_at, catch_up_state, take_catch_up_state, rejoin_round, frame_round, start_at_round, state, restore_state, overlaps_gradient, communicates_in_background);
 }

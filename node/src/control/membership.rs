@@ -727,7 +727,8 @@ impl Membership {
     }
 
     /// This restarted peer's plan from the `welcomes` to its hellos (by sender): the peers departed for any of them, the round it mixes again
-    /// from (the highest welcome round plus `margin` rounds, 0 without welcomes), and who
+    /// from (the highest welcome round plus `margin` rounds, 0 without welcomes, moved on
+    /// by `align` to a round that exchanges frames: `Gossip::rejoin_round`), and who
     /// welcomed it. `unreachable`: the destinations it could not connect to, ascending. Peer
     /// 0 with `at` not before `total_rounds` still takes up the record: its plan
     /// [`RejoinPlan::collects_only`], at `total_rounds`.
@@ -741,6 +742,7 @@ impl Membership {
         unreachable: impl IntoIterator<Item = Rank>,
         total_rounds: u64,
         margin: u64,
+        align: impl Fn(u64) -> u64,
     ) -> Result<RejoinPlan, RejoinError> {
         // A peer whose rejoin this peer heard while rejoining (both restarted at once) is
         // back, whatever welcomes sent before that said.
@@ -758,7 +760,7 @@ impl Membership {
         if let Some(r) = unreachable.into_iter().find(counted) {
             return Err(RejoinError::Unreachable(r));
         }
-        let at = welcomes.values().map(|w| w.round).max().unwrap_or(0) + margin;
+        let at = align(welcomes.values().map(|w| w.round).max().unwrap_or(0) + margin);
         let collects_only = at >= total_rounds;
         if collects_only && self.me != 0 {
             return Err(RejoinError::TooLate { total_rounds, at });

@@ -7,12 +7,13 @@
 //! membership events (`membership.jsonl`: departures, rejoins) as they appear, with a
 //! progress bar, and watches every process:
 //!
-//! - A peer of rank ≥ 1 that exits with an error, is killed, or leaves after a pause
+//! - A peer (peer 0 included) that exits with an error, is killed, or leaves after a pause
 //!   (exit status [`crate::control::pause::DEPARTED_EXIT_CODE`]) is reported under the table and in
 //!   `summary.json` (`peer_failures`). The others train on without it wherever the
 //!   algorithm tolerates a departure (D-PSGD, SGP, CHOCO-SGD, local-SGD gossip). With
 //!   `--restart-failed N` it is started again with `--resume` (at most N times) and
-//!   rejoins the run (D-PSGD, SGP, CHOCO-SGD; `restarts` in `summary.json`).
+//!   rejoins the run (D-PSGD, SGP, CHOCO-SGD, `diloco-gossip`; `restarts` in
+//!   `summary.json`).
 //! - A stopped peer (SIGSTOP, a debugger) is reported while it is stopped.
 //! - Peer 0 fails like any other peer: the lowest live peer keeps the run's record in the
 //!   same run folder while it is away (for good, or until its restart links to it). The
@@ -59,7 +60,7 @@ pub struct LaunchArgs {
     /// An elastic run: start with ranks 0..M only; the other ranks join the running run
     /// (`murmur peer --join-running`) once epoch `--join-at-epoch` is recorded, all started
     /// at once; the run takes them in one at a time, neighbours of its members first
-    /// (D-PSGD, SGP, CHOCO-SGD).
+    /// (D-PSGD, SGP, CHOCO-SGD, `diloco-gossip`).
     #[arg(long, value_name = "M")]
     pub initial_peers: Option<usize>,
     /// With `--initial-peers`: the epoch after which the other ranks join.
@@ -70,12 +71,12 @@ pub struct LaunchArgs {
         requires = "initial_peers"
     )]
     pub join_at_epoch: usize,
-    /// Restart a peer (rank ≥ 1) that fails — exits with an error, is killed, or leaves
-    /// after a pause — with `--resume`, at most N times per peer (N = 3 when the option has
-    /// no value); it rejoins the running run from its latest checkpoint (with
-    /// `--checkpoint-every`) and its neighbours' parameters. D-PSGD, SGP and CHOCO-SGD
-    /// (without `--straggler-policy skip`). Without it a failed peer stays out and the
-    /// others train on without it.
+    /// Restart a peer (peer 0 included) that fails — exits with an error, is killed, or
+    /// leaves after a pause — with `--resume`, at most N times per peer (N = 3 when the
+    /// option has no value); it rejoins the running run from its latest checkpoint (with
+    /// `--checkpoint-every`) and its neighbours' parameters. D-PSGD, SGP, CHOCO-SGD (without
+    /// `--straggler-policy skip`) and `diloco-gossip` (from its next outer step). Without it
+    /// a failed peer stays out and the others train on without it.
     #[arg(
         long,
         value_name = "N",

@@ -631,7 +631,7 @@ impl Driver {
                 );
             }
         }
-        let (fetched, summary) = self.core.finish_catch_up().expect("a catch-up under way");
+        let (fetched, summary) = self.core.finish_catch_up()?.expect("a catch-up under way");
         let sent: Vec<String> = (summary.donors.iter())
             .map(|d| {
                 let late = match d.timeouts {
@@ -649,12 +649,8 @@ impl Driver {
         info!(
             seconds = summary.seconds,
             duplicate_bytes = summary.duplicate_bytes,
-            "caught up: x{} fetched from {n} donor{} ({})",
-            if optimizer_len > 0 {
-                " and the optimizer's state"
-            } else {
-                ""
-            },
+            "caught up: {} fetched from {n} donor{} ({})",
+            crate::peer::core::catch_up::listed(&summary.vectors),
             if n == 1 { "" } else { "s" },
             sent.join("; ")
         );

@@ -530,8 +530,20 @@ fn a_restarted_peer_rejoins_from_the_welcomes() {
     ]
     .into_iter()
     .collect();
-    let plan = m.plan_rejoin(&welcomes, [6], 1000, 20).unwrap();
+    let plan = m.plan_rejoin(&welcomes, [6], 1000, 20, |r| r).unwrap();
     assert_eq!(plan.at, 140, "the highest welcome round plus the margin");
+    // Moved on to a round that exchanges frames (DiLoCo with H = 16: an outer step).
+    let outer_step = |r: u64| (r + 1).div_ceil(16) * 16 - 1;
+    let aligned = m.plan_rejoin(&welcomes, [6], 1000, 20, outer_step).unwrap();
+    assert_eq!(aligned.at, 143);
+    // And the run's end is checked against the aligned round: 140 would fit in 142 rounds.
+    assert_eq!(
+        m.plan_rejoin(&welcomes, [6], 142, 20, outer_step),
+        Err(RejoinError::TooLate {
+            total_rounds: 142,
+            at: 143
+        })
+    );
     assert_eq!(
         plan.departed,
         BTreeSet::from([6, 7]),
@@ -544,7 +556,7 @@ fn a_restarted_peer_rejoins_from_the_welcomes() {
         "the latest rejoin of each peer, not this one's nor a departed one's"
     );
     assert_eq!(
-        m.plan_rejoin(&welcomes, [4, 6], 1000, 20),
+        m.plan_rejoin(&welcomes, [4, 6], 1000, 20, |r| r),
         Err(RejoinError::Unreachable(4))
     );
     // Unless this peer knows itself that 4's process left (its supervisor saw it exit):
@@ -555,15 +567,15 @@ fn a_restarted_peer_rejoins_from_the_welcomes() {
         wall_seconds: 0.0,
     };
     assert!(m.depart((4, 1), "exited".into(), 2, 0, now).is_some());
-    let plan4 = m.plan_rejoin(&welcomes, [4, 6], 1000, 20).unwrap();
+    let plan4 = m.plan_rejoin(&welcomes, [4, 6], 1000, 20, |r| r).unwrap();
     assert_eq!(plan4.at, 140);
     // A peer whose rejoin this one heard while rejoining is back, whatever earlier welcomes
     // said (6 was departed for peer 1's).
     assert!(m.rejoin_notice((6, 9), 130, addr(), 3).is_some());
-    let plan6 = m.plan_rejoin(&welcomes, [6], 1000, 20).unwrap();
+    let plan6 = m.plan_rejoin(&welcomes, [6], 1000, 20, |r| r).unwrap();
     assert_eq!(plan6.departed, BTreeSet::from([7]));
     assert_eq!(
-        m.plan_rejoin(&welcomes, [], 140, 20),
+        m.plan_rejoin(&welcomes, [], 140, 20, |r| r),
         Err(RejoinError::TooLate {
             total_rounds: 140,
             at: 140
@@ -572,7 +584,7 @@ fn a_restarted_peer_rejoins_from_the_welcomes() {
     assert!(!plan.collects_only);
     // Peer 0 that late still takes up the record: it only collects, from no round.
     let late = Membership::new(0, N)
-        .plan_rejoin(&welcomes, [], 140, 20)
+        .plan_rejoin(&welcomes, [], 140, 20, |r| r)
         .unwrap();
     assert_eq!((late.at, late.collects_only), (140, true));
     for &g in &plan.departed {

@@ -1,7 +1,8 @@
-//! A (re)joining peer's catch-up: its parameters x (`[d]`) and its inner optimizer's state
+//! A (re)joining peer's catch-up: its parameters x (`[d]`), its inner optimizer's state
 //! (heavy ball's velocity `[d]`, AdamW's moments and step `[2d + 1]`; none for SGD without
-//! momentum) fetched in parts from several donors at once, as a pure state machine (no
-//! socket, no clock of its own).
+//! momentum) and the algorithm's state that neighbours hold alike (`Gossip::catch_up_state`:
+//! DiLoCo's anchor and outer velocity; none for the others) fetched in parts from several
+//! donors at once, as a pure state machine (no socket, no clock of its own).
 //!
 //! Each vector ([`Vector`]) is cut into contiguous parts of at most [`PART_FLOATS`] values,
 //! and at least one per donor, so that every donor sends about 1 / k of it (k donors)
@@ -57,6 +58,9 @@ pub(crate) enum Vector {
     /// The inner optimizer's state (`Optimizer::state`): `[d]` for heavy ball, `[2d + 1]`
     /// for AdamW.
     Optimizer,
+    /// The algorithm's state that neighbours hold alike (`Gossip::catch_up_state`): DiLoCo's
+    /// anchor and outer velocity.
+    Algorithm,
 }
 
 impl std::fmt::Display for Vector {
@@ -64,7 +68,19 @@ impl std::fmt::Display for Vector {
         f.write_str(match self {
             Vector::X => "x",
             Vector::Optimizer => "the optimizer's state",
+            Vector::Algorithm => "the algorithm's state",
         })
+    }
+}
+
+/// The vectors of a catch-up in words, for its log lines: "x", "x and the optimizer's
+/// state", "x, the optimizer's state and the algorithm's state".
+pub(crate) fn listed(vectors: &[(Vector, usize)]) -> String {
+    let names: Vec<String> = vectors.iter().map(|(v, _)| v.to_string()).collect();
+    match names.as_slice() {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
     }
 }
 
@@ -124,6 +140,8 @@ pub(crate) struct Summary {
     pub(crate) duplicate_bytes: u64,
     /// From the first request to the last part, seconds.
     pub(crate) seconds: f64,
+    /// The vectors fetched, with their lengths, in the order asked.
+    pub(crate) vectors: Vec<(Vector, usize)>,
 }
 
 /// Why a received part was not taken.
@@ -381,6 +399,7 @@ impl CatchUp {
             donors: self.donors,
             duplicate_bytes: self.duplicate_bytes,
             seconds: end.saturating_duration_since(self.started).as_secs_f64(),
+            vectors: self.vectors.iter().map(|(v, x)| (*v, x.len())).collect(),
         };
         (Fetched(self.vectors), summary)
     }

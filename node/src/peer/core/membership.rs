@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail};
+use anyhow::{anyhow, bail, Context};
 use bytes::Bytes;
 use murmur_gossip::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use murmur_gossip::Rank;
@@ -500,6 +500,20 @@ impl PeerCore {
                     return Ok(());
                 }
             },
+            Vector::Algorithm => {
+                if self.algorithm_copy.as_ref().map(|(r, ..)| *r) != Some(round) {
+                    self.algorithm_copy = Some((round, self.gossip.catch_up_state(), now));
+                }
+                let (_, copy, asked) = self.algorithm_copy.as_mut().expect("made above");
+                *asked = now;
+                match part.within(copy.len()) {
+                    Some(range) => &self.algorithm_copy.as_ref().expect("made above").1[range],
+                    None => {
+                        refused(self, "the algorithm's state");
+                        return Ok(());
+                    }
+                }
+            }
         };
         let frame = encode_with_params(FrameKind::StatePart, self.rank, round, &part, values)?;
         debug!(
@@ -533,6 +547,11 @@ impl PeerCore {
         state: impl FnOnce() -> Vec<f32>,
     ) -> anyhow::Result<Vec<Action>> {
         let mut out = Vec::new();
+        if let Some((_, _, asked)) = &self.algorithm_copy {
+            if now.saturating_duration_since(*asked) >= catch_up::COPY_KEPT {
+                self.algorithm_copy = None;
+            }
+        }
         if !self.optimizer_copy.wanted() {
             self.optimizer_copy.release_idle(now);
             return Ok(out);
@@ -700,20 +719,21 @@ impl PeerCore {
         part_timeout: Duration,
     ) -> anyhow::Result<Vec<Action>> {
         let d = self.gossip.params().len();
+        let algorithm_len = self.gossip.catch_up_state().len();
         let mut vectors = vec![(Vector::X, d)];
         if optimizer_len > 0 {
             vectors.push((Vector::Optimizer, optimizer_len));
+        }
+        if algorithm_len > 0 {
+            vectors.push((Vector::Algorithm, algorithm_len));
         }
         info!(
             ?donors,
             d,
             optimizer_len,
-            "fetching x{} in parts from donors {donors:?}",
-            if optimizer_len > 0 {
-                " and the optimizer's state"
-            } else {
-                ""
-            }
+            algorithm_len,
+            "fetching {} in parts from donors {donors:?}",
+            catch_up::listed(&vectors)
         );
         self.catch_up = Some(catch_up::CatchUp::new(&vectors, donors, part_timeout, now));
         self.poll_catch_up(now)
@@ -764,8 +784,24 @@ impl PeerCore {
 
     /// Ends the catch-up: the vectors fetched (x, `[d]`, and the optimizer's state if asked)
     /// and what each donor sent.
-    pub(crate) fn finish_catch_up(&mut self) -> Option<(catch_up::Fetched, catch_up::Summary)> {
-        self.catch_up.take().map(|c| c.finish())
+    ///
+    /// The algorithm's state, if fetched, is taken into the state machine here
+    /// (`Gossip::take_catch_up_state`) and not returned.
+    ///
+    /// # Errors
+    /// The algorithm refused the fetched state (a length its own state does not have).
+    pub(crate) fn finish_catch_up(
+        &mut self,
+    ) -> anyhow::Result<Option<(catch_up::Fetched, catch_up::Summary)>> {
+        let Some((mut fetched, summary)) = self.catch_up.take().map(|c| c.finish()) else {
+            return Ok(None);
+        };
+        if let Some(state) = fetched.take(Vector::Algorithm) {
+            self.gossip
+                .take_catch_up_state(&state)
+                .context("the algorithm's state fetched from the donors")?;
+        }
+        Ok(Some((fetched, summary)))
     }
 
     /// [`Membership::plan_rejoin`] from the welcomes, its errors in words.
@@ -780,6 +816,7 @@ impl PeerCore {
             unreachable.keys().copied(),
             total_rounds,
             margin,
+            |r| self.gossip.rejoin_round(r),
         );
         match plan {
             Ok(p) => Ok(p),

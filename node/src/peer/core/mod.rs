@@ -173,6 +173,10 @@ pub(crate) struct PeerCore {
     /// As a donor: the copy of its optimizer's state it answers catch-ups from, and the
     /// requests waiting for it ([`PeerCore::serve_optimizer_state`]).
     optimizer_copy: catch_up::OptimizerCopy,
+    /// The algorithm's catch-up state as a donor answers rejoining peers from it
+    /// (`Gossip::catch_up_state`): made at the first request of a round, with the round it
+    /// is of and when it was last asked; dropped once idle for [`catch_up::COPY_KEPT`].
+    algorithm_copy: Option<(u64, Vec<f32>, Instant)>,
     /// A rejoining peer only: the nearest present peers besides its in-neighbours that it
     /// also fetches x from, as it has fewer than [`catch_up::MIN_DONORS`] present
     /// in-neighbours ([`PeerCore::link_catch_up_helpers`]).
@@ -246,6 +250,7 @@ impl PeerCore {
             welcomes: BTreeMap::new(),
             catch_up: None,
             optimizer_copy: catch_up::OptimizerCopy::default(),
+            algorithm_copy: None,
             helpers: BTreeSet::new(),
             hellos: BTreeSet::new(),
             pending_hello: None,
@@ -409,7 +414,7 @@ impl PeerCore {
             self.gossip.observe_link(from, bytes.len(), t.as_secs_f64());
         }
         if let Some((at, arrived)) = self.first_frames.as_mut() {
-            if header.round == *at {
+            if header.round == self.gossip.frame_round(*at) {
                 arrived.insert(from);
             }
         }

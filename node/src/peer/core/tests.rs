@@ -622,7 +622,7 @@ fn a_rejoining_peer_fetches_its_x_in_parts_from_its_in_neighbours() {
         assert!(c.handle(now, part).unwrap().is_empty());
     }
     assert!(c.caught_up());
-    let (mut fetched, summary) = c.finish_catch_up().unwrap();
+    let (mut fetched, summary) = c.finish_catch_up().unwrap().unwrap();
     let x = fetched.take(catch_up::Vector::X).unwrap();
     assert_eq!(x, [3., 3., 3., 3., 5., 5., 5., 5.], "half from each");
     assert_eq!(fetched.take(catch_up::Vector::Optimizer), None);
@@ -686,7 +686,7 @@ fn a_rejoining_peer_fetches_the_optimizer_s_state_from_copies_its_donors_make_be
         c.handle(now, sent(&answers[0]).1).unwrap();
     }
     assert!(c.caught_up());
-    let (mut fetched, summary) = c.finish_catch_up().unwrap();
+    let (mut fetched, summary) = c.finish_catch_up().unwrap().unwrap();
     assert_eq!(
         fetched.take(catch_up::Vector::X).unwrap(),
         [3., 3., 3., 3., 5., 5., 5., 5.]
