@@ -1268,21 +1268,7 @@ fn sparseloco_layerwise_chunks_follow_the_model_s_tensors() {
 /// One inner step of the peers in `alive` (no gradient), their frames delivered to the live
 /// destinations only: whether each produced `Mixed`.
 fn step_among(peers: &mut [Box<dyn Gossip>], alive: &[bool]) -> Vec<bool> {
-    let now = std::time::Instant::now();
-    let mut in_flight = Vec::new();
-    for (i, p) in peers.iter_mut().enumerate().filter(|(i, _)| alive[*i]) {
-        let x = p.params().to_vec();
-        p.begin_round(now, &x, None);
-        while let Some(t) = p.poll_transmit() {
-            in_flight.push((i, t.to, t.frame.to_vec()));
-        }
-    }
-    for (from, to, frame) in in_flight {
-        if alive[to] {
-            peers[to].handle_message(now, from, &frame).unwrap();
-        }
-    }
-    peers.iter_mut().map(|p| drain_mixed(&mut **p)).collect()
+    common::round_among_by(peers, alive, |p| &mut **p)
 }
 
 /// A peer of the gossip form leaves and one restarted process comes back to the running

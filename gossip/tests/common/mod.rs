@@ -191,10 +191,21 @@ pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
 /// One round among the peers in `alive` (no gradient): each begins from its own
 /// parameters, and its frames are delivered to the live destinations (frames to dead
 /// peers are lost, as to a crashed process). Returns which peers produced `Mixed`.
-pub fn round_among<G: Gossip>(peers: &mut [G], alive: &[bool]) -> Vec<bool> {
+pub fn round_among<G: Gossip + 'static>(peers: &mut [G], alive: &[bool]) -> Vec<bool> {
+    round_among_by(peers, alive, |p| p as &mut dyn Gossip)
+}
+
+/// [`round_among`] for peers held in any way (`Box<dyn Gossip>`), `get` giving each's
+/// state machine.
+pub fn round_among_by<T>(
+    peers: &mut [T],
+    alive: &[bool],
+    get: impl Fn(&mut T) -> &mut dyn Gossip,
+) -> Vec<bool> {
     let now = Instant::now();
     let mut in_flight = Vec::new();
     for (i, p) in peers.iter_mut().enumerate().filter(|(i, _)| alive[*i]) {
+        let p = get(p);
         let x = p.params().to_vec();
         p.begin_round(now, &x, None);
         while let Some(t) = p.poll_transmit() {
@@ -203,10 +214,12 @@ pub fn round_among<G: Gossip>(peers: &mut [G], alive: &[bool]) -> Vec<bool> {
     }
     for (from, to, frame) in in_flight {
         if alive[to] {
-            peers[to].handle_message(now, from, &frame).unwrap();
+            get(&mut peers[to])
+                .handle_message(now, from, &frame)
+                .unwrap();
         }
     }
-    peers.iter_mut().map(|p| drain_mixed(p)).collect()
+    peers.iter_mut().map(|p| drain_mixed(get(p))).collect()
 }
 
 /// Drains `p`'s events; whether one was `Mixed`.

@@ -1263,6 +1263,63 @@ mod tests {
         }
     }
 
+    /// Two data planes linked over QUIC (`a`'s sends to `b`'s), a third identity
+    /// (`stranger`), and `b`'s TCP listener: what the offer tests dial.
+    struct Offers {
+        a: Keypair,
+        stranger: Keypair,
+        b_id: PeerId,
+        sender: crate::plane::DataPlane,
+        _sender_events: mpsc::Receiver<NetEvent>,
+        receiver: crate::plane::DataPlane,
+        tcp_addr: SocketAddr,
+    }
+
+    impl Offers {
+        /// The fixture and the receiver's events.
+        fn new() -> (Offers, mpsc::Receiver<NetEvent>) {
+            let (a, b, stranger) = (
+                Keypair::generate_ed25519(),
+                Keypair::generate_ed25519(),
+                Keypair::generate_ed25519(),
+            );
+            let (sender, _sender_events, receiver, events) = crate::plane::tests::quic_pair(&a, &b);
+            let tcp_addr = SocketAddr::new(receiver.local_addr.ip(), receiver.tcp_port());
+            let t = Offers {
+                a,
+                stranger,
+                b_id: b.public().to_peer_id(),
+                sender,
+                _sender_events,
+                receiver,
+                tcp_addr,
+            };
+            (t, events)
+        }
+
+        /// A new link's QUIC connection (one offer per connection: each ask on its own).
+        async fn link(&self) -> Connection {
+            let to = (self.receiver.local_addr, self.b_id);
+            self.sender.connect((1, 1), to.0, to.1).await.unwrap().conn
+        }
+
+        /// A TCP connection to the listener under `key` presenting `token` (and `index`, on
+        /// a link of several) on a link of `wire`: whether it was bound.
+        fn dial(
+            &self,
+            key: &Keypair,
+            token: [u8; TOKEN_LEN],
+            wire: Wire,
+            index: Option<u8>,
+        ) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+            let config = Arc::new(tls::client_config(key, self.b_id, crypto_provider()).unwrap());
+            let addr = self.tcp_addr;
+            tokio::task::spawn_blocking(move || {
+                dial(TcpStream::connect(addr)?, wire, &token, index, config).map(|_| ())
+            })
+        }
+    }
+
     /// Asks for a TCP link of `streams` connections on `conn`: the receiver's answer.
     async fn ask(
         conn: &Connection,
@@ -1281,59 +1338,41 @@ mod tests {
     /// a token used twice and a plaintext offer to an encrypted receiver are all refused.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tcp_connections_without_an_offer_or_under_another_identity_are_refused() {
-        let (a, b, stranger) = (
-            Keypair::generate_ed25519(),
-            Keypair::generate_ed25519(),
-            Keypair::generate_ed25519(),
-        );
-        let b_id = b.public().to_peer_id();
-        let (sender, _e, receiver, mut events) = crate::plane::tests::quic_pair(&a, &b);
-        let tcp_addr = SocketAddr::new(receiver.local_addr.ip(), receiver.tcp_port());
-        // One offer per connection: each ask on a link of its own.
-        let link = || async {
-            sender
-                .connect((1, 1), receiver.local_addr, b_id)
-                .await
-                .unwrap()
-        };
-        let dial_as = |key: &Keypair, token: [u8; TOKEN_LEN], wire: Wire| {
-            let config = Arc::new(tls::client_config(key, b_id, crypto_provider()).unwrap());
-            tokio::task::spawn_blocking(move || {
-                dial(TcpStream::connect(tcp_addr)?, wire, &token, None, config).map(|_| ())
-            })
-        };
+        let (t, mut events) = Offers::new();
+        let (a, stranger) = (&t.a, &t.stranger);
+        let dial_as = |key: &Keypair, token, wire| t.dial(key, token, wire, None);
 
         // A made-up token, in clear and under TLS with a member's identity.
         for wire in [Wire::Plaintext, Wire::Encrypted] {
-            assert!(dial_as(&a, [9; TOKEN_LEN], wire).await.unwrap().is_err());
+            assert!(dial_as(a, [9; TOKEN_LEN], wire).await.unwrap().is_err());
             let why = refusal(&mut events).await;
             assert!(why.contains("names no offer"), "{why}");
         }
 
         // A real offer's token, presented under another identity.
-        let (port, token) = ask(&link().await.conn, Wire::Encrypted, 1).await.unwrap();
-        assert_eq!(port, receiver.tcp_port());
-        assert!(dial_as(&stranger, token, Wire::Encrypted)
+        let (port, token) = ask(&t.link().await, Wire::Encrypted, 1).await.unwrap();
+        assert_eq!(port, t.receiver.tcp_port());
+        assert!(dial_as(stranger, token, Wire::Encrypted)
             .await
             .unwrap()
             .is_err());
         let why = refusal(&mut events).await;
         assert!(why.contains("identity"), "{why}");
         // Used once: the rightful owner cannot use it after.
-        assert!(dial_as(&a, token, Wire::Encrypted).await.unwrap().is_err());
+        assert!(dial_as(a, token, Wire::Encrypted).await.unwrap().is_err());
         assert!(refusal(&mut events).await.contains("names no offer"));
 
         // A connection in clear for an encrypted offer.
-        let (_, token) = ask(&link().await.conn, Wire::Encrypted, 1).await.unwrap();
-        assert!(dial_as(&a, token, Wire::Plaintext).await.unwrap().is_err());
+        let (_, token) = ask(&t.link().await, Wire::Encrypted, 1).await.unwrap();
+        assert!(dial_as(a, token, Wire::Plaintext).await.unwrap().is_err());
         assert!(refusal(&mut events).await.contains("Plaintext connection"));
 
         // Plaintext asked of an encrypted receiver.
-        let c = link().await;
-        let e = ask(&c.conn, Wire::Plaintext, 1).await.unwrap_err();
+        let c = t.link().await;
+        let e = ask(&c, Wire::Plaintext, 1).await.unwrap_err();
         assert!(e.to_string().contains("plaintext"), "{e}");
         // And a second offer on one connection.
-        let e = ask(&c.conn, Wire::Encrypted, 1).await.unwrap_err();
+        let e = ask(&c, Wire::Encrypted, 1).await.unwrap_err();
         assert!(e.to_string().contains("a transport already"), "{e}");
     }
 
@@ -1344,55 +1383,32 @@ mod tests {
     /// its token binds nothing after).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn each_connection_of_a_striped_link_is_checked() {
-        let (a, b, stranger) = (
-            Keypair::generate_ed25519(),
-            Keypair::generate_ed25519(),
-            Keypair::generate_ed25519(),
-        );
-        let b_id = b.public().to_peer_id();
-        let (sender, _e, receiver, mut events) = crate::plane::tests::quic_pair(&a, &b);
-        let tcp_addr = SocketAddr::new(receiver.local_addr.ip(), receiver.tcp_port());
-        let link = || async {
-            sender
-                .connect((1, 1), receiver.local_addr, b_id)
-                .await
-                .unwrap()
-        };
-        let dial_as = |key: &Keypair, token: [u8; TOKEN_LEN], index: u8| {
-            let config = Arc::new(tls::client_config(key, b_id, crypto_provider()).unwrap());
-            tokio::task::spawn_blocking(move || {
-                dial(
-                    TcpStream::connect(tcp_addr)?,
-                    Wire::Encrypted,
-                    &token,
-                    Some(index),
-                    config,
-                )
-                .map(|_| ())
-            })
-        };
+        let (t, mut events) = Offers::new();
+        let (a, stranger) = (&t.a, &t.stranger);
+        let dial_as =
+            |key: &Keypair, token, index| t.dial(key, token, Wire::Encrypted, Some(index));
 
         // Connection 0 bound; a stranger's connection 1 withdraws the offer.
-        let (_, token) = ask(&link().await.conn, Wire::Encrypted, 3).await.unwrap();
-        dial_as(&a, token, 0).await.unwrap().unwrap();
-        assert!(dial_as(&stranger, token, 1).await.unwrap().is_err());
+        let (_, token) = ask(&t.link().await, Wire::Encrypted, 3).await.unwrap();
+        dial_as(a, token, 0).await.unwrap().unwrap();
+        assert!(dial_as(stranger, token, 1).await.unwrap().is_err());
         assert!(refusal(&mut events).await.contains("identity"));
-        assert!(dial_as(&a, token, 2).await.unwrap().is_err());
+        assert!(dial_as(a, token, 2).await.unwrap().is_err());
         assert!(refusal(&mut events).await.contains("names no offer"));
 
         // An index out of range, and one used twice.
-        let (_, token) = ask(&link().await.conn, Wire::Encrypted, 2).await.unwrap();
-        assert!(dial_as(&a, token, 2).await.unwrap().is_err());
+        let (_, token) = ask(&t.link().await, Wire::Encrypted, 2).await.unwrap();
+        assert!(dial_as(a, token, 2).await.unwrap().is_err());
         assert!(refusal(&mut events)
             .await
             .contains("connection 2 of a link of 2"));
-        let (_, token) = ask(&link().await.conn, Wire::Encrypted, 2).await.unwrap();
-        dial_as(&a, token, 1).await.unwrap().unwrap();
-        assert!(dial_as(&a, token, 1).await.unwrap().is_err());
+        let (_, token) = ask(&t.link().await, Wire::Encrypted, 2).await.unwrap();
+        dial_as(a, token, 1).await.unwrap().unwrap();
+        assert!(dial_as(a, token, 1).await.unwrap().is_err());
         assert!(refusal(&mut events).await.contains("that connection twice"));
 
         // An offer of more connections than a link may have.
-        let e = ask(&link().await.conn, Wire::Encrypted, MAX_STREAMS + 1)
+        let e = ask(&t.link().await, Wire::Encrypted, MAX_STREAMS + 1)
             .await
             .unwrap_err();
         assert!(e.to_string().contains("connections (1 to 16)"), "{e}");
