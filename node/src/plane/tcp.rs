@@ -1297,10 +1297,11 @@ mod tests {
             (t, events)
         }
 
-        /// A new link's QUIC connection (one offer per connection: each ask on its own).
-        async fn link(&self) -> Connection {
+        /// A new link (one offer per connection: each ask on its own); dropping it says
+        /// goodbye and closes its connection.
+        async fn link(&self) -> crate::plane::Link {
             let to = (self.receiver.local_addr, self.b_id);
-            self.sender.connect((1, 1), to.0, to.1).await.unwrap().conn
+            self.sender.connect((1, 1), to.0, to.1).await.unwrap()
         }
 
         /// A TCP connection to the listener under `key` presenting `token` (and `index`, on
@@ -1350,7 +1351,7 @@ mod tests {
         }
 
         // A real offer's token, presented under another identity.
-        let (port, token) = ask(&t.link().await, Wire::Encrypted, 1).await.unwrap();
+        let (port, token) = ask(&t.link().await.conn, Wire::Encrypted, 1).await.unwrap();
         assert_eq!(port, t.receiver.tcp_port());
         assert!(dial_as(stranger, token, Wire::Encrypted)
             .await
@@ -1363,16 +1364,16 @@ mod tests {
         assert!(refusal(&mut events).await.contains("names no offer"));
 
         // A connection in clear for an encrypted offer.
-        let (_, token) = ask(&t.link().await, Wire::Encrypted, 1).await.unwrap();
+        let (_, token) = ask(&t.link().await.conn, Wire::Encrypted, 1).await.unwrap();
         assert!(dial_as(a, token, Wire::Plaintext).await.unwrap().is_err());
         assert!(refusal(&mut events).await.contains("Plaintext connection"));
 
         // Plaintext asked of an encrypted receiver.
         let c = t.link().await;
-        let e = ask(&c, Wire::Plaintext, 1).await.unwrap_err();
+        let e = ask(&c.conn, Wire::Plaintext, 1).await.unwrap_err();
         assert!(e.to_string().contains("plaintext"), "{e}");
         // And a second offer on one connection.
-        let e = ask(&c, Wire::Encrypted, 1).await.unwrap_err();
+        let e = ask(&c.conn, Wire::Encrypted, 1).await.unwrap_err();
         assert!(e.to_string().contains("a transport already"), "{e}");
     }
 
@@ -1389,7 +1390,7 @@ mod tests {
             |key: &Keypair, token, index| t.dial(key, token, Wire::Encrypted, Some(index));
 
         // Connection 0 bound; a stranger's connection 1 withdraws the offer.
-        let (_, token) = ask(&t.link().await, Wire::Encrypted, 3).await.unwrap();
+        let (_, token) = ask(&t.link().await.conn, Wire::Encrypted, 3).await.unwrap();
         dial_as(a, token, 0).await.unwrap().unwrap();
         assert!(dial_as(stranger, token, 1).await.unwrap().is_err());
         assert!(refusal(&mut events).await.contains("identity"));
@@ -1397,18 +1398,18 @@ mod tests {
         assert!(refusal(&mut events).await.contains("names no offer"));
 
         // An index out of range, and one used twice.
-        let (_, token) = ask(&t.link().await, Wire::Encrypted, 2).await.unwrap();
+        let (_, token) = ask(&t.link().await.conn, Wire::Encrypted, 2).await.unwrap();
         assert!(dial_as(a, token, 2).await.unwrap().is_err());
         assert!(refusal(&mut events)
             .await
             .contains("connection 2 of a link of 2"));
-        let (_, token) = ask(&t.link().await, Wire::Encrypted, 2).await.unwrap();
+        let (_, token) = ask(&t.link().await.conn, Wire::Encrypted, 2).await.unwrap();
         dial_as(a, token, 1).await.unwrap().unwrap();
         assert!(dial_as(a, token, 1).await.unwrap().is_err());
         assert!(refusal(&mut events).await.contains("that connection twice"));
 
         // An offer of more connections than a link may have.
-        let e = ask(&t.link().await, Wire::Encrypted, MAX_STREAMS + 1)
+        let e = ask(&t.link().await.conn, Wire::Encrypted, MAX_STREAMS + 1)
             .await
             .unwrap_err();
         assert!(e.to_string().contains("connections (1 to 16)"), "{e}");
