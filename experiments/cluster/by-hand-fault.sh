@@ -30,7 +30,10 @@ pids=()
 RAYON_NUM_THREADS=1 "$MURMUR" peer --rank=0 "${common[@]}" --bootstrap-file="$OUT/boot.addr" \
     >"$OUT/peer-0.log" 2>&1 &
 pids[0]=$!
-until [ -s "$OUT/boot.addr" ]; do sleep 0.05; done
+until [ -s "$OUT/boot.addr" ]; do
+    kill -0 "${pids[0]}" 2>/dev/null || { echo "peer 0 exited before it was listening:" >&2; tail -3 "$OUT/peer-0.log" >&2; exit 1; }
+    sleep 0.05
+done
 for r in 1 2 3; do
     RAYON_NUM_THREADS=1 "$MURMUR" peer --rank=$r "${common[@]}" --bootstrap="$(cat "$OUT/boot.addr")" \
         >"$OUT/peer-$r.log" 2>&1 &
