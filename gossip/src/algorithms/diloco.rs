@@ -612,8 +612,8 @@ impl Gossip for DiLoCo {
 
     /// Passed to the inner algorithm at its outer step ⌊`at` / H⌋ (gossip takes `back` in
     /// there, as D-PSGD does; all-reduce cannot: [`MembershipError::Unsupported`]). The
-    /// returning peer starts from its donors' x as its anchor, with no outer velocity
-    /// (see [`Gossip::start_at_round`]).
+    /// returning peer starts from its donors' x, anchor and outer velocity (see
+    /// [`Gossip::start_at_round`]).
     fn peer_rejoined(
         &mut self,
         back: Rank,
@@ -639,22 +639,21 @@ impl Gossip for DiLoCo {
         s
     }
 
-    /// Sets the anchor and the outer velocity from a donor's [`Gossip::catch_up_state`].
+    /// Sets the anchor and the outer velocity from a donor's [`Gossip::catch_up_state`]; the
+    /// outer optimizer checks the velocity's length before anything changes.
     fn take_catch_up_state(&mut self, state: &[f32]) -> Result<(), StateError> {
-        let want = self.catch_up_state().len();
-        if state.len() != want {
+        let d = self.anchor.len();
+        if state.len() < d {
             return Err(StateError(format!(
-                "DiLoCo's catch-up state has {want} values (anchor and outer velocity), got {}",
+                "DiLoCo's catch-up state is its anchor ({d} values) and outer velocity, got {} \
+                 values",
                 state.len()
             )));
         }
-        if want == 0 {
-            return Ok(());
-        }
-        let (anchor, velocity) = state.split_at(self.anchor.len());
+        let (anchor, velocity) = state.split_at(d);
         self.outer_opt
             .restore(velocity.to_vec())
-            .map_err(|e| StateError(e.to_string()))?;
+            .map_err(|e| StateError(format!("DiLoCo's outer velocity: {e}")))?;
         self.anchor.copy_from_slice(anchor);
         self.anchored = true;
         Ok(())

@@ -369,50 +369,54 @@ impl TcpFrames {
     }
 }
 
-/// Writes `frame` over the link's connections `writers` as [`stripes`] cuts it (its
-/// length prefix on connection 0), then flushes them. A connection that fails shuts the
-/// others down, so that no slice waits on a link that is gone.
+/// Writes `frame` over the link's connections `writers` (their sockets `sockets`) as
+/// [`stripes`] cuts it, its length prefix on connection 0, each connection then flushed.
 fn write_striped(
     writers: &mut [Box<dyn Write + Send>],
     sockets: &[TcpStream],
     frame: &[u8],
 ) -> std::io::Result<()> {
-    let ranges = stripes(frame.len(), writers.len());
+    let (prefix, ranges) = (frame.len() as u64, stripes(frame.len(), writers.len()));
+    let jobs = writers
+        .iter_mut()
+        .zip(ranges)
+        .enumerate()
+        .map(|(i, (w, r))| {
+            let part = &frame[r];
+            move || {
+                write_prefixed(&mut **w, (i == 0).then_some(prefix), part).and_then(|()| w.flush())
+            }
+        });
+    side_by_side(sockets, jobs)
+}
+
+/// Runs `jobs` (one a connection of a link, in order) side by side: the first on this
+/// thread, each other on a scoped thread of its own (none for a frame that is not cut).
+/// Returns the first error (a panicking thread counts as one). A job that fails shuts every
+/// socket of the link (`sockets`) down, so that no other job waits on a link that is gone.
+fn side_by_side<J>(sockets: &[TcpStream], jobs: impl IntoIterator<Item = J>) -> std::io::Result<()>
+where
+    J: FnOnce() -> std::io::Result<()> + Send,
+{
     let shut_all = |e: std::io::Error| {
         for s in sockets {
             let _ = s.shutdown(Shutdown::Both);
         }
         e
     };
-    let (first, rest) = writers.split_at_mut(1);
-    let w0 = &mut first[0];
-    if ranges.len() == 1 {
-        return write_frame(&mut **w0, frame).and_then(|()| w0.flush());
-    }
+    let mut jobs = jobs.into_iter();
+    let Some(first) = jobs.next() else {
+        return Ok(());
+    };
     std::thread::scope(|scope| {
-        let others: Vec<_> = rest
-            .iter_mut()
-            .zip(&ranges[1..])
-            .map(|(w, r)| {
-                let part = &frame[r.clone()];
-                scope.spawn(move || {
-                    write_prefixed(&mut **w, None, part)
-                        .and_then(|()| w.flush())
-                        .map_err(shut_all)
-                })
-            })
+        let others: Vec<_> = jobs
+            .map(|job| scope.spawn(move || job().map_err(shut_all)))
             .collect();
-        let mut result = write_prefixed(
-            &mut **w0,
-            Some(frame.len() as u64),
-            &frame[ranges[0].clone()],
-        )
-        .and_then(|()| w0.flush())
-        .map_err(shut_all);
+        let mut result = first().map_err(shut_all);
         for t in others {
             let r = t
                 .join()
-                .unwrap_or_else(|_| Err(std::io::Error::other("a writing thread panicked")));
+                .unwrap_or_else(|_| Err(std::io::Error::other("a thread of the link panicked")));
             result = result.and(r);
         }
         result
@@ -440,27 +444,20 @@ impl FrameTransport for TcpFrames {
 /// transport).
 pub const WRITE_CHUNK: usize = 2 << 20;
 
-/// Writes `frame` preceded by its length (u64 LE), at most [`WRITE_CHUNK`] bytes of it a
-/// system call.
-fn write_frame(w: &mut dyn Write, frame: &[u8]) -> std::io::Result<()> {
-    write_prefixed(w, Some(frame.len() as u64), frame)
-}
-
 /// Writes `bytes` (a frame or a slice of one) preceded by `prefix` (u64 LE) if any, at most
 /// [`WRITE_CHUNK`] bytes of it a system call.
 fn write_prefixed(w: &mut dyn Write, prefix: Option<u64>, bytes: &[u8]) -> std::io::Result<()> {
     let len_bytes = prefix.map(u64::to_le_bytes);
     let len: &[u8] = len_bytes.as_ref().map_or(&[], |l| l.as_slice());
-    let frame = bytes;
     let mut done = 0;
-    let total = len.len() + frame.len();
+    let total = len.len() + bytes.len();
     while done < total {
         let n = if done < len.len() {
-            let first = &frame[..frame.len().min(WRITE_CHUNK)];
+            let first = &bytes[..bytes.len().min(WRITE_CHUNK)];
             w.write_vectored(&[IoSlice::new(&len[done..]), IoSlice::new(first)])?
         } else {
             let from = done - len.len();
-            w.write(&frame[from..frame.len().min(from + WRITE_CHUNK)])?
+            w.write(&bytes[from..bytes.len().min(from + WRITE_CHUNK)])?
         };
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
@@ -952,37 +949,46 @@ fn bind(side: &TcpSide, tcp: TcpStream) -> anyhow::Result<Option<(Vec<Arrived>, 
     } else {
         0
     };
-    let mut pending = side.pending.lock().unwrap_or_else(|e| e.into_inner());
-    let p = pending.get_mut(&token).ok_or_else(no_offer)?;
-    let mut check = || {
-        anyhow::ensure!(
-            wire == p.wire,
-            "a {wire:?} connection for a {:?} offer",
-            p.wire
-        );
-        if let Some(id) = identity {
-            anyhow::ensure!(
-                id == p.peer,
-                "the identity {id} for an offer of peer {}",
+    let lock = || side.pending.lock().unwrap_or_else(|e| e.into_inner());
+    // The offer's checks under the lock; a failure withdraws the offer.
+    {
+        let mut pending = lock();
+        let p = pending.get(&token).ok_or_else(no_offer)?;
+        let checked = if wire != p.wire {
+            Err(anyhow!("a {wire:?} connection for a {:?} offer", p.wire))
+        } else if identity.is_some_and(|id| id != p.peer) {
+            Err(anyhow!(
+                "the identity {} for an offer of peer {}",
+                identity.expect("checked"),
                 p.peer
-            );
+            ))
+        } else if !p.arrived.get(index).is_some_and(Option::is_none) {
+            Err(anyhow!(
+                "connection {index} of a link of {} connections, or that connection twice",
+                p.arrived.len()
+            ))
+        } else {
+            Ok(())
+        };
+        if let Err(e) = checked {
+            pending.remove(&token);
+            return Err(e);
         }
-        anyhow::ensure!(
-            p.arrived.get(index).is_some_and(Option::is_none),
-            "connection {index} of a link of {} connections, or that connection twice",
-            p.arrived.len()
-        );
-        stream.write_all(b"OK")?;
-        stream.flush()?;
-        socket.set_read_timeout(None)?;
-        socket.set_write_timeout(None)?;
-        anyhow::Ok(())
-    };
-    if let Err(e) = check() {
-        pending.remove(&token);
-        return Err(e);
     }
-    p.arrived[index] = Some(Arrived {
+    // The answer outside it: the runtime's `answer_offer` takes the lock too, and a write
+    // may wait on the far end.
+    stream.write_all(b"OK")?;
+    stream.flush()?;
+    socket.set_read_timeout(None)?;
+    socket.set_write_timeout(None)?;
+    let mut pending = lock();
+    let p = pending.get_mut(&token).ok_or_else(no_offer)?;
+    let Some(slot @ None) = p.arrived.get_mut(index) else {
+        // Bound by another connection meanwhile: only a sender that misbehaves does that.
+        pending.remove(&token);
+        bail!("connection {index} of a link twice");
+    };
+    *slot = Some(Arrived {
         reader: stream.into_reader(),
         socket,
         stamp,
@@ -998,12 +1004,12 @@ fn bind(side: &TcpSide, tcp: TcpStream) -> anyhow::Result<Option<(Vec<Arrived>, 
     Ok(Some((streams, p)))
 }
 
-/// Reads the slices `ranges` of one frame ([`stripes`]) from the link's connections side
-/// by side, connection i's into `buf[ranges[i]]` (past them, with `buf` `None`), the first
-/// on this thread and each other on one of its own. A connection that fails shuts the
-/// others down, so that no read waits on a link that is gone.
+/// Reads the slices `ranges` of one frame ([`stripes`]) from the link's connections
+/// `readers` (their sockets `sockets`) side by side ([`side_by_side`]), connection i's into
+/// `buf[ranges[i]]`, or past them with `buf` `None`.
 fn read_striped(
-    streams: &mut [Arrived],
+    readers: &mut [Box<dyn Read + Send>],
+    sockets: &[TcpStream],
     ranges: &[Range<usize>],
     buf: Option<&mut [u8]>,
 ) -> std::io::Result<()> {
@@ -1017,61 +1023,22 @@ fn read_striped(
             },
         }
     }
-    let mut parts: Vec<Option<&mut [u8]>> = match buf {
-        None => ranges.iter().map(|_| None).collect(),
-        Some(mut rest) => ranges
-            .iter()
-            .map(|r| {
-                let (part, after) = std::mem::take(&mut rest).split_at_mut(r.len());
-                rest = after;
-                Some(part)
-            })
-            .collect(),
-    };
-    if ranges.len() == 1 {
-        return read_part(
-            &mut *streams[0].reader,
-            ranges[0].len(),
-            parts.pop().flatten(),
-        );
-    }
-    let sockets: Vec<TcpStream> = streams
-        .iter()
-        .filter_map(|a| a.socket.try_clone().ok())
-        .collect();
-    let shut_all = |e: std::io::Error| {
-        for s in &sockets {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-        e
-    };
-    let mut parts = parts.into_iter();
-    let first = parts.next().flatten();
-    let (head, rest) = streams.split_at_mut(1);
-    std::thread::scope(|scope| {
-        let others: Vec<_> = rest
-            .iter_mut()
-            .zip(&ranges[1..])
-            .zip(parts)
-            .map(|((a, r), part)| {
-                let len = r.len();
-                scope.spawn(move || read_part(&mut *a.reader, len, part).map_err(shut_all))
-            })
-            .collect();
-        let mut result = read_part(&mut *head[0].reader, ranges[0].len(), first).map_err(shut_all);
-        for t in others {
-            let r = t
-                .join()
-                .unwrap_or_else(|_| Err(std::io::Error::other("a reading thread panicked")));
-            result = result.and(r);
-        }
-        result
-    })
+    let mut rest = buf;
+    let jobs = readers.iter_mut().zip(ranges).map(|(r, range)| {
+        let len = range.len();
+        let into = rest.take().map(|b| {
+            let (part, after) = b.split_at_mut(len);
+            rest = Some(after);
+            part
+        });
+        move || read_part(&mut **r, len, into)
+    });
+    side_by_side(sockets, jobs)
 }
 
 /// The reading thread of one TCP link (its connections `streams`, in order): frames to
 /// [`deliver`] until the link stops (a stream ends or the goodbye's count is complete).
-fn read_frames(mut streams: Vec<Arrived>, p: Pending, rt: tokio::runtime::Handle) {
+fn read_frames(streams: Vec<Arrived>, p: Pending, rt: tokio::runtime::Handle) {
     let Pending {
         conn,
         state,
@@ -1083,17 +1050,23 @@ fn read_frames(mut streams: Vec<Arrived>, p: Pending, rt: tokio::runtime::Handle
     let limit = FRAME_HEADER_LEN as u64 + max_payload_bytes as u64;
     let ended = |why: String| ended_early(&rt, &conn, &state, &events, why);
     let count = streams.len();
+    let (mut readers, mut sockets, mut stamps) = (Vec::new(), Vec::new(), Vec::new());
+    for a in streams {
+        readers.push(a.reader);
+        sockets.push(a.socket);
+        stamps.push(a.stamp);
+    }
     loop {
         let mut len = [0u8; 8];
-        if let Err(e) = streams[0].reader.read_exact(&mut len) {
+        if let Err(e) = readers[0].read_exact(&mut len) {
             return ended(e.to_string());
         }
         let first_byte = Instant::now();
-        let first_stamp = streams[0].stamp.load(Ordering::Relaxed);
+        let first_stamp = stamps[0].load(Ordering::Relaxed);
         // Without the kernel's timestamps, the bytes already waiting (one more system call a
         // frame). On an encrypted link this counts ciphertext, and misses what TLS has
         // buffered already (at most a record or two): close enough for a rate.
-        let waiting = (first_stamp == 0).then(|| waiting_bytes(&streams[0].socket).unwrap_or(0));
+        let waiting = (first_stamp == 0).then(|| waiting_bytes(&sockets[0]).unwrap_or(0));
         let n = u64::from_le_bytes(len);
         // A length no buffer could hold is read past on connection 0 alone (its slices
         // could not be computed); a link of several then loses step and breaks on its next
@@ -1104,7 +1077,7 @@ fn read_frames(mut streams: Vec<Arrived>, p: Pending, rt: tokio::runtime::Handle
         };
         let frame = if n > limit {
             // Read past it: the frames after it still arrive.
-            match read_striped(&mut streams, &ranges, None) {
+            match read_striped(&mut readers, &sockets, &ranges, None) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                     return ended(format!("the stream ended within a {n}-byte frame"))
@@ -1119,16 +1092,16 @@ fn read_frames(mut streams: Vec<Arrived>, p: Pending, rt: tokio::runtime::Handle
             // One read for all that is left of the frame (a slice of it per connection),
             // into a buffer not zeroed first (`read_to_end` zeroed each 100 MB buffer: 12% of
             // a link's samples).
-            match read_striped(&mut streams, &ranges, Some(&mut buf)) {
+            match read_striped(&mut readers, &sockets, &ranges, Some(&mut buf)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                     return ended(format!("the stream ended within a {n}-byte frame"))
                 }
                 Err(e) => return ended(e.to_string()),
             }
-            let last_stamp = streams[..ranges.len()]
+            let last_stamp = stamps[..ranges.len()]
                 .iter()
-                .map(|a| a.stamp.load(Ordering::Relaxed))
+                .map(|s| s.load(Ordering::Relaxed))
                 .max()
                 .unwrap_or(0);
             check(&buf, max_payload_bytes).map(|header| {
@@ -1457,17 +1430,15 @@ mod tests {
     #[test]
     fn a_frame_cut_across_connections_reads_back_whole() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let (mut writers, mut sockets, mut streams) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut writers, mut sockets) = (Vec::new(), Vec::new());
+        let (mut readers, mut far) = (Vec::new(), Vec::new());
         for _ in 0..3 {
             let w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
             let (r, _) = l.accept().unwrap();
             sockets.push(w.try_clone().unwrap());
             writers.push(Box::new(w) as Box<dyn Write + Send>);
-            streams.push(Arrived {
-                socket: r.try_clone().unwrap(),
-                reader: Box::new(r),
-                stamp: Arc::default(),
-            });
+            far.push(r.try_clone().unwrap());
+            readers.push(Box::new(r) as Box<dyn Read + Send>);
         }
         let first: Vec<u8> = (0..(3 << 20) + 7).map(|i| (i % 251) as u8).collect();
         let second: Vec<u8> = (0..STRIPE_FROM + 1).map(|i| (i % 13) as u8).collect();
@@ -1479,15 +1450,15 @@ mod tests {
         });
         let mut len = [0u8; 8];
         // The first frame read past, the second read, the third read.
-        streams[0].reader.read_exact(&mut len).unwrap();
+        readers[0].read_exact(&mut len).unwrap();
         let n = u64::from_le_bytes(len) as usize;
-        read_striped(&mut streams, &stripes(n, 3), None).unwrap();
+        read_striped(&mut readers, &far, &stripes(n, 3), None).unwrap();
         let mut got = Vec::new();
         for _ in 0..2 {
-            streams[0].reader.read_exact(&mut len).unwrap();
+            readers[0].read_exact(&mut len).unwrap();
             let n = u64::from_le_bytes(len) as usize;
             let mut buf = vec![0u8; n];
-            read_striped(&mut streams, &stripes(n, 3), Some(&mut buf)).unwrap();
+            read_striped(&mut readers, &far, &stripes(n, 3), Some(&mut buf)).unwrap();
             got.push(buf);
         }
         let first = writer.join().unwrap();
@@ -1616,11 +1587,11 @@ mod tests {
         }
         let frame: Vec<u8> = (0..20).collect();
         let mut w = Trickle(Vec::new());
-        write_frame(&mut w, &frame).unwrap();
+        write_prefixed(&mut w, Some(frame.len() as u64), &frame).unwrap();
         assert_eq!(&w.0[..8], &20u64.to_le_bytes());
         assert_eq!(&w.0[8..], frame.as_slice());
         let mut v = Vec::new();
-        write_frame(&mut v, &frame).unwrap();
+        write_prefixed(&mut v, Some(frame.len() as u64), &frame).unwrap();
         assert_eq!(v, w.0);
     }
 }

@@ -409,7 +409,7 @@ impl CatchUp {
     }
 }
 
-/// How long a donor keeps its copy of the optimizer's state after the last request for a
+/// How long a donor keeps its copy of a state ([`StateCopy`]) after the last request for a
 /// part of it (seconds of wall time; a request after that makes a new copy).
 pub(crate) const COPY_KEPT: Duration = Duration::from_secs(10);
 
@@ -417,13 +417,14 @@ pub(crate) const COPY_KEPT: Duration = Duration::from_secs(10);
 /// are refused.
 const WAITING_PER_PEER: usize = PARTS_IN_FLIGHT;
 
-/// A donor's side of the catch-ups of the optimizer's state. The state lives with the
-/// training step, outside the core, and changes every step; the donor answers from a copy
-/// made between two of its rounds (`[s]`; as long as the state: one more vector's memory
-/// while peers catch up from it). A request that comes before the copy is made waits for
-/// it, so a part is answered at most one round late.
+/// A donor's side of the catch-ups of a state it keeps a copy of (`[s]`; one more vector's
+/// memory while peers catch up from it, dropped once idle for [`COPY_KEPT`]). The
+/// optimizer's state lives with the training step, outside the core, and changes every
+/// step: its copy is made between two of the donor's rounds, and a request that comes
+/// before it waits for it, so a part is answered at most one round late. The algorithm's
+/// state (`Gossip::catch_up_state`) is the core's: its copy is made at the first request.
 #[derive(Debug, Default)]
-pub(crate) struct OptimizerCopy {
+pub(crate) struct StateCopy {
     /// The copy and when a part of it was last asked for.
     copy: Option<(Vec<f32>, Instant)>,
     /// The requests (from, part) that wait for a copy.
@@ -435,14 +436,14 @@ pub(crate) struct OptimizerCopy {
 pub(crate) enum Answer<'a> {
     /// These values.
     Values(&'a [f32]),
-    /// Nothing yet: it waits for the copy ([`OptimizerCopy::wanted`]).
+    /// Nothing yet: it waits for the copy ([`StateCopy::wanted`]).
     Waits,
     /// Refused: a slice beyond the state or above the part bound, or too many waiting.
     Refused,
 }
 
-impl OptimizerCopy {
-    /// A request from `from` for `part` (of [`Vector::Optimizer`]) at `now`.
+impl StateCopy {
+    /// A request from `from` for `part` (of the vector this copy is of) at `now`.
     pub(crate) fn ask(&mut self, now: Instant, from: Rank, part: Part) -> Answer<'_> {
         if part.within(usize::MAX).is_none() {
             return Answer::Refused;
@@ -494,7 +495,6 @@ impl OptimizerCopy {
     }
 
     /// Whether it holds a copy now.
-    #[cfg(test)]
     pub(crate) fn holds(&self) -> bool {
         self.copy.is_some()
     }
@@ -737,7 +737,7 @@ mod tests {
             start,
             len,
         };
-        let mut d = OptimizerCopy::default();
+        let mut d = StateCopy::default();
         assert!(!d.wanted());
         // Before any copy: requests wait, a peer's beyond the bound are refused.
         assert_eq!(d.ask(t0, 3, part(0, 2)), Answer::Waits);

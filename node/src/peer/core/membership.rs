@@ -501,14 +501,13 @@ impl PeerCore {
                 }
             },
             Vector::Algorithm => {
-                if self.algorithm_copy.as_ref().map(|(r, ..)| *r) != Some(round) {
-                    self.algorithm_copy = Some((round, self.gossip.catch_up_state(), now));
+                // The core holds the algorithm: its copy is made at once, not between rounds.
+                if !self.algorithm_copy.holds() {
+                    self.algorithm_copy.take(now, self.gossip.catch_up_state());
                 }
-                let (_, copy, asked) = self.algorithm_copy.as_mut().expect("made above");
-                *asked = now;
-                match part.within(copy.len()) {
-                    Some(range) => &self.algorithm_copy.as_ref().expect("made above").1[range],
-                    None => {
+                match self.algorithm_copy.ask(now, from, part) {
+                    Answer::Values(v) => v,
+                    Answer::Waits | Answer::Refused => {
                         refused(self, "the algorithm's state");
                         return Ok(());
                     }
@@ -547,11 +546,7 @@ impl PeerCore {
         state: impl FnOnce() -> Vec<f32>,
     ) -> anyhow::Result<Vec<Action>> {
         let mut out = Vec::new();
-        if let Some((_, _, asked)) = &self.algorithm_copy {
-            if now.saturating_duration_since(*asked) >= catch_up::COPY_KEPT {
-                self.algorithm_copy = None;
-            }
-        }
+        self.algorithm_copy.release_idle(now);
         if !self.optimizer_copy.wanted() {
             self.optimizer_copy.release_idle(now);
             return Ok(out);

@@ -172,11 +172,11 @@ pub(crate) struct PeerCore {
     catch_up: Option<catch_up::CatchUp>,
     /// As a donor: the copy of its optimizer's state it answers catch-ups from, and the
     /// requests waiting for it ([`PeerCore::serve_optimizer_state`]).
-    optimizer_copy: catch_up::OptimizerCopy,
+    optimizer_copy: catch_up::StateCopy,
     /// The algorithm's catch-up state as a donor answers rejoining peers from it
-    /// (`Gossip::catch_up_state`): made at the first request of a round, with the round it
-    /// is of and when it was last asked; dropped once idle for [`catch_up::COPY_KEPT`].
-    algorithm_copy: Option<(u64, Vec<f32>, Instant)>,
+    /// (`Gossip::catch_up_state`): made at the first request, kept as the optimizer's copy
+    /// is (dropped once idle for [`catch_up::COPY_KEPT`]).
+    algorithm_copy: catch_up::StateCopy,
     /// A rejoining peer only: the nearest present peers besides its in-neighbours that it
     /// also fetches x from, as it has fewer than [`catch_up::MIN_DONORS`] present
     /// in-neighbours ([`PeerCore::link_catch_up_helpers`]).
@@ -249,8 +249,8 @@ impl PeerCore {
             peer_ids: setup.peer_ids,
             welcomes: BTreeMap::new(),
             catch_up: None,
-            optimizer_copy: catch_up::OptimizerCopy::default(),
-            algorithm_copy: None,
+            optimizer_copy: catch_up::StateCopy::default(),
+            algorithm_copy: catch_up::StateCopy::default(),
             helpers: BTreeSet::new(),
             hellos: BTreeSet::new(),
             pending_hello: None,
