@@ -27,8 +27,9 @@ pub const FRAME_MAGIC: u16 = 0x554D;
 /// `StatePart`). 3: a part names the vector it is of (x or the optimizer's state), so a
 /// donor of version 2 would answer a request for optimizer state with x. 4: a part may be
 /// of the algorithm's state (DiLoCo's anchor and outer velocity), which a donor of version 3
-/// could not read.
-pub const FRAME_VERSION: u8 = 4;
+/// could not read. 5: the record's keeper floods the lines of the run's record (`Record`),
+/// a kind a peer of version 4 would refuse.
+pub const FRAME_VERSION: u8 = 5;
 /// Length of [`FrameHeader`] on the wire, in bytes.
 pub const FRAME_HEADER_LEN: usize = 24;
 
@@ -84,6 +85,10 @@ pub enum FrameKind {
     Fetch = 16,
     /// A donor's answer to `Fetch`: the slice of x asked for (payload defined by the node).
     StatePart = 17,
+    /// Lines of the run's record (epoch rows, their consensus distances, membership
+    /// events), flooded by the record's keeper so that any peer can continue the record in
+    /// a run folder of its own (payload defined by the node).
+    Record = 18,
 }
 
 impl FrameKind {
@@ -140,6 +145,7 @@ impl FrameKind {
             15 => Some(Self::GossipPart),
             16 => Some(Self::Fetch),
             17 => Some(Self::StatePart),
+            18 => Some(Self::Record),
             _ => None,
         }
     }
@@ -296,7 +302,7 @@ mod tests {
     #[test]
     fn every_kind_is_the_algorithms_or_the_nodes() {
         let kinds: Vec<FrameKind> = (0..=255).filter_map(FrameKind::from_u8).collect();
-        assert_eq!(kinds.len(), 17);
+        assert_eq!(kinds.len(), 18);
         let algorithm: Vec<u8> = kinds
             .iter()
             .filter(|k| k.is_algorithm())

@@ -14,6 +14,9 @@ fn murmur() -> Command {
 struct Cluster {
     dir: tempfile::TempDir,
     children: Vec<Child>,
+    /// Each rank writes a run folder of its own (`host-<rank>`), as peers on hosts without a
+    /// shared file system do; otherwise all write `run`.
+    separate: bool,
 }
 
 impl Drop for Cluster {
@@ -30,11 +33,28 @@ impl Cluster {
         Cluster {
             dir: tempfile::tempdir().unwrap(),
             children: Vec::new(),
+            separate: false,
         }
     }
 
+    /// Peers as on hosts that share no file system: a run folder each.
+    fn separate() -> Self {
+        let mut c = Cluster::new();
+        c.separate = true;
+        c
+    }
+
+    /// The run folder (peer 0's, with [`Cluster::separate`]).
     fn out(&self) -> PathBuf {
-        self.dir.path().join("run")
+        self.out_of(0)
+    }
+
+    /// Peer `rank`'s run folder.
+    fn out_of(&self, rank: usize) -> PathBuf {
+        match self.separate {
+            false => self.dir.path().join("run"),
+            true => self.dir.path().join(format!("host-{rank}")),
+        }
     }
 
     fn log(&self, rank: usize) -> PathBuf {
@@ -44,20 +64,20 @@ impl Cluster {
     fn spawn(&mut self, rank: usize, args: &[String]) {
         let mut a = vec![format!("--rank={rank}")];
         a.extend_from_slice(args);
-        self.spawn_logged(&self.log(rank), &a);
+        self.spawn_logged(&self.log(rank), &self.out_of(rank), &a);
     }
 
     /// Starts a peer without `--rank`, logging to `peer-<label>.log`.
     fn spawn_unranked(&mut self, label: &str, args: &[String]) {
         let log = self.dir.path().join(format!("peer-{label}.log"));
-        self.spawn_logged(&log, args);
+        self.spawn_logged(&log, &self.out(), args);
     }
 
-    fn spawn_logged(&mut self, log: &Path, args: &[String]) {
+    fn spawn_logged(&mut self, log: &Path, out: &Path, args: &[String]) {
         let log = std::fs::File::create(log).unwrap();
         let child = murmur()
             .arg("peer")
-            .arg(format!("--out={}", self.out().display()))
+            .arg(format!("--out={}", out.display()))
             .args(args)
             .env("RAYON_NUM_THREADS", "1")
             .stdin(Stdio::null())
@@ -635,6 +655,132 @@ fn wait_for_epoch(c: &Cluster, epoch: u64) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Peers on hosts that share no run folder (each its own `--out`): peer 0 is killed once it
+/// recorded epoch 2 and does not come back. Peer 1 stands in, and its folder gets the whole
+/// record: the rows peer 0 wrote, from its copy of the lines peer 0 flooded, then its own;
+/// every epoch once, the rows both folders hold identical. Before, the stand-in's folder
+/// had a record of its own from the epoch it stood in.
+#[test]
+fn a_stand_in_on_a_host_of_its_own_continues_the_whole_record() {
+    let mut c = Cluster::separate();
+    c.start(
+        4,
+        &args(&[
+            "--peers=4",
+            "--topology=ring",
+            "--algorithm=dpsgd",
+            "--epochs=6",
+            "--rounds-per-epoch=25",
+            "--peer-timeout-secs=3",
+            "--round-timeout-secs=30",
+        ]),
+    );
+    wait_for_epoch(&c, 2);
+    c.children[0].kill().unwrap();
+    c.all_succeed(&[(1, 1), (2, 2), (3, 3)]);
+    let (of_0, of_1) = (rows(&c.out_of(0)), rows(&c.out_of(1)));
+    let epochs: Vec<u64> = of_1.iter().map(|r| r["epoch"].as_u64().unwrap()).collect();
+    assert_eq!(epochs, (0..=6).collect::<Vec<_>>(), "{}", c.read_log(1));
+    assert!(of_0.len() >= 3, "peer 0 recorded epoch 2 before its kill");
+    for (mine, copied) in of_0.iter().zip(&of_1) {
+        assert_eq!(mine, copied, "a row peer 0 wrote, copied as it was");
+    }
+    let log = c.read_log(1);
+    assert!(log.contains("keeps the run's record"), "{log}");
+    assert!(log.contains("lacked lines of the record"), "{log}");
+    let s: Value = serde_json::from_str(
+        &std::fs::read_to_string(c.out_of(1).join("summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(s["epochs"], 6, "{s}");
+    assert!(s["departures"].as_str().unwrap().starts_with("0@"), "{s}");
+    assert!(s["final_mean_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");
+    let membership = std::fs::read_to_string(c.out_of(1).join("membership.jsonl")).unwrap();
+    assert_eq!(membership.lines().count(), 1, "{membership}");
+    let distances = std::fs::read_to_string(c.out_of(1).join("distances.jsonl")).unwrap();
+    assert_eq!(distances.lines().count(), 7, "{distances}");
+    assert!(c.out_of(1).join("model.safetensors").exists());
+    // A peer that never kept the record wrote none.
+    assert!(!c.out_of(2).join("epochs.jsonl").exists());
+}
+
+/// The same, and peer 0 restarted in its own folder (`--resume --rejoin-running`, through
+/// member 1, as `launch` restarts it) after its stand-in recorded epochs there: it takes
+/// back the record with the stand-in's rows from the welcome's copy, so its folder too
+/// has every epoch once, the stand-in's rows as the stand-in wrote them.
+#[test]
+fn a_peer_0_restarted_on_its_own_host_gets_the_rows_its_stand_in_wrote_elsewhere() {
+    let mut c = Cluster::separate();
+    let member = c.dir.path().join("member-1.addr");
+    let run = args(&[
+        "--peers=4",
+        "--topology=ring",
+        "--algorithm=dpsgd",
+        "--epochs=10",
+        "--rounds-per-epoch=25",
+        "--peer-timeout-secs=3",
+        "--round-timeout-secs=30",
+        "--checkpoint-every=25",
+        "--slow-peer=2:20",
+    ]);
+    let boot = c.start_bootstrap(&run);
+    for rank in 1..4 {
+        let mut a = run.clone();
+        a.push(format!("--bootstrap={boot}"));
+        if rank == 1 {
+            a.push(format!("--address-file={}", member.display()));
+        }
+        c.spawn(rank, &a);
+    }
+    let member = c.address(1, &member);
+    wait_for_epoch(&c, 2);
+    c.children[0].kill().unwrap();
+    c.children[0].wait().unwrap();
+    // The stand-in records two epochs in its own folder.
+    let recorded_by_1 = rows(&c.out_of(0)).len() as u64 + 1;
+    let t0 = Instant::now();
+    while !rows(&c.out_of(1))
+        .iter()
+        .any(|r| r["epoch"].as_u64() >= Some(recorded_by_1))
+    {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{}", c.read_log(1));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut back = run.clone();
+    back.extend([
+        format!("--bootstrap={member}"),
+        format!(
+            "--bootstrap-file={}",
+            c.dir.path().join("bootstrap-2.addr").display()
+        ),
+        "--resume".into(),
+        "--rejoin-running".into(),
+    ]);
+    c.spawn(0, &back); // children[4]
+    c.all_succeed(&[(1, 1), (2, 2), (3, 3), (0, 4)]);
+    let (of_0, of_1) = (rows(&c.out_of(0)), rows(&c.out_of(1)));
+    let epochs: Vec<u64> = of_0.iter().map(|r| r["epoch"].as_u64().unwrap()).collect();
+    assert_eq!(epochs, (0..=10).collect::<Vec<_>>(), "{}", c.read_log(0));
+    let stood_in: Vec<&Value> = (of_1.iter())
+        .filter(|r| r["epoch"].as_u64() >= Some(recorded_by_1))
+        .collect();
+    assert!(!stood_in.is_empty());
+    for row in stood_in {
+        let e = row["epoch"].as_u64().unwrap() as usize;
+        assert_eq!(row, &of_0[e], "a row the stand-in wrote, as it wrote it");
+    }
+    let log = c.read_log(0);
+    assert!(log.contains("lacked lines of the record"), "{log}");
+    let membership = std::fs::read_to_string(c.out_of(0).join("membership.jsonl")).unwrap();
+    let events: Vec<Value> = (membership.lines())
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let placed: Vec<(&str, u64)> = (events.iter())
+        .map(|e| (e["event"].as_str().unwrap(), e["peer"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(placed, [("left", 0), ("rejoined", 0)], "{membership}");
 }
 
 /// Runs `n` peers of `algorithm` on the ring for 5 epochs of 25 rounds, SIGKILLs peer

@@ -43,6 +43,11 @@ pub struct Welcome {
     /// them there (its directory may predate their rejoin).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub locations: Vec<(Rank, Incarnation, SocketAddr)>,
+    /// The sender's copy of the run's record ([`crate::report::copy`]): a restarted peer 0
+    /// completes its run folder from it (a stand-in may have kept the record in a folder
+    /// of its own), and any peer keeps it in case it keeps the record one day.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) record: Vec<crate::report::copy::RecordLine>,
 }
 
 /// When an event is handled, as the driver reads it (the state machine reads no clock).
@@ -538,6 +543,7 @@ impl Membership {
                 .filter(|(&r, _)| r != to)
                 .map(|(&r, &(incarnation, addr))| (r, incarnation, addr))
                 .collect(),
+            record: Vec::new(),
         }
     }
 

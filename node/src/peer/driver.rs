@@ -124,7 +124,23 @@ impl Driver {
         }
         let actions = self.core.handle(Instant::now(), input)?;
         self.publish_lowest_live();
-        self.execute(actions)
+        self.execute(actions)?;
+        self.share_record()
+    }
+
+    /// The record's keeper: floods the lines its collector wrote since the last call, for
+    /// every peer's copy of the record ([`crate::report::copy`]), and keeps them in its own.
+    ///
+    /// # Errors
+    /// Those of [`Driver::execute`].
+    pub(super) fn share_record(&mut self) -> anyhow::Result<()> {
+        let Some(lines) = self.collector.as_mut().map(Collector::take_lines) else {
+            return Ok(());
+        };
+        match self.core.keep_record(Instant::now(), lines, &[])? {
+            Some(flood) => self.execute(vec![flood]),
+            None => Ok(()),
+        }
     }
 
     /// Carries out the core's actions in order; what comes of them (a failed send, an
@@ -251,7 +267,8 @@ impl Driver {
             let mut c = self.record.collector();
             // The keeper before it (a stand-in that has not yet heard that this peer keeps
             // the record now) lets the record's lock go within a round or so.
-            c.stand_in(self.core.membership.departed(), self.plane.timeouts().peer)?;
+            let departed = self.core.membership.departed();
+            c.stand_in(departed, self.plane.timeouts().peer, &self.core.record_copy)?;
             self.collector = Some(c);
             self.plane.hold_acknowledgements();
             let mut reports: Vec<(Rank, Bytes)> = self.early_reports.drain(..).collect();
@@ -483,7 +500,7 @@ impl Driver {
         if let Some(c) = self.collector.as_mut() {
             c.add(report, x.to_vec())?;
             self.release_acknowledgements();
-            return Ok(());
+            return self.share_record();
         }
         match (frame, self.links.contains_key(&self.record_to)) {
             (Some(frame), true) => self.send(self.record_to, frame),

@@ -97,13 +97,15 @@ pub(super) fn run_on<B: AutodiffBackend>(
             let departed = drv.core.membership.departed().clone();
             let back = drv.core.membership.rejoins_heard().clone();
             let collects_only = first_round >= rounds_per_epoch * args.train.epochs as u64;
-            c.rejoined(first_round, (&departed, &back), collects_only)?;
+            c.rejoined(first_round, (&departed, &back), collects_only, &drv.core.record_copy)?;
         }
+        drv.share_record()?;
         report::keep_peer_epochs_before(&peer_log, first_epoch)?;
     } else if first_epoch > 0 {
         if let Some(c) = drv.collector.as_mut() {
             c.keep_rows_before(first_epoch, carried.map(|t| t.wall_seconds))?;
         }
+        drv.share_record()?;
         report::keep_peer_epochs_before(&peer_log, first_epoch)?;
     }
 

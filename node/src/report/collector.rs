@@ -17,6 +17,7 @@ use crate::report::{self, EpochRow, MembershipEvent, PeerEpoch, Summary};
 use crate::train::data::{text, tokens, Dataset};
 use crate::train::model::{self, Net};
 
+use crate::report::copy::{RecordCopy, RecordLine};
 use crate::report::frames::*;
 
 /// Samples per batch when a model is evaluated on a data set (a memory bound, not a
@@ -27,9 +28,9 @@ pub(crate) const EVAL_BATCH: usize = 500;
 /// line of `distances.jsonl`, written by peer 0): the per-peer terms of Ξ².
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct PeerDistances {
-    epoch: usize,
+    pub(crate) epoch: usize,
     /// ‖x_i − x̄‖² by rank; `null` for a peer that did not report (it had left).
-    distances: Vec<Option<f64>>,
+    pub(crate) distances: Vec<Option<f64>>,
 }
 
 /// ‖x_i − x̄‖² for each present slot, x̄ the mean of the present ones.
@@ -90,6 +91,9 @@ pub(crate) struct Collector {
     /// The run folder's `record.lock`, locked (`flock`) while this collector may write the
     /// record ([`Collector::lock_record`]); the kernel releases it when the process dies.
     lock: Option<std::fs::File>,
+    /// The lines written to the record since the shell last took them
+    /// ([`Collector::take_lines`]), for every peer's copy of it ([`crate::report::copy`]).
+    written: Vec<RecordLine>,
 }
 
 /// The file whose lock ([`Collector::lock_record`]) the record's writer holds.
@@ -127,6 +131,7 @@ impl Collector {
             deferred: None,
             mean: None,
             lock: None,
+            written: Vec::new(),
         }
     }
 
@@ -211,7 +216,8 @@ impl Collector {
     /// peer): takes up the record as it stands in the run folder, as a restarted peer 0
     /// does ([`Collector::take_up`]), and records the departures it knows of that the
     /// record lacks (`departed`, by rank: peer 0's among them). A run folder that is not
-    /// shared with peer 0's host has no record: this one starts from its first epoch.
+    /// shared with peer 0's host lacks the lines peer 0 wrote: they come from this peer's
+    /// `copy` of the record first ([`RecordCopy::fill`]).
     ///
     /// # Errors
     /// The record does not parse or cannot be written.
@@ -219,14 +225,48 @@ impl Collector {
         &mut self,
         departed: &BTreeMap<Rank, MembershipEvent>,
         lock_wait: std::time::Duration,
+        copy: &RecordCopy,
     ) -> anyhow::Result<()> {
         self.lock_record(lock_wait);
+        self.fill_from(copy)?;
         self.read_record()?;
         for (&r, e) in departed {
             if self.counted_in(r) {
                 self.membership(e.clone(), None)?;
             }
         }
+        Ok(())
+    }
+
+    /// Completes the run folder's record from `copy` ([`RecordCopy::fill`]), saying so
+    /// when it lacked lines.
+    fn fill_from(&self, copy: &RecordCopy) -> anyhow::Result<()> {
+        let filled = copy.fill(&self.dir)?;
+        if filled.epochs + filled.events > 0 {
+            tracing::info!(
+                epochs = filled.epochs,
+                events = filled.events,
+                "the run folder ({}) lacked lines of the record another peer kept: written \
+                 from this peer's copy of it",
+                self.dir.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// The lines written to the record since the last call, for every peer's copy.
+    pub(crate) fn take_lines(&mut self) -> Vec<RecordLine> {
+        std::mem::take(&mut self.written)
+    }
+
+    /// Appends `event` to `membership.jsonl` and to the history.
+    fn append_event(&mut self, event: MembershipEvent) -> anyhow::Result<()> {
+        report::append_json_line(&self.dir.join("membership.jsonl"), &event)?;
+        self.written.push(RecordLine::Event {
+            index: self.history.len(),
+            event: event.clone(),
+        });
+        self.history.push(event);
         Ok(())
     }
 
@@ -283,11 +323,14 @@ impl Collector {
         at: u64,
         (departed, back): (&BTreeMap<Rank, MembershipEvent>, &BTreeMap<Rank, u64>),
         collects_only: bool,
+        copy: &RecordCopy,
     ) -> anyhow::Result<()> {
         // Every peer that stood in for it has handed the record back (it answered this
-        // process's hello): read it as it is now, then what waited.
+        // process's hello, with its copy of the record): read it as it is now, completed
+        // with what a stand-in wrote in a folder of its own, then what waited.
         if let Some(deferred) = self.deferred.take() {
             self.lock_record(REJOIN_LOCK_WAIT);
+            self.fill_from(copy)?;
             self.read_record()?;
             for (event, back_at) in deferred {
                 self.membership(event, back_at)?;
@@ -347,8 +390,7 @@ impl Collector {
         }
         // A stand-in recorded its departure already.
         if self.last_event(0).is_none_or(|e| e.event != "left") {
-            report::append_json_line(&self.dir.join("membership.jsonl"), &left)?;
-            self.history.push(left);
+            self.append_event(left)?;
         }
         let back = MembershipEvent::back(0, at, false, (at_epoch, wall));
         self.membership(back, Some(at))
@@ -436,7 +478,23 @@ impl Collector {
             None => rows.last().cloned(),
         };
         self.rows = rows;
-        self.write_rows()
+        self.write_rows()?;
+        // Every peer's copy of the record gets what the run before wrote.
+        let distances: Vec<PeerDistances> =
+            report::read_json_lines(&self.dir.join("distances.jsonl")).unwrap_or_default();
+        let events: Vec<MembershipEvent> =
+            report::read_json_lines(&self.dir.join("membership.jsonl")).unwrap_or_default();
+        for row in &self.rows {
+            let distances = distances.iter().find(|d| d.epoch == row.epoch).cloned();
+            self.written.push(RecordLine::Epoch {
+                row: row.clone(),
+                distances,
+            });
+        }
+        for (index, event) in events.into_iter().enumerate() {
+            self.written.push(RecordLine::Event { index, event });
+        }
+        Ok(())
     }
 
     /// Whether epoch `epoch` waits for peer `r`'s report.
@@ -494,11 +552,7 @@ impl Collector {
                 noticed_by: 0,
                 ..event.clone()
             };
-            report::append_json_line(&self.dir.join("membership.jsonl"), &left)?;
-            self.history.push(left);
-        }
-        if !known {
-            report::append_json_line(&self.dir.join("membership.jsonl"), &event)?;
+            self.append_event(left)?;
         }
         let from = match back_at {
             None => usize::MAX,
@@ -506,7 +560,7 @@ impl Collector {
         };
         self.absent.insert(event.peer, from);
         if !known {
-            self.history.push(event);
+            self.append_event(event)?;
         }
         self.record_complete()
     }
@@ -544,16 +598,18 @@ impl Collector {
             .collect();
         for epoch in complete {
             let slots = self.pending.remove(&epoch).unwrap_or_default();
-            report::append_json_line(
-                &self.dir.join("distances.jsonl"),
-                &PeerDistances {
-                    epoch,
-                    distances: peer_distances(&slots),
-                },
-            )?;
+            let distances = PeerDistances {
+                epoch,
+                distances: peer_distances(&slots),
+            };
+            report::append_json_line(&self.dir.join("distances.jsonl"), &distances)?;
             let all: Vec<Reported> = slots.into_iter().flatten().collect();
             let (row, mean) = self.aggregate(epoch, all)?;
             println!("{}", report::format_row(&row));
+            self.written.push(RecordLine::Epoch {
+                row: row.clone(),
+                distances: Some(distances),
+            });
             if self.rows.last().is_none_or(|r| r.epoch < epoch) {
                 // The newest epoch: its x̄ is the model the run exports.
                 self.mean = Some(mean);
@@ -1143,7 +1199,7 @@ mod tests {
         };
         // Nothing is written before it rejoined (a stand-in may still keep the record).
         assert_eq!(read().len(), 1, "{:?}", read());
-        c.rejoined(50, (&BTreeMap::new(), &BTreeMap::new()), false)
+        c.rejoined(50, (&BTreeMap::new(), &BTreeMap::new()), false, &RecordCopy::default())
             .unwrap();
         let events = read();
         let placed: Vec<_> = events.iter().map(|e| (e.peer, e.round, e.epoch)).collect();
@@ -1204,6 +1260,7 @@ mod tests {
             .stand_in(
                 &BTreeMap::from([(0, left0.clone())]),
                 std::time::Duration::ZERO,
+                &RecordCopy::default(),
             )
             .unwrap();
         let events: Vec<MembershipEvent> =
@@ -1237,7 +1294,7 @@ mod tests {
         assert_eq!(last(&stand_in), Some(3));
         drop(stand_in);
         back.membership(left0, None).unwrap();
-        back.rejoined(45, (&BTreeMap::new(), &BTreeMap::new()), false)
+        back.rejoined(45, (&BTreeMap::new(), &BTreeMap::new()), false, &RecordCopy::default())
             .unwrap();
         add_all(&mut back, 4..=5, 0..3);
         let rows: Vec<EpochRow> =
@@ -1248,6 +1305,72 @@ mod tests {
         assert_eq!(peers, [3, 3, 2, 2, 3, 3]);
         let events: Vec<MembershipEvent> =
             report::read_json_lines(&dir.path().join("membership.jsonl")).unwrap();
+        let placed: Vec<_> = (events.iter())
+            .map(|e| (e.event.as_str(), e.peer, e.round))
+            .collect();
+        assert_eq!(placed, [("left", 0, 25), ("rejoined", 0, 45)], "{events:?}");
+    }
+
+    /// The same with no run folder shared between the hosts of peer 0 and of its stand-in
+    /// (peer 1): the stand-in continues the record from its copy of the lines peer 0
+    /// flooded, and peer 0's new process continues it, in its own folder, from the copy
+    /// in the stand-in's welcome. Each folder ends with every epoch once.
+    #[test]
+    fn a_stand_in_on_another_host_continues_the_record_from_its_copy() {
+        let (host0, host1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut copy1 = RecordCopy::default();
+        let (mut c, _) = tiny_collector(3, host0.path());
+        add_all(&mut c, 0..=1, 0..3);
+        add(&mut c, 1, 2, 0.5).unwrap();
+        copy1.merge(c.take_lines(), Instant::now());
+        let accuracy_1 = c.rows[1].mean_test_accuracy;
+        drop(c);
+        let left0 = MembershipEvent {
+            event: "left".into(),
+            peer: 0,
+            round: 25,
+            epoch: 3,
+            wall_seconds: 1.0,
+            noticed_by: 1,
+            reason: "timed out".into(),
+        };
+        let (mut stand_in, _) = tiny_collector(3, host1.path());
+        stand_in
+            .stand_in(
+                &BTreeMap::from([(0, left0.clone())]),
+                std::time::Duration::ZERO,
+                &copy1,
+            )
+            .unwrap();
+        assert_eq!(stand_in.rows.len(), 2, "epochs 0 and 1 from the copy");
+        assert_eq!(stand_in.rows[1].mean_test_accuracy, accuracy_1);
+        for peer in 1..3 {
+            add(&mut stand_in, peer, 1, 0.5).unwrap();
+            add(&mut stand_in, peer, 2, 0.5).unwrap();
+            add(&mut stand_in, peer, 3, 0.5).unwrap();
+        }
+        // Its copy is what it welcomes peer 0's new process with.
+        copy1.merge(stand_in.take_lines(), Instant::now());
+        drop(stand_in);
+        let (mut back, _) = tiny_collector(3, host0.path());
+        back.take_up().unwrap();
+        back.membership(left0, None).unwrap();
+        back.rejoined(45, (&BTreeMap::new(), &BTreeMap::new()), false, &copy1)
+            .unwrap();
+        add_all(&mut back, 4..=5, 0..3);
+        for (host, last) in [(&host1, 3), (&host0, 5)] {
+            let rows: Vec<EpochRow> =
+                report::read_json_lines(&host.path().join("epochs.jsonl")).unwrap();
+            let epochs: Vec<usize> = rows.iter().map(|r| r.epoch).collect();
+            assert_eq!(epochs, (0..=last).collect::<Vec<_>>());
+            let distances: Vec<PeerDistances> =
+                report::read_json_lines(&host.path().join("distances.jsonl")).unwrap();
+            assert_eq!(distances.len(), last + 1);
+            let csv = std::fs::read_to_string(host.path().join("epochs.csv")).unwrap();
+            assert_eq!(csv.lines().count(), last + 2);
+        }
+        let events: Vec<MembershipEvent> =
+            report::read_json_lines(&host0.path().join("membership.jsonl")).unwrap();
         let placed: Vec<_> = (events.iter())
             .map(|e| (e.event.as_str(), e.peer, e.round))
             .collect();
@@ -1326,7 +1449,8 @@ mod tests {
             reason: "timed out".into(),
         };
         c.membership(left2, None).unwrap();
-        c.rejoined(50, (&BTreeMap::new(), &back), false).unwrap();
+        c.rejoined(50, (&BTreeMap::new(), &back), false, &RecordCopy::default())
+            .unwrap();
         let events: Vec<MembershipEvent> =
             report::read_json_lines(&dir.path().join("membership.jsonl")).unwrap();
         let of = |p: Rank| -> Vec<&str> {

@@ -5,6 +5,7 @@
 
 pub mod chart;
 pub(crate) mod collector;
+pub(crate) mod copy;
 pub(crate) mod frames;
 pub mod plots;
 pub(crate) mod progress;

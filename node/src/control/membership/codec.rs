@@ -263,6 +263,7 @@ mod tests {
             departed: vec![6],
             rejoined: vec![(3, 120)],
             locations: vec![(3, 77, "127.0.0.1:4000".parse().unwrap())],
+            record: Vec::new(),
         };
         let frame = encode_with_params(FrameKind::Welcome, 2, 150, &welcome, &[0.5, -1.0]).unwrap();
         let (w, x): (Welcome, Vec<f32>) =

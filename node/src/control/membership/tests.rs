@@ -522,6 +522,7 @@ fn a_restarted_peer_rejoins_from_the_welcomes() {
         departed,
         rejoined,
         locations: Vec::new(),
+        record: Vec::new(),
     };
     let welcomes: BTreeMap<Rank, _> = [
         (1, welcome(100, vec![6, 7], vec![(4, 60), (6, 30)])),

@@ -212,7 +212,9 @@ impl PeerCore {
             Restart::Departed(d) => self.departure(*d, out)?,
             Restart::Unchanged => {}
         }
-        let welcome = self.membership.welcome(from, self.gossip.round());
+        let mut welcome = self.membership.welcome(from, self.gossip.round());
+        // What it needs to keep the record in a run folder of its own one day.
+        welcome.record = self.record_copy.lines();
         if self.pending_hello.is_none() && self.first_frames.is_none() {
             // A member (not rejoining itself): it begins no round from which `from` could
             // mix again until `from` has said which it takes ([`PeerCore::held_by`]).
@@ -424,7 +426,8 @@ impl PeerCore {
             FrameKind::Hello => self.on_hello(now, from, payload, out),
             FrameKind::Welcome if self.first_frames.is_none() => {
                 match decode_with_params_sized::<Welcome>(payload, |_| 0) {
-                    Ok((w, _)) => {
+                    Ok((mut w, _)) => {
+                        self.record_copy.merge(std::mem::take(&mut w.record), now);
                         self.welcomes.insert(from, w);
                     }
                     Err(e) => {

@@ -31,6 +31,7 @@ use tracing::{debug, warn};
 
 use crate::control::membership::{Membership, Now, Welcome};
 use crate::plane::Incarnation;
+use crate::report::copy::{self, RecordCopy, RecordLine};
 use crate::report::MembershipEvent;
 use policy::{Goodbyes, Route};
 
@@ -200,6 +201,9 @@ pub(crate) struct PeerCore {
     /// With a key: the new peers whose first round this peer has not reached yet, as
     /// (rank, first round); see [`PeerCore::settled_joins`].
     settling: Option<Vec<(Rank, u64)>>,
+    /// This peer's copy of the run's record, from the keeper's floods and the welcomes it
+    /// had: what it completes its run folder from when it keeps the record.
+    pub(crate) record_copy: RecordCopy,
 }
 
 /// What [`PeerCore::new`] needs besides the state machine.
@@ -258,6 +262,7 @@ impl PeerCore {
             awaiting_rejoin: BTreeMap::new(),
             settling: setup.admit_signer.is_some().then(Vec::new),
             admit_signer: setup.admit_signer,
+            record_copy: RecordCopy::default(),
         }
     }
 
@@ -391,12 +396,41 @@ impl PeerCore {
             Route::Leave => {
                 self.on_leave_frame(now, from, header.round, &bytes[FRAME_HEADER_LEN..], out)?
             }
+            Route::Record => match copy::decode(&bytes[FRAME_HEADER_LEN..]) {
+                Ok(lines) => out.extend(self.keep_record(now, lines, &[from])?),
+                Err(e) => {
+                    self.refuse();
+                    warn!(from, "dropped a record frame: {e:#}");
+                }
+            },
             Route::Refuse => {
                 self.refuse();
                 warn!(from, kind = ?header.kind, "dropped a frame no one here takes (a report goes to peer 0)");
             }
         }
         Ok(())
+    }
+
+    /// Takes lines of the run's record, which came in at `now`, into this peer's copy (the
+    /// keeper's own, as it writes them, or a flood's from `except`) and passes on those new
+    /// to it, on every link but to `except`.
+    ///
+    /// # Errors
+    /// The lines do not serialize (not expected).
+    pub(crate) fn keep_record(
+        &mut self,
+        now: Instant,
+        lines: Vec<RecordLine>,
+        except: &[Rank],
+    ) -> anyhow::Result<Option<Action>> {
+        let new = self.record_copy.merge(lines, now);
+        if new.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Action::Broadcast {
+            frame: Bytes::from(copy::encode(self.rank, &new)?),
+            except: except.to_vec(),
+        }))
     }
 
     /// An algorithm frame from `from`: the link's measured transfer time to the algorithm,

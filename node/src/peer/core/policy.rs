@@ -132,6 +132,9 @@ pub(crate) enum Route {
     Report,
     /// A departure notice.
     Leave,
+    /// Lines of the run's record, for this peer's copy of it (passed on when new), from any
+    /// peer: a line is the keeper's, whoever forwards it.
+    Record,
     /// Nothing here takes it: dropped and counted as refused (an unexpected kind).
     Refuse,
 }
@@ -142,6 +145,9 @@ pub(crate) enum Route {
 pub(crate) fn route(kind: FrameKind, departed: bool) -> Route {
     if kind.is_membership_handshake() {
         return Route::Membership;
+    }
+    if kind == FrameKind::Record {
+        return Route::Record;
     }
     if departed {
         return Route::Departed;
@@ -206,6 +212,7 @@ mod tests {
         assert_eq!(route(FrameKind::Leave, false), Route::Leave);
         assert_eq!(route(FrameKind::Leave, true), Route::Departed);
         assert_eq!(route(FrameKind::Hello, true), Route::Membership);
+        assert_eq!(route(FrameKind::Record, true), Route::Record);
         assert_eq!(route(FrameKind::Bye, false), Route::Refuse);
     }
 }

@@ -424,6 +424,80 @@ fn reports_go_to_the_shell_on_every_peer_which_collects_them_if_it_keeps_the_rec
     }
 }
 
+/// The record's lines flood: a peer keeps those new to it and passes them on to every link
+/// but the sender's, once; the same lines again, from anyone, go no further; a frame that
+/// is not record lines is refused. A restarted peer's welcome carries the copy, and the
+/// restarted peer keeps what its welcomes carry.
+#[test]
+fn the_record_s_lines_flood_once_and_a_welcome_carries_the_copy() {
+    use crate::report::copy::{self, RecordLine};
+    let line = |epoch| RecordLine::Epoch {
+        row: crate::report::EpochRow {
+            epoch,
+            ..Default::default()
+        },
+        distances: None,
+    };
+    let mut c = core(2);
+    let flood = copy::encode(1, &[line(0), line(1)]).unwrap();
+    let out = c
+        .handle(Instant::now(), frame(FrameKind::Record, 1, 1, &flood[FRAME_HEADER_LEN..]))
+        .unwrap();
+    let [Action::Broadcast { frame: passed, except }] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(except, &[1]);
+    let (header, payload) = FrameHeader::parse(passed, u32::MAX).unwrap();
+    assert_eq!((header.kind, header.sender), (FrameKind::Record, 2));
+    assert_eq!(copy::decode(payload).unwrap().len(), 2);
+    // Back from its other neighbour: nothing new.
+    let out = c
+        .handle(Instant::now(), frame(FrameKind::Record, 3, 1, &flood[FRAME_HEADER_LEN..]))
+        .unwrap();
+    assert!(out.is_empty(), "{out:?}");
+    // Only the new line goes on.
+    let more = copy::encode(1, &[line(1), line(2)]).unwrap();
+    let out = c
+        .handle(Instant::now(), frame(FrameKind::Record, 1, 2, &more[FRAME_HEADER_LEN..]))
+        .unwrap();
+    let [Action::Broadcast { frame: passed, .. }] = &out[..] else {
+        panic!("{out:?}")
+    };
+    let (_, payload) = FrameHeader::parse(passed, u32::MAX).unwrap();
+    assert_eq!(copy::decode(payload).unwrap().len(), 1);
+    assert_eq!(c.refused_frames, 0);
+    let out = c
+        .handle(Instant::now(), frame(FrameKind::Record, 1, 2, b"[{\"Epoch\": 3}]"))
+        .unwrap();
+    assert!(out.is_empty());
+    assert_eq!(c.refused_frames, 1);
+
+    // Peer 1's new process says hello: the welcome carries epochs 0, 1 and 2.
+    let me = peer_info(1, "127.0.0.1:4100".parse().unwrap(), 20);
+    let hello = crate::control::membership::encode_hello(1, &me).unwrap();
+    let out = c
+        .handle(Instant::now(), frame(FrameKind::Hello, 1, 0, &hello[FRAME_HEADER_LEN..]))
+        .unwrap();
+    let Some(Action::Connect {
+        then: Some(welcome),
+        ..
+    }) = out.last()
+    else {
+        panic!("{out:?}")
+    };
+    let (_, payload) = FrameHeader::parse(welcome, u32::MAX).unwrap();
+    let (w, _): (Welcome, Vec<f32>) =
+        crate::report::frames::decode_with_params_sized(payload, |_| 0).unwrap();
+    assert_eq!(w.record.len(), 3);
+    // A peer that takes it keeps the lines.
+    let mut back = core(1);
+    let out = back
+        .handle(Instant::now(), frame(FrameKind::Welcome, 2, 0, payload))
+        .unwrap();
+    assert!(out.is_empty(), "{out:?}");
+    assert_eq!(back.record_copy.lines().len(), 3);
+}
+
 /// Peer 0 keeps the record while it counts in the run; once it has left, the lowest live
 /// rank stands in (every survivor derives the same one), and peer 0's new process takes
 /// the record back as soon as this peer holds a link to it.
