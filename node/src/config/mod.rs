@@ -11,6 +11,7 @@ use serde::Serialize;
 /// The time-varying one-peer exponential schedule's name for `--topology`.
 pub use murmur_topology::ONE_PEER_EXPONENTIAL;
 
+use crate::plane::striping::TcpStreams;
 use crate::plane::{TransportChoice, Wire};
 use crate::train::data::Partition;
 use crate::train::inner_optimizer::{
@@ -398,13 +399,16 @@ pub struct NetArgs {
     /// them. A link is plaintext only when both ends give `plaintext`.
     #[arg(long, value_enum, default_value_t = Wire::Encrypted)]
     pub wire: Wire,
-    /// TCP connections per TCP link (1 to 16), each with its own thread on both ends (and
-    /// its own TLS session): a frame of 1 MiB or more is cut into this many slices sent side
-    /// by side. For links one TCP stream cannot fill (a cloud's cap per flow, a long fat
-    /// pipe) or one core cannot encrypt (TLS beyond about 2 GB/s a core); on a link one
-    /// stream fills, more only cost threads.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
-    pub tcp_streams: u8,
+    /// TCP connections per TCP link (1 to 16, or auto), each with its own thread on both
+    /// ends (and its own TLS session): a frame of 1 MiB or more is cut into this many
+    /// slices sent side by side. For links one TCP stream cannot fill (a cloud's cap per
+    /// flow, a long fat pipe) or one core cannot encrypt (TLS beyond about 2 GB/s a core);
+    /// on a link one stream fills, more only cost threads. `auto`: 4 connections a link,
+    /// and the sender stripes each large frame over 1, 2 or 4 of them, trying more while
+    /// they move at least 1.2× as many bytes a second (measured until the far end has
+    /// acknowledged each frame) and fewer when they move nearly as many.
+    #[arg(long, default_value = "1")]
+    pub tcp_streams: TcpStreams,
     /// No relayed links: peer 0 does not relay for the run, and a peer whose direct path to
     /// a neighbour does not open (a symmetric NAT) fails instead of asking it. By default a
     /// link that hole punching cannot open is relayed through peer 0's data-plane address

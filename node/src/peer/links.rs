@@ -11,6 +11,7 @@ use murmur_gossip::Rank;
 use tracing::{info, warn};
 
 use crate::control::discovery::{PeerInfo, RelayClient};
+use crate::plane::striping::TcpStreams;
 use crate::plane::{DataPlane, Incarnation, LinkKind, Links};
 
 /// How long a peer behind a NAT waits for a neighbour's direct connection before it also
@@ -113,8 +114,13 @@ pub async fn open(
         .map(|l| l.to())
         .collect();
     let streams = match plane.tcp_streams {
-        n if n > 1 && tcp > 0 => format!("; {n} connections each"),
-        _ => String::new(),
+        _ if tcp == 0 => String::new(),
+        TcpStreams::Fixed(n) if n > 1 => format!("; {n} connections each"),
+        TcpStreams::Fixed(_) => String::new(),
+        TcpStreams::Auto => format!(
+            "; {} connections each, large frames over as many as pay (auto)",
+            TcpStreams::Auto.connections()
+        ),
     };
     info!(
         relayed = ?through_relay,

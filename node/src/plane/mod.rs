@@ -34,6 +34,7 @@ mod receive;
 pub mod relay;
 pub mod send;
 pub mod shm;
+pub mod striping;
 pub mod tcp;
 pub mod tls;
 
@@ -202,9 +203,9 @@ pub struct DataPlane {
     /// How the TCP links this plane opens are protected ([`DataPlane::set_wire`]).
     wire: Wire,
     /// TCP connections of each TCP link this plane opens (`--tcp-streams`, 1 to
-    /// [`tcp::MAX_STREAMS`]): a frame of at least [`tcp::STRIPE_FROM`] bytes is cut across
-    /// them.
-    pub tcp_streams: u8,
+    /// [`tcp::MAX_STREAMS`], or `auto`): a frame of at least [`tcp::STRIPE_FROM`] bytes is
+    /// cut across them (under `auto`, as many as the sender finds pay).
+    pub tcp_streams: striping::TcpStreams,
     /// The TCP listener and its pending offers ([`tcp`]).
     tcp: Arc<TcpSide>,
     inbound: Inbound,
@@ -494,7 +495,7 @@ impl DataPlane {
                 emulation: LinkEmulation::default(),
                 transport: TransportChoice::default(),
                 wire: Wire::default(),
-                tcp_streams: 1,
+                tcp_streams: striping::TcpStreams::default(),
                 tcp,
                 inbound,
                 exits: Arc::default(),
@@ -938,23 +939,24 @@ mod tests {
                 TransportChoice::Auto,
                 Wire::Encrypted,
                 LinkKind::SharedMemory,
-                1,
+                "1",
             ),
-            (TransportChoice::Quic, Wire::Encrypted, LinkKind::Quic, 1),
-            (TransportChoice::Tcp, Wire::Encrypted, LinkKind::Tcp, 1),
+            (TransportChoice::Quic, Wire::Encrypted, LinkKind::Quic, "1"),
+            (TransportChoice::Tcp, Wire::Encrypted, LinkKind::Tcp, "1"),
             (
                 TransportChoice::Tcp,
                 Wire::Plaintext,
                 LinkKind::TcpPlaintext,
-                1,
+                "1",
             ),
-            (TransportChoice::Tcp, Wire::Encrypted, LinkKind::Tcp, 3),
+            (TransportChoice::Tcp, Wire::Encrypted, LinkKind::Tcp, "3"),
             (
                 TransportChoice::Tcp,
                 Wire::Plaintext,
                 LinkKind::TcpPlaintext,
-                2,
+                "2",
             ),
+            (TransportChoice::Tcp, Wire::Encrypted, LinkKind::Tcp, "auto"),
         ] {
             let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
             let admitted = Admitted::default();
@@ -965,7 +967,7 @@ mod tests {
                 DataPlane::bind(0, any, limit, timeout, &a, Admitted::default()).unwrap();
             sender.transport = choice;
             sender.set_wire(wire);
-            sender.tcp_streams = streams;
+            sender.tcp_streams = streams.parse().unwrap();
             let (mut receiver, mut events) =
                 DataPlane::bind(1, any, limit, timeout, &b, admitted).unwrap();
             receiver.set_wire(wire);

@@ -73,11 +73,12 @@ use ring::rand::SecureRandom;
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
 use serde::Serialize;
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::liveness::{Far, Host, LinkProbe};
 use super::receive::{check, deliver, BufferPool, Receiving};
 use super::send::FrameTransport;
+use super::striping::{self, StreamChooser, TcpStreams};
 use super::{tls, NetEvent};
 
 /// The offer's first bytes on the QUIC stream.
@@ -351,32 +352,124 @@ impl TcpFrames {
     /// with a handle of each socket; named after `peer`); it ends when the last clone of
     /// the returned handle is dropped. A frame of several slices ([`stripes`]) is written
     /// side by side, connection 0's slice by this thread and each other's by a thread of
-    /// the frame's own.
+    /// the frame's own. Every large frame goes over all connections, or with `auto` over
+    /// as many as a [`StreamChooser`] says: each such frame is then timed until the
+    /// kernel's send queues have emptied (the far end acknowledged all of it), polling
+    /// every [`DRAIN_POLL`] while no other frame waits.
     fn spawn(
         mut writers: Vec<Box<dyn Write + Send>>,
         sockets: Vec<TcpStream>,
         peer: SocketAddr,
+        auto: bool,
     ) -> anyhow::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<ToWrite>();
+        let mut chooser = auto.then(|| StreamChooser::new(writers.len()));
         std::thread::Builder::new()
             .name(format!("tcp-to-{peer}"))
             .spawn(move || {
-                for (frame, done) in rx {
-                    let _ = done.send(write_striped(&mut writers, &sockets, &frame));
+                let mut next: Option<ToWrite> = None;
+                loop {
+                    let Some((frame, done)) = next.take().or_else(|| rx.recv().ok()) else {
+                        return;
+                    };
+                    let large = frame.len() >= STRIPE_FROM;
+                    let streams = match &chooser {
+                        Some(c) if large => c.next(),
+                        Some(_) => 1,
+                        None => writers.len(),
+                    };
+                    // What the frames before it left queued goes out ahead of it.
+                    let ahead: u64 = match chooser.is_some() && large {
+                        true => sockets[..streams].iter().filter_map(unsent_bytes).sum(),
+                        false => 0,
+                    };
+                    let start = Instant::now();
+                    let written = write_striped(&mut writers, &sockets, &frame, streams);
+                    let ok = written.is_ok();
+                    let _ = done.send(written);
+                    let Some(c) = chooser.as_mut().filter(|_| large && ok) else {
+                        continue;
+                    };
+                    let bytes = frame.len() as u64 + ahead;
+                    let (rate, queued) = drain_rate(&sockets[..streams], bytes, start, &rx);
+                    next = queued;
+                    if let Some(now) = c.observe(streams, rate) {
+                        info!(
+                            %peer,
+                            "the TCP link to {peer} stripes large frames over {now} of its {} \
+                             connections from now on ({streams} moved {:.0} MB/s)",
+                            writers.len(),
+                            rate.unwrap_or(0.0) / 1e6
+                        );
+                    }
                 }
             })?;
         Ok(TcpFrames(tx))
     }
 }
 
-/// Writes `frame` over the link's connections `writers` (their sockets `sockets`) as
-/// [`stripes`] cuts it, its length prefix on connection 0, each connection then flushed.
+/// How often a link under `--tcp-streams auto` looks whether its send queues have emptied.
+const DRAIN_POLL: Duration = Duration::from_millis(1);
+
+/// The longest a frame is timed before it counts as not measured (a far end that stopped
+/// reading).
+const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+
+/// The bytes a second `len` bytes (a frame, and what was queued ahead of it) moved over
+/// `sockets` since `start`: waits until their send queues are empty (`None`: the kernel
+/// does not say, or the queues did not empty within [`DRAIN_LIMIT`]). A frame that comes
+/// on `rx` meanwhile ends the wait and is returned: the rate is then that of the bytes
+/// acknowledged so far, if at least half of them.
+fn drain_rate(
+    sockets: &[TcpStream],
+    len: u64,
+    start: Instant,
+    rx: &std::sync::mpsc::Receiver<ToWrite>,
+) -> (Option<f64>, Option<ToWrite>) {
+    let unsent = || -> Option<u64> { sockets.iter().map(unsent_bytes).sum() };
+    let rate = |acked: u64| (2 * acked >= len).then(|| acked as f64 / start.elapsed().as_secs_f64());
+    loop {
+        let Some(queued) = unsent() else {
+            return (None, None);
+        };
+        if queued == 0 {
+            return (rate(len), None);
+        }
+        if start.elapsed() > DRAIN_LIMIT {
+            return (None, None);
+        }
+        match rx.recv_timeout(DRAIN_POLL) {
+            Ok(next) => {
+                let acked = unsent().map(|q| len.saturating_sub(q));
+                return (acked.and_then(rate), Some(next));
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return (None, None),
+        }
+    }
+}
+
+/// Bytes `socket` has not had acknowledged yet (sent or not; `TIOCOUTQ`); `None` if the
+/// kernel does not say.
+fn unsent_bytes(socket: &TcpStream) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ writes one int through the pointer it is given.
+    let r = unsafe { libc::ioctl(socket.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    (r == 0 && n >= 0).then_some(n as u64)
+}
+
+/// Writes `frame` over the first `streams` of the link's connections `writers` (their
+/// sockets `sockets`) as [`stripes`] cuts it, its length prefix (which says over how many,
+/// [`striping::prefix`]) on connection 0, each connection then flushed.
 fn write_striped(
     writers: &mut [Box<dyn Write + Send>],
     sockets: &[TcpStream],
     frame: &[u8],
+    streams: usize,
 ) -> std::io::Result<()> {
-    let (prefix, ranges) = (frame.len() as u64, stripes(frame.len(), writers.len()));
+    let ranges = stripes(frame.len(), streams.clamp(1, writers.len()));
+    let prefix = striping::prefix(frame.len() as u64, ranges.len());
     let jobs = writers
         .iter_mut()
         .zip(ranges)
@@ -628,7 +721,7 @@ fn parse_offer(msg: &[u8]) -> anyhow::Result<(Wire, u8)> {
 }
 
 /// Offers TCP to the receiver at the other end of `conn` (dialled at `ip`), whose identity
-/// is `remote`, over `streams` connections (1 to [`MAX_STREAMS`]); returns the link's
+/// is `remote`, over `choice`'s connections (1 to [`MAX_STREAMS`]); returns the link's
 /// transport once every TCP connection is bound to the link, and puts connection 0 in
 /// `probe`. `key` is our identity.
 ///
@@ -640,13 +733,13 @@ pub async fn offer(
     conn: &Connection,
     ip: IpAddr,
     wire: Wire,
-    streams: u8,
+    choice: TcpStreams,
     key: &Keypair,
     remote: PeerId,
     provider: Arc<rustls::crypto::CryptoProvider>,
     probe: &LinkProbe,
 ) -> anyhow::Result<TcpFrames> {
-    let streams = streams.clamp(1, MAX_STREAMS);
+    let streams = choice.connections().clamp(1, MAX_STREAMS);
     let exchange = async {
         let (mut send, mut recv) = conn.open_bi().await?;
         send.write_all(&offer_message(wire, streams)).await?;
@@ -689,7 +782,7 @@ pub async fn offer(
                 sockets.push(socket);
                 writers.push(writer);
             }
-            TcpFrames::spawn(writers, sockets, peer)
+            TcpFrames::spawn(writers, sockets, peer, choice == TcpStreams::Auto)
         })
 }
 
@@ -1067,12 +1160,17 @@ fn read_frames(streams: Vec<Arrived>, p: Pending, rt: tokio::runtime::Handle) {
         // frame). On an encrypted link this counts ciphertext, and misses what TLS has
         // buffered already (at most a record or two): close enough for a rate.
         let waiting = (first_stamp == 0).then(|| waiting_bytes(&sockets[0]).unwrap_or(0));
-        let n = u64::from_le_bytes(len);
+        let (n, over) = striping::split_prefix(u64::from_le_bytes(len));
+        if over == 0 || over > count {
+            return ended(format!(
+                "a frame said to come over {over} connections of a link of {count}"
+            ));
+        }
         // A length no buffer could hold is read past on connection 0 alone (its slices
         // could not be computed); a link of several then loses step and breaks on its next
         // frame, as it should with a sender that lies.
         let ranges = match usize::try_from(n) {
-            Ok(n) => stripes(n, count),
+            Ok(n) => stripes(n, over),
             Err(_) => vec![0..usize::MAX],
         };
         let frame = if n > limit {
@@ -1442,23 +1540,27 @@ mod tests {
         }
         let first: Vec<u8> = (0..(3 << 20) + 7).map(|i| (i % 251) as u8).collect();
         let second: Vec<u8> = (0..STRIPE_FROM + 1).map(|i| (i % 13) as u8).collect();
+        // Over 3, 2 and 1 of the 3 connections, as a sender under `auto` may choose: the
+        // prefix says which.
         let writer = std::thread::spawn(move || {
-            for f in [&first, &second, &first] {
-                write_striped(&mut writers, &sockets, f).unwrap();
+            for (f, k) in [(&first, 3), (&second, 2), (&first, 1)] {
+                write_striped(&mut writers, &sockets, f, k).unwrap();
             }
             first
         });
         let mut len = [0u8; 8];
         // The first frame read past, the second read, the third read.
         readers[0].read_exact(&mut len).unwrap();
-        let n = u64::from_le_bytes(len) as usize;
-        read_striped(&mut readers, &far, &stripes(n, 3), None).unwrap();
+        let (n, k) = striping::split_prefix(u64::from_le_bytes(len));
+        assert_eq!(k, 3);
+        read_striped(&mut readers, &far, &stripes(n as usize, k), None).unwrap();
         let mut got = Vec::new();
-        for _ in 0..2 {
+        for want in [2, 1] {
             readers[0].read_exact(&mut len).unwrap();
-            let n = u64::from_le_bytes(len) as usize;
-            let mut buf = vec![0u8; n];
-            read_striped(&mut readers, &far, &stripes(n, 3), Some(&mut buf)).unwrap();
+            let (n, k) = striping::split_prefix(u64::from_le_bytes(len));
+            assert_eq!(k, want);
+            let mut buf = vec![0u8; n as usize];
+            read_striped(&mut readers, &far, &stripes(n as usize, k), Some(&mut buf)).unwrap();
             got.push(buf);
         }
         let first = writer.join().unwrap();

@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 
 use crate::config::{LinkLatency, LinkRate};
 use crate::plane::tls::Admitted;
+use crate::plane::striping::TcpStreams;
 use crate::plane::{DataPlane, LinkEmulation, LinkKind, NetEvent, TransportChoice, Wire};
 use crate::report::progress;
 use libp2p::identity::Keypair;
@@ -39,10 +40,10 @@ pub struct NetBenchArgs {
     /// `shared-memory`.
     #[arg(long, value_enum, default_value_t = MurmurLink::Quic)]
     pub link: MurmurLink,
-    /// TCP connections of murmur's TCP links (1 to 16; `murmur peer --tcp-streams`): frames
-    /// of 1 MiB or more are cut across them.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
-    pub tcp_streams: u8,
+    /// TCP connections of murmur's TCP links (1 to 16, or auto; `murmur peer
+    /// --tcp-streams`): frames of 1 MiB or more are cut across them.
+    #[arg(long, default_value = "1")]
+    pub tcp_streams: TcpStreams,
     /// Megabytes (10⁶ bytes) to move in the throughput test.
     #[arg(long, default_value_t = 100)]
     pub megabytes: usize,
@@ -695,7 +696,7 @@ mod tests {
 
     fn args() -> NetBenchArgs {
         NetBenchArgs {
-            tcp_streams: 1,
+            tcp_streams: TcpStreams::default(),
             megabytes: 1,
             frame_bytes: 100_000,
             link_bandwidth: None,
