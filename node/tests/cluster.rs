@@ -690,10 +690,9 @@ fn a_stand_in_on_a_host_of_its_own_continues_the_whole_record() {
     let log = c.read_log(1);
     assert!(log.contains("keeps the run's record"), "{log}");
     assert!(log.contains("lacked lines of the record"), "{log}");
-    let s: Value = serde_json::from_str(
-        &std::fs::read_to_string(c.out_of(1).join("summary.json")).unwrap(),
-    )
-    .unwrap();
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(c.out_of(1).join("summary.json")).unwrap())
+            .unwrap();
     assert_eq!(s["epochs"], 6, "{s}");
     assert!(s["departures"].as_str().unwrap().starts_with("0@"), "{s}");
     assert!(s["final_mean_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");

@@ -97,7 +97,12 @@ pub(super) fn run_on<B: AutodiffBackend>(
             let departed = drv.core.membership.departed().clone();
             let back = drv.core.membership.rejoins_heard().clone();
             let collects_only = first_round >= rounds_per_epoch * args.train.epochs as u64;
-            c.rejoined(first_round, (&departed, &back), collects_only, &drv.core.record_copy)?;
+            c.rejoined(
+                first_round,
+                (&departed, &back),
+                collects_only,
+                &drv.core.record_copy,
+            )?;
         }
         drv.share_record()?;
         report::keep_peer_epochs_before(&peer_log, first_epoch)?;

@@ -69,7 +69,9 @@ impl FromStr for TcpStreams {
             "auto" => Ok(TcpStreams::Auto),
             n => match n.parse::<u8>() {
                 Ok(n) if (1..=max).contains(&n) => Ok(TcpStreams::Fixed(n)),
-                _ => Err(format!("{s:?}: a number of connections from 1 to {max}, or auto")),
+                _ => Err(format!(
+                    "{s:?}: a number of connections from 1 to {max}, or auto"
+                )),
             },
         }
     }

@@ -427,7 +427,8 @@ fn drain_rate(
     rx: &std::sync::mpsc::Receiver<ToWrite>,
 ) -> (Option<f64>, Option<ToWrite>) {
     let unsent = || -> Option<u64> { sockets.iter().map(unsent_bytes).sum() };
-    let rate = |acked: u64| (2 * acked >= len).then(|| acked as f64 / start.elapsed().as_secs_f64());
+    let rate =
+        |acked: u64| (2 * acked >= len).then(|| acked as f64 / start.elapsed().as_secs_f64());
     loop {
         let Some(queued) = unsent() else {
             return (None, None);

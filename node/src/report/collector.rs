@@ -1199,8 +1199,13 @@ mod tests {
         };
         // Nothing is written before it rejoined (a stand-in may still keep the record).
         assert_eq!(read().len(), 1, "{:?}", read());
-        c.rejoined(50, (&BTreeMap::new(), &BTreeMap::new()), false, &RecordCopy::default())
-            .unwrap();
+        c.rejoined(
+            50,
+            (&BTreeMap::new(), &BTreeMap::new()),
+            false,
+            &RecordCopy::default(),
+        )
+        .unwrap();
         let events = read();
         let placed: Vec<_> = events.iter().map(|e| (e.peer, e.round, e.epoch)).collect();
         assert_eq!(
@@ -1294,8 +1299,13 @@ mod tests {
         assert_eq!(last(&stand_in), Some(3));
         drop(stand_in);
         back.membership(left0, None).unwrap();
-        back.rejoined(45, (&BTreeMap::new(), &BTreeMap::new()), false, &RecordCopy::default())
-            .unwrap();
+        back.rejoined(
+            45,
+            (&BTreeMap::new(), &BTreeMap::new()),
+            false,
+            &RecordCopy::default(),
+        )
+        .unwrap();
         add_all(&mut back, 4..=5, 0..3);
         let rows: Vec<EpochRow> =
             report::read_json_lines(&dir.path().join("epochs.jsonl")).unwrap();

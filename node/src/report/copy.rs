@@ -102,10 +102,13 @@ impl RecordCopy {
 
     /// Every line of the copy: epochs in order, then events in order.
     pub(crate) fn lines(&self) -> Vec<RecordLine> {
-        let epochs = self.epochs.values().map(|(row, distances)| RecordLine::Epoch {
-            row: row.clone(),
-            distances: distances.clone(),
-        });
+        let epochs = self
+            .epochs
+            .values()
+            .map(|(row, distances)| RecordLine::Epoch {
+                row: row.clone(),
+                distances: distances.clone(),
+            });
         let events = (self.events.iter()).map(|(&index, event)| RecordLine::Event {
             index,
             event: event.clone(),
@@ -128,7 +131,9 @@ impl RecordCopy {
         let mut filled = Filled::default();
         let rows_path = dir.join("epochs.jsonl");
         let mut rows: Vec<EpochRow> = super::read_json_lines(&rows_path)?;
-        let written = std::fs::metadata(&rows_path).and_then(|m| m.modified()).ok();
+        let written = std::fs::metadata(&rows_path)
+            .and_then(|m| m.modified())
+            .ok();
         let folder_last = rows.iter().map(|r| r.epoch).max();
         let missing: Vec<&(EpochRow, Option<PeerDistances>)> = (self.epochs.iter())
             .filter(|(e, _)| !rows.iter().any(|r| r.epoch == **e))
@@ -140,7 +145,10 @@ impl RecordCopy {
             let mut distances: Vec<PeerDistances> = super::read_json_lines(&distances_path)?;
             for (row, d) in missing {
                 rows.push(row.clone());
-                if let Some(d) = d.as_ref().filter(|d| !distances.iter().any(|o| o.epoch == d.epoch)) {
+                if let Some(d) = d
+                    .as_ref()
+                    .filter(|d| !distances.iter().any(|o| o.epoch == d.epoch))
+                {
                     distances.push(d.clone());
                 }
             }
@@ -271,7 +279,9 @@ mod tests {
         let new = copy.merge(vec![row(0, 0.1), row(1, 0.5), event(0, 3)], Instant::now());
         assert_eq!(new.len(), 3);
         // The same lines flooded back by a neighbour: nothing to pass on.
-        assert!(copy.merge(vec![row(1, 0.5), event(0, 3)], Instant::now()).is_empty());
+        assert!(copy
+            .merge(vec![row(1, 0.5), event(0, 3)], Instant::now())
+            .is_empty());
         // Another line under a held key does not replace it, and is not passed on.
         assert!(copy.merge(vec![row(1, 0.9)], Instant::now()).is_empty());
         let new = copy.merge(vec![row(2, 0.7), event(2, 1)], Instant::now());
@@ -286,7 +296,10 @@ mod tests {
         // The frame carries the lines as they are.
         let frame = encode(4, &all).unwrap();
         let (header, payload) = FrameHeader::parse(&frame, u32::MAX).unwrap();
-        assert_eq!((header.kind, header.sender, header.round), (FrameKind::Record, 4, 2));
+        assert_eq!(
+            (header.kind, header.sender, header.round),
+            (FrameKind::Record, 4, 2)
+        );
         let back = decode(payload).unwrap();
         assert_eq!(epochs(&back), [0, 1, 2]);
         assert!(decode(b"{\"epoch\": 3}").is_err());
@@ -296,22 +309,37 @@ mod tests {
     fn an_empty_folder_gets_the_whole_record_and_a_fuller_one_keeps_its_own() {
         let mut copy = RecordCopy::default();
         // Epoch 2's row came in 30 s ago.
-        let then = Instant::now()
-            .checked_sub(Duration::from_secs(30))
-            .unwrap();
-        let lines = vec![row(0, 0.1), row(1, 0.5), row(2, 0.7), event(0, 0), event(1, 2)];
+        let then = Instant::now().checked_sub(Duration::from_secs(30)).unwrap();
+        let lines = vec![
+            row(0, 0.1),
+            row(1, 0.5),
+            row(2, 0.7),
+            event(0, 0),
+            event(1, 2),
+        ];
         copy.merge(lines, then);
         // A folder on another host: nothing recorded there.
         let dir = tempfile::tempdir().unwrap();
         let filled = copy.fill(dir.path()).unwrap();
-        assert_eq!(filled, Filled { epochs: 3, events: 2 });
-        let rows: Vec<EpochRow> = super::super::read_json_lines(&dir.path().join("epochs.jsonl")).unwrap();
+        assert_eq!(
+            filled,
+            Filled {
+                epochs: 3,
+                events: 2
+            }
+        );
+        let rows: Vec<EpochRow> =
+            super::super::read_json_lines(&dir.path().join("epochs.jsonl")).unwrap();
         assert_eq!(rows.iter().map(|r| r.epoch).collect::<Vec<_>>(), [0, 1, 2]);
         let age = |dir: &Path| {
             let m = std::fs::metadata(dir.join("epochs.jsonl")).unwrap();
             m.modified().unwrap().elapsed().unwrap().as_secs_f64()
         };
-        assert!((29.0..40.0).contains(&age(dir.path())), "{}", age(dir.path()));
+        assert!(
+            (29.0..40.0).contains(&age(dir.path())),
+            "{}",
+            age(dir.path())
+        );
         let csv = std::fs::read_to_string(dir.path().join("epochs.csv")).unwrap();
         assert_eq!(csv.lines().count(), 4, "header and 3 rows: {csv}");
         let d: Vec<PeerDistances> =
@@ -328,15 +356,31 @@ mod tests {
         let mut later = RecordCopy::default();
         later.merge(vec![row(3, 0.8), event(2, 1)], Instant::now());
         assert_eq!(copy.fill(dir.path()).unwrap(), Filled::default());
-        assert_eq!(later.fill(dir.path()).unwrap(), Filled { epochs: 1, events: 1 });
-        let rows: Vec<EpochRow> = super::super::read_json_lines(&dir.path().join("epochs.jsonl")).unwrap();
-        assert_eq!(rows.iter().map(|r| r.epoch).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!(
+            later.fill(dir.path()).unwrap(),
+            Filled {
+                epochs: 1,
+                events: 1
+            }
+        );
+        let rows: Vec<EpochRow> =
+            super::super::read_json_lines(&dir.path().join("epochs.jsonl")).unwrap();
+        assert_eq!(
+            rows.iter().map(|r| r.epoch).collect::<Vec<_>>(),
+            [0, 1, 2, 3]
+        );
         assert_eq!(rows[1].mean_test_accuracy, 0.5);
 
         // A copy with a gap in the events appends only up to it.
         let mut gap = RecordCopy::default();
         gap.merge(vec![event(3, 1), event(5, 2)], Instant::now());
-        assert_eq!(gap.fill(dir.path()).unwrap(), Filled { epochs: 0, events: 1 });
+        assert_eq!(
+            gap.fill(dir.path()).unwrap(),
+            Filled {
+                epochs: 0,
+                events: 1
+            }
+        );
         let e: Vec<MembershipEvent> =
             super::super::read_json_lines(&dir.path().join("membership.jsonl")).unwrap();
         assert_eq!(e.len(), 4);

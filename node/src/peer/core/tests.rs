@@ -441,9 +441,16 @@ fn the_record_s_lines_flood_once_and_a_welcome_carries_the_copy() {
     let mut c = core(2);
     let flood = copy::encode(1, &[line(0), line(1)]).unwrap();
     let out = c
-        .handle(Instant::now(), frame(FrameKind::Record, 1, 1, &flood[FRAME_HEADER_LEN..]))
+        .handle(
+            Instant::now(),
+            frame(FrameKind::Record, 1, 1, &flood[FRAME_HEADER_LEN..]),
+        )
         .unwrap();
-    let [Action::Broadcast { frame: passed, except }] = &out[..] else {
+    let [Action::Broadcast {
+        frame: passed,
+        except,
+    }] = &out[..]
+    else {
         panic!("{out:?}")
     };
     assert_eq!(except, &[1]);
@@ -452,13 +459,19 @@ fn the_record_s_lines_flood_once_and_a_welcome_carries_the_copy() {
     assert_eq!(copy::decode(payload).unwrap().len(), 2);
     // Back from its other neighbour: nothing new.
     let out = c
-        .handle(Instant::now(), frame(FrameKind::Record, 3, 1, &flood[FRAME_HEADER_LEN..]))
+        .handle(
+            Instant::now(),
+            frame(FrameKind::Record, 3, 1, &flood[FRAME_HEADER_LEN..]),
+        )
         .unwrap();
     assert!(out.is_empty(), "{out:?}");
     // Only the new line goes on.
     let more = copy::encode(1, &[line(1), line(2)]).unwrap();
     let out = c
-        .handle(Instant::now(), frame(FrameKind::Record, 1, 2, &more[FRAME_HEADER_LEN..]))
+        .handle(
+            Instant::now(),
+            frame(FrameKind::Record, 1, 2, &more[FRAME_HEADER_LEN..]),
+        )
         .unwrap();
     let [Action::Broadcast { frame: passed, .. }] = &out[..] else {
         panic!("{out:?}")
@@ -467,7 +480,10 @@ fn the_record_s_lines_flood_once_and_a_welcome_carries_the_copy() {
     assert_eq!(copy::decode(payload).unwrap().len(), 1);
     assert_eq!(c.refused_frames, 0);
     let out = c
-        .handle(Instant::now(), frame(FrameKind::Record, 1, 2, b"[{\"Epoch\": 3}]"))
+        .handle(
+            Instant::now(),
+            frame(FrameKind::Record, 1, 2, b"[{\"Epoch\": 3}]"),
+        )
         .unwrap();
     assert!(out.is_empty());
     assert_eq!(c.refused_frames, 1);
@@ -476,7 +492,10 @@ fn the_record_s_lines_flood_once_and_a_welcome_carries_the_copy() {
     let me = peer_info(1, "127.0.0.1:4100".parse().unwrap(), 20);
     let hello = crate::control::membership::encode_hello(1, &me).unwrap();
     let out = c
-        .handle(Instant::now(), frame(FrameKind::Hello, 1, 0, &hello[FRAME_HEADER_LEN..]))
+        .handle(
+            Instant::now(),
+            frame(FrameKind::Hello, 1, 0, &hello[FRAME_HEADER_LEN..]),
+        )
         .unwrap();
     let Some(Action::Connect {
         then: Some(welcome),

@@ -23,8 +23,8 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::config::{LinkLatency, LinkRate};
-use crate::plane::tls::Admitted;
 use crate::plane::striping::TcpStreams;
+use crate::plane::tls::Admitted;
 use crate::plane::{DataPlane, LinkEmulation, LinkKind, NetEvent, TransportChoice, Wire};
 use crate::report::progress;
 use libp2p::identity::Keypair;
