@@ -1140,6 +1140,19 @@ mod tests {
         }
     }
 
+    /// Peer 0's departure at round 25 (epoch 3), noticed by peer 1.
+    fn peer_0_left_at_round_25() -> MembershipEvent {
+        MembershipEvent {
+            event: "left".into(),
+            peer: 0,
+            round: 25,
+            epoch: 3,
+            wall_seconds: 1.0,
+            noticed_by: 1,
+            reason: "timed out".into(),
+        }
+    }
+
     /// Peer `peer`'s report of epoch `epoch` with x = `value` (`[d]`).
     fn add(c: &mut Collector, peer: Rank, epoch: usize, value: f32) -> anyhow::Result<()> {
         let mut r = report();
@@ -1251,15 +1264,7 @@ mod tests {
         add(&mut c, 1, 2, 0.5).unwrap();
         // Peer 0 dies during epoch 2; peer 1 stands in.
         drop(c);
-        let left0 = MembershipEvent {
-            event: "left".into(),
-            peer: 0,
-            round: 25,
-            epoch: 3,
-            wall_seconds: 1.0,
-            noticed_by: 1,
-            reason: "timed out".into(),
-        };
+        let left0 = peer_0_left_at_round_25();
         let (mut stand_in, _) = tiny_collector(3, dir.path());
         stand_in
             .stand_in(
@@ -1335,15 +1340,7 @@ mod tests {
         copy1.merge(c.take_lines(), Instant::now());
         let accuracy_1 = c.rows[1].mean_test_accuracy;
         drop(c);
-        let left0 = MembershipEvent {
-            event: "left".into(),
-            peer: 0,
-            round: 25,
-            epoch: 3,
-            wall_seconds: 1.0,
-            noticed_by: 1,
-            reason: "timed out".into(),
-        };
+        let left0 = peer_0_left_at_round_25();
         let (mut stand_in, _) = tiny_collector(3, host1.path());
         stand_in
             .stand_in(

@@ -263,6 +263,10 @@ mod tests {
         }
     }
 
+    fn filled(epochs: usize, events: usize) -> Filled {
+        Filled { epochs, events }
+    }
+
     fn epochs(lines: &[RecordLine]) -> Vec<usize> {
         lines
             .iter()
@@ -320,14 +324,7 @@ mod tests {
         copy.merge(lines, then);
         // A folder on another host: nothing recorded there.
         let dir = tempfile::tempdir().unwrap();
-        let filled = copy.fill(dir.path()).unwrap();
-        assert_eq!(
-            filled,
-            Filled {
-                epochs: 3,
-                events: 2
-            }
-        );
+        assert_eq!(copy.fill(dir.path()).unwrap(), filled(3, 2));
         let rows: Vec<EpochRow> =
             super::super::read_json_lines(&dir.path().join("epochs.jsonl")).unwrap();
         assert_eq!(rows.iter().map(|r| r.epoch).collect::<Vec<_>>(), [0, 1, 2]);
@@ -356,13 +353,7 @@ mod tests {
         let mut later = RecordCopy::default();
         later.merge(vec![row(3, 0.8), event(2, 1)], Instant::now());
         assert_eq!(copy.fill(dir.path()).unwrap(), Filled::default());
-        assert_eq!(
-            later.fill(dir.path()).unwrap(),
-            Filled {
-                epochs: 1,
-                events: 1
-            }
-        );
+        assert_eq!(later.fill(dir.path()).unwrap(), filled(1, 1));
         let rows: Vec<EpochRow> =
             super::super::read_json_lines(&dir.path().join("epochs.jsonl")).unwrap();
         assert_eq!(
@@ -374,13 +365,7 @@ mod tests {
         // A copy with a gap in the events appends only up to it.
         let mut gap = RecordCopy::default();
         gap.merge(vec![event(3, 1), event(5, 2)], Instant::now());
-        assert_eq!(
-            gap.fill(dir.path()).unwrap(),
-            Filled {
-                epochs: 0,
-                events: 1
-            }
-        );
+        assert_eq!(gap.fill(dir.path()).unwrap(), filled(0, 1));
         let e: Vec<MembershipEvent> =
             super::super::read_json_lines(&dir.path().join("membership.jsonl")).unwrap();
         assert_eq!(e.len(), 4);
