@@ -390,16 +390,20 @@ impl TcpFrames {
                     let Some(c) = chooser.as_mut().filter(|_| large && ok) else {
                         continue;
                     };
-                    let bytes = frame.len() as u64 + ahead;
-                    let (rate, queued) = drain_rate(&sockets[..streams], bytes, start, &rx);
+                    let sent = &sockets[..streams];
+                    let frame = (frame.len() as u64, ahead);
+                    let (rate, queued) = drain_rate(sent, frame, c.rate(streams), start, &rx);
                     next = queued;
+                    let before = c.current();
                     if let Some(now) = c.observe(streams, rate) {
+                        let mb = |k| c.rate(k).unwrap_or(0.0) / 1e6;
                         info!(
                             %peer,
                             "the TCP link to {peer} stripes large frames over {now} of its {} \
-                             connections from now on ({streams} moved {:.0} MB/s)",
+                             connections from now on ({now} moved {:.0} MB/s, {before} {:.0})",
                             writers.len(),
-                            rate.unwrap_or(0.0) / 1e6
+                            mb(now),
+                            mb(before)
                         );
                     }
                 }
@@ -408,40 +412,49 @@ impl TcpFrames {
     }
 }
 
-/// How often a link under `--tcp-streams auto` looks whether its send queues have emptied.
-const DRAIN_POLL: Duration = Duration::from_millis(1);
+/// How often a link under `--tcp-streams auto` looks whether its send queues have emptied:
+/// a quarter of the time the bytes still queued take at the latest rate measured, within
+/// these bounds (each look is a system call per connection and a wake-up).
+const DRAIN_POLL: (Duration, Duration) = (Duration::from_millis(1), Duration::from_millis(10));
 
 /// The longest a frame is timed before it counts as not measured (a far end that stopped
 /// reading).
 const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 
-/// The bytes a second `len` bytes (a frame, and what was queued ahead of it) moved over
-/// `sockets` since `start`: waits until their send queues are empty (`None`: the kernel
-/// does not say, or the queues did not empty within [`DRAIN_LIMIT`]). A frame that comes
-/// on `rx` meanwhile ends the wait and is returned: the rate is then that of the bytes
-/// acknowledged so far, if at least half of them.
+/// The bytes and seconds a frame of `len` bytes, written from `start` with `ahead` bytes of
+/// earlier frames still queued, moved over `sockets` in (`expect`: the latest rate
+/// measured over them, bytes a second, which paces the looks): waits until their send queues are
+/// empty (`None`: the kernel does not say, or the queues did not empty within
+/// [`DRAIN_LIMIT`]). A frame that comes on `rx` meanwhile (frames back to back: the link is
+/// busy) ends the wait and is returned: the rate is then that of the bytes acknowledged
+/// since `start`, if at least half a frame's worth (a write the kernel's buffers took
+/// whole says nothing of the link).
 fn drain_rate(
     sockets: &[TcpStream],
-    len: u64,
+    (len, ahead): (u64, u64),
+    expect: Option<f64>,
     start: Instant,
     rx: &std::sync::mpsc::Receiver<ToWrite>,
-) -> (Option<f64>, Option<ToWrite>) {
+) -> (Option<(u64, f64)>, Option<ToWrite>) {
     let unsent = || -> Option<u64> { sockets.iter().map(unsent_bytes).sum() };
-    let rate =
-        |acked: u64| (2 * acked >= len).then(|| acked as f64 / start.elapsed().as_secs_f64());
+    let rate = |acked: u64| (2 * acked >= len).then(|| (acked, start.elapsed().as_secs_f64()));
+    let all = len + ahead;
     loop {
         let Some(queued) = unsent() else {
             return (None, None);
         };
         if queued == 0 {
-            return (rate(len), None);
+            return (rate(all), None);
         }
         if start.elapsed() > DRAIN_LIMIT {
             return (None, None);
         }
-        match rx.recv_timeout(DRAIN_POLL) {
+        let wait = expect.map_or(DRAIN_POLL.0, |r| {
+            Duration::from_secs_f64(queued as f64 / r / 4.0)
+        });
+        match rx.recv_timeout(wait.clamp(DRAIN_POLL.0, DRAIN_POLL.1)) {
             Ok(next) => {
-                let acked = unsent().map(|q| len.saturating_sub(q));
+                let acked = unsent().map(|q| all.saturating_sub(q));
                 return (acked.and_then(rate), Some(next));
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
