@@ -134,7 +134,11 @@ impl Driver {
     /// # Errors
     /// Those of [`Driver::execute`].
     pub(super) fn share_record(&mut self) -> anyhow::Result<()> {
-        let Some(lines) = self.collector.as_mut().map(Collector::take_lines) else {
+        // Called after every input: nothing to do on most.
+        let Some(lines) = (self.collector.as_mut())
+            .map(Collector::take_lines)
+            .filter(|l| !l.is_empty())
+        else {
             return Ok(());
         };
         match self.core.keep_record(Instant::now(), lines, &[])? {

@@ -25,12 +25,14 @@
 //! same identity) and followed by its index (one byte) after the token; the link starts once
 //! all N are bound. A frame of at least [`STRIPE_FROM`] bytes is cut into N contiguous
 //! slices ([`stripes`]), written and read side by side, one thread per connection and side;
-//! its length prefix travels on connection 0, and smaller frames go whole on connection 0.
+//! its length prefix travels on connection 0 and says over how many connections the frame
+//! comes ([`striping::prefix`]: all of them, or as many as the sender chooses under
+//! `--tcp-streams auto`), and smaller frames go whole on connection 0.
 //! This is what NCCL's several sockets per peer do: it pays where one TCP stream cannot
 //! fill the link (a cloud's per-flow cap, a long fat pipe) or one core cannot encrypt it.
 //!
 //! From then on every frame of the link, the goodbye included, goes over the TCP stream,
-//! each preceded by its length (u64 LE): a frame over the receiver's limit is read past
+//! each preceded by its length (u64 LE, the top byte the number of connections): a frame over the receiver's limit is read past
 //! and refused, one whose header lies about its length refused, and the frames after them
 //! still arrive — the checks, refusals and counting of [`super::receive::deliver`], as on
 //! the other transports. One thread per side does the blocking I/O (writes of at most
@@ -367,48 +369,54 @@ impl TcpFrames {
         std::thread::Builder::new()
             .name(format!("tcp-to-{peer}"))
             .spawn(move || {
+                // A frame that came while the one before was timed.
                 let mut next: Option<ToWrite> = None;
-                loop {
-                    let Some((frame, done)) = next.take().or_else(|| rx.recv().ok()) else {
-                        return;
+                while let Some((frame, done)) = next.take().or_else(|| rx.recv().ok()) {
+                    let chosen = chooser.as_ref().filter(|_| frame.len() >= STRIPE_FROM);
+                    let Some(streams) = chosen.map(StreamChooser::next) else {
+                        // All connections (`stripes` leaves a small frame whole), or one.
+                        let streams = if chooser.is_some() { 1 } else { writers.len() };
+                        let _ = done.send(write_striped(&mut writers, &sockets, &frame, streams));
+                        continue;
                     };
-                    let large = frame.len() >= STRIPE_FROM;
-                    let streams = match &chooser {
-                        Some(c) if large => c.next(),
-                        Some(_) => 1,
-                        None => writers.len(),
-                    };
+                    let c = chooser.as_mut().expect("chosen above");
                     // What the frames before it left queued goes out ahead of it.
-                    let ahead: u64 = match chooser.is_some() && large {
-                        true => sockets[..streams].iter().filter_map(unsent_bytes).sum(),
-                        false => 0,
-                    };
+                    let sent = &sockets[..streams];
+                    let ahead: u64 = sent.iter().filter_map(unsent_bytes).sum();
                     let start = Instant::now();
                     let written = write_striped(&mut writers, &sockets, &frame, streams);
                     let ok = written.is_ok();
                     let _ = done.send(written);
-                    let Some(c) = chooser.as_mut().filter(|_| large && ok) else {
-                        continue;
-                    };
-                    let sent = &sockets[..streams];
-                    let frame = (frame.len() as u64, ahead);
-                    let (rate, queued) = drain_rate(sent, frame, c.rate(streams), start, &rx);
-                    next = queued;
-                    let before = c.current();
-                    if let Some(now) = c.observe(streams, rate) {
-                        let mb = |k| c.rate(k).unwrap_or(0.0) / 1e6;
-                        info!(
-                            %peer,
-                            "the TCP link to {peer} stripes large frames over {now} of its {} \
-                             connections from now on ({now} moved {:.0} MB/s, {before} {:.0})",
-                            writers.len(),
-                            mb(now),
-                            mb(before)
-                        );
+                    if ok {
+                        let len = (frame.len() as u64, ahead);
+                        let (moved, queued) = drain_rate(sent, len, c.rate(streams), start, &rx);
+                        next = queued;
+                        observe(c, streams, moved, (peer, writers.len()));
                     }
                 }
             })?;
         Ok(TcpFrames(tx))
+    }
+}
+
+/// Tells `chooser` what a frame over `streams` connections moved, and logs a change of the
+/// number it keeps on the link to `peer` (of `connections`).
+fn observe(
+    chooser: &mut StreamChooser,
+    streams: usize,
+    moved: Option<(u64, f64)>,
+    (peer, connections): (SocketAddr, usize),
+) {
+    let before = chooser.current();
+    if let Some(now) = chooser.observe(streams, moved) {
+        let mb = |k| chooser.rate(k).unwrap_or(0.0) / 1e6;
+        info!(
+            %peer,
+            "the TCP link to {peer} stripes large frames over {now} of its {connections} \
+             connections from now on ({now} moved {:.0} MB/s, {before} {:.0})",
+            mb(now),
+            mb(before)
+        );
     }
 }
 
@@ -461,16 +469,6 @@ fn drain_rate(
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return (None, None),
         }
     }
-}
-
-/// Bytes `socket` has not had acknowledged yet (sent or not; `TIOCOUTQ`); `None` if the
-/// kernel does not say.
-fn unsent_bytes(socket: &TcpStream) -> Option<u64> {
-    use std::os::fd::AsRawFd;
-    let mut n: libc::c_int = 0;
-    // SAFETY: TIOCOUTQ writes one int through the pointer it is given.
-    let r = unsafe { libc::ioctl(socket.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
-    (r == 0 && n >= 0).then_some(n as u64)
 }
 
 /// Writes `frame` over the first `streams` of the link's connections `writers` (their
@@ -688,10 +686,22 @@ fn stamped_time(n: u64, first: u64, last: u64) -> Option<Duration> {
 /// Bytes waiting in `socket`'s receive buffer (`FIONREAD`); `None` if the kernel does not
 /// say.
 fn waiting_bytes(socket: &TcpStream) -> Option<u64> {
+    queue_bytes(socket, libc::FIONREAD)
+}
+
+/// Bytes `socket` has not had acknowledged yet, sent or not (`TIOCOUTQ`); `None` if the
+/// kernel does not say.
+fn unsent_bytes(socket: &TcpStream) -> Option<u64> {
+    queue_bytes(socket, libc::TIOCOUTQ)
+}
+
+/// The byte count the kernel gives for one of `socket`'s queues (`request`: `FIONREAD` or
+/// `TIOCOUTQ`).
+fn queue_bytes(socket: &TcpStream, request: libc::Ioctl) -> Option<u64> {
     use std::os::fd::AsRawFd;
     let mut n: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one int through the pointer it is given.
-    let r = unsafe { libc::ioctl(socket.as_raw_fd(), libc::FIONREAD, &mut n) };
+    // SAFETY: both requests write one int through the pointer they are given.
+    let r = unsafe { libc::ioctl(socket.as_raw_fd(), request, &mut n) };
     (r == 0 && n >= 0).then_some(n as u64)
 }
 

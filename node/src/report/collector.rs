@@ -632,16 +632,7 @@ impl Collector {
 
     /// Rewrites `epochs.jsonl` and `epochs.csv` with `rows`.
     fn write_rows(&self) -> anyhow::Result<()> {
-        let mut jsonl = Vec::new();
-        for r in &self.rows {
-            jsonl.extend(serde_json::to_vec(r)?);
-            jsonl.push(b'\n');
-        }
-        report::write_atomic(&self.dir.join("epochs.jsonl"), &jsonl)?;
-        report::write_atomic(
-            &self.dir.join("epochs.csv"),
-            report::to_csv(&self.rows)?.as_bytes(),
-        )
+        report::write_epoch_rows(&self.dir, &self.rows)
     }
 
     /// The row of `epoch` from `all` its reports (totals continued after a resume), and the

@@ -17,16 +17,17 @@
 //! on once per peer. The files in the folder win over the copy for the keys they hold (a
 //! shared folder holds everything the keeper wrote, the copy at most that).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Instant, SystemTime};
 
 use anyhow::Context;
-use murmur_gossip::frame::{FrameHeader, FrameKind};
+use murmur_gossip::frame::FrameKind;
 use murmur_gossip::Rank;
 use serde::{Deserialize, Serialize};
 
 use super::collector::PeerDistances;
+use super::frames::{decode_with_params_sized, encode_with_params};
 use super::{EpochRow, MembershipEvent};
 
 /// One line of the record, as the keeper wrote it.
@@ -134,9 +135,10 @@ impl RecordCopy {
         let written = std::fs::metadata(&rows_path)
             .and_then(|m| m.modified())
             .ok();
-        let folder_last = rows.iter().map(|r| r.epoch).max();
+        let held: BTreeSet<usize> = rows.iter().map(|r| r.epoch).collect();
+        let folder_last = held.last().copied();
         let missing: Vec<&(EpochRow, Option<PeerDistances>)> = (self.epochs.iter())
-            .filter(|(e, _)| !rows.iter().any(|r| r.epoch == **e))
+            .filter(|(e, _)| !held.contains(e))
             .map(|(_, line)| line)
             .collect();
         if !missing.is_empty() {
@@ -154,7 +156,7 @@ impl RecordCopy {
             }
             rows.sort_by_key(|r| r.epoch);
             distances.sort_by_key(|d| d.epoch);
-            super::write_atomic(&rows_path, &json_lines(&rows)?)?;
+            super::write_epoch_rows(dir, &rows)?;
             let dated = match self.newest {
                 Some((e, at)) if folder_last.is_none_or(|f| e > f) => {
                     SystemTime::now().checked_sub(at.elapsed())
@@ -168,8 +170,7 @@ impl RecordCopy {
                     .and_then(|f| f.set_modified(t))
                     .with_context(|| format!("dating {}", rows_path.display()))?;
             }
-            super::write_atomic(&dir.join("epochs.csv"), super::to_csv(&rows)?.as_bytes())?;
-            super::write_atomic(&distances_path, &json_lines(&distances)?)?;
+            super::write_json_lines(&distances_path, &distances)?;
         }
         let events_path = dir.join("membership.jsonl");
         let held = super::read_json_lines::<MembershipEvent>(&events_path)?.len();
@@ -184,23 +185,13 @@ impl RecordCopy {
     }
 }
 
-/// `values` as JSON lines.
-fn json_lines<T: Serialize>(values: &[T]) -> anyhow::Result<Vec<u8>> {
-    let mut out = Vec::new();
-    for v in values {
-        out.extend(serde_json::to_vec(v)?);
-        out.push(b'\n');
-    }
-    Ok(out)
-}
-
-/// A `Record` frame from `sender` carrying `lines` (JSON; the header's round: the latest
-/// epoch among them, 0 if none).
+/// A `Record` frame from `sender` carrying `lines`: a JSON frame without parameters, as a
+/// welcome is ([`encode_with_params`]); the header's round is the latest epoch among them
+/// (0 if none).
 ///
 /// # Errors
 /// The lines do not serialize (not expected).
 pub(crate) fn encode(sender: Rank, lines: &[RecordLine]) -> anyhow::Result<Vec<u8>> {
-    let payload = serde_json::to_vec(lines)?;
     let round = (lines.iter())
         .filter_map(|l| match l {
             RecordLine::Epoch { row, .. } => Some(row.epoch as u64),
@@ -208,25 +199,17 @@ pub(crate) fn encode(sender: Rank, lines: &[RecordLine]) -> anyhow::Result<Vec<u
         })
         .max()
         .unwrap_or(0);
-    let mut frame = FrameHeader {
-        kind: FrameKind::Record,
-        sender,
-        round,
-        dim: 0,
-        payload_len: u32::try_from(payload.len()).context("a record frame over 4 GiB")?,
-    }
-    .to_bytes()
-    .to_vec();
-    frame.extend_from_slice(&payload);
-    Ok(frame)
+    encode_with_params(FrameKind::Record, sender, round, &lines, &[])
 }
 
 /// The lines of a `Record` frame's payload.
 ///
 /// # Errors
-/// The payload is not a JSON list of record lines.
+/// The payload is not a JSON frame of record lines without parameters.
 pub(crate) fn decode(payload: &[u8]) -> anyhow::Result<Vec<RecordLine>> {
-    serde_json::from_slice(payload).context("a record frame that is not a list of record lines")
+    let (lines, _) = decode_with_params_sized(payload, |_| 0)
+        .context("a record frame that is not a list of record lines")?;
+    Ok(lines)
 }
 
 #[cfg(test)]
@@ -299,7 +282,7 @@ mod tests {
         }
         // The frame carries the lines as they are.
         let frame = encode(4, &all).unwrap();
-        let (header, payload) = FrameHeader::parse(&frame, u32::MAX).unwrap();
+        let (header, payload) = murmur_gossip::frame::FrameHeader::parse(&frame, u32::MAX).unwrap();
         assert_eq!(
             (header.kind, header.sender, header.round),
             (FrameKind::Record, 4, 2)

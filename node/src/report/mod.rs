@@ -356,6 +356,28 @@ pub fn read_json_lines<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::R
         .collect()
 }
 
+/// Writes `values` to `path` as JSON lines, atomically ([`write_atomic`]).
+///
+/// # Errors
+/// A value does not serialize, or the file cannot be written.
+pub fn write_json_lines<T: Serialize>(path: &Path, values: &[T]) -> anyhow::Result<()> {
+    let mut out = Vec::new();
+    for v in values {
+        out.extend(serde_json::to_vec(v)?);
+        out.push(b'\n');
+    }
+    write_atomic(path, &out)
+}
+
+/// Rewrites the record's `epochs.jsonl` and `epochs.csv` in run folder `dir` with `rows`.
+///
+/// # Errors
+/// A file cannot be written.
+pub(crate) fn write_epoch_rows(dir: &Path, rows: &[EpochRow]) -> anyhow::Result<()> {
+    write_json_lines(&dir.join("epochs.jsonl"), rows)?;
+    write_atomic(&dir.join("epochs.csv"), to_csv(rows)?.as_bytes())
+}
+
 /// Appends one JSON line to `path`, creating it if needed.
 pub fn append_json_line<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
     let mut f = std::fs::OpenOptions::new()
