@@ -17,6 +17,8 @@ struct Cluster {
     /// Each rank writes a run folder of its own (`host-<rank>`), as peers on hosts without a
     /// shared file system do; otherwise all write `run`.
     separate: bool,
+    /// Environment variables every peer started from now on gets.
+    env: Vec<(&'static str, &'static str)>,
 }
 
 impl Drop for Cluster {
@@ -34,6 +36,7 @@ impl Cluster {
             dir: tempfile::tempdir().unwrap(),
             children: Vec::new(),
             separate: false,
+            env: Vec::new(),
         }
     }
 
@@ -80,6 +83,7 @@ impl Cluster {
             .arg(format!("--out={}", out.display()))
             .args(args)
             .env("RAYON_NUM_THREADS", "1")
+            .envs(self.env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -657,14 +661,17 @@ fn wait_for_epoch(c: &Cluster, epoch: u64) {
     }
 }
 
-/// Peers on hosts that share no run folder (each its own `--out`): peer 0 is killed once it
-/// recorded epoch 2 and does not come back. Peer 1 stands in, and its folder gets the whole
-/// record: the rows peer 0 wrote, from its copy of the lines peer 0 flooded, then its own;
-/// every epoch once, the rows both folders hold identical. Before, the stand-in's folder
-/// had a record of its own from the epoch it stood in.
+/// Peers on hosts that share no run folder (each its own `--out`): peer 0 is killed once
+/// peer 1's copy of the record holds epoch 2, and does not come back. Peer 1 stands in, and
+/// its folder gets the whole record: the rows peer 0 wrote, from its copy of the lines peer 0
+/// flooded, then its own; every epoch once, the rows both folders hold identical. (A row peer
+/// 0 wrote after epoch 2, in the moment before its kill, may not have left it: the stand-in
+/// then records that epoch without peer 0.) Before, the stand-in's folder had a record of
+/// its own from the epoch it stood in.
 #[test]
 fn a_stand_in_on_a_host_of_its_own_continues_the_whole_record() {
     let mut c = Cluster::separate();
+    c.env.push(("MURMUR_LOG", "info,murmur::peer::core=debug"));
     c.start(
         4,
         &args(&[
@@ -678,6 +685,14 @@ fn a_stand_in_on_a_host_of_its_own_continues_the_whole_record() {
         ]),
     );
     wait_for_epoch(&c, 2);
+    let t0 = Instant::now();
+    while !c
+        .read_log(1)
+        .contains("the copy of the record holds epoch 2 ")
+    {
+        assert!(t0.elapsed() < Duration::from_secs(60), "{}", c.read_log(1));
+        std::thread::sleep(Duration::from_millis(20));
+    }
     c.children[0].kill().unwrap();
     c.all_succeed(&[(1, 1), (2, 2), (3, 3)]);
     let (of_0, of_1) = (rows(&c.out_of(0)), rows(&c.out_of(1)));
@@ -685,7 +700,13 @@ fn a_stand_in_on_a_host_of_its_own_continues_the_whole_record() {
     assert_eq!(epochs, (0..=6).collect::<Vec<_>>(), "{}", c.read_log(1));
     assert!(of_0.len() >= 3, "peer 0 recorded epoch 2 before its kill");
     for (mine, copied) in of_0.iter().zip(&of_1) {
-        assert_eq!(mine, copied, "a row peer 0 wrote, copied as it was");
+        let copied_for_sure = mine["epoch"].as_u64() <= Some(2);
+        assert!(
+            mine == copied || !copied_for_sure && copied["peers"] == 3,
+            "a row peer 0 wrote, copied as it was:\n{mine}\n{copied}\n{}\n{}",
+            c.read_log(0),
+            c.read_log(1)
+        );
     }
     let log = c.read_log(1);
     assert!(log.contains("keeps the run's record"), "{log}");

@@ -346,6 +346,10 @@ pub fn confirmed(raw: Host, (silent, t): (Duration, Timeouts), kernel_answered: 
     }
 }
 
+/// How long [`report_when_silent`] waits for a lost link's reading threads to read what
+/// the peer wrote before it went (a ring's reader sees the close within [`super::shm::POLL`]).
+const READ_OUT_WAIT: Duration = Duration::from_millis(500);
+
 /// How long [`kernel_answers`] waits for the far kernel.
 const KERNEL_ANSWER_WAIT: Duration = Duration::from_millis(500);
 
@@ -417,6 +421,21 @@ pub async fn report_when_silent(
             )
         }
     };
+    // The close stops the link's reading threads once they have read what is there: what
+    // the peer wrote before it went is delivered before its loss is reported (a flooded
+    // line of the record, a last model), and a goodbye among it ends the link cleanly.
+    if let Some(r) = &receiving {
+        let read_out = r.lock().await.read_out();
+        if tokio::time::timeout(READ_OUT_WAIT, read_out).await.is_err() {
+            debug!(
+                peer,
+                "the link from peer {peer} was still being read after {READ_OUT_WAIT:?}"
+            );
+        }
+        if r.lock().await.complete() {
+            return;
+        }
+    }
     let _ = events
         .send(NetEvent::Lost {
             peer,

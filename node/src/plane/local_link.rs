@@ -206,9 +206,11 @@ pub(super) async fn answer_offer(
     let Ok(reader) = opened else { return };
     debug!(peer, "frames from peer {peer} come through shared memory");
     let handle = tokio::runtime::Handle::current();
+    let reading = state.lock().await.reading();
     let spawned = std::thread::Builder::new()
         .name(format!("shm-from-{peer}"))
         .spawn(move || {
+            let _reading = reading;
             read_ring(
                 reader,
                 conn,

@@ -164,6 +164,12 @@ pub(super) struct Receiving {
     pub expected: Option<u64>,
     /// Where the goodbye's acknowledgement goes once every frame is read.
     pub acks: HeldAcks,
+    /// Each thread that reads this connection's frames from another transport (a
+    /// shared-memory ring, TCP streams) holds a receiver of it ([`Receiving::reading`])
+    /// until it ends: the liveness watch waits for them all ([`Receiving::read_out`])
+    /// before it reports the peer lost, so that every frame a dead peer had written whole
+    /// reaches the training loop before its loss does.
+    readers: tokio::sync::watch::Sender<()>,
 }
 
 impl Receiving {
@@ -174,7 +180,20 @@ impl Receiving {
             acks,
             received: 0,
             expected: None,
+            readers: tokio::sync::watch::Sender::new(()),
         }
+    }
+
+    /// For a thread that reads this connection's frames: held until it reads no more.
+    pub fn reading(&self) -> tokio::sync::watch::Receiver<()> {
+        self.readers.subscribe()
+    }
+
+    /// Resolves once every thread that was reading this connection's frames has ended
+    /// (at once if none is).
+    pub fn read_out(&self) -> impl std::future::Future<Output = ()> + use<> {
+        let readers = self.readers.clone();
+        async move { readers.closed().await }
     }
 
     /// Whether the goodbye came and every frame it counted has been read.

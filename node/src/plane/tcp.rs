@@ -1164,6 +1164,7 @@ fn read_frames(streams: Vec<Arrived>, p: Pending, rt: tokio::runtime::Handle) {
         pool,
         ..
     } = p;
+    let _reading = rt.block_on(state.lock()).reading();
     let limit = FRAME_HEADER_LEN as u64 + max_payload_bytes as u64;
     let ended = |why: String| ended_early(&rt, &conn, &state, &events, why);
     let count = streams.len();

@@ -427,6 +427,14 @@ impl PeerCore {
         if new.is_empty() {
             return Ok(None);
         }
+        for line in &new {
+            if let RecordLine::Epoch { row, .. } = line {
+                debug!(
+                    epoch = row.epoch,
+                    "the copy of the record holds epoch {}", row.epoch
+                );
+            }
+        }
         Ok(Some(Action::Broadcast {
             frame: Bytes::from(copy::encode(self.rank, &new)?),
             except: except.to_vec(),
