@@ -295,11 +295,7 @@ fn join(
         )
     })?;
     // Under `murmur launch`: the launcher's notices of exited peer processes.
-    super::supervisor::listen(
-        plane.event_sender(),
-        (plane.exits(), plane.inbound_links()),
-        args.peers,
-    );
+    super::supervisor::listen(plane.event_sender(), plane.exits(), args.peers);
     plane.emulation = args.link_emulation();
     plane.transport = args.net.transport;
     plane.set_wire(args.net.wire);

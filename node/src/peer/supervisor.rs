@@ -14,7 +14,7 @@ use murmur_gossip::Rank;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use crate::plane::{Exits, InboundLinks, Incarnation, NetEvent};
+use crate::plane::{Exits, Incarnation, NetEvent};
 
 /// The environment variable that makes a peer read its supervisor's notices on stdin.
 pub(crate) const SUPERVISED: &str = "MURMUR_SUPERVISED";
@@ -38,14 +38,9 @@ fn parse_exit_notice(line: &str) -> Option<(Rank, Incarnation, String)> {
 }
 
 /// With [`SUPERVISED`] set: a thread that marks each process of an exit notice on stdin in
-/// `exits`, reads out the links it opened to this peer ([`InboundLinks::read_out`]: what
-/// it wrote whole is delivered first) and sends a [`NetEvent::Exited`] for rank `< n` on
-/// `events`, until stdin closes. Malformed lines are logged and skipped.
-pub(crate) fn listen(
-    events: mpsc::Sender<NetEvent>,
-    (exits, inbound): (std::sync::Arc<Exits>, InboundLinks),
-    n: usize,
-) {
+/// `exits` and sends a [`NetEvent::Exited`] for rank `< n` on `events`, until stdin closes.
+/// Malformed lines are logged and skipped.
+pub(crate) fn listen(events: mpsc::Sender<NetEvent>, exits: std::sync::Arc<Exits>, n: usize) {
     if std::env::var_os(SUPERVISED).is_none() {
         return;
     }
@@ -56,8 +51,6 @@ pub(crate) fn listen(
                 Some((peer, incarnation, how)) if peer < n => {
                     let reason = format!("its process exited ({how}), as the launcher saw");
                     exits.mark(peer, incarnation);
-                    // What it wrote before it went comes first.
-                    inbound.read_out(peer, incarnation);
                     let lost = NetEvent::Exited {
                         peer,
                         incarnation,

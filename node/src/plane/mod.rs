@@ -265,11 +265,6 @@ impl DataPlane {
         self.exits.clone()
     }
 
-    /// Its incoming connections, for the thread that hears of exits from a supervisor.
-    pub fn inbound_links(&self) -> InboundLinks {
-        InboundLinks(self.inbound.clone())
-    }
-
     /// How long its connections' peers are waited for ([`liveness`]).
     pub fn timeouts(&self) -> Timeouts {
         self.timeouts
@@ -403,42 +398,8 @@ pub struct Link {
 }
 
 /// Incoming connections by the peer they are bound to, oldest first, each with the
-/// incarnation of the process that opened it and the watch its reading threads hold
-/// ([`receive::Receiving`]).
-type Inbound = Arc<
-    std::sync::Mutex<HashMap<Rank, Vec<(Incarnation, Connection, tokio::sync::watch::Sender<()>)>>>,
->;
-
-/// The incoming connections of a data plane, for the thread that hears of exits from a
-/// supervisor ([`DataPlane::inbound_links`]).
-#[derive(Clone)]
-pub struct InboundLinks(Inbound);
-
-impl InboundLinks {
-    /// `peer`'s process of incarnation `incarnation` (or an older one) exited: closes the
-    /// incoming connections it opened, without reporting them lost, and waits (at most
-    /// [`liveness::READ_OUT_WAIT`]) until their reading threads have delivered what it wrote
-    /// whole before it went — so that its exit, reported next, comes after its last frames,
-    /// as a loss the connection's own watch notices does ([`liveness::report_when_silent`]).
-    pub fn read_out(&self, peer: Rank, incarnation: Incarnation) {
-        let readers: Vec<tokio::sync::watch::Sender<()>> = {
-            let inbound = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            (inbound.get(&peer).into_iter().flatten())
-                .filter(|(i, _, _)| *i <= incarnation)
-                .map(|(_, conn, readers)| {
-                    conn.close(VarInt::from_u32(ABANDONED), b"exited");
-                    readers.clone()
-                })
-                .collect()
-        };
-        let t0 = std::time::Instant::now();
-        while readers.iter().any(|r| r.receiver_count() > 0)
-            && t0.elapsed() < liveness::READ_OUT_WAIT
-        {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-}
+/// incarnation of the process that opened it.
+type Inbound = Arc<std::sync::Mutex<HashMap<Rank, Vec<(Incarnation, Connection)>>>>;
 
 /// Whether `inbound` holds a connection from peer `from`.
 fn has_inbound(inbound: &Inbound, from: Rank) -> bool {
@@ -786,7 +747,7 @@ impl DataPlane {
     pub fn forget(&self, peer: Rank, before: Incarnation) {
         let mut inbound = self.inbound.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(conns) = inbound.get_mut(&peer) {
-            conns.retain(|(i, c, _)| {
+            conns.retain(|(i, c)| {
                 if *i < before {
                     c.close(VarInt::from_u32(ABANDONED), b"peer left");
                 }
@@ -1092,7 +1053,7 @@ mod tests {
         }
         let incarnations = |inbound: &Inbound| -> Vec<Incarnation> {
             let inbound = inbound.lock().unwrap();
-            inbound[&0].iter().map(|(i, _, _)| *i).collect()
+            inbound[&0].iter().map(|(i, _)| *i).collect()
         };
         assert_eq!(incarnations(&receiver.inbound), [5, 9]);
         receiver.forget(0, 9);
@@ -1275,7 +1236,7 @@ mod tests {
         assert_eq!(got, [5, 1 << 20]);
         let remotes: Vec<SocketAddr> = receiver.inbound.lock().unwrap()[&0]
             .iter()
-            .map(|(_, c, _)| c.remote_address())
+            .map(|(_, c)| c.remote_address())
             .collect();
         assert_eq!(
             remotes,

@@ -295,14 +295,17 @@ async fn serve_connection(
         acks,
         incarnation: _,
     } = serving;
-    let receiving = Receiving::new(rank, incarnation, acks);
     inbound
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .entry(rank)
         .or_default()
-        .push((incarnation, conn.clone(), receiving.readers.clone()));
-    let state = Arc::new(tokio::sync::Mutex::new(receiving));
+        .push((incarnation, conn.clone()));
+    let state = Arc::new(tokio::sync::Mutex::new(Receiving::new(
+        rank,
+        incarnation,
+        acks,
+    )));
     let probe = liveness::LinkProbe::default();
     tokio::spawn(liveness::report_when_silent(
         conn.clone(),

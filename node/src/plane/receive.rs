@@ -169,7 +169,7 @@ pub(super) struct Receiving {
     /// until it ends: the liveness watch waits for them all ([`Receiving::read_out`])
     /// before it reports the peer lost, so that every frame a dead peer had written whole
     /// reaches the training loop before its loss does.
-    pub readers: tokio::sync::watch::Sender<()>,
+    readers: tokio::sync::watch::Sender<()>,
 }
 
 impl Receiving {
