@@ -84,6 +84,18 @@ fn stop_flag(conn: &Connection) -> Arc<AtomicBool> {
     stop
 }
 
+/// Sets `stop` and wakes the ring's reader once `conn` closes: a reader waiting on an empty
+/// ring ends at once, after what the ring still held ([`super::liveness::report_when_silent`]
+/// waits for that before it reports the peer lost).
+fn wake_on_close(conn: &Connection, stop: Arc<AtomicBool>, wake: shm::Wake) {
+    let conn = conn.clone();
+    tokio::spawn(async move {
+        conn.closed().await;
+        stop.store(true, Ordering::Release);
+        wake.wake();
+    });
+}
+
 /// This process's wire form for an offer or an answer: its [`ProcessId`], or zeros where
 /// `/proc` does not say (the other end then learns nothing of it).
 fn this_process() -> [u8; process::WIRE_LEN] {
@@ -189,7 +201,9 @@ pub(super) async fn answer_offer(
     let opened = async {
         anyhow::ensure!(first, "this link has a transport already");
         let (capacity, name, far) = parse_offer(msg)?;
-        let reader = shm::Reader::open(Path::new(shm::SHM_DIR), &name, capacity, stop_flag(&conn))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = shm::Reader::open(Path::new(shm::SHM_DIR), &name, capacity, stop.clone())?;
+        wake_on_close(&conn, stop, reader.wake());
         watch(&probe, far);
         anyhow::Ok(reader)
     }

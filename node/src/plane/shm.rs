@@ -77,7 +77,7 @@ pub enum LinkBroken {
 
 /// One mapping of a ring file.
 struct Segment {
-    map: MmapRaw,
+    map: Arc<MmapRaw>,
     capacity: u64,
     /// Set when the link's connection is closed: blocked waits give up.
     stop: Arc<AtomicBool>,
@@ -96,7 +96,7 @@ impl Segment {
             "ring size changed"
         );
         Ok(Segment {
-            map,
+            map: Arc::new(map),
             capacity,
             stop,
         })
@@ -347,6 +347,12 @@ impl Reader {
         Ok(Reader { seg })
     }
 
+    /// A handle that wakes this reader if it waits on an empty ring, so that it sees its
+    /// stop flag at once rather than after up to [`POLL`] (the link's close holds it).
+    pub fn wake(&self) -> Wake {
+        Wake(self.seg.map.clone())
+    }
+
     /// The next frame, waiting for it; one longer than `limit` bytes is skipped in place.
     /// Errors: the link was stopped, or the writer wrote an impossible counter.
     pub fn read_frame(&mut self, limit: usize) -> Result<Incoming, LinkBroken> {
@@ -413,6 +419,24 @@ impl Reader {
             done += k;
         }
         Ok(())
+    }
+}
+
+/// Wakes the [`Reader`] of a ring ([`Reader::wake`]).
+pub struct Wake(Arc<MmapRaw>);
+
+// SAFETY: as `Segment`'s: only the futex word is touched, through an atomic.
+unsafe impl Send for Wake {}
+unsafe impl Sync for Wake {}
+
+impl Wake {
+    /// Bumps the reader's futex word and wakes it: a reader about to wait sees the word
+    /// changed and does not sleep; one asleep returns. Either then looks at its stop flag.
+    pub fn wake(&self) {
+        // SAFETY: OFF_DATA_SEQ is a 4-aligned control offset inside the page-aligned map.
+        let word = unsafe { &*(self.0.as_mut_ptr().add(OFF_DATA_SEQ) as *const AtomicU32) };
+        word.fetch_add(1, Ordering::Release);
+        futex_wake(word);
     }
 }
 
