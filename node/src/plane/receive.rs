@@ -294,6 +294,30 @@ pub(super) async fn deliver(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    /// A lost link's read-out ([`Receiving::read_out`], which the liveness watch awaits
+    /// before it reports the loss) waits for every reading thread and for nothing else.
+    #[tokio::test]
+    async fn the_read_out_waits_for_every_reader_of_the_connection() {
+        let st = Receiving::new(3, 1, HeldAcks::default());
+        // No reader (a connection on QUIC alone): nothing to wait for.
+        tokio::time::timeout(Duration::from_millis(100), st.read_out())
+            .await
+            .expect("no reader: read out at once");
+        let (ring, tcp) = (st.reading(), st.reading());
+        let read_out = tokio::spawn(st.read_out());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!read_out.is_finished(), "two readers still read");
+        drop(ring);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!read_out.is_finished(), "one reader still reads");
+        drop(tcp);
+        tokio::time::timeout(Duration::from_secs(5), read_out)
+            .await
+            .expect("every reader ended: read out")
+            .unwrap();
+    }
 
     #[test]
     fn a_dropped_frame_lends_its_buffer_to_the_next_one_that_fits() {
