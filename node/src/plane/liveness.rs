@@ -347,7 +347,8 @@ pub fn confirmed(raw: Host, (silent, t): (Duration, Timeouts), kernel_answered: 
 }
 
 /// How long [`report_when_silent`] waits for a lost link's reading threads to read what
-/// the peer wrote before it went (a ring's reader sees the close within [`super::shm::POLL`]).
+/// the peer wrote before it went (a ring's reader is woken by the close, TCP streams are
+/// shut by it: they end as soon as they have read what is there).
 const READ_OUT_WAIT: Duration = Duration::from_millis(500);
 
 /// How long [`kernel_answers`] waits for the far kernel.

@@ -73,21 +73,10 @@ impl FrameTransport for ShmFrames {
     }
 }
 
-/// A flag set when `conn` closes, for the blocking waits of a ring.
-fn stop_flag(conn: &Connection) -> Arc<AtomicBool> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let (flag, conn) = (stop.clone(), conn.clone());
-    tokio::spawn(async move {
-        conn.closed().await;
-        flag.store(true, Ordering::Release);
-    });
-    stop
-}
-
-/// Sets `stop` and wakes the ring's reader once `conn` closes: a reader waiting on an empty
-/// ring ends at once, after what the ring still held ([`super::liveness::report_when_silent`]
-/// waits for that before it reports the peer lost).
-fn wake_on_close(conn: &Connection, stop: Arc<AtomicBool>, wake: shm::Wake) {
+/// Sets `stop` and wakes one end of a ring (`wake`) once `conn` closes: a blocked wait
+/// gives up at once, and a reader first reads what the ring still holds
+/// ([`super::liveness::report_when_silent`] waits for that before it reports the peer lost).
+fn stop_on_close(conn: &Connection, stop: Arc<AtomicBool>, wake: shm::Wake) {
     let conn = conn.clone();
     tokio::spawn(async move {
         conn.closed().await;
@@ -129,8 +118,9 @@ fn watch(probe: &LinkProbe, far: Option<ProcessId>) {
 /// Errors: no ring could be made, the receiver refused (its reason), no answer within
 /// [`OFFER_TIMEOUT`].
 pub async fn offer(conn: &Connection, probe: &LinkProbe) -> anyhow::Result<ShmFrames> {
-    let mut writer =
-        shm::Writer::create(Path::new(shm::SHM_DIR), shm::RING_BYTES, stop_flag(conn))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writer = shm::Writer::create(Path::new(shm::SHM_DIR), shm::RING_BYTES, stop.clone())?;
+    stop_on_close(conn, stop, writer.wake());
     let name = writer.name();
     let exchange = async {
         let (mut send, mut recv) = conn.open_bi().await?;
@@ -203,7 +193,7 @@ pub(super) async fn answer_offer(
         let (capacity, name, far) = parse_offer(msg)?;
         let stop = Arc::new(AtomicBool::new(false));
         let reader = shm::Reader::open(Path::new(shm::SHM_DIR), &name, capacity, stop.clone())?;
-        wake_on_close(&conn, stop, reader.wake());
+        stop_on_close(&conn, stop, reader.wake());
         watch(&probe, far);
         anyhow::Ok(reader)
     }

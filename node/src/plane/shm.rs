@@ -223,6 +223,14 @@ impl Writer {
             .is_ok_and(|used| s.capacity - used >= (PREFIX + len) as u64)
     }
 
+    /// A handle that wakes this writer if it waits on a full ring ([`Wake`]).
+    pub fn wake(&self) -> Wake {
+        Wake {
+            map: self.seg.map.clone(),
+            word: OFF_SPACE_SEQ,
+        }
+    }
+
     /// Writes one frame (its length, then its bytes), waiting while the ring is full.
     /// Errors: the link was stopped, or the reader wrote an impossible counter.
     pub fn write_frame(&mut self, frame: &[u8]) -> Result<(), LinkBroken> {
@@ -347,10 +355,12 @@ impl Reader {
         Ok(Reader { seg })
     }
 
-    /// A handle that wakes this reader if it waits on an empty ring, so that it sees its
-    /// stop flag at once rather than after up to [`POLL`] (the link's close holds it).
+    /// A handle that wakes this reader if it waits on an empty ring ([`Wake`]).
     pub fn wake(&self) -> Wake {
-        Wake(self.seg.map.clone())
+        Wake {
+            map: self.seg.map.clone(),
+            word: OFF_DATA_SEQ,
+        }
     }
 
     /// The next frame, waiting for it; one longer than `limit` bytes is skipped in place.
@@ -422,19 +432,25 @@ impl Reader {
     }
 }
 
-/// Wakes the [`Reader`] of a ring ([`Reader::wake`]).
-pub struct Wake(Arc<MmapRaw>);
+/// Wakes one end of a ring ([`Reader::wake`], [`Writer::wake`]) if it waits (the reader on
+/// an empty ring, the writer on a full one), so that it sees its stop flag at once rather
+/// than after up to [`POLL`]: the link's close holds it.
+pub struct Wake {
+    map: Arc<MmapRaw>,
+    /// The control offset of the futex word that end waits on.
+    word: usize,
+}
 
 // SAFETY: as `Segment`'s: only the futex word is touched, through an atomic.
 unsafe impl Send for Wake {}
 unsafe impl Sync for Wake {}
 
 impl Wake {
-    /// Bumps the reader's futex word and wakes it: a reader about to wait sees the word
-    /// changed and does not sleep; one asleep returns. Either then looks at its stop flag.
+    /// Bumps the end's futex word and wakes it: an end about to wait sees the word changed
+    /// and does not sleep; one asleep returns. Either then looks at its stop flag.
     pub fn wake(&self) {
-        // SAFETY: OFF_DATA_SEQ is a 4-aligned control offset inside the page-aligned map.
-        let word = unsafe { &*(self.0.as_mut_ptr().add(OFF_DATA_SEQ) as *const AtomicU32) };
+        // SAFETY: `word` is one of the 4-aligned control offsets inside the page-aligned map.
+        let word = unsafe { &*(self.map.as_mut_ptr().add(self.word) as *const AtomicU32) };
         word.fetch_add(1, Ordering::Release);
         futex_wake(word);
     }

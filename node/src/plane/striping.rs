@@ -256,10 +256,12 @@ impl StreamChooser {
     }
 }
 
+/// The slowest of `rates` (infinite for none).
 fn least(rates: &[f64]) -> f64 {
     rates.iter().copied().fold(f64::INFINITY, f64::min)
 }
 
+/// The fastest of `rates` (0 for none).
 fn most(rates: &[f64]) -> f64 {
     rates.iter().copied().fold(0.0, f64::max)
 }
@@ -282,13 +284,13 @@ const LEN_MASK: u64 = (1 << 56) - 1;
 mod tests {
     use super::*;
 
-    /// A link whose rate with k connections is `rate(k)`: the numbers the chooser keeps
-    /// over `frames` frames.
     /// A frame of [`SAMPLE_BYTES`] (one measurement) moved at `rate` bytes a second.
     fn frame(rate: f64) -> Option<(u64, f64)> {
         Some((SAMPLE_BYTES, SAMPLE_BYTES as f64 / rate))
     }
 
+    /// A link whose rate with k connections is `rate(k)`: the numbers the chooser keeps
+    /// over `frames` frames (one measurement each).
     fn run(max: usize, frames: usize, rate: impl Fn(usize) -> f64) -> Vec<usize> {
         let mut c = StreamChooser::new(max);
         (0..frames)

@@ -32,8 +32,9 @@
 //! fill the link (a cloud's per-flow cap, a long fat pipe) or one core cannot encrypt it.
 //!
 //! From then on every frame of the link, the goodbye included, goes over the TCP stream,
-//! each preceded by its length (u64 LE, the top byte the number of connections): a frame over the receiver's limit is read past
-//! and refused, one whose header lies about its length refused, and the frames after them
+//! each preceded by its length (u64 LE, the top byte the number of connections): a frame
+//! over the receiver's limit is read past and refused, one whose header lies about its
+//! length refused, and the frames after them
 //! still arrive — the checks, refusals and counting of [`super::receive::deliver`], as on
 //! the other transports. One thread per side does the blocking I/O (writes of at most
 //! [`WRITE_CHUNK`] bytes; a read straight into the frame's buffer). A frame's transfer time (what the
@@ -372,14 +373,18 @@ impl TcpFrames {
                 // A frame that came while the one before was timed.
                 let mut next: Option<ToWrite> = None;
                 while let Some((frame, done)) = next.take().or_else(|| rx.recv().ok()) {
-                    let chosen = chooser.as_ref().filter(|_| frame.len() >= STRIPE_FROM);
-                    let Some(streams) = chosen.map(StreamChooser::next) else {
-                        // All connections (`stripes` leaves a small frame whole), or one.
-                        let streams = if chooser.is_some() { 1 } else { writers.len() };
-                        let _ = done.send(write_striped(&mut writers, &sockets, &frame, streams));
-                        continue;
+                    let c = match chooser.as_mut() {
+                        Some(c) if frame.len() >= STRIPE_FROM => c,
+                        // A fixed number: all connections (`stripes` leaves a small frame
+                        // whole); under auto, a small frame on one.
+                        other => {
+                            let streams = if other.is_some() { 1 } else { writers.len() };
+                            let written = write_striped(&mut writers, &sockets, &frame, streams);
+                            let _ = done.send(written);
+                            continue;
+                        }
                     };
-                    let c = chooser.as_mut().expect("chosen above");
+                    let streams = c.next();
                     // What the frames before it left queued goes out ahead of it.
                     let sent = &sockets[..streams];
                     let ahead: u64 = sent.iter().filter_map(unsent_bytes).sum();

@@ -215,6 +215,7 @@ pub(crate) fn decode(payload: &[u8]) -> anyhow::Result<Vec<RecordLine>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use murmur_gossip::frame::FrameHeader;
     use std::time::Duration;
 
     fn row(epoch: usize, accuracy: f64) -> RecordLine {
@@ -282,7 +283,7 @@ mod tests {
         }
         // The frame carries the lines as they are.
         let frame = encode(4, &all).unwrap();
-        let (header, payload) = murmur_gossip::frame::FrameHeader::parse(&frame, u32::MAX).unwrap();
+        let (header, payload) = FrameHeader::parse(&frame, u32::MAX).unwrap();
         assert_eq!(
             (header.kind, header.sender, header.round),
             (FrameKind::Record, 4, 2)
