@@ -599,11 +599,22 @@ fn a_paused_peer_is_waited_for_and_the_run_finishes_without_a_departure() {
     assert_eq!(text(&s["peer_failures"]), "", "{s}");
 }
 
+/// No --restart-failed: the paused peer leaves for good and the others finish. The paused
+/// timeout at the peer timeout: its neighbours take it for departed at 5 s and train on,
+/// and it continues while they still do. It must leave at once on its return, from the
+/// links they closed, not after its round timeout: before, the links given up on it said a
+/// counted goodbye into its shared-memory rings, it took its neighbours for finished, and
+/// waited out --round-timeout-secs (60 s) for their frames, after the others had ended.
 #[test]
 fn a_paused_peer_leaves_with_an_accurate_message_and_the_run_finishes() {
-    // No --restart-failed: the paused peer leaves for good and the others finish. The
-    // paused timeout at the peer timeout: its neighbours take it for departed at 5 s.
-    let mut l = Launch::start(&["--epochs=8", "--paused-timeout-secs=5"]);
+    // Peer 3 sleeps 30 ms a round, and the others keep its pace: the run lasts at least
+    // 40 × 16 × 30 ms = 19 s on any machine, well past the pause.
+    let epochs = 40;
+    let mut l = Launch::start(&[
+        &format!("--epochs={epochs}"),
+        "--paused-timeout-secs=5",
+        "--slow-peer=3:30",
+    ]);
     l.wait_for_epoch(1);
     // Longer than --peer-timeout-secs (5 s): the others declare it departed.
     stop_for(l.peer(1), Duration::from_secs(10));
@@ -611,7 +622,16 @@ fn a_paused_peer_leaves_with_an_accurate_message_and_the_run_finishes() {
     assert!(status.success(), "{out}\n{err}");
     assert!(out.contains("peer 1 is stopped"), "{out}");
     assert!(out.contains("peer 1 left the run at round"), "{out}");
-    assert!(out.contains("peer 1 failed (exit-75)"), "{out}");
+    let left_at: usize = out
+        .split("peer 1 failed (exit-75) at epoch ")
+        .nth(1)
+        .and_then(|rest| rest.split(':').next())
+        .and_then(|e| e.parse().ok())
+        .unwrap_or_else(|| panic!("peer 1 did not leave with exit 75 while the others trained: {out}"));
+    assert!(
+        left_at < epochs,
+        "peer 1 left at epoch {left_at}, once the others had ended, not on its return: {out}"
+    );
     let log = l.log(1);
     assert!(log.contains("this peer was paused for"), "{log}");
     assert!(

@@ -81,6 +81,16 @@ pub(super) async fn send_loop<T: FrameTransport>(
             return send_failed(&events, (to, incarnation), &conn, e).await;
         }
     }
+    // A link given up here says no goodbye: `Link::abandon` closes the connection before it
+    // drops the handle. A counted goodbye would tell a peer that was only paused, and taken
+    // for departed meanwhile, that this neighbour finished the run: it would wait out its
+    // round timeout on its return instead of learning from the closed link at once that the
+    // run went on without it (the goodbye could still reach it through a shared-memory
+    // ring, which outlives the connection's close).
+    if closed_here(&conn) {
+        debug!(to, incarnation, "link given up: no goodbye");
+        return;
+    }
     // The training loop dropped its handle: say goodbye, then wait for the receiver to
     // close the connection once it has read everything.
     let mut bye = Vec::with_capacity(FRAME_HEADER_LEN + 8);
