@@ -627,7 +627,9 @@ fn a_paused_peer_leaves_with_an_accurate_message_and_the_run_finishes() {
         .nth(1)
         .and_then(|rest| rest.split(':').next())
         .and_then(|e| e.parse().ok())
-        .unwrap_or_else(|| panic!("peer 1 did not leave with exit 75 while the others trained: {out}"));
+        .unwrap_or_else(|| {
+            panic!("peer 1 did not leave with exit 75 while the others trained: {out}")
+        });
     assert!(
         left_at < epochs,
         "peer 1 left at epoch {left_at}, once the others had ended, not on its return: {out}"
@@ -644,6 +646,36 @@ fn a_paused_peer_leaves_with_an_accurate_message_and_the_run_finishes() {
     assert!(text(&s["peer_failures"]).starts_with("1:exit-75@"), "{s}");
     assert_eq!(text(&s["restarts"]), "");
     assert!(s["final_mean_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");
+}
+
+/// Peer 0 paused past the paused timeout while the others train (the lowest live peer keeps
+/// the record meanwhile): on its return it leaves with exit status 75, as any peer, and
+/// `--restart-failed` brings it back with `--resume --rejoin-running`; every epoch is
+/// recorded once. Before, the links given up on it said a counted goodbye into its
+/// shared-memory rings: it waited out its round timeout, wrote a second row for an epoch
+/// the stand-in had recorded, and failed with exit status 1 once the run had ended.
+#[test]
+fn a_paused_peer_0_leaves_on_its_return_and_rejoins_under_restart_failed() {
+    let epochs = 40;
+    // As above: peer 3's 30 ms a round keep the run going well past the pause.
+    let mut l = Launch::start(&[
+        &format!("--epochs={epochs}"),
+        "--paused-timeout-secs=5",
+        "--slow-peer=3:30",
+        "--restart-failed",
+        "--checkpoint-every=16",
+    ]);
+    l.wait_for_epoch(1);
+    stop_for(l.peer(0), Duration::from_secs(10));
+    let (status, out, err) = l.finish(Duration::from_secs(240));
+    assert!(status.success(), "{out}\n{err}");
+    assert!(out.contains("peer 0 left the run at round"), "{out}");
+    assert!(out.contains("peer 0 failed (exit-75) at epoch"), "{out}");
+    let s = l.summary();
+    assert_eq!(text(&s["outcome"]), "completed", "{s}");
+    assert!(text(&s["restarts"]).starts_with("0@"), "{s}");
+    assert!(text(&s["rejoins"]).starts_with("0@"), "{s}");
+    l.assert_every_epoch_once(epochs);
 }
 
 #[test]

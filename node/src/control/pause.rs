@@ -40,7 +40,8 @@ pub const DEPARTED_EXIT_CODE: u8 = 75;
      longer than its neighbours wait for it (--peer-timeout-secs {timeout_secs}, or \
      --paused-timeout-secs where they can tell it is paused: over TCP and on one host), so \
      the other peers went on without it and it has left the run; restart it with --resume \
-     to rejoin (murmur launch --restart-failed does). What failed on its return: {cause}"
+     to rejoin (--resume --rejoin-running for peer 0; murmur launch --restart-failed and \
+     murmur.sbatch do). What failed on its return: {cause}"
 )]
 pub struct Departed {
     /// Seconds the process was paused.

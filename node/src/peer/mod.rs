@@ -143,8 +143,9 @@ pub const REJOIN_MARGIN_ROUNDS: u64 = 20;
 /// Runs one peer to the end of training. Dispatches on the device.
 ///
 /// A peer that was paused for longer than the peer timeout (and so declared departed by
-/// the others) fails with [`crate::control::pause::Departed`] once it continues; peer 0 cannot be
-/// taken back, so its error only says that it was paused.
+/// the others) fails with [`crate::control::pause::Departed`] once it continues, peer 0 as
+/// any other: the others went on without it (a stand-in keeps the record), and it comes back
+/// as a restarted peer (`--resume`, and `--rejoin-running` for peer 0).
 pub fn run(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
     args.validate()?;
     check_device(args.train.device)?;
@@ -164,16 +165,7 @@ pub fn run(args: &RunArgs, peer: &PeerArgs) -> anyhow::Result<()> {
             return Ok(());
         }
     }
-    trained.map_err(|e| match peer.rank {
-        Some(0) if watch.longest_pause() >= timeout => e.context(format!(
-            "peer 0 was paused for {:.1} s (longer than --peer-timeout-secs {}): the others \
-             stopped without the bootstrap",
-            watch.longest_pause().as_secs_f64(),
-            args.net.peer_timeout_secs
-        )),
-        Some(0) => e,
-        _ => watch.explain(e, timeout),
-    })
+    trained.map_err(|e| watch.explain(e, timeout))
 }
 
 /// When this process started [`run`].
