@@ -400,12 +400,22 @@ impl<'a> Supervisor<'a> {
                 if stopped != p.stopped {
                     p.stopped = stopped;
                     print(if stopped {
+                        // QUIC links alone cannot tell a stopped process from a dead one.
+                        let wait = match args.net.transport {
+                            crate::plane::TransportChoice::Quic => format!(
+                                "--peer-timeout-secs {} s (QUIC links cannot tell it from a \
+                                 dead one)",
+                                args.timeouts().peer.as_secs()
+                            ),
+                            _ => format!(
+                                "--paused-timeout-secs {} s",
+                                args.timeouts().paused().as_secs()
+                            ),
+                        };
                         format!(
                             "peer {} is stopped (SIGSTOP or a debugger) at epoch {epoch}; its \
-                             neighbours wait for it up to --paused-timeout-secs {} s, then go on \
-                             without it",
+                             neighbours wait for it up to {wait}, then go on without it",
                             p.rank,
-                            args.timeouts().paused().as_secs()
                         )
                     } else {
                         format!("peer {} continues", p.rank)
