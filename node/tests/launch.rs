@@ -599,41 +599,57 @@ fn a_paused_peer_is_waited_for_and_the_run_finishes_without_a_departure() {
     assert_eq!(text(&s["peer_failures"]), "", "{s}");
 }
 
-/// No --restart-failed: the paused peer leaves for good and the others finish. The paused
-/// timeout at the peer timeout: its neighbours take it for departed at 5 s and train on,
-/// and it continues while they still do. It must leave at once on its return, from the
-/// links they closed, not after its round timeout: before, the links given up on it said a
-/// counted goodbye into its shared-memory rings, it took its neighbours for finished, and
-/// waited out --round-timeout-secs (60 s) for their frames, after the others had ended.
-#[test]
-fn a_paused_peer_leaves_with_an_accurate_message_and_the_run_finishes() {
-    // Peer 3 sleeps 30 ms a round, and the others keep its pace: the run lasts at least
-    // 40 × 16 × 30 ms = 19 s on any machine, well past the pause.
-    let epochs = 40;
-    let mut l = Launch::start(&[
-        &format!("--epochs={epochs}"),
+/// Epochs of a run in which a peer is paused past the timeout ([`paused_past_the_timeout`]).
+const PAUSED_RUN_EPOCHS: usize = 40;
+
+/// A run of [`PAUSED_RUN_EPOCHS`] with `extra` and the paused timeout at the peer timeout
+/// (5 s), in which peer `rank` is stopped for 10 s after epoch 1: its neighbours take it for
+/// departed at 5 s and train on, and it continues while they still do (peer 3 sleeps 30 ms
+/// a round and the others keep its pace, so the run lasts at least 40 × 16 × 30 ms = 19 s
+/// on any machine, well past the pause). Checks that the run succeeds, that the peer's
+/// departure is reported, and that the peer leaves with exit status 75 on its return, at an
+/// epoch before the end: before, the links given up on it said a counted goodbye into its
+/// shared-memory rings, it took its neighbours for finished and waited out
+/// --round-timeout-secs for their frames, after the others had ended. Returns the launch
+/// and its output.
+fn paused_past_the_timeout(rank: usize, extra: &[&str]) -> (Launch, String) {
+    let epochs = format!("--epochs={PAUSED_RUN_EPOCHS}");
+    let mut args = vec![
+        epochs.as_str(),
         "--paused-timeout-secs=5",
         "--slow-peer=3:30",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let mut l = Launch::start(&args);
     l.wait_for_epoch(1);
-    // Longer than --peer-timeout-secs (5 s): the others declare it departed.
-    stop_for(l.peer(1), Duration::from_secs(10));
+    stop_for(l.peer(rank), Duration::from_secs(10));
     let (status, out, err) = l.finish(Duration::from_secs(240));
     assert!(status.success(), "{out}\n{err}");
-    assert!(out.contains("peer 1 is stopped"), "{out}");
-    assert!(out.contains("peer 1 left the run at round"), "{out}");
+    assert!(out.contains(&format!("peer {rank} is stopped")), "{out}");
+    assert!(
+        out.contains(&format!("peer {rank} left the run at round")),
+        "{out}"
+    );
     let left_at: usize = out
-        .split("peer 1 failed (exit-75) at epoch ")
+        .split(&format!("peer {rank} failed (exit-75) at epoch "))
         .nth(1)
         .and_then(|rest| rest.split(':').next())
         .and_then(|e| e.parse().ok())
         .unwrap_or_else(|| {
-            panic!("peer 1 did not leave with exit 75 while the others trained: {out}")
+            panic!("peer {rank} did not leave with exit 75 while the others trained: {out}")
         });
     assert!(
-        left_at < epochs,
-        "peer 1 left at epoch {left_at}, once the others had ended, not on its return: {out}"
+        left_at < PAUSED_RUN_EPOCHS,
+        "peer {rank} left at epoch {left_at}, once the others had ended, not on its return: {out}"
     );
+    (l, out)
+}
+
+/// No --restart-failed: the paused peer leaves for good, with an accurate message, and the
+/// others finish.
+#[test]
+fn a_paused_peer_leaves_with_an_accurate_message_and_the_run_finishes() {
+    let (l, _) = paused_past_the_timeout(1, &[]);
     let log = l.log(1);
     assert!(log.contains("this peer was paused for"), "{log}");
     assert!(
@@ -648,34 +664,19 @@ fn a_paused_peer_leaves_with_an_accurate_message_and_the_run_finishes() {
     assert!(s["final_mean_test_accuracy"].as_f64().unwrap() > 0.8, "{s}");
 }
 
-/// Peer 0 paused past the paused timeout while the others train (the lowest live peer keeps
-/// the record meanwhile): on its return it leaves with exit status 75, as any peer, and
-/// `--restart-failed` brings it back with `--resume --rejoin-running`; every epoch is
-/// recorded once. Before, the links given up on it said a counted goodbye into its
-/// shared-memory rings: it waited out its round timeout, wrote a second row for an epoch
-/// the stand-in had recorded, and failed with exit status 1 once the run had ended.
+/// Peer 0 paused past the timeout (the lowest live peer keeps the record meanwhile) leaves
+/// on its return like any peer, and `--restart-failed` brings it back with `--resume
+/// --rejoin-running`; every epoch is recorded once. Before, it failed with exit status 1
+/// once the run had ended, and a manual run's record held an epoch twice (the stand-in's
+/// row and its own).
 #[test]
 fn a_paused_peer_0_leaves_on_its_return_and_rejoins_under_restart_failed() {
-    let epochs = 40;
-    // As above: peer 3's 30 ms a round keep the run going well past the pause.
-    let mut l = Launch::start(&[
-        &format!("--epochs={epochs}"),
-        "--paused-timeout-secs=5",
-        "--slow-peer=3:30",
-        "--restart-failed",
-        "--checkpoint-every=16",
-    ]);
-    l.wait_for_epoch(1);
-    stop_for(l.peer(0), Duration::from_secs(10));
-    let (status, out, err) = l.finish(Duration::from_secs(240));
-    assert!(status.success(), "{out}\n{err}");
-    assert!(out.contains("peer 0 left the run at round"), "{out}");
-    assert!(out.contains("peer 0 failed (exit-75) at epoch"), "{out}");
+    let (l, _) = paused_past_the_timeout(0, &["--restart-failed", "--checkpoint-every=16"]);
     let s = l.summary();
     assert_eq!(text(&s["outcome"]), "completed", "{s}");
     assert!(text(&s["restarts"]).starts_with("0@"), "{s}");
     assert!(text(&s["rejoins"]).starts_with("0@"), "{s}");
-    l.assert_every_epoch_once(epochs);
+    l.assert_every_epoch_once(PAUSED_RUN_EPOCHS as u64);
 }
 
 #[test]
