@@ -174,6 +174,7 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             if e.downcast_ref::<murmur::control::pause::Departed>()
                 .is_some()
+                || e.downcast_ref::<murmur::control::pause::CutOff>().is_some()
             {
                 ExitCode::from(murmur::control::pause::DEPARTED_EXIT_CODE)
             } else if let Some(s) = e.downcast_ref::<murmur::launch::Interrupted>() {

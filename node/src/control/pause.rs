@@ -52,6 +52,24 @@ pub struct Departed {
     pub cause: String,
 }
 
+/// The run took this live process for departed: peer `by` closed a link with it as such
+/// (`plane::CUT_OFF`: its silence outlasted the timeouts, a partition, a relay that died,
+/// or a departure notice about it from elsewhere) and the others go on without it. Like
+/// [`Departed`], `murmur peer` reports it with [`DEPARTED_EXIT_CODE`], and a supervisor
+/// restarts it with `--resume`.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "peer {by} closed its link with this peer as with a departed one: the run took this peer \
+     for departed (its links silent for longer than the others wait: a network partition, a \
+     relay that died, a process too starved to answer) and goes on without it, so it has left \
+     the run; restart it with --resume to rejoin (--resume --rejoin-running for peer 0; \
+     murmur launch --restart-failed and murmur.sbatch do)"
+)]
+pub struct CutOff {
+    /// The peer that closed the link.
+    pub by: murmur_gossip::Rank,
+}
+
 /// The pause detector: a background thread that records the longest gap between its
 /// wake-ups (milliseconds), and the time of its last wake-up.
 #[derive(Clone)]

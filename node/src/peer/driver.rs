@@ -116,10 +116,23 @@ impl Driver {
     /// [`crate::control::pause::Departed`] says so) rather than take every neighbour for
     /// departed and train on alone.
     pub(super) fn handle(&mut self, input: Input) -> anyhow::Result<()> {
-        if let Input::Lost { reason, .. } | Input::SendFailed { reason, .. } = &input {
+        if let Input::Lost { peer, reason, .. }
+        | Input::SendFailed {
+            to: peer, reason, ..
+        } = &input
+        {
             let watch = crate::control::pause::PauseWatch::global();
             if watch.cut_off(self.plane.timeouts().peer).is_some() {
                 bail!("its neighbours closed its links ({reason})");
+            }
+            // Not a neighbour that died: one that took this peer for departed.
+            if self.plane.cut_off_by(*peer)
+                || self
+                    .links
+                    .get(peer)
+                    .is_some_and(crate::plane::Link::cut_off)
+            {
+                return Err(crate::control::pause::CutOff { by: *peer }.into());
             }
         }
         let actions = self.core.handle(Instant::now(), input)?;

@@ -40,7 +40,7 @@ use tracing::{debug, info, warn};
 
 use super::process::{ProcessId, ProcessState};
 use super::receive::Receiving;
-use super::{closed_here, Incarnation, NetEvent, ABANDONED};
+use super::{closed_here, Incarnation, NetEvent, CUT_OFF};
 
 /// The shortest QUIC idle timeout: how long a handshake may stay silent (a peer timeout
 /// above it is the idle timeout).
@@ -400,14 +400,14 @@ pub async fn report_when_silent(
     }
     let reason = match loss {
         Loss::Exited(p) => {
-            conn.close(VarInt::from_u32(ABANDONED), b"exited");
+            conn.close(VarInt::from_u32(CUT_OFF), b"exited");
             format!(
                 "connection {direction} peer {peer}: its process (pid {}) on this host has exited",
                 p.pid
             )
         }
         Loss::Silent(silence, host) => {
-            conn.close(VarInt::from_u32(ABANDONED), b"silent");
+            conn.close(VarInt::from_u32(CUT_OFF), b"silent");
             let host = match host {
                 Host::Unknown => "",
                 Host::Answers => {

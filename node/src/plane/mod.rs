@@ -407,9 +407,23 @@ fn has_inbound(inbound: &Inbound, from: Rank) -> bool {
     inbound.get(&from).is_some_and(|c| !c.is_empty())
 }
 
-/// Application close code of a connection this side gave up (its peer left the run, or it
-/// is not admitted).
+/// Application close code of a connection this side gave up (its peer is not admitted, an
+/// older process, or broke its ring).
 const ABANDONED: u32 = 2;
+
+/// Application close code of a connection this side gave up because it took the process at
+/// the far end for departed (its silence or exit, a departure notice, a newer process of its
+/// rank): a far process that still lives learns from it that the run goes on without it
+/// ([`DataPlane::cut_off_by`]), and tells it from a neighbour that died.
+const CUT_OFF: u32 = 3;
+
+/// Whether the far end of `conn` closed it with [`CUT_OFF`].
+fn closed_as_cut_off(conn: &Connection) -> bool {
+    matches!(
+        conn.close_reason(),
+        Some(quinn::ConnectionError::ApplicationClosed(c)) if c.error_code == VarInt::from_u32(CUT_OFF)
+    )
+}
 
 impl DataPlane {
     /// Binds peer `rank`'s QUIC endpoint at `addr` (port 0: any free port) with a certificate
@@ -742,18 +756,27 @@ impl DataPlane {
     }
 
     /// Closes the incoming connections from `peer`'s processes of incarnations below
-    /// `before` (they left the run) without reporting them lost; a newer process's
-    /// connections stay open.
+    /// `before` (they left the run) without reporting them lost, with [`CUT_OFF`]; a newer
+    /// process's connections stay open.
     pub fn forget(&self, peer: Rank, before: Incarnation) {
         let mut inbound = self.inbound.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(conns) = inbound.get_mut(&peer) {
             conns.retain(|(i, c)| {
                 if *i < before {
-                    c.close(VarInt::from_u32(ABANDONED), b"peer left");
+                    c.close(VarInt::from_u32(CUT_OFF), b"peer left");
                 }
                 *i >= before
             });
         }
+    }
+
+    /// Whether peer `peer` closed an incoming connection of its with [`CUT_OFF`]: it took
+    /// this process for departed and goes on without it.
+    pub fn cut_off_by(&self, peer: Rank) -> bool {
+        let inbound = self.inbound.lock().unwrap_or_else(|e| e.into_inner());
+        inbound
+            .get(&peer)
+            .is_some_and(|conns| conns.iter().any(|(_, c)| closed_as_cut_off(c)))
     }
 
     /// From now on, an incoming link whose goodbye counted every frame is reported
@@ -797,9 +820,15 @@ impl Link {
     }
 
     /// Gives the link up (its peer left the run): the connection is closed at once, with
-    /// no goodbye and no [`NetEvent::Lost`].
+    /// [`CUT_OFF`], no goodbye and no [`NetEvent::Lost`].
     pub fn abandon(self) {
-        self.conn.close(VarInt::from_u32(ABANDONED), b"peer left");
+        self.conn.close(VarInt::from_u32(CUT_OFF), b"peer left");
+    }
+
+    /// Whether the destination closed this link with [`CUT_OFF`]: it took this process
+    /// for departed.
+    pub fn cut_off(&self) -> bool {
+        closed_as_cut_off(&self.conn)
     }
 
     /// Queues one frame; waits while the link's queue is full.
@@ -1016,6 +1045,59 @@ mod tests {
                 NetEvent::LinkDone { to: 1 } => {}
                 other => panic!("{kind}: expected the link done, got {other:?}"),
             }
+        }
+    }
+
+    /// A process that the other end takes for departed learns it from the close, not only
+    /// that the link ended: the destination forgetting the sender's process (a departure)
+    /// makes the sender's link say cut off, and the sender giving its link up makes the
+    /// destination's connection from it say so.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_link_given_up_on_a_departed_process_says_so_at_its_other_end() {
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let timeout = Duration::from_secs(5);
+        let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+        let admitted = Admitted::default();
+        admitted.admit_all([(a.public().to_peer_id(), 0)]);
+        let (receiver, mut events) =
+            DataPlane::bind(1, any, 1 << 20, timeout, &b, admitted).unwrap();
+        let b_id = b.public().to_peer_id();
+        let mut planes = Vec::new();
+        let mut links = Vec::new();
+        for incarnation in [5, 9] {
+            let (mut sender, e) =
+                DataPlane::bind(0, any, 1 << 20, timeout, &a, Admitted::default()).unwrap();
+            sender.transport = TransportChoice::Quic;
+            sender.incarnation = incarnation;
+            let link = sender
+                .connect((1, 1), receiver.local_addr, b_id)
+                .await
+                .unwrap();
+            link.send(frame(0)).await.unwrap();
+            assert!(matches!(
+                next(&mut events).await,
+                NetEvent::Frame { from: 0, .. }
+            ));
+            assert!(!link.cut_off());
+            links.push(link);
+            planes.push((sender, e));
+        }
+        assert!(!receiver.cut_off_by(0));
+        // The destination takes the process of incarnation 5 for departed.
+        receiver.forget(0, 6);
+        let old = &links[0];
+        tokio::time::timeout(Duration::from_secs(5), old.conn.closed())
+            .await
+            .expect("the forgotten process's link closes");
+        assert!(old.cut_off());
+        assert!(!links[1].cut_off());
+        // The process of incarnation 9 gives its link up as to a departed peer.
+        let new = links.pop().unwrap();
+        new.abandon();
+        let t0 = std::time::Instant::now();
+        while !receiver.cut_off_by(0) {
+            assert!(t0.elapsed() < Duration::from_secs(5), "no cut-off seen");
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 

@@ -1250,6 +1250,11 @@ fn read_frames(streams: Vec<Arrived>, p: Pending, rt: tokio::runtime::Handle) {
     }
 }
 
+/// How long a TCP link that ended before its goodbye waits for its QUIC connection's close
+/// ([`ended_early`]): the far end's close travels with its TCP streams' end, a few
+/// round-trips at most; a dead process sends none, and its loss is reported that much later.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// A TCP link's stream ended or broke (`why`) before the goodbye's count was complete. If
 /// the link's QUIC connection is still open, the sender's process died (its kernel closed
 /// the socket; its QUIC connection would only go silent) or the connection was cut:
@@ -1262,6 +1267,11 @@ fn ended_early(
     events: &mpsc::Sender<NetEvent>,
     why: String,
 ) {
+    // The far end closes the link's QUIC connection before it shuts the TCP streams: its
+    // close, if it comes, says why (a process that took this one for departed closes with
+    // its own code), so it is waited for a little before the end is taken for a death.
+    // (The timer is made inside the runtime: block_on enters it.)
+    let _ = rt.block_on(async { tokio::time::timeout(CLOSE_WAIT, conn.closed()).await });
     if conn.close_reason().is_some() {
         return;
     }
