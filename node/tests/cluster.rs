@@ -870,12 +870,22 @@ fn survivors_of_a_killed_peer_reweight_and_finish_the_run() {
 
 #[test]
 fn a_peer_killed_on_tcp_links_is_noticed_at_once_without_a_supervisor() {
-    killed_by_hand_is_noticed_at_once("tcp", "TCP link from peer 2 ended before its goodbye");
+    // The TCP streams' end (read or written), or the process gone from this host, whichever
+    // is seen first (a TCP link that ends early waits up to 100 ms for its QUIC close to say
+    // why, and a write to the dead process's socket may fail first meanwhile).
+    killed_by_hand_is_noticed_at_once(
+        "tcp",
+        &[
+            "TCP link from peer 2 ended before its goodbye",
+            "sending to peer 2 failed",
+            "its process (pid",
+        ],
+    );
 }
 
 #[test]
 fn a_peer_killed_on_shared_memory_links_is_noticed_at_once_without_a_supervisor() {
-    killed_by_hand_is_noticed_at_once("auto", "its process (pid");
+    killed_by_hand_is_noticed_at_once("auto", &["its process (pid"]);
 }
 
 /// `n` peers started by hand on a ring of 25 rounds an epoch, links over `transport`, with
@@ -897,8 +907,8 @@ fn ring_by_hand(n: usize, transport: &str, options: &[&str]) -> Cluster {
 /// `murmur peer` by hand (no launcher to report the exit), links over `transport`, and a
 /// peer timeout far longer than the test allows: only the dead process's kernel closing its
 /// TCP sockets, or its process gone from this host, can explain the departure; a survivor's
-/// log says which (`notice`).
-fn killed_by_hand_is_noticed_at_once(transport: &str, notice: &str) {
+/// log says which (one of `notices`).
+fn killed_by_hand_is_noticed_at_once(transport: &str, notices: &[&str]) {
     let (n, victim) = (4, 2);
     let mut c = ring_by_hand(
         n,
@@ -920,7 +930,7 @@ fn killed_by_hand_is_noticed_at_once(transport: &str, notice: &str) {
     );
     let noticed = (0..n)
         .filter(|&r| r != victim)
-        .any(|r| c.read_log(r).contains(notice));
+        .any(|r| notices.iter().any(|notice| c.read_log(r).contains(notice)));
     assert!(noticed, "{}", c.read_log(victim - 1));
     let s = summary(&c.out());
     let departures = s["departures"].as_str().unwrap();
