@@ -1048,12 +1048,15 @@ mod tests {
         }
     }
 
-    /// A process that the other end takes for departed learns it from the close, not only
-    /// that the link ended: the destination forgetting the sender's process (a departure)
-    /// makes the sender's link say cut off, and the sender giving its link up makes the
-    /// destination's connection from it say so.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_link_given_up_on_a_departed_process_says_so_at_its_other_end() {
+    /// The sending planes of [`linked_from_two_processes`], kept alive with their events.
+    type Senders = Vec<(DataPlane, mpsc::Receiver<NetEvent>)>;
+
+    /// A receiver (rank 1) and a link to it from each of two processes of rank 0 with the
+    /// same identity, incarnations 5 and 9 (an old process and its restart), each link
+    /// having delivered one frame: the receiver, its events, the two links (oldest first)
+    /// and the senders' planes.
+    async fn linked_from_two_processes() -> (DataPlane, mpsc::Receiver<NetEvent>, Vec<Link>, Senders)
+    {
         let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
         let timeout = Duration::from_secs(5);
         let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
@@ -1062,8 +1065,8 @@ mod tests {
         let (receiver, mut events) =
             DataPlane::bind(1, any, 1 << 20, timeout, &b, admitted).unwrap();
         let b_id = b.public().to_peer_id();
-        let mut planes = Vec::new();
         let mut links = Vec::new();
+        let mut planes = Vec::new();
         for incarnation in [5, 9] {
             let (mut sender, e) =
                 DataPlane::bind(0, any, 1 << 20, timeout, &a, Admitted::default()).unwrap();
@@ -1078,10 +1081,20 @@ mod tests {
                 next(&mut events).await,
                 NetEvent::Frame { from: 0, .. }
             ));
-            assert!(!link.cut_off());
             links.push(link);
             planes.push((sender, e));
         }
+        (receiver, events, links, planes)
+    }
+
+    /// A process that the other end takes for departed learns it from the close, not only
+    /// that the link ended: the destination forgetting the sender's process (a departure)
+    /// makes the sender's link say cut off, and the sender giving its link up makes the
+    /// destination's connection from it say so.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_link_given_up_on_a_departed_process_says_so_at_its_other_end() {
+        let (receiver, _events, mut links, _planes) = linked_from_two_processes().await;
+        assert!(links.iter().all(|l| !l.cut_off()));
         assert!(!receiver.cut_off_by(0));
         // The destination takes the process of incarnation 5 for departed.
         receiver.forget(0, 6);
@@ -1106,33 +1119,7 @@ mod tests {
     /// the restarted process's connection (same identity, same rank) keeps delivering.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn forgetting_an_old_process_leaves_the_new_one_s_connection_open() {
-        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let timeout = Duration::from_secs(5);
-        let (a, b) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
-        let admitted = Admitted::default();
-        admitted.admit_all([(a.public().to_peer_id(), 0)]);
-        let (receiver, mut events) =
-            DataPlane::bind(1, any, 1 << 20, timeout, &b, admitted).unwrap();
-        let b_id = b.public().to_peer_id();
-        let mut links = Vec::new();
-        let mut planes = Vec::new();
-        for incarnation in [5, 9] {
-            let (mut old_or_new, e) =
-                DataPlane::bind(0, any, 1 << 20, timeout, &a, Admitted::default()).unwrap();
-            old_or_new.transport = TransportChoice::Quic;
-            old_or_new.incarnation = incarnation;
-            let link = old_or_new
-                .connect((1, 1), receiver.local_addr, b_id)
-                .await
-                .unwrap();
-            link.send(frame(0)).await.unwrap();
-            assert!(matches!(
-                next(&mut events).await,
-                NetEvent::Frame { from: 0, .. }
-            ));
-            links.push(link);
-            planes.push((old_or_new, e));
-        }
+        let (receiver, mut events, links, _planes) = linked_from_two_processes().await;
         let incarnations = |inbound: &Inbound| -> Vec<Incarnation> {
             let inbound = inbound.lock().unwrap();
             inbound[&0].iter().map(|(i, _)| *i).collect()
