@@ -16,7 +16,11 @@
 # recorded epoch E, peer R (≥ 1) is killed (SIGKILL) and started again at once with
 # `--resume`, as a supervisor would; its new process logs to OUT/peer-R.restart.log, and
 # the seconds from its start to its rejoin (its `rejoining: mixing again` line) are
-# printed, with its catch-up line), BASELINE ("gloo": instead of murmur,
+# printed, with its catch-up line), CUT ("A-B@SECS": SECS seconds after the peers start,
+# every packet between hosts hA and hB is dropped (iptables, both ways), a partition of
+# one ring edge; the time is written to OUT/cut.txt; the ends the run goes on without leave
+# with exit status 75, which is printed and not counted as a failure, and the seconds from
+# the cut to the last peer's end are printed), BASELINE ("gloo": instead of murmur,
 # the same ring as D-PSGD in PyTorch over gloo, experiments/wire/gloo_dpsgd.py run with
 # $PYTHON, default python3; the options are that script's, e.g. --hidden 31447; its JSON
 # lines are printed; "iperf3": iperf3's server on h1 and its client on h0, the options
@@ -183,7 +187,27 @@ if [ -n "${RESTART:-}" ]; then
     pids[$victim]=$!
     restarted=$(date +%s.%N)
 fi
+if [ -n "${CUT:-}" ]; then
+    command -v iptables >/dev/null || { echo "netns-ring.sh: CUT needs iptables" >&2; exit 2; }
+    ends=${CUT%@*}
+    a=${ends%-*} b=${ends#*-}
+    sleep "${CUT#*@}"
+    ip netns exec "h$a" iptables -A INPUT -s "$NET.$((b + 1))" -j DROP
+    ip netns exec "h$b" iptables -A INPUT -s "$NET.$((a + 1))" -j DROP
+    date +%s.%N >"$OUT/cut.txt"
+    echo "the link between h$a and h$b cut at $(cat "$OUT/cut.txt")"
+    for r in "$a" "$b"; do
+        code=0
+        wait "${pids[$r]}" || code=$?
+        echo "peer $r (an end of the cut) exited with status $code"
+        [ "$code" = 0 ] || [ "$code" = 75 ] || status=1
+        pids[$r]=""
+    done
+fi
 wait_peers "$OUT" "${pids[@]}" || status=1
+if [ -n "${CUT:-}" ]; then
+    echo "every peer ended $(echo "$(date +%s.%N) - $(cat "$OUT/cut.txt")" | bc) s after the cut"
+fi
 if [ -n "${RESTART:-}" ]; then
     log=$OUT/peer-$victim.restart.log
     rejoined=$(grep -m1 'rejoining: mixing again' "$log" | cut -d' ' -f1 || true)

@@ -172,10 +172,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            if e.downcast_ref::<murmur::control::pause::Departed>()
-                .is_some()
-                || e.downcast_ref::<murmur::control::pause::CutOff>().is_some()
-            {
+            if murmur::control::pause::left_behind(&e) {
                 ExitCode::from(murmur::control::pause::DEPARTED_EXIT_CODE)
             } else if let Some(s) = e.downcast_ref::<murmur::launch::Interrupted>() {
                 ExitCode::from(s.exit_code())

@@ -610,9 +610,8 @@ const PAUSED_RUN_EPOCHS: usize = 40;
 /// departure is reported, and that the peer leaves with exit status 75 on its return, at an
 /// epoch before the end: before, the links given up on it said a counted goodbye into its
 /// shared-memory rings, it took its neighbours for finished and waited out
-/// --round-timeout-secs for their frames, after the others had ended. Returns the launch
-/// and its output.
-fn paused_past_the_timeout(rank: usize, extra: &[&str]) -> (Launch, String) {
+/// --round-timeout-secs for their frames, after the others had ended. Returns the launch.
+fn paused_past_the_timeout(rank: usize, extra: &[&str]) -> Launch {
     let epochs = format!("--epochs={PAUSED_RUN_EPOCHS}");
     let mut args = vec![
         epochs.as_str(),
@@ -642,14 +641,14 @@ fn paused_past_the_timeout(rank: usize, extra: &[&str]) -> (Launch, String) {
         left_at < PAUSED_RUN_EPOCHS,
         "peer {rank} left at epoch {left_at}, once the others had ended, not on its return: {out}"
     );
-    (l, out)
+    l
 }
 
 /// No --restart-failed: the paused peer leaves for good, with an accurate message, and the
 /// others finish.
 #[test]
 fn a_paused_peer_leaves_with_an_accurate_message_and_the_run_finishes() {
-    let (l, _) = paused_past_the_timeout(1, &[]);
+    let l = paused_past_the_timeout(1, &[]);
     let log = l.log(1);
     assert!(log.contains("this peer was paused for"), "{log}");
     assert!(
@@ -671,7 +670,7 @@ fn a_paused_peer_leaves_with_an_accurate_message_and_the_run_finishes() {
 /// row and its own).
 #[test]
 fn a_paused_peer_0_leaves_on_its_return_and_rejoins_under_restart_failed() {
-    let (l, _) = paused_past_the_timeout(0, &["--restart-failed", "--checkpoint-every=16"]);
+    let l = paused_past_the_timeout(0, &["--restart-failed", "--checkpoint-every=16"]);
     let s = l.summary();
     assert_eq!(text(&s["outcome"]), "completed", "{s}");
     assert!(text(&s["restarts"]).starts_with("0@"), "{s}");

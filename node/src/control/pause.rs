@@ -16,6 +16,11 @@
 //! of at least the peer timeout ([`PauseWatch::cut_off`]) — the others closing its links.
 //! Without that, a peer whose every neighbour had closed its links took them all for
 //! departed and trained on alone to the end, its reports lost.
+//!
+//! A process the run left behind without a pause of its own (a partition, a relay that
+//! died, a process too starved to answer) learns it from the close code of the links the
+//! others give up on it, and leaves with [`CutOff`], reported the same way
+//! ([`left_behind`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -68,6 +73,13 @@ pub struct Departed {
 pub struct CutOff {
     /// The peer that closed the link.
     pub by: murmur_gossip::Rank,
+}
+
+/// Whether `error` is one of the ways a peer leaves a run that went on without it
+/// ([`Departed`], [`CutOff`]): `murmur peer` exits with [`DEPARTED_EXIT_CODE`], and a
+/// supervisor restarts it with `--resume`.
+pub fn left_behind(error: &anyhow::Error) -> bool {
+    error.downcast_ref::<Departed>().is_some() || error.downcast_ref::<CutOff>().is_some()
 }
 
 /// The pause detector: a background thread that records the longest gap between its

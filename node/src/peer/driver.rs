@@ -110,11 +110,14 @@ impl Driver {
     /// Hands `input` to the core and carries out what it decides (and what that causes).
     ///
     /// # Errors
-    /// Besides the core's: a link lost just after this process was itself paused for the
-    /// peer timeout or longer ([`crate::control::pause::PauseWatch::cut_off`]): the others
-    /// took this peer for departed and closed its links, so it stops (and
-    /// [`crate::control::pause::Departed`] says so) rather than take every neighbour for
-    /// departed and train on alone.
+    /// Besides the core's, a lost link that means the others went on without this peer, so
+    /// that it stops rather than take every neighbour for departed and train on alone:
+    /// - one lost just after this process was itself paused for the peer timeout or longer
+    ///   ([`crate::control::pause::PauseWatch::cut_off`]; [`crate::control::pause::Departed`]
+    ///   says so);
+    /// - one its far end closed as a link to a departed process
+    ///   ([`crate::plane::DataPlane::cut_off_by`], [`crate::plane::Link::cut_off`]):
+    ///   [`crate::control::pause::CutOff`].
     pub(super) fn handle(&mut self, input: Input) -> anyhow::Result<()> {
         if let Input::Lost { peer, reason, .. }
         | Input::SendFailed {
