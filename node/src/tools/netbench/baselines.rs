@@ -191,10 +191,14 @@ where
         s.set_read_timeout(Some(IO_TIMEOUT))?;
         s.set_write_timeout(Some(IO_TIMEOUT))?;
     }
+    // The receive buffer is mapped before the clock starts (written once: an untouched
+    // allocation would be mapped page by page inside the measurement).
+    let mut buf = Vec::with_capacity(frame.len());
+    buf.resize(frame.len(), 0u8);
     std::thread::scope(|scope| {
         let receiver = scope.spawn(move || {
             let mut r = accept(server)?;
-            receive(&mut r, frames, max_payload_bytes, on_frame)
+            receive(&mut r, buf, frames, max_payload_bytes, on_frame)
         });
         // The writer lives until the receiver is done (closing it early could cut what is
         // still in flight short); on an error it is dropped here at once.
@@ -222,10 +226,11 @@ where
     })
 }
 
-/// Reads `frames` frames from `r` (header, then the payload, into one buffer reused for
-/// every frame) and hands each to `on_frame`.
+/// Reads `frames` frames from `r` (header, then the payload, into `buf`, reused for every
+/// frame) and hands each to `on_frame`.
 fn receive<F>(
     r: &mut impl Read,
+    mut buf: Vec<u8>,
     frames: usize,
     max_payload_bytes: u32,
     mut on_frame: F,
@@ -233,7 +238,6 @@ fn receive<F>(
 where
     F: FnMut(&[u8]) -> anyhow::Result<()>,
 {
-    let mut buf = Vec::new();
     for i in 0..frames {
         let mut head = [0u8; FRAME_HEADER_LEN];
         r.read_exact(&mut head)
