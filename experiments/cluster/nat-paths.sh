@@ -32,7 +32,7 @@ for seed in $SEEDS; do
             RATE=$RATE SYMMETRIC=$symmetric "$here/netns-nat.sh" "$dir" --epochs "$EPOCHS" \
                 --seed "$seed" >/dev/null
         fi
-        relayed=$(cat "$dir"/peer-*.log | sed 's/\x1b\[[0-9;]*m//g' | grep -c "RELAYED through peer 0" || true)
+        relayed=$(cat "$dir"/peer-*.log | sed 's/\x1b\[[0-9;]*m//g' | grep -c "RELAYED through peer" || true)
         for r in 0 1 2; do
             sed 's/\x1b\[[0-9;]*m//g' "$dir/peer-$r.log" | grep -E "NAT|links:|RELAYED|relayed path" |
                 sed -E "s/^[^ ]* *(INFO|WARN) [^:]*: [^ ]* /peer $r: /" || true

@@ -15,9 +15,15 @@
 # MURMUR: the binary (target/release/murmur). SYMMETRIC=1 makes both routers pick a random
 # port for every destination (MASQUERADE --random-fully, a "symmetric" NAT), SYMMETRIC=2
 # only router 2: hole punching then fails on the links that cross such a NAT, and those
-# links are relayed through peer 0 (each peer says which; with --no-relay the run fails
-# with an error that says why). Writes OUT/peer-<r>.log and peer 0's run folder OUT/run;
-# prints what each peer said about NATs and its links, and peer 0's summary.
+# links are relayed through a reachable member (each peer says which; with --no-relay the
+# run fails with an error that says why). Writes OUT/peer-<r>.log and peer 0's run folder
+# OUT/run; prints what each peer said about NATs and its links, and peer 0's summary.
+# PUBLIC=2 adds a second peer on the public side, pub1 10.80.0.2 (peer 3, its run folder
+# OUT/peer-3): four peers on a ring 0 - 1 - 2 - 3 - 0, and with both routers symmetric
+# the link 1 <-> 2 is relayed through peer 3, not peer 0. KILL0=SECS kills peer 0 (SIGKILL)
+# SECS seconds after the peers start: the others must finish without it (its failure is
+# expected), the lowest live peer keeping the record in its run folder (OUT/peer-1/run…
+# as that peer's --out says); each survivor's exit status is printed.
 # RATE (e.g. 100mbit) shapes every site's access link, both directions (tc tbf on the
 # routers' and peer 0's side of the public bridge): relayed traffic then crosses peer 0's
 # link twice, as it would on the internet. Default: unshaped.
@@ -32,7 +38,10 @@ MURMUR=$(realpath "${MURMUR:-target/release/murmur}")
 command -v iptables >/dev/null || { echo "netns-nat.sh: needs iptables (Debian: apt install iptables)" >&2; exit 1; }
 mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
+PUBLIC=${PUBLIC:-1}
+case "$PUBLIC" in 1 | 2) ;; *) echo "netns-nat.sh: PUBLIC is 1 or 2" >&2; exit 1 ;; esac
 NS=(pub0 nat1 nat2 lan1 lan2)
+[ "$PUBLIC" = 2 ] && NS+=(pub1)
 
 cleanup() { netns_remove mrpub "${NS[@]}"; }
 trap cleanup EXIT
@@ -46,6 +55,14 @@ ip link set mrp0 master mrpub up
 ip -n pub0 addr add 10.80.0.1/24 dev eth0
 ip -n pub0 link set eth0 up
 ip -n pub0 link set lo up
+if [ "$PUBLIC" = 2 ]; then
+    ip netns add pub1
+    ip link add mrp1 type veth peer name eth0 netns pub1
+    ip link set mrp1 master mrpub up
+    ip -n pub1 addr add 10.80.0.2/24 dev eth0
+    ip -n pub1 link set eth0 up
+    ip -n pub1 link set lo up
+fi
 for k in 1 2; do
     ip netns add "nat$k"
     ip netns add "lan$k"
@@ -87,7 +104,7 @@ if [ -n "${RATE:-}" ]; then
     done
 fi
 
-common=(--peers 3 --topology ring "$@")
+common=(--peers $((PUBLIC + 2)) --topology ring "$@")
 ip netns exec pub0 "$MURMUR" peer --rank 0 "${common[@]}" \
     --listen /ip4/10.80.0.1/udp/4001/quic-v1 --data-addr 10.80.0.1:5001 \
     --bootstrap-file "$OUT/boot.addr" --out "$OUT/run" >"$OUT/peer-0.log" 2>&1 &
@@ -99,9 +116,28 @@ for k in 1 2; do
         --out "$OUT/peer-$k" >"$OUT/peer-$k.log" 2>&1 &
     pids+=($!)
 done
+if [ "$PUBLIC" = 2 ]; then
+    ip netns exec pub1 "$MURMUR" peer --rank 3 "${common[@]}" --bootstrap "$BOOT" \
+        --listen /ip4/10.80.0.2/udp/4001/quic-v1 --data-addr 10.80.0.2:5001 \
+        --out "$OUT/peer-3" >"$OUT/peer-3.log" 2>&1 &
+    pids+=($!)
+fi
 status=0
-wait_peers "$OUT" "${pids[@]}" || status=1
-for r in 0 1 2; do
+if [ -n "${KILL0:-}" ]; then
+    sleep "$KILL0"
+    kill -KILL "${pids[0]}" 2>/dev/null || true
+    wait "${pids[0]}" 2>/dev/null || true
+    echo "netns-nat.sh: killed peer 0 at ${KILL0} s"
+    for r in $(seq 1 $((${#pids[@]} - 1))); do
+        code=0
+        wait "${pids[$r]}" || code=$?
+        echo "netns-nat.sh: peer $r exited with status $code"
+        [ "$code" = 0 ] || status=1
+    done
+else
+    wait_peers "$OUT" "${pids[@]}" || status=1
+fi
+for r in $(seq 0 $((${#pids[@]} - 1))); do
     sed 's/\x1b\[[0-9;]*m//g' "$OUT/peer-$r.log" |
         grep -E "NAT|links:|RELAYED|relayed path" | sed -E "s/^[^ ]* *(INFO|WARN) /peer $r: /" || true
 done

@@ -280,8 +280,8 @@ impl Driver {
         self.record_to = keeper;
         if keeper == rank {
             warn!(
-                "peer 0 is away: this peer, the lowest live one, keeps the run's record \
-                 ({}) until peer 0's new process links to it",
+                "peer 0 is away: this peer, the lowest live one (behind no NAT, where one \
+                 is), keeps the run's record ({}) until peer 0's new process links to it",
                 self.record.dir.display()
             );
             let mut c = self.record.collector();

@@ -1,7 +1,8 @@
 //! Opening a peer's links at the start of a run: the direct path first (all at once, so that
 //! both ends of a link through NATs dial each other together: hole punching), then, for a
 //! link whose direct path did not open and that crosses a NAT, the relayed fallback through
-//! peer 0 ([`crate::plane::relay`]). Each link says which path it took.
+//! a reachable member ([`crate::plane::relay`], chosen as
+//! [`crate::control::discovery::relaying`] says). Each link says which path it took.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -146,7 +147,7 @@ pub enum Nat {
 
 /// The one link-opening rule, for the start of a run ([`open`]) and for a restarted peer
 /// (`Driver::link_to`): the direct path first; if it did not open, the relayed path
-/// through peer 0 when a NAT is (or may be) in the way and relaying is on. `to`: the
+/// through a member when a NAT is (or may be) in the way and relaying is on. `to`: the
 /// destination's rank and the incarnation of its process at `addr`.
 ///
 /// # Errors
@@ -185,31 +186,34 @@ async fn fallback(
                  the port for every destination (a symmetric NAT) or that answers \
                  unsolicited packets defeats hole punching, and relaying is off \
                  (--no-relay); give that peer a reachable address (or forward its data \
-                 port), or let peer 0 relay"
+                 port), or let the members relay"
             )))
         }
         Nat::Behind(who) => who,
     };
     let attempt = async {
-        let allocation = relay.allocate(rank, to).await?;
-        plane
+        let (by, allocation) = relay.allocate(rank, to).await?;
+        let link = plane
             .connect_relayed((to, incarnation), &allocation, id)
             .await
+            .map_err(|e| e.context(format!("through peer {by}")))?;
+        anyhow::Ok((by, link))
     };
     match attempt.await {
-        Ok(link) => {
+        Ok((by, link)) => {
             warn!(
                 to,
                 relay = ?link.relayed,
-                "link to peer {to}: RELAYED through peer 0 ({who}, and the direct path did \
-                 not open: {direct:#}); slow by design, every byte crosses peer 0"
+                by,
+                "link to peer {to}: RELAYED through peer {by} ({who}, and the direct path did \
+                 not open: {direct:#}); slow by design, every byte crosses peer {by}"
             );
             Ok(link)
         }
         Err(relay_err) => Err(direct.context(format!(
             "{who}, the direct path did not open (a symmetric NAT, or one that answers \
-             unsolicited packets, defeats hole punching), and neither did the relayed path \
-             through peer 0: {relay_err:#}"
+             unsolicited packets, defeats hole punching), and neither did a relayed path: \
+             {relay_err:#}"
         ))),
     }
 }
@@ -234,15 +238,17 @@ async fn listen_relayed(plane: &DataPlane, relay: &RelayClient, rank: Rank, inco
         .filter(|&&from| from != rank && !plane.has_inbound(from))
         .map(|&from| async move {
             let registered = async {
-                let allocation = relay.allocate(from, rank).await?;
+                let (by, allocation) = relay.allocate(from, rank).await?;
                 plane.expect_relayed(from, &allocation, LISTEN_LIMIT)?;
-                anyhow::Ok(allocation.addr)
+                anyhow::Ok((by, allocation.addr))
             };
             match registered.await {
-                Ok(at) => info!(
+                Ok((by, at)) => info!(
                     from,
                     relay = %at,
-                    "no direct connection from peer {from} yet: listening on the relayed path too"
+                    by,
+                    "no direct connection from peer {from} yet: listening on the relayed path \
+                     through peer {by} too"
                 ),
                 Err(e) => warn!(
                     from,

@@ -162,6 +162,9 @@ pub(super) fn run_on<B: AutodiffBackend>(
         last_report = Some(training.epoch(epoch)?);
     }
     training.finish(&topo, &peer.out)?;
+    // Links of others through this peer's relay may still be finishing.
+    let drv = &training.drv;
+    drv.rt.block_on(drv.relay.linger(rank));
     if let Some(r) = last_report {
         info!(
             accuracy = r.test_accuracy,
@@ -306,6 +309,7 @@ fn join(
         data_addr: address::published(plane.local_addr, &peer.bootstrap, &peer.listen)?,
         nat_published: None,
         incarnation: plane.incarnation(),
+        control: Vec::new(),
     };
     let checkpoints = if peer.resume {
         let path = checkpoint::path(&peer.out, rank);
@@ -366,7 +370,7 @@ fn join(
             rejoin: peer.resume || peer.join_running,
             checkpoint_rounds,
             any_rank: assigned,
-            relay: !args.net.no_relay,
+            relay: (!args.net.no_relay).then(|| plane.local_addr.ip()),
             admitting,
         },
     };
@@ -567,6 +571,10 @@ fn wire<B: AutodiffBackend>(
         addrs: directory
             .iter()
             .map(|p| p.as_ref().map(|p| p.data_addr))
+            .collect(),
+        behind_nat: (directory.iter().flatten())
+            .filter(|p| p.nat_published.is_some())
+            .map(|p| p.rank)
             .collect(),
     };
     if rank == 0 {

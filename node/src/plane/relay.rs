@@ -20,8 +20,9 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
 use murmur_gossip::Rank;
@@ -141,14 +142,18 @@ impl Pair {
     }
 }
 
-/// The bootstrap's relay: one UDP port per relayed link, kept for the run's life.
+/// A member's relay: one UDP port per relayed link, kept for the process's life.
 #[derive(Debug)]
 pub struct Relay {
     /// Where its sockets bind (the data plane's bound IP).
     bind: IpAddr,
-    /// What the peers dial (the bootstrap's published data-plane IP).
+    /// What the peers dial (the member's published data-plane IP).
     public: IpAddr,
-    links: Mutex<HashMap<(Rank, Rank), Allocation>>,
+    /// Each relayed link's allocation, and the milliseconds from `born` to the last
+    /// datagram its port received.
+    links: Mutex<HashMap<(Rank, Rank), (Allocation, Arc<AtomicU64>)>>,
+    /// When it was made.
+    born: Instant,
 }
 
 impl Relay {
@@ -158,7 +163,42 @@ impl Relay {
             bind,
             public,
             links: Mutex::new(HashMap::new()),
+            born: Instant::now(),
         })
+    }
+
+    /// Waits, before the process of peer `me` ends, until the links it relays for others
+    /// (neither end `me`) are done: it returns once no datagram has reached their ports for
+    /// `quiet` (longer than the links' keep-alive interval, so an open link is never quiet
+    /// that long), after `limit` at most, or at once if it relays no link of others. The
+    /// ends of a relayed link may still be finishing (their last reports, the record, the
+    /// goodbye) after this peer is done.
+    pub async fn linger(&self, me: Rank, quiet: Duration, limit: Duration) {
+        let others: Vec<Arc<AtomicU64>> = {
+            let links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+            links
+                .iter()
+                .filter(|((from, to), _)| *from != me && *to != me)
+                .map(|(_, (_, last))| last.clone())
+                .collect()
+        };
+        if others.is_empty() {
+            return;
+        }
+        info!(
+            links = others.len(),
+            "waiting for the links this peer relays for others to end (at most {limit:?})"
+        );
+        let until = tokio::time::Instant::now() + limit;
+        loop {
+            let last = others.iter().map(|l| l.load(Ordering::Relaxed)).max();
+            let last = Duration::from_millis(last.unwrap_or(0));
+            let silent = self.born.elapsed().saturating_sub(last);
+            if silent >= quiet || tokio::time::Instant::now() >= until {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// The allocation of the relayed link `from` → `to`: the same for both ends, made (a
@@ -169,7 +209,7 @@ impl Relay {
     /// No UDP port can be bound, or no randomness.
     pub fn allocate(&self, from: Rank, to: Rank) -> anyhow::Result<Allocation> {
         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(a) = links.get(&(from, to)) {
+        if let Some((a, _)) = links.get(&(from, to)) {
             return Ok(a.clone());
         }
         let mut token = [0u8; TOKEN_LEN];
@@ -186,18 +226,33 @@ impl Relay {
             token: hex_encode(&token),
         };
         info!(from, to, relay = %allocation.addr, "relaying the link {from} -> {to}");
-        tokio::spawn(forward(socket, Pair::new(token), (from, to)));
-        links.insert((from, to), allocation.clone());
+        let last = Arc::new(AtomicU64::new(self.born.elapsed().as_millis() as u64));
+        tokio::spawn(forward(
+            socket,
+            Pair::new(token),
+            (from, to),
+            (self.born, last.clone()),
+        ));
+        links.insert((from, to), (allocation.clone(), last));
         Ok(allocation)
     }
 }
 
-/// Moves one relayed link's datagrams for as long as the process lives.
-async fn forward(socket: UdpSocket, mut pair: Pair, (from, to): (Rank, Rank)) {
+/// Moves one relayed link's datagrams for as long as the process lives; notes when each
+/// came in `heard` (the relay's birth, and the milliseconds since it of the latest).
+async fn forward(
+    socket: UdpSocket,
+    mut pair: Pair,
+    (from, to): (Rank, Rank),
+    (born, last): (Instant, Arc<AtomicU64>),
+) {
     let mut buf = vec![0u8; MAX_DATAGRAM];
     loop {
         let (n, src) = match socket.recv_from(&mut buf).await {
-            Ok(got) => got,
+            Ok(got) => {
+                last.fetch_max(born.elapsed().as_millis() as u64, Ordering::Relaxed);
+                got
+            }
             Err(e) => {
                 // ICMP errors (an end's port closed) surface here; the next datagram may
                 // still come.

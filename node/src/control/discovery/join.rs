@@ -22,7 +22,8 @@ use super::{
     BOOTSTRAP_KEY, LOOKUP_RETRY,
 };
 
-/// Sends `request` (with this peer's run-key tag for `peer`) to `peer`, once.
+/// Sends `request` (with this peer's run-key tag for `peer`, and its control-plane listen
+/// addresses, [`super::PeerInfo::control`]) to `peer`, once.
 fn ask(
     swarm: &mut Swarm<Behaviour>,
     asked: &mut HashSet<PeerId>,
@@ -34,6 +35,7 @@ fn ask(
         let me = *swarm.local_peer_id();
         let mut request = request.clone();
         request.proof = gate.key.as_ref().map(|k| k.tag("join", &me, &peer));
+        request.info.control = swarm.listeners().map(ToString::to_string).collect();
         swarm.behaviour_mut().join.send_request(&peer, request);
     }
 }

@@ -102,6 +102,11 @@ pub struct PeerInfo {
     /// process states a larger one. 0: unknown.
     #[serde(default)]
     pub incarnation: crate::plane::Incarnation,
+    /// The peer's control-plane (libp2p) listen addresses, multiaddrs as text, as it gave
+    /// them when it joined: where another member dials it to ask it to relay a link
+    /// ([`super::relaying`]). Empty from a build before this field, or for peer 0.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub control: Vec<String>,
 }
 
 /// Sent by each peer to the bootstrap.

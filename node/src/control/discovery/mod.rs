@@ -158,8 +158,11 @@ pub enum Role {
         checkpoint_rounds: Vec<u64>,
         /// No `--rank`: the bootstrap assigns one ([`JoinRequest::any_rank`]).
         any_rank: bool,
-        /// Ask the bootstrap for relayed links when the direct path fails.
-        relay: bool,
+        /// Relaying on (not `--no-relay`): the IP its data plane is bound to. The peer asks
+        /// the members for relayed links when the direct path fails, and, if the directory
+        /// says it is not behind a NAT, relays links of others on that IP itself
+        /// ([`relaying`]).
+        relay: Option<std::net::IpAddr>,
         /// Once a member: the new peers it admits while every lower rank is away.
         admitting: Admitting,
     },
@@ -192,15 +195,19 @@ pub struct Admitting {
 }
 
 /// What a peer serves once it is in the run: peer 0's bootstrap (late joins, the relay, the
-/// saved directory), or a member (restarted peers, and new peers while it is the lowest
-/// live rank).
+/// saved directory), or a member (restarted peers, new peers while it is the lowest live
+/// rank, and relayed links while it is reachable).
 enum Serving {
     Bootstrap {
         admitting: Admitting,
         relay: Option<std::sync::Arc<Relay>>,
         directory_file: Option<PathBuf>,
     },
-    Member(Admitting),
+    Member {
+        admitting: Admitting,
+        /// Its relay for others' links, when it is reachable ([`relaying`]).
+        relay: Option<std::sync::Arc<Relay>>,
+    },
 }
 
 /// The libp2p node of identity `key`: join requests (answered within `timeout`), ping,
@@ -472,7 +479,18 @@ pub async fn discover(
                         b => anyhow!("no directory from the bootstrap {} within {timeout:?}: {refused} (is peer 0 running, and reachable at the addresses it publishes, its --listen?)", list(b)),
                     }
                 })??;
-            (directory, Serving::Member(admitting), relay)
+            // A member the others can reach relays their links too.
+            let own = relay.and_then(|bind| {
+                let entry = directory.directory.get(directory.rank)?.as_ref()?;
+                let public = entry.data_addr.ip();
+                (entry.nat_published.is_none() && !public.is_unspecified())
+                    .then(|| Relay::new(bind, public))
+            });
+            let serving = Serving::Member {
+                admitting,
+                relay: own,
+            };
+            (directory, serving, relay.is_some())
         }
     };
     // Keep the control plane alive for liveness; the bootstrap answers late joins, every
@@ -487,8 +505,11 @@ pub async fn discover(
         Serving::Bootstrap { relay, .. } => {
             relay.clone().map_or(RelayClient::Off, RelayClient::Local)
         }
-        Serving::Member(_) if use_relay => RelayClient::Remote(requests),
-        Serving::Member(_) => RelayClient::Off,
+        Serving::Member { relay, .. } if use_relay => RelayClient::Remote {
+            requests,
+            own: relay.clone(),
+        },
+        Serving::Member { .. } => RelayClient::Off,
     };
     tokio::spawn(async move {
         match serving {
@@ -508,7 +529,7 @@ pub async fn discover(
                 };
                 late.run(swarm, relocations).await
             }
-            Serving::Member(admitting) => {
+            Serving::Member { admitting, relay } => {
                 let mut member = Member {
                     rank: directory.rank,
                     bootstrap: boot,
@@ -517,8 +538,9 @@ pub async fn discover(
                     gate,
                     observed: Default::default(),
                     new_peers: NewPeers::new(admitting, timeout),
+                    relay,
                 };
-                // Relay requests sent to the bootstrap, by id, with where their answer goes.
+                // Relay requests sent to members, by id: the member asked and the request.
                 let mut sent = std::collections::HashMap::new();
                 loop {
                     let until = member.new_peers.deadline();
@@ -530,20 +552,14 @@ pub async fn discover(
                         _ = tokio::time::sleep_until(until.unwrap_or_else(tokio::time::Instant::now)), if until.is_some() => {
                             member.new_peers.give_up_waiting();
                         }
-                        Some((request, answer)) = asked.recv() => match boot {
-                            Some(b) => {
-                                let id = swarm.behaviour_mut().relay.send_request(&b, request);
-                                sent.insert(id, answer);
-                            }
-                            None => {
-                                let why = "the bootstrap's identity is not known".to_string();
-                                let _ = answer.send(RelayResponse::Refused(why));
-                            }
-                        },
+                        Some((request, answer)) = asked.recv() => {
+                            let asking = relaying::Asking::new(&member.dir, request, answer);
+                            ask_to_relay(&mut swarm, &member, asking, &mut sent);
+                        }
                         event = swarm.select_next_some() => {
                             match as_member(&mut swarm, event, Some(&mut member), &listen.files) {
                                 Ok(Some(SwarmEvent::Behaviour(BehaviourEvent::Relay(e)))) => {
-                                    relay_as_member(&mut swarm, e, &mut sent)
+                                    relay_as_member(&mut swarm, e, &member, &mut sent)
                                 }
                                 Ok(Some(other)) => log_event(other),
                                 Ok(None) => {}
@@ -559,15 +575,58 @@ pub async fn discover(
     Ok((directory, client))
 }
 
-/// A relay event at a node that is not the bootstrap: an answer to one of its requests goes
-/// to whoever asked (`sent`); a request (it is not the relay) is refused.
+/// Relay requests a member has sent, by id: the member asked and the request (asked of the
+/// next member if this one does not relay it).
+type SentRelayRequests =
+    std::collections::HashMap<request_response::OutboundRequestId, (Rank, relaying::Asking)>;
+
+/// Asks the next member that may relay `asking`'s link ([`relaying::Asking::next`]): this
+/// member's own relay at once, another member with a request (in `sent`); with none left
+/// the request is answered with why.
+fn ask_to_relay(
+    swarm: &mut Swarm<Behaviour>,
+    member: &Member,
+    mut asking: relaying::Asking,
+    sent: &mut SentRelayRequests,
+) {
+    loop {
+        match asking.next(&member.dir, member.rank, member.relay.is_some()) {
+            relaying::Next::Done => return,
+            relaying::Next::Ask(a, relay, id) => {
+                // Its control-plane addresses from the directory: this member may hold no
+                // connection to it.
+                let addrs = member.dir[relay].iter().flat_map(|p| &p.control);
+                for addr in addrs.filter_map(|a| a.parse::<Multiaddr>().ok()) {
+                    swarm.add_peer_address(id, addr);
+                }
+                let request_id = swarm.behaviour_mut().relay.send_request(&id, a.request);
+                sent.insert(request_id, (relay, a));
+                return;
+            }
+            relaying::Next::Own(a) => {
+                let RelayRequest { from, to } = a.request;
+                let result = match &member.relay {
+                    Some(relay) => relay.allocate(from, to),
+                    None => Err(anyhow!("this peer does not relay")),
+                };
+                match a.own(member.rank, result) {
+                    Some(next) => asking = next,
+                    None => return,
+                }
+            }
+        }
+    }
+}
+
+/// A relay event at a member that is not the bootstrap: an answer to one of its requests
+/// goes to whoever asked, or, a refusal or a failure, on to the next member that may relay
+/// the link (`sent`); a request from another peer is answered with this member's relay
+/// (refused if it has none: `--no-relay`, or behind a NAT).
 fn relay_as_member(
     swarm: &mut Swarm<Behaviour>,
     event: request_response::Event<RelayRequest, RelayResponse>,
-    sent: &mut std::collections::HashMap<
-        request_response::OutboundRequestId,
-        tokio::sync::oneshot::Sender<RelayResponse>,
-    >,
+    member: &Member,
+    sent: &mut SentRelayRequests,
 ) {
     match event {
         request_response::Event::Message {
@@ -578,27 +637,35 @@ fn relay_as_member(
                 },
             ..
         } => {
-            if let Some(answer) = sent.remove(&request_id) {
-                let _ = answer.send(response);
+            if let Some((relay, asking)) = sent.remove(&request_id) {
+                if let Some(next) = asking.answered(relay, response) {
+                    ask_to_relay(swarm, member, next, sent);
+                }
             }
         }
         request_response::Event::OutboundFailure {
             request_id, error, ..
         } => {
-            if let Some(answer) = sent.remove(&request_id) {
+            if let Some((relay, asking)) = sent.remove(&request_id) {
                 let why = format!("the request did not reach it: {error}");
-                let _ = answer.send(RelayResponse::Refused(why));
+                if let Some(next) = asking.answered(relay, RelayResponse::Refused(why)) {
+                    ask_to_relay(swarm, member, next, sent);
+                }
             }
         }
         request_response::Event::Message {
-            message: request_response::Message::Request { channel, .. },
+            peer,
+            message:
+                request_response::Message::Request {
+                    request, channel, ..
+                },
             ..
         } => {
-            let why = "this peer is not the run's bootstrap (peer 0 relays)".to_string();
-            let _ = swarm
-                .behaviour_mut()
-                .relay
-                .send_response(channel, RelayResponse::Refused(why));
+            let answer = relaying::answer(member.relay.as_deref(), &member.dir, &peer, &request);
+            if let RelayResponse::Refused(why) = &answer {
+                warn!(%peer, from = request.from, to = request.to, "refused to relay: {why}");
+            }
+            let _ = swarm.behaviour_mut().relay.send_response(channel, answer);
         }
         other => debug!(?other, "relay protocol"),
     }
@@ -619,6 +686,8 @@ struct Member {
     observed: std::collections::HashMap<PeerId, std::net::IpAddr>,
     /// The new peers this member admits while every lower rank is away.
     new_peers: NewPeers,
+    /// Its relay for the links of others (`None`: `--no-relay`, or it is behind a NAT).
+    relay: Option<std::sync::Arc<Relay>>,
 }
 
 impl Member {

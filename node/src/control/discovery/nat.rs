@@ -65,6 +65,7 @@ mod tests {
             data_addr: addr.parse().unwrap(),
             nat_published: None,
             incarnation: 0,
+            control: Vec::new(),
         }
     }
 

@@ -1,11 +1,22 @@
-//! Asking the bootstrap for a relayed link ([`crate::plane::relay`]) over the control plane:
-//! the messages (`/murmur/relay/1`, JSON request-response), who may ask, and the handle a
+//! Asking for a relayed link ([`crate::plane::relay`]) over the control plane: the messages
+//! (`/murmur/relay/1`, JSON request-response), who relays, who may ask, and the handle a
 //! peer's data plane asks through ([`RelayClient`]).
 //!
-//! Either end of a link i → j may ask for its allocation, and only they: the bootstrap
-//! checks that the libp2p identity asking is the directory's i or j ([`may_ask`]), so the
-//! token reaches nobody else.
+//! **Every reachable member relays**, not only peer 0: a member whose directory entry says
+//! it is not behind a NAT ([`super::PeerInfo::nat_published`] empty) runs a relay on its
+//! data-plane address, unless `--no-relay`. The two ends of a link ask the same members in
+//! the same order ([`candidates`], from the directory both hold): the link's own ends first
+//! where they are reachable (a reachable end that must dial a peer behind a symmetric NAT
+//! relays its own link, and no third process carries it), then the other reachable members,
+//! starting at a place that depends on the link, so that relayed links spread over the
+//! members and one relay's loss takes only the links through it. A member that refuses or
+//! does not answer (gone, or `--no-relay`) is passed over for the next ([`Asking`]).
+//!
+//! Either end of a link i → j may ask for its allocation, and only they: the relay checks
+//! that the libp2p identity asking is the directory's i or j ([`may_ask`]), so the token
+//! reaches nobody else.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail};
@@ -17,10 +28,17 @@ use tokio::sync::{mpsc, oneshot};
 use super::messages::Directory;
 use crate::plane::relay::{Allocation, Relay};
 
+/// How long a relay's ports must be silent before its process may end: longer than the
+/// longest keep-alive interval of a link (2 s, [`crate::plane::liveness`]).
+pub const LINGER_QUIET: std::time::Duration = std::time::Duration::from_secs(3);
+/// The longest a peer that relays waits for the links through it to end, after its own
+/// run is done.
+pub const LINGER_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Protocol id of relay requests.
 pub const RELAY_PROTOCOL: &str = "/murmur/relay/1";
 
-/// A peer asks the bootstrap to relay the link `from` → `to`.
+/// A peer asks a member to relay the link `from` → `to`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RelayRequest {
     /// The sender (the dialer).
@@ -29,7 +47,7 @@ pub struct RelayRequest {
     pub to: Rank,
 }
 
-/// The bootstrap's answer.
+/// The member's answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RelayResponse {
     /// The link's relay port and token.
@@ -60,7 +78,8 @@ pub fn may_ask(dir: &Directory, asker: &PeerId, request: &RelayRequest) -> Resul
     }
 }
 
-/// The bootstrap's answer to `request` from `asker`, with its relay (`None`: `--no-relay`).
+/// A member's answer to `request` from `asker`, with its relay (`None`: `--no-relay`, or
+/// the member is behind a NAT).
 pub fn answer(
     relay: Option<&Relay>,
     dir: &Directory,
@@ -68,7 +87,9 @@ pub fn answer(
     request: &RelayRequest,
 ) -> RelayResponse {
     let Some(relay) = relay else {
-        return RelayResponse::Refused("the bootstrap does not relay (--no-relay)".into());
+        return RelayResponse::Refused(
+            "this peer does not relay (--no-relay, or it is behind a NAT)".into(),
+        );
     };
     if let Err(why) = may_ask(dir, asker, request) {
         return RelayResponse::Refused(why);
@@ -79,48 +100,183 @@ pub fn answer(
     }
 }
 
-/// A request on its way to the bootstrap, and where its answer goes.
-pub type Pending = (RelayRequest, oneshot::Sender<RelayResponse>);
+/// The members that may relay the link `from` → `to`, in the order its ends ask them: the
+/// ranks of `dir` that are not behind a NAT (`nat_published` empty, a data address that is
+/// not unspecified), `from` then `to` first where they are among them, then the others
+/// from the one at `(from + to) mod their count` on, round the circle. Both ends of the
+/// link, and of the link the other way, compute the same order from the same directory.
+pub fn candidates(dir: &Directory, from: Rank, to: Rank) -> Vec<Rank> {
+    let reachable = |r: Rank| {
+        dir.get(r)
+            .and_then(Option::as_ref)
+            .is_some_and(|p| p.nat_published.is_none() && !p.data_addr.ip().is_unspecified())
+    };
+    let mut ends: Vec<Rank> = [from, to].into_iter().filter(|&r| reachable(r)).collect();
+    ends.dedup();
+    let others: Vec<Rank> = (0..dir.len())
+        .filter(|&r| r != from && r != to && reachable(r))
+        .collect();
+    if !others.is_empty() {
+        let start = (from + to) % others.len();
+        ends.extend(others[start..].iter().chain(&others[..start]));
+    }
+    ends
+}
+
+/// Where the answer to a relay request goes: the relaying member's rank and the link's
+/// allocation, or why no member relays it.
+pub type Answer = tokio::sync::oneshot::Sender<Result<(Rank, Allocation), String>>;
+
+/// A request on its way to the discovery task, and where its answer goes.
+pub type Pending = (RelayRequest, Answer);
+
+/// A relay request being asked of the members in turn ([`candidates`]): the ones not yet
+/// asked and why each one asked so far did not relay.
+pub struct Asking {
+    /// The link.
+    pub request: RelayRequest,
+    /// The members still to ask, in order.
+    rest: VecDeque<Rank>,
+    /// One line per member that refused or did not answer.
+    refusals: Vec<String>,
+    answer: Answer,
+}
+
+/// What to do next for an [`Asking`] ([`Asking::next`]).
+pub enum Next {
+    /// Ask the member of this rank (its identity from the directory).
+    Ask(Asking, Rank, PeerId),
+    /// Allocate on this peer's own relay (it is the candidate).
+    Own(Asking),
+    /// Every candidate was asked: the answer was sent.
+    Done,
+}
+
+impl Asking {
+    /// `request`, to be asked of the members of `dir` in the order [`candidates`] gives;
+    /// its answer goes to `answer`.
+    pub fn new(dir: &Directory, request: RelayRequest, answer: Answer) -> Self {
+        Asking {
+            request,
+            rest: candidates(dir, request.from, request.to).into(),
+            refusals: Vec::new(),
+            answer,
+        }
+    }
+
+    /// The next member to ask: `me` is this peer's rank (its own relay, if the next
+    /// candidate, when `own` is on); members without a known identity are passed over.
+    /// With none left, sends the refusals as the answer.
+    pub fn next(mut self, dir: &Directory, me: Rank, own: bool) -> Next {
+        while let Some(r) = self.rest.pop_front() {
+            if r == me {
+                if own {
+                    return Next::Own(self);
+                }
+                self.refusals
+                    .push(format!("peer {r} (this peer) does not relay"));
+                continue;
+            }
+            match dir[r]
+                .as_ref()
+                .and_then(|p| p.peer_id.parse::<PeerId>().ok())
+            {
+                Some(id) => return Next::Ask(self, r, id),
+                None => self.refusals.push(format!("peer {r}: no identity known")),
+            }
+        }
+        let why = match self.refusals.is_empty() {
+            true => "no member of the run is reachable (every one is behind a NAT)".to_string(),
+            false => self.refusals.join("; "),
+        };
+        let _ = self.answer.send(Err(why));
+        Next::Done
+    }
+
+    /// `relay` answered with `response`: the allocation goes to whoever asked, and `None`
+    /// is returned; a refusal is noted and the request comes back, to ask the next member.
+    pub fn answered(mut self, relay: Rank, response: RelayResponse) -> Option<Self> {
+        match response {
+            RelayResponse::Allocated(a) => {
+                let _ = self.answer.send(Ok((relay, a)));
+                None
+            }
+            RelayResponse::Refused(why) => {
+                self.refusals.push(format!("peer {relay}: {why}"));
+                Some(self)
+            }
+        }
+    }
+
+    /// Sends `result` of this peer's own relay (`me`) as the answer, or notes its error and
+    /// returns the request to ask the next member.
+    pub fn own(self, me: Rank, result: anyhow::Result<Allocation>) -> Option<Self> {
+        match result {
+            Ok(a) => self.answered(me, RelayResponse::Allocated(a)),
+            Err(e) => self.answered(me, RelayResponse::Refused(format!("{e:#}"))),
+        }
+    }
+}
 
 /// How this peer gets relayed links.
 #[derive(Clone)]
 pub enum RelayClient {
     /// It does not (`--no-relay`).
     Off,
-    /// Peer 0: its own relay.
+    /// Peer 0: its own relay (it is reachable, so it is the first candidate for each of
+    /// its links).
     Local(Arc<Relay>),
-    /// Any other peer: asks the bootstrap through its control plane.
-    Remote(mpsc::Sender<Pending>),
+    /// Any other peer: asks the members in turn, through its control plane; `own` is its
+    /// relay for others' links, if it is reachable.
+    Remote {
+        /// Where its requests go (the discovery task, which asks the members).
+        requests: mpsc::Sender<Pending>,
+        /// Its own relay (`None`: behind a NAT).
+        own: Option<Arc<Relay>>,
+    },
 }
 
 impl RelayClient {
-    /// The allocation of the link `from` → `to` (this peer is one end).
+    /// The rank of the member that relays the link `from` → `to` (this peer is one end)
+    /// and the link's allocation there.
     ///
     /// # Errors
-    /// No relay (`--no-relay` here or at the bootstrap), the bootstrap refused, or the control
-    /// plane is gone.
-    pub async fn allocate(&self, from: Rank, to: Rank) -> anyhow::Result<Allocation> {
-        let response = match self {
+    /// Relaying is off here (`--no-relay`), every member refused or could not be reached
+    /// (the error names each and why), or the control plane is gone.
+    pub async fn allocate(&self, from: Rank, to: Rank) -> anyhow::Result<(Rank, Allocation)> {
+        match self {
             RelayClient::Off => bail!("relaying is off (--no-relay)"),
-            RelayClient::Local(relay) => return relay.allocate(from, to),
-            RelayClient::Remote(tx) => {
+            RelayClient::Local(relay) => Ok((0, relay.allocate(from, to)?)),
+            RelayClient::Remote { requests, .. } => {
                 let (answer, rx) = oneshot::channel();
-                tx.send((RelayRequest { from, to }, answer))
+                requests
+                    .send((RelayRequest { from, to }, answer))
                     .await
                     .map_err(|_| anyhow!("the control plane has stopped"))?;
                 rx.await
-                    .map_err(|_| anyhow!("the bootstrap did not answer the relay request"))?
+                    .map_err(|_| anyhow!("the control plane dropped the relay request"))?
+                    .map_err(|why| anyhow!("no member relays it: {why}"))
             }
-        };
-        match response {
-            RelayResponse::Allocated(a) => Ok(a),
-            RelayResponse::Refused(why) => bail!("the bootstrap refused to relay: {why}"),
         }
     }
 
     /// Whether relayed links can be had.
     pub fn is_on(&self) -> bool {
         !matches!(self, RelayClient::Off)
+    }
+
+    /// Before the process of peer `me` ends: waits until the links it relays for others
+    /// are done ([`Relay::linger`]: no datagram for [`LINGER_QUIET`], at most
+    /// [`LINGER_LIMIT`]).
+    pub async fn linger(&self, me: Rank) {
+        let own = match self {
+            RelayClient::Local(relay)
+            | RelayClient::Remote {
+                own: Some(relay), ..
+            } => relay,
+            RelayClient::Off | RelayClient::Remote { own: None, .. } => return,
+        };
+        own.linger(me, LINGER_QUIET, LINGER_LIMIT).await;
     }
 }
 
@@ -139,9 +295,108 @@ mod tests {
                     data_addr: "10.0.0.1:5000".parse().unwrap(),
                     nat_published: None,
                     incarnation: 0,
+                    control: Vec::new(),
                 })
             })
             .collect()
+    }
+
+    #[test]
+    fn the_ends_ask_the_reachable_members_in_the_same_order_the_reachable_ends_first() {
+        let ids: Vec<PeerId> = (0..6).map(|_| PeerId::random()).collect();
+        let mut d = dir(&ids);
+        // 1, 2 and 4 behind NATs; 5 has not said where it is.
+        for r in [1, 2, 4] {
+            let p = d[r].as_mut().unwrap();
+            p.nat_published = Some("192.168.1.2:5000".parse().unwrap());
+        }
+        d[5].as_mut().unwrap().data_addr = "0.0.0.0:5000".parse().unwrap();
+        // Reachable: 0 and 3. Both ends behind NATs: the others, from (1 + 2) mod 2 on.
+        assert_eq!(candidates(&d, 1, 2), vec![3, 0]);
+        assert_eq!(
+            candidates(&d, 2, 1),
+            vec![3, 0],
+            "the same for the link back"
+        );
+        assert_eq!(candidates(&d, 1, 4), vec![3, 0], "(1 + 4) mod 2 = 1");
+        assert_eq!(candidates(&d, 2, 4), vec![0, 3]);
+        // A reachable end relays its own link first.
+        assert_eq!(candidates(&d, 3, 2), vec![3, 0]);
+        assert_eq!(candidates(&d, 2, 0), vec![0, 3]);
+        // Nobody reachable: no candidate.
+        for p in d.iter_mut().flatten() {
+            p.nat_published = Some("192.168.1.2:5000".parse().unwrap());
+        }
+        assert!(candidates(&d, 1, 2).is_empty());
+    }
+
+    #[test]
+    fn a_request_passes_over_members_that_refuse_and_says_why_when_none_relays() {
+        let ids: Vec<PeerId> = (0..4).map(|_| PeerId::random()).collect();
+        let mut d = dir(&ids);
+        for r in [1, 2] {
+            d[r].as_mut().unwrap().nat_published = Some("192.168.1.2:5000".parse().unwrap());
+        }
+        let link = RelayRequest { from: 1, to: 2 };
+        let (answer, mut rx) = oneshot::channel();
+        let asking = Asking::new(&d, link, answer);
+        // Peer 1 asks 3 first, then 0.
+        let Next::Ask(asking, 3, id) = asking.next(&d, 1, false) else {
+            panic!("3 is asked first")
+        };
+        assert_eq!(id, ids[3]);
+        let asking = asking
+            .answered(
+                3,
+                RelayResponse::Refused("the request did not reach it".into()),
+            )
+            .expect("a refusal passes the request on");
+        let Next::Ask(asking, 0, _) = asking.next(&d, 1, false) else {
+            panic!("then 0")
+        };
+        let lo = "127.0.0.1".parse().unwrap();
+        let allocation = Relay::new(lo, lo);
+        let a = tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(async { allocation.allocate(1, 2) })
+            .unwrap();
+        assert!(asking
+            .answered(0, RelayResponse::Allocated(a.clone()))
+            .is_none());
+        assert_eq!(rx.try_recv().unwrap(), Ok((0, a)));
+
+        // Every member refuses: the answer names each and why.
+        let (answer, mut rx) = oneshot::channel();
+        let mut asking = Asking::new(&d, link, answer);
+        loop {
+            match asking.next(&d, 1, false) {
+                Next::Ask(a, r, _) => {
+                    asking = a
+                        .answered(r, RelayResponse::Refused(format!("no, says {r}")))
+                        .unwrap()
+                }
+                Next::Own(_) => panic!("peer 1 is behind a NAT: not a candidate"),
+                Next::Done => break,
+            }
+        }
+        let why = rx.try_recv().unwrap().unwrap_err();
+        assert_eq!(why, "peer 3: no, says 3; peer 0: no, says 0");
+    }
+
+    #[test]
+    fn a_reachable_end_uses_its_own_relay() {
+        let ids: Vec<PeerId> = (0..4).map(|_| PeerId::random()).collect();
+        let mut d = dir(&ids);
+        d[2].as_mut().unwrap().nat_published = Some("192.168.1.2:5000".parse().unwrap());
+        let (answer, _rx) = oneshot::channel();
+        let asking = Asking::new(&d, RelayRequest { from: 3, to: 2 }, answer);
+        assert!(matches!(asking.next(&d, 3, true), Next::Own(_)));
+        let (answer, _rx) = oneshot::channel();
+        let asking = Asking::new(&d, RelayRequest { from: 3, to: 2 }, answer);
+        // The others, 0 and 1, from (3 + 2) mod 2 on.
+        let Next::Ask(_, 1, _) = asking.next(&d, 3, false) else {
+            panic!("without a relay of its own, peer 3 asks the next member")
+        };
     }
 
     #[test]

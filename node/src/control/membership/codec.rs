@@ -243,6 +243,7 @@ mod tests {
             data_addr: "127.0.0.1:5001".parse().unwrap(),
             nat_published: None,
             incarnation: 42,
+            control: Vec::new(),
         };
         let hello = encode_hello(3, &me).unwrap();
         let (h, payload) = FrameHeader::parse(&hello, 1 << 20).unwrap();

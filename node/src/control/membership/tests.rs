@@ -207,6 +207,7 @@ fn a_notice_about_an_old_process_never_departs_the_new_one() {
         data_addr: addr(),
         nat_published: None,
         incarnation: 200,
+        control: Vec::new(),
     };
     let hello = encode_hello(4, &me).unwrap();
     let (_, hello) = payload(&hello, FrameKind::Hello, 4);
@@ -247,6 +248,7 @@ fn a_hello_from_a_member_means_its_old_process_left() {
         data_addr: addr(),
         nat_published: None,
         incarnation: 30,
+        control: Vec::new(),
     };
     m.learn_incarnation(4, 20);
     let hello = encode_hello(4, &me).unwrap();
@@ -277,6 +279,7 @@ fn a_hello_from_a_member_means_its_old_process_left() {
         4,
         &PeerInfo {
             incarnation: 25,
+            control: Vec::new(),
             ..me
         },
     )

@@ -394,6 +394,7 @@ impl PeerCore {
                 data_addr: notice.addr,
                 nat_published: None,
                 incarnation: notice.incarnation,
+                control: Vec::new(),
             }));
         }
         let record = Membership::rejoin_record(back, at, readmitted.new, self.now(now));

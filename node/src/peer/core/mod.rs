@@ -151,6 +151,8 @@ pub(crate) struct PeerCore {
     /// Each rank's data-plane address as last heard (the directory, hellos, rejoin
     /// notices; `None`: unknown), to link to a new record keeper.
     addrs: Vec<Option<SocketAddr>>,
+    /// The ranks behind a NAT, as the directory had them ([`CoreSetup::behind_nat`]).
+    behind_nat: Vec<Rank>,
     /// The run's mixing matrix W (n×n); re-weighted without the departed peers when used.
     w: MixingMatrix,
     /// Algorithm name, for messages.
@@ -225,6 +227,9 @@ pub(crate) struct CoreSetup {
     pub(crate) incarnations: Vec<Incarnation>,
     /// Each rank's data-plane address as the directory has it (`None`: unknown or empty).
     pub(crate) addrs: Vec<Option<SocketAddr>>,
+    /// The ranks the directory has behind a NAT (`nat_published`): a stand-in keeper of
+    /// the record is chosen among the others where it can be.
+    pub(crate) behind_nat: Vec<Rank>,
 }
 
 impl PeerCore {
@@ -239,6 +244,7 @@ impl PeerCore {
             refused_frames: 0,
             keeper: 0,
             addrs: setup.addrs,
+            behind_nat: setup.behind_nat,
             w: setup.w,
             algorithm: setup.algorithm,
             membership: {
@@ -523,14 +529,18 @@ impl PeerCore {
     /// The peer that keeps the run's record (collects the epoch reports, writes
     /// `epochs.csv`, `membership.jsonl`, `summary.json` and the model), as this peer sees
     /// it: peer 0 while it counts in the run or while this peer holds a link to its new
-    /// process (which takes the record back); else the lowest live rank, which stands in.
-    /// Every survivor derives the same keeper from the departures they all learn.
+    /// process (which takes the record back); else the lowest live rank that is not behind
+    /// a NAT (every peer can link to it: a peer behind a NAT reaches it by dialling out),
+    /// or, every live peer behind one, the lowest live rank. It stands in. Every survivor
+    /// derives the same keeper from the departures they all learn and the directory.
     pub(crate) fn record_keeper(&self) -> Rank {
         if !self.membership.has_left(0) || self.linked.contains(&0) {
-            0
-        } else {
-            self.lowest_live()
+            return 0;
         }
+        let live = |r: Rank| r == self.rank || !self.membership.has_left(r);
+        (0..self.addrs.len())
+            .find(|&r| live(r) && !self.behind_nat.contains(&r))
+            .unwrap_or_else(|| self.lowest_live())
     }
 
     /// A link to the record's keeper ([`Action::Connect`]; `None` if this peer keeps the

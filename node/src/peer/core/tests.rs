@@ -46,6 +46,7 @@ fn core_at(rank: Rank, v: f32) -> PeerCore {
         addrs: (0..4)
             .map(|r| Some(SocketAddr::from(([127, 0, 0, 1], 4000 + r as u16))))
             .collect(),
+        behind_nat: Vec::new(),
     };
     PeerCore::new(Box::new(gossip), setup, Instant::now())
 }
@@ -237,6 +238,7 @@ fn peer_info(rank: Rank, addr: SocketAddr, incarnation: Incarnation) -> PeerInfo
         data_addr: addr,
         nat_published: None,
         incarnation,
+        control: Vec::new(),
     }
 }
 
@@ -520,6 +522,27 @@ fn the_record_s_lines_flood_once_and_a_welcome_carries_the_copy() {
 /// Peer 0 keeps the record while it counts in the run; once it has left, the lowest live
 /// rank stands in (every survivor derives the same one), and peer 0's new process takes
 /// the record back as soon as this peer holds a link to it.
+#[test]
+fn a_stand_in_keeper_is_the_lowest_live_peer_behind_no_nat_where_there_is_one() {
+    // Peers 1 and 2 behind NATs: with peer 0 away, every survivor takes 3, which both
+    // reach by dialling out, not 1, which 3 could reach only through a relay.
+    for me in [1, 2, 3] {
+        let mut c = core(me);
+        c.behind_nat = vec![1, 2];
+        c.handle(Instant::now(), exited(0)).unwrap();
+        assert_eq!(c.record_keeper(), 3, "peer {me}'s view");
+        if me == 2 {
+            // 3 is its neighbour on the ring.
+            c.handle(Instant::now(), exited(3)).unwrap();
+            assert_eq!(
+                c.record_keeper(),
+                1,
+                "every one left is behind a NAT: the lowest"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_lowest_live_peer_keeps_the_record_while_peer_0_is_away() {
     let mut c = core(2);

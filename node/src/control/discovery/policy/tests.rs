@@ -14,6 +14,7 @@ fn info(rank: Rank, id: PeerId) -> PeerInfo {
         data_addr: "127.0.0.1:1".parse().unwrap(),
         nat_published: None,
         incarnation: 0,
+        control: Vec::new(),
     }
 }
 
@@ -647,6 +648,7 @@ fn a_rejoin_the_data_plane_learnt_updates_the_directory_a_node_serves() {
     let moved = |rank: Rank, id: PeerId, addr: &str, incarnation| PeerInfo {
         data_addr: addr.parse().unwrap(),
         incarnation,
+        control: Vec::new(),
         ..info(rank, id)
     };
     assert!(relocate(&mut dir, moved(1, ids[1], "10.0.0.1:5", 3)));
