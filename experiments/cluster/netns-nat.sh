@@ -20,10 +20,10 @@
 # OUT/run; prints what each peer said about NATs and its links, and peer 0's summary.
 # PUBLIC=2 adds a second peer on the public side, pub1 10.80.0.2 (peer 3, its run folder
 # OUT/peer-3): four peers on a ring 0 - 1 - 2 - 3 - 0, and with both routers symmetric
-# the link 1 <-> 2 is relayed through peer 3, not peer 0. KILL0=E kills peer 0 (SIGKILL)
-# once it has recorded epoch E: the others must finish without it (its failure is
-# expected), a survivor keeping the record in its run folder (OUT/peer-<r>, the lowest live
-# peer behind no NAT); each survivor's exit status is printed.
+# the link 1 <-> 2 is relayed through peer 3, not peer 0. KILL=R@E kills peer R (SIGKILL)
+# once peer 0 has recorded epoch E: the others must finish without it (its failure is
+# expected; with R = 0 a survivor keeps the record in its run folder, OUT/peer-<r>, the
+# lowest live peer behind no NAT); each survivor's exit status is printed.
 # RATE (e.g. 100mbit) shapes every site's access link, both directions (tc tbf on the
 # routers' and peer 0's side of the public bridge): relayed traffic then crosses peer 0's
 # link twice, as it would on the internet. Default: unshaped.
@@ -123,15 +123,19 @@ if [ "$PUBLIC" = 2 ]; then
     pids+=($!)
 fi
 status=0
-if [ -n "${KILL0:-}" ]; then
-    until grep -q "\"epoch\":$KILL0," "$OUT/run/epochs.jsonl" 2>/dev/null; do
+if [ -n "${KILL:-}" ]; then
+    victim=${KILL%@*}
+    epoch=${KILL#*@}
+    [ -n "${pids[$victim]:-}" ] || { echo "netns-nat.sh: KILL: no peer $victim" >&2; exit 2; }
+    until grep -q "\"epoch\":$epoch," "$OUT/run/epochs.jsonl" 2>/dev/null; do
         kill -0 "${pids[0]}" 2>/dev/null || break
         sleep 0.05
     done
-    kill -KILL "${pids[0]}" 2>/dev/null || true
-    wait "${pids[0]}" 2>/dev/null || true
-    echo "netns-nat.sh: killed peer 0 once it had recorded epoch $KILL0"
-    for r in $(seq 1 $((${#pids[@]} - 1))); do
+    kill -KILL "${pids[$victim]}" 2>/dev/null || true
+    wait "${pids[$victim]}" 2>/dev/null || true
+    echo "netns-nat.sh: killed peer $victim once peer 0 had recorded epoch $epoch"
+    for r in $(seq 0 $((${#pids[@]} - 1))); do
+        [ "$r" = "$victim" ] && continue
         code=0
         wait "${pids[$r]}" || code=$?
         echo "netns-nat.sh: peer $r exited with status $code"

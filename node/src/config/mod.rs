@@ -409,11 +409,12 @@ pub struct NetArgs {
     /// acknowledged each frame) and fewer when they move nearly as many.
     #[arg(long, default_value = "1")]
     pub tcp_streams: TcpStreams,
-    /// No relayed links: peer 0 does not relay for the run, and a peer whose direct path to
-    /// a neighbour does not open (a symmetric NAT) fails instead of asking it. By default a
-    /// link that hole punching cannot open is relayed through peer 0's data-plane address
-    /// (every datagram crosses peer 0: slow by design), and each peer says which of its
-    /// links are relayed.
+    /// No relayed links: this peer relays for nobody, and if its direct path to a neighbour
+    /// does not open (a symmetric NAT) it fails instead of asking a member to relay. By
+    /// default every member that is not behind a NAT relays, and a link that hole punching
+    /// cannot open is relayed through one of them (its reachable end first, peer 0 among
+    /// them; every datagram crosses the relay: slow by design), and each peer says which of
+    /// its links are relayed and through whom.
     #[arg(long)]
     pub no_relay: bool,
 }

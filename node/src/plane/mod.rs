@@ -15,8 +15,9 @@
 //! admitted to the run, and each incoming connection is bound to its peer's rank from the
 //! start — a frame on it (or on the ring it offered) that claims another sender is refused.
 //! Connections that fail authentication are refused and reported ([`NetEvent::Refused`]).
-//! A link whose direct path does not open (NATs) can go through peer 0's [`relay`], which
-//! forwards its datagrams: still one end-to-end QUIC connection, authenticated the same way.
+//! A link whose direct path does not open (NATs) can go through a reachable member's
+//! [`relay`], which forwards its datagrams: still one end-to-end QUIC connection,
+//! authenticated the same way.
 //! The QUIC connection is also every link's liveness, whichever transport carries the
 //! frames: a peer whose connection brings nothing for the peer timeout is reported lost
 //! ([`liveness`]; the handshake has its own, longer bound).

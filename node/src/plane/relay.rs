@@ -1,11 +1,12 @@
 //! The relayed fallback for links that hole punching cannot open (a symmetric NAT, a NAT
-//! that answers unsolicited packets): the bootstrap forwards the link's UDP datagrams.
+//! that answers unsolicited packets): a reachable member forwards the link's UDP datagrams
+//! (which one: [`crate::control::discovery::relaying`]).
 //!
 //! The relay is a datagram forwarder, as a TURN server is (RFC 8656), not a frame
 //! forwarder: the link stays one end-to-end QUIC connection, so its TLS (each end proves
 //! its libp2p identity, [`super::tls`]), congestion control, counted goodbye and
 //! liveness are the same as on a direct link, and the relay reads nothing of it. Each
-//! relayed link i → j gets its own UDP port P on the bootstrap ([`Relay::allocate`], asked
+//! relayed link i → j gets its own UDP port P on the relaying member ([`Relay::allocate`], asked
 //! for over the control plane by either end, which must be i or j) and a random token.
 //! Both ends send a registration datagram ([`registration`]: magic, role, token) from
 //! their data-plane socket to P: that opens each end's NAT towards P (an outbound packet;
@@ -14,9 +15,10 @@
 //! to the other, from P ([`Pair::route`]); the dialer's QUIC connects to P as if it were
 //! the listener. Datagrams from any other address are dropped.
 //!
-//! It is slow by design: every byte of the link crosses the bootstrap twice, and the
-//! bootstrap's uplink is shared by all relayed links. murmur uses it only after the
-//! direct path failed, and says so for each link.
+//! It is slow by design: every byte of the link crosses the relaying member's link twice,
+//! and its uplink is shared by all the links it relays. murmur uses it only after the
+//! direct path failed, and says so for each link. A relaying member that has finished its
+//! own run stays until the links through it have ended ([`Relay::linger`]).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};

@@ -18,7 +18,7 @@
 //! free) and to drop unsolicited packets rather than answer them, and both ends must dial
 //! (a directed edge i → j has no packet from j to open i's NAT). The bootstrap must be on
 //! the public side: its view is every peer's view. Where the direct path does not open, the
-//! link is relayed through peer 0 ([`crate::plane::relay`], opened by
+//! link is relayed through a reachable member ([`crate::plane::relay`], opened by
 //! `crate::peer::links`). Not built: a bootstrap behind a NAT.
 
 use std::net::{IpAddr, SocketAddr};
