@@ -530,10 +530,19 @@ impl Driver {
     }
 
     /// Sends the kept epoch reports to `keeper`, a new record keeper (its collector takes
-    /// those of the epochs it has not recorded and ignores the others).
+    /// those of the epochs it has not recorded and ignores the others). A send that fails
+    /// can take the keeper for departed and drop its link (a keeper that died just as it
+    /// became one): the rest then wait for the next keeper, which this peer follows.
     fn send_kept_reports(&mut self, keeper: Rank) -> anyhow::Result<()> {
         let kept: Vec<Bytes> = self.kept_reports.iter().cloned().collect();
         for frame in kept {
+            if !self.links.contains_key(&keeper) {
+                debug!(
+                    keeper,
+                    "the new record keeper's link is gone: its kept reports wait"
+                );
+                break;
+            }
             self.send(keeper, frame)?;
         }
         Ok(())
