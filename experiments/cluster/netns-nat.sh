@@ -49,20 +49,18 @@ cleanup
 
 ip link add mrpub type bridge
 ip link set mrpub up
-ip netns add pub0
-ip link add mrp0 type veth peer name eth0 netns pub0
-ip link set mrp0 master mrpub up
-ip -n pub0 addr add 10.80.0.1/24 dev eth0
-ip -n pub0 link set eth0 up
-ip -n pub0 link set lo up
-if [ "$PUBLIC" = 2 ]; then
-    ip netns add pub1
-    ip link add mrp1 type veth peer name eth0 netns pub1
-    ip link set mrp1 master mrpub up
-    ip -n pub1 addr add 10.80.0.2/24 dev eth0
-    ip -n pub1 link set eth0 up
-    ip -n pub1 link set lo up
-fi
+# public K: host pubK on the public bridge at 10.80.0.(K+1), through the veth mrpK.
+public() {
+    ip netns add "pub$1"
+    ip link add "mrp$1" type veth peer name eth0 netns "pub$1"
+    ip link set "mrp$1" master mrpub up
+    ip -n "pub$1" addr add "10.80.0.$(($1 + 1))/24" dev eth0
+    ip -n "pub$1" link set eth0 up
+    ip -n "pub$1" link set lo up
+}
+for k in $(seq 0 $((PUBLIC - 1))); do
+    public "$k"
+done
 for k in 1 2; do
     ip netns add "nat$k"
     ip netns add "lan$k"
