@@ -49,26 +49,22 @@ cleanup
 
 ip link add mrpub type bridge
 ip link set mrpub up
-# public K: host pubK on the public bridge at 10.80.0.(K+1), through the veth mrpK.
-public() {
-    ip netns add "pub$1"
-    ip link add "mrp$1" type veth peer name eth0 netns "pub$1"
-    ip link set "mrp$1" master mrpub up
-    ip -n "pub$1" addr add "10.80.0.$(($1 + 1))/24" dev eth0
-    ip -n "pub$1" link set eth0 up
-    ip -n "pub$1" link set lo up
+# bridged NS VETH DEV IP: namespace NS on the public bridge, its interface DEV at IP/24,
+# the veth's other end VETH on the bridge.
+bridged() {
+    ip netns add "$1"
+    ip link add "$2" type veth peer name "$3" netns "$1"
+    ip link set "$2" master mrpub up
+    ip -n "$1" addr add "$4/24" dev "$3"
+    ip -n "$1" link set "$3" up
+    ip -n "$1" link set lo up
 }
 for k in $(seq 0 $((PUBLIC - 1))); do
-    public "$k"
+    bridged "pub$k" "mrp$k" eth0 "10.80.0.$((k + 1))"
 done
 for k in 1 2; do
-    ip netns add "nat$k"
+    bridged "nat$k" "mrn$k" wan "10.80.0.1$k"
     ip netns add "lan$k"
-    ip link add "mrn$k" type veth peer name wan netns "nat$k"
-    ip link set "mrn$k" master mrpub up
-    ip -n "nat$k" addr add "10.80.0.1$k/24" dev wan
-    ip -n "nat$k" link set wan up
-    ip -n "nat$k" link set lo up
     ip -n "nat$k" link add lan type veth peer name eth0 netns "lan$k"
     ip -n "nat$k" addr add "192.168.$k.1/24" dev lan
     ip -n "nat$k" link set lan up
