@@ -369,6 +369,51 @@ mod tests {
         }
     }
 
+    /// A relay lingers while datagrams reach the ports of others' links, and not for its
+    /// own links nor once they are quiet.
+    #[tokio::test]
+    async fn a_relay_lingers_until_the_links_of_others_are_quiet() {
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let (quiet, limit) = (Duration::from_millis(400), Duration::from_secs(10));
+        let relay = Relay::new(lo, lo);
+        let t = tokio::time::Instant::now();
+        relay.linger(0, quiet, limit).await;
+        assert!(
+            t.elapsed() < Duration::from_millis(100),
+            "it relays nothing"
+        );
+        let own = relay.allocate(0, 2).unwrap();
+        let others = relay.allocate(1, 2).unwrap();
+        let end = std::net::UdpSocket::bind((lo, 0)).unwrap();
+        // Datagrams reach the link 1 -> 2's port every 100 ms for 1.5 s.
+        let sending = std::thread::spawn(move || {
+            for _ in 0..15 {
+                end.send_to(b"quic", others.addr).unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let t = tokio::time::Instant::now();
+        relay.linger(2, quiet, limit).await;
+        assert!(
+            t.elapsed() < Duration::from_millis(100),
+            "peer 2 ends both links"
+        );
+        relay.linger(0, quiet, limit).await;
+        let waited = t.elapsed();
+        sending.join().unwrap();
+        assert!(
+            waited >= Duration::from_millis(1_500) && waited < Duration::from_secs(9),
+            "waited {waited:?}: until 1 -> 2 was quiet for {quiet:?}, not for 0 -> 2 ({})",
+            own.addr
+        );
+        let t = tokio::time::Instant::now();
+        relay.linger(0, quiet, Duration::from_millis(300)).await;
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "quiet already, or the limit"
+        );
+    }
+
     #[tokio::test]
     async fn both_ends_of_a_link_get_the_same_allocation_and_other_links_their_own() {
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
