@@ -573,7 +573,7 @@ fn wire<B: AutodiffBackend>(
             .map(|p| p.as_ref().map(|p| p.data_addr))
             .collect(),
         behind_nat: (directory.iter().flatten())
-            .filter(|p| p.nat_published.is_some())
+            .filter(|p| !p.reachable())
             .map(|p| p.rank)
             .collect(),
     };

@@ -59,7 +59,7 @@ use tracing::{debug, info};
 use quic::{accept_loop, crypto_provider, transport_config, QuicFrames};
 use send::send_loop;
 
-pub use liveness::{Host, Timeouts};
+pub use liveness::{keep_alive_interval, Host, Timeouts};
 pub use tcp::Wire;
 use tcp::{TcpFrames, TcpSide};
 use tls::Admitted;

@@ -252,7 +252,7 @@ async fn forward(
     loop {
         let (n, src) = match socket.recv_from(&mut buf).await {
             Ok(got) => {
-                last.fetch_max(born.elapsed().as_millis() as u64, Ordering::Relaxed);
+                last.store(born.elapsed().as_millis() as u64, Ordering::Relaxed);
                 got
             }
             Err(e) => {

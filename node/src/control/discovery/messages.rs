@@ -208,6 +208,14 @@ impl PeerInfo {
         })?;
         Ok((self.data_addr, id))
     }
+
+    /// Whether every peer can dial it: not behind a NAT ([`PeerInfo::nat_published`]
+    /// empty) and at a data address that names a host (not `0.0.0.0`). Such a member
+    /// relays the links of others ([`super::relaying`]) and may stand in as the record's
+    /// keeper.
+    pub fn reachable(&self) -> bool {
+        self.nat_published.is_none() && !self.data_addr.ip().is_unspecified()
+    }
 }
 
 #[cfg(test)]

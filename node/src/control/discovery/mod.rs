@@ -482,9 +482,9 @@ pub async fn discover(
             // A member the others can reach relays their links too.
             let own = relay.and_then(|bind| {
                 let entry = directory.directory.get(directory.rank)?.as_ref()?;
-                let public = entry.data_addr.ip();
-                (entry.nat_published.is_none() && !public.is_unspecified())
-                    .then(|| Relay::new(bind, public))
+                entry
+                    .reachable()
+                    .then(|| Relay::new(bind, entry.data_addr.ip()))
             });
             let serving = Serving::Member {
                 admitting,
@@ -580,42 +580,30 @@ pub async fn discover(
 type SentRelayRequests =
     std::collections::HashMap<request_response::OutboundRequestId, (Rank, relaying::Asking)>;
 
-/// Asks the next member that may relay `asking`'s link ([`relaying::Asking::next`]): this
-/// member's own relay at once, another member with a request (in `sent`); with none left
-/// the request is answered with why.
+/// Asks the next member that may relay `asking`'s link ([`relaying::Asking::next`], which
+/// allocates on this member's own relay at once when it is the one): a request, kept in
+/// `sent` until it is answered.
 fn ask_to_relay(
     swarm: &mut Swarm<Behaviour>,
     member: &Member,
-    mut asking: relaying::Asking,
+    asking: relaying::Asking,
     sent: &mut SentRelayRequests,
 ) {
-    loop {
-        match asking.next(&member.dir, member.rank, member.relay.is_some()) {
-            relaying::Next::Done => return,
-            relaying::Next::Ask(a, relay, id) => {
-                // Its control-plane addresses from the directory: this member may hold no
-                // connection to it.
-                let addrs = member.dir[relay].iter().flat_map(|p| &p.control);
-                for addr in addrs.filter_map(|a| a.parse::<Multiaddr>().ok()) {
-                    swarm.add_peer_address(id, addr);
-                }
-                let request_id = swarm.behaviour_mut().relay.send_request(&id, a.request);
-                sent.insert(request_id, (relay, a));
-                return;
-            }
-            relaying::Next::Own(a) => {
-                let RelayRequest { from, to } = a.request;
-                let result = match &member.relay {
-                    Some(relay) => relay.allocate(from, to),
-                    None => Err(anyhow!("this peer does not relay")),
-                };
-                match a.own(member.rank, result) {
-                    Some(next) => asking = next,
-                    None => return,
-                }
-            }
-        }
+    let own = member.relay.as_deref();
+    let Some((asking, relay, id)) = asking.next(&member.dir, member.rank, own) else {
+        return;
+    };
+    // Its control-plane addresses from the directory: this member may hold no connection
+    // to it.
+    let addrs = member.dir[relay].iter().flat_map(|p| &p.control);
+    for addr in addrs.filter_map(|a| a.parse::<Multiaddr>().ok()) {
+        swarm.add_peer_address(id, addr);
     }
+    let request_id = swarm
+        .behaviour_mut()
+        .relay
+        .send_request(&id, asking.request);
+    sent.insert(request_id, (relay, asking));
 }
 
 /// A relay event at a member that is not the bootstrap: an answer to one of its requests

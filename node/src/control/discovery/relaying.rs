@@ -3,7 +3,7 @@
 //! peer's data plane asks through ([`RelayClient`]).
 //!
 //! **Every reachable member relays**, not only peer 0: a member whose directory entry says
-//! it is not behind a NAT ([`super::PeerInfo::nat_published`] empty) runs a relay on its
+//! every peer can dial it ([`PeerInfo::reachable`]: not behind a NAT) runs a relay on its
 //! data-plane address, unless `--no-relay`. The two ends of a link ask the same members in
 //! the same order ([`candidates`], from the directory both hold): the link's own ends first
 //! where they are reachable (a reachable end that must dial a peer behind a symmetric NAT
@@ -25,12 +25,9 @@ use murmur_gossip::Rank;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
-use super::messages::Directory;
+use super::messages::{Directory, PeerInfo};
 use crate::plane::relay::{Allocation, Relay};
 
-/// How long a relay's ports must be silent before its process may end: longer than the
-/// longest keep-alive interval of a link (2 s, [`crate::plane::liveness`]).
-pub const LINGER_QUIET: std::time::Duration = std::time::Duration::from_secs(3);
 /// The longest a peer that relays waits for the links through it to end, after its own
 /// run is done.
 pub const LINGER_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
@@ -101,15 +98,14 @@ pub fn answer(
 }
 
 /// The members that may relay the link `from` → `to`, in the order its ends ask them: the
-/// ranks of `dir` that are not behind a NAT (`nat_published` empty, a data address that is
-/// not unspecified), `from` then `to` first where they are among them, then the others
+/// ranks of `dir` that are [`PeerInfo::reachable`], `from` then `to` first where they are among them, then the others
 /// from the one at `(from + to) mod their count` on, round the circle. Both ends of the
 /// link, and of the link the other way, compute the same order from the same directory.
 pub fn candidates(dir: &Directory, from: Rank, to: Rank) -> Vec<Rank> {
     let reachable = |r: Rank| {
         dir.get(r)
             .and_then(Option::as_ref)
-            .is_some_and(|p| p.nat_published.is_none() && !p.data_addr.ip().is_unspecified())
+            .is_some_and(PeerInfo::reachable)
     };
     let mut ends: Vec<Rank> = [from, to].into_iter().filter(|&r| reachable(r)).collect();
     ends.dedup();
@@ -142,16 +138,6 @@ pub struct Asking {
     answer: Answer,
 }
 
-/// What to do next for an [`Asking`] ([`Asking::next`]).
-pub enum Next {
-    /// Ask the member of this rank (its identity from the directory).
-    Ask(Asking, Rank, PeerId),
-    /// Allocate on this peer's own relay (it is the candidate).
-    Own(Asking),
-    /// Every candidate was asked: the answer was sent.
-    Done,
-}
-
 impl Asking {
     /// `request`, to be asked of the members of `dir` in the order [`candidates`] gives;
     /// its answer goes to `answer`.
@@ -164,24 +150,37 @@ impl Asking {
         }
     }
 
-    /// The next member to ask: `me` is this peer's rank (its own relay, if the next
-    /// candidate, when `own` is on); members without a known identity are passed over.
-    /// With none left, sends the refusals as the answer.
-    pub fn next(mut self, dir: &Directory, me: Rank, own: bool) -> Next {
+    /// The next member to ask, with its rank and identity (from `dir`): the request
+    /// comes back with them. This peer (`me`) among the candidates allocates on its own
+    /// relay (`own`; `None`: it relays for nobody) at once; members without a known
+    /// identity are passed over. `None`: the answer was sent — this peer's allocation, or,
+    /// no candidate left, why none relays.
+    pub fn next(
+        mut self,
+        dir: &Directory,
+        me: Rank,
+        own: Option<&Relay>,
+    ) -> Option<(Self, Rank, PeerId)> {
         while let Some(r) = self.rest.pop_front() {
             if r == me {
-                if own {
-                    return Next::Own(self);
+                let RelayRequest { from, to } = self.request;
+                match own.map(|relay| relay.allocate(from, to)) {
+                    Some(Ok(a)) => {
+                        let _ = self.answer.send(Ok((me, a)));
+                        return None;
+                    }
+                    Some(Err(e)) => self.refusals.push(format!("peer {r} (this peer): {e:#}")),
+                    None => self
+                        .refusals
+                        .push(format!("peer {r} (this peer) does not relay")),
                 }
-                self.refusals
-                    .push(format!("peer {r} (this peer) does not relay"));
                 continue;
             }
             match dir[r]
                 .as_ref()
                 .and_then(|p| p.peer_id.parse::<PeerId>().ok())
             {
-                Some(id) => return Next::Ask(self, r, id),
+                Some(id) => return Some((self, r, id)),
                 None => self.refusals.push(format!("peer {r}: no identity known")),
             }
         }
@@ -190,7 +189,7 @@ impl Asking {
             false => self.refusals.join("; "),
         };
         let _ = self.answer.send(Err(why));
-        Next::Done
+        None
     }
 
     /// `relay` answered with `response`: the allocation goes to whoever asked, and `None`
@@ -205,15 +204,6 @@ impl Asking {
                 self.refusals.push(format!("peer {relay}: {why}"));
                 Some(self)
             }
-        }
-    }
-
-    /// Sends `result` of this peer's own relay (`me`) as the answer, or notes its error and
-    /// returns the request to ask the next member.
-    pub fn own(self, me: Rank, result: anyhow::Result<Allocation>) -> Option<Self> {
-        match result {
-            Ok(a) => self.answered(me, RelayResponse::Allocated(a)),
-            Err(e) => self.answered(me, RelayResponse::Refused(format!("{e:#}"))),
         }
     }
 }
@@ -266,8 +256,9 @@ impl RelayClient {
     }
 
     /// Before the process of peer `me` ends: waits until the links it relays for others
-    /// are done ([`Relay::linger`]: no datagram for [`LINGER_QUIET`], at most
-    /// [`LINGER_LIMIT`]).
+    /// are done ([`Relay::linger`]: no datagram for a second more than the longest
+    /// keep-alive interval of a link, [`crate::plane::keep_alive_interval`], so
+    /// 3 s; at most [`LINGER_LIMIT`]).
     pub async fn linger(&self, me: Rank) {
         let own = match self {
             RelayClient::Local(relay)
@@ -276,7 +267,9 @@ impl RelayClient {
             } => relay,
             RelayClient::Off | RelayClient::Remote { own: None, .. } => return,
         };
-        own.linger(me, LINGER_QUIET, LINGER_LIMIT).await;
+        let longest = crate::plane::keep_alive_interval(std::time::Duration::MAX);
+        let quiet = longest + std::time::Duration::from_secs(1);
+        own.linger(me, quiet, LINGER_LIMIT).await;
     }
 }
 
@@ -341,7 +334,7 @@ mod tests {
         let (answer, mut rx) = oneshot::channel();
         let asking = Asking::new(&d, link, answer);
         // Peer 1 asks 3 first, then 0.
-        let Next::Ask(asking, 3, id) = asking.next(&d, 1, false) else {
+        let Some((asking, 3, id)) = asking.next(&d, 1, None) else {
             panic!("3 is asked first")
         };
         assert_eq!(id, ids[3]);
@@ -351,7 +344,7 @@ mod tests {
                 RelayResponse::Refused("the request did not reach it".into()),
             )
             .expect("a refusal passes the request on");
-        let Next::Ask(asking, 0, _) = asking.next(&d, 1, false) else {
+        let Some((asking, 0, _)) = asking.next(&d, 1, None) else {
             panic!("then 0")
         };
         let lo = "127.0.0.1".parse().unwrap();
@@ -368,16 +361,11 @@ mod tests {
         // Every member refuses: the answer names each and why.
         let (answer, mut rx) = oneshot::channel();
         let mut asking = Asking::new(&d, link, answer);
-        loop {
-            match asking.next(&d, 1, false) {
-                Next::Ask(a, r, _) => {
-                    asking = a
-                        .answered(r, RelayResponse::Refused(format!("no, says {r}")))
-                        .unwrap()
-                }
-                Next::Own(_) => panic!("peer 1 is behind a NAT: not a candidate"),
-                Next::Done => break,
-            }
+        while let Some((a, r, _)) = asking.next(&d, 1, None) {
+            assert_ne!(r, 1, "peer 1 is behind a NAT: not a candidate");
+            asking = a
+                .answered(r, RelayResponse::Refused(format!("no, says {r}")))
+                .unwrap();
         }
         let why = rx.try_recv().unwrap().unwrap_err();
         assert_eq!(why, "peer 3: no, says 3; peer 0: no, says 0");
@@ -388,13 +376,20 @@ mod tests {
         let ids: Vec<PeerId> = (0..4).map(|_| PeerId::random()).collect();
         let mut d = dir(&ids);
         d[2].as_mut().unwrap().nat_published = Some("192.168.1.2:5000".parse().unwrap());
-        let (answer, _rx) = oneshot::channel();
+        let lo = "127.0.0.1".parse().unwrap();
+        let own = Relay::new(lo, lo);
+        let (answer, mut rx) = oneshot::channel();
         let asking = Asking::new(&d, RelayRequest { from: 3, to: 2 }, answer);
-        assert!(matches!(asking.next(&d, 3, true), Next::Own(_)));
+        tokio::runtime::Runtime::new().unwrap().block_on(async {
+            assert!(asking.next(&d, 3, Some(&own)).is_none(), "answered at once");
+        });
+        let (by, a) = rx.try_recv().unwrap().unwrap();
+        assert_eq!(by, 3, "peer 3's own relay");
+        assert_eq!(a.addr.ip(), lo);
         let (answer, _rx) = oneshot::channel();
         let asking = Asking::new(&d, RelayRequest { from: 3, to: 2 }, answer);
         // The others, 0 and 1, from (3 + 2) mod 2 on.
-        let Next::Ask(_, 1, _) = asking.next(&d, 3, false) else {
+        let Some((_, 1, _)) = asking.next(&d, 3, None) else {
             panic!("without a relay of its own, peer 3 asks the next member")
         };
     }

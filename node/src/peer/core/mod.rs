@@ -151,7 +151,8 @@ pub(crate) struct PeerCore {
     /// Each rank's data-plane address as last heard (the directory, hellos, rejoin
     /// notices; `None`: unknown), to link to a new record keeper.
     addrs: Vec<Option<SocketAddr>>,
-    /// The ranks behind a NAT, as the directory had them ([`CoreSetup::behind_nat`]).
+    /// The ranks not every peer can dial, as the directory had them
+    /// ([`CoreSetup::behind_nat`]).
     behind_nat: Vec<Rank>,
     /// The run's mixing matrix W (n×n); re-weighted without the departed peers when used.
     w: MixingMatrix,
@@ -227,8 +228,9 @@ pub(crate) struct CoreSetup {
     pub(crate) incarnations: Vec<Incarnation>,
     /// Each rank's data-plane address as the directory has it (`None`: unknown or empty).
     pub(crate) addrs: Vec<Option<SocketAddr>>,
-    /// The ranks the directory has behind a NAT (`nat_published`): a stand-in keeper of
-    /// the record is chosen among the others where it can be.
+    /// The ranks the directory has as not
+    /// [`reachable`](crate::control::discovery::PeerInfo::reachable) (behind a NAT): a
+    /// stand-in keeper of the record is chosen among the others where it can be.
     pub(crate) behind_nat: Vec<Rank>,
 }
 

@@ -448,30 +448,26 @@ impl Bench<'_> {
             anyhow::Ok(())
         };
         let cpu = cpu_seconds();
-        let seconds = match transport {
-            Transport::Murmur => self.murmur_link(transport, LinkKind::Quic)?,
-            Transport::Shm => self.murmur_link(transport, LinkKind::SharedMemory)?,
-            Transport::MurmurTcp => self.murmur_link(transport, LinkKind::Tcp)?,
-            Transport::MurmurTcpPlain => self.murmur_link(transport, LinkKind::TcpPlaintext)?,
-            Transport::Bare => {
-                self.rt
-                    .block_on(bare_quinn(frames, frame_bytes, self.bar.clone()))?
+        // The seconds, and the frames moved besides the timed ones (murmur's links' warm-up).
+        let warm = WARM_UP_FRAMES;
+        let (seconds, untimed) = match transport {
+            Transport::Murmur => (self.murmur_link(transport, LinkKind::Quic)?, warm),
+            Transport::Shm => (self.murmur_link(transport, LinkKind::SharedMemory)?, warm),
+            Transport::MurmurTcp => (self.murmur_link(transport, LinkKind::Tcp)?, warm),
+            Transport::MurmurTcpPlain => {
+                (self.murmur_link(transport, LinkKind::TcpPlaintext)?, warm)
             }
-            Transport::Tls => baselines::tls(self.baseline_frame()?, frames, count)?,
-            Transport::Tcp => baselines::tcp(self.baseline_frame()?, frames, count)?,
-            Transport::Memcpy => baselines::memcpy(self.baseline_frame()?, frames, count)?,
+            Transport::Bare => {
+                let bar = self.bar.clone();
+                (self.rt.block_on(bare_quinn(frames, frame_bytes, bar))?, 0)
+            }
+            Transport::Tls => (baselines::tls(self.baseline_frame()?, frames, count)?, 0),
+            Transport::Tcp => (baselines::tcp(self.baseline_frame()?, frames, count)?, 0),
+            Transport::Memcpy => (baselines::memcpy(self.baseline_frame()?, frames, count)?, 0),
         };
         let bytes = (frames * frame_bytes) as f64;
-        // The CPU is the whole measurement's, so it is spread over every byte moved in it:
-        // murmur's links move their warm-up frames too.
-        let warm_up = match transport {
-            Transport::Murmur
-            | Transport::Shm
-            | Transport::MurmurTcp
-            | Transport::MurmurTcpPlain => WARM_UP_FRAMES * frame_bytes,
-            Transport::Bare | Transport::Tls | Transport::Tcp | Transport::Memcpy => 0,
-        };
-        let cpu_bytes = bytes + warm_up as f64;
+        // The CPU is the whole measurement's, so it is spread over every byte moved in it.
+        let cpu_bytes = ((frames + untimed) * frame_bytes) as f64;
         Ok((bytes / seconds, (cpu_seconds() - cpu) * 1e9 / cpu_bytes))
     }
 
