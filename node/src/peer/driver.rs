@@ -322,12 +322,20 @@ impl Driver {
     }
 
     /// Sends `frame` on the link to `to`; a link whose task ended (its connection was lost)
-    /// goes back to the core as [`Input::SendFailed`].
+    /// goes back to the core as [`Input::SendFailed`]. A frame for a peer that left (its
+    /// link dropped, possibly by an earlier send of the same batch: the kept reports to a
+    /// keeper that died as it became one, frames queued before a departure) is dropped.
+    ///
+    /// # Errors
+    /// No link to a peer the run still counts (a bug), or the core's on a lost link.
     fn send(&mut self, to: Rank, frame: Bytes) -> anyhow::Result<()> {
-        let link = self
-            .links
-            .get(&to)
-            .ok_or_else(|| anyhow!("no link to peer {to}"))?;
+        let Some(link) = self.links.get(&to) else {
+            if self.core.membership.has_left(to) {
+                debug!(to, "a frame for peer {to}, which left, dropped");
+                return Ok(());
+            }
+            bail!("no link to peer {to}");
+        };
         if let Err(e) = self.rt.block_on(link.send(frame)) {
             let (reason, incarnation) = (format!("{e:#}"), link.incarnation());
             self.handle(Input::SendFailed {
@@ -536,13 +544,6 @@ impl Driver {
     fn send_kept_reports(&mut self, keeper: Rank) -> anyhow::Result<()> {
         let kept: Vec<Bytes> = self.kept_reports.iter().cloned().collect();
         for frame in kept {
-            if !self.links.contains_key(&keeper) {
-                debug!(
-                    keeper,
-                    "the new record keeper's link is gone: its kept reports wait"
-                );
-                break;
-            }
             self.send(keeper, frame)?;
         }
         Ok(())
